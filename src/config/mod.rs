@@ -1,0 +1,265 @@
+//! One typed configuration, layered: defaults → TOML file (`--config`) →
+//! `CANOPY_*` environment → command-line flags. Every key is declared once,
+//! in the `settings!` table below, which generates the flag, the environment
+//! variable, the TOML field and the help text together, so they cannot
+//! drift. Values are validated at start-up and an error names the key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde::Deserialize;
+
+use crate::engine::{EngineConfig, FlushPolicy, TimestampType, TopicDefaults};
+use crate::storage::StorageConfig;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A flush policy as written in config: `always`, `never`, `interval:<ms>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flush(pub FlushPolicy);
+
+impl std::str::FromStr for Flush {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse().map(Flush)
+    }
+}
+
+impl<'de> Deserialize<'de> for Flush {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+macro_rules! settings {
+    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $env:literal, $flag:literal; )*) => {
+        /// Flags of `canopy serve`. Each also reads `CANOPY_<KEY>` and the
+        /// TOML key of the same name (snake_case).
+        #[derive(clap::Args, Debug, Default, Clone)]
+        pub struct ServeArgs {
+            /// TOML configuration file; its keys are the flag names with `_` for `-`.
+            #[arg(long = "config", env = "CANOPY_CONFIG", value_name = "FILE")]
+            pub config: Option<PathBuf>,
+            $(
+                $(#[doc = $doc])*
+                #[arg(long = $flag, env = $env)]
+                pub $name: Option<$ty>,
+            )*
+        }
+
+        #[derive(Deserialize, Default, Debug)]
+        #[serde(deny_unknown_fields)]
+        struct FileConfig {
+            $( $name: Option<$ty>, )*
+        }
+
+        /// The resolved configuration.
+        #[derive(Debug, Clone)]
+        pub struct Config {
+            $( pub $name: $ty, )*
+        }
+
+        impl Config {
+            fn layer(file: FileConfig, args: &ServeArgs) -> Config {
+                Config { $( $name: args.$name.clone().or(file.$name).unwrap_or_else(|| $default), )* }
+            }
+        }
+    };
+}
+
+settings! {
+    /// Directory holding the catalog and the branch logs.
+    data_dir: PathBuf = PathBuf::from("./canopy-data"), "CANOPY_DATA_DIR", "data-dir";
+    /// Kafka listener address (HOST:PORT).
+    kafka_listener: SocketAddr = "127.0.0.1:9092".parse().unwrap(), "CANOPY_KAFKA_LISTENER", "kafka-listener";
+    /// Admin HTTP listener (/health, /ready) (HOST:PORT).
+    admin_listener: SocketAddr = "127.0.0.1:9644".parse().unwrap(), "CANOPY_ADMIN_LISTENER", "admin-listener";
+    /// HOST:PORT given to clients in Metadata; defaults to the bound Kafka address.
+    advertised_listener: String = String::new(), "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
+    /// Log output format: text or json (filter with RUST_LOG).
+    log_format: LogFormat = LogFormat::Text, "CANOPY_LOG_FORMAT", "log-format";
+    /// Flush policy: always (acks=all waits for fsync), interval:<ms>, never.
+    flush: Flush = Flush(FlushPolicy::Always), "CANOPY_FLUSH", "flush";
+    /// Create topics on first Metadata or Produce request.
+    auto_create_topics: bool = true, "CANOPY_AUTO_CREATE_TOPICS", "auto-create-topics";
+    /// Partition count of auto-created topics (Kafka's num.partitions).
+    num_partitions: i32 = 1, "CANOPY_NUM_PARTITIONS", "num-partitions";
+    /// Largest request frame accepted, in bytes (socket.request.max.bytes).
+    max_request_bytes: usize = 100 * 1024 * 1024, "CANOPY_MAX_REQUEST_BYTES", "max-request-bytes";
+    /// Requests read ahead of their responses on one connection.
+    max_in_flight_per_connection: usize = 64, "CANOPY_MAX_IN_FLIGHT_PER_CONNECTION", "max-in-flight-per-connection";
+    /// Open Kafka connections; more wait in the listen backlog.
+    max_connections: usize = 10_000, "CANOPY_MAX_CONNECTIONS", "max-connections";
+    /// Default largest record batch, in bytes (message.max.bytes).
+    message_max_bytes: i32 = 1_048_588, "CANOPY_MESSAGE_MAX_BYTES", "message-max-bytes";
+    /// Roll a branch's active segment at this size, in bytes.
+    segment_bytes: u64 = 1 << 30, "CANOPY_SEGMENT_BYTES", "segment-bytes";
+    /// Roll a branch's active segment at this age, in milliseconds.
+    segment_ms: i64 = 7 * 24 * 3600 * 1000, "CANOPY_SEGMENT_MS", "segment-ms";
+    /// Default retention.ms of topics (-1: keep forever).
+    retention_ms: i64 = 7 * 24 * 3600 * 1000, "CANOPY_RETENTION_MS", "retention-ms";
+    /// Default retention.bytes per partition (-1: no limit).
+    retention_bytes: i64 = -1, "CANOPY_RETENTION_BYTES", "retention-bytes";
+    /// How often retention runs, in milliseconds.
+    retention_check_interval_ms: u64 = 300_000, "CANOPY_RETENTION_CHECK_INTERVAL_MS", "retention-check-interval-ms";
+    /// Default message.timestamp.type of topics: CreateTime or LogAppendTime.
+    message_timestamp_type: String = "CreateTime".into(), "CANOPY_MESSAGE_TIMESTAMP_TYPE", "message-timestamp-type";
+    /// Longest a Fetch may wait for data, whatever max_wait_ms it asks, in milliseconds.
+    max_fetch_wait_ms: u64 = 30_000, "CANOPY_MAX_FETCH_WAIT_MS", "max-fetch-wait-ms";
+    /// Largest number of topics.
+    max_topics: usize = 1_000_000, "CANOPY_MAX_TOPICS", "max-topics";
+    /// Appends queued for the writer thread before producers wait.
+    write_queue: usize = 4096, "CANOPY_WRITE_QUEUE", "write-queue";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid value for {key}: {why}")]
+    Invalid { key: &'static str, why: String },
+}
+
+impl Config {
+    /// Resolves the layers and validates the result.
+    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+                toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })?
+            }
+            None => FileConfig::default(),
+        };
+        let c = Config::layer(file, args);
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, why: &str| Err(ConfigError::Invalid { key, why: why.to_owned() });
+        if self.num_partitions < 1 {
+            return bad("num_partitions", "must be at least 1");
+        }
+        if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
+            return bad("max_request_bytes", "must be between 1024 and 2147483647");
+        }
+        if self.max_in_flight_per_connection == 0 {
+            return bad("max_in_flight_per_connection", "must be at least 1");
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections", "must be at least 1");
+        }
+        if self.message_max_bytes < 1024 {
+            return bad("message_max_bytes", "must be at least 1024");
+        }
+        if self.segment_bytes < 4096 || self.segment_bytes > u32::MAX as u64 * 4 {
+            return bad("segment_bytes", "must be between 4096 and 16 GiB");
+        }
+        if (self.message_max_bytes as u64) > self.segment_bytes {
+            return bad("segment_bytes", "must be at least message_max_bytes");
+        }
+        if self.segment_ms < 1 {
+            return bad("segment_ms", "must be positive");
+        }
+        if self.retention_ms < -1 {
+            return bad("retention_ms", "must be -1 or more");
+        }
+        if self.retention_bytes < -1 {
+            return bad("retention_bytes", "must be -1 or more");
+        }
+        if self.retention_check_interval_ms == 0 {
+            return bad("retention_check_interval_ms", "must be positive");
+        }
+        if self.timestamp_type().is_none() {
+            return bad("message_timestamp_type", "must be CreateTime or LogAppendTime");
+        }
+        if self.write_queue == 0 {
+            return bad("write_queue", "must be at least 1");
+        }
+        if !self.advertised_listener.is_empty() {
+            match self.advertised_listener.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => return bad("advertised_listener", "must be HOST:PORT"),
+            }
+        }
+        Ok(())
+    }
+
+    fn timestamp_type(&self) -> Option<TimestampType> {
+        match self.message_timestamp_type.as_str() {
+            "CreateTime" => Some(TimestampType::CreateTime),
+            "LogAppendTime" => Some(TimestampType::LogAppendTime),
+            _ => None,
+        }
+    }
+
+    pub fn engine(&self) -> EngineConfig {
+        let mut e = EngineConfig::new(&self.data_dir);
+        e.storage = StorageConfig { segment_bytes: self.segment_bytes, segment_ms: self.segment_ms, ..StorageConfig::default() };
+        e.flush = self.flush.0;
+        e.topic_defaults = TopicDefaults {
+            retention_ms: self.retention_ms,
+            retention_bytes: self.retention_bytes,
+            max_message_bytes: self.message_max_bytes,
+            timestamp_type: self.timestamp_type().expect("validated"),
+        };
+        e.auto_create_topics = self.auto_create_topics;
+        e.num_partitions = self.num_partitions;
+        e.max_topics = self.max_topics;
+        e.write_queue = self.write_queue;
+        e
+    }
+
+    pub fn max_fetch_wait(&self) -> Duration {
+        Duration::from_millis(self.max_fetch_wait_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn layers_file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("canopy.toml");
+        std::fs::write(&path, "num_partitions = 4\nflush = \"interval:10\"\ndata_dir = \"/tmp/x\"\n").unwrap();
+        let cli = Cli::try_parse_from(["canopy", "--config", path.to_str().unwrap(), "--data-dir", "/tmp/y"]).unwrap();
+        let c = Config::load(&cli.serve).unwrap();
+        assert_eq!(c.num_partitions, 4);
+        assert_eq!(c.flush.0, FlushPolicy::Interval(Duration::from_millis(10)));
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/y"));
+        assert_eq!(c.kafka_listener, "127.0.0.1:9092".parse::<SocketAddr>().unwrap());
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "num_partitions = 0\n").unwrap();
+        let cli = Cli::try_parse_from(["canopy", "--config", path.to_str().unwrap()]).unwrap();
+        assert!(Config::load(&cli.serve).unwrap_err().to_string().contains("num_partitions"));
+        std::fs::write(&path, "no_such_key = 1\n").unwrap();
+        assert!(Config::load(&cli.serve).unwrap_err().to_string().contains("no_such_key"));
+        std::fs::write(&path, "flush = \"sometimes\"\n").unwrap();
+        assert!(Config::load(&cli.serve).unwrap_err().to_string().contains("flush"));
+        assert!(Cli::try_parse_from(["canopy", "--kafka-listener", "nowhere"]).is_err());
+    }
+}

@@ -1,0 +1,734 @@
+//! The engine: the one API the Kafka listener (and later the REST bridge)
+//! calls. It joins the catalog (topics, configs) and storage (branch logs).
+//!
+//! # Threads and ownership
+//!
+//! ```text
+//!  handlers ──append (bounded queue)──► writer thread ──► Storage::append/flush
+//!                                           │ durable acks
+//!                                           ▼
+//!                                      syncer thread ──► Storage::sync, publish_hw, wake fetches
+//! ```
+//!
+//! The writer thread is the single owner of the write side of storage: it
+//! drains every queued append in one round, writes each branch's frames with
+//! one positioned write, and hands the round to the syncer. While the syncer
+//! runs one fsync, the next round accumulates: that is the group commit
+//! (DESIGN.md). Reads run on the caller's thread (the listener calls them on
+//! tokio's blocking pool) and take only short read locks.
+//!
+//! # Flush policy
+//!
+//! - `always` (default): acks=all is answered after fsync; consumers see
+//!   records only once they are durable, so the high watermark never goes
+//!   back across a crash (invariant 2).
+//! - `interval:<ms>`: fsync every `ms`; acks=all is answered after the write;
+//!   a crash of the machine can lose the last interval.
+//! - `never`: fsync only when a segment is sealed and on shutdown.
+
+pub mod topics;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::meta::{Catalog, MetaError, TopicRecord};
+use crate::protocol::batch::{self, BatchError};
+use crate::storage::{self, PartitionSpec, ReadError, ReadResult, RetentionPolicy, Storage, StorageConfig, StorageError, Tp};
+pub use topics::{TimestampType, TopicConfig, TopicDefaults};
+
+/// Wall-clock milliseconds, injectable for tests.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushPolicy {
+    Always,
+    Interval(Duration),
+    Never,
+}
+
+impl std::str::FromStr for FlushPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "always" => Ok(FlushPolicy::Always),
+            "never" => Ok(FlushPolicy::Never),
+            _ => s
+                .strip_prefix("interval:")
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .filter(|ms| *ms > 0)
+                .map(|ms| FlushPolicy::Interval(Duration::from_millis(ms)))
+                .ok_or_else(|| format!("expected always, never or interval:<ms>, got {s:?}")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub data_dir: PathBuf,
+    pub storage: StorageConfig,
+    pub flush: FlushPolicy,
+    pub topic_defaults: TopicDefaults,
+    pub auto_create_topics: bool,
+    pub num_partitions: i32,
+    pub max_partitions_per_topic: i32,
+    pub max_topics: usize,
+    /// Appends queued for the writer thread before producers wait.
+    pub write_queue: usize,
+}
+
+impl EngineConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> EngineConfig {
+        EngineConfig {
+            data_dir: data_dir.into(),
+            storage: StorageConfig::default(),
+            flush: FlushPolicy::Always,
+            topic_defaults: TopicDefaults::default(),
+            auto_create_topics: true,
+            num_partitions: 1,
+            max_partitions_per_topic: 10_000,
+            max_topics: 1_000_000,
+            write_queue: 4096,
+        }
+    }
+}
+
+/// Internal errors, mapped to Kafka error codes in one place
+/// (`kafka::errors`).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("unknown topic or partition")]
+    UnknownTopicOrPartition,
+    #[error("topic already exists")]
+    TopicExists,
+    #[error("invalid topic name: {0}")]
+    InvalidTopic(#[from] topics::NameError),
+    #[error("invalid partition count {0}")]
+    InvalidPartitions(i32),
+    #[error("{0}")]
+    InvalidConfig(#[from] topics::ConfigError),
+    #[error("invalid record batch: {0}")]
+    Corrupt(#[from] BatchError),
+    #[error("batch of {size} bytes exceeds max.message.bytes = {limit}")]
+    MessageTooLarge { size: usize, limit: usize },
+    #[error("too many topics (limit {0})")]
+    TooManyTopics(usize),
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("catalog: {0}")]
+    Meta(#[from] MetaError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+}
+
+/// A topic as the engine knows it.
+#[derive(Debug, Clone)]
+pub struct Topic {
+    pub record: TopicRecord,
+    pub config: TopicConfig,
+}
+
+impl Topic {
+    pub fn name(&self) -> &str {
+        &self.record.name
+    }
+    pub fn id(&self) -> [u8; 16] {
+        self.record.id
+    }
+    pub fn partitions(&self) -> i32 {
+        self.record.partitions
+    }
+    pub fn tp(&self, partition: i32) -> Tp {
+        Tp { topic: self.record.id, partition }
+    }
+}
+
+/// What an append returns to its producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendResult {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    /// The LogAppendTime given to the batch, or -1 for CreateTime topics.
+    pub log_append_time: i64,
+    pub log_start: i64,
+}
+
+/// When an append is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// After the bytes are written (acks=0 and acks=1).
+    Written,
+    /// After the bytes are durable under the flush policy (acks=all).
+    Durable,
+}
+
+/// Why the writer could not take an append.
+#[derive(Debug, Clone)]
+enum AppendFailure {
+    /// The topic was deleted while the append was queued.
+    UnknownPartition,
+    Storage(String),
+}
+
+type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
+
+enum WriteCmd {
+    Append { tp: Tp, records: Bytes, log_append_time: bool, ack: Ack, reply: Reply },
+    Shutdown(oneshot::Sender<()>),
+}
+
+struct SyncJob {
+    moved: Vec<(Tp, i64)>,
+    replies: Vec<(Reply, AppendResult)>,
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// Long-poll wake-ups: fetches waiting on a tp register a `Notify`; the
+/// engine wakes them when the tp's high watermark moves.
+#[derive(Default)]
+struct Waiters {
+    by_tp: Mutex<HashMap<Tp, Vec<Weak<Notify>>>>,
+}
+
+impl Waiters {
+    fn register(&self, tps: &[Tp], n: &Arc<Notify>) {
+        let mut map = self.by_tp.lock().expect("waiters lock");
+        for tp in tps {
+            let list = map.entry(*tp).or_default();
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(n));
+        }
+    }
+
+    fn wake(&self, moved: &[(Tp, i64)]) {
+        let mut map = self.by_tp.lock().expect("waiters lock");
+        for (tp, _) in moved {
+            if let Some(list) = map.remove(tp) {
+                for n in list.iter().filter_map(Weak::upgrade) {
+                    n.notify_one();
+                }
+            }
+        }
+    }
+}
+
+/// An append the writer has queued; resolves when acknowledged.
+pub struct PendingAppend {
+    rx: oneshot::Receiver<Result<AppendResult, AppendFailure>>,
+}
+
+impl PendingAppend {
+    pub async fn wait(self) -> Result<AppendResult, EngineError> {
+        match self.rx.await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(AppendFailure::UnknownPartition)) => Err(EngineError::UnknownTopicOrPartition),
+            Ok(Err(AppendFailure::Storage(e))) => Err(EngineError::Storage(StorageError::Poisoned(e))),
+            Err(_) => Err(EngineError::ShuttingDown),
+        }
+    }
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    catalog: Catalog,
+    storage: Arc<Storage>,
+    topics: RwLock<HashMap<String, Arc<Topic>>>,
+    /// Serialises topic creation, deletion and partition changes.
+    admin: Mutex<()>,
+    writer: mpsc::Sender<WriteCmd>,
+    waiters: Arc<Waiters>,
+    cluster_id: String,
+    clock: Clock,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+const CLEAN_MARKER: &str = "CLEAN_SHUTDOWN";
+
+impl Engine {
+    /// Opens the data directory: catalog, then storage recovery.
+    pub fn open(cfg: EngineConfig, clock: Clock) -> Result<Arc<Engine>, EngineError> {
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| StorageError::Io { path: cfg.data_dir.display().to_string(), source: e })?;
+        let catalog = Catalog::open(&cfg.data_dir.join("catalog"))?;
+        let cluster_id = catalog.cluster_id(|| short_id(&uuid::Uuid::new_v4()))?;
+        let marker = cfg.data_dir.join(CLEAN_MARKER);
+        let clean = marker.exists();
+        let records = catalog.topics()?;
+        let log_starts = catalog.log_starts()?;
+        let mut specs = Vec::new();
+        let mut topics = HashMap::new();
+        for record in records {
+            let config = TopicConfig::parse(&record.configs, &cfg.topic_defaults)?;
+            for p in 0..record.partitions {
+                specs.push(PartitionSpec {
+                    tp: Tp { topic: record.id, partition: p },
+                    branch: storage::branch_of(&record.name).to_owned(),
+                    log_start: log_starts.get(&(record.id, p)).copied().unwrap_or(0),
+                });
+            }
+            topics.insert(record.name.clone(), Arc::new(Topic { record, config }));
+        }
+        let storage = Arc::new(Storage::open(&cfg.data_dir, cfg.storage.clone(), specs, clean)?);
+        let r = storage.recovery_report();
+        tracing::info!(clean, segments = r.segments, frames = r.frames, bytes = r.bytes,
+            deep_scanned_bytes = r.deep_scanned_bytes, truncated_bytes = r.truncated_bytes,
+            elapsed_ms = r.elapsed_ms as u64, topics = topics.len(), "storage recovered");
+        if clean {
+            std::fs::remove_file(&marker).map_err(|e| StorageError::Io { path: marker.display().to_string(), source: e })?;
+            sync_dir(&cfg.data_dir)?;
+        }
+
+        let (tx, rx) = mpsc::channel(cfg.write_queue);
+        let waiters = Arc::new(Waiters::default());
+        let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
+        let mut threads = Vec::new();
+        {
+            let storage = storage.clone();
+            let clock = clock.clone();
+            let waiters = waiters.clone();
+            let policy = cfg.flush;
+            threads.push(
+                std::thread::Builder::new()
+                    .name("canopy-writer".into())
+                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx))
+                    .expect("spawn writer thread"),
+            );
+        }
+        {
+            let storage = storage.clone();
+            let waiters = waiters.clone();
+            let policy = cfg.flush;
+            threads.push(
+                std::thread::Builder::new()
+                    .name("canopy-syncer".into())
+                    .spawn(move || syncer_loop(sync_rx, storage, waiters, policy))
+                    .expect("spawn syncer thread"),
+            );
+        }
+        Ok(Arc::new(Engine {
+            cfg,
+            catalog,
+            storage,
+            topics: RwLock::new(topics),
+            admin: Mutex::new(()),
+            writer: tx,
+            waiters,
+            cluster_id,
+            clock,
+            threads: Mutex::new(threads),
+        }))
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+    pub fn now_ms(&self) -> i64 {
+        (self.clock)()
+    }
+    pub fn recovery_report(&self) -> storage::RecoveryReport {
+        self.storage.recovery_report().clone()
+    }
+
+    pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
+        self.topics.read().expect("topics lock").get(name).cloned()
+    }
+
+    pub fn topics(&self) -> Vec<Arc<Topic>> {
+        let mut v: Vec<_> = self.topics.read().expect("topics lock").values().cloned().collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        v
+    }
+
+    pub fn topic_by_id(&self, id: &[u8; 16]) -> Option<Arc<Topic>> {
+        self.topics.read().expect("topics lock").values().find(|t| &t.id() == id).cloned()
+    }
+
+    /// Creates a topic; returns after the catalog is durable. Blocking.
+    pub fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<Arc<Topic>, EngineError> {
+        topics::validate_name(name)?;
+        if partitions < 1 || partitions > self.cfg.max_partitions_per_topic {
+            return Err(EngineError::InvalidPartitions(partitions));
+        }
+        let config = TopicConfig::parse(&configs, &self.cfg.topic_defaults)?;
+        let _admin = self.admin.lock().expect("admin lock");
+        if self.topic(name).is_some() {
+            return Err(EngineError::TopicExists);
+        }
+        let count = self.topics.read().expect("topics lock").len();
+        if count >= self.cfg.max_topics {
+            return Err(EngineError::TooManyTopics(self.cfg.max_topics));
+        }
+        let record = TopicRecord {
+            name: name.to_owned(),
+            id: *uuid::Uuid::new_v4().as_bytes(),
+            partitions,
+            configs,
+            created_ms: self.now_ms(),
+        };
+        let topic = Arc::new(Topic { record, config });
+        if validate_only {
+            return Ok(topic);
+        }
+        self.catalog.put_topic(&topic.record)?;
+        self.catalog.flush()?;
+        for p in 0..partitions {
+            self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
+        }
+        self.topics.write().expect("topics lock").insert(name.to_owned(), topic.clone());
+        tracing::info!(topic = name, partitions, "topic created");
+        Ok(topic)
+    }
+
+    /// Returns the topic, creating it with the defaults if auto-creation is
+    /// on. Blocking when it creates.
+    pub fn topic_or_create(&self, name: &str) -> Result<Arc<Topic>, EngineError> {
+        if let Some(t) = self.topic(name) {
+            return Ok(t);
+        }
+        if !self.cfg.auto_create_topics {
+            return Err(EngineError::UnknownTopicOrPartition);
+        }
+        match self.create_topic(name, self.cfg.num_partitions, BTreeMap::new(), false) {
+            Err(EngineError::TopicExists) => self.topic(name).ok_or(EngineError::UnknownTopicOrPartition),
+            other => other,
+        }
+    }
+
+    /// Deletes a topic. Blocking.
+    pub fn delete_topic(&self, name: &str) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
+        self.catalog.remove_topic(&topic.record)?;
+        self.catalog.flush()?;
+        self.topics.write().expect("topics lock").remove(name);
+        self.storage.remove_topic(&topic.id());
+        tracing::info!(topic = name, "topic deleted");
+        Ok(())
+    }
+
+    /// Raises a topic's partition count. Blocking.
+    pub fn create_partitions(&self, name: &str, total: i32, validate_only: bool) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
+        if total <= topic.partitions() || total > self.cfg.max_partitions_per_topic {
+            return Err(EngineError::InvalidPartitions(total));
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let mut record = topic.record.clone();
+        let old = record.partitions;
+        record.partitions = total;
+        self.catalog.put_topic(&record)?;
+        self.catalog.flush()?;
+        for p in old..total {
+            self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
+        }
+        let updated = Arc::new(Topic { record, config: topic.config.clone() });
+        self.topics.write().expect("topics lock").insert(name.to_owned(), updated);
+        Ok(())
+    }
+
+    /// Validates the batches in `records` (one produce partition's data)
+    /// and queues them for the writer. Waits only for queue space; the
+    /// returned [`PendingAppend`] resolves when the append is acknowledged
+    /// per `ack`. Submitting every partition of a request before waiting on
+    /// any lets them share one writer round and one fsync.
+    pub async fn submit(&self, topic: &Topic, partition: i32, records: Bytes, ack: Ack) -> Result<PendingAppend, EngineError> {
+        if partition < 0 || partition >= topic.partitions() {
+            return Err(EngineError::UnknownTopicOrPartition);
+        }
+        let limit = topic.config.max_message_bytes as usize;
+        let mut any = false;
+        for b in batch::split(&records) {
+            let b = b?;
+            if b.len() > limit {
+                return Err(EngineError::MessageTooLarge { size: b.len(), limit });
+            }
+            batch::validate(b, limit)?;
+            any = true;
+        }
+        if !any {
+            return Err(EngineError::Corrupt(BatchError::Empty));
+        }
+        let (reply, rx) = oneshot::channel();
+        let cmd = WriteCmd::Append {
+            tp: topic.tp(partition),
+            records,
+            log_append_time: topic.config.timestamp_type == TimestampType::LogAppendTime,
+            ack,
+            reply,
+        };
+        self.writer.send(cmd).await.map_err(|_| EngineError::ShuttingDown)?;
+        Ok(PendingAppend { rx })
+    }
+
+    /// [`Engine::submit`] and wait.
+    pub async fn append(&self, topic: &Topic, partition: i32, records: Bytes, ack: Ack) -> Result<AppendResult, EngineError> {
+        self.submit(topic, partition, records, ack).await?.wait().await
+    }
+
+    /// Reads batches of a tp from `offset`, up to the high watermark. Does
+    /// file I/O: call it off the async runtime.
+    pub fn read(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool) -> Result<ReadResult, EngineError> {
+        Ok(self.storage.read(tp, offset, max_bytes, min_one)?)
+    }
+
+    /// (log start, high watermark, log end) of a tp.
+    pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
+        self.storage.offsets(tp)
+    }
+
+    /// ListOffsets by timestamp. Does file I/O.
+    pub fn offset_for_timestamp(&self, tp: &Tp, ts: i64) -> Result<Option<(i64, i64)>, EngineError> {
+        Ok(self.storage.offset_for_timestamp(tp, ts)?)
+    }
+
+    /// Registers `notify` to be woken when any of `tps` gets new data.
+    pub fn subscribe(&self, tps: &[Tp], notify: &Arc<Notify>) {
+        self.waiters.register(tps, notify);
+    }
+
+    fn retention_policy(&self) -> impl Fn(&Tp) -> RetentionPolicy + '_ {
+        move |tp: &Tp| {
+            self.topic_by_id(&tp.topic)
+                .map(|t| RetentionPolicy {
+                    retention_ms: (t.config.retention_ms >= 0).then_some(t.config.retention_ms),
+                    retention_bytes: (t.config.retention_bytes >= 0).then_some(t.config.retention_bytes as u64),
+                })
+                .unwrap_or_default()
+        }
+    }
+
+    /// Applies retention: raises log start offsets (persisted before any
+    /// file goes) and deletes dead segments. Blocking; the server schedules
+    /// it every `retention_check_interval_ms`. It touches only sealed
+    /// segments, never the writer's active one.
+    pub fn enforce_retention(&self) -> Result<usize, EngineError> {
+        let policy = self.retention_policy();
+        let (_, deleted) = self.storage.enforce_retention(self.now_ms(), policy, |starts| {
+            let rows: Vec<_> = starts.iter().map(|(tp, s)| (tp.topic, tp.partition, *s)).collect();
+            self.catalog.put_log_starts(&rows).map_err(|e| e.to_string())
+        })?;
+        Ok(deleted)
+    }
+
+    /// Stops the writer after it drains, syncs everything, and marks the
+    /// shutdown clean. Idempotent.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.writer.send(WriteCmd::Shutdown(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+        let threads: Vec<_> = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
+        for t in threads {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        let synced = self.storage.sync().is_ok() && self.catalog.flush().is_ok();
+        if synced {
+            let marker = self.cfg.data_dir.join(CLEAN_MARKER);
+            if std::fs::write(&marker, b"clean\n").is_ok() {
+                let _ = sync_dir(&self.cfg.data_dir);
+            }
+        }
+        tracing::info!(clean = synced, "engine stopped");
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.cfg.data_dir
+    }
+}
+
+fn short_id(u: &uuid::Uuid) -> String {
+    // Kafka cluster ids are 22-character URL-safe base64 UUIDs.
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut bits = u.as_u128();
+    let mut s = String::with_capacity(22);
+    for _ in 0..22 {
+        s.push(ALPHABET[(bits & 63) as usize] as char);
+        bits >>= 6;
+    }
+    s
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::Io { path: dir.display().to_string(), source: e })
+}
+
+/// Most commands taken in one round: bounds the latency of the first.
+const MAX_ROUND: usize = 4096;
+
+fn writer_loop(
+    mut rx: mpsc::Receiver<WriteCmd>,
+    storage: Arc<Storage>,
+    clock: Clock,
+    waiters: Arc<Waiters>,
+    policy: FlushPolicy,
+    sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
+) {
+    let mut round = Vec::with_capacity(64);
+    while let Some(first) = rx.blocking_recv() {
+        round.push(first);
+        while round.len() < MAX_ROUND {
+            match rx.try_recv() {
+                Ok(c) => round.push(c),
+                Err(_) => break,
+            }
+        }
+        let now = clock();
+        let mut written: Vec<(Reply, AppendResult)> = Vec::new();
+        let mut durable: Vec<(Reply, AppendResult)> = Vec::new();
+        let mut shutdown = None;
+        for cmd in round.drain(..) {
+            match cmd {
+                WriteCmd::Append { tp, records, log_append_time, ack, reply } => {
+                    let mut result: Option<AppendResult> = None;
+                    let mut failed = None;
+                    for b in batch::split(&records) {
+                        let b = b.expect("validated before queueing");
+                        match storage.append(tp, b, now, log_append_time) {
+                            Ok(a) => {
+                                let r = result.get_or_insert(AppendResult {
+                                    base_offset: a.base_offset,
+                                    last_offset: a.last_offset,
+                                    log_append_time: if log_append_time { now } else { -1 },
+                                    log_start: a.log_start,
+                                });
+                                r.last_offset = a.last_offset;
+                            }
+                            Err(StorageError::UnknownPartition) => {
+                                failed = Some(AppendFailure::UnknownPartition);
+                                break;
+                            }
+                            Err(e) => {
+                                failed = Some(AppendFailure::Storage(e.to_string()));
+                                break;
+                            }
+                        }
+                    }
+                    match (failed, result) {
+                        (Some(e), _) => {
+                            let _ = reply.send(Err(e));
+                        }
+                        (None, None) => {
+                            let _ = reply.send(Err(AppendFailure::Storage("no batch in records".into())));
+                        }
+                        (None, Some(r)) => match ack {
+                            Ack::Written => written.push((reply, r)),
+                            Ack::Durable => durable.push((reply, r)),
+                        },
+                    }
+                }
+                WriteCmd::Shutdown(done) => shutdown = Some(done),
+            }
+        }
+        let moved = match storage.flush() {
+            Ok(m) => m,
+            Err(e) => {
+                let msg = e.to_string();
+                for (reply, _) in written.drain(..).chain(durable.drain(..)) {
+                    let _ = reply.send(Err(AppendFailure::Storage(msg.clone())));
+                }
+                Vec::new()
+            }
+        };
+        match policy {
+            FlushPolicy::Always => {
+                for (reply, r) in written {
+                    let _ = reply.send(Ok(r));
+                }
+                let job = SyncJob { moved, replies: durable, done: shutdown.take() };
+                if job.done.is_some() || !job.moved.is_empty() || !job.replies.is_empty() {
+                    let _ = sync_tx.send(job);
+                }
+            }
+            FlushPolicy::Interval(_) | FlushPolicy::Never => {
+                storage.publish_hw(&moved);
+                waiters.wake(&moved);
+                for (reply, r) in written.into_iter().chain(durable) {
+                    let _ = reply.send(Ok(r));
+                }
+                if let Some(done) = shutdown.take() {
+                    let _ = sync_tx.send(SyncJob { moved: Vec::new(), replies: Vec::new(), done: Some(done) });
+                }
+            }
+        }
+        if rx.is_closed() {
+            break;
+        }
+    }
+}
+
+fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, waiters: Arc<Waiters>, policy: FlushPolicy) {
+    let interval = match policy {
+        FlushPolicy::Interval(d) => Some(d),
+        _ => None,
+    };
+    loop {
+        let first = match interval {
+            Some(d) => match rx.recv_timeout(d) {
+                Ok(job) => Some(job),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+            None => match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            },
+        };
+        let mut jobs: Vec<SyncJob> = first.into_iter().collect();
+        while let Ok(j) = rx.try_recv() {
+            jobs.push(j);
+        }
+        let needs_sync = interval.is_some() || policy == FlushPolicy::Always || jobs.iter().any(|j| j.done.is_some());
+        let synced = if needs_sync { storage.sync().map_err(|e| e.to_string()) } else { Ok(()) };
+        let mut stop = false;
+        for job in jobs {
+            match &synced {
+                Ok(()) => {
+                    if policy == FlushPolicy::Always {
+                        storage.publish_hw(&job.moved);
+                        waiters.wake(&job.moved);
+                    }
+                    for (reply, r) in job.replies {
+                        let _ = reply.send(Ok(r));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "fsync failed; durable appends are refused from now on");
+                    for (reply, _) in job.replies {
+                        let _ = reply.send(Err(AppendFailure::Storage(e.clone())));
+                    }
+                }
+            }
+            if let Some(done) = job.done {
+                let _ = done.send(());
+                stop = true;
+            }
+        }
+        if stop {
+            return;
+        }
+    }
+}

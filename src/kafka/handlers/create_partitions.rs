@@ -1,0 +1,37 @@
+//! CreatePartitions: raise a topic's partition count.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+pub use kafka_protocol::messages::{CreatePartitionsRequest as Request, CreatePartitionsResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use super::{str_bytes, Route};
+use crate::kafka::{errors, Broker};
+use crate::protocol::header::RequestHeader;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
+
+pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
+    None
+}
+
+pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    let engine = broker.engine.clone();
+    let results = tokio::task::spawn_blocking(move || {
+        req.topics
+            .into_iter()
+            .map(|t| {
+                let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+                match engine.create_partitions(super::name(&t.name), t.count, req.validate_only) {
+                    Ok(()) => r,
+                    Err(e) => r.with_error_code(errors::code(&e)).with_error_message(Some(str_bytes(e.to_string()))),
+                }
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .ok()?;
+    Some(Response::default().with_results(results))
+}

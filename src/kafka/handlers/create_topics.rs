@@ -1,0 +1,83 @@
+//! CreateTopics: answered after the catalog is durable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+pub use kafka_protocol::messages::{CreateTopicsRequest as Request, CreateTopicsResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
+
+use super::{str_bytes, Route};
+use crate::engine::EngineError;
+use crate::kafka::{errors, Broker};
+use crate::protocol::header::RequestHeader;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 7 };
+
+pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
+    None
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let engine = broker.engine.clone();
+    let topics = tokio::task::spawn_blocking(move || {
+        let mut seen = std::collections::HashSet::new();
+        req.topics
+            .into_iter()
+            .map(|t| {
+                let name = super::name(&t.name).to_owned();
+                let mut r = CreatableTopicResult::default().with_name(t.name.clone()).with_num_partitions(-1).with_replication_factor(-1);
+                let fail = |r: CreatableTopicResult, code: i16, msg: String| r.with_error_code(code).with_error_message(Some(str_bytes(msg)));
+                if !seen.insert(name.clone()) {
+                    return fail(r, ResponseError::InvalidRequest.code(), format!("topic {name} appears twice in the request"));
+                }
+                if t.replication_factor > 1 {
+                    return fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1) on a single-node broker".into());
+                }
+                let partitions = if !t.assignments.is_empty() {
+                    t.assignments.len() as i32
+                } else if t.num_partitions == -1 {
+                    engine.config().num_partitions
+                } else {
+                    t.num_partitions
+                };
+                let mut configs = BTreeMap::new();
+                for c in &t.configs {
+                    if let Some(v) = &c.value {
+                        configs.insert(c.name.to_string(), v.to_string());
+                    }
+                }
+                match engine.create_topic(&name, partitions, configs, req.validate_only) {
+                    Ok(topic) => {
+                        if version >= 5 {
+                            r = r.with_num_partitions(topic.partitions()).with_replication_factor(1).with_configs(Some(
+                                topic
+                                    .config
+                                    .describe(&topic.record.configs)
+                                    .into_iter()
+                                    .map(|(k, v, default)| {
+                                        CreatableTopicConfigs::default().with_name(str_bytes(k)).with_value(Some(str_bytes(v))).with_config_source(if default { 5 } else { 1 })
+                                    })
+                                    .collect(),
+                            ));
+                        }
+                        if version >= 7 {
+                            r = r.with_topic_id(uuid::Uuid::from_bytes(topic.id()));
+                        }
+                        r
+                    }
+                    Err(e @ EngineError::TopicExists) => fail(r, errors::code(&e), format!("topic {name} already exists")),
+                    Err(e) => {
+                        let code = errors::code(&e);
+                        fail(r, code, e.to_string())
+                    }
+                }
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .ok()?;
+    Some(Response::default().with_topics(topics))
+}

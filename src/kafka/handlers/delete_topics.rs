@@ -1,0 +1,53 @@
+//! DeleteTopics, by name (all versions) or by topic id (v6).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+pub use kafka_protocol::messages::{DeleteTopicsRequest as Request, DeleteTopicsResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
+
+use super::{str_bytes, topic_name, Route};
+use crate::kafka::{errors, Broker};
+use crate::protocol::header::RequestHeader;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 6 };
+
+pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
+    None
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let engine = broker.engine.clone();
+    let targets: Vec<(Option<String>, uuid::Uuid)> = if version >= 6 {
+        req.topics.into_iter().map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id)).collect()
+    } else {
+        req.topic_names.into_iter().map(|n| (Some(n.0.to_string()), uuid::Uuid::nil())).collect()
+    };
+    let responses = tokio::task::spawn_blocking(move || {
+        targets
+            .into_iter()
+            .map(|(name, id)| {
+                let name = name.or_else(|| engine.topic_by_id(id.as_bytes()).map(|t| t.name().to_owned()));
+                let mut r = DeletableTopicResult::default().with_name(name.as_deref().map(topic_name));
+                let Some(name) = name else {
+                    return r.with_topic_id(id).with_error_code(ResponseError::UnknownTopicId.code());
+                };
+                if version >= 6 {
+                    r = r.with_topic_id(engine.topic(&name).map(|t| uuid::Uuid::from_bytes(t.id())).unwrap_or(id));
+                }
+                match engine.delete_topic(&name) {
+                    Ok(()) => r,
+                    Err(e) => {
+                        let r = r.with_error_code(errors::code(&e));
+                        if version >= 5 { r.with_error_message(Some(str_bytes(e.to_string()))) } else { r }
+                    }
+                }
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .ok()?;
+    Some(Response::default().with_responses(responses))
+}

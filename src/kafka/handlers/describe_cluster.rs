@@ -1,0 +1,31 @@
+//! DescribeCluster: one broker, which is also the controller.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+pub use kafka_protocol::messages::{DescribeClusterRequest as Request, DescribeClusterResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use super::{str_bytes, Route};
+use crate::kafka::{Broker, NODE_ID};
+use crate::protocol::header::RequestHeader;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
+
+pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
+    None
+}
+
+pub async fn handle(broker: &Broker, _req: Request, _version: i16) -> Option<Response> {
+    let b = DescribeClusterBroker::default()
+        .with_broker_id(NODE_ID.into())
+        .with_host(str_bytes(broker.cfg.advertised_host.clone()))
+        .with_port(broker.cfg.advertised_port);
+    Some(
+        Response::default()
+            .with_cluster_id(str_bytes(broker.engine.cluster_id()))
+            .with_controller_id(NODE_ID.into())
+            .with_brokers(vec![b]),
+    )
+}

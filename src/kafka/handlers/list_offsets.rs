@@ -1,0 +1,72 @@
+//! ListOffsets: earliest (-2), latest (-1, the high watermark), max
+//! timestamp (-3) and by timestamp, through the time index.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+pub use kafka_protocol::messages::{ListOffsetsRequest as Request, ListOffsetsResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
+
+use super::Route;
+use crate::engine::Engine;
+use crate::kafka::{errors, Broker};
+use crate::protocol::header::RequestHeader;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 8 };
+
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+
+pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
+    None
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let engine = broker.engine.clone();
+    let topics = tokio::task::spawn_blocking(move || {
+        req.topics
+            .into_iter()
+            .map(|t| {
+                let topic = engine.topic(super::name(&t.name));
+                let partitions = t
+                    .partitions
+                    .into_iter()
+                    .map(|p| {
+                        let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index).with_timestamp(-1).with_offset(-1);
+                        match &topic {
+                            Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => {
+                                lookup(&engine, &topic.tp(p.partition_index), p.timestamp, r, version)
+                            }
+                            _ => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
+                        }
+                    })
+                    .collect();
+                ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(partitions)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .ok()?;
+    Some(Response::default().with_topics(topics))
+}
+
+fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, r: ListOffsetsPartitionResponse, version: i16) -> ListOffsetsPartitionResponse {
+    let Some((log_start, hw, _)) = engine.offsets(tp) else {
+        return r.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+    };
+    let r = if version >= 4 { r.with_leader_epoch(0) } else { r };
+    match ts {
+        LATEST => r.with_offset(hw),
+        EARLIEST => r.with_offset(log_start),
+        MAX_TIMESTAMP => r.with_offset(if hw > log_start { hw - 1 } else { -1 }),
+        ts if ts < 0 => r.with_error_code(ResponseError::InvalidRequest.code()),
+        ts => match engine.offset_for_timestamp(tp, ts) {
+            Ok(Some((offset, found_ts))) => r.with_offset(offset).with_timestamp(found_ts),
+            Ok(None) => r,
+            Err(e) => r.with_error_code(errors::code(&e)),
+        },
+    }
+}

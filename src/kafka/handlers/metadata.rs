@@ -1,0 +1,103 @@
+//! Metadata: this broker, the cluster id, and topics with their ids.
+//! Topics that do not exist are created when the request allows it and
+//! `auto_create_topics` is on (Kafka's behaviour, with its partition count
+//! `num_partitions`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+pub use kafka_protocol::messages::{MetadataRequest as Request, MetadataResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use super::{str_bytes, topic_name, Route};
+use crate::engine::{topics, Engine, EngineError, Topic};
+use crate::kafka::{errors, Broker, NODE_ID};
+use crate::protocol::header::RequestHeader;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
+
+pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
+    None
+}
+
+pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
+    let partitions = (0..t.partitions())
+        .map(|p| {
+            let mut part = MetadataResponsePartition::default()
+                .with_partition_index(p)
+                .with_leader_id(NODE_ID.into())
+                .with_replica_nodes(vec![NODE_ID.into()])
+                .with_isr_nodes(vec![NODE_ID.into()]);
+            if version >= 7 {
+                part = part.with_leader_epoch(0);
+            }
+            part
+        })
+        .collect();
+    let mut entry = MetadataResponseTopic::default().with_name(Some(topic_name(t.name()))).with_partitions(partitions);
+    if version >= 10 {
+        entry = entry.with_topic_id(uuid::Uuid::from_bytes(t.id()));
+    }
+    if version >= 8 {
+        entry = entry.with_topic_authorized_operations(-2147483648);
+    }
+    entry
+}
+
+fn error_entry(name: Option<&str>, code: i16) -> MetadataResponseTopic {
+    MetadataResponseTopic::default().with_error_code(code).with_name(name.map(topic_name))
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let engine = broker.engine.clone();
+    // v0 has no null "all topics": an empty list means all; v1+ uses null.
+    let wanted: Option<Vec<(Option<String>, uuid::Uuid)>> = match req.topics {
+        None => None,
+        Some(list) if list.is_empty() && version == 0 => None,
+        Some(list) => Some(list.into_iter().map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id)).collect()),
+    };
+    let allow_create = version < 4 || req.allow_auto_topic_creation;
+    let topics = tokio::task::spawn_blocking(move || resolve(&engine, wanted, allow_create, version)).await.ok()?;
+
+    let broker_entry = MetadataResponseBroker::default()
+        .with_node_id(NODE_ID.into())
+        .with_host(str_bytes(broker.cfg.advertised_host.clone()))
+        .with_port(broker.cfg.advertised_port);
+    let mut resp = Response::default().with_brokers(vec![broker_entry]).with_topics(topics);
+    if version >= 2 {
+        resp = resp.with_cluster_id(Some(str_bytes(broker.engine.cluster_id())));
+    }
+    if version >= 1 {
+        resp = resp.with_controller_id(NODE_ID.into());
+    }
+    if (8..=10).contains(&version) {
+        resp = resp.with_cluster_authorized_operations(-2147483648);
+    }
+    Some(resp)
+}
+
+fn resolve(engine: &Engine, wanted: Option<Vec<(Option<String>, uuid::Uuid)>>, allow_create: bool, version: i16) -> Vec<MetadataResponseTopic> {
+    let Some(wanted) = wanted else {
+        return engine.topics().iter().map(|t| topic_entry(t, version)).collect();
+    };
+    wanted
+        .into_iter()
+        .map(|(name, id)| match name {
+            Some(name) => {
+                if let Err(_e) = topics::validate_name(&name) {
+                    return error_entry(Some(&name), kafka_protocol::ResponseError::InvalidTopicException.code());
+                }
+                let found = if allow_create { engine.topic_or_create(&name) } else { engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition) };
+                match found {
+                    Ok(t) => topic_entry(&t, version),
+                    Err(e) => error_entry(Some(&name), errors::code(&e)),
+                }
+            }
+            None => match engine.topic_by_id(id.as_bytes()) {
+                Some(t) => topic_entry(&t, version),
+                None => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(id),
+            },
+        })
+        .collect()
+}

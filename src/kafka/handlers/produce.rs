@@ -1,0 +1,211 @@
+//! Produce: validate each partition's batches, append them through the
+//! engine, answer when they are acknowledged (acks=1: written; acks=all:
+//! durable under the flush policy; acks=0: no answer at all).
+//!
+//! Every partition of a request is submitted to the writer before any is
+//! awaited, so a request for 16 partitions shares one writer round and one
+//! fsync rather than paying for 16.
+//!
+//! Versions: decoded 3–12 (13 addresses topics by id). 0–2 are advertised,
+//! as Kafka 4 does, because older librdkafka keys its compression support
+//! off the advertised Produce range; they are answered with
+//! UNSUPPORTED_VERSION per partition by a small hand-written codec, since the
+//! crate has no codec for them.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+pub use kafka_protocol::messages::{ProduceRequest as Request, ProduceResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
+
+use super::Route;
+use crate::engine::{Ack, EngineError};
+use crate::kafka::{errors, Broker};
+use crate::protocol::header::RequestHeader;
+
+/// Advertised range.
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
+/// Range decoded and served.
+pub const DECODED: VersionRange = VersionRange { min: 3, max: 12 };
+
+pub fn special(_broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<Route> {
+    if h.api_version >= DECODED.min {
+        return None;
+    }
+    if h.api_version < 0 {
+        return Some(Route::Close("negative produce version".into()));
+    }
+    let Some((acks, topics)) = parse_legacy(body) else {
+        return Some(Route::Close("malformed produce v0-2 request".into()));
+    };
+    if acks == 0 {
+        return Some(Route::Run(Box::pin(async { None })));
+    }
+    let resp = encode_legacy(h.correlation_id, h.api_version, &topics);
+    Some(Route::Run(Box::pin(async move { Some(resp) })))
+}
+
+/// acks, then (topic, partitions) of a Produce v0–2 body.
+fn parse_legacy(mut b: &[u8]) -> Option<(i16, Vec<(Bytes, Vec<i32>)>)> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (head, tail) = b.split_at(n);
+        *b = tail;
+        Some(head)
+    }
+    let acks = i16::from_be_bytes(take(&mut b, 2)?.try_into().ok()?);
+    take(&mut b, 4)?; // timeout
+    let topics = i32::from_be_bytes(take(&mut b, 4)?.try_into().ok()?);
+    // Each topic needs at least 6 bytes: a count larger than that is a lie.
+    if topics < 0 || topics as usize > b.len() / 6 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(topics as usize);
+    for _ in 0..topics {
+        let len = i16::from_be_bytes(take(&mut b, 2)?.try_into().ok()?);
+        let name = Bytes::copy_from_slice(take(&mut b, usize::try_from(len).ok()?)?);
+        let parts = i32::from_be_bytes(take(&mut b, 4)?.try_into().ok()?);
+        if parts < 0 || parts as usize > b.len() / 8 {
+            return None;
+        }
+        let mut ps = Vec::with_capacity(parts as usize);
+        for _ in 0..parts {
+            ps.push(i32::from_be_bytes(take(&mut b, 4)?.try_into().ok()?));
+            let size = i32::from_be_bytes(take(&mut b, 4)?.try_into().ok()?);
+            if size > 0 {
+                take(&mut b, size as usize)?;
+            }
+        }
+        out.push((name, ps));
+    }
+    Some((acks, out))
+}
+
+fn encode_legacy(correlation_id: i32, version: i16, topics: &[(Bytes, Vec<i32>)]) -> BytesMut {
+    let mut buf = BytesMut::new();
+    buf.put_i32(0);
+    buf.put_i32(correlation_id);
+    buf.put_i32(topics.len() as i32);
+    for (name, parts) in topics {
+        buf.put_i16(name.len() as i16);
+        buf.put_slice(name);
+        buf.put_i32(parts.len() as i32);
+        for p in parts {
+            buf.put_i32(*p);
+            buf.put_i16(ResponseError::UnsupportedVersion.code());
+            buf.put_i64(-1);
+            if version >= 2 {
+                buf.put_i64(-1);
+            }
+        }
+    }
+    if version >= 1 {
+        buf.put_i32(0);
+    }
+    let len = (buf.len() - 4) as i32;
+    buf[0..4].copy_from_slice(&len.to_be_bytes());
+    buf
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    debug_assert!(version >= DECODED.min && version <= DECODED.max);
+    let acks = req.acks;
+    let ack = match acks {
+        0 | 1 => Some(Ack::Written),
+        -1 => Some(Ack::Durable),
+        _ => None,
+    };
+    // Submit everything first, then wait: one writer round for the request.
+    let mut pending = Vec::with_capacity(req.topic_data.len());
+    for topic in req.topic_data {
+        let name = super::name(&topic.name).to_owned();
+        let found = match crate::engine::topics::validate_name(&name) {
+            Err(e) => Err(EngineError::InvalidTopic(e)),
+            Ok(()) if broker.engine.config().auto_create_topics => {
+                let engine = broker.engine.clone();
+                let n = name.clone();
+                match broker.engine.topic(&name) {
+                    Some(t) => Ok(t),
+                    None => tokio::task::spawn_blocking(move || engine.topic_or_create(&n)).await.unwrap_or(Err(EngineError::ShuttingDown)),
+                }
+            }
+            Ok(()) => broker.engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition),
+        };
+        let mut parts = Vec::with_capacity(topic.partition_data.len());
+        for p in topic.partition_data {
+            let submitted = match (&found, ack) {
+                (_, None) => Err(None),
+                (Err(e), _) => Err(Some(errors::code(e))),
+                (Ok(t), Some(ack)) => {
+                    let records = p.records.unwrap_or_default();
+                    broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(errors::code(&e)))
+                }
+            };
+            parts.push((p.index, submitted));
+        }
+        pending.push((topic.name, parts));
+    }
+    let mut responses = Vec::with_capacity(pending.len());
+    for (name, parts) in pending {
+        let mut partition_responses = Vec::with_capacity(parts.len());
+        for (index, submitted) in parts {
+            let mut r = PartitionProduceResponse::default().with_index(index).with_base_offset(-1).with_log_append_time_ms(-1).with_log_start_offset(-1);
+            match submitted {
+                Err(None) => r = r.with_error_code(ResponseError::InvalidRequiredAcks.code()),
+                Err(Some(code)) => r = r.with_error_code(code),
+                Ok(wait) => match wait.wait().await {
+                    Ok(a) => {
+                        r = r.with_base_offset(a.base_offset).with_log_append_time_ms(a.log_append_time);
+                        if version >= 5 {
+                            r = r.with_log_start_offset(a.log_start);
+                        }
+                    }
+                    Err(e) => r = r.with_error_code(errors::code(&e)),
+                },
+            }
+            partition_responses.push(r);
+        }
+        responses.push(TopicProduceResponse::default().with_name(name).with_partition_responses(partition_responses));
+    }
+    if acks == 0 {
+        return None;
+    }
+    Some(Response::default().with_responses(responses))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf;
+
+    #[test]
+    fn legacy_parse_rejects_lies_and_truncation() {
+        let mut ok = Vec::new();
+        ok.extend_from_slice(&1i16.to_be_bytes());
+        ok.extend_from_slice(&1000i32.to_be_bytes());
+        ok.extend_from_slice(&1i32.to_be_bytes());
+        ok.extend_from_slice(&1i16.to_be_bytes());
+        ok.push(b't');
+        ok.extend_from_slice(&1i32.to_be_bytes());
+        ok.extend_from_slice(&0i32.to_be_bytes());
+        ok.extend_from_slice(&3i32.to_be_bytes());
+        ok.extend_from_slice(b"abc");
+        let (acks, topics) = parse_legacy(&ok).unwrap();
+        assert_eq!(acks, 1);
+        assert_eq!(topics, vec![(Bytes::from_static(b"t"), vec![0])]);
+        for cut in 0..ok.len() {
+            assert!(parse_legacy(&ok[..cut]).is_none(), "prefix {cut}");
+        }
+        let mut lie = ok.clone();
+        lie[6..10].copy_from_slice(&i32::MAX.to_be_bytes());
+        assert!(parse_legacy(&lie).is_none());
+        let resp = encode_legacy(9, 2, &topics);
+        let mut r = &resp[..];
+        assert_eq!(r.get_i32() as usize, resp.len() - 4);
+        assert_eq!(r.get_i32(), 9);
+    }
+}

@@ -1,0 +1,89 @@
+//! The Kafka listener: connections, request dispatch, one file per API.
+//!
+//! Async (tokio). Talks to storage only through the engine. See `conn.rs`
+//! for framing, pipelining and the per-connection in-flight bound, and
+//! `handlers/mod.rs` for how version ranges are declared and ApiVersions is
+//! derived from them.
+
+pub mod conn;
+pub mod errors;
+pub mod handlers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::engine::Engine;
+
+/// The broker's node id; a single-node cluster.
+pub const NODE_ID: i32 = 0;
+
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// Host and port put in Metadata and FindCoordinator answers.
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    pub max_request_bytes: usize,
+    pub max_in_flight_per_connection: usize,
+    pub max_connections: usize,
+    /// Upper bound on a Fetch's `max_wait_ms`.
+    pub max_fetch_wait: Duration,
+}
+
+/// What every handler can reach.
+pub struct Broker {
+    pub engine: Arc<Engine>,
+    pub cfg: KafkaConfig,
+}
+
+/// Accepts connections until `shutdown` turns true, then waits for open
+/// connections to finish their in-flight requests.
+pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let limit = Arc::new(Semaphore::new(broker.cfg.max_connections));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        // The permit is taken before accept(): at the limit, new connections
+        // wait in the kernel backlog instead of being accepted and dropped.
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => p.expect("semaphore never closed"),
+            _ = shutdown.changed() => break,
+        };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(5);
+                let broker = broker.clone();
+                let shutdown = shutdown.clone();
+                tasks.spawn(async move {
+                    if let Err(e) = conn::run(stream, peer, broker, shutdown).await {
+                        tracing::debug!(%peer, error = %e, "connection closed with error");
+                    }
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed; backing off");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    drop(listener);
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Splits `host:port` for advertising.
+pub fn advertised(addr: &str, bound: SocketAddr) -> (String, i32) {
+    match addr.rsplit_once(':') {
+        Some((h, p)) => (h.to_owned(), p.parse().unwrap_or(bound.port() as i32)),
+        None => (addr.to_owned(), bound.port() as i32),
+    }
+}

@@ -1,0 +1,11 @@
+//! Canopy: a Kafka-compatible ingestion broker with hierarchical topics.
+//! See DESIGN.md (shared) for the words, layers and invariants.
+
+pub mod config;
+pub mod engine;
+pub mod kafka;
+pub mod meta;
+pub mod metrics;
+pub mod protocol;
+pub mod server;
+pub mod storage;

@@ -1,0 +1,402 @@
+//! A view over one Kafka v2 `RecordBatch`, and the only two rewrites the
+//! broker ever makes to a produced batch.
+//!
+//! Canopy stores batches verbatim (DESIGN.md, "Batches stored verbatim"), so
+//! this module never decodes records on the append or fetch path. It checks
+//! the header against the bytes present, verifies the CRC-32C that covers
+//! `attributes..end`, and patches `baseOffset` (outside the CRC) or, for
+//! LogAppendTime topics, the timestamp fields (inside it: CRC recomputed).
+//!
+//! Layout of the v2 header (big-endian), offsets in bytes:
+//!
+//! ```text
+//!  0 baseOffset           i64   ─┐ not covered by the CRC
+//!  8 batchLength          i32    │ bytes after this field
+//! 12 partitionLeaderEpoch i32    │
+//! 16 magic                i8     │ must be 2
+//! 17 crc                  u32   ─┘ CRC-32C of bytes 21..end
+//! 21 attributes           i16      bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control
+//! 23 lastOffsetDelta      i32
+//! 27 baseTimestamp        i64
+//! 35 maxTimestamp         i64
+//! 43 producerId           i64
+//! 51 producerEpoch        i16
+//! 53 baseSequence         i32
+//! 57 recordsCount         i32
+//! 61 records…
+//! ```
+
+use thiserror::Error;
+
+/// Size of the fixed v2 batch header.
+pub const HEADER_BYTES: usize = 61;
+/// Bytes before `batchLength`'s coverage starts (baseOffset + batchLength).
+pub const LOG_OVERHEAD: usize = 12;
+
+const OFF_BASE_OFFSET: usize = 0;
+const OFF_BATCH_LENGTH: usize = 8;
+const OFF_MAGIC: usize = 16;
+const OFF_CRC: usize = 17;
+const OFF_ATTRIBUTES: usize = 21;
+const OFF_LAST_OFFSET_DELTA: usize = 23;
+const OFF_BASE_TIMESTAMP: usize = 27;
+const OFF_MAX_TIMESTAMP: usize = 35;
+const OFF_PRODUCER_ID: usize = 43;
+const OFF_PRODUCER_EPOCH: usize = 51;
+const OFF_BASE_SEQUENCE: usize = 53;
+const OFF_RECORDS_COUNT: usize = 57;
+
+const ATTR_COMPRESSION_MASK: i16 = 0x07;
+const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
+const ATTR_TRANSACTIONAL: i16 = 0x10;
+const ATTR_CONTROL: i16 = 0x20;
+
+const _: () = assert!(OFF_RECORDS_COUNT + 4 == HEADER_BYTES);
+const _: () = assert!(OFF_CRC + 4 == OFF_ATTRIBUTES);
+
+#[derive(Debug, Error, PartialEq, Eq, Clone)]
+pub enum BatchError {
+    #[error("batch truncated: {present} bytes present, {needed} needed")]
+    Truncated { present: usize, needed: usize },
+    #[error("batch length field {0} is invalid")]
+    BadLength(i32),
+    #[error("unsupported record batch magic {0} (only v2 is accepted)")]
+    BadMagic(i8),
+    #[error("batch CRC mismatch: header says {stored:#010x}, bytes give {computed:#010x}")]
+    BadCrc { stored: u32, computed: u32 },
+    #[error("records count {count} does not match lastOffsetDelta {last_offset_delta}")]
+    BadCount { count: i32, last_offset_delta: i32 },
+    #[error("batch of {size} bytes is over the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("produce request carried no record batch")]
+    Empty,
+}
+
+/// Compression codec from the low attribute bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+    Unknown(u8),
+}
+
+/// A checked view over the header of one batch. Cheap to copy; holds no bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub base_offset: i64,
+    /// Total size of the batch in bytes, including the 12-byte log overhead.
+    pub size: usize,
+    pub attributes: i16,
+    pub last_offset_delta: i32,
+    pub base_timestamp: i64,
+    pub max_timestamp: i64,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+    pub records_count: i32,
+}
+
+impl BatchHeader {
+    /// Parses a header without verifying the CRC. `buf` must start at a
+    /// batch; bytes past the batch are ignored.
+    pub fn parse(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+        if buf.len() < HEADER_BYTES {
+            return Err(BatchError::Truncated { present: buf.len(), needed: HEADER_BYTES });
+        }
+        let batch_length = get_i32(buf, OFF_BATCH_LENGTH);
+        if batch_length < (HEADER_BYTES - LOG_OVERHEAD) as i32 {
+            return Err(BatchError::BadLength(batch_length));
+        }
+        let magic = buf[OFF_MAGIC] as i8;
+        if magic != 2 {
+            return Err(BatchError::BadMagic(magic));
+        }
+        let size = LOG_OVERHEAD + batch_length as usize;
+        if buf.len() < size {
+            return Err(BatchError::Truncated { present: buf.len(), needed: size });
+        }
+        Ok(BatchHeader {
+            base_offset: get_i64(buf, OFF_BASE_OFFSET),
+            size,
+            attributes: get_i16(buf, OFF_ATTRIBUTES),
+            last_offset_delta: get_i32(buf, OFF_LAST_OFFSET_DELTA),
+            base_timestamp: get_i64(buf, OFF_BASE_TIMESTAMP),
+            max_timestamp: get_i64(buf, OFF_MAX_TIMESTAMP),
+            producer_id: get_i64(buf, OFF_PRODUCER_ID),
+            producer_epoch: get_i16(buf, OFF_PRODUCER_EPOCH),
+            base_sequence: get_i32(buf, OFF_BASE_SEQUENCE),
+            records_count: get_i32(buf, OFF_RECORDS_COUNT),
+        })
+    }
+
+    pub fn compression(&self) -> Compression {
+        match (self.attributes & ATTR_COMPRESSION_MASK) as u8 {
+            0 => Compression::None,
+            1 => Compression::Gzip,
+            2 => Compression::Snappy,
+            3 => Compression::Lz4,
+            4 => Compression::Zstd,
+            other => Compression::Unknown(other),
+        }
+    }
+
+    pub fn is_log_append_time(&self) -> bool {
+        self.attributes & ATTR_TIMESTAMP_TYPE != 0
+    }
+    pub fn is_transactional(&self) -> bool {
+        self.attributes & ATTR_TRANSACTIONAL != 0
+    }
+    pub fn is_control(&self) -> bool {
+        self.attributes & ATTR_CONTROL != 0
+    }
+    /// Offset of the last record, given the (possibly patched) base offset.
+    pub fn last_offset(&self) -> i64 {
+        self.base_offset + self.last_offset_delta as i64
+    }
+    /// Number of offsets this batch occupies.
+    pub fn offset_count(&self) -> i64 {
+        self.last_offset_delta as i64 + 1
+    }
+}
+
+/// Validates one produced batch fully: header, sizes, CRC-32C and the
+/// records-count/offset-delta relationship. `buf` must be exactly one batch.
+pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError> {
+    if buf.len() > max_bytes {
+        return Err(BatchError::TooLarge { size: buf.len(), limit: max_bytes });
+    }
+    let header = BatchHeader::parse(buf)?;
+    if header.size != buf.len() {
+        return Err(BatchError::BadLength(get_i32(buf, OFF_BATCH_LENGTH)));
+    }
+    let stored = get_u32(buf, OFF_CRC);
+    let computed = crc32c::crc32c(&buf[OFF_ATTRIBUTES..]);
+    if stored != computed {
+        return Err(BatchError::BadCrc { stored, computed });
+    }
+    if header.last_offset_delta < 0
+        || header.records_count <= 0
+        || header.records_count as i64 != header.last_offset_delta as i64 + 1
+    {
+        return Err(BatchError::BadCount {
+            count: header.records_count,
+            last_offset_delta: header.last_offset_delta,
+        });
+    }
+    Ok(header)
+}
+
+/// Splits the `records` field of a produce partition into its batches,
+/// checking each header against the bytes present. Nothing is allocated per
+/// wire length: each item is a sub-slice of `buf`.
+pub fn split(buf: &[u8]) -> impl Iterator<Item = Result<&[u8], BatchError>> {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        match BatchHeader::parse(rest) {
+            Ok(h) => {
+                let (one, tail) = rest.split_at(h.size);
+                rest = tail;
+                Some(Ok(one))
+            }
+            Err(e) => {
+                rest = &[];
+                Some(Err(e))
+            }
+        }
+    })
+}
+
+/// Rewrites `baseOffset`. It lies outside the CRC, so nothing else changes.
+pub fn set_base_offset(buf: &mut [u8], base_offset: i64) {
+    debug_assert!(buf.len() >= HEADER_BYTES);
+    buf[OFF_BASE_OFFSET..OFF_BASE_OFFSET + 8].copy_from_slice(&base_offset.to_be_bytes());
+}
+
+/// Marks the batch as LogAppendTime with `now_ms` as its max timestamp, the
+/// way Kafka does, and recomputes the CRC over the changed bytes.
+pub fn set_log_append_time(buf: &mut [u8], now_ms: i64) {
+    debug_assert!(buf.len() >= HEADER_BYTES);
+    let attributes = get_i16(buf, OFF_ATTRIBUTES) | ATTR_TIMESTAMP_TYPE;
+    buf[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+    buf[OFF_MAX_TIMESTAMP..OFF_MAX_TIMESTAMP + 8].copy_from_slice(&now_ms.to_be_bytes());
+    let crc = crc32c::crc32c(&buf[OFF_ATTRIBUTES..]);
+    buf[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Walks the records of an uncompressed batch and returns the offset delta
+/// and timestamp of each record, without allocating. `None` if the batch is
+/// compressed or its records do not parse.
+pub fn record_timestamps(buf: &[u8]) -> Option<Vec<(i32, i64)>> {
+    let header = BatchHeader::parse(buf).ok()?;
+    if header.compression() != Compression::None {
+        return None;
+    }
+    let mut out = Vec::with_capacity((header.records_count.max(0) as usize).min(buf.len()));
+    let mut pos = HEADER_BYTES;
+    for _ in 0..header.records_count {
+        let (len, n) = varint(&buf[pos.min(buf.len())..])?;
+        let start = pos + n;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        if end > header.size {
+            return None;
+        }
+        let rec = &buf[start..end];
+        let mut p = 1; // attributes byte
+        let (ts_delta, n) = varint(rec.get(p..)?)?;
+        p += n;
+        let (off_delta, _) = varint(rec.get(p..)?)?;
+        out.push((i32::try_from(off_delta).ok()?, header.base_timestamp.checked_add(ts_delta)?));
+        pos = end;
+    }
+    Some(out)
+}
+
+/// Decodes a zig-zag varint (as used inside records). Returns value and bytes used.
+pub fn varint(buf: &[u8]) -> Option<(i64, usize)> {
+    let mut raw: u64 = 0;
+    for (i, b) in buf.iter().take(10).enumerate() {
+        raw |= ((b & 0x7f) as u64) << (7 * i);
+        if b & 0x80 == 0 {
+            let value = ((raw >> 1) as i64) ^ -((raw & 1) as i64);
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
+
+fn get_i16(b: &[u8], at: usize) -> i16 {
+    i16::from_be_bytes([b[at], b[at + 1]])
+}
+fn get_i32(b: &[u8], at: usize) -> i32 {
+    i32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn get_i64(b: &[u8], at: usize) -> i64 {
+    i64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn put_varint(out: &mut Vec<u8>, v: i64) {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    /// Builds a valid uncompressed batch of `n` records with the given values.
+    pub fn make_batch(values: &[&[u8]], base_ts: i64) -> Vec<u8> {
+        let mut records = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            let mut rec = vec![0u8];
+            put_varint(&mut rec, i as i64); // timestamp delta
+            put_varint(&mut rec, i as i64); // offset delta
+            put_varint(&mut rec, -1); // null key
+            put_varint(&mut rec, v.len() as i64);
+            rec.extend_from_slice(v);
+            put_varint(&mut rec, 0); // headers
+            put_varint(&mut records, rec.len() as i64);
+            records.extend_from_slice(&rec);
+        }
+        let n = values.len() as i32;
+        let mut b = Vec::new();
+        b.extend_from_slice(&0i64.to_be_bytes());
+        b.extend_from_slice(&((HEADER_BYTES - LOG_OVERHEAD + records.len()) as i32).to_be_bytes());
+        b.extend_from_slice(&(-1i32).to_be_bytes());
+        b.push(2);
+        b.extend_from_slice(&0u32.to_be_bytes());
+        b.extend_from_slice(&0i16.to_be_bytes());
+        b.extend_from_slice(&(n - 1).to_be_bytes());
+        b.extend_from_slice(&base_ts.to_be_bytes());
+        b.extend_from_slice(&(base_ts + n as i64 - 1).to_be_bytes());
+        b.extend_from_slice(&(-1i64).to_be_bytes());
+        b.extend_from_slice(&(-1i16).to_be_bytes());
+        b.extend_from_slice(&(-1i32).to_be_bytes());
+        b.extend_from_slice(&n.to_be_bytes());
+        b.extend_from_slice(&records);
+        let crc = crc32c::crc32c(&b[OFF_ATTRIBUTES..]);
+        b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    #[test]
+    fn valid_batch_round_trips() {
+        let b = make_batch(&[b"a", b"bb", b"ccc"], 1000);
+        let h = validate(&b, 1 << 20).unwrap();
+        assert_eq!(h.records_count, 3);
+        assert_eq!(h.last_offset_delta, 2);
+        assert_eq!(h.size, b.len());
+        assert_eq!(record_timestamps(&b).unwrap(), vec![(0, 1000), (1, 1001), (2, 1002)]);
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        let b = make_batch(&[b"hello", b"world"], 5);
+        for cut in 0..b.len() {
+            assert!(validate(&b[..cut], 1 << 20).is_err(), "prefix {cut} accepted");
+        }
+    }
+
+    #[test]
+    fn bit_flips_in_crc_range_are_rejected() {
+        let b = make_batch(&[b"hello"], 5);
+        for i in OFF_ATTRIBUTES..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x01;
+            assert!(validate(&c, 1 << 20).is_err(), "flip at {i} accepted");
+        }
+    }
+
+    #[test]
+    fn bad_magic_length_and_size_limit() {
+        let mut b = make_batch(&[b"x"], 0);
+        assert!(matches!(validate(&b, 10), Err(BatchError::TooLarge { .. })));
+        b[OFF_MAGIC] = 1;
+        assert_eq!(validate(&b, 1 << 20), Err(BatchError::BadMagic(1)));
+        let mut b = make_batch(&[b"x"], 0);
+        b[OFF_BATCH_LENGTH..OFF_BATCH_LENGTH + 4].copy_from_slice(&(-5i32).to_be_bytes());
+        assert_eq!(validate(&b, 1 << 20), Err(BatchError::BadLength(-5)));
+        let mut b = make_batch(&[b"x"], 0);
+        b[OFF_BATCH_LENGTH..OFF_BATCH_LENGTH + 4].copy_from_slice(&i32::MAX.to_be_bytes());
+        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Truncated { .. })));
+    }
+
+    #[test]
+    fn patches_keep_crc_valid() {
+        let mut b = make_batch(&[b"x", b"y"], 7);
+        set_base_offset(&mut b, 42);
+        let h = validate(&b, 1 << 20).unwrap();
+        assert_eq!(h.base_offset, 42);
+        set_log_append_time(&mut b, 99);
+        let h = validate(&b, 1 << 20).unwrap();
+        assert!(h.is_log_append_time());
+        assert_eq!(h.max_timestamp, 99);
+    }
+
+    #[test]
+    fn split_walks_concatenated_batches() {
+        let mut two = make_batch(&[b"a"], 0);
+        two.extend(make_batch(&[b"b", b"c"], 0));
+        let parts: Vec<_> = split(&two).collect::<Result<_, _>>().unwrap();
+        assert_eq!(parts.len(), 2);
+        let mut bad = two.clone();
+        bad.truncate(two.len() - 1);
+        assert!(split(&bad).any(|r| r.is_err()));
+    }
+}

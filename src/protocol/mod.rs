@@ -1,0 +1,8 @@
+//! The Kafka wire, without I/O: framing, request headers, the wire-shape
+//! guard that checks every count before `kafka-protocol` decodes a body, and
+//! the RecordBatch view the storage layer stores verbatim.
+
+pub mod batch;
+pub mod frame;
+pub mod guard;
+pub mod header;

@@ -1,0 +1,99 @@
+//! Composition root: opens the engine, binds the listeners, schedules
+//! background work, and shuts everything down in order.
+//!
+//! Shutdown: stop accepting and stop reading new requests; let every
+//! connection finish its in-flight requests; drain the writer, sync, write
+//! the clean-shutdown marker.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::engine::{system_clock, Clock, Engine};
+use crate::kafka::{self, Broker, KafkaConfig};
+use crate::metrics::{self, Health};
+
+pub struct Running {
+    pub kafka_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub engine: Arc<Engine>,
+    health: Arc<Health>,
+    stop: watch::Sender<bool>,
+    kafka: JoinHandle<()>,
+    admin: JoinHandle<()>,
+    background: JoinHandle<()>,
+}
+
+pub async fn start(cfg: Config) -> anyhow::Result<Running> {
+    start_with_clock(cfg, system_clock()).await
+}
+
+pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Running> {
+    let engine_cfg = cfg.engine();
+    let engine = tokio::task::spawn_blocking(move || Engine::open(engine_cfg, clock)).await?.context("opening the data directory")?;
+    let kafka_listener = TcpListener::bind(cfg.kafka_listener).await.with_context(|| format!("binding kafka_listener {}", cfg.kafka_listener))?;
+    let admin_listener = TcpListener::bind(cfg.admin_listener).await.with_context(|| format!("binding admin_listener {}", cfg.admin_listener))?;
+    let kafka_addr = kafka_listener.local_addr()?;
+    let admin_addr = admin_listener.local_addr()?;
+    let (host, port) = if cfg.advertised_listener.is_empty() {
+        (kafka_addr.ip().to_string(), kafka_addr.port() as i32)
+    } else {
+        kafka::advertised(&cfg.advertised_listener, kafka_addr)
+    };
+    let broker = Arc::new(Broker {
+        engine: engine.clone(),
+        cfg: KafkaConfig {
+            advertised_host: host,
+            advertised_port: port,
+            max_request_bytes: cfg.max_request_bytes,
+            max_in_flight_per_connection: cfg.max_in_flight_per_connection,
+            max_connections: cfg.max_connections,
+            max_fetch_wait: cfg.max_fetch_wait(),
+        },
+    });
+    let (stop, stop_rx) = watch::channel(false);
+    let health = Arc::new(Health::default());
+    let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
+    let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));
+    let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx));
+    health.ready.store(true, Ordering::Release);
+    tracing::info!(%kafka_addr, %admin_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
+    Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background })
+}
+
+async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let e = engine.clone();
+        match tokio::task::spawn_blocking(move || e.enforce_retention()).await {
+            Ok(Ok(deleted)) if deleted > 0 => tracing::info!(deleted, "retention deleted segments"),
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => tracing::error!(error = %err, "retention failed"),
+            Err(err) => tracing::error!(error = %err, "retention task panicked"),
+        }
+    }
+}
+
+impl Running {
+    /// Graceful stop; see the module docs for the order.
+    pub async fn shutdown(self) {
+        self.health.ready.store(false, Ordering::Release);
+        let _ = self.stop.send(true);
+        let _ = self.kafka.await;
+        let _ = self.background.await;
+        self.engine.shutdown().await;
+        let _ = self.admin.await;
+    }
+}

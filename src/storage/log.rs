@@ -1,0 +1,1007 @@
+//! The branch logs: append, read, roll, retention and recovery.
+//!
+//! # Ownership
+//!
+//! One writer thread (the engine's) calls the write side: [`Storage::append`]
+//! stages frames in a per-branch buffer, [`Storage::flush`] writes each
+//! branch's buffer with one positioned write and publishes the new log end
+//! offsets, [`Storage::sync`] (called from the syncer thread) makes dirty
+//! segments durable, and [`Storage::publish_hw`] lets readers see what is
+//! durable. Readers on any thread take a short read lock to find where to
+//! start, then read files with positioned reads and no lock held.
+//!
+//! # Invariants
+//!
+//! - Offsets of a tp are dense and assigned here, once (`next_offset`).
+//! - `hw <= leo <= next_offset`, none ever decreases.
+//! - A reader never reads past a segment's published length, so it never sees
+//!   a half-written frame.
+//! - A segment file is deleted only when every frame in it is below its tp's
+//!   log start offset (or belongs to a deleted topic), and only after the new
+//!   log start offsets were handed to the caller to persist.
+//!
+//! # Indexes
+//!
+//! Per tp, a sparse in-memory index: an entry for the first batch of the tp
+//! in each segment, then one every `index_interval_bytes` of the tp's data,
+//! and one whenever the tp's previous entry is more than `MAX_SCAN_GAP` bytes
+//! back in the file. A read therefore scans at most about `MAX_SCAN_GAP`
+//! bytes of other topics' frames before it reaches its own. Each entry also
+//! carries the largest timestamp seen before it, which makes it a time index.
+//! Indexes are rebuilt by recovery; persisting them is future work.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES};
+use super::{TopicId, Tp};
+use crate::protocol::batch;
+
+/// A read scans at most this many bytes of foreign frames to reach its own.
+const MAX_SCAN_GAP: u64 = 256 * 1024;
+/// Size of one positioned read on the read path.
+const READ_CHUNK: usize = 256 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    /// Roll the active segment of a branch once it reaches this size.
+    pub segment_bytes: u64,
+    /// Roll the active segment of a branch once it is this old.
+    pub segment_ms: i64,
+    pub index_interval_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("unknown partition")]
+    UnknownPartition,
+    #[error("storage is poisoned by an earlier I/O failure ({0}); restart the broker after checking the disk")]
+    Poisoned(String),
+    #[error("i/o error on {path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error(transparent)]
+    Segment(#[from] segment::SegmentError),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReadError {
+    #[error("unknown partition")]
+    UnknownPartition,
+    #[error("offset {offset} is outside [{log_start}, {end}]")]
+    OffsetOutOfRange { offset: i64, log_start: i64, end: i64 },
+    #[error("i/o error: {0}")]
+    Io(String),
+}
+
+/// A partition to open at start-up or create later.
+#[derive(Debug, Clone)]
+pub struct PartitionSpec {
+    pub tp: Tp,
+    pub branch: String,
+    /// The persisted log start offset: offsets below it were deleted by
+    /// retention, so the log end can never be below it either.
+    pub log_start: i64,
+}
+
+/// Result of one append, known before the bytes are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub seq: u64,
+    pub log_start: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    /// Whole batches, concatenated, starting with the one that holds the
+    /// requested offset.
+    pub records: Bytes,
+    pub high_watermark: i64,
+    pub log_start: i64,
+    pub log_end: i64,
+    /// Bytes read from files, including other topics' frames skipped.
+    pub bytes_scanned: u64,
+}
+
+/// What recovery did, for the log and for the benchmark report.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    pub frames: u64,
+    pub bytes: u64,
+    pub deep_scanned_bytes: u64,
+    pub truncated_bytes: u64,
+    pub elapsed_ms: u128,
+}
+
+/// Retention settings of one tp's topic.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetentionPolicy {
+    pub retention_ms: Option<i64>,
+    pub retention_bytes: Option<u64>,
+}
+
+/// One tp's share of one segment.
+#[derive(Debug, Clone, Copy)]
+struct SegTp {
+    last_offset: i64,
+    bytes: u64,
+    max_ts: i64,
+}
+
+struct Segment {
+    base_seq: u64,
+    created_ms: i64,
+    path: PathBuf,
+    file: fs::File,
+    /// Bytes readers may read: only whole, written frames lie below it.
+    len: AtomicU64,
+    dirty: AtomicBool,
+    tps: Mutex<HashMap<Tp, SegTp>>,
+}
+
+impl Segment {
+    fn note(&self, tp: Tp, last_offset: i64, bytes: u64, max_ts: i64) {
+        let mut tps = self.tps.lock().expect("segment tps lock");
+        let e = tps.entry(tp).or_insert(SegTp { last_offset, bytes: 0, max_ts });
+        e.last_offset = e.last_offset.max(last_offset);
+        e.bytes += bytes;
+        e.max_ts = e.max_ts.max(max_ts);
+    }
+}
+
+struct Branch {
+    dir: PathBuf,
+    /// Sorted by `base_seq`; the last one is active.
+    segs: RwLock<Vec<Arc<Segment>>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct IndexEntry {
+    offset: i64,
+    seg: u64,
+    pos: u64,
+    /// Largest timestamp of this tp's batches before this entry.
+    max_ts_before: i64,
+}
+
+struct PartState {
+    log_start: i64,
+    /// Published end: every offset below it is in a file.
+    leo: i64,
+    hw: i64,
+    index: VecDeque<IndexEntry>,
+}
+
+struct Partition {
+    tp: Tp,
+    branch: Arc<Branch>,
+    st: RwLock<PartState>,
+}
+
+/// Writer-side bookkeeping of one tp (only the writer touches it).
+struct PartWriter {
+    part: Arc<Partition>,
+    next_offset: i64,
+    max_ts: i64,
+    last_entry: Option<(u64, u64)>,
+    bytes_since_entry: u64,
+}
+
+struct Staged {
+    seg: Arc<Segment>,
+    start: u64,
+    buf: Vec<u8>,
+    published: Vec<(Arc<Partition>, i64, Option<IndexEntry>)>,
+}
+
+struct Writer {
+    next_seq: u64,
+    parts: HashMap<Tp, PartWriter>,
+    staged: HashMap<String, Staged>,
+    poisoned: Option<String>,
+}
+
+pub struct Storage {
+    dir: PathBuf,
+    cfg: StorageConfig,
+    branches: RwLock<HashMap<String, Arc<Branch>>>,
+    parts: RwLock<HashMap<Tp, Arc<Partition>>>,
+    writer: Mutex<Writer>,
+    sync_poisoned: Mutex<Option<String>>,
+    report: RecoveryReport,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StorageError + '_ {
+    move |source| StorageError::Io { path: path.display().to_string(), source }
+}
+
+fn branch_dir_name(branch: &str) -> String {
+    // A suffix keeps names like "." or ".." (branch of "..x") legal paths.
+    format!("{branch}.br")
+}
+
+fn seg_file_name(base_seq: u64) -> String {
+    format!("{base_seq:020}.seg")
+}
+
+impl Storage {
+    /// Opens the branch logs under `dir`, recovering each one.
+    ///
+    /// `clean` says the previous run shut down cleanly (every segment was
+    /// synced): then only frame headers are walked. Otherwise the active
+    /// segment of each branch is deep-scanned and a torn or corrupt tail is
+    /// truncated at the last valid frame. Frames of topics not in `specs`
+    /// (deleted topics) are skipped.
+    pub fn open(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool) -> Result<Storage, StorageError> {
+        let started = Instant::now();
+        let log_dir = dir.join("log");
+        fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+        let mut report = RecoveryReport::default();
+        let mut branches: HashMap<String, Arc<Branch>> = HashMap::new();
+        let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::new();
+        let mut writers: HashMap<Tp, PartWriter> = HashMap::new();
+        let mut next_seq = 0u64;
+
+        let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
+            branches
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::new(Branch { dir: log_dir.join(branch_dir_name(name)), segs: RwLock::new(Vec::new()) }))
+                .clone()
+        };
+        for spec in &specs {
+            let branch = storage_branch(&mut branches, &spec.branch);
+            let part = Arc::new(Partition {
+                tp: spec.tp,
+                branch,
+                st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new() }),
+            });
+            writers.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
+            parts.insert(spec.tp, part);
+        }
+
+        let mut entries = fs::read_dir(&log_dir).map_err(io_err(&log_dir))?.collect::<Result<Vec<_>, _>>().map_err(io_err(&log_dir))?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(branch_name) = name.strip_suffix(".br") else { continue };
+            let branch = storage_branch(&mut branches, branch_name);
+            let mut files: Vec<(u64, PathBuf)> = Vec::new();
+            for f in fs::read_dir(&branch.dir).map_err(io_err(&branch.dir))? {
+                let f = f.map_err(io_err(&branch.dir))?;
+                let fname = f.file_name().to_string_lossy().into_owned();
+                if let Some(seq) = fname.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
+                    files.push((seq, f.path()));
+                }
+            }
+            files.sort();
+            let count = files.len();
+            let mut segs = Vec::with_capacity(count);
+            for (i, (_, path)) in files.into_iter().enumerate() {
+                let is_active = i + 1 == count;
+                let len = fs::metadata(&path).map_err(io_err(&path))?.len();
+                if len < FILE_HEADER_BYTES && is_active {
+                    // Crashed between creating the file and syncing its header.
+                    tracing::warn!(path = %path.display(), "removing segment with torn header");
+                    fs::remove_file(&path).map_err(io_err(&path))?;
+                    continue;
+                }
+                let deep = !clean && is_active;
+                let scan = segment::scan(&path, deep)?;
+                report.segments += 1;
+                if deep {
+                    report.deep_scanned_bytes += scan.valid_len;
+                }
+                if scan.valid_len < scan.file_len {
+                    tracing::warn!(path = %path.display(), valid = scan.valid_len, found = scan.file_len,
+                        "truncating torn or corrupt segment tail");
+                    report.truncated_bytes += scan.file_len - scan.valid_len;
+                    scan.file.set_len(scan.valid_len).map_err(io_err(&path))?;
+                    scan.file.sync_all().map_err(io_err(&path))?;
+                }
+                let seg = Arc::new(Segment {
+                    base_seq: scan.header.base_seq,
+                    created_ms: scan.header.created_ms,
+                    path: path.clone(),
+                    file: scan.file,
+                    len: AtomicU64::new(scan.valid_len),
+                    dirty: AtomicBool::new(false),
+                    tps: Mutex::new(HashMap::new()),
+                });
+                next_seq = next_seq.max(seg.base_seq);
+                for (pos, fh) in &scan.frames {
+                    next_seq = next_seq.max(fh.seq + 1);
+                    report.frames += 1;
+                    report.bytes += fh.frame_len as u64;
+                    let tp = Tp { topic: fh.topic_id, partition: fh.partition };
+                    seg.note(tp, fh.last_offset(), fh.frame_len as u64, fh.max_timestamp);
+                    if let Some(w) = writers.get_mut(&tp) {
+                        let entry = w.index_entry(&seg, *pos, fh, &cfg);
+                        let mut st = w.part.st.write().expect("partition lock");
+                        if let Some(e) = entry {
+                            st.index.push_back(e);
+                        }
+                        w.next_offset = w.next_offset.max(fh.last_offset() + 1);
+                        st.leo = w.next_offset;
+                        st.hw = w.next_offset;
+                        // Frames below a persisted log start stay indexed;
+                        // the log start itself may only rise to the first
+                        // surviving batch.
+                        if st.index.len() == 1 && entry.is_some() {
+                            st.log_start = st.log_start.max(fh.base_offset);
+                        }
+                    }
+                }
+                segs.push(seg);
+            }
+            *branch.segs.write().expect("branch lock") = segs;
+        }
+        report.elapsed_ms = started.elapsed().as_millis();
+        Ok(Storage {
+            dir: log_dir,
+            cfg,
+            branches: RwLock::new(branches),
+            parts: RwLock::new(parts),
+            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::new(), poisoned: None }),
+            sync_poisoned: Mutex::new(None),
+            report,
+        })
+    }
+
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// Registers a new partition (topic creation, partition increase).
+    pub fn add_partition(&self, spec: PartitionSpec) {
+        let branch = {
+            let mut branches = self.branches.write().expect("branches lock");
+            branches
+                .entry(spec.branch.clone())
+                .or_insert_with(|| Arc::new(Branch { dir: self.dir.join(branch_dir_name(&spec.branch)), segs: RwLock::new(Vec::new()) }))
+                .clone()
+        };
+        let part = Arc::new(Partition {
+            tp: spec.tp,
+            branch,
+            st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new() }),
+        });
+        let mut w = self.writer.lock().expect("writer lock");
+        w.parts.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
+        self.parts.write().expect("parts lock").insert(spec.tp, part);
+    }
+
+    /// Forgets every partition of a topic. Its frames stay in shared segments
+    /// until retention deletes those files; nothing can read them meanwhile.
+    pub fn remove_topic(&self, topic: &TopicId) {
+        let mut w = self.writer.lock().expect("writer lock");
+        w.parts.retain(|tp, _| &tp.topic != topic);
+        for staged in w.staged.values_mut() {
+            staged.published.retain(|(p, _, _)| &p.tp.topic != topic);
+        }
+        self.parts.write().expect("parts lock").retain(|tp, _| &tp.topic != topic);
+    }
+
+    /// Stages one validated batch for `tp`: assigns its offsets, patches
+    /// `baseOffset` (and the timestamps for LogAppendTime) and frames it.
+    /// Nothing is visible to readers until [`Storage::flush`].
+    pub fn append(&self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
+        let mut guard = self.writer.lock().expect("writer lock");
+        let w = &mut *guard;
+        if let Some(p) = &w.poisoned {
+            return Err(StorageError::Poisoned(p.clone()));
+        }
+        if let Some(p) = self.sync_poisoned.lock().expect("poison lock").as_ref() {
+            return Err(StorageError::Poisoned(p.clone()));
+        }
+        let pw = w.parts.get_mut(&tp).ok_or(StorageError::UnknownPartition)?;
+        let branch_name = branch_key(&pw.part.branch);
+        let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
+
+        let mut staged = match w.staged.remove(&branch_name) {
+            Some(s) => s,
+            None => {
+                let seg = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| poison(&mut w.poisoned, e))?;
+                let start = seg.len.load(Ordering::Acquire);
+                Staged { seg, start, buf: Vec::new(), published: Vec::new() }
+            }
+        };
+        // Roll first if this frame would overfill the active segment.
+        let seg_len = staged.start + staged.buf.len() as u64;
+        let too_big = seg_len > FILE_HEADER_BYTES && seg_len + frame_len > self.cfg.segment_bytes;
+        let too_old = seg_len > FILE_HEADER_BYTES && now_ms - staged.seg.created_ms >= self.cfg.segment_ms;
+        if too_big || too_old {
+            let sealed = self
+                .write_staged(&mut staged)
+                .and_then(|_| staged.seg.file.sync_data().map_err(io_err(&staged.seg.path)))
+                .and_then(|_| self.roll(&pw.part.branch, w.next_seq, now_ms));
+            // Frames written above are published with the next flush.
+            let published = std::mem::take(&mut staged.published);
+            match sealed {
+                Ok(seg) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, buf: Vec::new(), published },
+                Err(e) => {
+                    staged.published = published;
+                    w.staged.insert(branch_name, staged);
+                    return Err(poison(&mut w.poisoned, e));
+                }
+            }
+        }
+
+        let seq = w.next_seq;
+        w.next_seq += 1;
+        let pos = staged.start + staged.buf.len() as u64;
+        let base_offset = pw.next_offset;
+        let fh = segment::encode_frame(
+            &mut staged.buf,
+            seq,
+            &tp.topic,
+            tp.partition,
+            base_offset,
+            log_append_time.then_some(now_ms),
+            batch,
+        );
+        let entry = pw.index_entry(&staged.seg, pos, &fh, &self.cfg);
+        staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
+        pw.next_offset = fh.last_offset() + 1;
+        staged.published.push((pw.part.clone(), pw.next_offset, entry));
+        let log_start = pw.part.st.read().expect("partition lock").log_start;
+        w.staged.insert(branch_name, staged);
+        Ok(Appended { base_offset, last_offset: fh.last_offset(), seq, log_start })
+    }
+
+    /// Writes every staged frame (one positioned write per branch) and
+    /// publishes the new log end offsets. Returns the tps whose end moved,
+    /// with their new end, for [`Storage::publish_hw`].
+    pub fn flush(&self) -> Result<Vec<(Tp, i64)>, StorageError> {
+        let mut guard = self.writer.lock().expect("writer lock");
+        let w = &mut *guard;
+        let mut moved = Vec::new();
+        for (_, mut staged) in w.staged.drain() {
+            if let Err(e) = self.write_staged(&mut staged) {
+                w.poisoned = Some(e.to_string());
+                return Err(e);
+            }
+            for (part, leo, entry) in staged.published {
+                let mut st = part.st.write().expect("partition lock");
+                if let Some(e) = entry {
+                    st.index.push_back(e);
+                }
+                debug_assert!(leo >= st.leo);
+                st.leo = leo;
+                moved.push((part.tp, leo));
+            }
+        }
+        Ok(moved)
+    }
+
+    fn write_staged(&self, staged: &mut Staged) -> Result<(), StorageError> {
+        if staged.buf.is_empty() {
+            return Ok(());
+        }
+        staged.seg.file.write_all_at(&staged.buf, staged.start).map_err(io_err(&staged.seg.path))?;
+        staged.start += staged.buf.len() as u64;
+        staged.buf.clear();
+        staged.seg.dirty.store(true, Ordering::Release);
+        staged.seg.len.store(staged.start, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes every written byte durable (fdatasync of each dirty segment).
+    /// A failure poisons storage: no later append pretends to be durable.
+    pub fn sync(&self) -> Result<(), StorageError> {
+        if let Some(p) = self.sync_poisoned.lock().expect("poison lock").as_ref() {
+            return Err(StorageError::Poisoned(p.clone()));
+        }
+        let segs: Vec<Arc<Segment>> = {
+            let branches = self.branches.read().expect("branches lock");
+            branches.values().flat_map(|b| b.segs.read().expect("branch lock").clone()).collect()
+        };
+        for seg in segs {
+            if seg.dirty.swap(false, Ordering::AcqRel) {
+                if let Err(e) = seg.file.sync_data() {
+                    let msg = format!("fdatasync of {} failed: {e}", seg.path.display());
+                    *self.sync_poisoned.lock().expect("poison lock") = Some(msg.clone());
+                    return Err(StorageError::Poisoned(msg));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets readers see offsets up to each given end (after they are durable,
+    /// or right away when the flush policy does not wait for fsync).
+    pub fn publish_hw(&self, moved: &[(Tp, i64)]) {
+        let parts = self.parts.read().expect("parts lock");
+        for (tp, end) in moved {
+            if let Some(p) = parts.get(tp) {
+                let mut st = p.st.write().expect("partition lock");
+                let end = (*end).min(st.leo);
+                if end > st.hw {
+                    st.hw = end;
+                }
+            }
+        }
+    }
+
+    fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<Arc<Segment>, StorageError> {
+        if let Some(seg) = branch.segs.read().expect("branch lock").last() {
+            return Ok(seg.clone());
+        }
+        self.roll(branch, next_seq, now_ms)
+    }
+
+    fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<Arc<Segment>, StorageError> {
+        let fresh_dir = !branch.dir.exists();
+        fs::create_dir_all(&branch.dir).map_err(io_err(&branch.dir))?;
+        if fresh_dir {
+            sync_dir(&self.dir)?;
+        }
+        let path = branch.dir.join(seg_file_name(base_seq));
+        let file = segment::create(&path, &FileHeader { base_seq, created_ms: now_ms })?;
+        sync_dir(&branch.dir)?;
+        let seg = Arc::new(Segment {
+            base_seq,
+            created_ms: now_ms,
+            path,
+            file,
+            len: AtomicU64::new(FILE_HEADER_BYTES),
+            dirty: AtomicBool::new(false),
+            tps: Mutex::new(HashMap::new()),
+        });
+        branch.segs.write().expect("branch lock").push(seg.clone());
+        Ok(seg)
+    }
+
+    /// Offsets of a tp: (log start, high watermark, log end).
+    pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let st = part.st.read().expect("partition lock");
+        Some((st.log_start, st.hw, st.leo))
+    }
+
+    /// Reads whole batches of `tp` starting with the one holding `offset`,
+    /// up to the high watermark, stopping once `max_bytes` is reached. With
+    /// `min_one`, the first batch is returned even if it is larger, so a
+    /// consumer always makes progress (Kafka does the same for the first
+    /// partition of a fetch response).
+    pub fn read(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool) -> Result<ReadResult, ReadError> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
+        let (start, log_start, hw, leo) = {
+            let st = part.st.read().expect("partition lock");
+            if offset < st.log_start || offset > st.hw {
+                return Err(ReadError::OffsetOutOfRange { offset, log_start: st.log_start, end: st.hw });
+            }
+            let i = st.index.partition_point(|e| e.offset <= offset);
+            let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
+            (start, st.log_start, st.hw, st.leo)
+        };
+        let mut result = ReadResult { records: Bytes::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0 };
+        let Some(start) = start else { return Ok(result) };
+        if offset == hw {
+            return Ok(result);
+        }
+        let mut out = Vec::new();
+        self.walk(&part, start, hw, &mut result.bytes_scanned, |fh, batch| {
+            if fh.last_offset() < offset {
+                return Walk::Skip;
+            }
+            if (min_one && out.is_empty()) || out.len() + batch.len() <= max_bytes {
+                // fits, or is the one batch that guarantees progress
+            } else {
+                return Walk::Stop;
+            }
+            out.extend_from_slice(batch);
+            if out.len() >= max_bytes { Walk::Stop } else { Walk::Skip }
+        })
+        .map_err(|e| ReadError::Io(e.to_string()))?;
+        result.records = Bytes::from(out);
+        Ok(result)
+    }
+
+    /// The earliest offset whose timestamp is at or after `ts`, with that
+    /// timestamp (ListOffsets by time). Exact for uncompressed batches; for
+    /// compressed ones the batch's base offset and max timestamp.
+    pub fn offset_for_timestamp(&self, tp: &Tp, ts: i64) -> Result<Option<(i64, i64)>, ReadError> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
+        let (start, log_start, hw) = {
+            let st = part.st.read().expect("partition lock");
+            let i = st.index.partition_point(|e| e.max_ts_before < ts);
+            let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
+            (start, st.log_start, st.hw)
+        };
+        let Some(start) = start else { return Ok(None) };
+        let mut found = None;
+        let mut scanned = 0;
+        self.walk(&part, start, hw, &mut scanned, |fh, batch| {
+            if fh.last_offset() < log_start || fh.max_timestamp < ts {
+                return Walk::Skip;
+            }
+            let exact = batch::record_timestamps(batch).and_then(|recs| {
+                recs.into_iter().find(|&(d, t)| t >= ts && fh.base_offset + d as i64 >= log_start).map(|(d, t)| (fh.base_offset + d as i64, t))
+            });
+            found = Some(exact.unwrap_or((fh.base_offset.max(log_start), fh.max_timestamp)));
+            Walk::Stop
+        })
+        .map_err(|e| ReadError::Io(e.to_string()))?;
+        Ok(found)
+    }
+
+    /// Calls `visit` for each frame of `part` from `start`, in order, below
+    /// `hw`, across segments, until it answers `Stop`.
+    fn walk(
+        &self,
+        part: &Partition,
+        start: IndexEntry,
+        hw: i64,
+        scanned: &mut u64,
+        mut visit: impl FnMut(&FrameHeader, &[u8]) -> Walk,
+    ) -> io::Result<()> {
+        let segs: Vec<Arc<Segment>> = {
+            let segs = part.branch.segs.read().expect("branch lock");
+            let i = segs.partition_point(|s| s.base_seq < start.seg);
+            segs[i..].to_vec()
+        };
+        let mut buf = vec![0u8; READ_CHUNK];
+        for (n, seg) in segs.iter().enumerate() {
+            let end = seg.len.load(Ordering::Acquire);
+            let mut pos = if n == 0 && seg.base_seq == start.seg { start.pos } else { FILE_HEADER_BYTES };
+            while pos + FRAME_HEADER_BYTES as u64 <= end {
+                let want = ((end - pos) as usize).min(buf.len());
+                let got = segment::read_full_at(&seg.file, &mut buf[..want], pos)?;
+                *scanned += got as u64;
+                let mut at = 0usize;
+                while at + FRAME_HEADER_BYTES <= got {
+                    let Some(fh) = FrameHeader::decode(&buf[at..]) else {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad frame in {}", seg.path.display())));
+                    };
+                    let flen = fh.frame_len as usize;
+                    if at + flen > got {
+                        break;
+                    }
+                    if fh.topic_id == part.tp.topic && fh.partition == part.tp.partition {
+                        if fh.base_offset >= hw {
+                            return Ok(());
+                        }
+                        if let Walk::Stop = visit(&fh, &buf[at + FRAME_HEADER_BYTES..at + flen]) {
+                            return Ok(());
+                        }
+                    }
+                    at += flen;
+                }
+                if at == 0 {
+                    // One frame larger than the buffer: grow to fit it.
+                    let fh = FrameHeader::decode(&buf[..]).expect("decoded above");
+                    buf.resize(fh.frame_len as usize, 0);
+                    continue;
+                }
+                pos += at as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies retention: advances log start offsets of tps whose oldest
+    /// sealed segments are past `retention.ms` or beyond `retention.bytes`,
+    /// hands the new starts to `persist` (which must make them durable),
+    /// then deletes segment files nothing retained lives in.
+    pub fn enforce_retention(
+        &self,
+        now_ms: i64,
+        policy: impl Fn(&Tp) -> RetentionPolicy,
+        persist: impl FnOnce(&[(Tp, i64)]) -> Result<(), String>,
+    ) -> Result<(Vec<(Tp, i64)>, usize), StorageError> {
+        let branches: Vec<Arc<Branch>> = self.branches.read().expect("branches lock").values().cloned().collect();
+        let parts = self.parts.read().expect("parts lock").clone();
+        let mut advanced: HashMap<Tp, i64> = HashMap::new();
+        for branch in &branches {
+            let segs = branch.segs.read().expect("branch lock").clone();
+            let Some((_, sealed)) = segs.split_last() else { continue };
+            // Per tp: its shares of sealed segments, oldest first.
+            let mut shares: HashMap<Tp, Vec<SegTp>> = HashMap::new();
+            for seg in sealed {
+                for (tp, s) in seg.tps.lock().expect("segment tps lock").iter() {
+                    shares.entry(*tp).or_default().push(*s);
+                }
+            }
+            for (tp, list) in shares {
+                let Some(part) = parts.get(&tp) else { continue };
+                let p = policy(&tp);
+                let (log_start, total_bytes) = {
+                    let st = part.st.read().expect("partition lock");
+                    (st.log_start, part_bytes(&segs, &tp, st.log_start))
+                };
+                let mut new_start = log_start;
+                let mut remaining = total_bytes;
+                for s in list.iter().filter(|s| s.last_offset >= log_start) {
+                    let expired = p.retention_ms.is_some_and(|ms| ms >= 0 && s.max_ts < now_ms - ms);
+                    let oversize = p.retention_bytes.is_some_and(|b| remaining.saturating_sub(s.bytes) >= b);
+                    if !(expired || oversize) {
+                        break;
+                    }
+                    new_start = s.last_offset + 1;
+                    remaining = remaining.saturating_sub(s.bytes);
+                }
+                if new_start > log_start {
+                    advanced.insert(tp, new_start);
+                }
+            }
+        }
+        let advanced: Vec<(Tp, i64)> = advanced.into_iter().collect();
+        if !advanced.is_empty() {
+            persist(&advanced).map_err(|e| StorageError::Poisoned(format!("persisting log start offsets: {e}")))?;
+            for (tp, start) in &advanced {
+                if let Some(part) = parts.get(tp) {
+                    let mut st = part.st.write().expect("partition lock");
+                    st.log_start = st.log_start.max(*start);
+                }
+            }
+        }
+        let deleted = self.delete_dead_segments(&branches)?;
+        Ok((advanced, deleted))
+    }
+
+    /// Raises a tp's log start (DeleteRecords, or a persisted value).
+    pub fn set_log_start(&self, tp: &Tp, start: i64) {
+        if let Some(part) = self.parts.read().expect("parts lock").get(tp) {
+            let mut st = part.st.write().expect("partition lock");
+            st.log_start = st.log_start.max(start.min(st.hw));
+        }
+    }
+
+    fn delete_dead_segments(&self, branches: &[Arc<Branch>]) -> Result<usize, StorageError> {
+        let parts = self.parts.read().expect("parts lock").clone();
+        let mut deleted = 0;
+        for branch in branches {
+            let dead: Vec<Arc<Segment>> = {
+                let segs = branch.segs.read().expect("branch lock");
+                let Some((_, sealed)) = segs.split_last() else { continue };
+                sealed
+                    .iter()
+                    .filter(|seg| {
+                        seg.tps.lock().expect("segment tps lock").iter().all(|(tp, s)| match parts.get(tp) {
+                            None => true,
+                            Some(p) => s.last_offset < p.st.read().expect("partition lock").log_start,
+                        })
+                    })
+                    .cloned()
+                    .collect()
+            };
+            if dead.is_empty() {
+                continue;
+            }
+            branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
+            let first_live = branch.segs.read().expect("branch lock").first().map(|s| s.base_seq).unwrap_or(u64::MAX);
+            for part in parts.values().filter(|p| Arc::ptr_eq(&p.branch, branch)) {
+                let mut st = part.st.write().expect("partition lock");
+                while st.index.front().is_some_and(|e| e.seg < first_live) {
+                    st.index.pop_front();
+                }
+            }
+            for seg in dead {
+                tracing::info!(path = %seg.path.display(), "deleting segment past retention");
+                fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
+                deleted += 1;
+            }
+            sync_dir(&branch.dir)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Total bytes of all segment files (for metrics and the `retention`
+    /// tests).
+    pub fn segment_count(&self) -> usize {
+        self.branches.read().expect("branches lock").values().map(|b| b.segs.read().expect("branch lock").len()).sum()
+    }
+}
+
+enum Walk {
+    Skip,
+    Stop,
+}
+
+fn part_bytes(segs: &[Arc<Segment>], tp: &Tp, log_start: i64) -> u64 {
+    segs.iter()
+        .filter_map(|s| s.tps.lock().expect("segment tps lock").get(tp).copied())
+        .filter(|s| s.last_offset >= log_start)
+        .map(|s| s.bytes)
+        .sum()
+}
+
+fn branch_key(branch: &Branch) -> String {
+    branch.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn poison(slot: &mut Option<String>, e: StorageError) -> StorageError {
+    *slot = Some(e.to_string());
+    e
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+impl PartWriter {
+    /// Decides whether the batch at `pos` gets an index entry.
+    fn index_entry(&mut self, seg: &Segment, pos: u64, fh: &FrameHeader, cfg: &StorageConfig) -> Option<IndexEntry> {
+        let new_segment = self.last_entry.is_none_or(|(s, _)| s != seg.base_seq);
+        let far = self.last_entry.is_some_and(|(_, p)| pos.saturating_sub(p) > MAX_SCAN_GAP);
+        let entry = if new_segment || far || self.bytes_since_entry >= cfg.index_interval_bytes {
+            self.last_entry = Some((seg.base_seq, pos));
+            self.bytes_since_entry = 0;
+            Some(IndexEntry { offset: fh.base_offset, seg: seg.base_seq, pos, max_ts_before: self.max_ts })
+        } else {
+            None
+        };
+        self.bytes_since_entry += fh.frame_len as u64;
+        self.max_ts = self.max_ts.max(fh.max_timestamp);
+        entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::batch::tests::make_batch;
+
+    fn tp(n: u8, p: i32) -> Tp {
+        Tp { topic: [n; 16], partition: p }
+    }
+
+    fn spec(n: u8, p: i32, branch: &str) -> PartitionSpec {
+        PartitionSpec { tp: tp(n, p), branch: branch.into(), log_start: 0 }
+    }
+
+    fn append_n(s: &Storage, t: Tp, n: usize, ts: i64) {
+        for i in 0..n {
+            let b = make_batch(&[format!("v{i}").as_bytes(), b"x"], ts + i as i64 * 10);
+            s.append(t, &b, 0, false).unwrap();
+        }
+        let moved = s.flush().unwrap();
+        s.publish_hw(&moved);
+    }
+
+    fn offsets_of(records: &Bytes) -> Vec<i64> {
+        batch::split(records).map(|b| batch::BatchHeader::parse(b.unwrap()).unwrap().base_offset).collect()
+    }
+
+    #[test]
+    fn append_read_interleaved_topics() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "a.b"), spec(2, 0, "a.b")], true).unwrap();
+        for _ in 0..50 {
+            append_n(&s, tp(1, 0), 1, 0);
+            append_n(&s, tp(2, 0), 2, 0);
+        }
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 100, 100)));
+        assert_eq!(s.offsets(&tp(2, 0)), Some((0, 200, 200)));
+        let r = s.read(&tp(1, 0), 0, 1 << 20, true).unwrap();
+        assert_eq!(offsets_of(&r.records), (0..50).map(|i| i * 2).collect::<Vec<_>>());
+        // An offset inside a batch returns that batch.
+        let r = s.read(&tp(2, 0), 7, 1, true).unwrap();
+        assert_eq!(offsets_of(&r.records), vec![6]);
+        assert!(matches!(s.read(&tp(2, 0), 201, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
+        assert!(s.read(&tp(2, 0), 200, 10, true).unwrap().records.is_empty());
+    }
+
+    #[test]
+    fn unpublished_hw_hides_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let b = make_batch(&[b"a"], 0);
+        s.append(tp(1, 0), &b, 0, false).unwrap();
+        let moved = s.flush().unwrap();
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 0, 1)));
+        assert!(s.read(&tp(1, 0), 0, 100, true).unwrap().records.is_empty());
+        s.sync().unwrap();
+        s.publish_hw(&moved);
+        assert_eq!(s.read(&tp(1, 0), 0, 100, true).unwrap().records.len(), b.len());
+    }
+
+    #[test]
+    fn restart_rebuilds_offsets_and_rolls_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_bytes: 4096, ..Default::default() };
+        {
+            let s = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "x"), spec(1, 1, "x")], false).unwrap();
+            for _ in 0..40 {
+                append_n(&s, tp(1, 0), 3, 0);
+                append_n(&s, tp(1, 1), 1, 0);
+            }
+            s.sync().unwrap();
+            assert!(s.segment_count() > 3);
+        }
+        // Each reopen appends one more 2-record batch to partition 1.
+        for (round, clean) in [true, false].into_iter().enumerate() {
+            let s = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "x"), spec(1, 1, "x")], clean).unwrap();
+            let p1 = 80 + 2 * round as i64;
+            assert_eq!(s.offsets(&tp(1, 0)), Some((0, 240, 240)));
+            assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1, p1)));
+            let r = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap();
+            assert_eq!(offsets_of(&r.records), (0..120).map(|i| i * 2).collect::<Vec<_>>());
+            append_n(&s, tp(1, 1), 1, 0);
+            s.sync().unwrap();
+            assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1 + 2, p1 + 2)));
+        }
+    }
+
+    #[test]
+    fn torn_and_corrupt_tails_are_truncated() {
+        for damage in ["truncate", "flip"] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+                append_n(&s, tp(1, 0), 10, 0);
+                s.sync().unwrap();
+            }
+            let seg = fs::read_dir(dir.path().join("log/t.br")).unwrap().next().unwrap().unwrap().path();
+            let len = fs::metadata(&seg).unwrap().len();
+            let f = fs::OpenOptions::new().write(true).open(&seg).unwrap();
+            if damage == "truncate" {
+                f.set_len(len - 3).unwrap();
+            } else {
+                f.write_all_at(&[0xff], len - 5).unwrap();
+            }
+            let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+            assert_eq!(s.offsets(&tp(1, 0)), Some((0, 18, 18)), "{damage}");
+            assert!(s.recovery_report().truncated_bytes > 0);
+            let r = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap();
+            assert_eq!(offsets_of(&r.records).len(), 9);
+        }
+    }
+
+    #[test]
+    fn time_index_finds_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { index_interval_bytes: 1, ..Default::default() };
+        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
+        append_n(&s, tp(1, 0), 10, 1000); // batch i: ts 1000+10i, 1001+10i
+        assert_eq!(s.offset_for_timestamp(&tp(1, 0), 0).unwrap(), Some((0, 1000)));
+        assert_eq!(s.offset_for_timestamp(&tp(1, 0), 1001).unwrap(), Some((1, 1001)));
+        assert_eq!(s.offset_for_timestamp(&tp(1, 0), 1015).unwrap(), Some((4, 1020)));
+        assert_eq!(s.offset_for_timestamp(&tp(1, 0), 5000).unwrap(), None);
+    }
+
+    #[test]
+    fn retention_advances_start_and_deletes_shared_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
+        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b"), spec(2, 0, "b")], true).unwrap();
+        for _ in 0..30 {
+            append_n(&s, tp(1, 0), 1, 0);
+            append_n(&s, tp(2, 0), 1, 0);
+        }
+        let before = s.segment_count();
+        // Only topic 1 has a retention: its start advances, segments stay
+        // while topic 2 still needs them.
+        let policy = |t: &Tp| if t.topic == [1; 16] { RetentionPolicy { retention_ms: Some(1), retention_bytes: None } } else { RetentionPolicy::default() };
+        let mut persisted = Vec::new();
+        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |a| { persisted.extend_from_slice(a); Ok(()) }).unwrap();
+        assert_eq!(adv.len(), 1);
+        assert_eq!(persisted, adv);
+        assert_eq!(deleted, 0);
+        let (start, _, end) = s.offsets(&tp(1, 0)).unwrap();
+        assert!(start > 0 && start <= end);
+        assert!(matches!(s.read(&tp(1, 0), 0, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
+        assert_eq!(s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().records.len() > 0, true);
+        // Once topic 2 is gone, the sealed segments can go.
+        s.remove_topic(&[2; 16]);
+        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(())).unwrap();
+        assert_eq!(deleted, before - 1);
+        assert_eq!(s.segment_count(), 1);
+    }
+}
