@@ -600,6 +600,7 @@ fn writer_loop(
         let mut written: Vec<(Reply, AppendResult)> = Vec::new();
         let mut durable: Vec<(Reply, AppendResult)> = Vec::new();
         let mut shutdown = None;
+        let mut stopping = false;
         for cmd in round.drain(..) {
             match cmd {
                 WriteCmd::Append { tp, records, log_append_time, ack, reply } => {
@@ -640,7 +641,10 @@ fn writer_loop(
                         },
                     }
                 }
-                WriteCmd::Shutdown(done) => shutdown = Some(done),
+                WriteCmd::Shutdown(done) => {
+                    shutdown = Some(done);
+                    stopping = true;
+                }
             }
         }
         let moved = match storage.flush() {
@@ -674,7 +678,14 @@ fn writer_loop(
                 }
             }
         }
-        if rx.is_closed() {
+        if stopping || rx.is_closed() {
+            // Appends queued after the shutdown command are refused.
+            rx.close();
+            while let Ok(cmd) = rx.try_recv() {
+                if let WriteCmd::Append { reply, .. } = cmd {
+                    let _ = reply.send(Err(AppendFailure::Storage("broker is shutting down".into())));
+                }
+            }
             break;
         }
     }

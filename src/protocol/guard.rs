@@ -31,7 +31,8 @@
 //! longer than 5 bytes or beyond `u32` is rejected (the crate silently
 //! truncates it), a known tagged field must fill exactly the size it declares
 //! (the crate ignores the size), and trailing bytes after the body are
-//! rejected.
+//! reported (`TrailingBytes`; the Kafka listener tolerates them, as Kafka
+//! does, because librdkafka sends some).
 //!
 //! # Shape
 //!

@@ -47,7 +47,17 @@ pub fn guard_limits(broker: &Broker) -> guard::GuardLimits {
 /// against the bytes present, so the decoder cannot be made to allocate
 /// more than the frame's size.
 fn decode<T: Decodable>(broker: &Broker, h: &RequestHeader, mut body: Bytes) -> Result<T, String> {
-    guard::check_request_body(h.api_key as i16, h.api_version, &body, &guard_limits(broker)).map_err(|e| format!("malformed request body: {e}"))?;
+    match guard::check_request_body(h.api_key as i16, h.api_version, &body, &guard_limits(broker)) {
+        Ok(()) => {}
+        // Kafka ignores bytes after a complete body, and librdkafka relies
+        // on it: its Metadata v12+ "all topics" request encodes the null
+        // array as a 4-byte int (librdkafka issue 5049). The decoder stops
+        // where the guard did, so the extra bytes are never read.
+        Err(guard::GuardError::TrailingBytes { offset, remaining }) => {
+            tracing::debug!(api = ?h.api_key, version = h.api_version, offset, remaining, "ignoring bytes after the request body");
+        }
+        Err(e) => return Err(format!("malformed request body: {e}")),
+    }
     T::decode(&mut body, h.api_version).map_err(|e| format!("request body does not decode: {e}"))
 }
 

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# kcat (librdkafka's command-line client) against a running Canopy broker.
+#
+#   BOOTSTRAP=127.0.0.1:9092 tests/compat/kcat.sh
+#
+# kcat has no admin API, so the topic is auto-created by the broker on first
+# Metadata/Produce; run.sh starts the broker with --auto-create-topics true
+# --num-partitions 3. Checks:
+#   * produce 10,000 keyed lines (-K:) with headers (-H), acks=all, idempotence off;
+#   * `kcat -L` lists the broker and the topic with 3 partitions;
+#   * each partition read back from the beginning by explicit partition
+#     (-C -o beginning -e -p N): offsets dense from 0, every key/value/header
+#     exactly once, and the per-partition order equal to the produce order
+#     (the keys carry a sequence number, so order within a partition must be
+#     strictly increasing).
+set -euo pipefail
+
+: "${BOOTSTRAP:?BOOTSTRAP=host:port must be set}"
+N=${N:-10000}
+PARTS=3
+TOPIC=${KCAT_TOPIC:-compat.kcat.t$$.$(date +%s)}
+KCAT=${KCAT:-kcat}
+
+command -v "$KCAT" >/dev/null || { echo "FAIL: kcat not installed" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+common=(-b "$BOOTSTRAP" -X socket.timeout.ms=20000)
+
+# Make sure the topic exists (auto-created on the Metadata request for it) and
+# wait until it shows all its partitions.
+for i in $(seq 1 50); do
+    if "$KCAT" "${common[@]}" -L -t "$TOPIC" -J -m 5 2>/dev/null >"$work/meta.json" &&
+        python3 - "$work/meta.json" "$TOPIC" "$PARTS" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+t = [t for t in m.get("topics", []) if t["topic"] == sys.argv[2] and not t.get("err")]
+sys.exit(0 if t and len(t[0]["partitions"]) == int(sys.argv[3]) else 1)
+EOF
+    then break; fi
+    [ "$i" = 50 ] && fail "topic $TOPIC did not appear with $PARTS partitions: $(cat "$work/meta.json" 2>/dev/null)"
+    sleep 0.2
+done
+
+# 10,000 lines "k-00042:v-00042"; the key decides the partition (murmur2, as
+# the Java client, so the spread is deterministic) and carries the sequence.
+python3 -c "
+import sys
+for i in range($N): sys.stdout.write('k-%05d:v-%05d-payload\n' % (i, i))
+" >"$work/in.txt"
+
+"$KCAT" "${common[@]}" -P -t "$TOPIC" -K: -z none \
+    -X enable.idempotence=false -X partitioner=murmur2_random -X acks=all -X linger.ms=5 \
+    -H src=kcat -H run="$$" \
+    -l "$work/in.txt" 2>"$work/produce.err" || fail "produce failed: $(cat "$work/produce.err")"
+
+# Metadata: broker list and topic with 3 partitions.
+"$KCAT" "${common[@]}" -L -J >"$work/meta.json" 2>"$work/meta.err" || fail "kcat -L failed: $(cat "$work/meta.err")"
+python3 - "$work/meta.json" "$TOPIC" "$PARTS" "$BOOTSTRAP" <<'EOF' || fail "metadata check failed"
+import json, sys
+m = json.load(open(sys.argv[1]))
+topic, parts, bootstrap = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+brokers = m.get("brokers", [])
+assert brokers, f"no brokers in metadata: {m}"
+host, port = bootstrap.rsplit(":", 1)
+assert any(b["name"] == f"{host}:{port}" for b in brokers), f"bootstrap broker {bootstrap} not listed: {brokers}"
+t = [t for t in m["topics"] if t["topic"] == topic]
+assert len(t) == 1, f"topic {topic} not in metadata: {[x['topic'] for x in m['topics']]}"
+t = t[0]
+assert not t.get("err"), f"topic error: {t['err']}"
+assert sorted(p["partition"] for p in t["partitions"]) == list(range(parts)), t["partitions"]
+ids = {b["id"] for b in brokers}
+for p in t["partitions"]:
+    assert p["leader"] in ids, f"partition {p} leader not a listed broker"
+print(f"kcat: metadata ok ({len(brokers)} broker(s), {topic} has {parts} partitions)")
+EOF
+
+# Read each partition back, from the beginning to the end (-e), by explicit
+# partition. One JSON object per message (-J) gives offsets, keys and headers.
+for p in $(seq 0 $((PARTS - 1))); do
+    "$KCAT" "${common[@]}" -C -t "$TOPIC" -p "$p" -o beginning -e -J -q \
+        >"$work/p$p.jsonl" 2>"$work/consume$p.err" || fail "consume p$p failed: $(cat "$work/consume$p.err")"
+done
+
+python3 - "$work" "$TOPIC" "$PARTS" "$N" <<'EOF' || fail "read-back check failed"
+import json, sys, os
+work, topic, parts, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+seen = {}
+for p in range(parts):
+    recs = [json.loads(l) for l in open(os.path.join(work, f"p{p}.jsonl")) if l.strip()]
+    offs = [r["offset"] for r in recs]
+    assert offs == list(range(len(recs))), f"p{p}: offsets not dense from 0: first {offs[:5]} ... ({len(offs)} records)"
+    seqs = []
+    for r in recs:
+        assert r["topic"] == topic and r["partition"] == p, r
+        k, v = r["key"], r["payload"]
+        assert k.startswith("k-"), r
+        i = int(k[2:])
+        assert v == "v-%05d-payload" % i, f"p{p} off {r['offset']}: value {v!r} for key {k!r}"
+        hdrs = r.get("headers") or []
+        assert hdrs[:2] == ["src", "kcat"], f"p{p} off {r['offset']}: headers {hdrs!r}"
+        assert k not in seen, f"duplicate key {k} (p{seen[k]} and p{p})"
+        seen[k] = p
+        seqs.append(i)
+    assert seqs == sorted(seqs), f"p{p}: keys not in produce order"
+    print(f"kcat: p{p}: {len(recs)} records, offsets 0..{len(recs) - 1}")
+    assert recs, f"p{p}: empty (10,000 keys should spread over all partitions)"
+missing = n - len(seen)
+assert missing == 0 and set(seen) == {"k-%05d" % i for i in range(n)}, f"{missing} keys missing"
+print(f"kcat: read back all {n} records")
+EOF
+
+echo "kcat: PASS ($TOPIC)"

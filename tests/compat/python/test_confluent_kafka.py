@@ -1,0 +1,154 @@
+"""confluent-kafka (librdkafka) against Canopy.
+
+Covers: AdminClient.create_topics / list_topics / describe_cluster, Producer
+(keys + headers, acks=all, enable.idempotence=False: Canopy has no
+InitProducerId yet), Consumer by explicit assign() at OFFSET_BEGINNING,
+get_watermark_offsets (ListOffsets) and metadata.
+
+librdkafka's Consumer insists on a group.id even when it only uses assign();
+we set one but never touch the group: no subscribe(), enable.auto.commit and
+enable.auto.offset.store off, no commit() (Canopy has no group coordinator
+yet). close() of an assign()-only consumer sends nothing to the group.
+"""
+import time
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from conftest import N_PARTITIONS, N_RECORDS, check_read_back, record, unique_topic
+
+
+@pytest.fixture(scope="module")
+def admin(bootstrap):
+    return AdminClient({"bootstrap.servers": bootstrap, "client.id": "compat-confluent-admin"})
+
+
+@pytest.fixture(scope="module")
+def topic(admin):
+    name = unique_topic("confluent_kafka")
+    futures = admin.create_topics([NewTopic(name, num_partitions=N_PARTITIONS, replication_factor=1)],
+                                  operation_timeout=10, request_timeout=20)
+    futures[name].result(timeout=30)  # raises KafkaException on a topic error
+    # Wait until the topic shows all its partitions in metadata.
+    deadline = time.monotonic() + 10
+    while True:
+        md = admin.list_topics(topic=name, timeout=10)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == N_PARTITIONS:
+            return name
+        assert time.monotonic() < deadline, f"topic {name} not ready: {t and (t.error, t.partitions)}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def delivered(bootstrap, topic):
+    """Produce N_RECORDS keyed records with headers; returns {key: (partition, offset)}."""
+    producer = Producer({
+        "bootstrap.servers": bootstrap,
+        "client.id": "compat-confluent-producer",
+        "acks": "all",
+        "enable.idempotence": False,
+        "linger.ms": 5,
+        "compression.type": "none",
+        "max.in.flight.requests.per.connection": 1,
+        "message.timeout.ms": 60000,
+    })
+    acks, errors = {}, []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append((msg.key(), err))
+        else:
+            acks[msg.key()] = (msg.partition(), msg.offset())
+
+    for i in range(N_RECORDS):
+        key, value, headers = record(i)
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    remaining = producer.flush(60)
+    assert remaining == 0, f"{remaining} records not delivered after 60 s"
+    assert not errors, f"{len(errors)} delivery errors, first: {errors[:3]}"
+    return acks
+
+
+def test_create_topic_visible(admin, topic):
+    # Metadata for this one topic, and AdminClient.describe_topics.
+    md = admin.list_topics(topic=topic, timeout=10)
+    t = md.topics[topic]
+    assert t.error is None, t.error
+    assert sorted(t.partitions) == list(range(N_PARTITIONS))
+    [(name, fut)] = admin.describe_topics(TopicCollection([topic]), request_timeout=10).items()
+    d = fut.result(timeout=20)
+    assert name == topic and d.name == topic
+    assert sorted(p.id for p in d.partitions) == list(range(N_PARTITIONS))
+
+
+def test_produce_acks(delivered):
+    assert len(delivered) == N_RECORDS
+    parts = {p for p, _ in delivered.values()}
+    assert parts == set(range(N_PARTITIONS)), parts
+    for p in range(N_PARTITIONS):
+        offs = sorted(o for q, o in delivered.values() if q == p)
+        assert offs == list(range(len(offs))), f"p{p}: acked offsets not dense from 0"
+
+
+def test_read_back_by_assignment(bootstrap, topic, delivered):
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "client.id": "compat-confluent-consumer",
+        "group.id": "compat-confluent-unused",  # required by librdkafka; never used (no subscribe/commit)
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",  # an out-of-range start must fail the test, not silently skip
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 200,
+    })
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(N_PARTITIONS)])
+        per_partition = {p: [] for p in range(N_PARTITIONS)}
+        eof = set()
+        deadline = time.monotonic() + 120
+        while len(eof) < N_PARTITIONS or sum(len(v) for v in per_partition.values()) < N_RECORDS:
+            assert time.monotonic() < deadline, (
+                f"timed out: read {[len(v) for v in per_partition.values()]}, eof {sorted(eof)}")
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(msg.partition())
+                    continue
+                pytest.fail(f"consumer error: {msg.error()}")
+            assert msg.topic() == topic
+            per_partition[msg.partition()].append(
+                (msg.offset(), msg.key(), msg.value(), msg.headers() or []))
+        for p in range(N_PARTITIONS):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            assert low == 0, (p, low)
+            assert high == len(per_partition[p]), (p, high, len(per_partition[p]))
+        check_read_back(per_partition, delivered)
+    finally:
+        consumer.close()
+
+
+def test_metadata(bootstrap, admin, topic):
+    # Metadata for all topics (librdkafka sends Metadata v12 with a null topic array).
+    md = admin.list_topics(timeout=10)
+    assert md.brokers, "no brokers in metadata"
+    host, port = bootstrap.rsplit(":", 1)
+    assert any(b.host == host and b.port == int(port) for b in md.brokers.values()), md.brokers
+    t = md.topics[topic]
+    assert sorted(t.partitions) == list(range(N_PARTITIONS))
+    for p in t.partitions.values():
+        assert p.leader in md.brokers, (p.id, p.leader)
+        assert p.error is None, (p.id, p.error)
+
+    cluster = admin.describe_cluster(request_timeout=10).result(timeout=20)
+    assert cluster.nodes, cluster
+    assert any(n.host == host and n.port == int(port) for n in cluster.nodes), cluster.nodes

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Client compatibility suite: real Kafka clients against a real Canopy broker.
+#
+#   tests/compat/run.sh path/to/canopy
+#
+# Starts the broker on free loopback ports with a fresh data directory, waits
+# for GET /ready on the admin listener, then runs each client test with
+# BOOTSTRAP=127.0.0.1:PORT:
+#
+#   kafka-python     tests/compat/python/test_kafka_python.py   (pytest)
+#   confluent-kafka  tests/compat/python/test_confluent_kafka.py (pytest)
+#   kafkajs          tests/compat/node/compat.test.js            (node --test)
+#   kcat             tests/compat/kcat.sh
+#
+# then stops the broker with SIGTERM and checks that it exits 0. A client that
+# is not installed is a failure, never a skip. Prints `N passed, N failed` as
+# its last line and exits non-zero if anything failed.
+#
+# Environment:
+#   COMPAT_ONLY="kcat kafkajs"  run only these (names as above)
+#   COMPAT_TIMEOUT=300          seconds allowed per client test
+#   COMPAT_KEEP=1               keep the temp dir (data + broker.log)
+#   RUST_LOG                    broker log filter (default info)
+#   PYTHON, NODE, KCAT          interpreters/tools to use
+# Installing the clients: pip install -r tests/compat/python/requirements.txt,
+# (cd tests/compat/node && npm ci), apt-get install kcat. .ci/run does this.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-python3}
+NODE=${NODE:-node}
+KCAT=${KCAT:-kcat}
+export KCAT
+TIMEOUT=${COMPAT_TIMEOUT:-300}
+ALL_TESTS="kafka-python confluent-kafka kafkajs kcat"
+TESTS=${COMPAT_ONLY:-$ALL_TESTS}
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 BROKER_BINARY" >&2
+    exit 2
+fi
+broker=$1
+case $broker in /*) ;; *) broker=$PWD/$broker ;; esac
+if [ ! -x "$broker" ]; then
+    echo "compat: broker binary $broker not found or not executable" >&2
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+if ! command -v "$PYTHON" >/dev/null; then
+    echo "compat: $PYTHON not found (needed to pick ports and for the Python clients)" >&2
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/canopy-compat.XXXXXX")
+broker_pid=
+cleanup() {
+    if [ -n "$broker_pid" ] && kill -0 "$broker_pid" 2>/dev/null; then
+        kill -TERM "$broker_pid" 2>/dev/null
+        for _ in $(seq 1 50); do kill -0 "$broker_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$broker_pid" 2>/dev/null
+    fi
+    if [ "${COMPAT_KEEP:-0}" = 1 ]; then
+        echo "compat: kept $work" >&2
+    else
+        rm -rf "$work"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Two free loopback ports: bind port 0, read the port, close. Both are held
+# open together so they differ.
+read -r kport aport < <("$PYTHON" -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))
+for x in s: x.close()
+')
+BOOTSTRAP=127.0.0.1:$kport
+ADMIN=127.0.0.1:$aport
+export BOOTSTRAP
+
+echo "compat: starting $broker (kafka $BOOTSTRAP, admin $ADMIN, data $work/data)"
+RUST_LOG=${RUST_LOG:-info} "$broker" serve \
+    --data-dir "$work/data" \
+    --kafka-listener "$BOOTSTRAP" \
+    --admin-listener "$ADMIN" \
+    --auto-create-topics true \
+    --num-partitions 3 \
+    >"$work/broker.log" 2>&1 &
+broker_pid=$!
+
+broker_log_tail() {
+    echo "---- last 40 lines of broker.log ----" >&2
+    tail -n 40 "$work/broker.log" >&2
+    echo "-------------------------------------" >&2
+}
+
+ready=0
+for _ in $(seq 1 300); do
+    if ! kill -0 "$broker_pid" 2>/dev/null; then
+        wait "$broker_pid"; rc=$?
+        echo "compat: broker exited with $rc before it was ready" >&2
+        broker_log_tail
+        broker_pid=
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+    if "$PYTHON" -c '
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen("http://" + sys.argv[1] + "/ready", timeout=1).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+' "$ADMIN"; then ready=1; break; fi
+    sleep 0.1
+done
+if [ $ready != 1 ]; then
+    echo "compat: broker not ready after 30 s" >&2
+    broker_log_tail
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+echo "compat: broker ready (pid $broker_pid)"
+
+passed=0
+failed=0
+failures=()
+pass() { passed=$((passed + 1)); echo "compat: PASS $1"; }
+fail() { failed=$((failed + 1)); failures+=("$1"); echo "compat: FAIL $1${2:+: $2}"; }
+
+have_py_module() { "$PYTHON" -c "import $1" 2>/dev/null; }
+
+run_pytest() { # name module file
+    local name=$1 module=$2 file=$3
+    if ! have_py_module "$module"; then
+        fail "$name" "Python module '$module' not installed (pip install -r tests/compat/python/requirements.txt)"
+        return
+    fi
+    if ! have_py_module pytest; then
+        fail "$name" "pytest not installed (pip install -r tests/compat/python/requirements.txt)"
+        return
+    fi
+    local rc=0
+    (cd "$here/python" && PYTHONDONTWRITEBYTECODE=1 timeout "$TIMEOUT" \
+        "$PYTHON" -m pytest -p no:cacheprovider -q "$file") || rc=$?
+    # pytest: 0 all passed; 5 no tests collected (a failure here); others fail.
+    case $rc in
+        0) pass "$name" ;;
+        5) fail "$name" "pytest collected no tests" ;;
+        124) fail "$name" "timed out after ${TIMEOUT}s" ;;
+        *) fail "$name" "pytest exit $rc" ;;
+    esac
+}
+
+run_kafkajs() {
+    if ! command -v "$NODE" >/dev/null; then
+        fail kafkajs "node not installed"; return
+    fi
+    if [ ! -f "$here/node/node_modules/kafkajs/package.json" ]; then
+        fail kafkajs "kafkajs not installed (cd tests/compat/node && npm ci)"; return
+    fi
+    local rc=0 out="$work/kafkajs.out"
+    (cd "$here/node" && timeout "$TIMEOUT" "$NODE" --test --test-reporter=spec compat.test.js) 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    # Require that tests actually ran: the spec reporter ends with "ℹ pass N".
+    local npass
+    npass=$(sed -n 's/^ℹ pass \([0-9][0-9]*\)$/\1/p' "$out" | tail -n 1)
+    if [ "$rc" = 124 ]; then
+        fail kafkajs "timed out after ${TIMEOUT}s"
+    elif [ "$rc" != 0 ]; then
+        fail kafkajs "node --test exit $rc"
+    elif [ -z "$npass" ] || [ "$npass" = 0 ]; then
+        fail kafkajs "node --test ran no test"
+    else
+        pass kafkajs
+    fi
+}
+
+run_kcat() {
+    if ! command -v "$KCAT" >/dev/null; then
+        fail kcat "kcat not installed (apt-get install kcat)"; return
+    fi
+    local rc=0
+    timeout "$TIMEOUT" bash "$here/kcat.sh" || rc=$?
+    case $rc in
+        0) pass kcat ;;
+        124) fail kcat "timed out after ${TIMEOUT}s" ;;
+        *) fail kcat "exit $rc" ;;
+    esac
+}
+
+for t in $TESTS; do
+    echo
+    echo "==== $t ===="
+    case $t in
+        kafka-python) run_pytest kafka-python kafka test_kafka_python.py ;;
+        confluent-kafka) run_pytest confluent-kafka confluent_kafka test_confluent_kafka.py ;;
+        kafkajs) run_kafkajs ;;
+        kcat) run_kcat ;;
+        *) fail "$t" "unknown test (known: $ALL_TESTS)" ;;
+    esac
+    if ! kill -0 "$broker_pid" 2>/dev/null; then
+        fail "broker-alive" "broker died during the $t test"
+        break
+    fi
+done
+
+echo
+echo "==== broker shutdown ===="
+if kill -0 "$broker_pid" 2>/dev/null; then
+    kill -TERM "$broker_pid"
+    stopped=0
+    for _ in $(seq 1 300); do
+        kill -0 "$broker_pid" 2>/dev/null || { stopped=1; break; }
+        sleep 0.1
+    done
+    if [ $stopped = 1 ]; then
+        wait "$broker_pid"; rc=$?
+        broker_pid=
+        if [ "$rc" = 0 ]; then pass "broker-sigterm-exit-0"; else fail "broker-sigterm-exit-0" "broker exited $rc"; fi
+    else
+        fail "broker-sigterm-exit-0" "broker still running 30 s after SIGTERM"
+    fi
+else
+    wait "$broker_pid" 2>/dev/null; rc=$?
+    broker_pid=
+    fail "broker-sigterm-exit-0" "broker was not running at the end (exit $rc)"
+fi
+
+if [ "$failed" != 0 ]; then
+    broker_log_tail
+    echo
+    echo "compat: failed: ${failures[*]}"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
