@@ -1,0 +1,99 @@
+//! Admin and offsets through librdkafka: CreateTopics, CreatePartitions,
+//! DescribeConfigs, DeleteTopics, and ListOffsets earliest / latest / by
+//! timestamp.
+
+mod common;
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_configs_and_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.auto_create_topics = Some(false);
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+
+    // Create, with a config; creating again is TOPIC_ALREADY_EXISTS; bad
+    // names and replication factors are refused with Kafka's codes.
+    let t = NewTopic::new("ops.audit.log", 2, TopicReplication::Fixed(1)).set("retention.ms", "3600000");
+    assert!(admin.create_topics([&t], &opts).await.unwrap()[0].is_ok());
+    let again = admin.create_topics([&t], &opts).await.unwrap();
+    assert_eq!(again[0].as_ref().unwrap_err().1, RDKafkaErrorCode::TopicAlreadyExists);
+    let bad = NewTopic::new("bad name!", 1, TopicReplication::Fixed(1));
+    assert_eq!(admin.create_topics([&bad], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidTopic);
+    let rf = NewTopic::new("rf.three", 1, TopicReplication::Fixed(3));
+    assert_eq!(admin.create_topics([&rf], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidReplicationFactor);
+    let unknown_cfg = NewTopic::new("cfg.bad", 1, TopicReplication::Fixed(1)).set("retention.ms", "soon");
+    assert_eq!(admin.create_topics([&unknown_cfg], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidConfig);
+
+    // DescribeConfigs shows the set value and the defaults.
+    let described = admin.describe_configs([&ResourceSpecifier::Topic("ops.audit.log")], &opts).await.unwrap();
+    let res = described[0].as_ref().unwrap();
+    let get = |k: &str| res.get(k).and_then(|e| e.value.clone());
+    assert_eq!(get("retention.ms").as_deref(), Some("3600000"));
+    assert!(!res.get("retention.ms").unwrap().is_default);
+    assert_eq!(get("message.timestamp.type").as_deref(), Some("CreateTime"));
+    assert!(res.get("message.timestamp.type").unwrap().is_default);
+
+    // CreatePartitions 2 → 4; shrinking is refused.
+    let grow = NewPartitions::new("ops.audit.log", 4);
+    assert!(admin.create_partitions([&grow], &opts).await.unwrap()[0].is_ok());
+    let shrink = NewPartitions::new("ops.audit.log", 3);
+    assert_eq!(admin.create_partitions([&shrink], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidPartitions);
+
+    // Produce to the new partition 3 with explicit timestamps.
+    let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
+    for i in 0..10i64 {
+        let key = format!("k{i}");
+        producer
+            .send(FutureRecord::to("ops.audit.log").partition(3).key(&key).payload("v").timestamp(1_000_000 + i * 1000), Duration::from_secs(30))
+            .await
+            .expect("acked");
+    }
+    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+    let md = consumer.fetch_metadata(Some("ops.audit.log"), Duration::from_secs(10)).unwrap();
+    assert_eq!(md.topics()[0].partitions().len(), 4);
+    assert_eq!(consumer.fetch_watermarks("ops.audit.log", 3, Duration::from_secs(10)).unwrap(), (0, 10));
+    assert_eq!(consumer.fetch_watermarks("ops.audit.log", 0, Duration::from_secs(10)).unwrap(), (0, 0));
+
+    // By timestamp: exact, between records, and past the end (-1 → end).
+    let lookup = |ts: i64| {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("ops.audit.log", 3, Offset::Offset(ts)).unwrap();
+        let r = consumer.offsets_for_times(tpl, Duration::from_secs(10)).unwrap();
+        r.find_partition("ops.audit.log", 3).unwrap().offset()
+    };
+    assert_eq!(lookup(1_000_000), Offset::Offset(0));
+    assert_eq!(lookup(1_004_000), Offset::Offset(4));
+    assert_eq!(lookup(1_004_500), Offset::Offset(5));
+    assert_eq!(lookup(0), Offset::Offset(0));
+    assert_eq!(lookup(9_000_000), Offset::End);
+
+    // Delete; then it is gone from metadata and producing fails.
+    let deleted = admin.delete_topics(&["ops.audit.log"], &opts).await.unwrap();
+    assert!(deleted[0].is_ok());
+    let gone = admin.delete_topics(&["ops.audit.log"], &opts).await.unwrap();
+    assert_eq!(gone[0].as_ref().unwrap_err().1, RDKafkaErrorCode::UnknownTopicOrPartition);
+    let md = consumer.fetch_metadata(None, Duration::from_secs(10)).unwrap();
+    assert!(md.topics().iter().all(|t| t.name() != "ops.audit.log"));
+
+    // Re-created under the same name it starts empty: old frames stay
+    // invisible because they carry the old topic id.
+    let t = NewTopic::new("ops.audit.log", 4, TopicReplication::Fixed(1));
+    assert!(admin.create_topics([&t], &opts).await.unwrap()[0].is_ok());
+    assert_eq!(consumer.fetch_watermarks("ops.audit.log", 3, Duration::from_secs(10)).unwrap(), (0, 0));
+    drop(consumer);
+    drop(producer);
+    drop(admin);
+    broker.shutdown().await;
+}
