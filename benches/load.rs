@@ -1,0 +1,291 @@
+//! Load tool: a real librdkafka producer and consumer against a release
+//! broker child process, on loopback.
+//!
+//! ```text
+//! cargo bench --bench load            # full run (~5 GiB written)
+//! cargo bench --bench load -- --quick # 10x fewer records
+//! ```
+//!
+//! Reports records/s, MB/s and broker CPU (utime+stime of the child from
+//! /proc, as a share of one core) for: produce of 100-byte and 1 KiB
+//! records with acks=1 and acks=all into 1 and 16 partitions; consume of a
+//! 1 GiB log of 1 KiB records from the beginning; recovery of that log after
+//! kill -9; and, as the baseline measured in the same run, loopback TCP
+//! bandwidth with iperf3 (Debian package `iperf3`; the tool fails if it is
+//! missing).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Message, DeliveryResult};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+struct Broker {
+    child: Child,
+    addr: SocketAddr,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+fn spawn_broker(dir: &Path) -> Broker {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_canopy"))
+        .args(["serve", "--kafka-listener", "127.0.0.1:0", "--admin-listener", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--segment-bytes", "2147483648", "--flush", "always"])
+        .arg("--data-dir")
+        .arg(dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn canopy");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut addr = None;
+    let mut early = Vec::new();
+    while addr.is_none() {
+        let line = rx.recv_timeout(Duration::from_secs(600)).expect("broker log line");
+        if line.contains("canopy is serving") {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            addr = Some(v["fields"]["kafka_addr"].as_str().unwrap().parse().unwrap());
+        }
+        early.push(line);
+    }
+    let (tx2, rx2) = std::sync::mpsc::channel();
+    for l in early {
+        let _ = tx2.send(l);
+    }
+    std::thread::spawn(move || {
+        while let Ok(l) = rx.recv() {
+            let _ = tx2.send(l);
+        }
+    });
+    Broker { child, addr: addr.unwrap(), log: rx2 }
+}
+
+/// CPU seconds (user + system) the broker process has used.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+struct Counter {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Ctx(Arc<Counter>);
+
+impl ClientContext for Ctx {}
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        match r {
+            Ok(_) => self.0.ok.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.0.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+fn client(addr: SocketAddr) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", addr.to_string()).set("broker.address.family", "v4");
+    c
+}
+
+fn create_topic(addr: SocketAddr, name: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = client(addr).create().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let r = rt.block_on(admin.create_topics([&NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())).unwrap();
+    r[0].as_ref().expect("topic created");
+}
+
+struct Row {
+    name: String,
+    records: u64,
+    bytes: u64,
+    secs: f64,
+    cpu: f64,
+}
+
+impl Row {
+    fn print(&self) {
+        println!(
+            "| {} | {} | {:.0} | {:.1} | {:.2} | {:.0}% |",
+            self.name,
+            self.records,
+            self.records as f64 / self.secs,
+            self.bytes as f64 / self.secs / 1e6,
+            self.secs,
+            100.0 * self.cpu / self.secs
+        );
+    }
+}
+
+fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &str, records: u64) -> Row {
+    create_topic(broker.addr, topic, partitions);
+    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let mut cfg = client(broker.addr);
+    cfg.set("acks", acks)
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("batch.num.messages", "100000")
+        .set("queue.buffering.max.messages", "2000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .set("compression.type", "none")
+        .set("enable.idempotence", "false");
+    let producer: ThreadedProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
+    let payload = vec![b'x'; size];
+    let cpu0 = cpu_secs(broker.child.id());
+    let t0 = Instant::now();
+    for i in 0..records {
+        let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payload[..]).partition((i % partitions as u64) as i32);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(600)).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_secs(broker.child.id()) - cpu0;
+    assert_eq!(counter.failed.load(Ordering::Relaxed), 0, "deliveries failed");
+    assert_eq!(counter.ok.load(Ordering::Relaxed), records);
+    Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s)"), records, bytes: records * size as u64, secs, cpu }
+}
+
+fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
+    let consumer: BaseConsumer = {
+        let mut c = client(broker.addr);
+        c.set("group.id", "bench")
+            .set("enable.auto.commit", "false")
+            .set("fetch.max.bytes", "104857600")
+            .set("max.partition.fetch.bytes", "16777216")
+            .set("queued.max.messages.kbytes", "262144")
+            .set("fetch.wait.max.ms", "100");
+        c.create().unwrap()
+    };
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let cpu0 = cpu_secs(broker.child.id());
+    let t0 = Instant::now();
+    let (mut n, mut bytes) = (0u64, 0u64);
+    while n < records {
+        if let Some(m) = consumer.poll(Duration::from_millis(1000)) {
+            let m = m.expect("consume");
+            bytes += m.payload().map(|p| p.len()).unwrap_or(0) as u64;
+            n += 1;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(900), "consume stalled at {n}");
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_secs(broker.child.id()) - cpu0;
+    Row { name: "consume 1 KiB records from the beginning, 1 partition".into(), records: n, bytes, secs, cpu }
+}
+
+fn iperf3() -> f64 {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let mut server = Command::new("iperf3")
+        .args(["-s", "-1", "-p", &port])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("iperf3 is required for the baseline: apt-get install iperf3");
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new("iperf3").args(["-c", "127.0.0.1", "-p", &port, "-t", "5", "-J"]).output().expect("iperf3 client");
+    let _ = server.wait();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 json");
+    v["end"]["sum_received"]["bits_per_second"].as_f64().expect("iperf3 result") / 8.0
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let scale = if quick { 10 } else { 1 };
+    let dir = std::env::var("CANOPY_BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir().join("canopy-bench"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let loopback = iperf3();
+    println!("loopback TCP (iperf3, 5 s, 1 stream): {:.0} MB/s\n", loopback / 1e6);
+    println!("| scenario | records | records/s | MB/s | seconds | broker CPU (of one core) |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+
+    let mut broker = spawn_broker(&dir.join("data"));
+    let mut rows = Vec::new();
+    for (size, n) in [(100usize, 5_000_000u64), (1024, 1_000_000)] {
+        for parts in [1, 16] {
+            for acks in ["1", "all"] {
+                let topic = format!("bench.produce.s{size}.p{parts}.a{acks}");
+                let row = produce(&broker, &topic, parts, size, acks, n / scale);
+                row.print();
+                rows.push(row);
+            }
+        }
+    }
+    // 1 GiB log of 1 KiB records, then read it from the start.
+    let consume_records = (1u64 << 30) / 1024 / scale;
+    let fill = produce(&broker, "bench.consume", 1, 1024, "1", consume_records);
+    fill.print();
+    let c = consume(&broker, "bench.consume", consume_records);
+    c.print();
+    println!(
+        "\nconsume / loopback TCP: {:.0}%",
+        100.0 * (c.bytes as f64 / c.secs) / loopback
+    );
+    for size in [100, 1024] {
+        for parts in [1, 16] {
+            let r1 = rows.iter().find(|r| r.name == format!("produce {size} B, acks=1, {parts} partition(s)")).unwrap();
+            let ra = rows.iter().find(|r| r.name == format!("produce {size} B, acks=all, {parts} partition(s)")).unwrap();
+            println!(
+                "acks=all / acks=1, {size} B, {parts} partition(s): {:.0}%",
+                100.0 * (ra.records as f64 / ra.secs) / (r1.records as f64 / r1.secs)
+            );
+        }
+    }
+
+    // Recovery after kill -9: the whole log is one active segment, deep-scanned.
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let t0 = Instant::now();
+    broker = spawn_broker(&dir.join("data"));
+    let ready = t0.elapsed();
+    let mut recovered = None;
+    while let Ok(l) = broker.log.recv_timeout(Duration::from_secs(1)) {
+        if l.contains("storage recovered") {
+            recovered = Some(l);
+            break;
+        }
+    }
+    let v: serde_json::Value = serde_json::from_str(&recovered.expect("recovery log line")).unwrap();
+    let f = &v["fields"];
+    println!(
+        "\nrecovery after kill -9: {} bytes in {} segments, {} deep-scanned, {} truncated, storage recovery {} ms, process start to serving {} ms",
+        f["bytes"], f["segments"], f["deep_scanned_bytes"], f["truncated_bytes"], f["elapsed_ms"], ready.as_millis()
+    );
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
