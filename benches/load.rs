@@ -124,18 +124,20 @@ struct Row {
     bytes: u64,
     secs: f64,
     cpu: f64,
+    client_cpu: f64,
 }
 
 impl Row {
     fn print(&self) {
         println!(
-            "| {} | {} | {:.0} | {:.1} | {:.2} | {:.0}% |",
+            "| {} | {} | {:.0} | {:.1} | {:.2} | {:.0}% | {:.0}% |",
             self.name,
             self.records,
             self.records as f64 / self.secs,
             self.bytes as f64 / self.secs / 1e6,
             self.secs,
-            100.0 * self.cpu / self.secs
+            100.0 * self.cpu / self.secs,
+            100.0 * self.client_cpu / self.secs
         );
     }
 }
@@ -155,6 +157,7 @@ fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &st
     let producer: ThreadedProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
     let payload = vec![b'x'; size];
     let cpu0 = cpu_secs(broker.child.id());
+    let me0 = cpu_secs(std::process::id());
     let t0 = Instant::now();
     for i in 0..records {
         let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payload[..]).partition((i % partitions as u64) as i32);
@@ -172,9 +175,10 @@ fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &st
     producer.flush(Duration::from_secs(600)).unwrap();
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_secs(broker.child.id()) - cpu0;
+    let client_cpu = cpu_secs(std::process::id()) - me0;
     assert_eq!(counter.failed.load(Ordering::Relaxed), 0, "deliveries failed");
     assert_eq!(counter.ok.load(Ordering::Relaxed), records);
-    Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s)"), records, bytes: records * size as u64, secs, cpu }
+    Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s)"), records, bytes: records * size as u64, secs, cpu, client_cpu }
 }
 
 fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
@@ -185,13 +189,15 @@ fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
             .set("fetch.max.bytes", "104857600")
             .set("max.partition.fetch.bytes", "16777216")
             .set("queued.max.messages.kbytes", "262144")
-            .set("fetch.wait.max.ms", "100");
+            .set("fetch.wait.max.ms", "100")
+            .set("queued.min.messages", "1000000");
         c.create().unwrap()
     };
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
     consumer.assign(&tpl).unwrap();
     let cpu0 = cpu_secs(broker.child.id());
+    let me0 = cpu_secs(std::process::id());
     let t0 = Instant::now();
     let (mut n, mut bytes) = (0u64, 0u64);
     while n < records {
@@ -204,7 +210,8 @@ fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_secs(broker.child.id()) - cpu0;
-    Row { name: "consume 1 KiB records from the beginning, 1 partition".into(), records: n, bytes, secs, cpu }
+    let client_cpu = cpu_secs(std::process::id()) - me0;
+    Row { name: "consume 1 KiB records from the beginning, 1 partition".into(), records: n, bytes, secs, cpu, client_cpu }
 }
 
 fn iperf3() -> f64 {
@@ -223,6 +230,7 @@ fn iperf3() -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let consume_only = std::env::args().any(|a| a == "--consume-only");
     let scale = if quick { 10 } else { 1 };
     let dir = std::env::var("CANOPY_BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir().join("canopy-bench"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -230,12 +238,12 @@ fn main() {
 
     let loopback = iperf3();
     println!("loopback TCP (iperf3, 5 s, 1 stream): {:.0} MB/s\n", loopback / 1e6);
-    println!("| scenario | records | records/s | MB/s | seconds | broker CPU (of one core) |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| scenario | records | records/s | MB/s | seconds | broker CPU | client CPU |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
 
     let mut broker = spawn_broker(&dir.join("data"));
     let mut rows = Vec::new();
-    for (size, n) in [(100usize, 5_000_000u64), (1024, 1_000_000)] {
+    for (size, n) in [(100usize, 5_000_000u64), (1024, 1_000_000)].into_iter().filter(|_| !consume_only) {
         for parts in [1, 16] {
             for acks in ["1", "all"] {
                 let topic = format!("bench.produce.s{size}.p{parts}.a{acks}");
@@ -255,7 +263,7 @@ fn main() {
         "\nconsume / loopback TCP: {:.0}%",
         100.0 * (c.bytes as f64 / c.secs) / loopback
     );
-    for size in [100, 1024] {
+    for size in [100, 1024].into_iter().filter(|_| !consume_only) {
         for parts in [1, 16] {
             let r1 = rows.iter().find(|r| r.name == format!("produce {size} B, acks=1, {parts} partition(s)")).unwrap();
             let ra = rows.iter().find(|r| r.name == format!("produce {size} B, acks=all, {parts} partition(s)")).unwrap();

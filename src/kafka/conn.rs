@@ -32,7 +32,7 @@ use crate::protocol::{frame, header};
 const READ_STEP: usize = 1 << 20;
 const READ_MIN: usize = 64 * 1024;
 
-type InFlight = JoinHandle<Option<BytesMut>>;
+type InFlight = JoinHandle<Option<Vec<Bytes>>>;
 
 pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) -> io::Result<()> {
     stream.set_nodelay(true)?;
@@ -107,7 +107,11 @@ async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<InFlight>) -> io:
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
     while let Some(task) = rx.recv().await {
         match task.await {
-            Ok(Some(resp)) => wr.write_all(&resp).await?,
+            Ok(Some(parts)) => {
+                for part in parts {
+                    wr.write_all(&part).await?;
+                }
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::error!(error = %e, "request handler failed; closing connection");

@@ -47,8 +47,10 @@ use crate::protocol::batch;
 
 /// A read scans at most this many bytes of foreign frames to reach its own.
 const MAX_SCAN_GAP: u64 = 256 * 1024;
-/// Size of one positioned read on the read path.
-const READ_CHUNK: usize = 256 * 1024;
+/// Bounds on one positioned read on the read path: about the bytes the
+/// caller wants, so one fetch is usually one read.
+const MIN_READ_CHUNK: usize = 64 * 1024;
+const MAX_READ_CHUNK: usize = 64 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -108,9 +110,10 @@ pub struct Appended {
 
 #[derive(Debug, Clone)]
 pub struct ReadResult {
-    /// Whole batches, concatenated, starting with the one that holds the
-    /// requested offset.
-    pub records: Bytes,
+    /// Whole batches, in offset order, starting with the one that holds the
+    /// requested offset: slices of the buffers the files were read into,
+    /// so the fetch path hands them to the socket without copying.
+    pub records: Vec<Bytes>,
     pub high_watermark: i64,
     pub log_start: i64,
     pub log_end: i64,
@@ -153,6 +156,24 @@ struct Segment {
     len: AtomicU64,
     dirty: AtomicBool,
     tps: Mutex<HashMap<Tp, SegTp>>,
+}
+
+impl ReadResult {
+    /// Total record bytes.
+    pub fn len(&self) -> usize {
+        self.records.iter().map(Bytes::len).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+    /// The records as one buffer (copies; for tests and small reads).
+    pub fn concat(&self) -> Bytes {
+        let mut v = Vec::with_capacity(self.len());
+        for r in &self.records {
+            v.extend_from_slice(r);
+        }
+        Bytes::from(v)
+    }
 }
 
 impl Segment {
@@ -217,7 +238,65 @@ struct Writer {
     poisoned: Option<String>,
 }
 
+/// Read buffers are reused: fresh anonymous memory costs a page fault per
+/// page on these machines (and zeroing it a pass), while a reused buffer is
+/// written at memory speed. A buffer returns here when the last `Bytes`
+/// slice of it (held by a fetch response until it is written) is dropped.
+#[derive(Default)]
+struct ReadPool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers kept for reuse, and the largest one kept.
+const READ_POOL_BUFFERS: usize = 16;
+const READ_POOL_MAX_BYTES: usize = MAX_READ_CHUNK;
+
+struct PooledBuf {
+    buf: Vec<u8>,
+    len: usize,
+    pool: Arc<ReadPool>,
+}
+
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        if buf.len() <= READ_POOL_MAX_BYTES {
+            let mut bufs = self.pool.bufs.lock().expect("read pool lock");
+            if bufs.len() < READ_POOL_BUFFERS {
+                bufs.push(buf);
+            }
+        }
+    }
+}
+
+impl ReadPool {
+    /// A buffer of at least `size` initialized bytes.
+    fn take(self: &Arc<Self>, size: usize) -> PooledBuf {
+        let reused = {
+            let mut bufs = self.bufs.lock().expect("read pool lock");
+            // Best fit: the smallest buffer that is big enough, else the largest.
+            let i = bufs.iter().enumerate().filter(|(_, b)| b.len() >= size).min_by_key(|(_, b)| b.len()).map(|(i, _)| i);
+            match i {
+                Some(i) => Some(bufs.swap_remove(i)),
+                None => bufs.iter().enumerate().max_by_key(|(_, b)| b.len()).map(|(i, _)| i).map(|i| bufs.swap_remove(i)),
+            }
+        };
+        let mut buf = reused.unwrap_or_default();
+        if buf.len() < size {
+            buf.resize(size, 0);
+        }
+        PooledBuf { buf, len: 0, pool: self.clone() }
+    }
+}
+
 pub struct Storage {
+    read_pool: Arc<ReadPool>,
     dir: PathBuf,
     cfg: StorageConfig,
     branches: RwLock<HashMap<String, Arc<Branch>>>,
@@ -353,6 +432,7 @@ impl Storage {
         }
         report.elapsed_ms = started.elapsed().as_millis();
         Ok(Storage {
+            read_pool: Arc::default(),
             dir: log_dir,
             cfg,
             branches: RwLock::new(branches),
@@ -590,26 +670,28 @@ impl Storage {
             let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
             (start, st.log_start, st.hw, st.leo)
         };
-        let mut result = ReadResult { records: Bytes::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0 };
+        let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0 };
         let Some(start) = start else { return Ok(result) };
         if offset == hw {
             return Ok(result);
         }
+        let mut taken = 0usize;
+        let chunk = max_bytes.saturating_add(FRAME_HEADER_BYTES).clamp(MIN_READ_CHUNK, MAX_READ_CHUNK);
         let mut out = Vec::new();
-        self.walk(&part, start, hw, &mut result.bytes_scanned, |fh, batch| {
+        self.walk(&part, start, hw, chunk, &mut result.bytes_scanned, |fh, buf, range| {
             if fh.last_offset() < offset {
                 return Walk::Skip;
             }
-            if (min_one && out.is_empty()) || out.len() + batch.len() <= max_bytes {
-                // fits, or is the one batch that guarantees progress
-            } else {
+            let len = range.len();
+            if !((min_one && out.is_empty()) || taken + len <= max_bytes) {
                 return Walk::Stop;
             }
-            out.extend_from_slice(batch);
-            if out.len() >= max_bytes { Walk::Stop } else { Walk::Skip }
+            out.push(buf.slice(range));
+            taken += len;
+            if taken >= max_bytes { Walk::Stop } else { Walk::Skip }
         })
         .map_err(|e| ReadError::Io(e.to_string()))?;
-        result.records = Bytes::from(out);
+        result.records = out;
         Ok(result)
     }
 
@@ -627,7 +709,8 @@ impl Storage {
         let Some(start) = start else { return Ok(None) };
         let mut found = None;
         let mut scanned = 0;
-        self.walk(&part, start, hw, &mut scanned, |fh, batch| {
+        self.walk(&part, start, hw, MIN_READ_CHUNK, &mut scanned, |fh, buf, range| {
+            let batch = &buf[range];
             if fh.last_offset() < log_start || fh.max_timestamp < ts {
                 return Walk::Skip;
             }
@@ -642,28 +725,34 @@ impl Storage {
     }
 
     /// Calls `visit` for each frame of `part` from `start`, in order, below
-    /// `hw`, across segments, until it answers `Stop`.
+    /// `hw`, across segments, until it answers `Stop`. Files are read in
+    /// chunks of about `chunk` bytes into fresh buffers that `visit` may
+    /// keep slices of; `visit` gets the buffer and the range of the batch.
     fn walk(
         &self,
         part: &Partition,
         start: IndexEntry,
         hw: i64,
+        chunk: usize,
         scanned: &mut u64,
-        mut visit: impl FnMut(&FrameHeader, &[u8]) -> Walk,
+        mut visit: impl FnMut(&FrameHeader, &Bytes, std::ops::Range<usize>) -> Walk,
     ) -> io::Result<()> {
         let segs: Vec<Arc<Segment>> = {
             let segs = part.branch.segs.read().expect("branch lock");
             let i = segs.partition_point(|s| s.base_seq < start.seg);
             segs[i..].to_vec()
         };
-        let mut buf = vec![0u8; READ_CHUNK];
+        let mut want_at_least = FRAME_HEADER_BYTES;
         for (n, seg) in segs.iter().enumerate() {
             let end = seg.len.load(Ordering::Acquire);
             let mut pos = if n == 0 && seg.base_seq == start.seg { start.pos } else { FILE_HEADER_BYTES };
             while pos + FRAME_HEADER_BYTES as u64 <= end {
-                let want = ((end - pos) as usize).min(buf.len());
-                let got = segment::read_full_at(&seg.file, &mut buf[..want], pos)?;
+                let want = ((end - pos) as usize).min(chunk.max(want_at_least));
+                let mut raw = self.read_pool.take(want);
+                let got = segment::read_full_at(&seg.file, &mut raw.buf[..want], pos)?;
+                raw.len = got;
                 *scanned += got as u64;
+                let buf = Bytes::from_owner(raw);
                 let mut at = 0usize;
                 while at + FRAME_HEADER_BYTES <= got {
                     let Some(fh) = FrameHeader::decode(&buf[at..]) else {
@@ -677,18 +766,19 @@ impl Storage {
                         if fh.base_offset >= hw {
                             return Ok(());
                         }
-                        if let Walk::Stop = visit(&fh, &buf[at + FRAME_HEADER_BYTES..at + flen]) {
+                        if let Walk::Stop = visit(&fh, &buf, at + FRAME_HEADER_BYTES..at + flen) {
                             return Ok(());
                         }
                     }
                     at += flen;
                 }
                 if at == 0 {
-                    // One frame larger than the buffer: grow to fit it.
+                    // One frame larger than the chunk: read it whole next.
                     let fh = FrameHeader::decode(&buf[..]).expect("decoded above");
-                    buf.resize(fh.frame_len as usize, 0);
+                    want_at_least = fh.frame_len as usize;
                     continue;
                 }
+                want_at_least = FRAME_HEADER_BYTES;
                 pos += at as u64;
             }
         }
@@ -890,10 +980,10 @@ mod tests {
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 100, 100)));
         assert_eq!(s.offsets(&tp(2, 0)), Some((0, 200, 200)));
         let r = s.read(&tp(1, 0), 0, 1 << 20, true).unwrap();
-        assert_eq!(offsets_of(&r.records), (0..50).map(|i| i * 2).collect::<Vec<_>>());
+        assert_eq!(offsets_of(&r.concat()), (0..50).map(|i| i * 2).collect::<Vec<_>>());
         // An offset inside a batch returns that batch.
         let r = s.read(&tp(2, 0), 7, 1, true).unwrap();
-        assert_eq!(offsets_of(&r.records), vec![6]);
+        assert_eq!(offsets_of(&r.concat()), vec![6]);
         assert!(matches!(s.read(&tp(2, 0), 201, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
         assert!(s.read(&tp(2, 0), 200, 10, true).unwrap().records.is_empty());
     }
@@ -909,7 +999,7 @@ mod tests {
         assert!(s.read(&tp(1, 0), 0, 100, true).unwrap().records.is_empty());
         s.sync().unwrap();
         s.publish_hw(&moved);
-        assert_eq!(s.read(&tp(1, 0), 0, 100, true).unwrap().records.len(), b.len());
+        assert_eq!(s.read(&tp(1, 0), 0, 100, true).unwrap().len(), b.len());
     }
 
     #[test]
@@ -932,7 +1022,7 @@ mod tests {
             assert_eq!(s.offsets(&tp(1, 0)), Some((0, 240, 240)));
             assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1, p1)));
             let r = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap();
-            assert_eq!(offsets_of(&r.records), (0..120).map(|i| i * 2).collect::<Vec<_>>());
+            assert_eq!(offsets_of(&r.concat()), (0..120).map(|i| i * 2).collect::<Vec<_>>());
             append_n(&s, tp(1, 1), 1, 0);
             s.sync().unwrap();
             assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1 + 2, p1 + 2)));
@@ -960,7 +1050,7 @@ mod tests {
             assert_eq!(s.offsets(&tp(1, 0)), Some((0, 18, 18)), "{damage}");
             assert!(s.recovery_report().truncated_bytes > 0);
             let r = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap();
-            assert_eq!(offsets_of(&r.records).len(), 9);
+            assert_eq!(offsets_of(&r.concat()).len(), 9);
         }
     }
 
@@ -997,7 +1087,7 @@ mod tests {
         let (start, _, end) = s.offsets(&tp(1, 0)).unwrap();
         assert!(start > 0 && start <= end);
         assert!(matches!(s.read(&tp(1, 0), 0, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
-        assert_eq!(s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().records.len() > 0, true);
+        assert_eq!(s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().len() > 0, true);
         // Once topic 2 is gone, the sealed segments can go.
         s.remove_topic(&[2; 16]);
         let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(())).unwrap();

@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 pub use kafka_protocol::messages::{FetchRequest as Request, FetchResponse as Response};
 use kafka_protocol::messages::TopicName;
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 use tokio::sync::Notify;
 
-use super::Route;
+use super::{IntoReply, Route};
+use crate::protocol::fetch::{self as wire, PartitionOut, TopicOut};
 use crate::engine::{Engine, EngineError, Topic};
 use crate::kafka::{errors, Broker};
 use crate::protocol::header::RequestHeader;
@@ -38,10 +38,24 @@ struct Want {
     max_bytes: usize,
 }
 
-pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
-    if req.session_id > 0 {
-        return Some(Response::default().with_error_code(ResponseError::FetchSessionIdNotFound.code()));
+/// The fetch answer before framing; encoded by `protocol::fetch`.
+pub struct Reply {
+    error_code: i16,
+    topics: Vec<TopicOut>,
+}
+
+impl IntoReply for Option<Reply> {
+    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
+        let r = self?;
+        Some(wire::encode(correlation_id, version, r.error_code, 0, &r.topics))
     }
+}
+
+pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Reply> {
+    if req.session_id > 0 {
+        return Some(Reply { error_code: ResponseError::FetchSessionIdNotFound.code(), topics: Vec::new() });
+    }
+    let read_committed = req.isolation_level == 1;
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(broker.cfg.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
     let min_bytes = req.min_bytes.max(0) as usize;
@@ -69,9 +83,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         }
         let engine = broker.engine.clone();
         let w = wants.clone();
-        let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, version)).await.ok()?;
+        let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
         if !may_wait || bytes >= min_bytes.max(1) || errors {
-            return Some(Response::default().with_responses(topics));
+            return Some(Reply { error_code: 0, topics });
         }
         tokio::select! {
             _ = notify.notified() => {}
@@ -81,15 +95,15 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             // One last read so data that arrived with the deadline is sent.
             let engine = broker.engine.clone();
             let w = wants.clone();
-            let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, version)).await.ok()?;
-            return Some(Response::default().with_responses(topics));
+            let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
+            return Some(Reply { error_code: 0, topics });
         }
     }
 }
 
 /// Reads every wanted partition; returns the response topics, the record
 /// bytes gathered and whether any partition carries an error.
-fn read_all(engine: &Engine, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, version: i16) -> (Vec<FetchableTopicResponse>, usize, bool) {
+fn read_all(engine: &Engine, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool) -> (Vec<TopicOut>, usize, bool) {
     let mut total = 0usize;
     let mut any_error = false;
     let topics = wants
@@ -98,46 +112,52 @@ fn read_all(engine: &Engine, wants: &[(TopicName, Vec<Want>)], max_bytes: usize,
             let partitions = parts
                 .iter()
                 .map(|w| {
-                    let mut pd = PartitionData::default().with_partition_index(w.partition).with_high_watermark(-1).with_last_stable_offset(-1).with_log_start_offset(-1);
-                    let Some(topic) = &w.topic else {
-                        any_error = true;
-                        return pd.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+                    let mut out = PartitionOut {
+                        partition: w.partition,
+                        high_watermark: -1,
+                        last_stable_offset: -1,
+                        log_start_offset: -1,
+                        aborted_transactions: read_committed.then(Vec::new),
+                        ..PartitionOut::default()
                     };
-                    if w.partition < 0 || w.partition >= topic.partitions() {
+                    let Some(topic) = w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()) else {
                         any_error = true;
-                        return pd.with_error_code(ResponseError::UnknownTopicOrPartition.code());
-                    }
+                        out.error_code = ResponseError::UnknownTopicOrPartition.code();
+                        return out;
+                    };
                     let tp = topic.tp(w.partition);
                     let room = max_bytes.saturating_sub(total).min(w.max_bytes);
                     let result = if room == 0 && total > 0 {
                         // The response is full: report offsets, no records.
-                        engine.offsets(&tp).map(|(ls, hw, leo)| crate::storage::ReadResult { records: Bytes::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0 }).ok_or(EngineError::UnknownTopicOrPartition)
+                        engine
+                            .offsets(&tp)
+                            .map(|(ls, hw, leo)| crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0 })
+                            .ok_or(EngineError::UnknownTopicOrPartition)
                     } else {
                         engine.read(&tp, w.offset, room.max(1), total == 0)
                     };
                     match result {
                         Ok(r) => {
-                            total += r.records.len();
-                            pd = pd.with_high_watermark(r.high_watermark).with_last_stable_offset(r.high_watermark).with_records(Some(r.records));
-                            if version >= 5 {
-                                pd = pd.with_log_start_offset(r.log_start);
-                            }
-                            pd
+                            total += r.len();
+                            out.high_watermark = r.high_watermark;
+                            out.last_stable_offset = r.high_watermark;
+                            out.log_start_offset = r.log_start;
+                            out.records = r.records;
                         }
                         Err(e) => {
                             any_error = true;
                             if let Some((ls, hw, _)) = engine.offsets(&tp) {
-                                pd = pd.with_high_watermark(hw).with_last_stable_offset(hw);
-                                if version >= 5 {
-                                    pd = pd.with_log_start_offset(ls);
-                                }
+                                out.high_watermark = hw;
+                                out.last_stable_offset = hw;
+                                out.log_start_offset = ls;
                             }
-                            pd.with_error_code(errors::code(&e))
+                            out.error_code = errors::code(&e);
                         }
                     }
+                    out
                 })
                 .collect();
-            FetchableTopicResponse::default().with_topic(name.clone()).with_partitions(partitions)
+            TopicOut { name: name.0.clone().into_bytes(), partitions }
         })
         .collect();
     (topics, total, any_error)

@@ -29,7 +29,20 @@ use super::Broker;
 use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
 
-pub type Reply = Pin<Box<dyn Future<Output = Option<BytesMut>> + Send>>;
+/// A framed response as parts to write in order (most responses are one
+/// part; Fetch splices stored batches in without copying them).
+pub type Reply = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
+
+/// What a handler returns, turned into the framed response.
+pub trait IntoReply {
+    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>>;
+}
+
+impl<R: Encodable + HeaderVersion> IntoReply for Option<R> {
+    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
+        encode(correlation_id, version, &self?)
+    }
+}
 
 pub enum Route {
     /// Run this future; its output (if any) is the framed response.
@@ -62,11 +75,11 @@ fn decode<T: Decodable>(broker: &Broker, h: &RequestHeader, mut body: Bytes) -> 
 }
 
 /// Frames a response: length, response header, body.
-pub fn encode<R: Encodable + HeaderVersion>(correlation_id: i32, version: i16, resp: &R) -> Option<BytesMut> {
+pub fn encode<R: Encodable + HeaderVersion>(correlation_id: i32, version: i16, resp: &R) -> Option<Vec<Bytes>> {
     encode_with_header_version(correlation_id, version, R::header_version(version), resp)
 }
 
-pub fn encode_with_header_version<R: Encodable>(correlation_id: i32, version: i16, header_version: i16, resp: &R) -> Option<BytesMut> {
+pub fn encode_with_header_version<R: Encodable>(correlation_id: i32, version: i16, header_version: i16, resp: &R) -> Option<Vec<Bytes>> {
     let size = resp.compute_size(version).ok()?;
     let mut buf = BytesMut::with_capacity(4 + 8 + size);
     buf.put_i32(0);
@@ -78,7 +91,7 @@ pub fn encode_with_header_version<R: Encodable>(correlation_id: i32, version: i1
     }
     let len = (buf.len() - 4) as i32;
     buf[0..4].copy_from_slice(&len.to_be_bytes());
-    Some(buf)
+    Some(vec![buf.freeze()])
 }
 
 macro_rules! apis {
@@ -113,8 +126,7 @@ macro_rules! apis {
                     let broker = broker.clone();
                     let (id, version) = (h.correlation_id, h.api_version);
                     Route::Run(Box::pin(async move {
-                        let resp = $module::handle(&broker, req, version).await?;
-                        encode(id, version, &resp)
+                        $module::handle(&broker, req, version).await.into_reply(id, version)
                     }))
                 } )*
                 other => Route::Close(format!("api {other:?} is not served")),

@@ -44,7 +44,7 @@ pub fn special(_broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option
         return Some(Route::Run(Box::pin(async { None })));
     }
     let resp = encode_legacy(h.correlation_id, h.api_version, &topics);
-    Some(Route::Run(Box::pin(async move { Some(resp) })))
+    Some(Route::Run(Box::pin(async move { Some(vec![resp.freeze()]) })))
 }
 
 /// acks, then (topic, partitions) of a Produce v0–2 body.
