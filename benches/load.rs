@@ -187,9 +187,9 @@ fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
         c.set("group.id", "bench")
             .set("enable.auto.commit", "false")
             .set("fetch.max.bytes", "104857600")
-            .set("max.partition.fetch.bytes", "16777216")
             .set("queued.max.messages.kbytes", "262144")
             .set("fetch.wait.max.ms", "100")
+            .set("max.partition.fetch.bytes", "4194304")
             .set("queued.min.messages", "1000000");
         c.create().unwrap()
     };

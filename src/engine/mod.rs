@@ -495,6 +495,12 @@ impl Engine {
         Ok(self.storage.read(tp, offset, max_bytes, min_one)?)
     }
 
+    /// Reads ahead for a consumer streaming `tp` (see `storage::log`).
+    /// Does file I/O.
+    pub fn read_ahead(&self, tp: &Tp, offset: i64, max_bytes: usize) {
+        self.storage.read_ahead(tp, offset, max_bytes)
+    }
+
     /// (log start, high watermark, log end) of a tp.
     pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
         self.storage.offsets(tp)

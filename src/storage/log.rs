@@ -119,6 +119,9 @@ pub struct ReadResult {
     pub log_end: i64,
     /// Bytes read from files, including other topics' frames skipped.
     pub bytes_scanned: u64,
+    /// The offset after the last returned batch (the requested offset when
+    /// nothing was returned): where the consumer will fetch next.
+    pub next_offset: i64,
 }
 
 /// What recovery did, for the log and for the benchmark report.
@@ -213,7 +216,30 @@ struct Partition {
     tp: Tp,
     branch: Arc<Branch>,
     st: RwLock<PartState>,
+    /// Batches read ahead for the consumer that is streaming this tp.
+    ahead: Mutex<Option<Ahead>>,
 }
+
+/// One read done before it was asked for: a consumer catching up on a tp
+/// fetches from where its last response ended, so the broker reads that
+/// while the previous response is on the wire. It is only ever a prefix of
+/// committed data (below the high watermark), which never changes.
+struct Ahead {
+    offset: i64,
+    records: Vec<Bytes>,
+    len: usize,
+    next_offset: i64,
+    budget: Arc<AtomicU64>,
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.budget.fetch_sub(self.len as u64, Ordering::AcqRel);
+    }
+}
+
+/// Bytes all read-ahead slots may hold together.
+const READ_AHEAD_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Writer-side bookkeeping of one tp (only the writer touches it).
 struct PartWriter {
@@ -297,6 +323,7 @@ impl ReadPool {
 
 pub struct Storage {
     read_pool: Arc<ReadPool>,
+    ahead_bytes: Arc<AtomicU64>,
     dir: PathBuf,
     cfg: StorageConfig,
     branches: RwLock<HashMap<String, Arc<Branch>>>,
@@ -349,6 +376,7 @@ impl Storage {
                 tp: spec.tp,
                 branch,
                 st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new() }),
+                ahead: Mutex::new(None),
             });
             writers.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
             parts.insert(spec.tp, part);
@@ -433,6 +461,7 @@ impl Storage {
         report.elapsed_ms = started.elapsed().as_millis();
         Ok(Storage {
             read_pool: Arc::default(),
+            ahead_bytes: Arc::default(),
             dir: log_dir,
             cfg,
             branches: RwLock::new(branches),
@@ -460,6 +489,7 @@ impl Storage {
             tp: spec.tp,
             branch,
             st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new() }),
+            ahead: Mutex::new(None),
         });
         let mut w = self.writer.lock().expect("writer lock");
         w.parts.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
@@ -670,12 +700,23 @@ impl Storage {
             let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
             (start, st.log_start, st.hw, st.leo)
         };
-        let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0 };
+        let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset };
         let Some(start) = start else { return Ok(result) };
         if offset == hw {
             return Ok(result);
         }
+        {
+            let mut slot = part.ahead.lock().expect("read-ahead lock");
+            if slot.as_ref().is_some_and(|a| a.offset == offset && a.len <= max_bytes.max(if min_one { usize::MAX } else { 0 })) {
+                let mut a = slot.take().expect("checked");
+                tracing::trace!(offset, len = a.len, "read-ahead hit");
+                result.records = std::mem::take(&mut a.records);
+                result.next_offset = a.next_offset;
+                return Ok(result);
+            }
+        }
         let mut taken = 0usize;
+        let mut next_offset = offset;
         let chunk = max_bytes.saturating_add(FRAME_HEADER_BYTES).clamp(MIN_READ_CHUNK, MAX_READ_CHUNK);
         let mut out = Vec::new();
         self.walk(&part, start, hw, chunk, &mut result.bytes_scanned, |fh, buf, range| {
@@ -688,11 +729,34 @@ impl Storage {
             }
             out.push(buf.slice(range));
             taken += len;
+            next_offset = fh.last_offset() + 1;
             if taken >= max_bytes { Walk::Stop } else { Walk::Skip }
         })
         .map_err(|e| ReadError::Io(e.to_string()))?;
         result.records = out;
+        result.next_offset = next_offset;
         Ok(result)
+    }
+
+    /// Reads `tp` from `offset` now and keeps the result for the fetch that
+    /// will ask for it (see [`Ahead`]). Skipped when the slots are full.
+    pub fn read_ahead(&self, tp: &Tp, offset: i64, max_bytes: usize) {
+        if self.ahead_bytes.load(Ordering::Acquire) + max_bytes as u64 > READ_AHEAD_MAX_BYTES {
+            return;
+        }
+        let Some(part) = self.parts.read().expect("parts lock").get(tp).cloned() else { return };
+        if part.ahead.lock().expect("read-ahead lock").as_ref().is_some_and(|a| a.offset == offset) {
+            return;
+        }
+        let Ok(r) = self.read(tp, offset, max_bytes, true) else { return };
+        tracing::trace!(offset, len = r.len(), "read ahead");
+        if r.records.is_empty() {
+            return;
+        }
+        let len = r.len();
+        self.ahead_bytes.fetch_add(len as u64, Ordering::AcqRel);
+        let a = Ahead { offset, records: r.records, len, next_offset: r.next_offset, budget: self.ahead_bytes.clone() };
+        *part.ahead.lock().expect("read-ahead lock") = Some(a);
     }
 
     /// The earliest offset whose timestamp is at or after `ts`, with that

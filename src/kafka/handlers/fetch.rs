@@ -103,8 +103,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
 
 /// Reads every wanted partition; returns the response topics, the record
 /// bytes gathered and whether any partition carries an error.
-fn read_all(engine: &Engine, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool) -> (Vec<TopicOut>, usize, bool) {
+fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool) -> (Vec<TopicOut>, usize, bool) {
     let mut total = 0usize;
+    let mut ahead = Vec::new();
     let mut any_error = false;
     let topics = wants
         .iter()
@@ -131,14 +132,20 @@ fn read_all(engine: &Engine, wants: &[(TopicName, Vec<Want>)], max_bytes: usize,
                         // The response is full: report offsets, no records.
                         engine
                             .offsets(&tp)
-                            .map(|(ls, hw, leo)| crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0 })
+                            .map(|(ls, hw, leo)| crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0, next_offset: w.offset })
                             .ok_or(EngineError::UnknownTopicOrPartition)
                     } else {
                         engine.read(&tp, w.offset, room.max(1), total == 0)
                     };
                     match result {
                         Ok(r) => {
-                            total += r.len();
+                            let len = r.len();
+                            total += len;
+                            // A consumer that got a full share is catching up:
+                            // read its next share while this one is sent.
+                            if len > 0 && len >= w.max_bytes / 2 && r.next_offset < r.high_watermark {
+                                ahead.push((tp, r.next_offset, w.max_bytes));
+                            }
                             out.high_watermark = r.high_watermark;
                             out.last_stable_offset = r.high_watermark;
                             out.log_start_offset = r.log_start;
@@ -160,5 +167,13 @@ fn read_all(engine: &Engine, wants: &[(TopicName, Vec<Want>)], max_bytes: usize,
             TopicOut { name: name.0.clone().into_bytes(), partitions }
         })
         .collect();
+    if !ahead.is_empty() {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || {
+            for (tp, offset, max) in ahead {
+                engine.read_ahead(&tp, offset, max);
+            }
+        });
+    }
     (topics, total, any_error)
 }
