@@ -47,7 +47,9 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     } else {
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
+    let (stop, stop_rx) = watch::channel(false);
     let broker = Arc::new(Broker {
+        stopping: stop_rx.clone(),
         engine: engine.clone(),
         cfg: KafkaConfig {
             advertised_host: host,
@@ -58,7 +60,6 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
             max_fetch_wait: cfg.max_fetch_wait(),
         },
     });
-    let (stop, stop_rx) = watch::channel(false);
     let health = Arc::new(Health::default());
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));

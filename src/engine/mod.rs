@@ -749,3 +749,74 @@ fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, wa
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::batch::tests::make_batch;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    fn clock_at(t: &Arc<AtomicI64>) -> Clock {
+        let t = t.clone();
+        Arc::new(move || t.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retention_raises_log_start_durably_and_offsets_survive_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = Arc::new(AtomicI64::new(1_000_000));
+        let mut cfg = EngineConfig::new(dir.path());
+        cfg.storage.segment_bytes = 4096;
+        let engine = Engine::open(cfg.clone(), clock_at(&now)).unwrap();
+        let mut configs = BTreeMap::new();
+        configs.insert("retention.ms".to_string(), "1000".to_string());
+        let topic = engine.create_topic("ret.topic", 1, configs, false).unwrap();
+        let other = engine.create_topic("ret.keep", 1, BTreeMap::new(), false).unwrap();
+        for i in 0..50 {
+            let b = Bytes::from(make_batch(&[format!("r{i}").as_bytes(), b"payload-payload"], 1_000_000));
+            engine.append(&topic, 0, b.clone(), Ack::Durable).await.unwrap();
+            engine.append(&other, 0, b, Ack::Written).await.unwrap();
+        }
+        assert_eq!(engine.offsets(&topic.tp(0)), Some((0, 100, 100)));
+        now.store(1_000_000 + 60_000, Ordering::SeqCst);
+        engine.enforce_retention().unwrap();
+        let (log_start, hw, leo) = engine.offsets(&topic.tp(0)).unwrap();
+        assert!(log_start > 0 && log_start < 100, "log start {log_start}");
+        assert_eq!((hw, leo), (100, 100));
+        // The sibling without retention keeps everything.
+        assert_eq!(engine.offsets(&other.tp(0)), Some((0, 100, 100)));
+        assert!(matches!(engine.read(&topic.tp(0), 0, 1 << 20, true), Err(EngineError::Read(ReadError::OffsetOutOfRange { .. }))));
+        engine.shutdown().await;
+        drop(engine);
+
+        // Unclean reopen (no marker): the persisted log start holds.
+        std::fs::remove_file(dir.path().join(CLEAN_MARKER)).unwrap();
+        let engine = Engine::open(cfg, clock_at(&now)).unwrap();
+        let topic = engine.topic("ret.topic").unwrap();
+        assert_eq!(engine.offsets(&topic.tp(0)), Some((log_start, 100, 100)));
+        let r = engine.read(&topic.tp(0), log_start, 1 << 20, true).unwrap();
+        assert!(!r.is_empty());
+        engine.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_are_validated_before_queueing() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+        let topic = engine.create_topic("v.topic", 2, BTreeMap::new(), false).unwrap();
+        let good = Bytes::from(make_batch(&[b"a"], 0));
+        assert!(matches!(engine.append(&topic, 2, good.clone(), Ack::Written).await, Err(EngineError::UnknownTopicOrPartition)));
+        assert!(matches!(engine.append(&topic, -1, good.clone(), Ack::Written).await, Err(EngineError::UnknownTopicOrPartition)));
+        assert!(matches!(engine.append(&topic, 0, Bytes::new(), Ack::Written).await, Err(EngineError::Corrupt(BatchError::Empty))));
+        let mut bad = good.to_vec();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(matches!(engine.append(&topic, 0, Bytes::from(bad), Ack::Written).await, Err(EngineError::Corrupt(BatchError::BadCrc { .. }))));
+        // Two batches in one partition's records: both appended, offsets dense.
+        let mut two = make_batch(&[b"a", b"b"], 0);
+        two.extend(make_batch(&[b"c"], 0));
+        let r = engine.append(&topic, 1, Bytes::from(two), Ack::Durable).await.unwrap();
+        assert_eq!((r.base_offset, r.last_offset), (0, 2));
+        assert_eq!(engine.offsets(&topic.tp(1)), Some((0, 3, 3)));
+        engine.shutdown().await;
+    }
+}

@@ -37,6 +37,8 @@ pub struct KafkaConfig {
 pub struct Broker {
     pub engine: Arc<Engine>,
     pub cfg: KafkaConfig,
+    /// Turns true when the broker shuts down: parked fetches answer at once.
+    pub stopping: watch::Receiver<bool>,
 }
 
 /// Accepts connections until `shutdown` turns true, then waits for open

@@ -399,4 +399,24 @@ pub(crate) mod tests {
         bad.truncate(two.len() - 1);
         assert!(split(&bad).any(|r| r.is_err()));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = validate(&data, 1 << 20);
+            let _ = split(&data).count();
+            let _ = record_timestamps(&data);
+        }
+
+        #[test]
+        fn mutated_batches_never_panic(at in 0usize..400, byte in proptest::prelude::any::<u8>(), cut in 0usize..400) {
+            let mut b = make_batch(&[b"alpha", b"beta", b"gamma"], 42);
+            let i = at % b.len();
+            b[i] = byte;
+            b.truncate(b.len() - cut % b.len());
+            let _ = validate(&b, 1 << 20);
+            let _ = split(&b).count();
+            let _ = record_timestamps(&b);
+        }
+    }
 }

@@ -78,4 +78,13 @@ mod tests {
         );
         assert_eq!(check(&(3i32).to_be_bytes(), 100), Err(FrameError::TooShort(3)));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..32), max in 0usize..1000) {
+            if let Ok(Some(len)) = check(&data, max) {
+                proptest::prop_assert!(len <= max && LENGTH_BYTES + len <= data.len());
+            }
+        }
+    }
 }

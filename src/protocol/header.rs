@@ -136,4 +136,13 @@ mod tests {
         v.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]);
         assert!(parse(&v).is_err());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            if let Ok(h) = parse(&data) {
+                proptest::prop_assert!(h.len <= data.len());
+            }
+        }
+    }
 }

@@ -1,21 +1,13 @@
 //! CreatePartitions: raise a topic's partition count.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 pub use kafka_protocol::messages::{CreatePartitionsRequest as Request, CreatePartitionsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
-use super::{str_bytes, Route};
+use super::str_bytes;
 use crate::kafka::{errors, Broker};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let engine = broker.engine.clone();

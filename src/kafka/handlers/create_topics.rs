@@ -1,24 +1,16 @@
 //! CreateTopics: answered after the catalog is durable.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
 pub use kafka_protocol::messages::{CreateTopicsRequest as Request, CreateTopicsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
-use super::{str_bytes, Route};
+use super::str_bytes;
 use crate::engine::EngineError;
 use crate::kafka::{errors, Broker};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 7 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();

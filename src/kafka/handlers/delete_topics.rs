@@ -1,22 +1,14 @@
 //! DeleteTopics, by name (all versions) or by topic id (v6).
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 pub use kafka_protocol::messages::{DeleteTopicsRequest as Request, DeleteTopicsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
-use super::{str_bytes, topic_name, Route};
+use super::{str_bytes, topic_name};
 use crate::kafka::{errors, Broker};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 6 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();

@@ -1,21 +1,13 @@
 //! DescribeCluster: one broker, which is also the controller.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 pub use kafka_protocol::messages::{DescribeClusterRequest as Request, DescribeClusterResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
-use super::{str_bytes, Route};
+use super::str_bytes;
 use crate::kafka::{Broker, NODE_ID};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, _req: Request, _version: i16) -> Option<Response> {
     let b = DescribeClusterBroker::default()

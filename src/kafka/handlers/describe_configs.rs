@@ -1,16 +1,12 @@
 //! DescribeConfigs for topics (resource type 2) and the broker (4).
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
 pub use kafka_protocol::messages::{DescribeConfigsRequest as Request, DescribeConfigsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
-use super::{str_bytes, Route};
+use super::str_bytes;
 use crate::kafka::Broker;
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 4 };
 
@@ -19,10 +15,6 @@ const BROKER: i8 = 4;
 const SOURCE_TOPIC: i8 = 1;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let results = req

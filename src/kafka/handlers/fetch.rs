@@ -18,18 +18,13 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 use tokio::sync::Notify;
 
-use super::{IntoReply, Route};
+use super::IntoReply;
 use crate::protocol::fetch::{self as wire, PartitionOut, TopicOut};
 use crate::engine::{Engine, EngineError, Topic};
 use crate::kafka::{errors, Broker};
-use crate::protocol::header::RequestHeader;
 use crate::storage::Tp;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 4, max: 12 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 struct Want {
     partition: i32,
@@ -75,9 +70,10 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             .collect(),
     );
     let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter_map(|w| w.topic.as_ref().map(|t| t.tp(w.partition)))).collect();
+    let mut stopping = broker.stopping.clone();
     loop {
         let notify = Arc::new(Notify::new());
-        let may_wait = tokio::time::Instant::now() < deadline && !tps.is_empty();
+        let may_wait = tokio::time::Instant::now() < deadline && !tps.is_empty() && !*stopping.borrow();
         if may_wait {
             broker.engine.subscribe(&tps, &notify);
         }
@@ -87,11 +83,12 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
         if !may_wait || bytes >= min_bytes.max(1) || errors {
             return Some(Reply { error_code: 0, topics });
         }
-        tokio::select! {
-            _ = notify.notified() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-        }
-        if tokio::time::Instant::now() >= deadline {
+        let stop = tokio::select! {
+            _ = notify.notified() => false,
+            _ = tokio::time::sleep_until(deadline) => false,
+            _ = stopping.wait_for(|s| *s) => true,
+        };
+        if stop || tokio::time::Instant::now() >= deadline {
             // One last read so data that arrived with the deadline is sent.
             let engine = broker.engine.clone();
             let w = wants.clone();

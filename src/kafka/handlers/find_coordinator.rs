@@ -3,22 +3,14 @@
 //! then clients that look up a coordinator are pointed here and get a clean
 //! answer instead of a dropped connection.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 pub use kafka_protocol::messages::{FindCoordinatorRequest as Request, FindCoordinatorResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
-use super::{str_bytes, Route};
+use super::str_bytes;
 use crate::kafka::{Broker, NODE_ID};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 6 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let host = str_bytes(broker.cfg.advertised_host.clone());

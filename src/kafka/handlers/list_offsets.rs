@@ -1,28 +1,19 @@
 //! ListOffsets: earliest (-2), latest (-1, the high watermark), max
 //! timestamp (-3) and by timestamp, through the time index.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 pub use kafka_protocol::messages::{ListOffsetsRequest as Request, ListOffsetsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
-use super::Route;
 use crate::engine::Engine;
 use crate::kafka::{errors, Broker};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 8 };
 
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();

@@ -3,23 +3,15 @@
 //! `auto_create_topics` is on (Kafka's behaviour, with its partition count
 //! `num_partitions`).
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
 pub use kafka_protocol::messages::{MetadataRequest as Request, MetadataResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
-use super::{str_bytes, topic_name, Route};
+use super::{str_bytes, topic_name};
 use crate::engine::{topics, Engine, EngineError, Topic};
 use crate::kafka::{errors, Broker, NODE_ID};
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
     let partitions = (0..t.partitions())

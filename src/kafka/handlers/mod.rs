@@ -95,7 +95,7 @@ pub fn encode_with_header_version<R: Encodable>(correlation_id: i32, version: i1
 }
 
 macro_rules! apis {
-    ($( $key:ident => $module:ident ),* $(,)?) => {
+    ($( $key:ident => $module:ident $(+ $special:ident)? ),* $(,)?) => {
         /// Every API this broker serves, with the versions it serves.
         pub fn supported() -> Vec<(ApiKey, VersionRange)> {
             vec![ $( (ApiKey::$key, $module::VERSIONS) ),* ]
@@ -112,9 +112,14 @@ macro_rules! apis {
         pub fn route(broker: &Arc<Broker>, h: &RequestHeader, body: Bytes) -> Route {
             match h.api_key {
                 $( ApiKey::$key => {
-                    if let Some(route) = $module::special(broker, h, &body) {
-                        return route;
-                    }
+                    // `+ special`: the module answers some requests itself,
+                    // before the declared range is enforced.
+                    $(
+                        let _ = stringify!($special);
+                        if let Some(route) = $module::special(broker, h, &body) {
+                            return route;
+                        }
+                    )?
                     let v = $module::VERSIONS;
                     if h.api_version < v.min || h.api_version > v.max {
                         return Route::Close(format!("unsupported version (serving {v})"));
@@ -136,12 +141,12 @@ macro_rules! apis {
 }
 
 apis! {
-    Produce => produce,
+    Produce => produce + special,
     Fetch => fetch,
     ListOffsets => list_offsets,
     Metadata => metadata,
     FindCoordinator => find_coordinator,
-    ApiVersions => api_versions,
+    ApiVersions => api_versions + special,
     CreateTopics => create_topics,
     DeleteTopics => delete_topics,
     OffsetForLeaderEpoch => offset_for_leader_epoch,

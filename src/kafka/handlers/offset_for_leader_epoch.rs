@@ -3,23 +3,14 @@
 //! high watermark. Clients use it to validate their position after a
 //! metadata change; there is never a divergence to report.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 pub use kafka_protocol::messages::{OffsetForLeaderEpochRequest as Request, OffsetForLeaderEpochResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
-use super::Route;
 use crate::kafka::Broker;
-use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 4 };
-
-pub fn special(_: &Arc<Broker>, _: &RequestHeader, _: &Bytes) -> Option<Route> {
-    None
-}
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let topics = req
