@@ -14,10 +14,9 @@
 //! bandwidth with iperf3 (Debian package `iperf3`; the tool fails if it is
 //! missing).
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,50 +30,13 @@ use rdkafka::message::{Message, DeliveryResult};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-struct Broker {
-    child: Child,
-    addr: SocketAddr,
-    log: std::sync::mpsc::Receiver<String>,
-}
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::ChildBroker as Broker;
 
 fn spawn_broker(dir: &Path) -> Broker {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_canopy"))
-        .args(["serve", "--kafka-listener", "127.0.0.1:0", "--admin-listener", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--segment-bytes", "2147483648", "--flush", "always"])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn canopy");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut addr = None;
-    let mut early = Vec::new();
-    while addr.is_none() {
-        let line = rx.recv_timeout(Duration::from_secs(600)).expect("broker log line");
-        if line.contains("canopy is serving") {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            addr = Some(v["fields"]["kafka_addr"].as_str().unwrap().parse().unwrap());
-        }
-        early.push(line);
-    }
-    let (tx2, rx2) = std::sync::mpsc::channel();
-    for l in early {
-        let _ = tx2.send(l);
-    }
-    std::thread::spawn(move || {
-        while let Ok(l) = rx.recv() {
-            let _ = tx2.send(l);
-        }
-    });
-    Broker { child, addr: addr.unwrap(), log: rx2 }
+    Broker::spawn(dir, &["--segment-bytes", "2147483648", "--flush", "always"])
 }
 
 /// CPU seconds (user + system) the broker process has used.
@@ -107,7 +69,7 @@ impl ProducerContext for Ctx {
 
 fn client(addr: SocketAddr) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", addr.to_string()).set("broker.address.family", "v4");
+    c.set("bootstrap.servers", addr.to_string()).set("broker.kafkaess.family", "v4");
     c
 }
 
@@ -143,9 +105,9 @@ impl Row {
 }
 
 fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &str, records: u64) -> Row {
-    create_topic(broker.addr, topic, partitions);
+    create_topic(broker.kafka, topic, partitions);
     let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
-    let mut cfg = client(broker.addr);
+    let mut cfg = client(broker.kafka);
     cfg.set("acks", acks)
         .set("linger.ms", "5")
         .set("batch.size", "1000000")
@@ -183,7 +145,7 @@ fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &st
 
 fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
     let consumer: BaseConsumer = {
-        let mut c = client(broker.addr);
+        let mut c = client(broker.kafka);
         c.set("group.id", "bench")
             .set("enable.auto.commit", "false")
             .set("fetch.max.bytes", "104857600")
@@ -241,7 +203,7 @@ fn main() {
     println!("| scenario | records | records/s | MB/s | seconds | broker CPU | client CPU |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
 
-    let mut broker = spawn_broker(&dir.join("data"));
+    let broker = spawn_broker(&dir.join("data"));
     let mut rows = Vec::new();
     for (size, n) in [(100usize, 5_000_000u64), (1024, 1_000_000)].into_iter().filter(|_| !consume_only) {
         for parts in [1, 16] {
@@ -275,10 +237,9 @@ fn main() {
     }
 
     // Recovery after kill -9: the whole log is one active segment, deep-scanned.
-    broker.child.kill().unwrap();
-    broker.child.wait().unwrap();
+    broker.kill9();
     let t0 = Instant::now();
-    broker = spawn_broker(&dir.join("data"));
+    let broker = spawn_broker(&dir.join("data"));
     let ready = t0.elapsed();
     let mut recovered = None;
     while let Ok(l) = broker.log.recv_timeout(Duration::from_secs(1)) {
@@ -293,7 +254,6 @@ fn main() {
         "\nrecovery after kill -9: {} bytes in {} segments, {} deep-scanned, {} truncated, storage recovery {} ms, process start to serving {} ms",
         f["bytes"], f["segments"], f["deep_scanned_bytes"], f["truncated_bytes"], f["elapsed_ms"], ready.as_millis()
     );
-    broker.child.kill().unwrap();
-    broker.child.wait().unwrap();
+    broker.kill9();
     let _ = std::fs::remove_dir_all(&dir);
 }

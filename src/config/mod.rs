@@ -21,6 +21,13 @@ pub enum LogFormat {
     Json,
 }
 
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <LogFormat as ValueEnum>::from_str(s, false)
+    }
+}
+
 /// A flush policy as written in config: `always`, `never`, `interval:<ms>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flush(pub FlushPolicy);
@@ -40,7 +47,7 @@ impl<'de> Deserialize<'de> for Flush {
 }
 
 macro_rules! settings {
-    ($( $(#[doc = $doc:literal])* $name:ident : $ty:ty = $default:expr, $env:literal, $flag:literal; )*) => {
+    ($( $help:literal $name:ident : $ty:ty = $default:literal, $env:literal, $flag:literal; )*) => {
         /// Flags of `canopy serve`. Each also reads `CANOPY_<KEY>` and the
         /// TOML key of the same name (snake_case).
         #[derive(clap::Args, Debug, Default, Clone)]
@@ -49,8 +56,7 @@ macro_rules! settings {
             #[arg(long = "config", env = "CANOPY_CONFIG", value_name = "FILE")]
             pub config: Option<PathBuf>,
             $(
-                $(#[doc = $doc])*
-                #[arg(long = $flag, env = $env)]
+                #[arg(long = $flag, env = $env, help = concat!($help, " [default: ", $default, "]"))]
                 pub $name: Option<$ty>,
             )*
         }
@@ -69,55 +75,57 @@ macro_rules! settings {
 
         impl Config {
             fn layer(file: FileConfig, args: &ServeArgs) -> Config {
-                Config { $( $name: args.$name.clone().or(file.$name).unwrap_or_else(|| $default), )* }
+                Config { $( $name: args.$name.clone().or(file.$name).unwrap_or_else(|| {
+                    $default.parse().expect(concat!("the default of ", stringify!($name), " parses"))
+                }), )* }
             }
         }
     };
 }
 
 settings! {
-    /// Directory holding the catalog and the branch logs.
-    data_dir: PathBuf = PathBuf::from("./canopy-data"), "CANOPY_DATA_DIR", "data-dir";
-    /// Kafka listener address (HOST:PORT).
-    kafka_listener: SocketAddr = "127.0.0.1:9092".parse().unwrap(), "CANOPY_KAFKA_LISTENER", "kafka-listener";
-    /// Admin HTTP listener (/health, /ready) (HOST:PORT).
-    admin_listener: SocketAddr = "127.0.0.1:9644".parse().unwrap(), "CANOPY_ADMIN_LISTENER", "admin-listener";
-    /// HOST:PORT given to clients in Metadata; defaults to the bound Kafka address.
-    advertised_listener: String = String::new(), "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
-    /// Log output format: text or json (filter with RUST_LOG).
-    log_format: LogFormat = LogFormat::Text, "CANOPY_LOG_FORMAT", "log-format";
-    /// Flush policy: always (acks=all waits for fsync), interval:<ms>, never.
-    flush: Flush = Flush(FlushPolicy::Always), "CANOPY_FLUSH", "flush";
-    /// Create topics on first Metadata or Produce request.
-    auto_create_topics: bool = true, "CANOPY_AUTO_CREATE_TOPICS", "auto-create-topics";
-    /// Partition count of auto-created topics (Kafka's num.partitions).
-    num_partitions: i32 = 1, "CANOPY_NUM_PARTITIONS", "num-partitions";
-    /// Largest request frame accepted, in bytes (socket.request.max.bytes).
-    max_request_bytes: usize = 100 * 1024 * 1024, "CANOPY_MAX_REQUEST_BYTES", "max-request-bytes";
-    /// Requests read ahead of their responses on one connection.
-    max_in_flight_per_connection: usize = 64, "CANOPY_MAX_IN_FLIGHT_PER_CONNECTION", "max-in-flight-per-connection";
-    /// Open Kafka connections; more wait in the listen backlog.
-    max_connections: usize = 10_000, "CANOPY_MAX_CONNECTIONS", "max-connections";
-    /// Default largest record batch, in bytes (message.max.bytes).
-    message_max_bytes: i32 = 1_048_588, "CANOPY_MESSAGE_MAX_BYTES", "message-max-bytes";
-    /// Roll a branch's active segment at this size, in bytes.
-    segment_bytes: u64 = 1 << 30, "CANOPY_SEGMENT_BYTES", "segment-bytes";
-    /// Roll a branch's active segment at this age, in milliseconds.
-    segment_ms: i64 = 7 * 24 * 3600 * 1000, "CANOPY_SEGMENT_MS", "segment-ms";
-    /// Default retention.ms of topics (-1: keep forever).
-    retention_ms: i64 = 7 * 24 * 3600 * 1000, "CANOPY_RETENTION_MS", "retention-ms";
-    /// Default retention.bytes per partition (-1: no limit).
-    retention_bytes: i64 = -1, "CANOPY_RETENTION_BYTES", "retention-bytes";
-    /// How often retention runs, in milliseconds.
-    retention_check_interval_ms: u64 = 300_000, "CANOPY_RETENTION_CHECK_INTERVAL_MS", "retention-check-interval-ms";
-    /// Default message.timestamp.type of topics: CreateTime or LogAppendTime.
-    message_timestamp_type: String = "CreateTime".into(), "CANOPY_MESSAGE_TIMESTAMP_TYPE", "message-timestamp-type";
-    /// Longest a Fetch may wait for data, whatever max_wait_ms it asks, in milliseconds.
-    max_fetch_wait_ms: u64 = 30_000, "CANOPY_MAX_FETCH_WAIT_MS", "max-fetch-wait-ms";
-    /// Largest number of topics.
-    max_topics: usize = 1_000_000, "CANOPY_MAX_TOPICS", "max-topics";
-    /// Appends queued for the writer thread before producers wait.
-    write_queue: usize = 4096, "CANOPY_WRITE_QUEUE", "write-queue";
+    "Directory holding the catalog and the branch logs"
+    data_dir: PathBuf = "./canopy-data", "CANOPY_DATA_DIR", "data-dir";
+    "Kafka listener address (HOST:PORT)"
+    kafka_listener: SocketAddr = "127.0.0.1:9092", "CANOPY_KAFKA_LISTENER", "kafka-listener";
+    "Admin HTTP listener (/health, /ready) (HOST:PORT)"
+    admin_listener: SocketAddr = "127.0.0.1:9644", "CANOPY_ADMIN_LISTENER", "admin-listener";
+    "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"
+    advertised_listener: String = "", "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
+    "Log output format: text or json (filter with RUST_LOG)"
+    log_format: LogFormat = "text", "CANOPY_LOG_FORMAT", "log-format";
+    "Flush policy: always (acks=all waits for fsync), interval:<ms>, never"
+    flush: Flush = "always", "CANOPY_FLUSH", "flush";
+    "Create topics on first Metadata or Produce request"
+    auto_create_topics: bool = "true", "CANOPY_AUTO_CREATE_TOPICS", "auto-create-topics";
+    "Partition count of auto-created topics (Kafka's num.partitions)"
+    num_partitions: i32 = "1", "CANOPY_NUM_PARTITIONS", "num-partitions";
+    "Largest request frame accepted, in bytes (socket.request.max.bytes)"
+    max_request_bytes: usize = "104857600", "CANOPY_MAX_REQUEST_BYTES", "max-request-bytes";
+    "Requests read ahead of their responses on one connection"
+    max_in_flight_per_connection: usize = "64", "CANOPY_MAX_IN_FLIGHT_PER_CONNECTION", "max-in-flight-per-connection";
+    "Open Kafka connections; more wait in the listen backlog"
+    max_connections: usize = "10000", "CANOPY_MAX_CONNECTIONS", "max-connections";
+    "Default largest record batch, in bytes (message.max.bytes)"
+    message_max_bytes: i32 = "1048588", "CANOPY_MESSAGE_MAX_BYTES", "message-max-bytes";
+    "Roll a branch's active segment at this size, in bytes"
+    segment_bytes: u64 = "1073741824", "CANOPY_SEGMENT_BYTES", "segment-bytes";
+    "Roll a branch's active segment at this age, in milliseconds"
+    segment_ms: i64 = "604800000", "CANOPY_SEGMENT_MS", "segment-ms";
+    "Default retention.ms of topics (-1: keep forever)"
+    retention_ms: i64 = "604800000", "CANOPY_RETENTION_MS", "retention-ms";
+    "Default retention.bytes per partition (-1: no limit)"
+    retention_bytes: i64 = "-1", "CANOPY_RETENTION_BYTES", "retention-bytes";
+    "How often retention runs, in milliseconds"
+    retention_check_interval_ms: u64 = "300000", "CANOPY_RETENTION_CHECK_INTERVAL_MS", "retention-check-interval-ms";
+    "Default message.timestamp.type of topics: CreateTime or LogAppendTime"
+    message_timestamp_type: String = "CreateTime", "CANOPY_MESSAGE_TIMESTAMP_TYPE", "message-timestamp-type";
+    "Longest a Fetch may wait for data, whatever max_wait_ms it asks, in milliseconds"
+    max_fetch_wait_ms: u64 = "30000", "CANOPY_MAX_FETCH_WAIT_MS", "max-fetch-wait-ms";
+    "Largest number of topics"
+    max_topics: usize = "1000000", "CANOPY_MAX_TOPICS", "max-topics";
+    "Appends queued for the writer thread before producers wait"
+    write_queue: usize = "4096", "CANOPY_WRITE_QUEUE", "write-queue";
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -51,6 +51,8 @@ pub fn consumer_config(addr: SocketAddr) -> ClientConfig {
 pub struct ChildBroker {
     pub child: Child,
     pub kafka: SocketAddr,
+    /// The child's log lines (JSON), from the start.
+    pub log: std::sync::mpsc::Receiver<String>,
 }
 
 impl ChildBroker {
@@ -69,6 +71,7 @@ impl ChildBroker {
             .expect("spawn canopy");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let (log_tx, log) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -78,10 +81,11 @@ impl ChildBroker {
                     let _ = tx.send(addr);
                     sent = true;
                 }
+                let _ = log_tx.send(line);
             }
         });
-        let kafka = rx.recv_timeout(Duration::from_secs(120)).expect("broker child reported its address");
-        ChildBroker { child, kafka }
+        let kafka = rx.recv_timeout(Duration::from_secs(600)).expect("broker child reported its address");
+        ChildBroker { child, kafka, log }
     }
 
     pub fn kill9(mut self) {
