@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, DeliveryResult};
@@ -67,14 +66,8 @@ impl ProducerContext for Ctx {
     }
 }
 
-fn client(addr: SocketAddr) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", addr.to_string()).set("broker.kafkaess.family", "v4");
-    c
-}
-
 fn create_topic(addr: SocketAddr, name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = client(addr).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let r = rt.block_on(admin.create_topics([&NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())).unwrap();
     r[0].as_ref().expect("topic created");
@@ -107,7 +100,7 @@ impl Row {
 fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &str, records: u64) -> Row {
     create_topic(broker.kafka, topic, partitions);
     let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
-    let mut cfg = client(broker.kafka);
+    let mut cfg = common::client(broker.kafka);
     cfg.set("acks", acks)
         .set("linger.ms", "5")
         .set("batch.size", "1000000")
@@ -145,7 +138,7 @@ fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &st
 
 fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
     let consumer: BaseConsumer = {
-        let mut c = client(broker.kafka);
+        let mut c = common::client(broker.kafka);
         c.set("group.id", "bench")
             .set("enable.auto.commit", "false")
             .set("fetch.max.bytes", "104857600")
