@@ -97,3 +97,38 @@ async fn topics_configs_and_offsets() {
     drop(admin);
     broker.shutdown().await;
 }
+
+/// A LogAppendTime topic: the broker's clock replaces the producer's
+/// timestamps, and consumers see the timestamp type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_append_time_topics_stamp_records() {
+    use rdkafka::message::{Message, Timestamp};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    let t = NewTopic::new("lat.topic", 1, TopicReplication::Fixed(1)).set("message.timestamp.type", "LogAppendTime");
+    assert!(admin.create_topics([&t], &AdminOptions::new()).await.unwrap()[0].is_ok());
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
+    producer.send(FutureRecord::to("lat.topic").partition(0).key("k").payload("v").timestamp(1_000), Duration::from_secs(30)).await.unwrap();
+    let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("lat.topic", 0, Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let m = tokio::task::spawn_blocking(move || loop {
+        if let Some(m) = consumer.poll(Duration::from_millis(500)) {
+            break m.unwrap().detach();
+        }
+    })
+    .await
+    .unwrap();
+    match m.timestamp() {
+        Timestamp::LogAppendTime(ts) => assert!(ts >= before && ts <= after, "{ts} not in [{before}, {after}]"),
+        other => panic!("expected LogAppendTime, got {other:?}"),
+    }
+    drop(producer);
+    drop(admin);
+    broker.shutdown().await;
+}

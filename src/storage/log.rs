@@ -778,7 +778,9 @@ impl Storage {
             if fh.last_offset() < log_start || fh.max_timestamp < ts {
                 return Walk::Skip;
             }
-            let exact = batch::record_timestamps(batch).and_then(|recs| {
+            // A LogAppendTime batch gives every record its max timestamp.
+            let log_append = batch::BatchHeader::parse(batch).is_ok_and(|h| h.is_log_append_time());
+            let exact = if log_append { None } else { batch::record_timestamps(batch) }.and_then(|recs| {
                 recs.into_iter().find(|&(d, t)| t >= ts && fh.base_offset + d as i64 >= log_start).map(|(d, t)| (fh.base_offset + d as i64, t))
             });
             found = Some(exact.unwrap_or((fh.base_offset.max(log_start), fh.max_timestamp)));
@@ -1157,5 +1159,58 @@ mod tests {
         let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(())).unwrap();
         assert_eq!(deleted, before - 1);
         assert_eq!(s.segment_count(), 1);
+    }
+
+    #[test]
+    fn retention_bytes_keeps_the_newest_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
+        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b")], true).unwrap();
+        append_n(&s, tp(1, 0), 60, 0);
+        let segs = s.segment_count();
+        let policy = |_: &Tp| RetentionPolicy { retention_ms: None, retention_bytes: Some(4096) };
+        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(())).unwrap();
+        assert_eq!(adv.len(), 1);
+        assert!(deleted > 0 && deleted < segs);
+        let (start, hw, end) = s.offsets(&tp(1, 0)).unwrap();
+        assert_eq!((hw, end), (120, 120));
+        // What remains is at least retention.bytes and starts at a batch.
+        let r = s.read(&tp(1, 0), start, usize::MAX, true).unwrap();
+        assert!(r.len() >= 4096 - 2048, "kept {} bytes", r.len());
+        assert_eq!(offsets_of(&r.concat())[0], start);
+        // Running it again changes nothing.
+        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(())).unwrap();
+        assert!(adv.is_empty() && deleted == 0);
+    }
+
+    #[test]
+    fn segments_roll_by_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_ms: 1000, ..Default::default() };
+        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "a")], true).unwrap();
+        for (i, now) in [0i64, 500, 999, 1000, 1500, 2100].iter().enumerate() {
+            let b = make_batch(&[format!("v{i}").as_bytes()], *now);
+            s.append(tp(1, 0), &b, *now, false).unwrap();
+            let moved = s.flush().unwrap();
+            s.publish_hw(&moved);
+        }
+        // Segments created at 0, 1000 and 2100.
+        assert_eq!(s.segment_count(), 3);
+        assert_eq!(offsets_of(&s.read(&tp(1, 0), 0, usize::MAX, true).unwrap().concat()), vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn log_append_time_rewrites_timestamps_and_keeps_crc_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let b = make_batch(&[b"a", b"b"], 5);
+        s.append(tp(1, 0), &b, 777_000, true).unwrap();
+        let moved = s.flush().unwrap();
+        s.publish_hw(&moved);
+        let stored = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap().concat();
+        let h = batch::validate(&stored, 1 << 20).unwrap();
+        assert!(h.is_log_append_time());
+        assert_eq!(h.max_timestamp, 777_000);
+        assert_eq!(s.offset_for_timestamp(&tp(1, 0), 700_000).unwrap().map(|(o, _)| o), Some(0));
     }
 }
