@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::engine::{system_clock, Clock, Engine};
+use crate::kafka::coordinator::Coordinator;
 use crate::kafka::{self, Broker, KafkaConfig};
 use crate::metrics::{self, Health};
 
@@ -29,6 +30,7 @@ pub struct Running {
     kafka: JoinHandle<()>,
     admin: JoinHandle<()>,
     background: JoinHandle<()>,
+    expiry: JoinHandle<()>,
 }
 
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {
@@ -37,7 +39,9 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
 
 pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Running> {
     let engine_cfg = cfg.engine();
-    let engine = tokio::task::spawn_blocking(move || Engine::open(engine_cfg, clock)).await?.context("opening the data directory")?;
+    let engine_clock = clock.clone();
+    let engine = tokio::task::spawn_blocking(move || Engine::open(engine_cfg, engine_clock)).await?.context("opening the data directory")?;
+
     let kafka_listener = TcpListener::bind(cfg.kafka_listener).await.with_context(|| format!("binding kafka_listener {}", cfg.kafka_listener))?;
     let admin_listener = TcpListener::bind(cfg.admin_listener).await.with_context(|| format!("binding admin_listener {}", cfg.admin_listener))?;
     let kafka_addr = kafka_listener.local_addr()?;
@@ -48,7 +52,9 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
     let (stop, stop_rx) = watch::channel(false);
+    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock, stop_rx.clone());
     let broker = Arc::new(Broker {
+        coordinator: coordinator.clone(),
         stopping: stop_rx.clone(),
         engine: engine.clone(),
         cfg: KafkaConfig {
@@ -58,15 +64,17 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
             max_in_flight_per_connection: cfg.max_in_flight_per_connection,
             max_connections: cfg.max_connections,
             max_fetch_wait: cfg.max_fetch_wait(),
+            fetch_max_bytes: cfg.fetch_max_bytes,
         },
     });
     let health = Arc::new(Health::default());
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));
-    let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx));
+    let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
+    let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
     health.ready.store(true, Ordering::Release);
     tracing::info!(%kafka_addr, %admin_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
-    Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background })
+    Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background, expiry })
 }
 
 async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::Receiver<bool>) {
@@ -87,6 +95,42 @@ async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::R
     }
 }
 
+/// Offsets of groups without members expire after `retention_ms` (Kafka's
+/// `offsets.retention.minutes`): a group qualifies once it has been empty
+/// that long and its newest commit is that old.
+async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_millis((retention_ms as u64 / 10).clamp(1000, 600_000));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let engine = coordinator.engine().clone();
+        let cutoff = engine.now_ms() - retention_ms;
+        let candidates = coordinator.empty_since(cutoff).await;
+        for group in candidates {
+            let e = engine.clone();
+            let g = group.clone();
+            let expired = tokio::task::spawn_blocking(move || {
+                let rows = e.catalog().group_offsets(&g)?;
+                if rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
+                    e.catalog().remove_offsets(&g, None)?;
+                    e.catalog().flush()?;
+                    return Ok::<bool, crate::meta::MetaError>(true);
+                }
+                Ok(false)
+            })
+            .await;
+            if let Ok(Ok(true)) = expired {
+                let _ = coordinator.delete(vec![group.clone()]).await;
+                tracing::info!(group = %group, "expired the committed offsets of an empty group");
+            }
+        }
+    }
+}
+
 impl Running {
     /// Graceful stop; see the module docs for the order.
     pub async fn shutdown(self) {
@@ -94,6 +138,7 @@ impl Running {
         let _ = self.stop.send(true);
         let _ = self.kafka.await;
         let _ = self.background.await;
+        let _ = self.expiry.await;
         self.engine.shutdown().await;
         let _ = self.admin.await;
     }

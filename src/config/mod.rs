@@ -122,8 +122,20 @@ settings! {
     message_timestamp_type: String = "CreateTime", "CANOPY_MESSAGE_TIMESTAMP_TYPE", "message-timestamp-type";
     "Longest a Fetch may wait for data, whatever max_wait_ms it asks, in milliseconds"
     max_fetch_wait_ms: u64 = "30000", "CANOPY_MAX_FETCH_WAIT_MS", "max-fetch-wait-ms";
+    "Most record bytes one Fetch may return, whatever it asks (fetch.max.bytes)"
+    fetch_max_bytes: usize = "57671680", "CANOPY_FETCH_MAX_BYTES", "fetch-max-bytes";
     "Largest number of topics"
     max_topics: usize = "1000000", "CANOPY_MAX_TOPICS", "max-topics";
+    "A new group waits this long for more members before its first rebalance (group.initial.rebalance.delay.ms)"
+    group_initial_rebalance_delay_ms: i64 = "3000", "CANOPY_GROUP_INITIAL_REBALANCE_DELAY_MS", "group-initial-rebalance-delay-ms";
+    "Smallest session timeout a group member may ask for (group.min.session.timeout.ms)"
+    group_min_session_timeout_ms: i32 = "6000", "CANOPY_GROUP_MIN_SESSION_TIMEOUT_MS", "group-min-session-timeout-ms";
+    "Largest session timeout a group member may ask for (group.max.session.timeout.ms)"
+    group_max_session_timeout_ms: i32 = "1800000", "CANOPY_GROUP_MAX_SESSION_TIMEOUT_MS", "group-max-session-timeout-ms";
+    "Most members in one group (group.max.size)"
+    group_max_size: usize = "1000", "CANOPY_GROUP_MAX_SIZE", "group-max-size";
+    "Committed offsets of a group without members expire after this (offsets.retention.minutes)"
+    offsets_retention_minutes: i64 = "10080", "CANOPY_OFFSETS_RETENTION_MINUTES", "offsets-retention-minutes";
     "Appends queued for the writer thread before producers wait"
     write_queue: usize = "4096", "CANOPY_WRITE_QUEUE", "write-queue";
 }
@@ -191,6 +203,21 @@ impl Config {
         if self.timestamp_type().is_none() {
             return bad("message_timestamp_type", "must be CreateTime or LogAppendTime");
         }
+        if self.group_initial_rebalance_delay_ms < 0 {
+            return bad("group_initial_rebalance_delay_ms", "must be 0 or more");
+        }
+        if self.group_min_session_timeout_ms < 1 || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms {
+            return bad("group_min_session_timeout_ms", "must be positive and at most group_max_session_timeout_ms");
+        }
+        if self.group_max_size == 0 {
+            return bad("group_max_size", "must be at least 1");
+        }
+        if self.offsets_retention_minutes < 1 {
+            return bad("offsets_retention_minutes", "must be at least 1");
+        }
+        if self.fetch_max_bytes < 1024 || self.fetch_max_bytes > 1 << 30 {
+            return bad("fetch_max_bytes", "must be between 1024 and 1073741824");
+        }
         if self.write_queue == 0 {
             return bad("write_queue", "must be at least 1");
         }
@@ -226,6 +253,15 @@ impl Config {
         e.max_topics = self.max_topics;
         e.write_queue = self.write_queue;
         e
+    }
+
+    pub fn groups(&self) -> crate::kafka::coordinator::group::GroupConfig {
+        crate::kafka::coordinator::group::GroupConfig {
+            initial_rebalance_delay_ms: self.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms: self.group_min_session_timeout_ms,
+            max_session_timeout_ms: self.group_max_session_timeout_ms,
+            max_size: self.group_max_size,
+        }
     }
 
     pub fn max_fetch_wait(&self) -> Duration {

@@ -331,6 +331,11 @@ impl Engine {
         }))
     }
 
+    /// The catalog, for the group coordinator's committed offsets.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
@@ -420,6 +425,8 @@ impl Engine {
         let _admin = self.admin.lock().expect("admin lock");
         let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         self.catalog.remove_topic(&topic.record)?;
+        // Committed offsets of a deleted topic go with it.
+        self.catalog.remove_topic_offsets(name)?;
         self.catalog.flush()?;
         self.topics.write().expect("topics lock").remove(name);
         self.storage.remove_topic(&topic.id());

@@ -34,6 +34,54 @@ const READ_MIN: usize = 64 * 1024;
 
 type InFlight = JoinHandle<Option<Vec<Bytes>>>;
 
+/// Who sent the request a handler is running for (JoinGroup records it for
+/// DescribeGroups).
+struct RequestCtx {
+    peer: SocketAddr,
+    client_id: String,
+    order: std::sync::Mutex<Option<ProduceTicket>>,
+}
+
+/// Keeps pipelined Produce requests of one connection in order: each waits
+/// for the one before it to have queued its appends before queuing its own
+/// (Kafka appends a connection's produce requests in request order; with
+/// handlers running as separate tasks, a large request could otherwise be
+/// overtaken by a small one behind it). Dropping the ticket releases the
+/// next request.
+pub struct ProduceTicket {
+    prev: Option<tokio::sync::oneshot::Receiver<()>>,
+    _done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ProduceTicket {
+    /// Waits until the previous Produce request on the connection has
+    /// submitted its appends (or is gone).
+    pub async fn wait_turn(&mut self) {
+        if let Some(prev) = self.prev.take() {
+            let _ = prev.await;
+        }
+    }
+}
+
+/// The running Produce request's ticket, once.
+pub fn take_produce_ticket() -> Option<ProduceTicket> {
+    REQUEST.try_with(|c| c.order.lock().expect("ticket lock").take()).ok().flatten()
+}
+
+tokio::task_local! {
+    static REQUEST: RequestCtx;
+}
+
+/// The requesting client's host, as Kafka reports it (`/<ip>`).
+pub fn peer_host() -> String {
+    REQUEST.try_with(|c| format!("/{}", c.peer.ip())).unwrap_or_default()
+}
+
+/// The requesting client's id from the request header.
+pub fn client_id() -> String {
+    REQUEST.try_with(|c| c.client_id.clone()).unwrap_or_default()
+}
+
 pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let (mut rd, wr) = stream.into_split();
@@ -41,13 +89,14 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
     let writer = tokio::spawn(write_loop(wr, rx));
     let max = broker.cfg.max_request_bytes;
     let mut buf = BytesMut::with_capacity(READ_MIN);
+    let mut last_produce = None;
     'read: loop {
         loop {
             match frame::check(&buf, max) {
                 Ok(Some(len)) => {
                     let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
                     let _ = frame.split_to(frame::LENGTH_BYTES);
-                    match dispatch(&broker, peer, frame) {
+                    match dispatch(&broker, peer, frame, &mut last_produce) {
                         Some(task) => {
                             if tx.send(task).await.is_err() {
                                 break 'read;
@@ -84,7 +133,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
 }
 
 /// Parses the header and starts the handler. `None` closes the connection.
-fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes) -> Option<InFlight> {
+fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, last_produce: &mut Option<tokio::sync::oneshot::Receiver<()>>) -> Option<InFlight> {
     let h = match header::parse(&frame) {
         Ok(h) => h,
         Err(e) => {
@@ -94,7 +143,14 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes) -> Option<InFl
     };
     let body = frame.slice(h.len..);
     match handlers::route(broker, &h, body) {
-        Route::Run(fut) => Some(tokio::spawn(fut)),
+        Route::Run(fut) => {
+            let order = (h.api_key == kafka_protocol::messages::ApiKey::Produce).then(|| {
+                let (done, next) = tokio::sync::oneshot::channel();
+                ProduceTicket { prev: last_produce.replace(next), _done: done }
+            });
+            let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(order) };
+            Some(tokio::spawn(REQUEST.scope(ctx, fut)))
+        }
         Route::Close(why) => {
             tracing::warn!(%peer, api = ?h.api_key, version = h.api_version, client = ?h.client_id,
                 reason = %why, "closing connection");
@@ -112,7 +168,9 @@ async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<InFlight>) -> io:
                     wr.write_all(&part).await?;
                 }
             }
-            Ok(None) => {}
+            // The handler could not answer (or an acks=0 produce failed):
+            // close rather than leave the client waiting.
+            Ok(None) => break,
             Err(e) => {
                 tracing::error!(error = %e, "request handler failed; closing connection");
                 break;

@@ -6,6 +6,7 @@
 //! derived from them.
 
 pub mod conn;
+pub mod coordinator;
 pub mod errors;
 pub mod handlers;
 
@@ -31,11 +32,14 @@ pub struct KafkaConfig {
     pub max_connections: usize,
     /// Upper bound on a Fetch's `max_wait_ms`.
     pub max_fetch_wait: Duration,
+    /// Upper bound on a Fetch's `max_bytes` and `partition_max_bytes`.
+    pub fetch_max_bytes: usize,
 }
 
 /// What every handler can reach.
 pub struct Broker {
     pub engine: Arc<Engine>,
+    pub coordinator: coordinator::Coordinator,
     pub cfg: KafkaConfig,
     /// Turns true when the broker shuts down: parked fetches answer at once.
     pub stopping: watch::Receiver<bool>,

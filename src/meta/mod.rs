@@ -9,7 +9,12 @@
 //! cluster_id                      → v1 JSON string
 //! topic/<name>                    → v1 JSON TopicRecord
 //! log_start/<topic id hex>/<p>    → v1 JSON i64 (raised by retention)
+//! offset/<len>:<group>/<topic>/<p> → v1 JSON OffsetRecord (a group's committed offset)
 //! ```
+//!
+//! Group ids are arbitrary strings, so their keys carry the group's byte
+//! length first: group `a/b` and topic `t` partition 0 is `offset/3:a/b/t/0`.
+//! Topic names cannot contain `/`, so the last two `/` split the rest.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,6 +31,31 @@ pub enum MetaError {
     UnknownVersion { key: String, version: u8 },
     #[error("catalog value under {key} does not decode: {why}")]
     Corrupt { key: String, why: String },
+}
+
+/// A committed offset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetRecord {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+    pub commit_ms: i64,
+}
+
+fn group_prefix(group: &str) -> String {
+    format!("offset/{}:{group}/", group.len())
+}
+
+/// Splits `offset/<len>:<group>/<topic>/<p>` back into its parts.
+fn parse_offset_key(key: &[u8]) -> Option<(String, String, i32)> {
+    let rest = key.strip_prefix(b"offset/")?;
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+    let rest = &rest[colon + 1..];
+    let group = std::str::from_utf8(rest.get(..len)?).ok()?.to_owned();
+    let rest = std::str::from_utf8(rest.get(len..)?.strip_prefix(b"/")?).ok()?;
+    let (topic, p) = rest.rsplit_once('/')?;
+    Some((group, topic.to_owned(), p.parse().ok()?))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +168,77 @@ impl Catalog {
     }
 }
 
+impl Catalog {
+    /// Writes committed offsets (not durable until [`Catalog::flush`]).
+    pub fn put_offsets(&self, rows: &[(String, String, i32, OffsetRecord)]) -> Result<(), MetaError> {
+        let mut batch = sled::Batch::default();
+        for (group, topic, p, rec) in rows {
+            batch.insert(format!("{}{topic}/{p}", group_prefix(group)).as_bytes(), encode(rec));
+        }
+        self.db.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Every committed offset of a group: (topic, partition, record).
+    pub fn group_offsets(&self, group: &str) -> Result<Vec<(String, i32, OffsetRecord)>, MetaError> {
+        self.db
+            .scan_prefix(group_prefix(group))
+            .map(|kv| {
+                let (k, v) = kv?;
+                let (_, topic, p) = parse_offset_key(&k).ok_or_else(|| MetaError::Corrupt { key: String::from_utf8_lossy(&k).into_owned(), why: "bad offset key".into() })?;
+                Ok((topic, p, decode(&k, &v)?))
+            })
+            .collect()
+    }
+
+    /// Groups that have committed offsets.
+    pub fn offset_groups(&self) -> Result<Vec<String>, MetaError> {
+        let mut out: Vec<String> = Vec::new();
+        for kv in self.db.scan_prefix(b"offset/") {
+            let (k, _) = kv?;
+            if let Some((g, _, _)) = parse_offset_key(&k) {
+                if out.last() != Some(&g) {
+                    out.push(g);
+                }
+            }
+        }
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Removes the given offsets of a group (all of them when `only` is None).
+    pub fn remove_offsets(&self, group: &str, only: Option<&[(String, i32)]>) -> Result<(), MetaError> {
+        let mut batch = sled::Batch::default();
+        match only {
+            None => {
+                for kv in self.db.scan_prefix(group_prefix(group)) {
+                    batch.remove(kv?.0);
+                }
+            }
+            Some(list) => {
+                for (topic, p) in list {
+                    batch.remove(format!("{}{topic}/{p}", group_prefix(group)).as_bytes());
+                }
+            }
+        }
+        self.db.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Removes every group's offsets for a deleted topic.
+    pub fn remove_topic_offsets(&self, topic: &str) -> Result<(), MetaError> {
+        let mut batch = sled::Batch::default();
+        for kv in self.db.scan_prefix(b"offset/") {
+            let (k, _) = kv?;
+            if parse_offset_key(&k).is_some_and(|(_, t, _)| t == topic) {
+                batch.remove(k);
+            }
+        }
+        self.db.apply_batch(batch)?;
+        Ok(())
+    }
+}
+
 fn unhex(s: &str) -> Option<[u8; 16]> {
     if s.len() != 32 {
         return None;
@@ -170,6 +271,33 @@ mod tests {
         c.remove_topic(&t).unwrap();
         assert!(c.topics().unwrap().is_empty());
         assert!(c.log_starts().unwrap().is_empty());
+    }
+
+    #[test]
+    fn offsets_by_group_with_awkward_group_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        let rec = |o| OffsetRecord { offset: o, leader_epoch: -1, metadata: Some("m".into()), commit_ms: 1 };
+        c.put_offsets(&[
+            ("a/b".into(), "t1".into(), 0, rec(5)),
+            ("a/b".into(), "t.x".into(), 3, rec(6)),
+            ("a".into(), "b/t1".replace('/', "."), 0, rec(7)),
+            ("1:".into(), "t1".into(), 1, rec(8)),
+        ])
+        .unwrap();
+        let mut g = c.group_offsets("a/b").unwrap();
+        g.sort_by_key(|(t, p, _)| (t.clone(), *p));
+        assert_eq!(g.iter().map(|(t, p, r)| (t.as_str(), *p, r.offset)).collect::<Vec<_>>(), vec![("t.x", 3, 6), ("t1", 0, 5)]);
+        assert_eq!(c.group_offsets("a").unwrap().len(), 1);
+        assert_eq!(c.group_offsets("1:").unwrap()[0].2.offset, 8);
+        let mut groups = c.offset_groups().unwrap();
+        groups.sort();
+        assert_eq!(groups, vec!["1:".to_string(), "a".into(), "a/b".into()]);
+        c.remove_topic_offsets("t1").unwrap();
+        assert_eq!(c.group_offsets("a/b").unwrap().len(), 1);
+        assert!(c.group_offsets("1:").unwrap().is_empty());
+        c.remove_offsets("a/b", None).unwrap();
+        assert!(c.group_offsets("a/b").unwrap().is_empty());
     }
 
     #[test]

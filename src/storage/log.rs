@@ -51,6 +51,8 @@ const MAX_SCAN_GAP: u64 = 256 * 1024;
 /// caller wants, so one fetch is usually one read.
 const MIN_READ_CHUNK: usize = 64 * 1024;
 const MAX_READ_CHUNK: usize = 64 * 1024 * 1024;
+/// Returned batches smaller than this are copied out of their read buffer.
+const SMALL_COPY: usize = 64 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -77,6 +79,8 @@ pub enum StorageError {
     Io { path: String, source: io::Error },
     #[error(transparent)]
     Segment(#[from] segment::SegmentError),
+    #[error("sealed segment {path} is damaged after byte {valid} of {len}; restore it from a copy or move it away to start without it")]
+    CorruptSealed { path: String, valid: u64, len: u64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -261,7 +265,6 @@ struct Writer {
     next_seq: u64,
     parts: HashMap<Tp, PartWriter>,
     staged: HashMap<String, Staged>,
-    poisoned: Option<String>,
 }
 
 /// Read buffers are reused: fresh anonymous memory costs a page fault per
@@ -329,7 +332,10 @@ pub struct Storage {
     branches: RwLock<HashMap<String, Arc<Branch>>>,
     parts: RwLock<HashMap<Tp, Arc<Partition>>>,
     writer: Mutex<Writer>,
-    sync_poisoned: Mutex<Option<String>>,
+    /// Set by the first failed write or fsync: from then on nothing is
+    /// published, acknowledged or marked clean (a failed fsync may have
+    /// dropped pages; a second fsync would wrongly report success).
+    poisoned: Mutex<Option<String>>,
     report: RecoveryReport,
 }
 
@@ -414,6 +420,12 @@ impl Storage {
                 if deep {
                     report.deep_scanned_bytes += scan.valid_len;
                 }
+                if scan.valid_len < scan.file_len && !is_active {
+                    // Sealed segments were fsynced whole when they rolled:
+                    // damage there is a disk problem, and cutting it would
+                    // silently drop acked offsets in the middle of a log.
+                    return Err(StorageError::CorruptSealed { path: path.display().to_string(), valid: scan.valid_len, len: scan.file_len });
+                }
                 if scan.valid_len < scan.file_len {
                     tracing::warn!(path = %path.display(), valid = scan.valid_len, found = scan.file_len,
                         "truncating torn or corrupt segment tail");
@@ -466,8 +478,8 @@ impl Storage {
             cfg,
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
-            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::new(), poisoned: None }),
-            sync_poisoned: Mutex::new(None),
+            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::new() }),
+            poisoned: Mutex::new(None),
             report,
         })
     }
@@ -513,12 +525,7 @@ impl Storage {
     pub fn append(&self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
         let mut guard = self.writer.lock().expect("writer lock");
         let w = &mut *guard;
-        if let Some(p) = &w.poisoned {
-            return Err(StorageError::Poisoned(p.clone()));
-        }
-        if let Some(p) = self.sync_poisoned.lock().expect("poison lock").as_ref() {
-            return Err(StorageError::Poisoned(p.clone()));
-        }
+        self.check_poison()?;
         let pw = w.parts.get_mut(&tp).ok_or(StorageError::UnknownPartition)?;
         let branch_name = branch_key(&pw.part.branch);
         let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
@@ -526,7 +533,7 @@ impl Storage {
         let mut staged = match w.staged.remove(&branch_name) {
             Some(s) => s,
             None => {
-                let seg = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| poison(&mut w.poisoned, e))?;
+                let seg = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| self.poison(e))?;
                 let start = seg.len.load(Ordering::Acquire);
                 Staged { seg, start, buf: Vec::new(), published: Vec::new() }
             }
@@ -547,7 +554,7 @@ impl Storage {
                 Err(e) => {
                     staged.published = published;
                     w.staged.insert(branch_name, staged);
-                    return Err(poison(&mut w.poisoned, e));
+                    return Err(self.poison(e));
                 }
             }
         }
@@ -581,10 +588,13 @@ impl Storage {
         let mut guard = self.writer.lock().expect("writer lock");
         let w = &mut *guard;
         let mut moved = Vec::new();
+        if let Err(e) = self.check_poison() {
+            w.staged.clear();
+            return Err(e);
+        }
         for (_, mut staged) in w.staged.drain() {
             if let Err(e) = self.write_staged(&mut staged) {
-                w.poisoned = Some(e.to_string());
-                return Err(e);
+                return Err(self.poison(e));
             }
             for (part, leo, entry) in staged.published {
                 let mut st = part.st.write().expect("partition lock");
@@ -611,12 +621,26 @@ impl Storage {
         Ok(())
     }
 
+    fn check_poison(&self) -> Result<(), StorageError> {
+        match self.poisoned.lock().expect("poison lock").as_ref() {
+            Some(p) => Err(StorageError::Poisoned(p.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&self, e: StorageError) -> StorageError {
+        let mut slot = self.poisoned.lock().expect("poison lock");
+        if slot.is_none() {
+            tracing::error!(error = %e, "storage poisoned: no further write is acknowledged");
+            *slot = Some(e.to_string());
+        }
+        e
+    }
+
     /// Makes every written byte durable (fdatasync of each dirty segment).
     /// A failure poisons storage: no later append pretends to be durable.
     pub fn sync(&self) -> Result<(), StorageError> {
-        if let Some(p) = self.sync_poisoned.lock().expect("poison lock").as_ref() {
-            return Err(StorageError::Poisoned(p.clone()));
-        }
+        self.check_poison()?;
         let segs: Vec<Arc<Segment>> = {
             let branches = self.branches.read().expect("branches lock");
             branches.values().flat_map(|b| b.segs.read().expect("branch lock").clone()).collect()
@@ -624,9 +648,7 @@ impl Storage {
         for seg in segs {
             if seg.dirty.swap(false, Ordering::AcqRel) {
                 if let Err(e) = seg.file.sync_data() {
-                    let msg = format!("fdatasync of {} failed: {e}", seg.path.display());
-                    *self.sync_poisoned.lock().expect("poison lock") = Some(msg.clone());
-                    return Err(StorageError::Poisoned(msg));
+                    return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
                 }
             }
         }
@@ -693,8 +715,10 @@ impl Storage {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
         let (start, log_start, hw, leo) = {
             let st = part.st.read().expect("partition lock");
-            if offset < st.log_start || offset > st.hw {
-                return Err(ReadError::OffsetOutOfRange { offset, log_start: st.log_start, end: st.hw });
+            // Kafka: out of range only past the log end; between the high
+            // watermark and the end (not yet durable) the answer is empty.
+            if offset < st.log_start || offset > st.leo {
+                return Err(ReadError::OffsetOutOfRange { offset, log_start: st.log_start, end: st.leo });
             }
             let i = st.index.partition_point(|e| e.offset <= offset);
             let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
@@ -702,12 +726,16 @@ impl Storage {
         };
         let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset };
         let Some(start) = start else { return Ok(result) };
-        if offset == hw {
+        if offset >= hw {
             return Ok(result);
         }
         {
             let mut slot = part.ahead.lock().expect("read-ahead lock");
-            if slot.as_ref().is_some_and(|a| a.offset == offset && a.len <= max_bytes.max(if min_one { usize::MAX } else { 0 })) {
+            // A slot for another offset is stale: the consumer moved on.
+            if slot.as_ref().is_some_and(|a| a.offset != offset) {
+                *slot = None;
+            }
+            if slot.as_ref().is_some_and(|a| a.len <= max_bytes.max(if min_one { usize::MAX } else { 0 })) {
                 let mut a = slot.take().expect("checked");
                 tracing::trace!(offset, len = a.len, "read-ahead hit");
                 result.records = std::mem::take(&mut a.records);
@@ -727,10 +755,14 @@ impl Storage {
             if !((min_one && out.is_empty()) || taken + len <= max_bytes) {
                 return Walk::Stop;
             }
-            out.push(buf.slice(range));
+            // A small batch is copied out rather than pinning a large
+            // read buffer until the response is written.
+            out.push(if len < SMALL_COPY && buf.len() > 8 * len { Bytes::copy_from_slice(&buf[range]) } else { buf.slice(range) });
             taken += len;
             next_offset = fh.last_offset() + 1;
-            if taken >= max_bytes { Walk::Stop } else { Walk::Skip }
+            // Nothing of this tp lies beyond the high watermark: stop here
+            // rather than scan the rest of the branch.
+            if taken >= max_bytes || next_offset >= hw { Walk::Stop } else { Walk::Skip }
         })
         .map_err(|e| ReadError::Io(e.to_string()))?;
         result.records = out;
@@ -776,12 +808,16 @@ impl Storage {
         self.walk(&part, start, hw, MIN_READ_CHUNK, &mut scanned, |fh, buf, range| {
             let batch = &buf[range];
             if fh.last_offset() < log_start || fh.max_timestamp < ts {
-                return Walk::Skip;
+                return if fh.last_offset() + 1 >= hw { Walk::Stop } else { Walk::Skip };
             }
             // A LogAppendTime batch gives every record its max timestamp.
             let log_append = batch::BatchHeader::parse(batch).is_ok_and(|h| h.is_log_append_time());
             let exact = if log_append { None } else { batch::record_timestamps(batch) }.and_then(|recs| {
-                recs.into_iter().find(|&(d, t)| t >= ts && fh.base_offset + d as i64 >= log_start).map(|(d, t)| (fh.base_offset + d as i64, t))
+                recs.into_iter()
+                    // Offset deltas come from the client: keep them inside the batch.
+                    .filter(|&(d, _)| d >= 0 && d <= fh.last_offset_delta)
+                    .find(|&(d, t)| t >= ts && fh.base_offset + d as i64 >= log_start)
+                    .map(|(d, t)| (fh.base_offset + d as i64, t))
             });
             found = Some(exact.unwrap_or((fh.base_offset.max(log_start), fh.max_timestamp)));
             Walk::Stop
@@ -816,6 +852,9 @@ impl Storage {
                 let want = ((end - pos) as usize).min(chunk.max(want_at_least));
                 let mut raw = self.read_pool.take(want);
                 let got = segment::read_full_at(&seg.file, &mut raw.buf[..want], pos)?;
+                if got < FRAME_HEADER_BYTES {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path.display())));
+                }
                 raw.len = got;
                 *scanned += got as u64;
                 let buf = Bytes::from_owner(raw);
@@ -839,8 +878,13 @@ impl Storage {
                     at += flen;
                 }
                 if at == 0 {
-                    // One frame larger than the chunk: read it whole next.
-                    let fh = FrameHeader::decode(&buf[..]).expect("decoded above");
+                    // One frame larger than the chunk: read it whole next,
+                    // unless it claims more than the segment holds.
+                    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("frame at {pos} overruns {}", seg.path.display()));
+                    let fh = FrameHeader::decode(&buf[..]).ok_or_else(bad)?;
+                    if fh.frame_len as u64 > end - pos || (fh.frame_len as usize) <= got {
+                        return Err(bad());
+                    }
                     want_at_least = fh.frame_len as usize;
                     continue;
                 }
@@ -862,10 +906,12 @@ impl Storage {
         persist: impl FnOnce(&[(Tp, i64)]) -> Result<(), String>,
     ) -> Result<(Vec<(Tp, i64)>, usize), StorageError> {
         let branches: Vec<Arc<Branch>> = self.branches.read().expect("branches lock").values().cloned().collect();
-        let parts = self.parts.read().expect("parts lock").clone();
         let mut advanced: HashMap<Tp, i64> = HashMap::new();
         for branch in &branches {
             let segs = branch.segs.read().expect("branch lock").clone();
+            // Partitions are looked up after the segments are: any frame in
+            // those segments belongs to a partition registered before.
+            let parts = self.parts.read().expect("parts lock").clone();
             let Some((_, sealed)) = segs.split_last() else { continue };
             // Per tp: its shares of sealed segments, oldest first.
             let mut shares: HashMap<Tp, Vec<SegTp>> = HashMap::new();
@@ -877,13 +923,15 @@ impl Storage {
             for (tp, list) in shares {
                 let Some(part) = parts.get(&tp) else { continue };
                 let p = policy(&tp);
-                let (log_start, total_bytes) = {
+                let (log_start, hw, total_bytes) = {
                     let st = part.st.read().expect("partition lock");
-                    (st.log_start, part_bytes(&segs, &tp, st.log_start))
+                    (st.log_start, st.hw, part_bytes(&segs, &tp, st.log_start))
                 };
                 let mut new_start = log_start;
                 let mut remaining = total_bytes;
-                for s in list.iter().filter(|s| s.last_offset >= log_start) {
+                // Only what readers can see is retired: never past the high
+                // watermark.
+                for s in list.iter().filter(|s| s.last_offset >= log_start && s.last_offset < hw) {
                     let expired = p.retention_ms.is_some_and(|ms| ms >= 0 && s.max_ts < now_ms - ms);
                     let oversize = p.retention_bytes.is_some_and(|b| remaining.saturating_sub(s.bytes) >= b);
                     if !(expired || oversize) {
@@ -900,6 +948,7 @@ impl Storage {
         let advanced: Vec<(Tp, i64)> = advanced.into_iter().collect();
         if !advanced.is_empty() {
             persist(&advanced).map_err(|e| StorageError::Poisoned(format!("persisting log start offsets: {e}")))?;
+            let parts = self.parts.read().expect("parts lock");
             for (tp, start) in &advanced {
                 if let Some(part) = parts.get(tp) {
                     let mut st = part.st.write().expect("partition lock");
@@ -920,11 +969,13 @@ impl Storage {
     }
 
     fn delete_dead_segments(&self, branches: &[Arc<Branch>]) -> Result<usize, StorageError> {
-        let parts = self.parts.read().expect("parts lock").clone();
         let mut deleted = 0;
         for branch in branches {
             let dead: Vec<Arc<Segment>> = {
                 let segs = branch.segs.read().expect("branch lock");
+                // After the segments (see enforce_retention): a partition
+                // missing here was really deleted.
+                let parts = self.parts.read().expect("parts lock");
                 let Some((_, sealed)) = segs.split_last() else { continue };
                 sealed
                     .iter()
@@ -942,7 +993,8 @@ impl Storage {
             }
             branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
             let first_live = branch.segs.read().expect("branch lock").first().map(|s| s.base_seq).unwrap_or(u64::MAX);
-            for part in parts.values().filter(|p| Arc::ptr_eq(&p.branch, branch)) {
+            let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().filter(|p| Arc::ptr_eq(&p.branch, branch)).cloned().collect();
+            for part in parts {
                 let mut st = part.st.write().expect("partition lock");
                 while st.index.front().is_some_and(|e| e.seg < first_live) {
                     st.index.pop_front();
@@ -982,10 +1034,6 @@ fn branch_key(branch: &Branch) -> String {
     branch.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-fn poison(slot: &mut Option<String>, e: StorageError) -> StorageError {
-    *slot = Some(e.to_string());
-    e
-}
 
 fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))

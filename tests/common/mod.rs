@@ -23,6 +23,10 @@ pub fn args(dir: &Path) -> ServeArgs {
 }
 
 pub async fn start(args: ServeArgs) -> Running {
+    // Broker logs for debugging a test: RUST_LOG=canopy=debug cargo test …
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+    }
     server::start(Config::load(&args).expect("test config")).await.expect("broker starts")
 }
 

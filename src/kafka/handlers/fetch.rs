@@ -54,7 +54,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(broker.cfg.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
     let min_bytes = req.min_bytes.max(0) as usize;
-    let max_bytes = req.max_bytes.max(0) as usize;
+    // Kafka's fetch.max.bytes caps what a client may ask for.
+    let limit = broker.cfg.fetch_max_bytes;
+    let max_bytes = (req.max_bytes.max(0) as usize).min(limit);
     let wants: Arc<Vec<(TopicName, Vec<Want>)>> = Arc::new(
         req.topics
             .into_iter()
@@ -63,7 +65,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
                 let parts = t
                     .partitions
                     .into_iter()
-                    .map(|p| Want { partition: p.partition, topic: topic.clone(), offset: p.fetch_offset, max_bytes: p.partition_max_bytes.max(0) as usize })
+                    .map(|p| Want { partition: p.partition, topic: topic.clone(), offset: p.fetch_offset, max_bytes: (p.partition_max_bytes.max(0) as usize).min(limit) })
                     .collect();
                 (t.topic, parts)
             })
@@ -80,7 +82,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
         let engine = broker.engine.clone();
         let w = wants.clone();
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
-        if !may_wait || bytes >= min_bytes.max(1) || errors {
+        if !may_wait || bytes >= min_bytes || errors {
             return Some(Reply { error_code: 0, topics });
         }
         let stop = tokio::select! {

@@ -14,6 +14,7 @@ pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 8 };
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
+const EARLIEST_LOCAL: i64 = -4;
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
@@ -51,7 +52,7 @@ fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, r: ListOffsetsParti
     let r = if version >= 4 { r.with_leader_epoch(0) } else { r };
     match ts {
         LATEST => r.with_offset(hw),
-        EARLIEST => r.with_offset(log_start),
+        EARLIEST | EARLIEST_LOCAL => r.with_offset(log_start),
         MAX_TIMESTAMP => r.with_offset(if hw > log_start { hw - 1 } else { -1 }),
         ts if ts < 0 => r.with_error_code(ResponseError::InvalidRequest.code()),
         ts => match engine.offset_for_timestamp(tp, ts) {

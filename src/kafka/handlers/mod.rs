@@ -7,15 +7,25 @@
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
+pub mod delete_groups;
 pub mod delete_topics;
+pub mod describe_groups;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod fetch;
 pub mod find_coordinator;
+pub mod heartbeat;
+pub mod join_group;
+pub mod leave_group;
+pub mod list_groups;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_commit;
+pub mod offset_delete;
+pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
+pub mod sync_group;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,7 +40,9 @@ use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
 
 /// A framed response as parts to write in order (most responses are one
-/// part; Fetch splices stored batches in without copying them).
+/// part; Fetch splices stored batches in without copying them). No parts:
+/// nothing to send (acks=0). `None`: the request could not be answered and
+/// the connection closes.
 pub type Reply = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
 
 /// What a handler returns, turned into the framed response.
@@ -145,14 +157,24 @@ apis! {
     Fetch => fetch,
     ListOffsets => list_offsets,
     Metadata => metadata,
+    OffsetCommit => offset_commit,
+    OffsetFetch => offset_fetch,
     FindCoordinator => find_coordinator,
+    JoinGroup => join_group,
+    Heartbeat => heartbeat,
+    LeaveGroup => leave_group,
+    SyncGroup => sync_group,
+    DescribeGroups => describe_groups,
+    ListGroups => list_groups,
     ApiVersions => api_versions + special,
     CreateTopics => create_topics,
     DeleteTopics => delete_topics,
     OffsetForLeaderEpoch => offset_for_leader_epoch,
     DescribeConfigs => describe_configs,
     CreatePartitions => create_partitions,
+    DeleteGroups => delete_groups,
     DescribeCluster => describe_cluster,
+    OffsetDelete => offset_delete,
 }
 
 /// Turns a topic name from the wire into a `&str`.

@@ -41,7 +41,7 @@ pub fn special(_broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option
         return Some(Route::Close("malformed produce v0-2 request".into()));
     };
     if acks == 0 {
-        return Some(Route::Run(Box::pin(async { None })));
+        return Some(Route::Run(Box::pin(async { Some(Vec::new()) })));
     }
     let resp = encode_legacy(h.correlation_id, h.api_version, &topics);
     Some(Route::Run(Box::pin(async move { Some(vec![resp.freeze()]) })))
@@ -111,7 +111,23 @@ fn encode_legacy(correlation_id: i32, version: i16, topics: &[(Bytes, Vec<i32>)]
     buf
 }
 
-pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+/// acks=0 requests get no answer at all; one that failed closes the
+/// connection (as Kafka does), the only way such a producer learns of it.
+pub enum Reply {
+    Silent,
+    Answer(Response),
+}
+
+impl super::IntoReply for Option<Reply> {
+    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
+        match self? {
+            Reply::Silent => Some(Vec::new()),
+            Reply::Answer(r) => super::encode(correlation_id, version, &r),
+        }
+    }
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply> {
     debug_assert!(version >= DECODED.min && version <= DECODED.max);
     let acks = req.acks;
     let ack = match acks {
@@ -120,6 +136,11 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         _ => None,
     };
     // Submit everything first, then wait: one writer round for the request.
+    // Requests of one connection submit in request order.
+    let mut ticket = crate::kafka::conn::take_produce_ticket();
+    if let Some(t) = ticket.as_mut() {
+        t.wait_turn().await;
+    }
     let mut pending = Vec::with_capacity(req.topic_data.len());
     for topic in req.topic_data {
         let name = super::name(&topic.name).to_owned();
@@ -149,6 +170,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         }
         pending.push((topic.name, parts));
     }
+    drop(ticket);
     let mut responses = Vec::with_capacity(pending.len());
     for (name, parts) in pending {
         let mut partition_responses = Vec::with_capacity(parts.len());
@@ -172,9 +194,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         responses.push(TopicProduceResponse::default().with_name(name).with_partition_responses(partition_responses));
     }
     if acks == 0 {
-        return None;
+        let failed = responses.iter().flat_map(|t| &t.partition_responses).any(|p| p.error_code != 0);
+        return if failed { None } else { Some(Reply::Silent) };
     }
-    Some(Response::default().with_responses(responses))
+    Some(Reply::Answer(Response::default().with_responses(responses)))
 }
 
 #[cfg(test)]

@@ -1,0 +1,328 @@
+//! The group coordinator: one task owns every group's state machine
+//! (`group.rs`); handlers send it commands over a bounded channel and await
+//! the answer. Parked JoinGroup/SyncGroup requests are answered when their
+//! rebalance completes; the task sleeps until the earliest group deadline
+//! (session expiry, join or sync timeout), so timers need no polling.
+//!
+//! Committed offsets live in the sled catalog. Commits go through one
+//! committer task that writes every commit queued so far and flushes the
+//! catalog once for all of them, so concurrent commits share one flush and
+//! each is answered only after it is durable.
+
+pub mod group;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{Clock, Engine};
+use crate::meta::OffsetRecord;
+use group::{Group, GroupConfig, JoinArgs, JoinResult, Reply, State, SyncResult, Token};
+
+/// What DescribeGroups reports of a member.
+#[derive(Debug, Clone)]
+pub struct MemberDescription {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
+#[derive(Debug, Clone)]
+pub struct GroupDescription {
+    pub group_id: String,
+    /// None: the group does not exist.
+    pub state: Option<&'static str>,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub members: Vec<MemberDescription>,
+}
+
+enum Cmd {
+    Join { group: String, args: JoinArgs, reply: oneshot::Sender<JoinResult> },
+    Sync { group: String, generation: i32, member_id: String, instance_id: Option<String>, assignments: Vec<(String, Bytes)>, reply: oneshot::Sender<SyncResult> },
+    Heartbeat { group: String, generation: i32, member_id: String, instance_id: Option<String>, reply: oneshot::Sender<i16> },
+    Leave { group: String, members: Vec<(String, Option<String>)>, reply: oneshot::Sender<(i16, Vec<i16>)> },
+    CommitCheck { group: String, generation: i32, member_id: String, instance_id: Option<String>, reply: oneshot::Sender<Result<(), i16>> },
+    List { reply: oneshot::Sender<Vec<(String, String, &'static str)>> },
+    Describe { groups: Vec<String>, reply: oneshot::Sender<Vec<GroupDescription>> },
+    Delete { groups: Vec<String>, reply: oneshot::Sender<Vec<i16>> },
+    /// Groups with no members since before `before_ms`.
+    EmptySince { before_ms: i64, reply: oneshot::Sender<Vec<String>> },
+}
+
+type Commit = (Vec<(String, String, i32, OffsetRecord)>, oneshot::Sender<Result<(), String>>);
+
+/// Handle to the coordinator task; cheap to clone.
+#[derive(Clone)]
+pub struct Coordinator {
+    tx: mpsc::Sender<Cmd>,
+    commits: mpsc::Sender<Commit>,
+    engine: Arc<Engine>,
+}
+
+const QUEUE: usize = 1024;
+
+/// Kafka's limit on a group id is the string length itself (i16); we keep
+/// group ids to a sane length and refuse longer ones with INVALID_GROUP_ID.
+pub const MAX_GROUP_ID_LEN: usize = 255;
+
+impl Coordinator {
+    /// Starts the coordinator and committer tasks. Groups that have
+    /// committed offsets are known (as Empty) from the start.
+    /// At shutdown (`stop` turns true) the task ends: parked JoinGroup and
+    /// SyncGroup requests are released, their connections closed, and the
+    /// clients look for a coordinator again.
+    pub fn start(engine: Arc<Engine>, cfg: GroupConfig, clock: Clock, stop: tokio::sync::watch::Receiver<bool>) -> Coordinator {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let (ctx, crx) = mpsc::channel(QUEUE);
+        let now = clock();
+        let known = engine.catalog().offset_groups().unwrap_or_default();
+        let groups = known.into_iter().map(|g| (g.clone(), Group::new(g, now))).collect();
+        tokio::spawn(run(rx, groups, cfg, clock, stop));
+        tokio::spawn(committer(crx, engine.clone()));
+        Coordinator { tx, commits: ctx, engine }
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Option<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn join(&self, group: String, args: JoinArgs) -> Option<JoinResult> {
+        self.ask(|reply| Cmd::Join { group, args, reply }).await
+    }
+
+    pub async fn sync(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>, assignments: Vec<(String, Bytes)>) -> Option<SyncResult> {
+        self.ask(|reply| Cmd::Sync { group, generation, member_id, instance_id, assignments, reply }).await
+    }
+
+    pub async fn heartbeat(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<i16> {
+        self.ask(|reply| Cmd::Heartbeat { group, generation, member_id, instance_id, reply }).await
+    }
+
+    pub async fn leave(&self, group: String, members: Vec<(String, Option<String>)>) -> Option<(i16, Vec<i16>)> {
+        self.ask(|reply| Cmd::Leave { group, members, reply }).await
+    }
+
+    pub async fn commit_check(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<Result<(), i16>> {
+        self.ask(|reply| Cmd::CommitCheck { group, generation, member_id, instance_id, reply }).await
+    }
+
+    pub async fn list(&self) -> Vec<(String, String, &'static str)> {
+        self.ask(|reply| Cmd::List { reply }).await.unwrap_or_default()
+    }
+
+    pub async fn describe(&self, groups: Vec<String>) -> Vec<GroupDescription> {
+        self.ask(|reply| Cmd::Describe { groups, reply }).await.unwrap_or_default()
+    }
+
+    /// Forgets empty groups; the caller removes their offsets.
+    pub async fn delete(&self, groups: Vec<String>) -> Vec<i16> {
+        let n = groups.len();
+        self.ask(|reply| Cmd::Delete { groups, reply }).await.unwrap_or_else(|| vec![kafka_protocol::ResponseError::CoordinatorNotAvailable.code(); n])
+    }
+
+    pub async fn empty_since(&self, before_ms: i64) -> Vec<String> {
+        self.ask(|reply| Cmd::EmptySince { before_ms, reply }).await.unwrap_or_default()
+    }
+
+    /// Writes committed offsets and returns once they are durable.
+    pub async fn store_offsets(&self, rows: Vec<(String, String, i32, OffsetRecord)>) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        self.commits.send((rows, reply)).await.map_err(|_| "coordinator stopped".to_string())?;
+        rx.await.map_err(|_| "coordinator stopped".to_string())?
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+/// Member ids look like Kafka's: `<client id>-<uuid>`.
+fn member_id(client_id: &str) -> String {
+    let client: String = client_id.chars().take(64).collect();
+    format!("{client}-{}", uuid::Uuid::new_v4())
+}
+
+enum Parked {
+    Join(oneshot::Sender<JoinResult>),
+    Sync(oneshot::Sender<SyncResult>),
+}
+
+async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cfg: GroupConfig, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut parked: HashMap<Token, Parked> = HashMap::new();
+    let mut next_token: Token = 1;
+    loop {
+        let now = clock();
+        let deadline = groups.values().filter_map(Group::next_deadline).min();
+        let sleep = deadline.map(|d| Duration::from_millis((d - now).max(0) as u64)).unwrap_or(Duration::from_secs(3600));
+        let cmd = tokio::select! {
+            c = rx.recv() => match c { Some(c) => Some(c), None => return },
+            _ = tokio::time::sleep(sleep) => None,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let now = clock();
+        let mut replies = Vec::new();
+        if let Some(cmd) = cmd {
+            match cmd {
+                Cmd::Join { group, args, reply } => {
+                    let token = next_token;
+                    next_token += 1;
+                    parked.insert(token, Parked::Join(reply));
+                    let g = groups.entry(group.clone()).or_insert_with(|| Group::new(group, now));
+                    let client = args.client_id.clone();
+                    replies.extend(g.join(&cfg, now, token, args, || member_id(&client)));
+                }
+                Cmd::Sync { group, generation, member_id, instance_id, assignments, reply } => {
+                    let token = next_token;
+                    next_token += 1;
+                    match groups.get_mut(&group) {
+                        Some(g) => {
+                            parked.insert(token, Parked::Sync(reply));
+                            replies.extend(g.sync(now, token, generation, &member_id, instance_id.as_deref(), assignments));
+                        }
+                        None => {
+                            let _ = reply.send(SyncResult { error: kafka_protocol::ResponseError::UnknownMemberId.code(), ..Default::default() });
+                        }
+                    }
+                }
+                Cmd::Heartbeat { group, generation, member_id, instance_id, reply } => {
+                    let code = match groups.get_mut(&group) {
+                        Some(g) => g.heartbeat(now, generation, &member_id, instance_id.as_deref()),
+                        None => kafka_protocol::ResponseError::UnknownMemberId.code(),
+                    };
+                    let _ = reply.send(code);
+                }
+                Cmd::Leave { group, members, reply } => match groups.get_mut(&group) {
+                    Some(g) => {
+                        let mut codes = Vec::with_capacity(members.len());
+                        for (m, i) in members {
+                            let (code, r) = g.leave(&cfg, now, &m, i.as_deref());
+                            codes.push(code);
+                            replies.extend(r);
+                        }
+                        let _ = reply.send((0, codes));
+                    }
+                    None => {
+                        let _ = reply.send((kafka_protocol::ResponseError::UnknownMemberId.code(), vec![kafka_protocol::ResponseError::UnknownMemberId.code(); members.len()]));
+                    }
+                },
+                Cmd::CommitCheck { group, generation, member_id, instance_id, reply } => {
+                    let result = match groups.get(&group) {
+                        Some(g) => g.commit_allowed(generation, &member_id, instance_id.as_deref()),
+                        None if generation < 0 => {
+                            groups.insert(group.clone(), Group::new(group, now));
+                            Ok(())
+                        }
+                        None => Err(kafka_protocol::ResponseError::IllegalGeneration.code()),
+                    };
+                    let _ = reply.send(result);
+                }
+                Cmd::List { reply } => {
+                    let mut v: Vec<_> = groups.values().map(|g| (g.id.clone(), g.protocol_type.clone().unwrap_or_default(), g.state.name())).collect();
+                    v.sort();
+                    let _ = reply.send(v);
+                }
+                Cmd::Describe { groups: ids, reply } => {
+                    let out = ids.into_iter().map(|id| describe(groups.get(&id), id)).collect();
+                    let _ = reply.send(out);
+                }
+                Cmd::Delete { groups: ids, reply } => {
+                    let codes = ids
+                        .into_iter()
+                        .map(|id| match groups.get(&id) {
+                            None => kafka_protocol::ResponseError::GroupIdNotFound.code(),
+                            Some(g) if !g.is_empty() => kafka_protocol::ResponseError::NonEmptyGroup.code(),
+                            Some(_) => {
+                                groups.remove(&id);
+                                0
+                            }
+                        })
+                        .collect();
+                    let _ = reply.send(codes);
+                }
+                Cmd::EmptySince { before_ms, reply } => {
+                    let v = groups.values().filter(|g| g.is_empty() && g.empty_since_ms < before_ms).map(|g| g.id.clone()).collect();
+                    let _ = reply.send(v);
+                }
+            }
+        }
+        for g in groups.values_mut() {
+            if g.next_deadline().is_some_and(|d| d <= now) {
+                replies.extend(g.tick(&cfg, now));
+            }
+        }
+        for r in replies {
+            match r {
+                Reply::Join(t, result) => {
+                    if let Some(Parked::Join(tx)) = parked.remove(&t) {
+                        let _ = tx.send(result);
+                    }
+                }
+                Reply::Sync(t, result) => {
+                    if let Some(Parked::Sync(tx)) = parked.remove(&t) {
+                        let _ = tx.send(result);
+                    }
+                }
+            }
+        }
+        // A parked request whose client went away has a closed channel.
+        parked.retain(|_, p| match p {
+            Parked::Join(tx) => !tx.is_closed(),
+            Parked::Sync(tx) => !tx.is_closed(),
+        });
+    }
+}
+
+fn describe(g: Option<&Group>, id: String) -> GroupDescription {
+    let Some(g) = g else {
+        return GroupDescription { group_id: id, state: None, protocol_type: String::new(), protocol: String::new(), members: Vec::new() };
+    };
+    let protocol = g.protocol.clone().unwrap_or_default();
+    GroupDescription {
+        group_id: id,
+        state: Some(g.state.name()),
+        protocol_type: g.protocol_type.clone().unwrap_or_default(),
+        members: g
+            .members
+            .values()
+            .map(|m| MemberDescription {
+                member_id: m.id.clone(),
+                instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                metadata: m.metadata(&protocol),
+                assignment: if g.state == State::Stable { m.assignment.clone() } else { Bytes::new() },
+            })
+            .collect(),
+        protocol,
+    }
+}
+
+/// Writes every queued commit, flushes the catalog once, answers them all.
+async fn committer(mut rx: mpsc::Receiver<Commit>, engine: Arc<Engine>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(c) = rx.try_recv() {
+            batch.push(c);
+        }
+        let engine = engine.clone();
+        let rows: Vec<_> = batch.iter().flat_map(|(r, _)| r.iter().cloned()).collect();
+        let result = tokio::task::spawn_blocking(move || {
+            let catalog = engine.catalog();
+            catalog.put_offsets(&rows).and_then(|_| catalog.flush()).map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        for (_, reply) in batch {
+            let _ = reply.send(result.clone());
+        }
+    }
+}

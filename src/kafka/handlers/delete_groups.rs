@@ -1,0 +1,35 @@
+//! DeleteGroups: only groups without members; their offsets go too.
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+pub use kafka_protocol::messages::{DeleteGroupsRequest as Request, DeleteGroupsResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
+
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 2 };
+
+pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    let ids: Vec<String> = req.groups_names.iter().map(|g| g.0.to_string()).collect();
+    let codes = broker.coordinator.delete(ids.clone()).await;
+    let engine = broker.engine.clone();
+    let removed: Vec<String> = ids.iter().zip(&codes).filter(|(_, c)| **c == 0).map(|(g, _)| g.clone()).collect();
+    let stored = tokio::task::spawn_blocking(move || {
+        for g in &removed {
+            engine.catalog().remove_offsets(g, None)?;
+        }
+        engine.catalog().flush()
+    })
+    .await
+    .ok()?;
+    let results = req
+        .groups_names
+        .into_iter()
+        .zip(codes)
+        .map(|(g, c)| {
+            let c = if c == 0 && stored.is_err() { ResponseError::KafkaStorageError.code() } else { c };
+            DeletableGroupResult::default().with_group_id(g).with_error_code(c)
+        })
+        .collect();
+    Some(Response::default().with_results(results))
+}

@@ -1,0 +1,46 @@
+//! DescribeGroups: state, protocol and members with their assignments.
+
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+pub use kafka_protocol::messages::{DescribeGroupsRequest as Request, DescribeGroupsResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use super::str_bytes;
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let ids: Vec<String> = req.groups.iter().map(|g| g.0.to_string()).collect();
+    let described = broker.coordinator.describe(ids).await;
+    let groups = req
+        .groups
+        .into_iter()
+        .zip(described)
+        .map(|(id, d)| {
+            let Some(state) = d.state else {
+                // Kafka describes an unknown group as Dead with no error.
+                return DescribedGroup::default().with_group_id(id).with_group_state(str_bytes("Dead"));
+            };
+            let members = d
+                .members
+                .into_iter()
+                .map(|m| {
+                    let dm = DescribedGroupMember::default()
+                        .with_member_id(str_bytes(m.member_id))
+                        .with_client_id(str_bytes(m.client_id))
+                        .with_client_host(str_bytes(m.client_host))
+                        .with_member_metadata(m.metadata)
+                        .with_member_assignment(m.assignment);
+                    if version >= 4 { dm.with_group_instance_id(m.instance_id.map(str_bytes)) } else { dm }
+                })
+                .collect();
+            DescribedGroup::default()
+                .with_group_id(id)
+                .with_group_state(str_bytes(state))
+                .with_protocol_type(str_bytes(d.protocol_type))
+                .with_protocol_data(str_bytes(d.protocol))
+                .with_members(members)
+        })
+        .collect();
+    Some(Response::default().with_groups(groups))
+}

@@ -1,0 +1,16 @@
+//! Heartbeat: keeps a member's session alive and tells it when to rejoin.
+
+pub use kafka_protocol::messages::{HeartbeatRequest as Request, HeartbeatResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
+
+pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    let code = broker
+        .coordinator
+        .heartbeat(req.group_id.0.to_string(), req.generation_id, req.member_id.to_string(), req.group_instance_id.map(|s| s.to_string()))
+        .await?;
+    Some(Response::default().with_error_code(code))
+}

@@ -1,0 +1,28 @@
+//! ListGroups, with the state filter (v4+) and type filter (v5+).
+
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+pub use kafka_protocol::messages::{ListGroupsRequest as Request, ListGroupsResponse as Response};
+use kafka_protocol::messages::GroupId;
+use kafka_protocol::protocol::VersionRange;
+
+use super::str_bytes;
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let groups = broker
+        .coordinator
+        .list()
+        .await
+        .into_iter()
+        .filter(|(_, _, state)| req.states_filter.is_empty() || req.states_filter.iter().any(|s| s.eq_ignore_ascii_case(state)))
+        .filter(|_| req.types_filter.is_empty() || req.types_filter.iter().any(|t| t.eq_ignore_ascii_case("classic")))
+        .map(|(id, protocol_type, state)| {
+            let g = ListedGroup::default().with_group_id(GroupId(str_bytes(id))).with_protocol_type(str_bytes(protocol_type));
+            let g = if version >= 4 { g.with_group_state(str_bytes(state)) } else { g };
+            if version >= 5 { g.with_group_type(str_bytes("classic")) } else { g }
+        })
+        .collect();
+    Some(Response::default().with_groups(groups))
+}

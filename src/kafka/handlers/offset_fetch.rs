@@ -1,0 +1,95 @@
+//! OffsetFetch: one group (v1–7) or several (v8+). A partition without a
+//! commit answers offset -1; a null topic list (v2+) means every topic the
+//! group committed.
+
+use std::collections::HashMap;
+
+use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions, OffsetFetchResponseTopic, OffsetFetchResponseTopics};
+pub use kafka_protocol::messages::{OffsetFetchRequest as Request, OffsetFetchResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use super::{str_bytes, topic_name};
+use crate::kafka::Broker;
+use crate::meta::OffsetRecord;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 9 };
+
+type Wanted = Option<Vec<(String, Vec<i32>)>>;
+
+/// (topic, [(partition, offset, leader epoch, metadata)]) for a group.
+fn lookup(broker: &Broker, group: &str, wanted: Wanted) -> Result<Vec<(String, Vec<(i32, i64, i32, Option<String>)>)>, i16> {
+    let rows = broker.engine.catalog().group_offsets(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
+    let mut by_topic: HashMap<String, HashMap<i32, OffsetRecord>> = HashMap::new();
+    for (t, p, r) in rows {
+        by_topic.entry(t).or_default().insert(p, r);
+    }
+    let wanted = wanted.unwrap_or_else(|| {
+        let mut all: Vec<(String, Vec<i32>)> = by_topic.iter().map(|(t, ps)| (t.clone(), { let mut v: Vec<i32> = ps.keys().copied().collect(); v.sort(); v })).collect();
+        all.sort();
+        all
+    });
+    Ok(wanted
+        .into_iter()
+        .map(|(t, ps)| {
+            let have = by_topic.get(&t);
+            let parts = ps
+                .into_iter()
+                .map(|p| match have.and_then(|h| h.get(&p)) {
+                    Some(r) => (p, r.offset, r.leader_epoch, r.metadata.clone()),
+                    None => (p, -1, -1, Some(String::new())),
+                })
+                .collect();
+            (t, parts)
+        })
+        .collect())
+}
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    if version >= 8 {
+        let groups = req
+            .groups
+            .into_iter()
+            .map(|g| {
+                let wanted: Wanted = g.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
+                let out = OffsetFetchResponseGroup::default().with_group_id(g.group_id.clone());
+                match lookup(broker, &g.group_id.0, wanted) {
+                    Err(code) => out.with_error_code(code),
+                    Ok(topics) => out.with_topics(
+                        topics
+                            .into_iter()
+                            .map(|(t, ps)| {
+                                OffsetFetchResponseTopics::default().with_name(topic_name(&t)).with_partitions(
+                                    ps.into_iter()
+                                        .map(|(p, o, e, m)| OffsetFetchResponsePartitions::default().with_partition_index(p).with_committed_offset(o).with_committed_leader_epoch(e).with_metadata(m.map(str_bytes)))
+                                        .collect(),
+                                )
+                            })
+                            .collect(),
+                    ),
+                }
+            })
+            .collect();
+        return Some(Response::default().with_groups(groups));
+    }
+    let wanted: Wanted = req.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
+    match lookup(broker, &req.group_id.0, wanted) {
+        Err(code) => Some(if version >= 2 { Response::default().with_error_code(code) } else { Response::default() }),
+        Ok(topics) => Some(
+            Response::default().with_topics(
+                topics
+                    .into_iter()
+                    .map(|(t, ps)| {
+                        OffsetFetchResponseTopic::default().with_name(topic_name(&t)).with_partitions(
+                            ps.into_iter()
+                                .map(|(p, o, e, m)| {
+                                    let r = OffsetFetchResponsePartition::default().with_partition_index(p).with_committed_offset(o).with_metadata(m.map(str_bytes));
+                                    if version >= 5 { r.with_committed_leader_epoch(e) } else { r }
+                                })
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+            ),
+        ),
+    }
+}
