@@ -1261,4 +1261,39 @@ mod tests {
         assert_eq!(h.max_timestamp, 777_000);
         assert_eq!(s.offset_for_timestamp(&tp(1, 0), 700_000).unwrap().map(|(o, _)| o), Some(0));
     }
+
+    #[test]
+    fn damage_in_a_sealed_segment_refuses_start_and_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
+        {
+            let s = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "t")], false).unwrap();
+            append_n(&s, tp(1, 0), 40, 0);
+            s.sync().unwrap();
+            assert!(s.segment_count() > 2);
+        }
+        let mut segs: Vec<_> = fs::read_dir(dir.path().join("log/t.br")).unwrap().map(|e| e.unwrap().path()).collect();
+        segs.sort();
+        let first = &segs[0];
+        let len = fs::metadata(first).unwrap().len();
+        fs::OpenOptions::new().write(true).open(first).unwrap().set_len(len - 10).unwrap();
+        match Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], false) {
+            Err(StorageError::CorruptSealed { path, .. }) => assert!(path.ends_with(&*first.file_name().unwrap().to_string_lossy())),
+            Err(e) => panic!("wrong error {e}"),
+            Ok(_) => panic!("opened a log with a damaged sealed segment"),
+        }
+    }
+
+    #[test]
+    fn reads_between_high_watermark_and_log_end_are_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let b = make_batch(&[b"a", b"b"], 0);
+        s.append(tp(1, 0), &b, 0, false).unwrap();
+        s.flush().unwrap(); // written, not yet published as durable
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 0, 2)));
+        assert!(s.read(&tp(1, 0), 1, 100, true).unwrap().is_empty());
+        assert!(s.read(&tp(1, 0), 2, 100, true).unwrap().is_empty());
+        assert!(matches!(s.read(&tp(1, 0), 3, 100, true), Err(ReadError::OffsetOutOfRange { .. })));
+    }
 }

@@ -670,3 +670,144 @@ impl Group {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(delay: i64) -> GroupConfig {
+        GroupConfig { initial_rebalance_delay_ms: delay, ..GroupConfig::default() }
+    }
+
+    fn args(member: &str, instance: Option<&str>) -> JoinArgs {
+        JoinArgs {
+            member_id: member.into(),
+            instance_id: instance.map(Into::into),
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"m"))],
+            require_known_member_id: true,
+        }
+    }
+
+    fn join_result(r: &[Reply], token: Token) -> JoinResult {
+        r.iter().find_map(|x| match x { Reply::Join(t, j) if *t == token => Some(j.clone()), _ => None }).expect("join answered")
+    }
+
+    /// MEMBER_ID_REQUIRED round trip, then a single member is Stable at once
+    /// with no initial delay.
+    fn join_one(g: &mut Group, c: &GroupConfig, now: i64, name: &str, token: Token) -> JoinResult {
+        let r = g.join(c, now, token, args("", None), || name.to_string());
+        let first = join_result(&r, token);
+        assert_eq!(first.error, E::MemberIdRequired.code());
+        let r = g.join(c, now, token + 1, args(&first.member_id, None), || unreachable!());
+        if r.is_empty() {
+            return JoinResult::default();
+        }
+        join_result(&r, token + 1)
+    }
+
+    #[test]
+    fn single_member_group_becomes_stable_without_waiting() {
+        let c = cfg(0);
+        let mut g = Group::new("g".into(), 0);
+        let j = join_one(&mut g, &c, 0, "m1", 1);
+        assert_eq!((j.error, j.generation, j.leader.as_str()), (0, 1, "m1"));
+        assert_eq!(j.members.len(), 1, "the leader gets the member list");
+        let r = g.sync(0, 10, 1, "m1", None, vec![("m1".into(), Bytes::from_static(b"a1"))]);
+        assert_eq!(r, vec![Reply::Sync(10, SyncResult { error: 0, protocol_type: Some("consumer".into()), protocol_name: Some("range".into()), assignment: Bytes::from_static(b"a1") })]);
+        assert_eq!(g.state, State::Stable);
+        assert_eq!(g.heartbeat(1, 1, "m1", None), 0);
+        assert_eq!(g.heartbeat(1, 0, "m1", None), E::IllegalGeneration.code());
+        assert_eq!(g.heartbeat(1, 1, "nobody", None), E::UnknownMemberId.code());
+    }
+
+    #[test]
+    fn initial_delay_holds_the_first_rebalance() {
+        let c = cfg(3000);
+        let mut g = Group::new("g".into(), 0);
+        assert!(join_one(&mut g, &c, 0, "m1", 1).member_id.is_empty(), "parked during the delay");
+        assert_eq!(g.next_deadline(), Some(3000));
+        assert!(g.tick(&c, 2999).is_empty());
+        let r = g.tick(&c, 3000);
+        assert_eq!(join_result(&r, 2).generation, 1);
+    }
+
+    #[test]
+    fn second_member_triggers_rebalance_and_expiry_removes_it() {
+        let c = cfg(0);
+        let mut g = Group::new("g".into(), 0);
+        join_one(&mut g, &c, 0, "m1", 1);
+        g.sync(0, 3, 1, "m1", None, vec![]);
+        // m2 joins: the group prepares a rebalance; m1 learns by heartbeat.
+        assert!(join_one(&mut g, &c, 100, "m2", 10).member_id.is_empty());
+        assert_eq!(g.state, State::PreparingRebalance);
+        assert_eq!(g.heartbeat(200, 1, "m1", None), E::RebalanceInProgress.code());
+        assert_eq!(g.commit_allowed(1, "m1", None), Ok(()));
+        let r = g.join(&c, 300, 20, args("m1", None), || unreachable!());
+        assert_eq!(join_result(&r, 20).generation, 2);
+        assert_eq!(join_result(&r, 11).generation, 2);
+        assert_eq!(g.commit_allowed(2, "m1", None), Err(E::RebalanceInProgress.code()));
+        let leader = g.leader.clone().unwrap();
+        let other = if leader == "m1" { "m2" } else { "m1" };
+        assert!(g.sync(300, 30, 2, other, None, vec![]).is_empty(), "follower waits for the leader");
+        let r = g.sync(300, 31, 2, &leader, None, vec![(other.into(), Bytes::from_static(b"x")), ("ghost".into(), Bytes::from_static(b"y"))]);
+        assert_eq!(r.len(), 2);
+        assert_eq!(g.state, State::Stable);
+        assert_eq!(g.commit_allowed(1, "m1", None), Err(E::IllegalGeneration.code()));
+        // The follower stops heartbeating: it expires, the leader rebalances alone.
+        g.heartbeat(9_000, 2, &leader, None);
+        let r = g.tick(&c, 10_300);
+        assert!(r.is_empty());
+        assert_eq!(g.members.len(), 1);
+        assert_eq!(g.state, State::PreparingRebalance);
+    }
+
+    #[test]
+    fn static_member_rejoins_without_rebalance_and_duplicates_are_fenced() {
+        let c = cfg(0);
+        let mut g = Group::new("g".into(), 0);
+        let r = g.join(&c, 0, 1, args("", Some("i1")), || "s1".into());
+        let j = join_result(&r, 1);
+        assert_eq!((j.error, j.member_id.as_str(), j.generation), (0, "s1", 1));
+        g.sync(0, 2, 1, "s1", Some("i1"), vec![("s1".into(), Bytes::from_static(b"p0"))]);
+        // Restart: new member id, same instance, same generation, no rebalance.
+        let r = g.join(&c, 100, 3, args("", Some("i1")), || "s1b".into());
+        let j = join_result(&r, 3);
+        assert_eq!((j.error, j.generation), (0, 1));
+        assert_eq!(g.state, State::Stable);
+        assert_eq!(g.heartbeat(100, 1, "s1", Some("i1")), E::UnknownMemberId.code());
+        assert_eq!(g.heartbeat(100, 1, "s1b", Some("i1")), 0);
+        assert_eq!(g.heartbeat(100, 1, "s1b", Some("other")), E::FencedInstanceId.code());
+    }
+
+    #[test]
+    fn bad_joins_get_kafkas_codes_and_the_size_limit_holds() {
+        let c = GroupConfig { max_size: 3, ..cfg(0) };
+        let mut g = Group::new("g".into(), 0);
+        let mut a = args("", None);
+        a.protocol_type = String::new();
+        assert_eq!(join_result(&g.join(&c, 0, 1, a, || "x".into()), 1).error, E::InconsistentGroupProtocol.code());
+        let mut a = args("", None);
+        a.protocols.clear();
+        assert_eq!(join_result(&g.join(&c, 0, 2, a, || "x".into()), 2).error, E::InconsistentGroupProtocol.code());
+        let mut a = args("", None);
+        a.session_timeout_ms = 1;
+        assert_eq!(join_result(&g.join(&c, 0, 3, a, || "x".into()), 3).error, E::InvalidSessionTimeout.code());
+        assert_eq!(join_result(&g.join(&c, 0, 4, args("who", None), || "x".into()), 4).error, E::UnknownMemberId.code());
+        // Many join attempts: pending ids are bounded by the group size.
+        let mut errors = HashMap::new();
+        for i in 0..10_000u64 {
+            let r = g.join(&c, 0, 100 + i, args("", None), || format!("m{i}"));
+            *errors.entry(join_result(&r, 100 + i).error).or_insert(0) += 1;
+        }
+        assert_eq!(errors[&E::MemberIdRequired.code()], 3);
+        assert_eq!(errors[&E::GroupMaxSizeReached.code()], 10_000 - 3);
+        // Pending ids expire.
+        g.tick(&c, c.max_session_timeout_ms as i64 + 1);
+        assert_eq!(join_result(&g.join(&c, 0, 50_000, args("", None), || "late".into()), 50_000).error, E::MemberIdRequired.code());
+    }
+}
