@@ -53,3 +53,67 @@ async fn responses_follow_request_order() {
     }
     broker.shutdown().await;
 }
+
+/// Pipelined produce requests to one partition are appended in request
+/// order, even when the first carries a much larger batch to validate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_produces_append_in_request_order() {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+    use kafka_protocol::protocol::Decodable;
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+
+    fn batch(n: usize, size: usize) -> bytes::Bytes {
+        let records: Vec<Record> = (0..n)
+            .map(|i| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: -1,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: -1,
+                timestamp: 0,
+                key: None,
+                value: Some(bytes::Bytes::from(vec![b'x'; size])),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut b = BytesMut::new();
+        RecordBatchEncoder::encode(&mut b, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+        b.freeze()
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    broker.engine.create_topic("order.topic", 1, Default::default(), false).unwrap();
+    let req = |records| {
+        ProduceRequest::default().with_acks(1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("order.topic")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(records))])])
+    };
+    let mut wire = Vec::new();
+    let sizes = [(800, 1000), (1, 10), (400, 1000), (1, 10)];
+    for (id, (n, size)) in sizes.iter().enumerate() {
+        wire.extend(frame(0, 9, id as i32 + 1, &req(batch(*n, *size)), 2));
+    }
+    let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+    sock.write_all(&wire).await.unwrap();
+    let mut expected = 0i64;
+    for (id, (n, _)) in sizes.iter().enumerate() {
+        let mut len = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(30), sock.read_exact(&mut len)).await.unwrap().unwrap();
+        let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+        sock.read_exact(&mut body).await.unwrap();
+        let mut b = bytes::Bytes::from(body);
+        assert_eq!(b.get_i32(), id as i32 + 1);
+        let _tags = b.get_u8();
+        let r = ProduceResponse::decode(&mut b, 9).unwrap();
+        let p = &r.responses[0].partition_responses[0];
+        assert_eq!((p.error_code, p.base_offset), (0, expected), "request {} appended out of order", id + 1);
+        expected += *n as i64;
+    }
+    broker.shutdown().await;
+}
