@@ -1,7 +1,3 @@
-//! WORK IN PROGRESS (consumer-group issue): not compiled yet. The broker side
-//! works (manual kcat -G runs), but this test hangs closing the last
-//! librdkafka consumers after a rebalance; see the issue note.
-
 //! Consumer groups through librdkafka: three consumers share a 12-partition
 //! topic, consume 120,000 records exactly once with manual commits; one
 //! leaves and the others resume from its commits; a member that dies
@@ -228,7 +224,12 @@ async fn three_consumers_share_partitions_and_take_over() {
         assert!(matches!(e.offset(), rdkafka::Offset::Offset(o) if o == 11_000), "partition {} committed {:?}", e.partition(), e.offset());
     }
     eprintln!("phase 2: committed offsets checked");
-    tokio::task::spawn_blocking(move || close_all(survivors)).await.unwrap();
+    // The last consumers are not closed: librdkafka's close of the final
+    // members waits for a revoke callback that rust-rdkafka does not deliver
+    // during teardown here (seen in its cgrp debug log: "delegating revoke …
+    // to application", then nothing). Leaking them ends the test; the
+    // broker's shutdown closes their connections.
+    std::mem::forget(survivors);
     drop(admin);
     eprintln!("consumers closed");
     broker.shutdown().await;
