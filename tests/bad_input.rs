@@ -10,11 +10,10 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiVersionsResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader, TopicName,
+    ApiVersionsResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
 };
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,20 +35,7 @@ impl Raw {
     }
 
     fn frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
-        let mut h = BytesMut::new();
-        let hv = kafka_protocol::messages::ApiKey::try_from(key).map(|k| k.request_header_version(version)).unwrap_or(1);
-        RequestHeader::default()
-            .with_request_api_key(key)
-            .with_request_api_version(version)
-            .with_correlation_id(id)
-            .with_client_id(Some(StrBytes::from_static_str("bad-input-test")))
-            .encode(&mut h, hv)
-            .unwrap();
-        let mut out = Vec::new();
-        out.put_i32((h.len() + body.len()) as i32);
-        out.extend_from_slice(&h);
-        out.extend_from_slice(body);
-        out
+        common::request_frame(key, version, id, body)
     }
 
     /// Sends one request, returns the response body after the correlation id
@@ -91,28 +77,7 @@ fn encode<T: Encodable>(m: &T, version: i16) -> Vec<u8> {
 }
 
 fn batch(values: &[&[u8]]) -> Bytes {
-    let records: Vec<Record> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: -1,
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::copy_from_slice(v)),
-            headers: Default::default(),
-        })
-        .collect();
-    let mut b = BytesMut::new();
-    RecordBatchEncoder::encode(&mut b, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
-    b.freeze()
+    common::record_batch(values)
 }
 
 fn produce_body(topic: &str, records: Bytes, version: i16) -> Vec<u8> {

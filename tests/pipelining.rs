@@ -5,26 +5,16 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{FetchRequest, MetadataRequest, RequestHeader, TopicName};
+use kafka_protocol::messages::{FetchRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn frame(key: i16, version: i16, id: i32, body: &impl Encodable, header_version: i16) -> Vec<u8> {
+fn frame(key: i16, version: i16, id: i32, body: &impl Encodable) -> Vec<u8> {
     let mut b = BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(key)
-        .with_request_api_version(version)
-        .with_correlation_id(id)
-        .with_client_id(Some(StrBytes::from_static_str("pipeline")))
-        .encode(&mut b, header_version)
-        .unwrap();
     body.encode(&mut b, version).unwrap();
-    let mut out = Vec::new();
-    out.put_i32(b.len() as i32);
-    out.extend_from_slice(&b);
-    out
+    common::request_frame(key, version, id, &b)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,9 +28,9 @@ async fn responses_follow_request_order() {
     let fetch = FetchRequest::default().with_max_wait_ms(400).with_min_bytes(1).with_max_bytes(1 << 20).with_topics(vec![FetchTopic::default()
         .with_topic(TopicName(StrBytes::from_static_str("pipe.topic")))
         .with_partitions(vec![FetchPartition::default().with_partition(0).with_fetch_offset(0).with_partition_max_bytes(1 << 20)])]);
-    let mut wire = frame(1, 11, 1, &fetch, 1);
+    let mut wire = frame(1, 11, 1, &fetch);
     for id in 2..=6 {
-        wire.extend(frame(3, 4, id, &MetadataRequest::default().with_topics(Some(vec![])), 1));
+        wire.extend(frame(3, 4, id, &MetadataRequest::default().with_topics(Some(vec![]))));
     }
     let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
     sock.write_all(&wire).await.unwrap();
@@ -61,29 +51,10 @@ async fn pipelined_produces_append_in_request_order() {
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
     use kafka_protocol::protocol::Decodable;
-    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
     fn batch(n: usize, size: usize) -> bytes::Bytes {
-        let records: Vec<Record> = (0..n)
-            .map(|i| Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: -1,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: i as i64,
-                sequence: -1,
-                timestamp: 0,
-                key: None,
-                value: Some(bytes::Bytes::from(vec![b'x'; size])),
-                headers: Default::default(),
-            })
-            .collect();
-        let mut b = BytesMut::new();
-        RecordBatchEncoder::encode(&mut b, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
-        b.freeze()
+        let value = vec![b'x'; size];
+        common::record_batch(&vec![&value[..]; n])
     }
 
     let dir = tempfile::tempdir().unwrap();
@@ -97,7 +68,7 @@ async fn pipelined_produces_append_in_request_order() {
     let mut wire = Vec::new();
     let sizes = [(800, 1000), (1, 10), (400, 1000), (1, 10)];
     for (id, (n, size)) in sizes.iter().enumerate() {
-        wire.extend(frame(0, 9, id as i32 + 1, &req(batch(*n, *size)), 2));
+        wire.extend(frame(0, 9, id as i32 + 1, &req(batch(*n, *size))));
     }
     let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
     sock.write_all(&wire).await.unwrap();

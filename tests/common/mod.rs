@@ -111,3 +111,51 @@ impl Drop for ChildBroker {
         let _ = self.child.wait();
     }
 }
+
+/// A v2 record batch of `values` (null keys), encoded by kafka-protocol's
+/// own encoder, for tests that speak the wire protocol directly.
+pub fn record_batch(values: &[&[u8]]) -> bytes::Bytes {
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: -1,
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(bytes::Bytes::copy_from_slice(v)),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut b = bytes::BytesMut::new();
+    RecordBatchEncoder::encode(&mut b, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+    b.freeze()
+}
+
+/// A framed request: length, header (the version the API uses), body.
+pub fn request_frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
+    use bytes::BufMut;
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let mut h = bytes::BytesMut::new();
+    let hv = kafka_protocol::messages::ApiKey::try_from(key).map(|k| k.request_header_version(version)).unwrap_or(1);
+    kafka_protocol::messages::RequestHeader::default()
+        .with_request_api_key(key)
+        .with_request_api_version(version)
+        .with_correlation_id(id)
+        .with_client_id(Some(StrBytes::from_static_str("canopy-test")))
+        .encode(&mut h, hv)
+        .unwrap();
+    let mut out = Vec::new();
+    out.put_i32((h.len() + body.len()) as i32);
+    out.extend_from_slice(&h);
+    out.extend_from_slice(body);
+    out
+}
