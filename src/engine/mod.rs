@@ -246,6 +246,8 @@ pub struct Engine {
     catalog: Catalog,
     storage: Arc<Storage>,
     topics: RwLock<HashMap<String, Arc<Topic>>>,
+    /// The same topics by id (frames and retention know topics by id).
+    by_id: RwLock<HashMap<[u8; 16], Arc<Topic>>>,
     /// Serialises topic creation, deletion and partition changes.
     admin: Mutex<()>,
     writer: mpsc::Sender<WriteCmd>,
@@ -321,6 +323,7 @@ impl Engine {
             cfg,
             catalog,
             storage,
+            by_id: RwLock::new(topics.values().map(|t| (t.id(), t.clone())).collect()),
             topics: RwLock::new(topics),
             admin: Mutex::new(()),
             writer: tx,
@@ -360,7 +363,7 @@ impl Engine {
     }
 
     pub fn topic_by_id(&self, id: &[u8; 16]) -> Option<Arc<Topic>> {
-        self.topics.read().expect("topics lock").values().find(|t| &t.id() == id).cloned()
+        self.by_id.read().expect("topics lock").get(id).cloned()
     }
 
     /// Creates a topic; returns after the catalog is durable. Blocking.
@@ -401,6 +404,7 @@ impl Engine {
             self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
         }
         self.topics.write().expect("topics lock").insert(name.to_owned(), topic.clone());
+        self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
         tracing::info!(topic = name, partitions, "topic created");
         Ok(topic)
     }
@@ -429,6 +433,7 @@ impl Engine {
         self.catalog.remove_topic_offsets(name)?;
         self.catalog.flush()?;
         self.topics.write().expect("topics lock").remove(name);
+        self.by_id.write().expect("topics lock").remove(&topic.id());
         self.storage.remove_topic(&topic.id());
         tracing::info!(topic = name, "topic deleted");
         Ok(())
@@ -453,7 +458,8 @@ impl Engine {
             self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
         }
         let updated = Arc::new(Topic { record, config: topic.config.clone() });
-        self.topics.write().expect("topics lock").insert(name.to_owned(), updated);
+        self.topics.write().expect("topics lock").insert(name.to_owned(), updated.clone());
+        self.by_id.write().expect("topics lock").insert(updated.id(), updated);
         Ok(())
     }
 
@@ -473,7 +479,12 @@ impl Engine {
             if b.len() > limit {
                 return Err(EngineError::MessageTooLarge { size: b.len(), limit });
             }
-            batch::validate(b, limit)?;
+            let h = batch::validate(b, limit)?;
+            // Control records (transaction markers) are written by the
+            // broker only; Kafka refuses them from producers.
+            if h.is_control() {
+                return Err(EngineError::Corrupt(BatchError::ControlBatch));
+            }
             any = true;
         }
         if !any {
@@ -815,6 +826,12 @@ mod tests {
         assert!(matches!(engine.append(&topic, 2, good.clone(), Ack::Written).await, Err(EngineError::UnknownTopicOrPartition)));
         assert!(matches!(engine.append(&topic, -1, good.clone(), Ack::Written).await, Err(EngineError::UnknownTopicOrPartition)));
         assert!(matches!(engine.append(&topic, 0, Bytes::new(), Ack::Written).await, Err(EngineError::Corrupt(BatchError::Empty))));
+        // A control batch (transaction marker) from a producer: INVALID_RECORD.
+        let mut control = good.to_vec();
+        control[22] |= 0x20;
+        let crc = crc32c::crc32c(&control[21..]);
+        control[17..21].copy_from_slice(&crc.to_be_bytes());
+        assert!(matches!(engine.append(&topic, 0, Bytes::from(control), Ack::Written).await, Err(EngineError::Corrupt(BatchError::ControlBatch))));
         let mut bad = good.to_vec();
         *bad.last_mut().unwrap() ^= 1;
         assert!(matches!(engine.append(&topic, 0, Bytes::from(bad), Ack::Written).await, Err(EngineError::Corrupt(BatchError::BadCrc { .. }))));

@@ -15,6 +15,7 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::InvalidTopic(_) => E::InvalidTopicException.code(),
         EngineError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         EngineError::InvalidConfig(_) => E::InvalidConfig.code(),
+        EngineError::Corrupt(crate::protocol::batch::BatchError::ControlBatch) => E::InvalidRecord.code(),
         EngineError::Corrupt(_) => E::CorruptMessage.code(),
         EngineError::MessageTooLarge { .. } => E::MessageTooLarge.code(),
         EngineError::TooManyTopics(_) => E::PolicyViolation.code(),

@@ -70,6 +70,8 @@ pub enum BatchError {
     TooLarge { size: usize, limit: usize },
     #[error("produce request carried no record batch")]
     Empty,
+    #[error("clients may not produce control batches")]
+    ControlBatch,
 }
 
 /// Compression codec from the low attribute bits.
