@@ -40,6 +40,7 @@ fn group_consumer(addr: std::net::SocketAddr, group: &str, n: usize) -> BaseCons
     let mut c = common::client(addr);
     c.set("group.id", group)
         .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "300")
@@ -232,5 +233,68 @@ async fn three_consumers_share_partitions_and_take_over() {
     std::mem::forget(survivors);
     drop(admin);
     eprintln!("consumers closed");
+    broker.shutdown().await;
+}
+
+/// Committed offsets survive a broker restart, and a consumer of the same
+/// group started afterwards resumes from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_offsets_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.group_initial_rebalance_delay_ms = Some(0);
+    let broker = common::start(args.clone()).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    drop(admin);
+    produce(addr, 0, 1_200).await;
+
+    // Read half of every partition and commit there.
+    let c = Arc::new(group_consumer(addr, "resumers", 0));
+    let c2 = c.clone();
+    let committed = tokio::task::spawn_blocking(move || {
+        let mut per: HashMap<i32, i64> = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while per.len() < PARTITIONS as usize || per.values().any(|&o| o < 49) {
+            assert!(Instant::now() < deadline, "reading stalled: {per:?}");
+            if let Some(m) = c2.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                if m.offset() < 50 {
+                    // librdkafka commits the stored offset + 1.
+                    c2.store_offset(m.topic(), m.partition(), m.offset()).unwrap();
+                    per.insert(m.partition(), m.offset());
+                }
+            }
+        }
+        c2.commit_consumer_state(CommitMode::Sync).unwrap();
+        per
+    })
+    .await
+    .unwrap();
+    assert!(committed.values().all(|&o| o == 49));
+    // Not closed (see the test above); the restart forgets its membership.
+    std::mem::forget(c);
+    broker.shutdown().await;
+
+    let broker = common::start(args).await;
+    let c = Arc::new(group_consumer(broker.kafka_addr, "resumers", 1));
+    let c2 = c.clone();
+    let first = tokio::task::spawn_blocking(move || {
+        let mut first: HashMap<i32, i64> = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while first.len() < PARTITIONS as usize {
+            assert!(Instant::now() < deadline, "resumed only {first:?}");
+            if let Some(m) = c2.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                first.entry(m.partition()).or_insert(m.offset());
+            }
+        }
+        first
+    })
+    .await
+    .unwrap();
+    assert!(first.values().all(|&o| o == 50), "resumed at {first:?}, committed 50 everywhere");
+    std::mem::forget(c);
     broker.shutdown().await;
 }
