@@ -39,6 +39,16 @@ def seq_of(key):
     return int(key[2:])
 
 
+def check_acks(delivered, n=N_RECORDS, partitions=N_PARTITIONS):
+    """Every record acked, on every partition, with dense offsets from 0."""
+    assert len(delivered) == n
+    parts = {p for p, _ in delivered.values()}
+    assert parts == set(range(partitions)), parts
+    for p in range(partitions):
+        offs = sorted(o for q, o in delivered.values() if q == p)
+        assert offs == list(range(len(offs))), f"p{p}: acked offsets not dense from 0"
+
+
 def check_read_back(per_partition, delivered, n=N_RECORDS, partitions=N_PARTITIONS, check_headers=True):
     """Assert what was read back equals what was produced.
 

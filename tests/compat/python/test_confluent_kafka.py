@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import N_PARTITIONS, N_RECORDS, check_read_back, record, unique_topic
+from conftest import N_PARTITIONS, N_RECORDS, check_acks, check_read_back, record, unique_topic
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +90,7 @@ def test_create_topic_visible(admin, topic):
 
 
 def test_produce_acks(delivered):
-    assert len(delivered) == N_RECORDS
-    parts = {p for p, _ in delivered.values()}
-    assert parts == set(range(N_PARTITIONS)), parts
-    for p in range(N_PARTITIONS):
-        offs = sorted(o for q, o in delivered.values() if q == p)
-        assert offs == list(range(len(offs))), f"p{p}: acked offsets not dense from 0"
+    check_acks(delivered)
 
 
 def test_read_back_by_assignment(bootstrap, topic, delivered):
