@@ -298,3 +298,108 @@ async fn committed_offsets_survive_restart() {
     std::mem::forget(c);
     broker.shutdown().await;
 }
+
+/// A member that dies without LeaveGroup (a raw client that joins, syncs
+/// and then goes silent) is expired after its session timeout, and its
+/// partitions go back to the live member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_member_expires_after_its_session_timeout() {
+    use bytes::{Buf, BytesMut};
+    use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::{GroupId, JoinGroupRequest, JoinGroupResponse, SyncGroupRequest, SyncGroupResponse};
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.group_initial_rebalance_delay_ms = Some(0);
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    drop(admin);
+
+    // The live member, polled on its own thread for the whole test.
+    let live = Arc::new(group_consumer(addr, "expiry", 0));
+    let sizes: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (live, sizes, stop) = (live.clone(), sizes.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = live.poll(Duration::from_millis(50));
+                let n = live.assignment().map(|a| a.count()).unwrap_or(0);
+                let mut s = sizes.lock().unwrap();
+                if s.last() != Some(&n) {
+                    s.push(n);
+                }
+            }
+        })
+    };
+    let wait_for = |want: usize| {
+        let sizes = sizes.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while sizes.lock().unwrap().last() != Some(&want) {
+                assert!(Instant::now() < deadline, "live member never held {want}: {:?}", sizes.lock().unwrap());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_for(12).await;
+
+    // The raw member: JoinGroup v5 (member id round trip), SyncGroup, silence.
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    async fn call<Req: Encodable, Resp: Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
+        let mut body = BytesMut::new();
+        req.encode(&mut body, version).unwrap();
+        sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
+        let mut len = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
+        let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+        sock.read_exact(&mut b).await.unwrap();
+        let mut b = bytes::Bytes::from(b);
+        assert_eq!(b.get_i32(), id);
+        Resp::decode(&mut b, version).unwrap()
+    }
+    let mut meta = BytesMut::new();
+    meta.extend_from_slice(&0i16.to_be_bytes());
+    ConsumerProtocolSubscription::default().with_topics(vec![StrBytes::from_static_str(TOPIC)]).encode(&mut meta, 0).unwrap();
+    let join = |member: StrBytes| {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("expiry")))
+            .with_session_timeout_ms(6000)
+            .with_rebalance_timeout_ms(30_000)
+            .with_member_id(member)
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default().with_name(StrBytes::from_static_str("range")).with_metadata(meta.clone().freeze())])
+    };
+    let first: JoinGroupResponse = call(&mut sock, 11, 5, 1, &join(StrBytes::new())).await;
+    assert_eq!(first.error_code, 79, "MEMBER_ID_REQUIRED");
+    let joined: JoinGroupResponse = call(&mut sock, 11, 5, 2, &join(first.member_id.clone())).await;
+    assert_eq!(joined.error_code, 0);
+    assert_ne!(joined.leader, joined.member_id, "the librdkafka member stays leader");
+    let synced: SyncGroupResponse = call(
+        &mut sock,
+        14,
+        3,
+        3,
+        &SyncGroupRequest::default().with_group_id(GroupId(StrBytes::from_static_str("expiry"))).with_generation_id(joined.generation_id).with_member_id(joined.member_id.clone()),
+    )
+    .await;
+    assert_eq!(synced.error_code, 0);
+    assert!(!synced.assignment.is_empty(), "the raw member got partitions");
+    wait_for(6).await;
+
+    // Killed: the socket goes away without a LeaveGroup. After the session
+    // timeout the coordinator expires it and the live member gets all 12.
+    drop(sock);
+    wait_for(12).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.join().unwrap();
+    let sizes = sizes.lock().unwrap().clone();
+    assert!(sizes.windows(2).any(|w| w == [6, 0] || w == [6, 12]), "partitions moved back after expiry: {sizes:?}");
+    std::mem::forget(live);
+    broker.shutdown().await;
+}
