@@ -304,12 +304,11 @@ async fn committed_offsets_survive_restart() {
 /// partitions go back to the live member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_member_expires_after_its_session_timeout() {
-    use bytes::{Buf, BytesMut};
+    use bytes::BytesMut;
     use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
     use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
     use kafka_protocol::messages::{GroupId, JoinGroupRequest, JoinGroupResponse, SyncGroupRequest, SyncGroupResponse};
-    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
 
     let dir = tempfile::tempdir().unwrap();
     let mut args = common::args(dir.path());
@@ -351,18 +350,6 @@ async fn silent_member_expires_after_its_session_timeout() {
 
     // The raw member: JoinGroup v5 (member id round trip), SyncGroup, silence.
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-    async fn call<Req: Encodable, Resp: Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
-        let mut body = BytesMut::new();
-        req.encode(&mut body, version).unwrap();
-        sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
-        let mut len = [0u8; 4];
-        tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
-        let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-        sock.read_exact(&mut b).await.unwrap();
-        let mut b = bytes::Bytes::from(b);
-        assert_eq!(b.get_i32(), id);
-        Resp::decode(&mut b, version).unwrap()
-    }
     let mut meta = BytesMut::new();
     meta.extend_from_slice(&0i16.to_be_bytes());
     ConsumerProtocolSubscription::default().with_topics(vec![StrBytes::from_static_str(TOPIC)]).encode(&mut meta, 0).unwrap();
@@ -401,5 +388,94 @@ async fn silent_member_expires_after_its_session_timeout() {
     let sizes = sizes.lock().unwrap().clone();
     assert!(sizes.windows(2).any(|w| w == [6, 0] || w == [6, 12]), "partitions moved back after expiry: {sizes:?}");
     std::mem::forget(live);
+    broker.shutdown().await;
+}
+
+/// One request on a raw connection; the response body after the header
+/// (header v0 for the versions used here).
+async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
+    use bytes::Buf;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, version).unwrap();
+    sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
+    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut b).await.unwrap();
+    let mut b = bytes::Bytes::from(b);
+    assert_eq!(b.get_i32(), id);
+    Resp::decode(&mut b, version).unwrap()
+}
+
+/// Bad group requests get Kafka's error codes, and another group carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_group_requests_get_kafka_error_codes() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::{GroupId, JoinGroupRequest, JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest, SyncGroupResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.group_initial_rebalance_delay_ms = Some(0);
+    let broker = common::start(args).await;
+    let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+    let s = |v: &str| StrBytes::from_string(v.to_owned());
+    let join = |group: &str, member: &str, ptype: &str, protocols: Vec<JoinGroupRequestProtocol>| {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_session_timeout_ms(10_000)
+            .with_rebalance_timeout_ms(10_000)
+            .with_member_id(s(member))
+            .with_protocol_type(s(ptype))
+            .with_protocols(protocols)
+    };
+    let range = || vec![JoinGroupRequestProtocol::default().with_name(s("range")).with_metadata(bytes::Bytes::from_static(b"m"))];
+
+    let r: JoinGroupResponse = call(&mut sock, 11, 5, 1, &join("g1", "", "", range())).await;
+    assert_eq!(r.error_code, 23, "empty protocol type: INCONSISTENT_GROUP_PROTOCOL");
+    let r: JoinGroupResponse = call(&mut sock, 11, 5, 2, &join("g1", "", "consumer", vec![])).await;
+    assert_eq!(r.error_code, 23, "no protocols: INCONSISTENT_GROUP_PROTOCOL");
+    let r: JoinGroupResponse = call(&mut sock, 11, 5, 3, &join("g1", "nobody", "consumer", range())).await;
+    assert_eq!(r.error_code, 25, "unknown member: UNKNOWN_MEMBER_ID");
+    let r: JoinGroupResponse = call(&mut sock, 11, 5, 4, &join(&"g".repeat(300), "", "consumer", range())).await;
+    assert_eq!(r.error_code, 24, "group id over the length limit: INVALID_GROUP_ID");
+
+    // A real one-member group in g2; a member of another group is unknown there.
+    let first: JoinGroupResponse = call(&mut sock, 11, 5, 5, &join("g2", "", "consumer", range())).await;
+    assert_eq!(first.error_code, 79);
+    let joined: JoinGroupResponse = call(&mut sock, 11, 5, 6, &join("g2", &first.member_id, "consumer", range())).await;
+    assert_eq!((joined.error_code, joined.generation_id), (0, 1));
+    // The leader's assignment names a non-member: ignored, as Kafka does.
+    let sync = SyncGroupRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id(1).with_member_id(joined.member_id.clone()).with_assignments(vec![
+        SyncGroupRequestAssignment::default().with_member_id(joined.member_id.clone()).with_assignment(bytes::Bytes::from_static(b"a")),
+        SyncGroupRequestAssignment::default().with_member_id(s("stranger")).with_assignment(bytes::Bytes::from_static(b"b")),
+    ]);
+    let r: SyncGroupResponse = call(&mut sock, 14, 3, 7, &sync).await;
+    assert_eq!((r.error_code, &r.assignment[..]), (0, &b"a"[..]));
+    let stale = SyncGroupRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id(7).with_member_id(joined.member_id.clone());
+    let r: SyncGroupResponse = call(&mut sock, 14, 3, 8, &stale).await;
+    assert_eq!(r.error_code, 22, "stale generation: ILLEGAL_GENERATION");
+    let other = SyncGroupRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id(1).with_member_id(s("stranger"));
+    let r: SyncGroupResponse = call(&mut sock, 14, 3, 9, &other).await;
+    assert_eq!(r.error_code, 25, "SyncGroup from a non-member: UNKNOWN_MEMBER_ID");
+
+    // OffsetCommit: unknown topic per partition; stale generation and
+    // unknown member for the whole request.
+    let commit = |gen: i32, member: &str, topic: &str| {
+        OffsetCommitRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id_or_member_epoch(gen).with_member_id(s(member)).with_topics(vec![
+            OffsetCommitRequestTopic::default().with_name(TopicName(s(topic))).with_partitions(vec![OffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(5)]),
+        ])
+    };
+    let code = |r: &OffsetCommitResponse| r.topics[0].partitions[0].error_code;
+    let r: OffsetCommitResponse = call(&mut sock, 8, 2, 10, &commit(1, &joined.member_id, "no.such.topic")).await;
+    assert_eq!(code(&r), 3, "UNKNOWN_TOPIC_OR_PARTITION");
+    let r: OffsetCommitResponse = call(&mut sock, 8, 2, 11, &commit(0, &joined.member_id, "no.such.topic")).await;
+    assert_eq!(code(&r), 22, "ILLEGAL_GENERATION");
+    let r: OffsetCommitResponse = call(&mut sock, 8, 2, 12, &commit(1, "stranger", "no.such.topic")).await;
+    assert_eq!(code(&r), 25, "UNKNOWN_MEMBER_ID");
+    drop(sock);
     broker.shutdown().await;
 }
