@@ -77,14 +77,23 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background, expiry })
 }
 
+/// Waits for the next tick of a background loop; false once the broker
+/// stops.
+async fn next_tick(tick: &mut tokio::time::Interval, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tick.tick() => true,
+        _ = stop.changed() => false,
+    }
+}
+
+fn interval_after_first(every: Duration) -> tokio::time::Interval {
+    let start = tokio::time::Instant::now() + every;
+    tokio::time::interval_at(start, every)
+}
+
 async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+    let mut tick = interval_after_first(every);
+    while next_tick(&mut tick, &mut stop).await {
         let e = engine.clone();
         match tokio::task::spawn_blocking(move || e.enforce_retention()).await {
             Ok(Ok(deleted)) if deleted > 0 => tracing::info!(deleted, "retention deleted segments"),
@@ -100,13 +109,8 @@ async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::R
 /// that long and its newest commit is that old.
 async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut stop: watch::Receiver<bool>) {
     let every = Duration::from_millis((retention_ms as u64 / 10).clamp(1000, 600_000));
-    let mut tick = tokio::time::interval(every);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
+    let mut tick = interval_after_first(every);
+    while next_tick(&mut tick, &mut stop).await {
         let engine = coordinator.engine().clone();
         let cutoff = engine.now_ms() - retention_ms;
         let candidates = coordinator.empty_since(cutoff).await;

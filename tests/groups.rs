@@ -54,6 +54,18 @@ fn group_consumer(addr: std::net::SocketAddr, group: &str, n: usize) -> BaseCons
     consumer
 }
 
+/// A broker whose groups rebalance without the initial delay.
+fn group_args(dir: &std::path::Path) -> canopy::config::ServeArgs {
+    let mut args = common::args(dir);
+    args.group_initial_rebalance_delay_ms = Some(0);
+    args
+}
+
+async fn create_shared_topic(addr: std::net::SocketAddr) {
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+}
+
 async fn produce(addr: std::net::SocketAddr, from: usize, to: usize) {
     let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
     let mut futs = Vec::new();
@@ -164,12 +176,10 @@ fn wait_for_assignment(consumers: &[Arc<BaseConsumer>], want: &[usize]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_consumers_share_partitions_and_take_over() {
     let dir = tempfile::tempdir().unwrap();
-    let mut args = common::args(dir.path());
-    args.group_initial_rebalance_delay_ms = Some(0);
+    let args = group_args(dir.path());
     let broker = common::start(args).await;
     let addr = broker.kafka_addr;
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    create_shared_topic(addr).await;
 
     let consumers: Vec<Arc<BaseConsumer>> = (0..3).map(|n| Arc::new(group_consumer(addr, "sharers", n))).collect();
     let c2 = consumers.clone();
@@ -231,7 +241,6 @@ async fn three_consumers_share_partitions_and_take_over() {
     // to application", then nothing). Leaking them ends the test; the
     // broker's shutdown closes their connections.
     std::mem::forget(survivors);
-    drop(admin);
     eprintln!("consumers closed");
     broker.shutdown().await;
 }
@@ -241,13 +250,10 @@ async fn three_consumers_share_partitions_and_take_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_offsets_survive_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut args = common::args(dir.path());
-    args.group_initial_rebalance_delay_ms = Some(0);
+    let args = group_args(dir.path());
     let broker = common::start(args.clone()).await;
     let addr = broker.kafka_addr;
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
-    drop(admin);
+    create_shared_topic(addr).await;
     produce(addr, 0, 1_200).await;
 
     // Read half of every partition and commit there.
@@ -311,13 +317,10 @@ async fn silent_member_expires_after_its_session_timeout() {
     use kafka_protocol::protocol::{Encodable, StrBytes};
 
     let dir = tempfile::tempdir().unwrap();
-    let mut args = common::args(dir.path());
-    args.group_initial_rebalance_delay_ms = Some(0);
+    let args = group_args(dir.path());
     let broker = common::start(args).await;
     let addr = broker.kafka_addr;
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
-    drop(admin);
+    create_shared_topic(addr).await;
 
     // The live member, polled on its own thread for the whole test.
     let live = Arc::new(group_consumer(addr, "expiry", 0));
@@ -418,8 +421,7 @@ async fn bad_group_requests_get_kafka_error_codes() {
     use kafka_protocol::protocol::StrBytes;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut args = common::args(dir.path());
-    args.group_initial_rebalance_delay_ms = Some(0);
+    let args = group_args(dir.path());
     let broker = common::start(args).await;
     let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
     let s = |v: &str| StrBytes::from_string(v.to_owned());

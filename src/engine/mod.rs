@@ -578,10 +578,6 @@ impl Engine {
         }
         tracing::info!(clean = synced, "engine stopped");
     }
-
-    pub fn data_dir(&self) -> &Path {
-        &self.cfg.data_dir
-    }
 }
 
 fn short_id(u: &uuid::Uuid) -> String {

@@ -960,14 +960,6 @@ impl Storage {
         Ok((advanced, deleted))
     }
 
-    /// Raises a tp's log start (DeleteRecords, or a persisted value).
-    pub fn set_log_start(&self, tp: &Tp, start: i64) {
-        if let Some(part) = self.parts.read().expect("parts lock").get(tp) {
-            let mut st = part.st.write().expect("partition lock");
-            st.log_start = st.log_start.max(start.min(st.hw));
-        }
-    }
-
     fn delete_dead_segments(&self, branches: &[Arc<Branch>]) -> Result<usize, StorageError> {
         let mut deleted = 0;
         for branch in branches {
