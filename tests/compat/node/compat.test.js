@@ -9,19 +9,15 @@
 //     acks' base offsets give the partition and offset of every record;
 //   * admin.fetchTopicOffsets (ListOffsets earliest + latest): low 0 and high
 //     = records per partition, 10,000 in total.
-// What kafkajs does NOT cover here, and why:
-//   * consuming. kafkajs has no assign() API: its only consumer joins a
-//     consumer group (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
-//     OffsetFetch/OffsetCommit), and Canopy has no group coordinator yet. So
-//     the records kafkajs produced are read back with kcat (librdkafka), by
-//     explicit partition from the beginning, and checked here record by
-//     record against what kafkajs acked. Once groups land, replace that with a
-//     kafkajs consumer.
+//   * consumer groups: a group consumer reads back all 10,000 records
+//     (checked record by record against the acks) and commits as it goes;
+//     two members share a topic, one leaves (LeaveGroup) and the other takes
+//     over from its commits with nothing consumed twice; admin.fetchOffsets,
+//     describeGroups, listGroups, deleteGroups.
 'use strict'
 
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { spawnSync } = require('node:child_process')
 const { Kafka, Partitioners, logLevel } = require('kafkajs')
 
 const BOOTSTRAP = process.env.BOOTSTRAP
@@ -29,7 +25,6 @@ const N_RECORDS = 10000
 const N_PARTITIONS = 3
 const SEND_CHUNK = 500
 const TOPIC = `compat.kafkajs.${Date.now()}.${process.pid}`
-const KCAT = process.env.KCAT || 'kcat'
 
 const record = i => {
   const n = String(i).padStart(5, '0')
@@ -135,34 +130,119 @@ test('admin.fetchTopicOffsets: low 0, high = records per partition, 10,000 in to
   assert.equal(total, N_RECORDS)
 })
 
-test('records read back by partition (via kcat) match what kafkajs acked', { timeout: 120000 }, () => {
+// Runs a kafkajs group consumer until `until()`; collects every message.
+const startMember = async (groupId, topic, name, seen) => {
+  const consumer = kafka.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 500, maxWaitTimeInMs: 100, rebalanceTimeout: 20000 })
+  const member = { name, consumer, assigned: [] }
+  consumer.on(consumer.events.GROUP_JOIN, e => { member.assigned = (e.payload.memberAssignment[topic] || []).slice().sort() })
+  await consumer.connect()
+  await consumer.subscribe({ topic, fromBeginning: true })
+  await consumer.run({
+    eachMessage: async ({ partition, message }) => {
+      const at = `${partition}@${message.offset}`
+      if (!seen.has(at)) seen.set(at, [])
+      seen.get(at).push({ who: name, partition, offset: Number(message.offset), message })
+    },
+  })
+  return member
+}
+
+const waitFor = async (cond, what, ms = 60000) => {
+  const deadline = Date.now() + ms
+  while (!cond()) {
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`)
+    await new Promise(r => setTimeout(r, 50))
+  }
+}
+
+test('a kafkajs group consumer reads back exactly what kafkajs acked, and commits', { timeout: 120000 }, async () => {
   assert.ok(state.acked, 'produce did not complete')
-  const which = spawnSync(KCAT, ['-V'], { encoding: 'utf8' })
-  assert.ok(!which.error && which.status === 0, `kcat is needed to read back (kafkajs has no assign()): ${which.error || which.stderr}`)
-  const seen = new Set()
-  for (let p = 0; p < N_PARTITIONS; p++) {
-    const r = spawnSync(KCAT, ['-b', BOOTSTRAP, '-C', '-t', TOPIC, '-p', String(p), '-o', 'beginning', '-e', '-J', '-q',
-      '-X', 'socket.timeout.ms=20000'], { encoding: 'utf8', maxBuffer: 256 << 20, timeout: 90000 })
-    assert.equal(r.status, 0, `kcat -C p${p} failed: ${r.error || r.stderr}`)
-    const recs = r.stdout.split('\n').filter(l => l.trim()).map(l => JSON.parse(l))
-    assert.ok(recs.length > 0, `p${p} is empty`)
-    let prevSeq = -1
-    recs.forEach((m, idx) => {
-      assert.equal(m.offset, idx, `p${p}: offsets not dense from 0 (index ${idx} has offset ${m.offset})`)
-      assert.equal(m.partition, p)
-      const seq = Number(m.key.slice(2))
-      const exp = record(seq)
-      assert.equal(m.key, exp.key)
-      assert.equal(m.payload, exp.value, `p${p}@${m.offset}: value`)
-      assert.deepEqual(m.headers, ['seq', exp.headers.seq, 'src', 'compat'], `p${p}@${m.offset}: headers`)
-      assert.ok(!seen.has(m.key), `duplicate key ${m.key}`)
-      seen.add(m.key)
-      assert.deepEqual(state.acked.get(m.key), [p, m.offset], `${m.key}: acked vs read position`)
-      assert.ok(seq > prevSeq, `p${p}: records not in produce order at offset ${m.offset}`)
-      prevSeq = seq
-    })
+  const groupId = `${TOPIC}.readback`
+  const seen = new Map() // "p@offset" -> [{who, partition, offset, message}]
+  const member = await startMember(groupId, TOPIC, 'reader', seen)
+  try {
+    await waitFor(() => seen.size >= N_RECORDS, `${N_RECORDS} records (have ${seen.size})`)
+  } finally {
+    await member.consumer.disconnect()
   }
   assert.equal(seen.size, N_RECORDS)
+  const keys = new Set()
+  const perPartition = new Map()
+  for (const [at, [first, ...again]] of seen) {
+    assert.equal(again.length, 0, `${at} consumed twice`)
+    const { partition: p, offset, message: m } = first
+    const key = m.key.toString()
+    const exp = record(Number(key.slice(2)))
+    assert.equal(key, exp.key)
+    assert.equal(m.value.toString(), exp.value, `${at}: value`)
+    assert.deepEqual(Object.fromEntries(Object.entries(m.headers).map(([k, v]) => [k, v.toString()])), exp.headers, `${at}: headers`)
+    assert.deepEqual(state.acked.get(key), [p, offset], `${key}: acked vs read position`)
+    assert.ok(!keys.has(key), `duplicate key ${key}`)
+    keys.add(key)
+    if (!perPartition.has(p)) perPartition.set(p, [])
+    perPartition.get(p).push([offset, Number(key.slice(2))])
+  }
+  for (const [p, recs] of perPartition) {
+    recs.sort((a, b) => a[0] - b[0])
+    recs.forEach(([offset, seq], i) => {
+      assert.equal(offset, i, `p${p}: offsets not dense from 0`)
+      if (i > 0) assert.ok(seq > recs[i - 1][1], `p${p}: records not in produce order at offset ${offset}`)
+    })
+  }
+  // The commits kafkajs made are the end of every partition.
+  const [committed] = await admin.fetchOffsets({ groupId, topics: [TOPIC] })
+  const ends = await admin.fetchTopicOffsets(TOPIC)
+  assert.deepEqual(
+    committed.partitions.map(p => [p.partition, p.offset]).sort(),
+    ends.map(o => [o.partition, o.high]).sort())
+  const { groups } = await admin.describeGroups([groupId])
+  assert.equal(groups[0].state, 'Empty', JSON.stringify(groups[0]))
+  assert.ok((await admin.listGroups()).groups.some(g => g.groupId === groupId), 'group not listed')
+})
+
+test('two kafkajs members share a topic; one leaves and the other resumes from its commits', { timeout: 180000 }, async () => {
+  const topic = `${TOPIC}.group`
+  await admin.createTopics({ topics: [{ topic, numPartitions: N_PARTITIONS, replicationFactor: 1 }], waitForLeaders: true })
+  const groupId = `${topic}.sharers`
+  const seen = new Map()
+  const a = await startMember(groupId, topic, 'member-a', seen)
+  const b = await startMember(groupId, topic, 'member-b', seen)
+  let bOpen = true
+  try {
+    await waitFor(() => a.assigned.length > 0 && b.assigned.length > 0 &&
+      new Set([...a.assigned, ...b.assigned]).size === N_PARTITIONS && a.assigned.length + b.assigned.length === N_PARTITIONS,
+    `both members to share the partitions (a ${a.assigned}, b ${b.assigned})`)
+    const sendRange = async (from, to) => {
+      const messages = []
+      for (let i = from; i < to; i++) messages.push(record(i))
+      await producer.send({ topic, acks: -1, messages })
+    }
+    await sendRange(0, 3000)
+    await waitFor(() => seen.size >= 3000, `3000 records (have ${seen.size})`)
+    const who = new Set([...seen.values()].map(v => v[0].who))
+    assert.deepEqual([...who].sort(), ['member-a', 'member-b'], 'both members consumed')
+
+    await a.consumer.disconnect() // LeaveGroup
+    await waitFor(() => b.assigned.length === N_PARTITIONS, `member-b to take over (has ${b.assigned})`)
+    await sendRange(3000, 6000)
+    await waitFor(() => seen.size >= 6000, `6000 records (have ${seen.size})`)
+    await new Promise(r => setTimeout(r, 500)) // anything read twice shows up now
+    for (const [at, v] of seen) assert.equal(v.length, 1, `${at} consumed twice: ${v.map(x => x.who)}`)
+    assert.equal(seen.size, 6000)
+    const { groups } = await admin.describeGroups([groupId])
+    assert.equal(groups[0].state, 'Stable')
+    assert.deepEqual(groups[0].members.map(m => m.clientId), ['compat-kafkajs'])
+    await b.consumer.disconnect()
+    bOpen = false
+    const [committed] = await admin.fetchOffsets({ groupId, topics: [topic] })
+    const ends = await admin.fetchTopicOffsets(topic)
+    assert.deepEqual(committed.partitions.map(p => [p.partition, p.offset]).sort(), ends.map(o => [o.partition, o.high]).sort())
+    await admin.deleteGroups([groupId])
+    assert.ok(!(await admin.listGroups()).groups.some(g => g.groupId === groupId), 'deleted group still listed')
+  } finally {
+    await a.consumer.disconnect().catch(() => {})
+    if (bOpen) await b.consumer.disconnect().catch(() => {})
+  }
 })
 
 test('metadata: listTopics and describeCluster show the topic and the broker', async () => {

@@ -5,6 +5,7 @@ in BOOTSTRAP=host:port. Without it the tests fail (never skip): a compat run
 that silently tested nothing would look green.
 """
 import os
+import threading
 import time
 import uuid
 
@@ -76,3 +77,100 @@ def check_read_back(per_partition, delivered, n=N_RECORDS, partitions=N_PARTITIO
             seqs.append(i)
         assert seqs == sorted(seqs), f"p{p}: records not in produce order"
     assert len(seen) == n, f"read back {len(seen)} distinct keys, produced {n}"
+
+
+GROUP_RECORDS = 3_000
+
+
+class _Member(threading.Thread):
+    """One group member, polled on its own thread (clients are not
+    thread-safe, and a member must keep polling to take part in rebalances).
+
+    `client` is a small adapter: poll() -> [(partition, offset, key)],
+    assigned() -> set of partitions, commit(), close().
+    """
+
+    def __init__(self, name, make_client, seen, lock):
+        super().__init__(name=name, daemon=True)
+        self.make_client, self.seen, self.lock = make_client, seen, lock
+        self.assigned = set()
+        self.stop = threading.Event()
+        self.error = None
+
+    def run(self):
+        try:
+            client = self.make_client(self.name)
+            try:
+                while not self.stop.is_set():
+                    records = client.poll()
+                    with self.lock:
+                        for p, off, key in records:
+                            self.seen.setdefault((p, off), []).append((self.name, key))
+                    if records:
+                        client.commit()
+                    self.assigned = client.assigned()
+            finally:
+                client.close()
+        except BaseException as e:  # reported by the test thread
+            self.error = e
+
+
+def group_scenario(topic, produce, make_client, partitions=N_PARTITIONS):
+    """Two members of one group share `topic`, consume and commit; one leaves
+    and the other takes over from its commits. Every record is consumed
+    exactly once. Returns the member still in the group's name.
+
+    produce(start, n) produces record(start) .. record(start + n - 1) and
+    returns {key: (partition, offset)}.
+    """
+    seen, lock = {}, threading.Lock()
+    a = _Member("member-a", make_client, seen, lock)
+    b = _Member("member-b", make_client, seen, lock)
+
+    def wait(cond, what, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            for m in (a, b):
+                if m.error is not None:
+                    raise AssertionError(f"{m.name} failed") from m.error
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: a={a.assigned} b={b.assigned}"
+            time.sleep(0.05)
+
+    a.start()
+    b.start()
+    try:
+        wait(lambda: a.assigned and b.assigned and len(a.assigned) + len(b.assigned) == partitions
+             and not a.assigned & b.assigned, "both members to share the partitions")
+        delivered = produce(0, GROUP_RECORDS)
+        wait(lambda: len(seen) >= GROUP_RECORDS, f"{GROUP_RECORDS} records")
+        with lock:
+            assert {who[0][0] for who in seen.values()} == {"member-a", "member-b"}, "both members consumed"
+
+        # a leaves (close sends LeaveGroup): b takes every partition and
+        # resumes from a's commits.
+        a.stop.set()
+        a.join(30)
+        assert not a.is_alive(), "member-a did not close"
+        assert a.error is None, a.error
+        wait(lambda: b.assigned == set(range(partitions)), "member-b to take over")
+        delivered.update(produce(GROUP_RECORDS, GROUP_RECORDS))
+        wait(lambda: len(seen) >= 2 * GROUP_RECORDS, f"{2 * GROUP_RECORDS} records")
+        time.sleep(0.5)  # anything read twice would show up now
+        with lock:
+            dups = {k: v for k, v in seen.items() if len(v) > 1}
+            assert not dups, f"records consumed twice: {list(dups.items())[:5]}"
+            assert len(seen) == 2 * GROUP_RECORDS
+            for (p, off), [(_, key)] in seen.items():
+                assert delivered[key] == (p, off), (key, delivered[key], (p, off))
+    except BaseException:
+        a.stop.set()
+        b.stop.set()
+        raise
+    return b
+
+
+def finish_member(member):
+    member.stop.set()
+    member.join(30)
+    assert not member.is_alive(), f"{member.name} did not close"
+    assert member.error is None, member.error

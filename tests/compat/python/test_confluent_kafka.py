@@ -3,20 +3,24 @@
 Covers: AdminClient.create_topics / list_topics / describe_cluster, Producer
 (keys + headers, acks=all, enable.idempotence=False: Canopy has no
 InitProducerId yet), Consumer by explicit assign() at OFFSET_BEGINNING,
-get_watermark_offsets (ListOffsets) and metadata.
+get_watermark_offsets (ListOffsets) and metadata; and consumer groups: two
+subscribed members share a topic and commit, one leaves and the other resumes
+from its commits (conftest.group_scenario), then list_consumer_groups,
+describe_consumer_groups, list_consumer_group_offsets and
+delete_consumer_groups.
 
-librdkafka's Consumer insists on a group.id even when it only uses assign();
-we set one but never touch the group: no subscribe(), enable.auto.commit and
-enable.auto.offset.store off, no commit() (Canopy has no group coordinator
-yet). close() of an assign()-only consumer sends nothing to the group.
+The assign()-only consumer still needs a group.id (librdkafka insists); it
+never subscribes or commits, so that group is never touched.
 """
 import time
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicCollection, TopicPartition
+from confluent_kafka import (OFFSET_BEGINNING, Consumer, ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaError,
+                             KafkaException, Producer, TopicCollection, TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import N_PARTITIONS, N_RECORDS, check_acks, check_read_back, record, unique_topic
+from conftest import (N_PARTITIONS, N_RECORDS, check_acks, check_read_back, finish_member, group_scenario, record,
+                      unique_topic)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +45,8 @@ def topic(admin):
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def delivered(bootstrap, topic):
-    """Produce N_RECORDS keyed records with headers; returns {key: (partition, offset)}."""
+def produce(bootstrap, topic, start=0, n=N_RECORDS):
+    """Produce record(start) .. record(start + n - 1); returns {key: (partition, offset)}."""
     producer = Producer({
         "bootstrap.servers": bootstrap,
         "client.id": "compat-confluent-producer",
@@ -62,7 +65,7 @@ def delivered(bootstrap, topic):
         else:
             acks[msg.key()] = (msg.partition(), msg.offset())
 
-    for i in range(N_RECORDS):
+    for i in range(start, start + n):
         key, value, headers = record(i)
         while True:
             try:
@@ -75,6 +78,12 @@ def delivered(bootstrap, topic):
     assert remaining == 0, f"{remaining} records not delivered after 60 s"
     assert not errors, f"{len(errors)} delivery errors, first: {errors[:3]}"
     return acks
+
+
+@pytest.fixture(scope="module")
+def delivered(bootstrap, topic):
+    """N_RECORDS keyed records with headers; {key: (partition, offset)}."""
+    return produce(bootstrap, topic)
 
 
 def test_create_topic_visible(admin, topic):
@@ -147,3 +156,72 @@ def test_metadata(bootstrap, admin, topic):
     cluster = admin.describe_cluster(request_timeout=10).result(timeout=20)
     assert cluster.nodes, cluster
     assert any(n.host == host and n.port == int(port) for n in cluster.nodes), cluster.nodes
+
+
+class GroupClient:
+    """conftest.group_scenario's adapter for a subscribed Consumer."""
+
+    def __init__(self, bootstrap, topic, group, name):
+        self.c = Consumer({
+            "bootstrap.servers": bootstrap,
+            "client.id": name,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": 500,
+            "fetch.wait.max.ms": 100,
+        })
+        self.c.subscribe([topic])
+
+    def poll(self):
+        out = []
+        for m in self.c.consume(num_messages=500, timeout=0.1):
+            if m.error():
+                raise KafkaException(m.error())
+            out.append((m.partition(), m.offset(), m.key()))
+        return out
+
+    def assigned(self):
+        return {tp.partition for tp in self.c.assignment()}
+
+    def commit(self):
+        self.c.commit(asynchronous=False)
+
+    def close(self):
+        self.c.close()
+
+
+def test_group_members_share_commit_and_hand_over(bootstrap, admin):
+    topic = unique_topic("confluent_kafka_group")
+    admin.create_topics([NewTopic(topic, num_partitions=N_PARTITIONS, replication_factor=1)])[topic].result(timeout=30)
+    group = topic + ".group"
+    survivor = group_scenario(topic, lambda start, n: produce(bootstrap, topic, start, n),
+                              lambda name: GroupClient(bootstrap, topic, group, name))
+    try:
+        # The group through the admin API: listed, one Stable member, and its
+        # commits at the end of every partition.
+        listed = admin.list_consumer_groups(request_timeout=10).result(timeout=20)
+        assert group in [g.group_id for g in listed.valid], listed.valid
+        desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
+        assert desc.state == ConsumerGroupState.STABLE, desc.state
+        assert [m.client_id for m in desc.members] == ["member-b"], desc.members
+        committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(timeout=20)
+        offsets = {tp.partition: tp.offset for tp in committed.topic_partitions if tp.topic == topic}
+        ends = {p: admin_watermark(bootstrap, topic, p) for p in range(N_PARTITIONS)}
+        assert offsets == ends, (offsets, ends)
+    finally:
+        finish_member(survivor)
+    desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
+    assert desc.state == ConsumerGroupState.EMPTY and not desc.members, desc
+    admin.delete_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
+    listed = admin.list_consumer_groups(request_timeout=10).result(timeout=20)
+    assert group not in [g.group_id for g in listed.valid]
+
+
+def admin_watermark(bootstrap, topic, partition):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "compat-confluent-unused"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+    finally:
+        c.close()

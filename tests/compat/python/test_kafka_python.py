@@ -2,16 +2,20 @@
 
 Covers: KafkaAdminClient.create_topics / describe_topics / describe_cluster,
 KafkaProducer (keys + headers, acks=all, idempotence off: Canopy has no
-InitProducerId yet), KafkaConsumer by explicit assign() + seek_to_beginning()
-(no group: Canopy has no group coordinator yet; group_id=None, so no offset
-commits), beginning/end offsets (ListOffsets) and metadata.
+InitProducerId yet), KafkaConsumer by explicit assign() + seek_to_beginning(),
+beginning/end offsets (ListOffsets) and metadata; and consumer groups: two
+subscribed members share a topic and commit, one leaves and the other resumes
+from its commits (conftest.group_scenario), then the admin API's view of the
+group (list_groups, describe_groups, list_group_offsets through the
+multi-group OffsetFetch, delete_groups).
 """
 import time
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from conftest import N_PARTITIONS, N_RECORDS, check_acks, check_read_back, record, unique_topic
+from conftest import (N_PARTITIONS, N_RECORDS, check_acks, check_read_back, finish_member, group_scenario, record,
+                      unique_topic)
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +36,14 @@ def topic(admin):
     return name
 
 
-@pytest.fixture(scope="module")
-def delivered(bootstrap, topic):
-    """Produce N_RECORDS keyed records with headers; returns {key: (partition, offset)}."""
+def produce(bootstrap, topic, start=0, n=N_RECORDS):
+    """Produce record(start) .. record(start + n - 1); returns {key: (partition, offset)}."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="compat-kafka-python-producer",
                              acks="all", enable_idempotence=False, linger_ms=5,
                              max_in_flight_requests_per_connection=1, request_timeout_ms=20000)
     try:
         futures = []
-        for i in range(N_RECORDS):
+        for i in range(start, start + n):
             key, value, headers = record(i)
             futures.append((key, producer.send(topic, key=key, value=value, headers=headers)))
         producer.flush(timeout=60)
@@ -52,6 +55,12 @@ def delivered(bootstrap, topic):
         return acks
     finally:
         producer.close(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def delivered(bootstrap, topic):
+    """N_RECORDS keyed records with headers; {key: (partition, offset)}."""
+    return produce(bootstrap, topic)
 
 
 def test_create_topic_visible(admin, topic):
@@ -108,5 +117,65 @@ def test_metadata(bootstrap, admin, topic):
     try:
         assert topic in consumer.topics()
         assert consumer.partitions_for_topic(topic) == set(range(N_PARTITIONS))
+    finally:
+        consumer.close(autocommit=False)
+
+
+class GroupClient:
+    """conftest.group_scenario's adapter for a subscribed KafkaConsumer."""
+
+    def __init__(self, bootstrap, topic, group, name):
+        self.c = KafkaConsumer(topic, bootstrap_servers=bootstrap, client_id=name, group_id=group,
+                               enable_auto_commit=False, auto_offset_reset="earliest",
+                               session_timeout_ms=10000, heartbeat_interval_ms=500,
+                               fetch_max_wait_ms=100, request_timeout_ms=30000)
+
+    def poll(self):
+        return [(tp.partition, m.offset, m.key) for tp, msgs in self.c.poll(timeout_ms=100).items() for m in msgs]
+
+    def assigned(self):
+        return {tp.partition for tp in self.c.assignment()}
+
+    def commit(self):
+        self.c.commit()
+
+    def close(self):
+        self.c.close(autocommit=False)
+
+
+def test_group_members_share_commit_and_hand_over(bootstrap, admin):
+    topic = unique_topic("kafka_python_group")
+    admin.create_topics({topic: {"num_partitions": N_PARTITIONS, "replication_factor": 1}},
+                        timeout_ms=10000, wait_for_metadata=True)
+    group = topic + ".group"
+    survivor = group_scenario(topic, lambda start, n: produce(bootstrap, topic, start, n),
+                              lambda name: GroupClient(bootstrap, topic, group, name))
+    try:
+        # The group as the admin API sees it: listed, one Stable member, and
+        # its commits at the end of every partition.
+        listed = admin.list_groups()
+        assert group in [g["group_id"] for g in listed], listed
+        desc = admin.describe_groups([group])[group]
+        assert desc["group_state"] == "Stable", desc
+        assert [m["client_id"] for m in desc["members"]] == ["member-b"], desc
+        committed = admin.list_group_offsets({group: None})[group]
+        assert {tp.partition: om.offset for tp, om in committed.items() if tp.topic == topic} == \
+            {p: n for p, n in enumerate(partition_counts(bootstrap, topic))}
+    finally:
+        finish_member(survivor)
+    desc = admin.describe_groups([group])[group]
+    assert desc["group_state"] == "Empty" and not desc["members"], desc
+    # DeleteGroups removes the group and its offsets.
+    deleted = admin.delete_groups([group])
+    assert list(deleted) == [group] and getattr(deleted[group], "errno", 0) == 0, deleted
+    assert not admin.list_group_offsets({group: None})[group]
+
+
+def partition_counts(bootstrap, topic):
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(N_PARTITIONS)]
+        end = consumer.end_offsets(tps)
+        return [end[tp] for tp in tps]
     finally:
         consumer.close(autocommit=False)
