@@ -104,33 +104,50 @@ async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::R
     }
 }
 
-/// Offsets of groups without members expire after `retention_ms` (Kafka's
-/// `offsets.retention.minutes`): a group qualifies once it has been empty
-/// that long and its newest commit is that old.
+/// Cleans up groups without members, every `retention_ms / 10` (1 s to
+/// 10 min, Kafka's `offsets.retention.check.interval.ms`). An idle group
+/// with no committed offsets is forgotten (nothing of it is worth keeping,
+/// so join attempts that never come back cannot pile up groups). Offsets of
+/// a group empty for `retention_ms` (Kafka's `offsets.retention.minutes`)
+/// whose newest commit is that old are removed, and the group with them.
 async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut stop: watch::Receiver<bool>) {
     let every = Duration::from_millis((retention_ms as u64 / 10).clamp(1000, 600_000));
     let mut tick = interval_after_first(every);
     while next_tick(&mut tick, &mut stop).await {
         let engine = coordinator.engine().clone();
         let cutoff = engine.now_ms() - retention_ms;
-        let candidates = coordinator.empty_since(cutoff).await;
-        for group in candidates {
-            let e = engine.clone();
-            let g = group.clone();
-            let expired = tokio::task::spawn_blocking(move || {
-                let rows = e.catalog().group_offsets(&g)?;
-                if rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
-                    e.catalog().remove_offsets(&g, None)?;
-                    e.catalog().flush()?;
-                    return Ok::<bool, crate::meta::MetaError>(true);
+        let idle = coordinator.idle_groups().await;
+        let e = engine.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let catalog = e.catalog();
+            let (mut forget, mut expired) = (Vec::new(), Vec::new());
+            for (group, empty_since) in idle {
+                let rows = catalog.group_offsets(&group)?;
+                if rows.is_empty() {
+                    forget.push(group);
+                } else if empty_since < cutoff && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
+                    catalog.remove_offsets(&group, None)?;
+                    expired.push(group);
                 }
-                Ok(false)
-            })
-            .await;
-            if let Ok(Ok(true)) = expired {
-                let _ = coordinator.delete(vec![group.clone()]).await;
-                tracing::info!(group = %group, "expired the committed offsets of an empty group");
             }
+            if !expired.is_empty() {
+                catalog.flush()?;
+            }
+            Ok::<_, crate::meta::MetaError>((forget, expired))
+        })
+        .await;
+        match outcome {
+            Ok(Ok((mut forget, expired))) => {
+                for group in &expired {
+                    tracing::info!(group = %group, "expired the committed offsets of an empty group");
+                }
+                forget.extend(expired);
+                if !forget.is_empty() {
+                    coordinator.forget_idle(forget).await;
+                }
+            }
+            Ok(Err(err)) => tracing::error!(error = %err, "offset expiry failed"),
+            Err(err) => tracing::error!(error = %err, "offset expiry task panicked"),
         }
     }
 }

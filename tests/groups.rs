@@ -670,3 +670,93 @@ async fn regex_subscription_picks_up_a_topic_created_later() {
     tokio::task::spawn_blocking(move || close_all(vec![c])).await.unwrap();
     broker.shutdown().await;
 }
+
+/// 10,000 JoinGroup attempts that never come back: one group holds at most
+/// `group_max_size` handed-out member ids (the rest get
+/// GROUP_MAX_SIZE_REACHED), those ids expire after the session timeout they
+/// asked with, and 10,000 groups created that way are forgotten by the
+/// cleanup pass — state stays bounded, and a real group carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_join_attempts_leave_bounded_state() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::{GroupId, JoinGroupRequest, JoinGroupResponse, ListGroupsRequest, ListGroupsResponse};
+    use kafka_protocol::protocol::StrBytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = group_args(dir.path());
+    args.group_min_session_timeout_ms = Some(1000);
+    args.group_max_size = Some(100);
+    // The cleanup pass runs every tenth of the retention (at least 1 s): 6 s.
+    args.offsets_retention_minutes = Some(1);
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let s = |v: &str| StrBytes::from_string(v.to_owned());
+    let join_for = |group: &str, member: &str, session_ms: i32| {
+        JoinGroupRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_session_timeout_ms(session_ms)
+            .with_rebalance_timeout_ms(session_ms)
+            .with_member_id(s(member))
+            .with_protocol_type(s("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default().with_name(s("range")).with_metadata(bytes::Bytes::from_static(b"m"))])
+    };
+    let join = |group: &str, member: &str| join_for(group, member, 10_000);
+    let mut id = 0;
+    let mut codes: HashMap<i16, usize> = HashMap::new();
+    for _ in 0..10_000 {
+        id += 1;
+        let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join("crowded", "")).await;
+        *codes.entry(r.error_code).or_default() += 1;
+    }
+    assert_eq!(codes, HashMap::from([(79, 100), (81, 9_900)]), "MEMBER_ID_REQUIRED up to the group size, then GROUP_MAX_SIZE_REACHED");
+
+    // Handed-out ids expire after the session timeout they asked with.
+    for _ in 0..100 {
+        id += 1;
+        let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
+        assert_eq!(r.error_code, 79);
+    }
+    id += 1;
+    let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
+    assert_eq!(r.error_code, 81, "full");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    id += 1;
+    let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
+    assert_eq!(r.error_code, 79, "room again once the ids expired");
+
+    // Another group is unaffected.
+    let mut other = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let first: JoinGroupResponse = call(&mut other, 11, 5, 1, &join("calm", "")).await;
+    assert_eq!(first.error_code, 79);
+    let joined: JoinGroupResponse = call(&mut other, 11, 5, 2, &join("calm", &first.member_id)).await;
+    assert_eq!((joined.error_code, joined.generation_id), (0, 1));
+
+    // 10,000 groups, one abandoned join attempt each.
+    for g in 0..10_000 {
+        id += 1;
+        let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join(&format!("drive-by-{g}"), "")).await;
+        assert_eq!(r.error_code, 79);
+    }
+    async fn list(sock: &mut tokio::net::TcpStream, id: i32) -> BTreeSet<String> {
+        let r: ListGroupsResponse = call(sock, 16, 2, id, &ListGroupsRequest::default()).await;
+        r.groups.into_iter().map(|g| g.group_id.0.to_string()).collect()
+    }
+    id += 1;
+    assert_eq!(list(&mut sock, id).await.iter().filter(|g| g.starts_with("drive-by-")).count(), 10_000);
+
+    // Once their ids expire, the cleanup pass forgets every group with
+    // neither members nor offsets.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        id += 1;
+        let groups = list(&mut sock, id).await;
+        if groups.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} groups still known", groups.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop((sock, other));
+    broker.shutdown().await;
+}

@@ -135,8 +135,10 @@ pub struct Group {
     pub protocol: Option<String>,
     pub leader: Option<String>,
     pub members: BTreeMap<String, Member>,
-    /// Ids handed out with MEMBER_ID_REQUIRED, not yet joined, with the
-    /// time they were handed out (they expire after a session timeout).
+    /// Ids handed out with MEMBER_ID_REQUIRED, not yet joined, with when
+    /// they expire: one session timeout (the asking request's) after they
+    /// were handed out, as Kafka does, so ids nobody comes back with do not
+    /// hold the group's slots for long.
     pending: HashMap<String, i64>,
     statics: HashMap<String, String>,
     /// PreparingRebalance: when the join phase ends whoever has joined.
@@ -180,6 +182,11 @@ impl Group {
         self.members.is_empty()
     }
 
+    /// No members and no member ids handed out that may still come back.
+    pub fn is_idle(&self) -> bool {
+        self.members.is_empty() && self.pending.is_empty()
+    }
+
     /// Handles a JoinGroup. The answer may come now or once the rebalance
     /// completes (then under `token`).
     pub fn join(&mut self, cfg: &GroupConfig, now: i64, token: Token, args: JoinArgs, new_member_id: impl FnOnce() -> String) -> Vec<Reply> {
@@ -211,7 +218,7 @@ impl Group {
             }
             let id = new_member_id();
             if args.require_known_member_id && args.instance_id.is_none() {
-                self.pending.insert(id.clone(), now);
+                self.pending.insert(id.clone(), now + args.session_timeout_ms as i64);
                 return fail(err(E::MemberIdRequired), &id);
             }
             return self.add_member(cfg, now, token, id, args);
@@ -617,7 +624,7 @@ impl Group {
     /// Expires members and phases whose time is up.
     pub fn tick(&mut self, cfg: &GroupConfig, now: i64) -> Vec<Reply> {
         let mut out = Vec::new();
-        self.pending.retain(|_, since| now - *since < cfg.max_session_timeout_ms as i64);
+        self.pending.retain(|_, expires| now < *expires);
         // Members parked in a join are waiting on us, not dead.
         let expired: Vec<String> = self
             .members
@@ -649,7 +656,8 @@ impl Group {
     /// When [`Group::tick`] next has work.
     pub fn next_deadline(&self) -> Option<i64> {
         let sessions = self.members.values().filter(|m| m.join.is_none()).map(|m| m.last_heartbeat_ms + m.session_timeout_ms as i64).min();
-        [sessions, self.join_deadline_ms, self.sync_deadline_ms].into_iter().flatten().min()
+        let pending = self.pending.values().copied().min();
+        [sessions, pending, self.join_deadline_ms, self.sync_deadline_ms].into_iter().flatten().min()
     }
 
     /// Whether an OffsetCommit with these ids may commit (Kafka's rules).
@@ -806,8 +814,10 @@ mod tests {
         }
         assert_eq!(errors[&E::MemberIdRequired.code()], 3);
         assert_eq!(errors[&E::GroupMaxSizeReached.code()], 10_000 - 3);
-        // Pending ids expire.
-        g.tick(&c, c.max_session_timeout_ms as i64 + 1);
+        // Pending ids expire after the session timeout they asked with.
+        g.tick(&c, args("", None).session_timeout_ms as i64 - 1);
+        assert_eq!(join_result(&g.join(&c, 0, 49_999, args("", None), || "early".into()), 49_999).error, E::GroupMaxSizeReached.code());
+        g.tick(&c, args("", None).session_timeout_ms as i64);
         assert_eq!(join_result(&g.join(&c, 0, 50_000, args("", None), || "late".into()), 50_000).error, E::MemberIdRequired.code());
     }
 }

@@ -11,7 +11,8 @@
 
 pub mod group;
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,8 +53,11 @@ enum Cmd {
     List { reply: oneshot::Sender<Vec<(String, String, &'static str)>> },
     Describe { groups: Vec<String>, reply: oneshot::Sender<Vec<GroupDescription>> },
     Delete { groups: Vec<String>, reply: oneshot::Sender<Vec<i16>> },
-    /// Groups with no members since before `before_ms`.
-    EmptySince { before_ms: i64, reply: oneshot::Sender<Vec<String>> },
+    /// Idle groups (no members, no pending member ids), each with the time
+    /// it last had members.
+    Idle { reply: oneshot::Sender<Vec<(String, i64)>> },
+    /// Drops these groups' in-memory state if they are still idle.
+    Forget { groups: Vec<String>, reply: oneshot::Sender<()> },
 }
 
 type Commit = (Vec<(String, String, i32, OffsetRecord)>, oneshot::Sender<Result<(), String>>);
@@ -129,8 +133,15 @@ impl Coordinator {
         self.ask(|reply| Cmd::Delete { groups, reply }).await.unwrap_or_else(|| vec![kafka_protocol::ResponseError::CoordinatorNotAvailable.code(); n])
     }
 
-    pub async fn empty_since(&self, before_ms: i64) -> Vec<String> {
-        self.ask(|reply| Cmd::EmptySince { before_ms, reply }).await.unwrap_or_default()
+    /// Groups with no members and no pending member ids, with when they
+    /// last had members.
+    pub async fn idle_groups(&self) -> Vec<(String, i64)> {
+        self.ask(|reply| Cmd::Idle { reply }).await.unwrap_or_default()
+    }
+
+    /// Forgets groups that are still idle (their offsets are the caller's).
+    pub async fn forget_idle(&self, groups: Vec<String>) {
+        self.ask(|reply| Cmd::Forget { groups, reply }).await;
     }
 
     /// Writes committed offsets and returns once they are durable.
@@ -156,13 +167,53 @@ enum Parked {
     Sync(oneshot::Sender<SyncResult>),
 }
 
+/// When each group next needs a `tick`: a min-heap of (deadline, group)
+/// holding at most one live entry per group. A group is re-scheduled after
+/// every command that touches it, but only when its deadline moved earlier;
+/// a deadline that moved later (a heartbeat) is found when the old entry
+/// comes due, so heartbeats cost no heap traffic and the heap stays about as
+/// large as the number of groups with timers.
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<Reverse<(i64, String)>>,
+    scheduled: HashMap<String, i64>,
+}
+
+impl Timers {
+    fn schedule(&mut self, g: &Group) {
+        let Some(d) = g.next_deadline() else { return };
+        if self.scheduled.get(&g.id).is_some_and(|&s| s <= d) {
+            return;
+        }
+        self.scheduled.insert(g.id.clone(), d);
+        self.heap.push(Reverse((d, g.id.clone())));
+    }
+
+    fn next(&self) -> Option<i64> {
+        self.heap.peek().map(|Reverse((d, _))| *d)
+    }
+
+    /// Groups whose scheduled deadline has come (stale entries dropped).
+    fn due(&mut self, now: i64) -> Vec<String> {
+        let mut out = Vec::new();
+        while self.heap.peek().is_some_and(|Reverse((d, _))| *d <= now) {
+            let Reverse((d, id)) = self.heap.pop().expect("peeked");
+            if self.scheduled.get(&id) == Some(&d) {
+                self.scheduled.remove(&id);
+                out.push(id);
+            }
+        }
+        out
+    }
+}
+
 async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cfg: GroupConfig, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut parked: HashMap<Token, Parked> = HashMap::new();
     let mut next_token: Token = 1;
+    let mut timers = Timers::default();
     loop {
         let now = clock();
-        let deadline = groups.values().filter_map(Group::next_deadline).min();
-        let sleep = deadline.map(|d| Duration::from_millis((d - now).max(0) as u64)).unwrap_or(Duration::from_secs(3600));
+        let sleep = timers.next().map(|d| Duration::from_millis((d - now).max(0) as u64)).unwrap_or(Duration::from_secs(3600));
         let cmd = tokio::select! {
             c = rx.recv() => match c { Some(c) => Some(c), None => return },
             _ = tokio::time::sleep(sleep) => None,
@@ -170,9 +221,12 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
         };
         let now = clock();
         let mut replies = Vec::new();
+        // The group a command changed, to re-schedule its timer.
+        let mut touched: Option<String> = None;
         if let Some(cmd) = cmd {
             match cmd {
                 Cmd::Join { group, args, reply } => {
+                    touched = Some(group.clone());
                     let token = next_token;
                     next_token += 1;
                     parked.insert(token, Parked::Join(reply));
@@ -181,6 +235,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     replies.extend(g.join(&cfg, now, token, args, || member_id(&client)));
                 }
                 Cmd::Sync { group, generation, member_id, instance_id, assignments, reply } => {
+                    touched = Some(group.clone());
                     let token = next_token;
                     next_token += 1;
                     match groups.get_mut(&group) {
@@ -194,6 +249,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     }
                 }
                 Cmd::Heartbeat { group, generation, member_id, instance_id, reply } => {
+                    touched = Some(group.clone());
                     let code = match groups.get_mut(&group) {
                         Some(g) => g.heartbeat(now, generation, &member_id, instance_id.as_deref()),
                         None => kafka_protocol::ResponseError::UnknownMemberId.code(),
@@ -202,6 +258,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                 }
                 Cmd::Leave { group, members, reply } => match groups.get_mut(&group) {
                     Some(g) => {
+                        touched = Some(group.clone());
                         let mut codes = Vec::with_capacity(members.len());
                         for (m, i) in members {
                             let (code, r) = g.leave(&cfg, now, &m, i.as_deref());
@@ -248,15 +305,27 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                         .collect();
                     let _ = reply.send(codes);
                 }
-                Cmd::EmptySince { before_ms, reply } => {
-                    let v = groups.values().filter(|g| g.is_empty() && g.empty_since_ms < before_ms).map(|g| g.id.clone()).collect();
+                Cmd::Idle { reply } => {
+                    let v = groups.values().filter(|g| g.is_idle()).map(|g| (g.id.clone(), g.empty_since_ms)).collect();
                     let _ = reply.send(v);
+                }
+                Cmd::Forget { groups: ids, reply } => {
+                    for id in ids {
+                        if groups.get(&id).is_some_and(Group::is_idle) {
+                            groups.remove(&id);
+                        }
+                    }
+                    let _ = reply.send(());
                 }
             }
         }
-        for g in groups.values_mut() {
-            if g.next_deadline().is_some_and(|d| d <= now) {
+        if let Some(g) = touched.and_then(|id| groups.get(&id)) {
+            timers.schedule(g);
+        }
+        for id in timers.due(now) {
+            if let Some(g) = groups.get_mut(&id) {
                 replies.extend(g.tick(&cfg, now));
+                timers.schedule(g);
             }
         }
         for r in replies {
