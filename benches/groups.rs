@@ -8,7 +8,8 @@
 //!
 //! 1. Time from `subscribe()` to the first record for a new single-member
 //!    librdkafka group; baseline: a librdkafka consumer that `assign()`s the
-//!    same partitions (no group), in the same run.
+//!    same partitions (no group), in the same run. Both have connected and
+//!    loaded metadata before the clock starts.
 //! 2. Rebalance time when one member joins a 10-member group: from the
 //!    newcomer's `subscribe()` until every member holds its new assignment.
 //!    Members learn of a rebalance from their next heartbeat, so the
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -51,6 +52,10 @@ fn main() {
     println!("first record, median of {trials}:");
     println!("  assign() (baseline)      {:>8.1} ms", assign);
     println!("  subscribe(), new group   {:>8.1} ms   {:.2}x baseline", subscribe, subscribe / assign);
+
+    let handshake = rt.block_on(raw_handshake(addr, if quick { 200 } else { 1000 }));
+    println!("  the broker's share: FindCoordinator, JoinGroup x2, SyncGroup, OffsetFetch");
+    println!("  on one warm connection   {:>8.3} ms   (median of raw-protocol runs)", handshake);
 
     let joins = if quick { 2 } else { 5 };
     let rebalance = rebalance_times(addr, 10, joins);
@@ -90,8 +95,24 @@ fn consumer(addr: SocketAddr, group: &str) -> BaseConsumer {
         .set("fetch.wait.max.ms", "100")
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", HEARTBEAT_MS.to_string());
-    c.create().unwrap()
+    if std::env::var_os("BENCH_DEBUG").is_some() {
+        c.set("debug", "cgrp,fetch,protocol").set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+        return c.create_with_context(DebugCtx(Instant::now())).unwrap();
+    }
+    c.create_with_context(DebugCtx(Instant::now())).unwrap()
 }
+
+/// With BENCH_DEBUG set, prints librdkafka's debug log with elapsed times.
+struct DebugCtx(Instant);
+impl rdkafka::ClientContext for DebugCtx {
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        if std::env::var_os("BENCH_DEBUG").is_some() {
+            eprintln!("{:>8.1} ms {fac}: {msg}", self.0.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+}
+impl rdkafka::consumer::ConsumerContext for DebugCtx {}
+type BaseConsumer = rdkafka::consumer::BaseConsumer<DebugCtx>;
 
 fn until_first(c: &BaseConsumer, started: Instant) -> f64 {
     loop {
@@ -106,9 +127,16 @@ fn until_first(c: &BaseConsumer, started: Instant) -> f64 {
 /// Medians (ms) of time to first record: by assign(), then by subscribe().
 fn first_record(addr: SocketAddr, trials: usize) -> (f64, f64) {
     let (mut assign, mut subscribe) = (Vec::new(), Vec::new());
+    // Both consumers connect and load metadata before the clock starts, so
+    // the difference is the group protocol (FindCoordinator, two JoinGroups,
+    // SyncGroup, OffsetFetch) against a plain ListOffsets.
+    let warm = |c: &BaseConsumer| {
+        c.fetch_metadata(Some(TOPIC), Duration::from_secs(10)).unwrap();
+    };
     for t in 0..trials {
-        let started = Instant::now();
         let c = consumer(addr, &format!("bench.assign.{t}"));
+        warm(&c);
+        let started = Instant::now();
         let mut tpl = TopicPartitionList::new();
         for p in 0..PARTITIONS {
             tpl.add_partition_offset(TOPIC, p, Offset::Beginning).unwrap();
@@ -117,8 +145,9 @@ fn first_record(addr: SocketAddr, trials: usize) -> (f64, f64) {
         assign.push(until_first(&c, started));
         drop(c);
 
-        let started = Instant::now();
         let c = consumer(addr, &format!("bench.subscribe.{t}"));
+        warm(&c);
+        let started = Instant::now();
         c.subscribe(&[TOPIC]).unwrap();
         subscribe.push(until_first(&c, started));
         c.unsubscribe();
@@ -240,8 +269,7 @@ fn cpu_secs(pid: u32) -> f64 {
 async fn commit_rate(addr: SocketAddr, pid: u32, clients: usize, secs: f64) -> (f64, f64) {
     use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
     use kafka_protocol::messages::{GroupId, OffsetCommitRequest, OffsetCommitResponse, TopicName};
-    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use kafka_protocol::protocol::StrBytes;
 
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -264,16 +292,7 @@ async fn commit_rate(addr: SocketAddr, pid: u32, clients: usize, secs: f64) -> (
                             OffsetCommitRequestPartition::default().with_partition_index(i as i32 % PARTITIONS).with_committed_offset(offset),
                         ]),
                     ]);
-                    let mut body = bytes::BytesMut::new();
-                    req.encode(&mut body, 2).unwrap();
-                    sock.write_all(&common::request_frame(8, 2, id, &body)).await.unwrap();
-                    let mut len = [0u8; 4];
-                    sock.read_exact(&mut len).await.unwrap();
-                    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-                    sock.read_exact(&mut b).await.unwrap();
-                    let mut b = bytes::Bytes::from(b);
-                    let _correlation = bytes::Buf::get_i32(&mut b);
-                    let r = OffsetCommitResponse::decode(&mut b, 2).unwrap();
+                    let r: OffsetCommitResponse = call(&mut sock, 8, 2, id, &req).await;
                     assert_eq!(r.topics[0].partitions[0].error_code, 0, "commit failed");
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -289,4 +308,76 @@ async fn commit_rate(addr: SocketAddr, pid: u32, clients: usize, secs: f64) -> (
         t.await.unwrap();
     }
     (n as f64 / elapsed, cpu)
+}
+
+/// Median milliseconds of a new single-member group's handshake, as
+/// librdkafka does it, over one warm connection: FindCoordinator, JoinGroup
+/// (MEMBER_ID_REQUIRED), JoinGroup, SyncGroup, OffsetFetch.
+async fn raw_handshake(addr: SocketAddr, runs: usize) -> f64 {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::{
+        FindCoordinatorRequest, FindCoordinatorResponse, GroupId, JoinGroupRequest, JoinGroupResponse, OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+    };
+    use kafka_protocol::protocol::StrBytes;
+
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.set_nodelay(true).unwrap();
+    let mut id = 0;
+    let mut times = Vec::with_capacity(runs);
+    for run in 0..runs {
+        let group = StrBytes::from_string(format!("bench.handshake.{run}"));
+        let join = |member: StrBytes| {
+            JoinGroupRequest::default()
+                .with_group_id(GroupId(group.clone()))
+                .with_session_timeout_ms(10_000)
+                .with_rebalance_timeout_ms(10_000)
+                .with_member_id(member)
+                .with_protocol_type(StrBytes::from_static_str("consumer"))
+                .with_protocols(vec![JoinGroupRequestProtocol::default().with_name(StrBytes::from_static_str("range")).with_metadata(bytes::Bytes::from_static(b"meta"))])
+        };
+        let started = Instant::now();
+        id += 1;
+        let r: FindCoordinatorResponse = call(&mut sock, 10, 2, id, &FindCoordinatorRequest::default().with_key(group.clone())).await;
+        assert_eq!(r.error_code, 0);
+        id += 1;
+        let first: JoinGroupResponse = call(&mut sock, 11, 5, id, &join(StrBytes::new())).await;
+        assert_eq!(first.error_code, 79);
+        id += 1;
+        let joined: JoinGroupResponse = call(&mut sock, 11, 5, id, &join(first.member_id.clone())).await;
+        assert_eq!(joined.error_code, 0);
+        id += 1;
+        let sync = SyncGroupRequest::default()
+            .with_group_id(GroupId(group.clone()))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(joined.member_id.clone())
+            .with_assignments(vec![SyncGroupRequestAssignment::default().with_member_id(joined.member_id.clone()).with_assignment(bytes::Bytes::from_static(b"assignment"))]);
+        let r: SyncGroupResponse = call(&mut sock, 14, 3, id, &sync).await;
+        assert_eq!(r.error_code, 0);
+        id += 1;
+        let fetch = OffsetFetchRequest::default().with_group_id(GroupId(group.clone())).with_topics(Some(vec![
+            OffsetFetchRequestTopic::default().with_name(TopicName(StrBytes::from_static_str(TOPIC))).with_partition_indexes((0..PARTITIONS).collect()),
+        ]));
+        let r: OffsetFetchResponse = call(&mut sock, 9, 1, id, &fetch).await;
+        assert_eq!(r.topics[0].partitions.len(), PARTITIONS as usize);
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// One request/response on a raw connection (response header v0).
+async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, version).unwrap();
+    sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
+    let mut len = [0u8; 4];
+    sock.read_exact(&mut len).await.unwrap();
+    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut b).await.unwrap();
+    let mut b = bytes::Bytes::from(b);
+    assert_eq!(bytes::Buf::get_i32(&mut b), id);
+    Resp::decode(&mut b, version).unwrap()
 }
