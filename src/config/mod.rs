@@ -136,6 +136,8 @@ settings! {
     group_max_size: usize = "1000", "CANOPY_GROUP_MAX_SIZE", "group-max-size";
     "Committed offsets of a group without members expire after this (offsets.retention.minutes)"
     offsets_retention_minutes: i64 = "10080", "CANOPY_OFFSETS_RETENTION_MINUTES", "offsets-retention-minutes";
+    "Idempotent-producer state of a producer idle this long is forgotten (producer.id.expiration.ms)"
+    producer_id_expiration_ms: i64 = "86400000", "CANOPY_PRODUCER_ID_EXPIRATION_MS", "producer-id-expiration-ms";
     "Appends queued for the writer thread before producers wait"
     write_queue: usize = "4096", "CANOPY_WRITE_QUEUE", "write-queue";
 }
@@ -209,6 +211,9 @@ impl Config {
         if self.group_min_session_timeout_ms < 1 || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms {
             return bad("group_min_session_timeout_ms", "must be positive and at most group_max_session_timeout_ms");
         }
+        if self.producer_id_expiration_ms < 1 {
+            return bad("producer_id_expiration_ms", "must be positive");
+        }
         if self.group_max_size == 0 {
             return bad("group_max_size", "must be at least 1");
         }
@@ -252,6 +257,7 @@ impl Config {
         e.num_partitions = self.num_partitions;
         e.max_topics = self.max_topics;
         e.write_queue = self.write_queue;
+        e.producer_id_expiration_ms = self.producer_id_expiration_ms;
         e
     }
 

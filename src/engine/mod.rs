@@ -26,6 +26,7 @@
 //!   a crash of the machine can lose the last interval.
 //! - `never`: fsync only when a segment is sealed and on shutdown.
 
+pub mod producers;
 pub mod topics;
 
 use std::collections::{BTreeMap, HashMap};
@@ -86,6 +87,8 @@ pub struct EngineConfig {
     pub max_topics: usize,
     /// Appends queued for the writer thread before producers wait.
     pub write_queue: usize,
+    /// Idempotent-producer state idle this long is forgotten.
+    pub producer_id_expiration_ms: i64,
 }
 
 impl EngineConfig {
@@ -100,6 +103,7 @@ impl EngineConfig {
             max_partitions_per_topic: 10_000,
             max_topics: 1_000_000,
             write_queue: 4096,
+            producer_id_expiration_ms: 86_400_000,
         }
     }
 }
@@ -132,6 +136,10 @@ pub enum EngineError {
     Read(#[from] ReadError),
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// An idempotent producer's batch refused (sequence or epoch), with the
+    /// Kafka error code.
+    #[error("producer batch refused (error {0})")]
+    ProducerRefused(i16),
 }
 
 /// A topic as the engine knows it.
@@ -181,6 +189,8 @@ enum AppendFailure {
     /// The topic was deleted while the append was queued.
     UnknownPartition,
     Storage(String),
+    /// Refused by the idempotent-producer check, with the Kafka error code.
+    Refused(i16),
 }
 
 type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
@@ -236,6 +246,7 @@ impl PendingAppend {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(AppendFailure::UnknownPartition)) => Err(EngineError::UnknownTopicOrPartition),
             Ok(Err(AppendFailure::Storage(e))) => Err(EngineError::Storage(StorageError::Poisoned(e))),
+            Ok(Err(AppendFailure::Refused(code))) => Err(EngineError::ProducerRefused(code)),
             Err(_) => Err(EngineError::ShuttingDown),
         }
     }
@@ -301,10 +312,11 @@ impl Engine {
             let clock = clock.clone();
             let waiters = waiters.clone();
             let policy = cfg.flush;
+            let producer_expiry = cfg.producer_id_expiration_ms;
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-writer".into())
-                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx))
+                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producer_expiry))
                     .expect("spawn writer thread"),
             );
         }
@@ -606,8 +618,13 @@ fn writer_loop(
     waiters: Arc<Waiters>,
     policy: FlushPolicy,
     sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
+    producer_expiry_ms: i64,
 ) {
     let mut round = Vec::with_capacity(64);
+    // Idempotent producers: owned here, so the sequence check and the
+    // append it allows are one step.
+    let mut producers = producers::Producers::default();
+    let mut expired_at = clock();
     while let Some(first) = rx.blocking_recv() {
         round.push(first);
         while round.len() < MAX_ROUND {
@@ -628,6 +645,21 @@ fn writer_loop(
                     let mut failed = None;
                     for b in batch::split(&records) {
                         let b = b.expect("validated before queueing");
+                        let h = batch::BatchHeader::parse(b).expect("validated before queueing");
+                        let ids = producers::BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) };
+                        match producers.check(tp, ids) {
+                            producers::Check::Append => {}
+                            producers::Check::Duplicate { base_offset, last_offset } => {
+                                let log_start = storage.offsets(&tp).map_or(-1, |o| o.0);
+                                let r = result.get_or_insert(AppendResult { base_offset, last_offset, log_append_time: -1, log_start });
+                                r.last_offset = last_offset;
+                                continue;
+                            }
+                            producers::Check::Refuse(code) => {
+                                failed = Some(AppendFailure::Refused(code));
+                                break;
+                            }
+                        }
                         match storage.append(tp, b, now, log_append_time) {
                             Ok(a) => {
                                 let r = result.get_or_insert(AppendResult {
@@ -637,6 +669,7 @@ fn writer_loop(
                                     log_start: a.log_start,
                                 });
                                 r.last_offset = a.last_offset;
+                                producers.record(tp, ids, a.base_offset, a.last_offset, now);
                             }
                             Err(StorageError::UnknownPartition) => {
                                 failed = Some(AppendFailure::UnknownPartition);
@@ -666,6 +699,10 @@ fn writer_loop(
                     stopping = true;
                 }
             }
+        }
+        if now - expired_at >= 60_000 {
+            producers.expire(now, producer_expiry_ms);
+            expired_at = now;
         }
         let moved = match storage.flush() {
             Ok(m) => m,

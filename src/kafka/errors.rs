@@ -25,6 +25,7 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::Read(ReadError::OffsetOutOfRange { .. }) => E::OffsetOutOfRange.code(),
         EngineError::Read(ReadError::Io(_)) => E::KafkaStorageError.code(),
         EngineError::ShuttingDown => E::NotLeaderOrFollower.code(),
+        EngineError::ProducerRefused(code) => *code,
     }
 }
 

@@ -10,6 +10,8 @@
 //! topic/<name>                    → v1 JSON TopicRecord
 //! log_start/<topic id hex>/<p>    → v1 JSON i64 (raised by retention)
 //! offset/<len>:<group>/<topic>/<p> → v1 JSON OffsetRecord (a group's committed offset)
+//! next_producer_id                → v1 JSON i64 (InitProducerId hands out ids from here)
+//! txn/<transactional id>          → v1 JSON ProducerIdRecord (its producer id and epoch)
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -40,6 +42,13 @@ pub struct OffsetRecord {
     pub leader_epoch: i32,
     pub metadata: Option<String>,
     pub commit_ms: i64,
+}
+
+/// A transactional id's producer id and current epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerIdRecord {
+    pub producer_id: i64,
+    pub epoch: i16,
 }
 
 fn group_prefix(group: &str) -> String {
@@ -311,5 +320,59 @@ mod tests {
         v[0] = 9;
         assert!(matches!(decode::<TopicRecord>(b"topic/x", &v), Err(MetaError::UnknownVersion { version: 9, .. })));
         assert!(decode::<TopicRecord>(b"topic/x", &[]).is_err());
+    }
+}
+
+impl Catalog {
+    /// A producer id never handed out before, durably.
+    pub fn allocate_producer_id(&self) -> Result<i64, MetaError> {
+        const KEY: &[u8] = b"next_producer_id";
+        let mut bad = None;
+        let prev = self.db.fetch_and_update(KEY, |old| {
+            let next = match old.map(|raw| decode::<i64>(KEY, raw)) {
+                None => 1,
+                Some(Ok(n)) => n,
+                Some(Err(e)) => {
+                    bad = Some(e);
+                    return old.map(<[u8]>::to_vec);
+                }
+            };
+            Some(encode(&(next + 1)))
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        self.flush()?;
+        Ok(match prev {
+            None => 1,
+            Some(raw) => decode(KEY, &raw)?,
+        })
+    }
+
+    /// (Re)initialises a transactional id: the first time it gets a new
+    /// producer id at epoch 0; after that the same id with the epoch bumped
+    /// (a new producer id once the epoch would overflow), which fences the
+    /// previous incarnation. Durable on return.
+    pub fn init_transactional_id(&self, txn: &str) -> Result<ProducerIdRecord, MetaError> {
+        let key = format!("txn/{txn}");
+        loop {
+            let old = self.db.get(key.as_bytes())?;
+            let next = match &old {
+                Some(raw) => {
+                    let r: ProducerIdRecord = decode(key.as_bytes(), raw)?;
+                    if r.epoch < i16::MAX - 1 {
+                        ProducerIdRecord { producer_id: r.producer_id, epoch: r.epoch + 1 }
+                    } else {
+                        ProducerIdRecord { producer_id: self.allocate_producer_id()?, epoch: 0 }
+                    }
+                }
+                None => ProducerIdRecord { producer_id: self.allocate_producer_id()?, epoch: 0 },
+            };
+            // Compare-and-swap: a concurrent init of the same id retries.
+            if self.db.compare_and_swap(key.as_bytes(), old, Some(encode(&next)))?.is_ok() {
+                self.flush()?;
+                return Ok(next);
+            }
+        }
     }
 }

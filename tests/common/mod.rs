@@ -115,6 +115,12 @@ impl Drop for ChildBroker {
 /// A v2 record batch of `values` (null keys), encoded by kafka-protocol's
 /// own encoder, for tests that speak the wire protocol directly.
 pub fn record_batch(values: &[&[u8]]) -> bytes::Bytes {
+    producer_batch(-1, -1, -1, values)
+}
+
+/// A batch from an idempotent producer: `producer_id`, `epoch`, and the
+/// first record's sequence number.
+pub fn producer_batch(producer_id: i64, epoch: i16, first_sequence: i32, values: &[&[u8]]) -> bytes::Bytes {
     use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
     let records: Vec<Record> = values
         .iter()
@@ -124,11 +130,11 @@ pub fn record_batch(values: &[&[u8]]) -> bytes::Bytes {
             control: false,
             delete_horizon: false,
             partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
+            producer_id,
+            producer_epoch: epoch,
             timestamp_type: TimestampType::Creation,
             offset: i as i64,
-            sequence: -1,
+            sequence: if first_sequence < 0 { -1 } else { first_sequence + i as i32 },
             timestamp: 1_700_000_000_000,
             key: None,
             value: Some(bytes::Bytes::copy_from_slice(v)),

@@ -15,6 +15,7 @@ pub mod describe_configs;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
+pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
@@ -175,6 +176,7 @@ apis! {
     DeleteGroups => delete_groups,
     DescribeCluster => describe_cluster,
     OffsetDelete => offset_delete,
+    InitProducerId => init_producer_id,
 }
 
 /// Turns a topic name from the wire into a `&str`.

@@ -4,8 +4,8 @@
 // What kafkajs covers here:
 //   * admin.createTopics (waitForLeaders), admin.fetchTopicMetadata,
 //     admin.listTopics, admin.describeCluster (metadata: topics + brokers);
-//   * producer.send with keys and headers, acks=-1, idempotent:false (Canopy
-//     has no InitProducerId yet), the Java-compatible DefaultPartitioner; the
+//   * an idempotent producer (InitProducerId, sequence numbers): send with
+//     keys and headers, acks=-1, the Java-compatible DefaultPartitioner; the
 //     acks' base offsets give the partition and offset of every record;
 //   * admin.fetchTopicOffsets (ListOffsets earliest + latest): low 0 and high
 //     = records per partition, 10,000 in total.
@@ -83,7 +83,7 @@ test('producer sends 10,000 keyed records with headers', { timeout: 120000 }, as
       return p
     }
   }
-  producer = kafka.producer({ idempotent: false, allowAutoTopicCreation: false, createPartitioner })
+  producer = kafka.producer({ idempotent: true, maxInFlightRequests: 5, allowAutoTopicCreation: false, createPartitioner })
   await producer.connect()
 
   const acked = new Map() // key -> [partition, offset]

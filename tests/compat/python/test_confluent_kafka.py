@@ -1,8 +1,8 @@
 """confluent-kafka (librdkafka) against Canopy.
 
 Covers: AdminClient.create_topics / list_topics / describe_cluster, Producer
-(keys + headers, acks=all, enable.idempotence=False: Canopy has no
-InitProducerId yet), Consumer by explicit assign() at OFFSET_BEGINNING,
+(keys + headers, acks=all, enable.idempotence=True: InitProducerId and
+sequence numbers), Consumer by explicit assign() at OFFSET_BEGINNING,
 get_watermark_offsets (ListOffsets) and metadata; and consumer groups: two
 subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then list_consumer_groups,
@@ -51,7 +51,7 @@ def produce(bootstrap, topic, start=0, n=N_RECORDS):
         "bootstrap.servers": bootstrap,
         "client.id": "compat-confluent-producer",
         "acks": "all",
-        "enable.idempotence": False,
+        "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "none",
         "max.in.flight.requests.per.connection": 1,

@@ -1,8 +1,8 @@
 """kafka-python (pure-Python client) against Canopy.
 
 Covers: KafkaAdminClient.create_topics / describe_topics / describe_cluster,
-KafkaProducer (keys + headers, acks=all, idempotence off: Canopy has no
-InitProducerId yet), KafkaConsumer by explicit assign() + seek_to_beginning(),
+KafkaProducer (keys + headers, acks=all, idempotent: InitProducerId and
+sequence numbers), KafkaConsumer by explicit assign() + seek_to_beginning(),
 beginning/end offsets (ListOffsets) and metadata; and consumer groups: two
 subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then the admin API's view of the
@@ -39,7 +39,7 @@ def topic(admin):
 def produce(bootstrap, topic, start=0, n=N_RECORDS):
     """Produce record(start) .. record(start + n - 1); returns {key: (partition, offset)}."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="compat-kafka-python-producer",
-                             acks="all", enable_idempotence=False, linger_ms=5,
+                             acks="all", enable_idempotence=True, linger_ms=5,
                              max_in_flight_requests_per_connection=1, request_timeout_ms=20000)
     try:
         futures = []

@@ -1,0 +1,45 @@
+//! InitProducerId: hands an idempotent or transactional producer its
+//! producer id and epoch, from the catalog (so ids are never reused across
+//! restarts). A transactional id keeps its producer id and gets the next
+//! epoch on every init, fencing the previous incarnation.
+//!
+//! Without a transactional id every init gets a fresh producer id at epoch
+//! 0, also when the request names its current id and epoch (KIP-360): a
+//! client accepts a new id there, and the broker need not remember the
+//! epochs of plain idempotent producers. Transactions themselves
+//! (AddPartitionsToTxn, EndTxn, …) are not served yet, so clients that use
+//! them learn it from ApiVersions before they begin one.
+
+pub use kafka_protocol::messages::{InitProducerIdRequest as Request, InitProducerIdResponse as Response};
+use kafka_protocol::messages::ProducerId;
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError as E;
+
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
+
+/// Kafka's `transaction.max.timeout.ms` default.
+const MAX_TRANSACTION_TIMEOUT_MS: i32 = 900_000;
+
+pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    let fail = |e: E| Some(Response::default().with_error_code(e.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1));
+    let txn = req.transactional_id.map(|t| t.0.to_string()).filter(|t| !t.is_empty());
+    if txn.is_some() && (req.transaction_timeout_ms <= 0 || req.transaction_timeout_ms > MAX_TRANSACTION_TIMEOUT_MS) {
+        return fail(E::InvalidTransactionTimeout);
+    }
+    let engine = broker.engine.clone();
+    let allocated = tokio::task::spawn_blocking(move || match txn {
+        Some(t) => engine.catalog().init_transactional_id(&t).map(|r| (r.producer_id, r.epoch)),
+        None => engine.catalog().allocate_producer_id().map(|id| (id, 0)),
+    })
+    .await;
+    match allocated {
+        Ok(Ok((id, epoch))) => Some(Response::default().with_producer_id(ProducerId(id)).with_producer_epoch(epoch)),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "InitProducerId: catalog failed");
+            fail(E::KafkaStorageError)
+        }
+        Err(_) => fail(E::CoordinatorNotAvailable),
+    }
+}

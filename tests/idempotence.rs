@@ -1,0 +1,187 @@
+//! Idempotent producers: librdkafka with `enable.idempotence=true` produces
+//! and every record lands exactly once; on the wire, a retried batch is
+//! answered with its first offsets and not written again, a gap is
+//! OUT_OF_ORDER_SEQUENCE_NUMBER, an old epoch INVALID_PRODUCER_EPOCH, a
+//! batch older than the window DUPLICATE_SEQUENCE_NUMBER; a transactional
+//! id's epoch is bumped by every InitProducerId.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Buf;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, TransactionalId};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One request on a raw connection (non-flexible versions: response header v0).
+async fn call<Req: Encodable, Resp: Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, version).unwrap();
+    sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(30), sock.read_exact(&mut len)).await.expect("answered").unwrap();
+    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut b).await.unwrap();
+    let mut b = bytes::Bytes::from(b);
+    assert_eq!(b.get_i32(), id);
+    Resp::decode(&mut b, version).unwrap()
+}
+
+async fn create(addr: std::net::SocketAddr, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn librdkafka_idempotent_producer_writes_each_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    create(addr, "idem.events", 4).await;
+
+    let mut cfg = common::producer_config(addr, "all");
+    cfg.set("enable.idempotence", "true").set("max.in.flight.requests.per.connection", "5");
+    let producer: FutureProducer = cfg.create().unwrap();
+    const N: usize = 40_000;
+    let mut futs = Vec::with_capacity(N);
+    for i in 0..N {
+        let key = format!("k{i}");
+        let rec = FutureRecord::to("idem.events").partition((i % 4) as i32).key(&key).payload("v");
+        futs.push(producer.send_result(rec).map_err(|(e, _)| e).unwrap());
+    }
+    let mut offsets = vec![Vec::new(); 4];
+    for f in futs {
+        let d = f.await.unwrap().unwrap();
+        offsets[d.partition as usize].push(d.offset);
+    }
+    for (p, o) in offsets.iter_mut().enumerate() {
+        o.sort();
+        assert_eq!(*o, (0..(N / 4) as i64).collect::<Vec<_>>(), "partition {p}: acked offsets dense from 0");
+    }
+    drop(producer);
+
+    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition_offset("idem.events", p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let keys = tokio::task::spawn_blocking(move || {
+        let mut keys = std::collections::HashSet::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while keys.len() < N {
+            assert!(std::time::Instant::now() < deadline, "read {} of {N}", keys.len());
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                assert!(keys.insert(m.key().unwrap().to_vec()), "a record was written twice");
+            }
+        }
+        keys.len()
+    })
+    .await
+    .unwrap();
+    assert_eq!(keys, N);
+    broker.shutdown().await;
+}
+
+fn produce(topic: &str, batch: bytes::Bytes) -> ProduceRequest {
+    ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(kafka_protocol::messages::TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch))])])
+}
+
+/// (error code, base offset) of a one-partition produce.
+fn outcome(r: &ProduceResponse) -> (i16, i64) {
+    let p = &r.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_and_epochs_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    create(addr, "idem.wire", 1).await;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut id = 0;
+    let mut next_id = || {
+        id += 1;
+        id
+    };
+
+    let init: InitProducerIdResponse = call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    assert_eq!(init.error_code, 0);
+    let pid = init.producer_id.0;
+    assert!(pid >= 0);
+    assert_eq!(init.producer_epoch, 0);
+    let again: InitProducerIdResponse = call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    assert_ne!(again.producer_id.0, pid, "a plain idempotent producer gets a fresh id");
+
+    let b = |seq: i32, values: &[&[u8]]| common::producer_batch(pid, 0, seq, values);
+    async fn send(sock: &mut tokio::net::TcpStream, n: i32, batch: bytes::Bytes) -> (i16, i64) {
+        outcome(&call::<_, ProduceResponse>(sock, 0, 8, n, &produce("idem.wire", batch)).await)
+    }
+    assert_eq!(send(&mut sock, next_id(), b(0, &[b"a", b"b", b"c"])).await, (0, 0));
+    // The retry: answered with the first offsets, not written again.
+    assert_eq!(send(&mut sock, next_id(), b(0, &[b"a", b"b", b"c"])).await, (0, 0));
+    assert_eq!(send(&mut sock, next_id(), b(3, &[b"d"])).await, (0, 3));
+    // A gap.
+    assert_eq!(send(&mut sock, next_id(), b(9, &[b"x"])).await.0, 45, "OUT_OF_ORDER_SEQUENCE_NUMBER");
+    // Five more batches push seq 0..2 out of the window of five.
+    for i in 0..5 {
+        assert_eq!(send(&mut sock, next_id(), b(4 + i, &[b"e"])).await, (0, 4 + i as i64));
+    }
+    assert_eq!(send(&mut sock, next_id(), b(0, &[b"a", b"b", b"c"])).await.0, 46, "DUPLICATE_SEQUENCE_NUMBER");
+    // A non-idempotent batch is unaffected.
+    assert_eq!(send(&mut sock, next_id(), common::record_batch(&[b"plain"])).await, (0, 9));
+
+    // A transactional id keeps its producer id and bumps its epoch; the
+    // old epoch is fenced.
+    async fn txn(sock: &mut tokio::net::TcpStream, n: i32) -> InitProducerIdResponse {
+        let req = InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("idem-txn")))).with_transaction_timeout_ms(60_000);
+        call(sock, 22, 1, n, &req).await
+    }
+    let t0 = txn(&mut sock, next_id()).await;
+    assert_eq!((t0.error_code, t0.producer_epoch), (0, 0));
+    let t1 = txn(&mut sock, next_id()).await;
+    assert_eq!((t1.error_code, t1.producer_id, t1.producer_epoch), (0, t0.producer_id, 1));
+    let tp = t0.producer_id.0;
+    assert_eq!(send(&mut sock, next_id(), common::producer_batch(tp, 1, 0, &[b"new"])).await, (0, 10));
+    assert_eq!(send(&mut sock, next_id(), common::producer_batch(tp, 0, 1, &[b"old"])).await.0, 47, "INVALID_PRODUCER_EPOCH");
+    let bad_timeout = InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("idem-txn")))).with_transaction_timeout_ms(0);
+    let r: InitProducerIdResponse = call(&mut sock, 22, 1, next_id(), &bad_timeout).await;
+    assert_eq!(r.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
+
+    // The log holds each record once: 11 records, offsets 0..=10.
+    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("idem.wire", 0, Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let values = tokio::task::spawn_blocking(move || {
+        let mut values = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while values.len() < 11 {
+            assert!(std::time::Instant::now() < deadline, "read {values:?}");
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                values.push((m.offset(), m.payload().unwrap().to_vec()));
+            }
+        }
+        // Nothing after them.
+        assert!(consumer.poll(Duration::from_millis(300)).is_none());
+        values
+    })
+    .await
+    .unwrap();
+    let want: Vec<(i64, Vec<u8>)> = [&b"a"[..], b"b", b"c", b"d", b"e", b"e", b"e", b"e", b"e", b"plain", b"new"].iter().enumerate().map(|(i, v)| (i as i64, v.to_vec())).collect();
+    assert_eq!(values, want);
+    broker.shutdown().await;
+}
