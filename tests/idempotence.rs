@@ -3,7 +3,9 @@
 //! answered with its first offsets and not written again, a gap is
 //! OUT_OF_ORDER_SEQUENCE_NUMBER, an old epoch INVALID_PRODUCER_EPOCH, a
 //! batch older than the window DUPLICATE_SEQUENCE_NUMBER; a transactional
-//! id's epoch is bumped by every InitProducerId.
+//! id's epoch is bumped by every InitProducerId; a retry is still
+//! recognised after a clean restart (snapshot) and after kill -9 (state
+//! rebuilt from the log).
 
 mod common;
 
@@ -184,4 +186,70 @@ async fn sequences_and_epochs_on_the_wire() {
     let want: Vec<(i64, Vec<u8>)> = [&b"a"[..], b"b", b"c", b"d", b"e", b"e", b"e", b"e", b"e", b"plain", b"new"].iter().enumerate().map(|(i, v)| (i as i64, v.to_vec())).collect();
     assert_eq!(values, want);
     broker.shutdown().await;
+}
+
+/// Produce, restart (`how`), retry: the retry of a batch written before the
+/// restart is answered with its first offsets and not written again, and
+/// the producer carries on in sequence.
+/// Returns what `restart` handed back (the restarted broker).
+async fn retry_across<B>(addr_before: std::net::SocketAddr, restart: impl std::future::Future<Output = (std::net::SocketAddr, B)>) -> B {
+    let mut sock = tokio::net::TcpStream::connect(addr_before).await.unwrap();
+    let init: InitProducerIdResponse = call(&mut sock, 22, 1, 1, &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    let pid = init.producer_id.0;
+    let req = |seq: i32, values: &[&[u8]]| produce("idem.restart", common::producer_batch(pid, 0, seq, values));
+    let r: ProduceResponse = call(&mut sock, 0, 8, 2, &req(0, &[b"a", b"b"])).await;
+    assert_eq!(outcome(&r), (0, 0));
+    let r: ProduceResponse = call(&mut sock, 0, 8, 3, &req(2, &[b"c"])).await;
+    assert_eq!(outcome(&r), (0, 2));
+    drop(sock);
+
+    let (addr, restarted) = restart.await;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let r: ProduceResponse = call(&mut sock, 0, 8, 4, &req(2, &[b"c"])).await;
+    assert_eq!(outcome(&r), (0, 2), "the retry after the restart is recognised");
+    let r: ProduceResponse = call(&mut sock, 0, 8, 5, &req(0, &[b"a", b"b"])).await;
+    assert_eq!(outcome(&r), (0, 0));
+    let r: ProduceResponse = call(&mut sock, 0, 8, 6, &req(3, &[b"d"])).await;
+    assert_eq!(outcome(&r), (0, 3), "nothing was written twice");
+    let r: ProduceResponse = call(&mut sock, 0, 8, 7, &req(9, &[b"x"])).await;
+    assert_eq!(outcome(&r).0, 45, "and sequence gaps are still caught");
+    restarted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_deduplicated_across_a_clean_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = common::args(dir.path());
+    let broker = common::start(args.clone()).await;
+    let addr = broker.kafka_addr;
+    create(addr, "idem.restart", 1).await;
+    let snapshot = dir.path().join("producers.snapshot");
+    let broker = retry_across(addr, async move {
+        broker.shutdown().await;
+        assert!(snapshot.exists(), "a clean shutdown writes the producer snapshot");
+        let broker = common::start(args).await;
+        (broker.kafka_addr, broker)
+    })
+    .await;
+    broker.shutdown().await;
+}
+
+/// After kill -9 there is no fresh snapshot: the state is rebuilt from the
+/// batches in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_deduplicated_across_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::ChildBroker::spawn(dir.path(), &[]);
+    let addr = broker.kafka;
+    create(addr, "idem.restart", 1).await;
+    let path = dir.path().to_owned();
+    let broker = retry_across(addr, async move {
+        // The snapshot written at start covers nothing of this topic: the
+        // state must come from the log.
+        broker.kill9();
+        let b = common::ChildBroker::spawn(&path, &[]);
+        (b.kafka, b)
+    })
+    .await;
+    assert!(broker.terminate().success());
 }

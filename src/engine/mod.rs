@@ -302,6 +302,7 @@ impl Engine {
             std::fs::remove_file(&marker).map_err(|e| StorageError::Io { path: marker.display().to_string(), source: e })?;
             sync_dir(&cfg.data_dir)?;
         }
+        let producers = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock());
 
         let (tx, rx) = mpsc::channel(cfg.write_queue);
         let waiters = Arc::new(Waiters::default());
@@ -313,10 +314,11 @@ impl Engine {
             let waiters = waiters.clone();
             let policy = cfg.flush;
             let producer_expiry = cfg.producer_id_expiration_ms;
+            let snapshot = cfg.data_dir.join(PRODUCER_SNAPSHOT);
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-writer".into())
-                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producer_expiry))
+                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producers, snapshot, producer_expiry))
                     .expect("spawn writer thread"),
             );
         }
@@ -611,6 +613,51 @@ fn sync_dir(dir: &Path) -> Result<(), StorageError> {
 /// Most commands taken in one round: bounds the latency of the first.
 const MAX_ROUND: usize = 4096;
 
+/// The idempotent-producer snapshot in the data directory.
+const PRODUCER_SNAPSHOT: &str = "producers.snapshot";
+/// The writer snapshots producer state (and the log end it covers) this
+/// often, or after this many bytes appended, whichever comes first, while
+/// anything is appended; a restart after a crash replays at most that much
+/// of each tp.
+const PRODUCER_SNAPSHOT_EVERY_MS: i64 = 30_000;
+const PRODUCER_SNAPSHOT_EVERY_BYTES: u64 = 128 << 20;
+
+/// Producer state at startup: the snapshot (if any and readable), minus
+/// what the recovered log no longer holds, plus a replay of every batch
+/// after the log end the snapshot covered (all of a tp it did not cover).
+fn restore_producers(path: &Path, storage: &Storage, now_ms: i64) -> producers::Producers {
+    let started = std::time::Instant::now();
+    let (mut state, covered) = match producers::Producers::load_snapshot(path) {
+        Ok(Some(s)) => s,
+        Ok(None) => Default::default(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable producer snapshot; rebuilding from the log");
+            Default::default()
+        }
+    };
+    state.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
+    let mut replayed = 0;
+    for tp in storage.tps() {
+        let from = covered.get(&tp).copied().unwrap_or(0);
+        match state.replay(storage, tp, from, now_ms) {
+            Ok(n) => replayed += n,
+            Err(e) => tracing::warn!(error = %e, "replaying producer state failed for a partition"),
+        }
+    }
+    tracing::info!(producers = state.len(), replayed_batches = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "producer state restored");
+    // So a crash soon after this start does not replay the same again.
+    snapshot_producers(&state, storage, path);
+    state
+}
+
+/// Writes the producer snapshot covering every tp's current log end.
+fn snapshot_producers(state: &producers::Producers, storage: &Storage, path: &Path) {
+    let covered: Vec<(Tp, i64)> = storage.tps().into_iter().filter_map(|tp| storage.offsets(&tp).map(|o| (tp, o.2))).collect();
+    if let Err(e) = state.write_snapshot(path, &covered) {
+        tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
+    }
+}
+
 fn writer_loop(
     mut rx: mpsc::Receiver<WriteCmd>,
     storage: Arc<Storage>,
@@ -618,13 +665,17 @@ fn writer_loop(
     waiters: Arc<Waiters>,
     policy: FlushPolicy,
     sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
+    mut producers: producers::Producers,
+    snapshot: PathBuf,
     producer_expiry_ms: i64,
 ) {
     let mut round = Vec::with_capacity(64);
     // Idempotent producers: owned here, so the sequence check and the
     // append it allows are one step.
-    let mut producers = producers::Producers::default();
     let mut expired_at = clock();
+    let mut snapshot_at = clock();
+    let mut producers_dirty = false;
+    let mut appended_since_snapshot: u64 = 0;
     while let Some(first) = rx.blocking_recv() {
         round.push(first);
         while round.len() < MAX_ROUND {
@@ -662,6 +713,7 @@ fn writer_loop(
                         }
                         match storage.append(tp, b, now, log_append_time) {
                             Ok(a) => {
+                                appended_since_snapshot += b.len() as u64;
                                 let r = result.get_or_insert(AppendResult {
                                     base_offset: a.base_offset,
                                     last_offset: a.last_offset,
@@ -669,7 +721,10 @@ fn writer_loop(
                                     log_start: a.log_start,
                                 });
                                 r.last_offset = a.last_offset;
-                                producers.record(tp, ids, a.base_offset, a.last_offset, now);
+                                if ids.producer_id >= 0 {
+                                    producers.record(tp, ids, a.base_offset, a.last_offset, now);
+                                    producers_dirty = true;
+                                }
                             }
                             Err(StorageError::UnknownPartition) => {
                                 failed = Some(AppendFailure::UnknownPartition);
@@ -701,7 +756,7 @@ fn writer_loop(
             }
         }
         if now - expired_at >= 60_000 {
-            producers.expire(now, producer_expiry_ms);
+            producers_dirty |= producers.expire(now, producer_expiry_ms) > 0;
             expired_at = now;
         }
         let moved = match storage.flush() {
@@ -714,6 +769,15 @@ fn writer_loop(
                 Vec::new()
             }
         };
+        // After the flush, so every batch the snapshot remembers is in the
+        // files; at shutdown always, so a clean restart replays nothing.
+        let moved_on = producers_dirty || appended_since_snapshot > 0;
+        if stopping || (moved_on && (now - snapshot_at >= PRODUCER_SNAPSHOT_EVERY_MS || appended_since_snapshot >= PRODUCER_SNAPSHOT_EVERY_BYTES)) {
+            snapshot_producers(&producers, &storage, &snapshot);
+            snapshot_at = now;
+            producers_dirty = false;
+            appended_since_snapshot = 0;
+        }
         match policy {
             FlushPolicy::Always => {
                 for (reply, r) in written {

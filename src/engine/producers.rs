@@ -5,19 +5,31 @@
 //! append are one step: a retried batch is answered with the offsets it got
 //! the first time and is not written again.
 //!
-//! Pure and single-threaded: no I/O, no clock of its own.
+//! The state survives restarts through a snapshot file (written at clean
+//! shutdown and periodically, see [`Producers::write_snapshot`]) plus a
+//! replay of the batches appended after it ([`Producers::replay`]). A
+//! snapshot taken before a crash may remember batches whose bytes never
+//! became durable; [`Producers::drop_beyond`] forgets every remembered batch
+//! past the recovered log end, so a retry of a lost batch is written again
+//! rather than answered with offsets that no longer exist.
+//!
+//! Single-threaded, no clock of its own; only the snapshot functions do I/O.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::path::Path;
 
 use kafka_protocol::ResponseError as E;
+use serde::{Deserialize, Serialize};
 
-use crate::storage::Tp;
+use crate::protocol::batch;
+use crate::storage::{Storage, Tp};
 
 /// Batches remembered per (producer, tp): Kafka's
 /// `max.in.flight.requests.per.connection` limit for idempotence.
 pub const WINDOW: usize = 5;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Cached {
     first_seq: i32,
     last_seq: i32,
@@ -68,6 +80,38 @@ fn next_seq(seq: i32) -> i32 {
     } else {
         seq + 1
     }
+}
+
+const SNAPSHOT_VERSION: u32 = 1;
+
+/// `producers.snapshot`: JSON, versioned.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    version: u32,
+    entries: Vec<SnapEntry>,
+    /// (topic id hex, partition, log end the snapshot covers).
+    covered: Vec<(String, i32, i64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapEntry {
+    producer_id: i64,
+    topic: String,
+    partition: i32,
+    epoch: i16,
+    last_used_ms: i64,
+    batches: Vec<Cached>,
+}
+
+fn parse_hex(s: &str) -> Option<[u8; 16]> {
+    if s.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 #[derive(Debug, Default)]
@@ -144,6 +188,102 @@ impl Producers {
         self.entries.retain(|_, e| now_ms - e.last_used_ms < max_idle_ms);
         before - self.entries.len()
     }
+
+    /// Forgets remembered batches at or past each tp's log end (`end`
+    /// gives it; None: the tp is gone), and producers left with none.
+    pub fn drop_beyond(&mut self, end: impl Fn(&Tp) -> Option<i64>) {
+        self.entries.retain(|(_, tp), e| {
+            let Some(end) = end(tp) else { return false };
+            e.batches.retain(|c| c.last_offset < end);
+            !e.batches.is_empty()
+        });
+    }
+
+    /// Replays the batches of `tp` from `from` to its high watermark into
+    /// the state; returns how many idempotent batches it saw.
+    pub fn replay(&mut self, storage: &Storage, tp: Tp, from: i64, now_ms: i64) -> Result<usize, crate::storage::ReadError> {
+        let Some((log_start, hw, _)) = storage.offsets(&tp) else { return Ok(0) };
+        let mut offset = from.max(log_start);
+        let mut seen = 0;
+        while offset < hw {
+            let r = storage.read(&tp, offset, 1 << 20, true)?;
+            if r.records.is_empty() {
+                break;
+            }
+            for part in &r.records {
+                for b in batch::split(part) {
+                    let Ok(b) = b else { break };
+                    let Ok(h) = batch::BatchHeader::parse(b) else { break };
+                    let last = h.base_offset + h.last_offset_delta as i64;
+                    if h.producer_id < 0 || last < offset {
+                        continue;
+                    }
+                    let ids = BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) };
+                    self.record(tp, ids, h.base_offset, last, now_ms);
+                    seen += 1;
+                }
+            }
+            if r.next_offset <= offset {
+                break;
+            }
+            offset = r.next_offset;
+        }
+        Ok(seen)
+    }
+
+    /// Writes the state, and for every tp the log end it covers, to `path`
+    /// (a temporary file fsynced, then renamed over the old snapshot).
+    pub fn write_snapshot(&self, path: &Path, covered: &[(Tp, i64)]) -> std::io::Result<()> {
+        let file = SnapshotFile {
+            version: SNAPSHOT_VERSION,
+            entries: self
+                .entries
+                .iter()
+                .map(|((pid, tp), e)| SnapEntry {
+                    producer_id: *pid,
+                    topic: crate::meta::hex(&tp.topic),
+                    partition: tp.partition,
+                    epoch: e.epoch,
+                    last_used_ms: e.last_used_ms,
+                    batches: e.batches.iter().copied().collect(),
+                })
+                .collect(),
+            covered: covered.iter().map(|(tp, end)| (crate::meta::hex(&tp.topic), tp.partition, *end)).collect(),
+        };
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        serde_json::to_writer(&mut f, &file).map_err(std::io::Error::other)?;
+        f.flush()?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Reads a snapshot: the state and the log end it covers per tp. None
+    /// if there is no snapshot.
+    pub fn load_snapshot(path: &Path) -> Result<Option<(Producers, HashMap<Tp, i64>)>, String> {
+        let raw = match std::fs::read(path) {
+            Ok(raw) => raw,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let file: SnapshotFile = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
+        if file.version != SNAPSHOT_VERSION {
+            return Err(format!("unknown snapshot version {}", file.version));
+        }
+        let tp = |topic: &str, partition: i32| parse_hex(topic).map(|topic| Tp { topic, partition }).ok_or_else(|| format!("bad topic id {topic:?}"));
+        let mut p = Producers::default();
+        for e in file.entries {
+            if e.batches.len() > WINDOW {
+                return Err("more batches than the window".into());
+            }
+            p.entries.insert((e.producer_id, tp(&e.topic, e.partition)?), Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms });
+        }
+        let mut covered = HashMap::new();
+        for (topic, partition, end) in file.covered {
+            covered.insert(tp(&topic, partition)?, end);
+        }
+        Ok(Some((p, covered)))
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +350,33 @@ mod tests {
         let plain = BatchIds { producer_id: -1, epoch: -1, base_sequence: -1, count: 1 };
         assert_eq!(p.check(tp(), plain), Check::Append);
         assert_eq!(p.check(tp(), ids(0, -1, 1)), Check::Refuse(E::InvalidRecord.code()));
+    }
+
+    #[test]
+    fn snapshots_round_trip_and_drop_what_the_log_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("producers.snapshot");
+        assert!(Producers::load_snapshot(&path).unwrap().is_none());
+        let mut p = Producers::default();
+        let mut next = 0;
+        for i in 0..3 {
+            append(&mut p, ids(2, i * 4, 4), &mut next);
+        }
+        p.write_snapshot(&path, &[(tp(), next)]).unwrap();
+        let (mut q, covered) = Producers::load_snapshot(&path).unwrap().unwrap();
+        assert_eq!(covered[&tp()], 12);
+        assert_eq!(q.check(tp(), ids(2, 4, 4)), Check::Duplicate { base_offset: 4, last_offset: 7 });
+        // The log came back shorter (a torn tail): batches past its end are
+        // forgotten, so their retries are written again.
+        q.drop_beyond(|_| Some(8));
+        assert_eq!(q.check(tp(), ids(2, 4, 4)), Check::Duplicate { base_offset: 4, last_offset: 7 });
+        assert_eq!(q.check(tp(), ids(2, 8, 4)), Check::Append);
+        q.drop_beyond(|_| None);
+        assert!(q.is_empty());
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(Producers::load_snapshot(&path).is_err());
+        assert_eq!(parse_hex(&crate::meta::hex(&[0xab; 16])), Some([0xab; 16]));
+        assert_eq!(parse_hex("zz"), None);
     }
 
     #[test]

@@ -699,6 +699,11 @@ impl Storage {
         Ok(seg)
     }
 
+    /// Every tp storage holds.
+    pub fn tps(&self) -> Vec<Tp> {
+        self.parts.read().expect("parts lock").keys().copied().collect()
+    }
+
     /// Offsets of a tp: (log start, high watermark, log end).
     pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
