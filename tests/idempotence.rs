@@ -253,3 +253,133 @@ async fn retries_are_deduplicated_across_a_crash() {
     .await;
     assert!(broker.terminate().success());
 }
+
+/// A TCP proxy that cuts every connection through it whenever `cut` is
+/// notified, mid-request or mid-response.
+struct CuttingProxy {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<tokio::sync::Notify>,
+    upstream: std::sync::Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+}
+
+impl CuttingProxy {
+    async fn start() -> CuttingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(tokio::sync::Notify::new());
+        let upstream: std::sync::Arc<std::sync::OnceLock<std::net::SocketAddr>> = Default::default();
+        let (c, u) = (cut.clone(), upstream.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let Some(&to) = u.get() else { continue };
+                let cut = c.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(to).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.notified() => {}
+                    }
+                });
+            }
+        });
+        CuttingProxy { addr, cut, upstream }
+    }
+}
+
+/// 100,000 records from an idempotent librdkafka producer (5 requests in
+/// flight) through a proxy that keeps cutting its connections: requests
+/// whose answers were lost are retried, and every record is in the log
+/// exactly once, in order per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_producer_through_cut_connections_writes_everything_once_in_order() {
+    let proxy = CuttingProxy::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    // Clients learn the proxy as the broker's address, so every connection
+    // goes through it.
+    args.advertised_listener = Some(proxy.addr.to_string());
+    let broker = common::start(args).await;
+    proxy.upstream.set(broker.kafka_addr).unwrap();
+    create(broker.kafka_addr, "idem.cuts", 4).await;
+
+    let mut cfg = common::producer_config(proxy.addr, "all");
+    cfg.set("enable.idempotence", "true")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("batch.num.messages", "500")
+        .set("retry.backoff.ms", "20")
+        .set("reconnect.backoff.ms", "10")
+        .set("message.timeout.ms", "120000");
+    let producer: FutureProducer = cfg.create().unwrap();
+    const N: usize = 100_000;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cutter = {
+        let (cut, stop) = (proxy.cut.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut cuts = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                cut.notify_waiters();
+                cuts += 1;
+            }
+            cuts
+        })
+    };
+    let mut futs = Vec::with_capacity(N);
+    for i in 0..N {
+        let key = format!("{i:06}");
+        let mut rec = FutureRecord::to("idem.cuts").partition((i % 4) as i32).key(&key).payload("v");
+        loop {
+            match producer.send_result(rec) {
+                Ok(f) => {
+                    futs.push(f);
+                    break;
+                }
+                // The local queue is full: wait for deliveries.
+                Err((_, back)) => {
+                    rec = back;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    }
+    for f in futs {
+        f.await.unwrap().expect("every record acknowledged");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cuts = cutter.await.unwrap();
+    assert!(cuts >= 3, "the proxy cut connections while records were in flight ({cuts} cuts)");
+    drop(producer);
+
+    // Read back from the broker directly.
+    let consumer: BaseConsumer = common::consumer_config(broker.kafka_addr).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..4 {
+        tpl.add_partition_offset("idem.cuts", p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let per = tokio::task::spawn_blocking(move || {
+        let mut per: Vec<Vec<(i64, usize)>> = vec![Vec::new(); 4];
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while per.iter().map(Vec::len).sum::<usize>() < N {
+            assert!(std::time::Instant::now() < deadline, "read {} of {N}", per.iter().map(Vec::len).sum::<usize>());
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                let i: usize = std::str::from_utf8(m.key().unwrap()).unwrap().parse().unwrap();
+                per[m.partition() as usize].push((m.offset(), i));
+            }
+        }
+        assert!(consumer.poll(Duration::from_millis(500)).is_none(), "records beyond the 100,000");
+        per
+    })
+    .await
+    .unwrap();
+    for (p, recs) in per.iter().enumerate() {
+        let want: Vec<(i64, usize)> = (0..N / 4).map(|k| (k as i64, k * 4 + p)).collect();
+        assert!(recs == &want, "partition {p}: every record once, in produce order, offsets dense");
+    }
+    let dups = broker.engine.producer_stats().duplicates.load(std::sync::atomic::Ordering::Relaxed);
+    let refused = broker.engine.producer_stats().refused.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{cuts} connection cuts, {dups} retried batches deduplicated, {refused} refused");
+    assert!(dups > 0, "the cuts made librdkafka retry batches the broker had already written");
+    broker.shutdown().await;
+}

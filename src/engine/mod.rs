@@ -266,6 +266,16 @@ pub struct Engine {
     cluster_id: String,
     clock: Clock,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    producer_stats: Arc<ProducerStats>,
+}
+
+/// Counters of the idempotent-producer check, kept by the writer.
+#[derive(Debug, Default)]
+pub struct ProducerStats {
+    /// Retried batches answered with their first offsets, not rewritten.
+    pub duplicates: std::sync::atomic::AtomicU64,
+    /// Batches refused (sequence gap, old epoch, older than the window).
+    pub refused: std::sync::atomic::AtomicU64,
 }
 
 const CLEAN_MARKER: &str = "CLEAN_SHUTDOWN";
@@ -306,6 +316,7 @@ impl Engine {
 
         let (tx, rx) = mpsc::channel(cfg.write_queue);
         let waiters = Arc::new(Waiters::default());
+        let producer_stats = Arc::new(ProducerStats::default());
         let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
         let mut threads = Vec::new();
         {
@@ -315,10 +326,11 @@ impl Engine {
             let policy = cfg.flush;
             let producer_expiry = cfg.producer_id_expiration_ms;
             let snapshot = cfg.data_dir.join(PRODUCER_SNAPSHOT);
+            let stats = producer_stats.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-writer".into())
-                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producers, snapshot, producer_expiry))
+                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producers, snapshot, producer_expiry, stats))
                     .expect("spawn writer thread"),
             );
         }
@@ -345,7 +357,13 @@ impl Engine {
             cluster_id,
             clock,
             threads: Mutex::new(threads),
+            producer_stats,
         }))
+    }
+
+    /// Counters of the idempotent-producer check.
+    pub fn producer_stats(&self) -> &ProducerStats {
+        &self.producer_stats
     }
 
     /// The catalog, for the group coordinator's committed offsets.
@@ -668,6 +686,7 @@ fn writer_loop(
     mut producers: producers::Producers,
     snapshot: PathBuf,
     producer_expiry_ms: i64,
+    stats: Arc<ProducerStats>,
 ) {
     let mut round = Vec::with_capacity(64);
     // Idempotent producers: owned here, so the sequence check and the
@@ -701,12 +720,16 @@ fn writer_loop(
                         match producers.check(tp, ids) {
                             producers::Check::Append => {}
                             producers::Check::Duplicate { base_offset, last_offset } => {
+                                stats.duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                tracing::debug!(producer_id = ids.producer_id, sequence = ids.base_sequence, base_offset, "retried batch answered with its first offsets");
                                 let log_start = storage.offsets(&tp).map_or(-1, |o| o.0);
                                 let r = result.get_or_insert(AppendResult { base_offset, last_offset, log_append_time: -1, log_start });
                                 r.last_offset = last_offset;
                                 continue;
                             }
                             producers::Check::Refuse(code) => {
+                                stats.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                tracing::debug!(producer_id = ids.producer_id, epoch = ids.epoch, sequence = ids.base_sequence, code, "producer batch refused");
                                 failed = Some(AppendFailure::Refused(code));
                                 break;
                             }
