@@ -512,6 +512,7 @@ impl Engine {
                 return Err(EngineError::MessageTooLarge { size: b.len(), limit });
             }
             let h = batch::validate(b, limit)?;
+            batch::validate_records(b, &h, limit)?;
             // Control records (transaction markers) are written by the
             // broker only; Kafka refuses them from producers.
             if h.is_control() {

@@ -16,6 +16,8 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         EngineError::InvalidConfig(_) => E::InvalidConfig.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::ControlBatch) => E::InvalidRecord.code(),
+        EngineError::Corrupt(crate::protocol::batch::BatchError::BadRecord { .. }) => E::InvalidRecord.code(),
+        EngineError::Corrupt(crate::protocol::batch::BatchError::Inflate(crate::protocol::compression::InflateError::TooLarge { .. })) => E::MessageTooLarge.code(),
         EngineError::Corrupt(_) => E::CorruptMessage.code(),
         EngineError::MessageTooLarge { .. } => E::MessageTooLarge.code(),
         EngineError::TooManyTopics(_) => E::PolicyViolation.code(),

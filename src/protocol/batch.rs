@@ -72,6 +72,10 @@ pub enum BatchError {
     Empty,
     #[error("clients may not produce control batches")]
     ControlBatch,
+    #[error("record {index} of the batch is malformed: {why}")]
+    BadRecord { index: i32, why: &'static str },
+    #[error(transparent)]
+    Inflate(#[from] super::compression::InflateError),
 }
 
 /// Compression codec from the low attribute bits.
@@ -189,6 +193,80 @@ pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError>
         });
     }
     Ok(header)
+}
+
+/// Checks the records of a validated batch, inflating them (bounded by
+/// `max_bytes`) if the batch is compressed: exactly `records_count`
+/// records, each parsing to its stated length, with offset deltas 0, 1, …
+/// as Kafka requires of produced batches.
+pub fn validate_records(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> Result<(), BatchError> {
+    let body = &buf[HEADER_BYTES..header.size];
+    let inflated;
+    let records = match header.compression() {
+        Compression::None => body,
+        codec => {
+            inflated = super::compression::inflate(codec, body, max_bytes)?;
+            &inflated[..]
+        }
+    };
+    walk_records(records, header.records_count)
+}
+
+fn walk_records(mut rest: &[u8], count: i32) -> Result<(), BatchError> {
+    for index in 0..count {
+        let bad = |why| BatchError::BadRecord { index, why };
+        let (len, n) = varint(rest).ok_or(bad("length"))?;
+        let len = usize::try_from(len).map_err(|_| bad("negative length"))?;
+        let rec = rest.get(n..n + len).ok_or(bad("length past the end of the batch"))?;
+        rest = &rest[n + len..];
+        // attributes, timestamp delta, offset delta, key, value, headers.
+        let mut p = 1usize;
+        if rec.is_empty() {
+            return Err(bad("empty"));
+        }
+        let mut field = |what| -> Result<i64, BatchError> {
+            let (v, n) = varint(rec.get(p..).unwrap_or(&[])).ok_or(bad(what))?;
+            p += n;
+            Ok(v)
+        };
+        field("timestamp delta")?;
+        if field("offset delta")? != index as i64 {
+            return Err(bad("offset delta out of sequence"));
+        }
+        let bytes = |what, p: &mut usize| -> Result<(), BatchError> {
+            let (len, n) = varint(rec.get(*p..).unwrap_or(&[])).ok_or(bad(what))?;
+            *p += n;
+            if len >= 0 {
+                *p = p.checked_add(len as usize).filter(|&e| e <= rec.len()).ok_or(bad(what))?;
+            } else if len != -1 {
+                return Err(bad(what));
+            }
+            Ok(())
+        };
+        bytes("key", &mut p)?;
+        bytes("value", &mut p)?;
+        let (headers, n) = varint(rec.get(p..).unwrap_or(&[])).ok_or(bad("header count"))?;
+        p += n;
+        if headers < 0 || headers as usize > rec.len() {
+            return Err(bad("header count"));
+        }
+        for _ in 0..headers {
+            let (klen, n) = varint(rec.get(p..).unwrap_or(&[])).ok_or(bad("header key"))?;
+            p += n;
+            if klen < 0 {
+                return Err(bad("header key"));
+            }
+            p = p.checked_add(klen as usize).filter(|&e| e <= rec.len()).ok_or(bad("header key"))?;
+            bytes("header value", &mut p)?;
+        }
+        if p != rec.len() {
+            return Err(bad("bytes left over"));
+        }
+    }
+    if !rest.is_empty() {
+        return Err(BatchError::BadRecord { index: count, why: "bytes after the last record" });
+    }
+    Ok(())
 }
 
 /// Splits the `records` field of a produce partition into its batches,
@@ -335,6 +413,28 @@ pub(crate) mod tests {
         let crc = crc32c::crc32c(&b[OFF_ATTRIBUTES..]);
         b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
         b
+    }
+
+    #[test]
+    fn records_are_walked_and_malformed_ones_refused() {
+        let good = make_batch(&[b"one", b"", b"three"], 1_000);
+        let h = validate(&good, 1 << 20).unwrap();
+        validate_records(&good, &h, 1 << 20).unwrap();
+        let records = &good[HEADER_BYTES..];
+        // Fewer records than the header claims.
+        assert!(matches!(walk_records(records, 4), Err(BatchError::BadRecord { index: 3, .. })));
+        // More bytes than the records use.
+        let mut extra = records.to_vec();
+        extra.push(0);
+        assert!(matches!(walk_records(&extra, 3), Err(BatchError::BadRecord { index: 3, .. })));
+        // Every truncation of the records section is refused, never a panic.
+        for cut in 0..records.len() {
+            assert!(walk_records(&records[..cut], 3).is_err(), "cut at {cut}");
+        }
+        // An offset delta out of sequence (record 0's offset delta byte).
+        let mut skewed = records.to_vec();
+        skewed[3] = 2; // zig-zag 1
+        assert!(matches!(walk_records(&skewed, 3), Err(BatchError::BadRecord { index: 0, why: "offset delta out of sequence" })));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! the RecordBatch view the storage layer stores verbatim.
 
 pub mod batch;
+pub mod compression;
 pub mod fetch;
 pub mod frame;
 pub mod guard;

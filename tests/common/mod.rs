@@ -118,10 +118,19 @@ pub fn record_batch(values: &[&[u8]]) -> bytes::Bytes {
     producer_batch(-1, -1, -1, values)
 }
 
+/// A gzip-compressed batch of `values`.
+pub fn gzip_record_batch(values: &[&[u8]]) -> bytes::Bytes {
+    encode_batch(-1, -1, -1, values, kafka_protocol::records::Compression::Gzip)
+}
+
 /// A batch from an idempotent producer: `producer_id`, `epoch`, and the
 /// first record's sequence number.
 pub fn producer_batch(producer_id: i64, epoch: i16, first_sequence: i32, values: &[&[u8]]) -> bytes::Bytes {
-    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    encode_batch(producer_id, epoch, first_sequence, values, kafka_protocol::records::Compression::None)
+}
+
+fn encode_batch(producer_id: i64, epoch: i16, first_sequence: i32, values: &[&[u8]], compression: kafka_protocol::records::Compression) -> bytes::Bytes {
+    use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
     let records: Vec<Record> = values
         .iter()
         .enumerate()
@@ -142,7 +151,7 @@ pub fn producer_batch(producer_id: i64, epoch: i16, first_sequence: i32, values:
         })
         .collect();
     let mut b = bytes::BytesMut::new();
-    RecordBatchEncoder::encode(&mut b, &records, &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+    RecordBatchEncoder::encode(&mut b, &records, &RecordEncodeOptions { version: 2, compression }).unwrap();
     b.freeze()
 }
 

@@ -1,0 +1,183 @@
+//! Compressed batches: librdkafka producers with gzip, snappy, lz4 and
+//! zstd, each codec to its own partition and all four mixed in one; every
+//! record reads back intact (the broker stores batches as sent). A gzip
+//! batch that would inflate to 1 GiB is refused with MESSAGE_TOO_LARGE and
+//! the broker's memory stays flat.
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use bytes::Buf;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CODECS: [&str; 4] = ["gzip", "snappy", "lz4", "zstd"];
+const PER_CODEC: usize = 10_000;
+
+fn value(codec: usize, i: usize) -> String {
+    format!("{}-{i}-{}", CODECS[codec], "payload ".repeat(i % 20))
+}
+
+/// Reads `want` records from the given partitions of `topic`:
+/// (partition, offset, value).
+fn read(addr: std::net::SocketAddr, topic: &str, partitions: &[i32], want: usize) -> Vec<(i32, i64, String)> {
+    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::with_capacity(want);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while out.len() < want {
+        assert!(std::time::Instant::now() < deadline, "read {} of {want}", out.len());
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            out.push((m.partition(), m.offset(), String::from_utf8(m.payload().unwrap().to_vec()).unwrap()));
+        }
+    }
+    assert!(consumer.poll(Duration::from_millis(300)).is_none(), "more records than produced");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_codec_round_trips_alone_and_mixed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    for (name, parts) in [("codecs.each", 4), ("codecs.mixed", 1)] {
+        admin.create_topics([&NewTopic::new(name, parts, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    }
+    // Each codec to its own partition of codecs.each; and, interleaved in
+    // small rounds, all four into the one partition of codecs.mixed.
+    let producers: Vec<FutureProducer> = CODECS
+        .iter()
+        .map(|c| {
+            let mut cfg = common::producer_config(addr, "all");
+            cfg.set("compression.type", *c).set("linger.ms", "2");
+            cfg.create().unwrap()
+        })
+        .collect();
+    for round in 0..10 {
+        let mut futs = Vec::new();
+        for (c, p) in producers.iter().enumerate() {
+            for i in round * PER_CODEC / 10..(round + 1) * PER_CODEC / 10 {
+                let v = value(c, i);
+                futs.push(p.send_result(FutureRecord::to("codecs.each").partition(c as i32).key("k").payload(&v)).map_err(|(e, _)| e).unwrap());
+                if i % 10 == 0 {
+                    futs.push(p.send_result(FutureRecord::to("codecs.mixed").partition(0).key("k").payload(&v)).map_err(|(e, _)| e).unwrap());
+                }
+            }
+            p.flush(Duration::from_secs(30)).unwrap();
+        }
+        for f in futs {
+            f.await.unwrap().expect("acked");
+        }
+    }
+    let each = tokio::task::spawn_blocking(move || read(addr, "codecs.each", &[0, 1, 2, 3], 4 * PER_CODEC)).await.unwrap();
+    for (c, codec) in CODECS.iter().enumerate() {
+        let mine: Vec<&(i32, i64, String)> = each.iter().filter(|r| r.0 == c as i32).collect();
+        assert_eq!(mine.len(), PER_CODEC, "{codec}");
+        for (i, (_, offset, v)) in mine.iter().enumerate() {
+            assert_eq!((*offset, v.as_str()), (i as i64, value(c, i).as_str()), "{codec} record {i}");
+        }
+    }
+    let mixed = tokio::task::spawn_blocking(move || read(addr, "codecs.mixed", &[0], 4 * PER_CODEC / 10)).await.unwrap();
+    for (i, (_, offset, _)) in mixed.iter().enumerate() {
+        assert_eq!(*offset, i as i64, "offsets dense across codecs");
+    }
+    for (c, codec) in CODECS.iter().enumerate() {
+        let got: Vec<&str> = mixed.iter().filter(|r| r.2.starts_with(&format!("{codec}-"))).map(|r| r.2.as_str()).collect();
+        let want: Vec<String> = (0..PER_CODEC).filter(|i| i % 10 == 0).map(|i| value(c, i)).collect();
+        assert_eq!(got, want, "{codec} records in the mixed partition");
+    }
+    broker.shutdown().await;
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A v2 batch of one record whose records section is `records`, gzip.
+fn gzip_batch(records: &[u8]) -> bytes::Bytes {
+    let mut b = Vec::new();
+    b.extend_from_slice(&0i64.to_be_bytes()); // base offset
+    b.extend_from_slice(&((49 + records.len()) as i32).to_be_bytes()); // batch length
+    b.extend_from_slice(&(-1i32).to_be_bytes()); // partition leader epoch
+    b.push(2); // magic
+    b.extend_from_slice(&0u32.to_be_bytes()); // crc, below
+    b.extend_from_slice(&1i16.to_be_bytes()); // attributes: gzip
+    b.extend_from_slice(&0i32.to_be_bytes()); // last offset delta
+    b.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+    b.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+    b.extend_from_slice(&(-1i64).to_be_bytes()); // producer id
+    b.extend_from_slice(&(-1i16).to_be_bytes());
+    b.extend_from_slice(&(-1i32).to_be_bytes());
+    b.extend_from_slice(&1i32.to_be_bytes()); // records count
+    b.extend_from_slice(records);
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    bytes::Bytes::from(b)
+}
+
+async fn produce(sock: &mut tokio::net::TcpStream, id: i32, topic: &str, batch: bytes::Bytes) -> (i16, i64) {
+    let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch))])]);
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, 8).unwrap();
+    sock.write_all(&common::request_frame(0, 8, id, &body)).await.unwrap();
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
+    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut b).await.unwrap();
+    let mut b = bytes::Bytes::from(b);
+    assert_eq!(b.get_i32(), id);
+    let r = ProduceResponse::decode(&mut b, 8).unwrap();
+    let p = &r.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_is_refused_and_memory_stays_flat() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    // 1 GiB of zeros, gzipped to about 1 MB (under max.message.bytes).
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..1024 {
+        e.write_all(&zeros).unwrap();
+    }
+    let bomb = gzip_batch(&e.finish().unwrap());
+    assert!(bomb.len() < 1_048_588, "the bomb fits in one batch ({} bytes)", bomb.len());
+    drop(zeros);
+
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // A good gzip batch is accepted (and warms up the broker's buffers).
+    let good = common::gzip_record_batch(&[b"fine"]);
+    assert_eq!(produce(&mut sock, 1, "bombs", good).await, (0, 0));
+    let before = rss_bytes();
+    for i in 0..4 {
+        let (code, _) = produce(&mut sock, 2 + i, "bombs", bomb.clone()).await;
+        assert_eq!(code, 10, "MESSAGE_TOO_LARGE");
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 64 << 20, "resident memory grew by {} MiB", grown >> 20);
+    // Nothing was stored and the broker carries on.
+    assert_eq!(produce(&mut sock, 10, "bombs", common::gzip_record_batch(&[b"after"])).await, (0, 1));
+    broker.shutdown().await;
+}
