@@ -4,6 +4,7 @@
 //! ```text
 //! cargo bench --bench load            # full run (~5 GiB written)
 //! cargo bench --bench load -- --quick # 10x fewer records
+//! cargo bench --bench load -- --producer [--quick]  # idempotence, codecs
 //! ```
 //!
 //! Reports records/s, MB/s and broker CPU (utime+stime of the child from
@@ -98,6 +99,36 @@ impl Row {
 }
 
 fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &str, records: u64) -> Row {
+    produce_with(broker, topic, partitions, size, acks, records, &[], "")
+}
+
+/// Text-like payloads (words from a small vocabulary, so they compress
+/// about as well as JSON events do), 1,024 of them, `size` bytes each.
+fn payloads(size: usize) -> Vec<Vec<u8>> {
+    const WORDS: [&str; 16] = ["user", "event", "click", "view", "id", "ts", "session", "page", "app", "codestore", "commit", "42", "true", "null", "ok", "sha"];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..1024)
+        .map(|_| {
+            let mut p = Vec::with_capacity(size + 16);
+            while p.len() < size {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                p.extend_from_slice(WORDS[(x % 16) as usize].as_bytes());
+                p.push(if x & 32 == 0 { b' ' } else { b':' });
+                p.extend_from_slice((x % 10_000).to_string().as_bytes());
+                p.push(b',');
+            }
+            p.truncate(size);
+            p
+        })
+        .collect()
+}
+
+/// Produces `records` records of `size` bytes with librdkafka settings
+/// `extra` on top of the defaults (no compression, no idempotence).
+#[allow(clippy::too_many_arguments)]
+fn produce_with(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &str, records: u64, extra: &[(&str, &str)], label: &str) -> Row {
     create_topic(broker.kafka, topic, partitions);
     let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
     let mut cfg = common::client(broker.kafka);
@@ -109,13 +140,16 @@ fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &st
         .set("queue.buffering.max.kbytes", "1048576")
         .set("compression.type", "none")
         .set("enable.idempotence", "false");
+    for (k, v) in extra {
+        cfg.set(*k, *v);
+    }
     let producer: ThreadedProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
-    let payload = vec![b'x'; size];
+    let payloads = payloads(size);
     let cpu0 = cpu_secs(broker.child.id());
     let me0 = cpu_secs(std::process::id());
     let t0 = Instant::now();
     for i in 0..records {
-        let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payload[..]).partition((i % partitions as u64) as i32);
+        let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payloads[(i % 1024) as usize][..]).partition((i % partitions as u64) as i32);
         loop {
             match producer.send(rec) {
                 Ok(()) => break,
@@ -133,7 +167,51 @@ fn produce(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &st
     let client_cpu = cpu_secs(std::process::id()) - me0;
     assert_eq!(counter.failed.load(Ordering::Relaxed), 0, "deliveries failed");
     assert_eq!(counter.ok.load(Ordering::Relaxed), records);
-    Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s)"), records, bytes: records * size as u64, secs, cpu, client_cpu }
+    Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s){label}"), records, bytes: records * size as u64, secs, cpu, client_cpu }
+}
+
+/// Producer semantics (issue 4): idempotence on vs off, and each codec,
+/// 100-byte text-like records, acks=all, 4 partitions. Runs alternate
+/// off/on three times so drift hits both alike; the best of each is used.
+/// librdkafka caps an idempotent producer at 5 requests in flight per
+/// connection (off: 1,000,000), so "off" runs both ways: the 5-in-flight
+/// arm is the baseline that isolates what idempotence costs the broker.
+fn producer_semantics(broker: &Broker, scale: u64) {
+    let n = 3_000_000 / scale;
+    let (mut off, mut off5, mut on) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cpu_off, mut cpu_on) = (Vec::new(), Vec::new());
+    for run in 0..3 {
+        let r = produce_with(broker, &format!("bench.idem.off.{run}"), 4, 100, "all", n, &[], ", idempotence off");
+        r.print();
+        off.push(r.records as f64 / r.secs);
+        cpu_off.push(r.cpu / r.records as f64 * 1e6);
+        let r = produce_with(broker, &format!("bench.idem.off5.{run}"), 4, 100, "all", n, &[("max.in.flight.requests.per.connection", "5")], ", idempotence off, 5 in flight");
+        r.print();
+        off5.push(r.records as f64 / r.secs);
+        let r = produce_with(broker, &format!("bench.idem.on.{run}"), 4, 100, "all", n, &[("enable.idempotence", "true")], ", idempotence on");
+        r.print();
+        on.push(r.records as f64 / r.secs);
+        cpu_on.push(r.cpu / r.records as f64 * 1e6);
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let mut codecs = Vec::new();
+    for codec in ["gzip", "snappy", "lz4", "zstd"] {
+        let r = produce_with(broker, &format!("bench.codec.{codec}"), 4, 100, "all", n, &[("compression.type", codec)], &format!(", {codec}"));
+        r.print();
+        codecs.push((codec, r.records as f64 / r.secs));
+    }
+    println!("\nidempotence on / off with 5 in flight (best of 3 each), 100 B, acks=all, 4 partitions: {:.0}%", 100.0 * best(&on) / best(&off5));
+    println!("idempotence on / off with librdkafka's default in-flight limit: {:.0}%", 100.0 * best(&on) / best(&off));
+    let least = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+    println!(
+        "broker CPU per million records (least of 3): idempotence off {:.3} s, on {:.3} s ({:.0}%); the client shares the 2 cores",
+        least(&cpu_off),
+        least(&cpu_on),
+        100.0 * least(&cpu_on) / least(&cpu_off)
+    );
+    for (codec, rate) in codecs {
+        println!("{codec} / uncompressed (best of 3), 100 B, acks=all, 4 partitions: {:.0}%", 100.0 * rate / best(&off));
+    }
 }
 
 fn consume(broker: &Broker, topic: &str, records: u64) -> Row {
@@ -197,6 +275,12 @@ fn main() {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
 
     let broker = spawn_broker(&dir.join("data"));
+    if std::env::args().any(|a| a == "--producer") {
+        producer_semantics(&broker, scale);
+        broker.kill9();
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let mut rows = Vec::new();
     for (size, n) in [(100usize, 5_000_000u64), (1024, 1_000_000)].into_iter().filter(|_| !consume_only) {
         for parts in [1, 16] {
