@@ -108,6 +108,10 @@ settings! {
     max_connections: usize = "10000", "CANOPY_MAX_CONNECTIONS", "max-connections";
     "Default largest record batch, in bytes (message.max.bytes)"
     message_max_bytes: i32 = "1048588", "CANOPY_MESSAGE_MAX_BYTES", "message-max-bytes";
+    "Default message.timestamp.before.max.ms of topics: CreateTime records older than this are refused"
+    message_timestamp_before_max_ms: i64 = "9223372036854775807", "CANOPY_MESSAGE_TIMESTAMP_BEFORE_MAX_MS", "message-timestamp-before-max-ms";
+    "Default message.timestamp.after.max.ms of topics: CreateTime records further ahead than this are refused"
+    message_timestamp_after_max_ms: i64 = "3600000", "CANOPY_MESSAGE_TIMESTAMP_AFTER_MAX_MS", "message-timestamp-after-max-ms";
     "Roll a branch's active segment at this size, in bytes"
     segment_bytes: u64 = "1073741824", "CANOPY_SEGMENT_BYTES", "segment-bytes";
     "Roll a branch's active segment at this age, in milliseconds"
@@ -211,6 +215,12 @@ impl Config {
         if self.group_min_session_timeout_ms < 1 || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms {
             return bad("group_min_session_timeout_ms", "must be positive and at most group_max_session_timeout_ms");
         }
+        if self.message_timestamp_before_max_ms < 0 {
+            return bad("message_timestamp_before_max_ms", "must be 0 or more");
+        }
+        if self.message_timestamp_after_max_ms < 0 {
+            return bad("message_timestamp_after_max_ms", "must be 0 or more");
+        }
         if self.producer_id_expiration_ms < 1 {
             return bad("producer_id_expiration_ms", "must be positive");
         }
@@ -252,6 +262,8 @@ impl Config {
             retention_bytes: self.retention_bytes,
             max_message_bytes: self.message_max_bytes,
             timestamp_type: self.timestamp_type().expect("validated"),
+            timestamp_before_max_ms: self.message_timestamp_before_max_ms,
+            timestamp_after_max_ms: self.message_timestamp_after_max_ms,
         };
         e.auto_create_topics = self.auto_create_topics;
         e.num_partitions = self.num_partitions;

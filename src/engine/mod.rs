@@ -136,6 +136,8 @@ pub enum EngineError {
     Read(#[from] ReadError),
     #[error("the broker is shutting down")]
     ShuttingDown,
+    #[error("record timestamps {min_ts}..{max_ts} are out of the topic's range around now ({now})")]
+    InvalidTimestamp { min_ts: i64, max_ts: i64, now: i64 },
     /// An idempotent producer's batch refused (sequence or epoch), with the
     /// Kafka error code.
     #[error("producer batch refused (error {0})")]
@@ -512,7 +514,14 @@ impl Engine {
                 return Err(EngineError::MessageTooLarge { size: b.len(), limit });
             }
             let h = batch::validate(b, limit)?;
-            batch::validate_records(b, &h, limit)?;
+            let (min_ts, max_ts) = batch::validate_records(b, &h, limit)?;
+            if topic.config.timestamp_type == TimestampType::CreateTime {
+                let now = (self.clock)();
+                let c = &topic.config;
+                if now.saturating_sub(min_ts) > c.timestamp_before_max_ms || max_ts.saturating_sub(now) > c.timestamp_after_max_ms {
+                    return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
+                }
+            }
             // Control records (transaction markers) are written by the
             // broker only; Kafka refuses them from producers.
             if h.is_control() {

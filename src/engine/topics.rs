@@ -50,6 +50,8 @@ pub struct TopicDefaults {
     pub retention_bytes: i64,
     pub max_message_bytes: i32,
     pub timestamp_type: TimestampType,
+    pub timestamp_before_max_ms: i64,
+    pub timestamp_after_max_ms: i64,
 }
 
 impl Default for TopicDefaults {
@@ -59,6 +61,9 @@ impl Default for TopicDefaults {
             retention_bytes: -1,
             max_message_bytes: 1_048_588,
             timestamp_type: TimestampType::CreateTime,
+            // Kafka 4's defaults: any age, at most an hour ahead.
+            timestamp_before_max_ms: i64::MAX,
+            timestamp_after_max_ms: 3_600_000,
         }
     }
 }
@@ -70,6 +75,10 @@ pub struct TopicConfig {
     pub retention_bytes: i64,
     pub max_message_bytes: i32,
     pub timestamp_type: TimestampType,
+    /// CreateTime records older / newer than this (relative to the
+    /// broker's clock) are refused with INVALID_TIMESTAMP.
+    pub timestamp_before_max_ms: i64,
+    pub timestamp_after_max_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,7 +93,14 @@ pub struct ConfigError {
 /// is accepted and reported back (Kafka clients and tools set them on
 /// creation) but has no effect on a single-node broker, as documented in the
 /// README.
-pub const ACTED_ON: &[&str] = &["retention.ms", "retention.bytes", "max.message.bytes", "message.timestamp.type"];
+pub const ACTED_ON: &[&str] = &[
+    "retention.ms",
+    "retention.bytes",
+    "max.message.bytes",
+    "message.timestamp.type",
+    "message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms",
+];
 pub const ACCEPTED: &[&str] = &[
     "cleanup.policy",
     "compression.type",
@@ -92,8 +108,6 @@ pub const ACCEPTED: &[&str] = &[
     "segment.bytes",
     "segment.ms",
     "unclean.leader.election.enable",
-    "message.timestamp.before.max.ms",
-    "message.timestamp.after.max.ms",
     "min.compaction.lag.ms",
     "max.compaction.lag.ms",
     "delete.retention.ms",
@@ -114,6 +128,8 @@ impl TopicConfig {
             retention_bytes: d.retention_bytes,
             max_message_bytes: d.max_message_bytes,
             timestamp_type: d.timestamp_type,
+            timestamp_before_max_ms: d.timestamp_before_max_ms,
+            timestamp_after_max_ms: d.timestamp_after_max_ms,
         };
         for (key, value) in configs {
             let bad = |why| ConfigError { key: key.clone(), value: value.clone(), why };
@@ -130,6 +146,8 @@ impl TopicConfig {
                         _ => return Err(bad("expected CreateTime or LogAppendTime")),
                     }
                 }
+                "message.timestamp.before.max.ms" => c.timestamp_before_max_ms = parse_at_least(value, 0).ok_or_else(|| bad("expected an integer ≥ 0"))?,
+                "message.timestamp.after.max.ms" => c.timestamp_after_max_ms = parse_at_least(value, 0).ok_or_else(|| bad("expected an integer ≥ 0"))?,
                 k if ACCEPTED.contains(&k) => {}
                 _ => return Err(bad("unknown topic config")),
             }
@@ -148,6 +166,8 @@ impl TopicConfig {
             ("retention.bytes".to_owned(), self.retention_bytes.to_string()),
             ("max.message.bytes".to_owned(), self.max_message_bytes.to_string()),
             ("message.timestamp.type".to_owned(), ts.to_owned()),
+            ("message.timestamp.before.max.ms".to_owned(), self.timestamp_before_max_ms.to_string()),
+            ("message.timestamp.after.max.ms".to_owned(), self.timestamp_after_max_ms.to_string()),
             ("cleanup.policy".to_owned(), "delete".to_owned()),
             ("compression.type".to_owned(), "producer".to_owned()),
             ("min.insync.replicas".to_owned(), "1".to_owned()),

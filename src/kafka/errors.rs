@@ -28,6 +28,7 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::Read(ReadError::Io(_)) => E::KafkaStorageError.code(),
         EngineError::ShuttingDown => E::NotLeaderOrFollower.code(),
         EngineError::ProducerRefused(code) => *code,
+        EngineError::InvalidTimestamp { .. } => E::InvalidTimestamp.code(),
     }
 }
 

@@ -198,8 +198,9 @@ pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError>
 /// Checks the records of a validated batch, inflating them (bounded by
 /// `max_bytes`) if the batch is compressed: exactly `records_count`
 /// records, each parsing to its stated length, with offset deltas 0, 1, …
-/// as Kafka requires of produced batches.
-pub fn validate_records(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> Result<(), BatchError> {
+/// as Kafka requires of produced batches. Returns the smallest and largest
+/// record timestamp.
+pub fn validate_records(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> Result<(i64, i64), BatchError> {
     let body = &buf[HEADER_BYTES..header.size];
     let inflated;
     let records = match header.compression() {
@@ -209,10 +210,13 @@ pub fn validate_records(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> R
             &inflated[..]
         }
     };
-    walk_records(records, header.records_count)
+    let (min, max) = walk_records(records, header.records_count)?;
+    Ok((header.base_timestamp.saturating_add(min), header.base_timestamp.saturating_add(max)))
 }
 
-fn walk_records(mut rest: &[u8], count: i32) -> Result<(), BatchError> {
+/// Walks `count` records; returns the smallest and largest timestamp delta.
+fn walk_records(mut rest: &[u8], count: i32) -> Result<(i64, i64), BatchError> {
+    let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
     for index in 0..count {
         let bad = |why| BatchError::BadRecord { index, why };
         let (len, n) = varint(rest).ok_or(bad("length"))?;
@@ -229,7 +233,9 @@ fn walk_records(mut rest: &[u8], count: i32) -> Result<(), BatchError> {
             p += n;
             Ok(v)
         };
-        field("timestamp delta")?;
+        let ts = field("timestamp delta")?;
+        min_ts = min_ts.min(ts);
+        max_ts = max_ts.max(ts);
         if field("offset delta")? != index as i64 {
             return Err(bad("offset delta out of sequence"));
         }
@@ -266,7 +272,7 @@ fn walk_records(mut rest: &[u8], count: i32) -> Result<(), BatchError> {
     if !rest.is_empty() {
         return Err(BatchError::BadRecord { index: count, why: "bytes after the last record" });
     }
-    Ok(())
+    Ok((min_ts, max_ts))
 }
 
 /// Splits the `records` field of a produce partition into its batches,
