@@ -308,6 +308,7 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
         .set("batch.num.messages", "500")
         .set("retry.backoff.ms", "20")
         .set("reconnect.backoff.ms", "10")
+        .set("reconnect.backoff.max.ms", "100")
         .set("message.timeout.ms", "120000");
     let producer: FutureProducer = cfg.create().unwrap();
     const N: usize = 100_000;
@@ -315,8 +316,10 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
     let cutter = {
         let (cut, stop) = (proxy.cut.clone(), stop.clone());
         tokio::spawn(async move {
+            // Twenty cuts, 50 ms apart, while the records are in flight;
+            // then the producer is left to finish.
             let mut cuts = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while cuts < 20 && !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 cut.notify_waiters();
                 cuts += 1;
