@@ -174,3 +174,7 @@ def finish_member(member):
     member.join(30)
     assert not member.is_alive(), f"{member.name} did not close"
     assert member.error is None, member.error
+
+
+CODECS = ("gzip", "snappy", "lz4", "zstd")
+CODEC_RECORDS = 1_000

@@ -2,7 +2,7 @@
 
 Covers: AdminClient.create_topics / list_topics / describe_cluster, Producer
 (keys + headers, acks=all, enable.idempotence=True: InitProducerId and
-sequence numbers), Consumer by explicit assign() at OFFSET_BEGINNING,
+sequence numbers; and with each of gzip, snappy, lz4, zstd), Consumer by explicit assign() at OFFSET_BEGINNING,
 get_watermark_offsets (ListOffsets) and metadata; and consumer groups: two
 subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then list_consumer_groups,
@@ -19,8 +19,8 @@ from confluent_kafka import (OFFSET_BEGINNING, Consumer, ConsumerGroupState, Con
                              KafkaException, Producer, TopicCollection, TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import (N_PARTITIONS, N_RECORDS, check_acks, check_read_back, finish_member, group_scenario, record,
-                      unique_topic)
+from conftest import (CODEC_RECORDS, CODECS, N_PARTITIONS, N_RECORDS, check_acks, check_read_back,
+                      finish_member, group_scenario, record, unique_topic)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def topic(admin):
         time.sleep(0.1)
 
 
-def produce(bootstrap, topic, start=0, n=N_RECORDS):
+def produce(bootstrap, topic, start=0, n=N_RECORDS, compression="none"):
     """Produce record(start) .. record(start + n - 1); returns {key: (partition, offset)}."""
     producer = Producer({
         "bootstrap.servers": bootstrap,
@@ -53,7 +53,7 @@ def produce(bootstrap, topic, start=0, n=N_RECORDS):
         "acks": "all",
         "enable.idempotence": True,
         "linger.ms": 5,
-        "compression.type": "none",
+        "compression.type": compression,
         "max.in.flight.requests.per.connection": 1,
         "message.timeout.ms": 60000,
     })
@@ -100,6 +100,33 @@ def test_create_topic_visible(admin, topic):
 
 def test_produce_acks(delivered):
     check_acks(delivered)
+
+
+def read_back(bootstrap, topic, n):
+    """{partition: [(offset, key, value, headers)]} of the first n records, by assignment."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "compat-confluent-unused",
+                         "enable.auto.commit": False, "enable.auto.offset.store": False, "fetch.wait.max.ms": 200})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(N_PARTITIONS)])
+        per_partition = {p: [] for p in range(N_PARTITIONS)}
+        deadline = time.monotonic() + 60
+        while sum(len(v) for v in per_partition.values()) < n:
+            assert time.monotonic() < deadline, f"read {[len(v) for v in per_partition.values()]} of {n}"
+            for m in consumer.consume(num_messages=500, timeout=0.5):
+                if m.error():
+                    raise KafkaException(m.error())
+                per_partition[m.partition()].append((m.offset(), m.key(), m.value(), m.headers() or []))
+        return per_partition
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_compressed_produce_round_trips(bootstrap, admin, codec):
+    topic = unique_topic(f"confluent_kafka_{codec}")
+    admin.create_topics([NewTopic(topic, num_partitions=N_PARTITIONS, replication_factor=1)])[topic].result(timeout=30)
+    delivered = produce(bootstrap, topic, 0, CODEC_RECORDS, compression=codec)
+    check_read_back(read_back(bootstrap, topic, CODEC_RECORDS), delivered, n=CODEC_RECORDS)
 
 
 def test_read_back_by_assignment(bootstrap, topic, delivered):

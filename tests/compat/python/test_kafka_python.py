@@ -2,7 +2,7 @@
 
 Covers: KafkaAdminClient.create_topics / describe_topics / describe_cluster,
 KafkaProducer (keys + headers, acks=all, idempotent: InitProducerId and
-sequence numbers), KafkaConsumer by explicit assign() + seek_to_beginning(),
+sequence numbers; and with each of gzip, snappy, lz4, zstd), KafkaConsumer by explicit assign() + seek_to_beginning(),
 beginning/end offsets (ListOffsets) and metadata; and consumer groups: two
 subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then the admin API's view of the
@@ -14,8 +14,8 @@ import time
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from conftest import (N_PARTITIONS, N_RECORDS, check_acks, check_read_back, finish_member, group_scenario, record,
-                      unique_topic)
+from conftest import (CODEC_RECORDS, CODECS, N_PARTITIONS, N_RECORDS, check_acks, check_read_back,
+                      finish_member, group_scenario, record, unique_topic)
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +36,10 @@ def topic(admin):
     return name
 
 
-def produce(bootstrap, topic, start=0, n=N_RECORDS):
+def produce(bootstrap, topic, start=0, n=N_RECORDS, compression=None):
     """Produce record(start) .. record(start + n - 1); returns {key: (partition, offset)}."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="compat-kafka-python-producer",
-                             acks="all", enable_idempotence=True, linger_ms=5,
+                             acks="all", enable_idempotence=True, linger_ms=5, compression_type=compression,
                              max_in_flight_requests_per_connection=1, request_timeout_ms=20000)
     try:
         futures = []
@@ -72,6 +72,35 @@ def test_create_topic_visible(admin, topic):
 
 def test_produce_acks(delivered):
     check_acks(delivered)
+
+
+def read_back(bootstrap, topic, n):
+    """{partition: [(offset, key, value, headers)]} of the first n records, by assignment."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_wait_ms=200)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(N_PARTITIONS)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        per_partition = {p: [] for p in range(N_PARTITIONS)}
+        deadline = time.monotonic() + 60
+        while sum(len(v) for v in per_partition.values()) < n:
+            assert time.monotonic() < deadline, f"read {[len(v) for v in per_partition.values()]} of {n}"
+            for tp, msgs in consumer.poll(timeout_ms=500).items():
+                for m in msgs:
+                    per_partition[tp.partition].append((m.offset, m.key, m.value, list(m.headers)))
+        return per_partition
+    finally:
+        consumer.close(autocommit=False)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_compressed_produce_round_trips(bootstrap, admin, codec):
+    topic = unique_topic(f"kafka_python_{codec}")
+    admin.create_topics({topic: {"num_partitions": N_PARTITIONS, "replication_factor": 1}},
+                        timeout_ms=10000, wait_for_metadata=True)
+    delivered = produce(bootstrap, topic, 0, CODEC_RECORDS, compression=codec)
+    check_read_back(read_back(bootstrap, topic, CODEC_RECORDS), delivered, n=CODEC_RECORDS)
 
 
 def test_read_back_by_assignment(bootstrap, topic, delivered):
