@@ -292,7 +292,7 @@ async fn commit_rate(addr: SocketAddr, pid: u32, clients: usize, secs: f64) -> (
                             OffsetCommitRequestPartition::default().with_partition_index(i as i32 % PARTITIONS).with_committed_offset(offset),
                         ]),
                     ]);
-                    let r: OffsetCommitResponse = call(&mut sock, 8, 2, id, &req).await;
+                    let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, id, &req).await;
                     assert_eq!(r.topics[0].partitions[0].error_code, 0, "commit failed");
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -339,13 +339,13 @@ async fn raw_handshake(addr: SocketAddr, runs: usize) -> f64 {
         };
         let started = Instant::now();
         id += 1;
-        let r: FindCoordinatorResponse = call(&mut sock, 10, 2, id, &FindCoordinatorRequest::default().with_key(group.clone())).await;
+        let r: FindCoordinatorResponse = common::call(&mut sock, 10, 2, id, &FindCoordinatorRequest::default().with_key(group.clone())).await;
         assert_eq!(r.error_code, 0);
         id += 1;
-        let first: JoinGroupResponse = call(&mut sock, 11, 5, id, &join(StrBytes::new())).await;
+        let first: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join(StrBytes::new())).await;
         assert_eq!(first.error_code, 79);
         id += 1;
-        let joined: JoinGroupResponse = call(&mut sock, 11, 5, id, &join(first.member_id.clone())).await;
+        let joined: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join(first.member_id.clone())).await;
         assert_eq!(joined.error_code, 0);
         id += 1;
         let sync = SyncGroupRequest::default()
@@ -353,13 +353,13 @@ async fn raw_handshake(addr: SocketAddr, runs: usize) -> f64 {
             .with_generation_id(joined.generation_id)
             .with_member_id(joined.member_id.clone())
             .with_assignments(vec![SyncGroupRequestAssignment::default().with_member_id(joined.member_id.clone()).with_assignment(bytes::Bytes::from_static(b"assignment"))]);
-        let r: SyncGroupResponse = call(&mut sock, 14, 3, id, &sync).await;
+        let r: SyncGroupResponse = common::call(&mut sock, 14, 3, id, &sync).await;
         assert_eq!(r.error_code, 0);
         id += 1;
         let fetch = OffsetFetchRequest::default().with_group_id(GroupId(group.clone())).with_topics(Some(vec![
             OffsetFetchRequestTopic::default().with_name(TopicName(StrBytes::from_static_str(TOPIC))).with_partition_indexes((0..PARTITIONS).collect()),
         ]));
-        let r: OffsetFetchResponse = call(&mut sock, 9, 1, id, &fetch).await;
+        let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, id, &fetch).await;
         assert_eq!(r.topics[0].partitions.len(), PARTITIONS as usize);
         times.push(started.elapsed().as_secs_f64() * 1000.0);
     }
@@ -367,17 +367,3 @@ async fn raw_handshake(addr: SocketAddr, runs: usize) -> f64 {
     times[times.len() / 2]
 }
 
-/// One request/response on a raw connection (response header v0).
-async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut body = bytes::BytesMut::new();
-    req.encode(&mut body, version).unwrap();
-    sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
-    let mut len = [0u8; 4];
-    sock.read_exact(&mut len).await.unwrap();
-    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-    sock.read_exact(&mut b).await.unwrap();
-    let mut b = bytes::Bytes::from(b);
-    assert_eq!(bytes::Buf::get_i32(&mut b), id);
-    Resp::decode(&mut b, version).unwrap()
-}

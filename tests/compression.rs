@@ -9,17 +9,15 @@ mod common;
 use std::io::Write;
 use std::time::Duration;
 
-use bytes::Buf;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CODECS: [&str; 4] = ["gzip", "snappy", "lz4", "zstd"];
 const PER_CODEC: usize = 10_000;
@@ -137,16 +135,7 @@ async fn produce(sock: &mut tokio::net::TcpStream, id: i32, topic: &str, batch: 
     let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
         .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
         .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch))])]);
-    let mut body = bytes::BytesMut::new();
-    req.encode(&mut body, 8).unwrap();
-    sock.write_all(&common::request_frame(0, 8, id, &body)).await.unwrap();
-    let mut len = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
-    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-    sock.read_exact(&mut b).await.unwrap();
-    let mut b = bytes::Bytes::from(b);
-    assert_eq!(b.get_i32(), id);
-    let r = ProduceResponse::decode(&mut b, 8).unwrap();
+    let r: ProduceResponse = common::call(sock, 0, 8, id, &req).await;
     let p = &r.responses[0].partition_responses[0];
     (p.error_code, p.base_offset)
 }

@@ -273,7 +273,7 @@ async fn three_consumers_share_partitions_and_take_over() {
         let req = OffsetFetchRequest::default().with_group_id(GroupId(StrBytes::from_static_str("sharers"))).with_topics(Some(vec![
             OffsetFetchRequestTopic::default().with_name(TopicName(StrBytes::from_static_str(TOPIC))).with_partition_indexes((0..PARTITIONS).collect()),
         ]));
-        let r: OffsetFetchResponse = call(&mut sock, 9, 1, 1, &req).await;
+        let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, 1, &req).await;
         let parts = &r.topics[0].partitions;
         assert_eq!(parts.len(), PARTITIONS as usize);
         for p in parts {
@@ -405,12 +405,12 @@ async fn silent_member_expires_after_its_session_timeout() {
             .with_protocol_type(StrBytes::from_static_str("consumer"))
             .with_protocols(vec![JoinGroupRequestProtocol::default().with_name(StrBytes::from_static_str("range")).with_metadata(meta.clone().freeze())])
     };
-    let first: JoinGroupResponse = call(&mut sock, 11, 5, 1, &join(StrBytes::new())).await;
+    let first: JoinGroupResponse = common::call(&mut sock, 11, 5, 1, &join(StrBytes::new())).await;
     assert_eq!(first.error_code, 79, "MEMBER_ID_REQUIRED");
-    let joined: JoinGroupResponse = call(&mut sock, 11, 5, 2, &join(first.member_id.clone())).await;
+    let joined: JoinGroupResponse = common::call(&mut sock, 11, 5, 2, &join(first.member_id.clone())).await;
     assert_eq!(joined.error_code, 0);
     assert_ne!(joined.leader, joined.member_id, "the librdkafka member stays leader");
-    let synced: SyncGroupResponse = call(
+    let synced: SyncGroupResponse = common::call(
         &mut sock,
         14,
         3,
@@ -434,22 +434,6 @@ async fn silent_member_expires_after_its_session_timeout() {
     broker.shutdown().await;
 }
 
-/// One request on a raw connection; the response body after the header
-/// (header v0 for the versions used here).
-async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
-    use bytes::Buf;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut body = bytes::BytesMut::new();
-    req.encode(&mut body, version).unwrap();
-    sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
-    let mut len = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
-    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-    sock.read_exact(&mut b).await.unwrap();
-    let mut b = bytes::Bytes::from(b);
-    assert_eq!(b.get_i32(), id);
-    Resp::decode(&mut b, version).unwrap()
-}
 
 /// Bad group requests get Kafka's error codes, and another group carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,32 +460,32 @@ async fn bad_group_requests_get_kafka_error_codes() {
     };
     let range = || vec![JoinGroupRequestProtocol::default().with_name(s("range")).with_metadata(bytes::Bytes::from_static(b"m"))];
 
-    let r: JoinGroupResponse = call(&mut sock, 11, 5, 1, &join("g1", "", "", range())).await;
+    let r: JoinGroupResponse = common::call(&mut sock, 11, 5, 1, &join("g1", "", "", range())).await;
     assert_eq!(r.error_code, 23, "empty protocol type: INCONSISTENT_GROUP_PROTOCOL");
-    let r: JoinGroupResponse = call(&mut sock, 11, 5, 2, &join("g1", "", "consumer", vec![])).await;
+    let r: JoinGroupResponse = common::call(&mut sock, 11, 5, 2, &join("g1", "", "consumer", vec![])).await;
     assert_eq!(r.error_code, 23, "no protocols: INCONSISTENT_GROUP_PROTOCOL");
-    let r: JoinGroupResponse = call(&mut sock, 11, 5, 3, &join("g1", "nobody", "consumer", range())).await;
+    let r: JoinGroupResponse = common::call(&mut sock, 11, 5, 3, &join("g1", "nobody", "consumer", range())).await;
     assert_eq!(r.error_code, 25, "unknown member: UNKNOWN_MEMBER_ID");
-    let r: JoinGroupResponse = call(&mut sock, 11, 5, 4, &join(&"g".repeat(300), "", "consumer", range())).await;
+    let r: JoinGroupResponse = common::call(&mut sock, 11, 5, 4, &join(&"g".repeat(300), "", "consumer", range())).await;
     assert_eq!(r.error_code, 24, "group id over the length limit: INVALID_GROUP_ID");
 
     // A real one-member group in g2; a member of another group is unknown there.
-    let first: JoinGroupResponse = call(&mut sock, 11, 5, 5, &join("g2", "", "consumer", range())).await;
+    let first: JoinGroupResponse = common::call(&mut sock, 11, 5, 5, &join("g2", "", "consumer", range())).await;
     assert_eq!(first.error_code, 79);
-    let joined: JoinGroupResponse = call(&mut sock, 11, 5, 6, &join("g2", &first.member_id, "consumer", range())).await;
+    let joined: JoinGroupResponse = common::call(&mut sock, 11, 5, 6, &join("g2", &first.member_id, "consumer", range())).await;
     assert_eq!((joined.error_code, joined.generation_id), (0, 1));
     // The leader's assignment names a non-member: ignored, as Kafka does.
     let sync = SyncGroupRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id(1).with_member_id(joined.member_id.clone()).with_assignments(vec![
         SyncGroupRequestAssignment::default().with_member_id(joined.member_id.clone()).with_assignment(bytes::Bytes::from_static(b"a")),
         SyncGroupRequestAssignment::default().with_member_id(s("stranger")).with_assignment(bytes::Bytes::from_static(b"b")),
     ]);
-    let r: SyncGroupResponse = call(&mut sock, 14, 3, 7, &sync).await;
+    let r: SyncGroupResponse = common::call(&mut sock, 14, 3, 7, &sync).await;
     assert_eq!((r.error_code, &r.assignment[..]), (0, &b"a"[..]));
     let stale = SyncGroupRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id(7).with_member_id(joined.member_id.clone());
-    let r: SyncGroupResponse = call(&mut sock, 14, 3, 8, &stale).await;
+    let r: SyncGroupResponse = common::call(&mut sock, 14, 3, 8, &stale).await;
     assert_eq!(r.error_code, 22, "stale generation: ILLEGAL_GENERATION");
     let other = SyncGroupRequest::default().with_group_id(GroupId(s("g2"))).with_generation_id(1).with_member_id(s("stranger"));
-    let r: SyncGroupResponse = call(&mut sock, 14, 3, 9, &other).await;
+    let r: SyncGroupResponse = common::call(&mut sock, 14, 3, 9, &other).await;
     assert_eq!(r.error_code, 25, "SyncGroup from a non-member: UNKNOWN_MEMBER_ID");
 
     // OffsetCommit: unknown topic per partition; stale generation and
@@ -512,11 +496,11 @@ async fn bad_group_requests_get_kafka_error_codes() {
         ])
     };
     let code = |r: &OffsetCommitResponse| r.topics[0].partitions[0].error_code;
-    let r: OffsetCommitResponse = call(&mut sock, 8, 2, 10, &commit(1, &joined.member_id, "no.such.topic")).await;
+    let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, 10, &commit(1, &joined.member_id, "no.such.topic")).await;
     assert_eq!(code(&r), 3, "UNKNOWN_TOPIC_OR_PARTITION");
-    let r: OffsetCommitResponse = call(&mut sock, 8, 2, 11, &commit(0, &joined.member_id, "no.such.topic")).await;
+    let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, 11, &commit(0, &joined.member_id, "no.such.topic")).await;
     assert_eq!(code(&r), 22, "ILLEGAL_GENERATION");
-    let r: OffsetCommitResponse = call(&mut sock, 8, 2, 12, &commit(1, "stranger", "no.such.topic")).await;
+    let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, 12, &commit(1, "stranger", "no.such.topic")).await;
     assert_eq!(code(&r), 25, "UNKNOWN_MEMBER_ID");
     drop(sock);
     broker.shutdown().await;
@@ -706,7 +690,7 @@ async fn ten_thousand_join_attempts_leave_bounded_state() {
     let mut codes: HashMap<i16, usize> = HashMap::new();
     for _ in 0..10_000 {
         id += 1;
-        let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join("crowded", "")).await;
+        let r: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join("crowded", "")).await;
         *codes.entry(r.error_code).or_default() += 1;
     }
     assert_eq!(codes, HashMap::from([(79, 100), (81, 9_900)]), "MEMBER_ID_REQUIRED up to the group size, then GROUP_MAX_SIZE_REACHED");
@@ -714,32 +698,32 @@ async fn ten_thousand_join_attempts_leave_bounded_state() {
     // Handed-out ids expire after the session timeout they asked with.
     for _ in 0..100 {
         id += 1;
-        let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
+        let r: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
         assert_eq!(r.error_code, 79);
     }
     id += 1;
-    let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
+    let r: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
     assert_eq!(r.error_code, 81, "full");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     id += 1;
-    let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
+    let r: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join_for("brief", "", 1000)).await;
     assert_eq!(r.error_code, 79, "room again once the ids expired");
 
     // Another group is unaffected.
     let mut other = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let first: JoinGroupResponse = call(&mut other, 11, 5, 1, &join("calm", "")).await;
+    let first: JoinGroupResponse = common::call(&mut other, 11, 5, 1, &join("calm", "")).await;
     assert_eq!(first.error_code, 79);
-    let joined: JoinGroupResponse = call(&mut other, 11, 5, 2, &join("calm", &first.member_id)).await;
+    let joined: JoinGroupResponse = common::call(&mut other, 11, 5, 2, &join("calm", &first.member_id)).await;
     assert_eq!((joined.error_code, joined.generation_id), (0, 1));
 
     // 10,000 groups, one abandoned join attempt each.
     for g in 0..10_000 {
         id += 1;
-        let r: JoinGroupResponse = call(&mut sock, 11, 5, id, &join(&format!("drive-by-{g}"), "")).await;
+        let r: JoinGroupResponse = common::call(&mut sock, 11, 5, id, &join(&format!("drive-by-{g}"), "")).await;
         assert_eq!(r.error_code, 79);
     }
     async fn list(sock: &mut tokio::net::TcpStream, id: i32) -> BTreeSet<String> {
-        let r: ListGroupsResponse = call(sock, 16, 2, id, &ListGroupsRequest::default()).await;
+        let r: ListGroupsResponse = common::call(sock, 16, 2, id, &ListGroupsRequest::default()).await;
         r.groups.into_iter().map(|g| g.group_id.0.to_string()).collect()
     }
     id += 1;

@@ -11,31 +11,16 @@ mod common;
 
 use std::time::Duration;
 
-use bytes::Buf;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, TransactionalId};
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// One request on a raw connection (non-flexible versions: response header v0).
-async fn call<Req: Encodable, Resp: Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
-    let mut body = bytes::BytesMut::new();
-    req.encode(&mut body, version).unwrap();
-    sock.write_all(&common::request_frame(key, version, id, &body)).await.unwrap();
-    let mut len = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(30), sock.read_exact(&mut len)).await.expect("answered").unwrap();
-    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-    sock.read_exact(&mut b).await.unwrap();
-    let mut b = bytes::Bytes::from(b);
-    assert_eq!(b.get_i32(), id);
-    Resp::decode(&mut b, version).unwrap()
-}
 
 async fn create(addr: std::net::SocketAddr, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
@@ -119,17 +104,17 @@ async fn sequences_and_epochs_on_the_wire() {
         id
     };
 
-    let init: InitProducerIdResponse = call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    let init: InitProducerIdResponse = common::call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
     assert_eq!(init.error_code, 0);
     let pid = init.producer_id.0;
     assert!(pid >= 0);
     assert_eq!(init.producer_epoch, 0);
-    let again: InitProducerIdResponse = call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    let again: InitProducerIdResponse = common::call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
     assert_ne!(again.producer_id.0, pid, "a plain idempotent producer gets a fresh id");
 
     let b = |seq: i32, values: &[&[u8]]| common::producer_batch(pid, 0, seq, values);
     async fn send(sock: &mut tokio::net::TcpStream, n: i32, batch: bytes::Bytes) -> (i16, i64) {
-        outcome(&call::<_, ProduceResponse>(sock, 0, 8, n, &produce("idem.wire", batch)).await)
+        outcome(&common::call::<_, ProduceResponse>(sock, 0, 8, n, &produce("idem.wire", batch)).await)
     }
     assert_eq!(send(&mut sock, next_id(), b(0, &[b"a", b"b", b"c"])).await, (0, 0));
     // The retry: answered with the first offsets, not written again.
@@ -149,7 +134,7 @@ async fn sequences_and_epochs_on_the_wire() {
     // old epoch is fenced.
     async fn txn(sock: &mut tokio::net::TcpStream, n: i32) -> InitProducerIdResponse {
         let req = InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("idem-txn")))).with_transaction_timeout_ms(60_000);
-        call(sock, 22, 1, n, &req).await
+        common::call(sock, 22, 1, n, &req).await
     }
     let t0 = txn(&mut sock, next_id()).await;
     assert_eq!((t0.error_code, t0.producer_epoch), (0, 0));
@@ -159,7 +144,7 @@ async fn sequences_and_epochs_on_the_wire() {
     assert_eq!(send(&mut sock, next_id(), common::producer_batch(tp, 1, 0, &[b"new"])).await, (0, 10));
     assert_eq!(send(&mut sock, next_id(), common::producer_batch(tp, 0, 1, &[b"old"])).await.0, 47, "INVALID_PRODUCER_EPOCH");
     let bad_timeout = InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("idem-txn")))).with_transaction_timeout_ms(0);
-    let r: InitProducerIdResponse = call(&mut sock, 22, 1, next_id(), &bad_timeout).await;
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 1, next_id(), &bad_timeout).await;
     assert_eq!(r.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
 
     // The log holds each record once: 11 records, offsets 0..=10.
@@ -194,24 +179,24 @@ async fn sequences_and_epochs_on_the_wire() {
 /// Returns what `restart` handed back (the restarted broker).
 async fn retry_across<B>(addr_before: std::net::SocketAddr, restart: impl std::future::Future<Output = (std::net::SocketAddr, B)>) -> B {
     let mut sock = tokio::net::TcpStream::connect(addr_before).await.unwrap();
-    let init: InitProducerIdResponse = call(&mut sock, 22, 1, 1, &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    let init: InitProducerIdResponse = common::call(&mut sock, 22, 1, 1, &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
     let pid = init.producer_id.0;
     let req = |seq: i32, values: &[&[u8]]| produce("idem.restart", common::producer_batch(pid, 0, seq, values));
-    let r: ProduceResponse = call(&mut sock, 0, 8, 2, &req(0, &[b"a", b"b"])).await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 2, &req(0, &[b"a", b"b"])).await;
     assert_eq!(outcome(&r), (0, 0));
-    let r: ProduceResponse = call(&mut sock, 0, 8, 3, &req(2, &[b"c"])).await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 3, &req(2, &[b"c"])).await;
     assert_eq!(outcome(&r), (0, 2));
     drop(sock);
 
     let (addr, restarted) = restart.await;
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let r: ProduceResponse = call(&mut sock, 0, 8, 4, &req(2, &[b"c"])).await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 4, &req(2, &[b"c"])).await;
     assert_eq!(outcome(&r), (0, 2), "the retry after the restart is recognised");
-    let r: ProduceResponse = call(&mut sock, 0, 8, 5, &req(0, &[b"a", b"b"])).await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 5, &req(0, &[b"a", b"b"])).await;
     assert_eq!(outcome(&r), (0, 0));
-    let r: ProduceResponse = call(&mut sock, 0, 8, 6, &req(3, &[b"d"])).await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 6, &req(3, &[b"d"])).await;
     assert_eq!(outcome(&r), (0, 3), "nothing was written twice");
-    let r: ProduceResponse = call(&mut sock, 0, 8, 7, &req(9, &[b"x"])).await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 7, &req(9, &[b"x"])).await;
     assert_eq!(outcome(&r).0, 45, "and sequence gaps are still caught");
     restarted
 }

@@ -174,3 +174,20 @@ pub fn request_frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(body);
     out
 }
+
+/// One request on a raw connection and its decoded response. For
+/// non-flexible versions only (the response header is v0: correlation id).
+pub async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
+    use bytes::Buf;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, version).unwrap();
+    sock.write_all(&request_frame(key, version, id, &body)).await.unwrap();
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(60), sock.read_exact(&mut len)).await.expect("answered").unwrap();
+    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut b).await.unwrap();
+    let mut b = bytes::Bytes::from(b);
+    assert_eq!(b.get_i32(), id, "correlation id");
+    Resp::decode(&mut b, version).unwrap()
+}
