@@ -170,3 +170,56 @@ async fn a_gzip_bomb_is_refused_and_memory_stays_flat() {
     assert_eq!(produce(&mut sock, 10, "bombs", common::gzip_record_batch(&[b"after"])).await, (0, 1));
     broker.shutdown().await;
 }
+
+/// The attributes' codec bits of every batch in tp 0 of `topic`, from a
+/// raw Fetch (what is stored, not what the client was sent by producers).
+async fn stored_codecs(addr: std::net::SocketAddr, topic: &str) -> Vec<i16> {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{FetchRequest, FetchResponse};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = FetchRequest::default().with_replica_id(kafka_protocol::messages::BrokerId(-1)).with_max_wait_ms(0).with_min_bytes(1).with_max_bytes(1 << 24).with_topics(vec![FetchTopic::default()
+        .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partitions(vec![FetchPartition::default().with_partition(0).with_fetch_offset(0).with_partition_max_bytes(1 << 24)])]);
+    let r: FetchResponse = common::call(&mut sock, 1, 4, 1, &req).await;
+    let mut rest = r.responses[0].partitions[0].records.clone().unwrap_or_default();
+    let mut codecs = Vec::new();
+    while rest.len() >= 61 {
+        let len = i32::from_be_bytes(rest[8..12].try_into().unwrap()) as usize + 12;
+        codecs.push(i16::from_be_bytes(rest[21..23].try_into().unwrap()) & 7);
+        rest = rest.slice(len.min(rest.len())..);
+    }
+    codecs
+}
+
+/// A topic's compression.type other than `producer` is applied on append:
+/// batches in another codec are recompressed, and read back intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_compression_type_recompresses_on_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    for (name, codec) in [("recompress.zstd", "zstd"), ("recompress.none", "uncompressed")] {
+        let t = NewTopic::new(name, 1, TopicReplication::Fixed(1)).set("compression.type", codec);
+        admin.create_topics([&t], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    }
+    for (topic, producer_codec) in [("recompress.zstd", "none"), ("recompress.zstd", "gzip"), ("recompress.none", "lz4")] {
+        let mut cfg = common::producer_config(addr, "all");
+        cfg.set("compression.type", producer_codec);
+        let p: FutureProducer = cfg.create().unwrap();
+        for i in 0..500 {
+            let v = value(0, i);
+            p.send(FutureRecord::to(topic).partition(0).key("k").payload(&v), Duration::from_secs(10)).await.expect("acked");
+        }
+    }
+    let zstd = stored_codecs(addr, "recompress.zstd").await;
+    assert!(!zstd.is_empty() && zstd.iter().all(|c| *c == 4), "every stored batch is zstd: {zstd:?}");
+    let none = stored_codecs(addr, "recompress.none").await;
+    assert!(!none.is_empty() && none.iter().all(|c| *c == 0), "every stored batch is uncompressed: {none:?}");
+    let z = tokio::task::spawn_blocking(move || read(addr, "recompress.zstd", &[0], 1000)).await.unwrap();
+    let want: Vec<String> = (0..500).chain(0..500).map(|i| value(0, i)).collect();
+    assert_eq!(z.iter().map(|r| r.2.clone()).collect::<Vec<_>>(), want);
+    let n = tokio::task::spawn_blocking(move || read(addr, "recompress.none", &[0], 500)).await.unwrap();
+    assert_eq!(n.iter().map(|r| r.2.clone()).collect::<Vec<_>>(), (0..500).map(|i| value(0, i)).collect::<Vec<_>>());
+    broker.shutdown().await;
+}

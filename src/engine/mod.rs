@@ -508,6 +508,13 @@ impl Engine {
         }
         let limit = topic.config.max_message_bytes as usize;
         let mut any = false;
+        // A topic with its own compression.type gets every batch in that
+        // codec: batches in another are recompressed here (a slow path).
+        let target = match topic.config.compression {
+            topics::TopicCompression::Producer => None,
+            topics::TopicCompression::Codec(c) => Some(c),
+        };
+        let mut rebuilt: Option<Vec<u8>> = None;
         for b in batch::split(&records) {
             let b = b?;
             if b.len() > limit {
@@ -528,10 +535,24 @@ impl Engine {
                 return Err(EngineError::Corrupt(BatchError::ControlBatch));
             }
             any = true;
+            if let Some(codec) = target.filter(|c| *c != h.compression()) {
+                let inflated = batch::records_of(b, &h, limit)?;
+                let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
+                if packed.len() > limit {
+                    return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
+                }
+                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(&packed);
+            } else if target.is_some() {
+                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(b);
+            }
         }
         if !any {
             return Err(EngineError::Corrupt(BatchError::Empty));
         }
+        let records = match rebuilt {
+            Some(r) if r.len() != records.len() || r[..] != records[..] => Bytes::from(r),
+            _ => records,
+        };
         let (reply, rx) = oneshot::channel();
         let cmd = WriteCmd::Append {
             tp: topic.tp(partition),

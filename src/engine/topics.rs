@@ -37,6 +37,41 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// A topic's `compression.type`: keep what the producer sent, or store
+/// every batch with this codec (recompressing on append: a slow path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicCompression {
+    Producer,
+    Codec(crate::protocol::batch::Compression),
+}
+
+impl TopicCompression {
+    fn parse(v: &str) -> Option<TopicCompression> {
+        use crate::protocol::batch::Compression as C;
+        Some(match v {
+            "producer" => TopicCompression::Producer,
+            "uncompressed" => TopicCompression::Codec(C::None),
+            "gzip" => TopicCompression::Codec(C::Gzip),
+            "snappy" => TopicCompression::Codec(C::Snappy),
+            "lz4" => TopicCompression::Codec(C::Lz4),
+            "zstd" => TopicCompression::Codec(C::Zstd),
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        use crate::protocol::batch::Compression as C;
+        match self {
+            TopicCompression::Producer => "producer",
+            TopicCompression::Codec(C::None | C::Unknown(_)) => "uncompressed",
+            TopicCompression::Codec(C::Gzip) => "gzip",
+            TopicCompression::Codec(C::Snappy) => "snappy",
+            TopicCompression::Codec(C::Lz4) => "lz4",
+            TopicCompression::Codec(C::Zstd) => "zstd",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimestampType {
     CreateTime,
@@ -79,6 +114,7 @@ pub struct TopicConfig {
     /// broker's clock) are refused with INVALID_TIMESTAMP.
     pub timestamp_before_max_ms: i64,
     pub timestamp_after_max_ms: i64,
+    pub compression: TopicCompression,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,10 +136,10 @@ pub const ACTED_ON: &[&str] = &[
     "message.timestamp.type",
     "message.timestamp.before.max.ms",
     "message.timestamp.after.max.ms",
+    "compression.type",
 ];
 pub const ACCEPTED: &[&str] = &[
     "cleanup.policy",
-    "compression.type",
     "min.insync.replicas",
     "segment.bytes",
     "segment.ms",
@@ -130,6 +166,7 @@ impl TopicConfig {
             timestamp_type: d.timestamp_type,
             timestamp_before_max_ms: d.timestamp_before_max_ms,
             timestamp_after_max_ms: d.timestamp_after_max_ms,
+            compression: TopicCompression::Producer,
         };
         for (key, value) in configs {
             let bad = |why| ConfigError { key: key.clone(), value: value.clone(), why };
@@ -148,6 +185,9 @@ impl TopicConfig {
                 }
                 "message.timestamp.before.max.ms" => c.timestamp_before_max_ms = parse_at_least(value, 0).ok_or_else(|| bad("expected an integer ≥ 0"))?,
                 "message.timestamp.after.max.ms" => c.timestamp_after_max_ms = parse_at_least(value, 0).ok_or_else(|| bad("expected an integer ≥ 0"))?,
+                "compression.type" => {
+                    c.compression = TopicCompression::parse(value).ok_or_else(|| bad("expected producer, uncompressed, gzip, snappy, lz4 or zstd"))?
+                }
                 k if ACCEPTED.contains(&k) => {}
                 _ => return Err(bad("unknown topic config")),
             }
@@ -169,7 +209,7 @@ impl TopicConfig {
             ("message.timestamp.before.max.ms".to_owned(), self.timestamp_before_max_ms.to_string()),
             ("message.timestamp.after.max.ms".to_owned(), self.timestamp_after_max_ms.to_string()),
             ("cleanup.policy".to_owned(), "delete".to_owned()),
-            ("compression.type".to_owned(), "producer".to_owned()),
+            ("compression.type".to_owned(), self.compression.name().to_owned()),
             ("min.insync.replicas".to_owned(), "1".to_owned()),
         ];
         for (k, v) in set {

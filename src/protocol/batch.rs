@@ -214,6 +214,36 @@ pub fn validate_records(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> R
     Ok((header.base_timestamp.saturating_add(min), header.base_timestamp.saturating_add(max)))
 }
 
+/// The records section of a validated batch, inflated if compressed
+/// (bounded by `max_bytes`).
+pub fn records_of(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> Result<Vec<u8>, BatchError> {
+    let body = &buf[HEADER_BYTES..header.size];
+    Ok(super::compression::inflate(header.compression(), body, max_bytes)?)
+}
+
+/// The batch `buf` with its records section replaced by `records`, which
+/// are compressed with `codec`: header fields kept, length, compression
+/// bits and CRC rewritten.
+pub fn with_records(buf: &[u8], records: &[u8], codec: Compression) -> Vec<u8> {
+    let bits: i16 = match codec {
+        Compression::None | Compression::Unknown(_) => 0,
+        Compression::Gzip => 1,
+        Compression::Snappy => 2,
+        Compression::Lz4 => 3,
+        Compression::Zstd => 4,
+    };
+    let mut out = Vec::with_capacity(HEADER_BYTES + records.len());
+    out.extend_from_slice(&buf[..HEADER_BYTES]);
+    out.extend_from_slice(records);
+    let length = (out.len() - LOG_OVERHEAD) as i32;
+    out[OFF_BATCH_LENGTH..OFF_BATCH_LENGTH + 4].copy_from_slice(&length.to_be_bytes());
+    let attributes = (get_i16(buf, OFF_ATTRIBUTES) & !ATTR_COMPRESSION_MASK) | bits;
+    out[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+    let crc = crc32c::crc32c(&out[OFF_ATTRIBUTES..]);
+    out[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
 /// Walks `count` records; returns the smallest and largest timestamp delta.
 fn walk_records(mut rest: &[u8], count: i32) -> Result<(i64, i64), BatchError> {
     let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
@@ -419,6 +449,20 @@ pub(crate) mod tests {
         let crc = crc32c::crc32c(&b[OFF_ATTRIBUTES..]);
         b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
         b
+    }
+
+    #[test]
+    fn batches_are_recompressed_with_their_header_kept() {
+        let plain = make_batch(&[b"one", b"two", b"three"], 5_000);
+        let h = validate(&plain, 1 << 20).unwrap();
+        let records = records_of(&plain, &h, 1 << 20).unwrap();
+        let packed = with_records(&plain, &super::super::compression::compress(Compression::Zstd, &records), Compression::Zstd);
+        let p = validate(&packed, 1 << 20).unwrap();
+        assert_eq!(p.compression(), Compression::Zstd);
+        assert_eq!((p.records_count, p.base_timestamp, p.max_timestamp, p.producer_id), (h.records_count, h.base_timestamp, h.max_timestamp, h.producer_id));
+        assert_eq!(records_of(&packed, &p, 1 << 20).unwrap(), records);
+        let back = with_records(&packed, &records, Compression::None);
+        assert_eq!(back, plain, "decompressing gives the original batch back");
     }
 
     #[test]
