@@ -111,6 +111,14 @@ async fn sequences_and_epochs_on_the_wire() {
     assert_eq!(init.producer_epoch, 0);
     let again: InitProducerIdResponse = common::call(&mut sock, 22, 1, next_id(), &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
     assert_ne!(again.producer_id.0, pid, "a plain idempotent producer gets a fresh id");
+    // KIP-360 (v3): naming its id and epoch keeps the id, bumps the epoch.
+    let bump = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000).with_producer_id(again.producer_id).with_producer_epoch(0);
+    let bumped: InitProducerIdResponse = common::call(&mut sock, 22, 3, next_id(), &bump).await;
+    assert_eq!((bumped.error_code, bumped.producer_id, bumped.producer_epoch), (0, again.producer_id, 1));
+    let unknown = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000).with_producer_id(kafka_protocol::messages::ProducerId(1 << 40)).with_producer_epoch(0);
+    let fresh: InitProducerIdResponse = common::call(&mut sock, 22, 3, next_id(), &unknown).await;
+    assert_eq!(fresh.producer_epoch, 0, "an id never handed out is not bumped");
+    assert_ne!(fresh.producer_id.0, 1 << 40);
 
     let b = |seq: i32, values: &[&[u8]]| common::producer_batch(pid, 0, seq, values);
     async fn send(sock: &mut tokio::net::TcpStream, n: i32, batch: bytes::Bytes) -> (i16, i64) {

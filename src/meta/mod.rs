@@ -349,6 +349,16 @@ impl Catalog {
         })
     }
 
+    /// Whether `id` was ever handed out by [`Catalog::allocate_producer_id`].
+    pub fn producer_id_allocated(&self, id: i64) -> Result<bool, MetaError> {
+        const KEY: &[u8] = b"next_producer_id";
+        let next: i64 = match self.db.get(KEY)? {
+            Some(raw) => decode(KEY, &raw)?,
+            None => 1,
+        };
+        Ok(id >= 1 && id < next)
+    }
+
     /// (Re)initialises a transactional id: the first time it gets a new
     /// producer id at epoch 0; after that the same id with the epoch bumped
     /// (a new producer id once the epoch would overflow), which fences the

@@ -175,10 +175,9 @@ pub fn request_frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// One request on a raw connection and its decoded response. For
-/// non-flexible versions only (the response header is v0: correlation id).
+/// One request on a raw connection and its decoded response (the response
+/// header in the version the API uses).
 pub async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
-    use bytes::Buf;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut body = bytes::BytesMut::new();
     req.encode(&mut body, version).unwrap();
@@ -188,6 +187,8 @@ pub async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol
     let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
     sock.read_exact(&mut b).await.unwrap();
     let mut b = bytes::Bytes::from(b);
-    assert_eq!(b.get_i32(), id, "correlation id");
+    let hv = kafka_protocol::messages::ApiKey::try_from(key).expect("known api key").response_header_version(version);
+    let header = <kafka_protocol::messages::ResponseHeader as kafka_protocol::protocol::Decodable>::decode(&mut b, hv).unwrap();
+    assert_eq!(header.correlation_id, id, "correlation id");
     Resp::decode(&mut b, version).unwrap()
 }

@@ -3,10 +3,10 @@
 //! restarts). A transactional id keeps its producer id and gets the next
 //! epoch on every init, fencing the previous incarnation.
 //!
-//! Without a transactional id every init gets a fresh producer id at epoch
-//! 0, also when the request names its current id and epoch (KIP-360): a
-//! client accepts a new id there, and the broker need not remember the
-//! epochs of plain idempotent producers. Transactions themselves
+//! Without a transactional id an init gets a fresh producer id at epoch 0;
+//! one that names its current id and epoch (v3+, KIP-360: a producer
+//! resetting its sequences after an error) keeps the id with the epoch
+//! bumped, so its old in-flight batches are fenced. Transactions themselves
 //! (AddPartitionsToTxn, EndTxn, …) are not served yet, so clients that use
 //! them learn it from ApiVersions before they begin one.
 
@@ -29,8 +29,10 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         return fail(E::InvalidTransactionTimeout);
     }
     let engine = broker.engine.clone();
+    let (old_id, old_epoch) = (req.producer_id.0, req.producer_epoch);
     let allocated = tokio::task::spawn_blocking(move || match txn {
         Some(t) => engine.catalog().init_transactional_id(&t).map(|r| (r.producer_id, r.epoch)),
+        None if old_id >= 0 && (0..i16::MAX - 1).contains(&old_epoch) && engine.catalog().producer_id_allocated(old_id)? => Ok((old_id, old_epoch + 1)),
         None => engine.catalog().allocate_producer_id().map(|id| (id, 0)),
     })
     .await;
