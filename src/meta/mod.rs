@@ -264,6 +264,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn producer_ids_are_never_reused_and_transactional_ids_bump_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, t) = {
+            let c = Catalog::open(dir.path()).unwrap();
+            let a = c.allocate_producer_id().unwrap();
+            assert!(c.producer_id_allocated(a).unwrap());
+            assert!(!c.producer_id_allocated(a + 1).unwrap());
+            let t = c.init_transactional_id("tx").unwrap();
+            assert_eq!(t.epoch, 0);
+            assert_eq!(c.init_transactional_id("tx").unwrap(), ProducerIdRecord { producer_id: t.producer_id, epoch: 1 });
+            (a, t)
+        };
+        let c = Catalog::open(dir.path()).unwrap();
+        let b = c.allocate_producer_id().unwrap();
+        assert!(b > a && b > t.producer_id, "ids survive reopen and are never handed out twice");
+        assert_eq!(c.init_transactional_id("tx").unwrap().epoch, 2);
+    }
+
+    #[test]
     fn topics_and_log_starts_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let t = TopicRecord { name: "a.b".into(), id: [7; 16], partitions: 3, configs: BTreeMap::new(), created_ms: 5 };

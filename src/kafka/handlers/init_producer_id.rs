@@ -1,14 +1,17 @@
-//! InitProducerId: hands an idempotent or transactional producer its
-//! producer id and epoch, from the catalog (so ids are never reused across
-//! restarts). A transactional id keeps its producer id and gets the next
-//! epoch on every init, fencing the previous incarnation.
+//! InitProducerId: hands an idempotent producer its producer id and epoch,
+//! from the catalog (so ids are never reused across restarts).
+//!
+//! Transactions are not served yet (no AddPartitionsToTxn, EndTxn, …), so
+//! a request with a transactional id is refused with
+//! TRANSACTIONAL_ID_AUTHORIZATION_FAILED: one of the codes every client
+//! treats as fatal at init. Accepting it would let a transactional
+//! producer start and then hang at its first commit. (The catalog already
+//! keeps transactional ids' producer ids and epochs for when they land.)
 //!
 //! Without a transactional id an init gets a fresh producer id at epoch 0;
 //! one that names its current id and epoch (v3+, KIP-360: a producer
 //! resetting its sequences after an error) keeps the id with the epoch
-//! bumped, so its old in-flight batches are fenced. Transactions themselves
-//! (AddPartitionsToTxn, EndTxn, …) are not served yet, so clients that use
-//! them learn it from ApiVersions before they begin one.
+//! bumped, so its old in-flight batches are fenced.
 
 pub use kafka_protocol::messages::{InitProducerIdRequest as Request, InitProducerIdResponse as Response};
 use kafka_protocol::messages::ProducerId;
@@ -28,12 +31,18 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     if txn.is_some() && (req.transaction_timeout_ms <= 0 || req.transaction_timeout_ms > MAX_TRANSACTION_TIMEOUT_MS) {
         return fail(E::InvalidTransactionTimeout);
     }
+    if let Some(t) = &txn {
+        tracing::warn!(transactional_id = %t, "refusing a transactional producer: transactions are not supported yet");
+        return fail(E::TransactionalIdAuthorizationFailed);
+    }
     let engine = broker.engine.clone();
     let (old_id, old_epoch) = (req.producer_id.0, req.producer_epoch);
-    let allocated = tokio::task::spawn_blocking(move || match txn {
-        Some(t) => engine.catalog().init_transactional_id(&t).map(|r| (r.producer_id, r.epoch)),
-        None if old_id >= 0 && (0..i16::MAX - 1).contains(&old_epoch) && engine.catalog().producer_id_allocated(old_id)? => Ok((old_id, old_epoch + 1)),
-        None => engine.catalog().allocate_producer_id().map(|id| (id, 0)),
+    let allocated = tokio::task::spawn_blocking(move || {
+        let catalog = engine.catalog();
+        if old_id >= 0 && (0..i16::MAX - 1).contains(&old_epoch) && catalog.producer_id_allocated(old_id)? {
+            return Ok((old_id, old_epoch + 1));
+        }
+        catalog.allocate_producer_id().map(|id| (id, 0))
     })
     .await;
     match allocated {
