@@ -121,13 +121,13 @@ async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut sto
         let outcome = tokio::task::spawn_blocking(move || {
             let catalog = e.catalog();
             let (mut forget, mut expired) = (Vec::new(), Vec::new());
-            for (group, empty_since) in idle {
-                let rows = catalog.group_offsets(&group)?;
+            for g in idle {
+                let rows = catalog.group_offsets(&g.id)?;
                 if rows.is_empty() {
-                    forget.push(group);
-                } else if empty_since < cutoff && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
-                    catalog.remove_offsets(&group, None)?;
-                    expired.push(group);
+                    forget.push((g.id, g.commits));
+                } else if g.empty_since_ms < cutoff && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
+                    catalog.remove_offsets(&g.id, None)?;
+                    expired.push((g.id, g.commits));
                 }
             }
             if !expired.is_empty() {
@@ -138,7 +138,7 @@ async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut sto
         .await;
         match outcome {
             Ok(Ok((mut forget, expired))) => {
-                for group in &expired {
+                for (group, _) in &expired {
                     tracing::info!(group = %group, "expired the committed offsets of an empty group");
                 }
                 forget.extend(expired);

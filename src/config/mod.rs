@@ -108,6 +108,8 @@ settings! {
     max_connections: usize = "10000", "CANOPY_MAX_CONNECTIONS", "max-connections";
     "Default largest record batch, in bytes (message.max.bytes)"
     message_max_bytes: i32 = "1048588", "CANOPY_MESSAGE_MAX_BYTES", "message-max-bytes";
+    "Largest size a compressed batch may inflate to while it is validated, in bytes (never less than a topic's max.message.bytes, which bounds the compressed size)"
+    max_inflated_batch_bytes: usize = "16777216", "CANOPY_MAX_INFLATED_BATCH_BYTES", "max-inflated-batch-bytes";
     "Default message.timestamp.before.max.ms of topics: CreateTime records older than this are refused"
     message_timestamp_before_max_ms: i64 = "9223372036854775807", "CANOPY_MESSAGE_TIMESTAMP_BEFORE_MAX_MS", "message-timestamp-before-max-ms";
     "Default message.timestamp.after.max.ms of topics: CreateTime records further ahead than this are refused"
@@ -270,6 +272,7 @@ impl Config {
         e.max_topics = self.max_topics;
         e.write_queue = self.write_queue;
         e.producer_id_expiration_ms = self.producer_id_expiration_ms;
+        e.max_inflated_batch_bytes = self.max_inflated_batch_bytes;
         e
     }
 

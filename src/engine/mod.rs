@@ -89,6 +89,8 @@ pub struct EngineConfig {
     pub write_queue: usize,
     /// Idempotent-producer state idle this long is forgotten.
     pub producer_id_expiration_ms: i64,
+    /// Bound on a compressed batch's inflated size during validation.
+    pub max_inflated_batch_bytes: usize,
 }
 
 impl EngineConfig {
@@ -104,6 +106,7 @@ impl EngineConfig {
             max_topics: 1_000_000,
             write_queue: 4096,
             producer_id_expiration_ms: 86_400_000,
+            max_inflated_batch_bytes: 16 << 20,
         }
     }
 }
@@ -314,7 +317,7 @@ impl Engine {
             std::fs::remove_file(&marker).map_err(|e| StorageError::Io { path: marker.display().to_string(), source: e })?;
             sync_dir(&cfg.data_dir)?;
         }
-        let producers = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock());
+        let producers = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock(), cfg.producer_id_expiration_ms);
 
         let (tx, rx) = mpsc::channel(cfg.write_queue);
         let waiters = Arc::new(Waiters::default());
@@ -507,6 +510,9 @@ impl Engine {
             return Err(EngineError::UnknownTopicOrPartition);
         }
         let limit = topic.config.max_message_bytes as usize;
+        // max.message.bytes bounds the batch as sent (compressed, as in
+        // Kafka); what it may inflate to while validated is bounded apart.
+        let inflate_limit = self.cfg.max_inflated_batch_bytes.max(limit);
         let mut any = false;
         // A topic with its own compression.type gets every batch in that
         // codec: batches in another are recompressed here (a slow path).
@@ -521,13 +527,19 @@ impl Engine {
                 return Err(EngineError::MessageTooLarge { size: b.len(), limit });
             }
             let h = batch::validate(b, limit)?;
-            let (min_ts, max_ts) = batch::validate_records(b, &h, limit)?;
-            if topic.config.timestamp_type == TimestampType::CreateTime {
+            let (min_ts, max_ts) = batch::validate_records(b, &h, inflate_limit)?;
+            // Records without a timestamp (-1) are not checked, as in Kafka.
+            if topic.config.timestamp_type == TimestampType::CreateTime && h.base_timestamp >= 0 {
                 let now = (self.clock)();
                 let c = &topic.config;
                 if now.saturating_sub(min_ts) > c.timestamp_before_max_ms || max_ts.saturating_sub(now) > c.timestamp_after_max_ms {
                     return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
                 }
+            }
+            // Only ids this broker handed out: state per producer id is
+            // kept, so made-up ids must not be able to grow it.
+            if h.producer_id >= 0 && !self.catalog.producer_id_allocated(h.producer_id) {
+                return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
             }
             // Control records (transaction markers) are written by the
             // broker only; Kafka refuses them from producers.
@@ -536,7 +548,7 @@ impl Engine {
             }
             any = true;
             if let Some(codec) = target.filter(|c| *c != h.compression()) {
-                let inflated = batch::records_of(b, &h, limit)?;
+                let inflated = batch::records_of(b, &h, inflate_limit)?;
                 let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
                 if packed.len() > limit {
                     return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
@@ -673,21 +685,31 @@ const PRODUCER_SNAPSHOT_EVERY_BYTES: u64 = 128 << 20;
 
 /// Producer state at startup: the snapshot (if any and readable), minus
 /// what the recovered log no longer holds, plus a replay of every batch
-/// after the log end the snapshot covered (all of a tp it did not cover).
-fn restore_producers(path: &Path, storage: &Storage, now_ms: i64) -> producers::Producers {
+/// after the log end the snapshot covered (all of a tp created since).
+/// Without any snapshot (a data directory from before snapshots, or an
+/// unreadable one) only the last `expiry_ms` of each log is replayed, by
+/// its time index: older producers would have expired anyway.
+fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64) -> producers::Producers {
     let started = std::time::Instant::now();
     let (mut state, covered) = match producers::Producers::load_snapshot(path) {
-        Ok(Some(s)) => s,
-        Ok(None) => Default::default(),
+        Ok(Some((state, covered))) => (state, Some(covered)),
+        Ok(None) => (Default::default(), None),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable producer snapshot; rebuilding from the log");
-            Default::default()
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable producer snapshot; rebuilding from the recent log");
+            (Default::default(), None)
         }
     };
     state.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
     let mut replayed = 0;
     for tp in storage.tps() {
-        let from = covered.get(&tp).copied().unwrap_or(0);
+        let from = match &covered {
+            Some(c) => c.get(&tp).copied().unwrap_or(0),
+            None => match storage.offset_for_timestamp(&tp, now_ms.saturating_sub(expiry_ms)) {
+                Ok(Some((offset, _))) => offset,
+                Ok(None) => continue,
+                Err(_) => 0,
+            },
+        };
         match state.replay(storage, tp, from, now_ms) {
             Ok(n) => replayed += n,
             Err(e) => tracing::warn!(error = %e, "replaying producer state failed for a partition"),
@@ -726,6 +748,25 @@ fn writer_loop(
     let mut snapshot_at = clock();
     let mut producers_dirty = false;
     let mut appended_since_snapshot: u64 = 0;
+    // Periodic snapshots are written by their own thread from a copy, so
+    // the JSON and the fsync do not hold up appends; one at a time (a
+    // snapshot due while one is being written waits for the next turn).
+    let (snap_tx, snap_rx) = std::sync::mpsc::sync_channel::<(producers::Producers, Vec<(Tp, i64)>)>(1);
+    let snapshotter = {
+        let path = snapshot.clone();
+        std::thread::Builder::new()
+            .name("canopy-producer-snapshot".into())
+            .spawn(move || {
+                for (state, covered) in snap_rx {
+                    if let Err(e) = state.write_snapshot(&path, &covered) {
+                        tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
+                    }
+                }
+            })
+            .expect("spawn the producer snapshot thread")
+    };
+    let mut snap_tx = Some(snap_tx);
+    let mut snapshotter = Some(snapshotter);
     while let Some(first) = rx.blocking_recv() {
         round.push(first);
         while round.len() < MAX_ROUND {
@@ -826,11 +867,23 @@ fn writer_loop(
         // After the flush, so every batch the snapshot remembers is in the
         // files; at shutdown always, so a clean restart replays nothing.
         let moved_on = producers_dirty || appended_since_snapshot > 0;
-        if stopping || (moved_on && (now - snapshot_at >= PRODUCER_SNAPSHOT_EVERY_MS || appended_since_snapshot >= PRODUCER_SNAPSHOT_EVERY_BYTES)) {
+        if stopping {
+            // The last one, written here once the thread has finished any
+            // earlier one (so an older snapshot cannot land after it).
+            drop(snap_tx.take());
+            if let Some(t) = snapshotter.take() {
+                let _ = t.join();
+            }
             snapshot_producers(&producers, &storage, &snapshot);
-            snapshot_at = now;
-            producers_dirty = false;
-            appended_since_snapshot = 0;
+        } else if moved_on && (now - snapshot_at >= PRODUCER_SNAPSHOT_EVERY_MS || appended_since_snapshot >= PRODUCER_SNAPSHOT_EVERY_BYTES) {
+            let covered = storage.tps().into_iter().filter_map(|tp| storage.offsets(&tp).map(|o| (tp, o.2))).collect();
+            if let Some(tx) = &snap_tx {
+                if tx.try_send((producers.clone(), covered)).is_ok() {
+                    snapshot_at = now;
+                    producers_dirty = false;
+                    appended_since_snapshot = 0;
+                }
+            }
         }
         match policy {
             FlushPolicy::Always => {

@@ -42,6 +42,11 @@ struct Entry {
     epoch: i16,
     batches: VecDeque<Cached>,
     last_used_ms: i64,
+    /// Every batch of this epoch since sequence 0 went through the check,
+    /// so a sequence before the window was written: DUPLICATE is safe to
+    /// say. Not so for state picked up mid-stream (expired, lost, or a
+    /// producer first seen after a restart): there it is out of order.
+    complete: bool,
 }
 
 /// What to do with a batch.
@@ -101,6 +106,8 @@ struct SnapEntry {
     epoch: i16,
     last_used_ms: i64,
     batches: Vec<Cached>,
+    #[serde(default)]
+    complete: bool,
 }
 
 fn parse_hex(s: &str) -> Option<[u8; 16]> {
@@ -114,7 +121,7 @@ fn parse_hex(s: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Producers {
     entries: HashMap<(i64, Tp), Entry>,
 }
@@ -157,7 +164,7 @@ impl Producers {
             return Check::Append;
         }
         let oldest = e.batches.front().expect("non-empty").first_seq;
-        if ids.base_sequence < oldest && newest.last_seq >= oldest {
+        if e.complete && ids.base_sequence < oldest && newest.last_seq >= oldest {
             // Before the window (and no wrap in it): written long ago.
             return Check::Refuse(E::DuplicateSequenceNumber.code());
         }
@@ -169,10 +176,16 @@ impl Producers {
         if ids.producer_id < 0 {
             return;
         }
-        let e = self.entries.entry((ids.producer_id, tp)).or_insert_with(|| Entry { epoch: ids.epoch, batches: VecDeque::with_capacity(WINDOW), last_used_ms: now_ms });
+        let e = self.entries.entry((ids.producer_id, tp)).or_insert_with(|| Entry {
+            epoch: ids.epoch,
+            batches: VecDeque::with_capacity(WINDOW),
+            last_used_ms: now_ms,
+            complete: ids.base_sequence == 0,
+        });
         if ids.epoch != e.epoch {
             e.epoch = ids.epoch;
             e.batches.clear();
+            e.complete = ids.base_sequence == 0;
         }
         e.batches.push_back(Cached { first_seq: ids.base_sequence, last_seq: ids.last_seq(), base_offset, last_offset });
         if e.batches.len() > WINDOW {
@@ -246,6 +259,7 @@ impl Producers {
                     epoch: e.epoch,
                     last_used_ms: e.last_used_ms,
                     batches: e.batches.iter().copied().collect(),
+                    complete: e.complete,
                 })
                 .collect(),
             covered: covered.iter().map(|(tp, end)| (crate::meta::hex(&tp.topic), tp.partition, *end)).collect(),
@@ -276,7 +290,7 @@ impl Producers {
             if e.batches.len() > WINDOW {
                 return Err("more batches than the window".into());
             }
-            p.entries.insert((e.producer_id, tp(&e.topic, e.partition)?), Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms });
+            p.entries.insert((e.producer_id, tp(&e.topic, e.partition)?), Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete });
         }
         let mut covered = HashMap::new();
         for (topic, partition, end) in file.covered {
@@ -318,13 +332,26 @@ mod tests {
         // The last five batches (seq 20..69) are remembered.
         assert_eq!(p.check(tp(), ids(0, 60, 10)), Check::Duplicate { base_offset: 160, last_offset: 169 });
         assert_eq!(p.check(tp(), ids(0, 20, 10)), Check::Duplicate { base_offset: 120, last_offset: 129 });
-        // Older than the window.
+        // Older than the window, with the whole history seen: a duplicate.
         assert_eq!(p.check(tp(), ids(0, 10, 10)), Check::Refuse(E::DuplicateSequenceNumber.code()));
         // A gap.
         assert_eq!(p.check(tp(), ids(0, 71, 1)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
         // Same start, other length: not the batch we have.
         assert_eq!(p.check(tp(), ids(0, 60, 3)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
         assert_eq!(append(&mut p, ids(0, 70, 1), &mut next), Check::Append);
+    }
+
+    #[test]
+    fn state_picked_up_mid_stream_never_claims_old_sequences_were_written() {
+        let mut p = Producers::default();
+        let mut next = 0;
+        // First seen at sequence 60 (say, after a restart lost its state).
+        assert_eq!(append(&mut p, ids(0, 60, 10), &mut next), Check::Append);
+        assert_eq!(append(&mut p, ids(0, 70, 10), &mut next), Check::Append);
+        // Sequence 50 may never have been written: out of order, so the
+        // client does not take it for delivered.
+        assert_eq!(p.check(tp(), ids(0, 50, 10)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
+        assert_eq!(p.check(tp(), ids(0, 60, 10)), Check::Duplicate { base_offset: 0, last_offset: 9 });
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 const V1: u8 = 1;
+const NEXT_PRODUCER_ID: &[u8] = b"next_producer_id";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -78,6 +79,9 @@ pub struct TopicRecord {
 
 pub struct Catalog {
     db: sled::Db,
+    /// The next producer id to hand out, cached so the produce path can
+    /// check ids without reading sled.
+    next_producer_id: std::sync::atomic::AtomicI64,
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -104,7 +108,11 @@ impl Catalog {
         // No background flusher: every change is followed by an explicit flush,
         // and a lingering flusher thread would hold the lock after close.
         let db = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).open()?;
-        Ok(Catalog { db })
+        let next: i64 = match db.get(NEXT_PRODUCER_ID)? {
+            Some(raw) => decode(NEXT_PRODUCER_ID, &raw)?,
+            None => 1,
+        };
+        Ok(Catalog { db, next_producer_id: std::sync::atomic::AtomicI64::new(next) })
     }
 
     /// Makes every earlier write durable.
@@ -269,14 +277,15 @@ mod tests {
         let (a, t) = {
             let c = Catalog::open(dir.path()).unwrap();
             let a = c.allocate_producer_id().unwrap();
-            assert!(c.producer_id_allocated(a).unwrap());
-            assert!(!c.producer_id_allocated(a + 1).unwrap());
+            assert!(c.producer_id_allocated(a));
+            assert!(!c.producer_id_allocated(a + 1));
             let t = c.init_transactional_id("tx").unwrap();
             assert_eq!(t.epoch, 0);
             assert_eq!(c.init_transactional_id("tx").unwrap(), ProducerIdRecord { producer_id: t.producer_id, epoch: 1 });
             (a, t)
         };
         let c = Catalog::open(dir.path()).unwrap();
+        assert!(c.producer_id_allocated(a), "known after reopen");
         let b = c.allocate_producer_id().unwrap();
         assert!(b > a && b > t.producer_id, "ids survive reopen and are never handed out twice");
         assert_eq!(c.init_transactional_id("tx").unwrap().epoch, 2);
@@ -345,7 +354,7 @@ mod tests {
 impl Catalog {
     /// A producer id never handed out before, durably.
     pub fn allocate_producer_id(&self) -> Result<i64, MetaError> {
-        const KEY: &[u8] = b"next_producer_id";
+        const KEY: &[u8] = NEXT_PRODUCER_ID;
         let mut bad = None;
         let prev = self.db.fetch_and_update(KEY, |old| {
             let next = match old.map(|raw| decode::<i64>(KEY, raw)) {
@@ -362,20 +371,18 @@ impl Catalog {
             return Err(e);
         }
         self.flush()?;
-        Ok(match prev {
+        let id = match prev {
             None => 1,
             Some(raw) => decode(KEY, &raw)?,
-        })
+        };
+        self.next_producer_id.fetch_max(id + 1, std::sync::atomic::Ordering::AcqRel);
+        Ok(id)
     }
 
-    /// Whether `id` was ever handed out by [`Catalog::allocate_producer_id`].
-    pub fn producer_id_allocated(&self, id: i64) -> Result<bool, MetaError> {
-        const KEY: &[u8] = b"next_producer_id";
-        let next: i64 = match self.db.get(KEY)? {
-            Some(raw) => decode(KEY, &raw)?,
-            None => 1,
-        };
-        Ok(id >= 1 && id < next)
+    /// Whether `id` was ever handed out by [`Catalog::allocate_producer_id`]
+    /// (no I/O).
+    pub fn producer_id_allocated(&self, id: i64) -> bool {
+        id >= 1 && id < self.next_producer_id.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// (Re)initialises a transactional id: the first time it gets a new

@@ -3,9 +3,9 @@
 //! them, but checks that their records are what the header claims.
 //!
 //! Every codec is read through a stream that stops one byte past `limit`
-//! (the topic's `max.message.bytes`), so a batch that would inflate to a
-//! gigabyte costs at most `limit` bytes of memory and the CPU to produce
-//! them. On top of that a ratio guard refuses batches that inflate more
+//! (the broker's `max_inflated_batch_bytes`, at least the topic's
+//! `max.message.bytes`), so a batch that would inflate to a gigabyte costs
+//! at most `limit` bytes of memory and the CPU to produce them. On top of that a ratio guard refuses batches that inflate more
 //! than [`MAX_RATIO`] times once they pass [`RATIO_FLOOR`] bytes: real
 //! record data does not do that, decompression bombs do.
 //!
@@ -16,6 +16,9 @@
 use std::io::Read;
 
 use super::batch::Compression;
+
+/// Largest zstd window (log2 bytes) a batch may need to inflate.
+const ZSTD_WINDOW_LOG_MAX: u32 = 24;
 
 /// Inflated/compressed ratio above which a batch is refused...
 pub const MAX_RATIO: usize = 1024;
@@ -45,10 +48,15 @@ pub fn inflate(codec: Compression, data: &[u8], limit: usize) -> Result<Vec<u8>,
             Ok(d) => bounded("lz4", d, data.len(), limit),
             Err(e) => Err(InflateError::Corrupt { codec: "lz4", why: e.to_string() }),
         },
-        Compression::Zstd => match zstd::stream::read::Decoder::with_buffer(data) {
-            Ok(d) => bounded("zstd", d, data.len(), limit),
-            Err(e) => Err(InflateError::Corrupt { codec: "zstd", why: e.to_string() }),
-        },
+        Compression::Zstd => {
+            let corrupt = |e: std::io::Error| InflateError::Corrupt { codec: "zstd", why: e.to_string() };
+            let mut d = zstd::stream::read::Decoder::with_buffer(data).map_err(corrupt)?;
+            // The frame header may ask for a window of up to 128 MiB, which
+            // the decoder would allocate up front: cap it (16 MiB is more
+            // than any client's compression level asks for).
+            d.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(corrupt)?;
+            bounded("zstd", d, data.len(), limit)
+        }
         Compression::Unknown(c) => Err(InflateError::UnknownCodec(c)),
     }
 }
@@ -105,7 +113,8 @@ pub fn compress(codec: Compression, data: &[u8]) -> Vec<u8> {
             out
         }
         Compression::Lz4 => {
-            let mut e = lz4::EncoderBuilder::new().build(Vec::with_capacity(data.len() / 2)).expect("lz4 encoder");
+            // Independent blocks: Kafka's Java reader refuses linked ones.
+            let mut e = lz4::EncoderBuilder::new().block_mode(lz4::BlockMode::Independent).build(Vec::with_capacity(data.len() / 2)).expect("lz4 encoder");
             e.write_all(data).expect("writing to a Vec");
             let (out, r) = e.finish();
             r.expect("lz4 frame end");
@@ -220,6 +229,10 @@ mod tests {
             assert_eq!(inflate(codec, &packed, 1 << 20).unwrap(), data, "{codec:?}");
         }
         assert!(compress(Compression::Snappy, &data).starts_with(XERIAL_MAGIC));
+        // LZ4 frame: magic, then FLG with the block-independence bit (5).
+        let lz = compress(Compression::Lz4, &data);
+        assert_eq!(&lz[..4], &[0x04, 0x22, 0x4d, 0x18]);
+        assert_ne!(lz[4] & 0x20, 0, "independent blocks, as Kafka's Java reader requires");
     }
 
     #[test]

@@ -152,6 +152,9 @@ pub struct Group {
     join_started_ms: i64,
     /// When the group last had no members (for offset expiry).
     pub empty_since_ms: i64,
+    /// OffsetCommits let through so far: the cleanup pass forgets an idle
+    /// group only if none came in since it looked at the group's offsets.
+    pub commits: u64,
 }
 
 fn err(e: E) -> i16 {
@@ -175,6 +178,7 @@ impl Group {
             initial_delay: false,
             join_started_ms: now_ms,
             empty_since_ms: now_ms,
+            commits: 0,
         }
     }
 

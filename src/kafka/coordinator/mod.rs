@@ -54,13 +54,23 @@ enum Cmd {
     Describe { groups: Vec<String>, reply: oneshot::Sender<Vec<GroupDescription>> },
     Delete { groups: Vec<String>, reply: oneshot::Sender<Vec<i16>> },
     /// Idle groups (no members, no pending member ids), each with the time
-    /// it last had members.
-    Idle { reply: oneshot::Sender<Vec<(String, i64)>> },
-    /// Drops these groups' in-memory state if they are still idle.
-    Forget { groups: Vec<String>, reply: oneshot::Sender<()> },
+    /// it last had members and its commit count.
+    Idle { reply: oneshot::Sender<Vec<IdleGroup>> },
+    /// Drops these groups' in-memory state if they are still idle and no
+    /// commit came in since they were listed.
+    Forget { groups: Vec<(String, u64)>, reply: oneshot::Sender<()> },
 }
 
 type Commit = (Vec<(String, String, i32, OffsetRecord)>, oneshot::Sender<Result<(), String>>);
+
+/// A group without members or pending member ids, as the cleanup pass
+/// sees it.
+#[derive(Debug, Clone)]
+pub struct IdleGroup {
+    pub id: String,
+    pub empty_since_ms: i64,
+    pub commits: u64,
+}
 
 /// Handle to the coordinator task; cheap to clone.
 #[derive(Clone)]
@@ -135,12 +145,14 @@ impl Coordinator {
 
     /// Groups with no members and no pending member ids, with when they
     /// last had members.
-    pub async fn idle_groups(&self) -> Vec<(String, i64)> {
+    pub async fn idle_groups(&self) -> Vec<IdleGroup> {
         self.ask(|reply| Cmd::Idle { reply }).await.unwrap_or_default()
     }
 
-    /// Forgets groups that are still idle (their offsets are the caller's).
-    pub async fn forget_idle(&self, groups: Vec<String>) {
+    /// Forgets groups that are still idle and have had no commit since
+    /// [`Coordinator::idle_groups`] listed them (their offsets are the
+    /// caller's).
+    pub async fn forget_idle(&self, groups: Vec<(String, u64)>) {
         self.ask(|reply| Cmd::Forget { groups, reply }).await;
     }
 
@@ -272,10 +284,18 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     }
                 },
                 Cmd::CommitCheck { group, generation, member_id, instance_id, reply } => {
-                    let result = match groups.get(&group) {
-                        Some(g) => g.commit_allowed(generation, &member_id, instance_id.as_deref()),
+                    let result = match groups.get_mut(&group) {
+                        Some(g) => {
+                            let r = g.commit_allowed(generation, &member_id, instance_id.as_deref());
+                            if r.is_ok() {
+                                g.commits += 1;
+                            }
+                            r
+                        }
                         None if generation < 0 => {
-                            groups.insert(group.clone(), Group::new(group, now));
+                            let mut g = Group::new(group.clone(), now);
+                            g.commits = 1;
+                            groups.insert(group, g);
                             Ok(())
                         }
                         None => Err(kafka_protocol::ResponseError::IllegalGeneration.code()),
@@ -306,12 +326,12 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     let _ = reply.send(codes);
                 }
                 Cmd::Idle { reply } => {
-                    let v = groups.values().filter(|g| g.is_idle()).map(|g| (g.id.clone(), g.empty_since_ms)).collect();
+                    let v = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }).collect();
                     let _ = reply.send(v);
                 }
                 Cmd::Forget { groups: ids, reply } => {
-                    for id in ids {
-                        if groups.get(&id).is_some_and(Group::is_idle) {
+                    for (id, commits) in ids {
+                        if groups.get(&id).is_some_and(|g| g.is_idle() && g.commits == commits) {
                             groups.remove(&id);
                         }
                     }

@@ -8,10 +8,10 @@
 //! producer start and then hang at its first commit. (The catalog already
 //! keeps transactional ids' producer ids and epochs for when they land.)
 //!
-//! Without a transactional id an init gets a fresh producer id at epoch 0;
-//! one that names its current id and epoch (v3+, KIP-360: a producer
-//! resetting its sequences after an error) keeps the id with the epoch
-//! bumped, so its old in-flight batches are fenced.
+//! Without a transactional id every init gets a fresh producer id at epoch
+//! 0, also one naming its current id and epoch (v3+, KIP-360), as Kafka's
+//! coordinator does: bumping an epoch the broker does not track would let
+//! any client fence any producer.
 
 pub use kafka_protocol::messages::{InitProducerIdRequest as Request, InitProducerIdResponse as Response};
 use kafka_protocol::messages::ProducerId;
@@ -36,15 +36,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         return fail(E::TransactionalIdAuthorizationFailed);
     }
     let engine = broker.engine.clone();
-    let (old_id, old_epoch) = (req.producer_id.0, req.producer_epoch);
-    let allocated = tokio::task::spawn_blocking(move || {
-        let catalog = engine.catalog();
-        if old_id >= 0 && (0..i16::MAX - 1).contains(&old_epoch) && catalog.producer_id_allocated(old_id)? {
-            return Ok((old_id, old_epoch + 1));
-        }
-        catalog.allocate_producer_id().map(|id| (id, 0))
-    })
-    .await;
+    let allocated = tokio::task::spawn_blocking(move || engine.catalog().allocate_producer_id().map(|id| (id, 0i16))).await;
     match allocated {
         Ok(Ok((id, epoch))) => Some(Response::default().with_producer_id(ProducerId(id)).with_producer_epoch(epoch)),
         Ok(Err(e)) => {
