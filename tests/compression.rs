@@ -15,10 +15,8 @@ use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 
 const CODECS: [&str; 4] = ["gzip", "snappy", "lz4", "zstd"];
 const PER_CODEC: usize = 10_000;
@@ -27,26 +25,9 @@ fn value(codec: usize, i: usize) -> String {
     format!("{}-{i}-{}", CODECS[codec], "payload ".repeat(i % 20))
 }
 
-/// Reads `want` records from the given partitions of `topic`:
-/// (partition, offset, value).
+/// (partition, offset, value) of exactly `want` records.
 fn read(addr: std::net::SocketAddr, topic: &str, partitions: &[i32], want: usize) -> Vec<(i32, i64, String)> {
-    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions {
-        tpl.add_partition_offset(topic, *p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::with_capacity(want);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while out.len() < want {
-        assert!(std::time::Instant::now() < deadline, "read {} of {want}", out.len());
-        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-            let m = m.unwrap();
-            out.push((m.partition(), m.offset(), String::from_utf8(m.payload().unwrap().to_vec()).unwrap()));
-        }
-    }
-    assert!(consumer.poll(Duration::from_millis(300)).is_none(), "more records than produced");
-    out
+    common::read_exactly(addr, topic, partitions, want).iter().map(|m| (m.partition(), m.offset(), String::from_utf8(m.payload().unwrap().to_vec()).unwrap())).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,10 +17,8 @@ use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, Pr
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 
 
 async fn create(addr: std::net::SocketAddr, topic: &str, partitions: i32) {
@@ -56,27 +54,9 @@ async fn librdkafka_idempotent_producer_writes_each_record_once() {
     }
     drop(producer);
 
-    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..4 {
-        tpl.add_partition_offset("idem.events", p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let keys = tokio::task::spawn_blocking(move || {
-        let mut keys = std::collections::HashSet::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while keys.len() < N {
-            assert!(std::time::Instant::now() < deadline, "read {} of {N}", keys.len());
-            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-                let m = m.unwrap();
-                assert!(keys.insert(m.key().unwrap().to_vec()), "a record was written twice");
-            }
-        }
-        keys.len()
-    })
-    .await
-    .unwrap();
-    assert_eq!(keys, N);
+    let read = tokio::task::spawn_blocking(move || common::read_exactly(addr, "idem.events", &[0, 1, 2, 3], N)).await.unwrap();
+    let keys: std::collections::HashSet<Vec<u8>> = read.iter().map(|m| m.key().unwrap().to_vec()).collect();
+    assert_eq!(keys.len(), N, "every record once");
     broker.shutdown().await;
 }
 
@@ -155,26 +135,8 @@ async fn sequences_and_epochs_on_the_wire() {
     assert_eq!(r.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
 
     // The log holds each record once: 11 records, offsets 0..=10.
-    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset("idem.wire", 0, Offset::Beginning).unwrap();
-    consumer.assign(&tpl).unwrap();
-    let values = tokio::task::spawn_blocking(move || {
-        let mut values = Vec::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while values.len() < 11 {
-            assert!(std::time::Instant::now() < deadline, "read {values:?}");
-            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-                let m = m.unwrap();
-                values.push((m.offset(), m.payload().unwrap().to_vec()));
-            }
-        }
-        // Nothing after them.
-        assert!(consumer.poll(Duration::from_millis(300)).is_none());
-        values
-    })
-    .await
-    .unwrap();
+    let values: Vec<(i64, Vec<u8>)> =
+        tokio::task::spawn_blocking(move || common::read_exactly(addr, "idem.wire", &[0], 11)).await.unwrap().iter().map(|m| (m.offset(), m.payload().unwrap().to_vec())).collect();
     let want: Vec<(i64, Vec<u8>)> = [&b"a"[..], b"b", b"c", b"d", b"e", b"e", b"e", b"e", b"e", b"plain", b"new"].iter().enumerate().map(|(i, v)| (i as i64, v.to_vec())).collect();
     assert_eq!(values, want);
     broker.shutdown().await;
@@ -346,28 +308,13 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
     drop(producer);
 
     // Read back from the broker directly.
-    let consumer: BaseConsumer = common::consumer_config(broker.kafka_addr).create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..4 {
-        tpl.add_partition_offset("idem.cuts", p, Offset::Beginning).unwrap();
+    let addr = broker.kafka_addr;
+    let read = tokio::task::spawn_blocking(move || common::read_exactly(addr, "idem.cuts", &[0, 1, 2, 3], N)).await.unwrap();
+    let mut per: Vec<Vec<(i64, usize)>> = vec![Vec::new(); 4];
+    for m in &read {
+        let i: usize = std::str::from_utf8(m.key().unwrap()).unwrap().parse().unwrap();
+        per[m.partition() as usize].push((m.offset(), i));
     }
-    consumer.assign(&tpl).unwrap();
-    let per = tokio::task::spawn_blocking(move || {
-        let mut per: Vec<Vec<(i64, usize)>> = vec![Vec::new(); 4];
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while per.iter().map(Vec::len).sum::<usize>() < N {
-            assert!(std::time::Instant::now() < deadline, "read {} of {N}", per.iter().map(Vec::len).sum::<usize>());
-            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-                let m = m.unwrap();
-                let i: usize = std::str::from_utf8(m.key().unwrap()).unwrap().parse().unwrap();
-                per[m.partition() as usize].push((m.offset(), i));
-            }
-        }
-        assert!(consumer.poll(Duration::from_millis(500)).is_none(), "records beyond the 100,000");
-        per
-    })
-    .await
-    .unwrap();
     for (p, recs) in per.iter().enumerate() {
         let want: Vec<(i64, usize)> = (0..N / 4).map(|k| (k as i64, k * 4 + p)).collect();
         assert!(recs == &want, "partition {p}: every record once, in produce order, offsets dense");

@@ -10,11 +10,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, Timestamp, TopicPartitionList};
+use rdkafka::Timestamp;
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
@@ -32,22 +31,13 @@ async fn create(addr: std::net::SocketAddr, name: &str, configs: &[(&str, &str)]
 type Read = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Option<Vec<u8>>)>, Timestamp);
 
 fn read_all(addr: std::net::SocketAddr, topic: &str, n: usize) -> Vec<Read> {
-    let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while out.len() < n {
-        assert!(std::time::Instant::now() < deadline, "read {} of {n}", out.len());
-        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-            let m = m.unwrap();
+    common::read_exactly(addr, topic, &[0], n)
+        .iter()
+        .map(|m| {
             let headers = m.headers().map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect()).unwrap_or_default();
-            out.push((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec), headers, m.timestamp()));
-        }
-    }
-    assert!(consumer.poll(Duration::from_millis(300)).is_none());
-    out
+            (m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec), headers, m.timestamp())
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

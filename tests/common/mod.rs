@@ -192,3 +192,26 @@ pub async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol
     assert_eq!(header.correlation_id, id, "correlation id");
     Resp::decode(&mut b, version).unwrap()
 }
+
+/// Reads exactly `n` records of `topic` from the start of `partitions`, by
+/// assignment (no group), and checks that nothing more arrives after them.
+/// Blocking: call it from `spawn_blocking` in async tests.
+pub fn read_exactly(addr: SocketAddr, topic: &str, partitions: &[i32], n: usize) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = consumer_config(addr).create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition_offset(topic, *p, rdkafka::Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::with_capacity(n);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while out.len() < n {
+        assert!(std::time::Instant::now() < deadline, "read {} of {n} records of {topic}", out.len());
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            out.push(m.expect("a record").detach());
+        }
+    }
+    assert!(consumer.poll(Duration::from_millis(300)).is_none(), "more than {n} records in {topic}");
+    out
+}
