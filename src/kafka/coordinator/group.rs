@@ -705,6 +705,22 @@ mod tests {
         }
     }
 
+    #[test]
+    fn handed_out_ids_put_a_deadline_on_the_group() {
+        let c = GroupConfig::default();
+        let mut g = Group::new("g".into(), 0);
+        assert_eq!(g.next_deadline(), None);
+        let r = g.join(&c, 100, 1, args("", None), || "m1".into());
+        assert_eq!(join_result(&r, 1).error, E::MemberIdRequired.code());
+        // The id expires one session timeout after it was handed out, and
+        // the group's timer must say so, or nothing would ever expire it.
+        assert_eq!(g.next_deadline(), Some(100 + 10_000));
+        assert!(!g.is_idle());
+        g.tick(&c, 100 + 10_000);
+        assert!(g.is_idle());
+        assert_eq!(g.next_deadline(), None);
+    }
+
     fn join_result(r: &[Reply], token: Token) -> JoinResult {
         r.iter().find_map(|x| match x { Reply::Join(t, j) if *t == token => Some(j.clone()), _ => None }).expect("join answered")
     }

@@ -415,3 +415,52 @@ async fn committer(mut rx: mpsc::Receiver<Commit>, engine: Arc<Engine>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group_with_deadline(id: &str, session_ms: i32, now: i64) -> Group {
+        let mut g = Group::new(id.into(), now);
+        let args = JoinArgs {
+            member_id: String::new(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "h".into(),
+            session_timeout_ms: session_ms,
+            rebalance_timeout_ms: session_ms,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"m"))],
+            require_known_member_id: true,
+        };
+        let cfg = GroupConfig { min_session_timeout_ms: 1, ..GroupConfig::default() };
+        g.join(&cfg, now, 1, args, || format!("{id}-m"));
+        g
+    }
+
+    #[test]
+    fn timers_fire_each_group_once_at_its_deadline() {
+        let mut t = Timers::default();
+        let a = group_with_deadline("a", 1000, 0);
+        let b = group_with_deadline("b", 500, 0);
+        t.schedule(&a);
+        t.schedule(&b);
+        // Rescheduling at the same or a later deadline adds nothing.
+        t.schedule(&a);
+        assert_eq!(t.heap.len(), 2);
+        assert_eq!(t.next(), Some(500));
+        assert!(t.due(499).is_empty());
+        assert_eq!(t.due(500), vec!["b".to_string()]);
+        assert_eq!(t.due(1000), vec!["a".to_string()]);
+        assert!(t.due(10_000).is_empty(), "nothing fires twice");
+        // An earlier deadline replaces the scheduled one; the stale entry
+        // is dropped when it comes due.
+        let late = group_with_deadline("c", 5000, 0);
+        t.schedule(&late);
+        let early = group_with_deadline("c", 100, 0);
+        t.schedule(&early);
+        assert_eq!(t.due(100), vec!["c".to_string()]);
+        assert!(t.due(5000).is_empty(), "the stale entry does not fire");
+        assert!(t.heap.is_empty());
+    }
+}
