@@ -5,7 +5,7 @@
 //! (session expiry, join or sync timeout), so timers need no polling.
 //!
 //! Committed offsets live in the sled catalog. Commits go through one
-//! committer task that writes every commit queued so far and flushes the
+//! committer thread that writes every commit queued so far and flushes the
 //! catalog once for all of them, so concurrent commits share one flush and
 //! each is answered only after it is durable.
 
@@ -87,7 +87,7 @@ const QUEUE: usize = 1024;
 pub const MAX_GROUP_ID_LEN: usize = 255;
 
 impl Coordinator {
-    /// Starts the coordinator and committer tasks. Groups that have
+    /// Starts the coordinator task and the committer thread. Groups that have
     /// committed offsets are known (as Empty) from the start.
     /// At shutdown (`stop` turns true) the task ends: parked JoinGroup and
     /// SyncGroup requests are released, their connections closed, and the
@@ -99,7 +99,10 @@ impl Coordinator {
         let known = engine.catalog().offset_groups().unwrap_or_default();
         let groups = known.into_iter().map(|g| (g.clone(), Group::new(g, now))).collect();
         tokio::spawn(run(rx, groups, cfg, clock, stop));
-        tokio::spawn(committer(crx, engine.clone()));
+        {
+            let engine = engine.clone();
+            std::thread::Builder::new().name("canopy-committer".into()).spawn(move || committer(crx, engine)).expect("spawn the offset committer thread");
+        }
         Coordinator { tx, commits: ctx, engine }
     }
 
@@ -396,20 +399,18 @@ fn describe(g: Option<&Group>, id: String) -> GroupDescription {
 }
 
 /// Writes every queued commit, flushes the catalog once, answers them all.
-async fn committer(mut rx: mpsc::Receiver<Commit>, engine: Arc<Engine>) {
-    while let Some(first) = rx.recv().await {
+/// A thread of its own (not a task plus `spawn_blocking` per flush): the
+/// flush blocks anyway, and each handoff between threads costs more CPU
+/// than the commit itself at low concurrency.
+fn committer(mut rx: mpsc::Receiver<Commit>, engine: Arc<Engine>) {
+    while let Some(first) = rx.blocking_recv() {
         let mut batch = vec![first];
         while let Ok(c) = rx.try_recv() {
             batch.push(c);
         }
-        let engine = engine.clone();
         let rows: Vec<_> = batch.iter().flat_map(|(r, _)| r.iter().cloned()).collect();
-        let result = tokio::task::spawn_blocking(move || {
-            let catalog = engine.catalog();
-            catalog.put_offsets(&rows).and_then(|_| catalog.flush()).map_err(|e| e.to_string())
-        })
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()));
+        let catalog = engine.catalog();
+        let result = catalog.put_offsets(&rows).and_then(|_| catalog.flush()).map_err(|e| e.to_string());
         for (_, reply) in batch {
             let _ = reply.send(result.clone());
         }
