@@ -121,16 +121,22 @@ async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut sto
         let outcome = tokio::task::spawn_blocking(move || {
             let catalog = e.catalog();
             let (mut forget, mut expired) = (Vec::new(), Vec::new());
+            let mut expiring = false;
             for g in idle {
                 let rows = catalog.group_offsets(&g.id)?;
                 if rows.is_empty() {
                     forget.push((g.id, g.commits));
                 } else if g.empty_since_ms < cutoff && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
-                    catalog.remove_offsets(&g.id, None)?;
-                    expired.push((g.id, g.commits));
+                    // Row by row, compare-and-delete: a commit that lands
+                    // meanwhile survives (and the group with it, through
+                    // its commit count).
+                    expiring = true;
+                    if !catalog.expire_offsets(&g.id, cutoff)? {
+                        expired.push((g.id, g.commits));
+                    }
                 }
             }
-            if !expired.is_empty() {
+            if expiring {
                 catalog.flush()?;
             }
             Ok::<_, crate::meta::MetaError>((forget, expired))

@@ -3,7 +3,8 @@
 //! leaves and the others resume from its commits; a member that dies
 //! without LeaveGroup is expired after its session timeout; cooperative-
 //! sticky moves only what a joiner needs; a static member restarts without
-//! a rebalance; a regex subscription picks up a topic created later.
+//! a rebalance; a regex subscription picks up a topic created later;
+//! offsets of empty groups expire after the retention.
 
 mod common;
 
@@ -742,5 +743,72 @@ async fn ten_thousand_join_attempts_leave_bounded_state() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop((sock, other));
+    broker.shutdown().await;
+}
+
+/// Committed offsets of a group without members expire once the group has
+/// been empty, and its newest commit is, older than
+/// `offsets.retention.minutes` (the broker's clock is moved on, the
+/// cleanup pass runs on its own); a group that committed since keeps its
+/// offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_of_empty_groups_expire_after_the_retention() {
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = group_args(dir.path());
+    // One minute; the cleanup pass runs every tenth of it (6 s).
+    args.offsets_retention_minutes = Some(1);
+    let t = Arc::new(AtomicI64::new(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64));
+    let clock: canopy::engine::Clock = {
+        let t = t.clone();
+        Arc::new(move || t.load(Ordering::SeqCst))
+    };
+    let broker = canopy::server::start_with_clock(canopy::config::Config::load(&args).unwrap(), clock).await.unwrap();
+    let addr = broker.kafka_addr;
+    create_shared_topic(addr).await;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let s = |v: &str| StrBytes::from_string(v.to_owned());
+    let commit = |group: &str| {
+        OffsetCommitRequest::default().with_group_id(GroupId(s(group))).with_generation_id_or_member_epoch(-1).with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(TopicName(s(TOPIC)))
+            .with_partitions(vec![OffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(42)])])
+    };
+    let fetch = |group: &str| {
+        OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![OffsetFetchRequestTopic::default().with_name(TopicName(s(TOPIC))).with_partition_indexes(vec![0])]))
+    };
+    let mut id = 0;
+    let mut next = || {
+        id += 1;
+        id
+    };
+    let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, next(), &commit("old")).await;
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, next(), &fetch("old")).await;
+    assert_eq!(r.topics[0].partitions[0].committed_offset, 42);
+
+    // Two minutes on: "old" is past the retention; "fresh" commits now.
+    t.fetch_add(120_000, Ordering::SeqCst);
+    let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, next(), &commit("fresh")).await;
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, next(), &fetch("old")).await;
+        if r.topics[0].partitions[0].committed_offset == -1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old group's offsets never expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, next(), &fetch("fresh")).await;
+    assert_eq!(r.topics[0].partitions[0].committed_offset, 42, "a recent commit is kept");
+    let groups: ListGroupsResponse = common::call(&mut sock, 16, 2, next(), &ListGroupsRequest::default()).await;
+    let names: Vec<String> = groups.groups.iter().map(|g| g.group_id.0.to_string()).collect();
+    assert!(!names.contains(&"old".to_string()) && names.contains(&"fresh".to_string()), "{names:?}");
+    drop(sock);
     broker.shutdown().await;
 }

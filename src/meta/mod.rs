@@ -224,6 +224,26 @@ impl Catalog {
     }
 
     /// Removes the given offsets of a group (all of them when `only` is None).
+    /// Removes a group's committed offsets older than `cutoff_ms`, each
+    /// only if it is still the row that was judged (compare-and-delete), so
+    /// a commit that lands meanwhile is kept. Returns whether any row is
+    /// left. Not durable until [`Catalog::flush`].
+    pub fn expire_offsets(&self, group: &str, cutoff_ms: i64) -> Result<bool, MetaError> {
+        let mut left = false;
+        for kv in self.db.scan_prefix(group_prefix(group)) {
+            let (k, v) = kv?;
+            let r: OffsetRecord = decode(&k, &v)?;
+            if r.commit_ms >= cutoff_ms {
+                left = true;
+                continue;
+            }
+            if self.db.compare_and_swap(&k, Some(&v), None as Option<&[u8]>)?.is_err() {
+                left = true; // changed since it was read: a fresh commit
+            }
+        }
+        Ok(left)
+    }
+
     pub fn remove_offsets(&self, group: &str, only: Option<&[(String, i32)]>) -> Result<(), MetaError> {
         let mut batch = sled::Batch::default();
         match only {
@@ -270,6 +290,18 @@ fn unhex(s: &str) -> Option<[u8; 16]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expiry_removes_only_old_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Catalog::open(dir.path()).unwrap();
+        let rec = |commit_ms| OffsetRecord { offset: 1, leader_epoch: -1, metadata: None, commit_ms };
+        c.put_offsets(&[("g".into(), "t".into(), 0, rec(10)), ("g".into(), "t".into(), 1, rec(500))]).unwrap();
+        assert!(c.expire_offsets("g", 100).unwrap(), "the fresh row stays");
+        assert_eq!(c.group_offsets("g").unwrap().iter().map(|(_, p, _)| *p).collect::<Vec<_>>(), vec![1]);
+        assert!(!c.expire_offsets("g", 1_000).unwrap());
+        assert!(c.group_offsets("g").unwrap().is_empty());
+    }
 
     #[test]
     fn producer_ids_are_never_reused_and_transactional_ids_bump_epochs() {
