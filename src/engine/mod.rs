@@ -521,16 +521,18 @@ impl Engine {
             topics::TopicCompression::Codec(c) => Some(c),
         };
         let mut rebuilt: Option<Vec<u8>> = None;
+        let mut recompressed = false;
+        let now = (self.clock)();
         for b in batch::split(&records) {
             let b = b?;
             if b.len() > limit {
                 return Err(EngineError::MessageTooLarge { size: b.len(), limit });
             }
             let h = batch::validate(b, limit)?;
-            let (min_ts, max_ts) = batch::validate_records(b, &h, inflate_limit)?;
+            let inflated = batch::records_of(b, &h, inflate_limit)?;
+            let (min_ts, max_ts) = batch::check_records(&inflated, &h)?;
             // Records without a timestamp (-1) are not checked, as in Kafka.
             if topic.config.timestamp_type == TimestampType::CreateTime && h.base_timestamp >= 0 {
-                let now = (self.clock)();
                 let c = &topic.config;
                 if now.saturating_sub(min_ts) > c.timestamp_before_max_ms || max_ts.saturating_sub(now) > c.timestamp_after_max_ms {
                     return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
@@ -548,7 +550,7 @@ impl Engine {
             }
             any = true;
             if let Some(codec) = target.filter(|c| *c != h.compression()) {
-                let inflated = batch::records_of(b, &h, inflate_limit)?;
+                recompressed = true;
                 let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
                 if packed.len() > limit {
                     return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
@@ -562,7 +564,7 @@ impl Engine {
             return Err(EngineError::Corrupt(BatchError::Empty));
         }
         let records = match rebuilt {
-            Some(r) if r.len() != records.len() || r[..] != records[..] => Bytes::from(r),
+            Some(r) if recompressed => Bytes::from(r),
             _ => records,
         };
         let (reply, rx) = oneshot::channel();
@@ -721,10 +723,14 @@ fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64
     state
 }
 
+/// Every tp's current log end: what a snapshot taken now covers.
+fn log_ends(storage: &Storage) -> Vec<(Tp, i64)> {
+    storage.tps().into_iter().filter_map(|tp| storage.offsets(&tp).map(|o| (tp, o.2))).collect()
+}
+
 /// Writes the producer snapshot covering every tp's current log end.
 fn snapshot_producers(state: &producers::Producers, storage: &Storage, path: &Path) {
-    let covered: Vec<(Tp, i64)> = storage.tps().into_iter().filter_map(|tp| storage.offsets(&tp).map(|o| (tp, o.2))).collect();
-    if let Err(e) = state.write_snapshot(path, &covered) {
+    if let Err(e) = state.write_snapshot(path, &log_ends(storage)) {
         tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
     }
 }
@@ -876,9 +882,8 @@ fn writer_loop(
             }
             snapshot_producers(&producers, &storage, &snapshot);
         } else if moved_on && (now - snapshot_at >= PRODUCER_SNAPSHOT_EVERY_MS || appended_since_snapshot >= PRODUCER_SNAPSHOT_EVERY_BYTES) {
-            let covered = storage.tps().into_iter().filter_map(|tp| storage.offsets(&tp).map(|o| (tp, o.2))).collect();
             if let Some(tx) = &snap_tx {
-                if tx.try_send((producers.clone(), covered)).is_ok() {
+                if tx.try_send((producers.clone(), log_ends(&storage))).is_ok() {
                     snapshot_at = now;
                     producers_dirty = false;
                     appended_since_snapshot = 0;

@@ -110,17 +110,6 @@ struct SnapEntry {
     complete: bool,
 }
 
-fn parse_hex(s: &str) -> Option<[u8; 16]> {
-    if s.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 #[derive(Debug, Default, Clone)]
 pub struct Producers {
     entries: HashMap<(i64, Tp), Entry>,
@@ -284,7 +273,7 @@ impl Producers {
         if file.version != SNAPSHOT_VERSION {
             return Err(format!("unknown snapshot version {}", file.version));
         }
-        let tp = |topic: &str, partition: i32| parse_hex(topic).map(|topic| Tp { topic, partition }).ok_or_else(|| format!("bad topic id {topic:?}"));
+        let tp = |topic: &str, partition: i32| crate::meta::unhex(topic).map(|topic| Tp { topic, partition }).ok_or_else(|| format!("bad topic id {topic:?}"));
         let mut p = Producers::default();
         for e in file.entries {
             if e.batches.len() > WINDOW {
@@ -402,8 +391,8 @@ mod tests {
         assert!(q.is_empty());
         std::fs::write(&path, b"{not json").unwrap();
         assert!(Producers::load_snapshot(&path).is_err());
-        assert_eq!(parse_hex(&crate::meta::hex(&[0xab; 16])), Some([0xab; 16]));
-        assert_eq!(parse_hex("zz"), None);
+        assert_eq!(crate::meta::unhex(&crate::meta::hex(&[0xab; 16])), Some([0xab; 16]));
+        assert_eq!(crate::meta::unhex("zz"), None);
     }
 
     #[test]

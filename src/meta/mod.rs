@@ -276,7 +276,8 @@ impl Catalog {
     }
 }
 
-fn unhex(s: &str) -> Option<[u8; 16]> {
+/// The inverse of [`hex`].
+pub fn unhex(s: &str) -> Option<[u8; 16]> {
     if s.len() != 32 {
         return None;
     }

@@ -201,24 +201,24 @@ pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError>
 /// as Kafka requires of produced batches. Returns the smallest and largest
 /// record timestamp.
 pub fn validate_records(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> Result<(i64, i64), BatchError> {
-    let body = &buf[HEADER_BYTES..header.size];
-    let inflated;
-    let records = match header.compression() {
-        Compression::None => body,
-        codec => {
-            inflated = super::compression::inflate(codec, body, max_bytes)?;
-            &inflated[..]
-        }
-    };
-    let (min, max) = walk_records(records, header.records_count)?;
-    Ok((header.base_timestamp.saturating_add(min), header.base_timestamp.saturating_add(max)))
+    check_records(&records_of(buf, header, max_bytes)?, header)
 }
 
-/// The records section of a validated batch, inflated if compressed
-/// (bounded by `max_bytes`).
-pub fn records_of(buf: &[u8], header: &BatchHeader, max_bytes: usize) -> Result<Vec<u8>, BatchError> {
+/// The records section of a validated batch: borrowed when uncompressed,
+/// inflated (bounded by `max_bytes`) when compressed.
+pub fn records_of<'a>(buf: &'a [u8], header: &BatchHeader, max_bytes: usize) -> Result<std::borrow::Cow<'a, [u8]>, BatchError> {
     let body = &buf[HEADER_BYTES..header.size];
-    Ok(super::compression::inflate(header.compression(), body, max_bytes)?)
+    Ok(match header.compression() {
+        Compression::None => std::borrow::Cow::Borrowed(body),
+        codec => std::borrow::Cow::Owned(super::compression::inflate(codec, body, max_bytes)?),
+    })
+}
+
+/// Walks the (inflated) `records` of a batch with `header`; returns the
+/// smallest and largest record timestamp.
+pub fn check_records(records: &[u8], header: &BatchHeader) -> Result<(i64, i64), BatchError> {
+    let (min, max) = walk_records(records, header.records_count)?;
+    Ok((header.base_timestamp.saturating_add(min), header.base_timestamp.saturating_add(max)))
 }
 
 /// The batch `buf` with its records section replaced by `records`, which
