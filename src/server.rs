@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::engine::{system_clock, Clock, Engine};
+use crate::kafka::coordinator::transactions::Transactions;
 use crate::kafka::coordinator::Coordinator;
 use crate::kafka::{self, Broker, KafkaConfig};
 use crate::metrics::{self, Health};
@@ -52,9 +53,11 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
     let (stop, stop_rx) = watch::channel(false);
-    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock, stop_rx.clone());
+    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
+    let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     let broker = Arc::new(Broker {
         coordinator: coordinator.clone(),
+        transactions,
         stopping: stop_rx.clone(),
         engine: engine.clone(),
         cfg: KafkaConfig {

@@ -3,8 +3,7 @@
 //! answered with its first offsets and not written again, a gap is
 //! OUT_OF_ORDER_SEQUENCE_NUMBER, an old epoch INVALID_PRODUCER_EPOCH, a
 //! batch older than the window DUPLICATE_SEQUENCE_NUMBER; an epoch bump
-//! fences the old epoch; a transactional producer fails at init (no
-//! transactions yet) rather than at its first commit; a retry is still
+//! fences the old epoch; a retry is still
 //! recognised after a clean restart (snapshot) and after kill -9 (state
 //! rebuilt from the log).
 
@@ -124,12 +123,7 @@ async fn sequences_and_epochs_on_the_wire() {
     // fences the old epoch's batches.
     assert_eq!(send(&mut sock, next_id(), common::producer_batch(pid, 1, 0, &[b"new"])).await, (0, 10));
     assert_eq!(send(&mut sock, next_id(), common::producer_batch(pid, 0, 9, &[b"old"])).await.0, 47, "INVALID_PRODUCER_EPOCH");
-    // Transactions are not served yet: a transactional id is refused up
-    // front with a fatal code, so clients fail at init instead of hanging
-    // at their first commit; a bad timeout is still named as such.
-    let txn = InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("idem-txn")))).with_transaction_timeout_ms(60_000);
-    let r: InitProducerIdResponse = common::call(&mut sock, 22, 1, next_id(), &txn).await;
-    assert_eq!(r.error_code, 53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED");
+    // A transactional id with a bad timeout is named as such.
     let bad_timeout = InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("idem-txn")))).with_transaction_timeout_ms(0);
     let r: InitProducerIdResponse = common::call(&mut sock, 22, 1, next_id(), &bad_timeout).await;
     assert_eq!(r.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
@@ -323,33 +317,5 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
     let refused = broker.engine.producer_stats().refused.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{cuts} connection cuts, {dups} retried batches deduplicated, {refused} refused");
     assert!(dups > 0, "the cuts made librdkafka retry batches the broker had already written");
-    broker.shutdown().await;
-}
-
-/// Until transactions are served, a librdkafka transactional producer is
-/// told so at init_transactions (a fatal authorization error), not left to
-/// time out at its first commit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transactional_producer_is_refused_at_init() {
-    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    use rdkafka::producer::{BaseProducer, Producer};
-    let dir = tempfile::tempdir().unwrap();
-    let broker = common::start(common::args(dir.path())).await;
-    let addr = broker.kafka_addr;
-    let err = tokio::task::spawn_blocking(move || {
-        let mut cfg = common::producer_config(addr, "all");
-        cfg.set("transactional.id", "not-yet");
-        let p: BaseProducer = cfg.create().unwrap();
-        p.init_transactions(Duration::from_secs(30)).unwrap_err()
-    })
-    .await
-    .unwrap();
-    match err {
-        KafkaError::Transaction(e) => {
-            assert_eq!(e.code(), RDKafkaErrorCode::TransactionalIdAuthorizationFailed, "{e}");
-            assert!(e.is_fatal(), "{e}");
-        }
-        other => panic!("expected a transaction error, got {other:?}"),
-    }
     broker.shutdown().await;
 }

@@ -144,6 +144,12 @@ settings! {
     offsets_retention_minutes: i64 = "10080", "CANOPY_OFFSETS_RETENTION_MINUTES", "offsets-retention-minutes";
     "Idempotent-producer state of a producer idle this long is forgotten (producer.id.expiration.ms)"
     producer_id_expiration_ms: i64 = "86400000", "CANOPY_PRODUCER_ID_EXPIRATION_MS", "producer-id-expiration-ms";
+    "Longest transaction timeout a producer may ask for (transaction.max.timeout.ms)"
+    transaction_max_timeout_ms: i32 = "900000", "CANOPY_TRANSACTION_MAX_TIMEOUT_MS", "transaction-max-timeout-ms";
+    "A transactional id idle this long is forgotten (transactional.id.expiration.ms)"
+    transactional_id_expiration_ms: i64 = "604800000", "CANOPY_TRANSACTIONAL_ID_EXPIRATION_MS", "transactional-id-expiration-ms";
+    "How often timed-out transactions are looked for and aborted, in milliseconds"
+    transaction_timeout_check_ms: u64 = "1000", "CANOPY_TRANSACTION_TIMEOUT_CHECK_MS", "transaction-timeout-check-ms";
     "Appends queued for the writer thread before producers wait"
     write_queue: usize = "4096", "CANOPY_WRITE_QUEUE", "write-queue";
 }
@@ -226,6 +232,15 @@ impl Config {
         if self.producer_id_expiration_ms < 1 {
             return bad("producer_id_expiration_ms", "must be positive");
         }
+        if self.transaction_max_timeout_ms < 1 {
+            return bad("transaction_max_timeout_ms", "must be positive");
+        }
+        if self.transactional_id_expiration_ms < 1 {
+            return bad("transactional_id_expiration_ms", "must be positive");
+        }
+        if self.transaction_timeout_check_ms < 10 {
+            return bad("transaction_timeout_check_ms", "must be at least 10");
+        }
         if self.group_max_size == 0 {
             return bad("group_max_size", "must be at least 1");
         }
@@ -282,6 +297,14 @@ impl Config {
             min_session_timeout_ms: self.group_min_session_timeout_ms,
             max_session_timeout_ms: self.group_max_session_timeout_ms,
             max_size: self.group_max_size,
+        }
+    }
+
+    pub fn transactions(&self) -> crate::kafka::coordinator::transactions::TxnConfig {
+        crate::kafka::coordinator::transactions::TxnConfig {
+            max_timeout_ms: self.transaction_max_timeout_ms,
+            id_expiration_ms: self.transactional_id_expiration_ms,
+            check_every: Duration::from_millis(self.transaction_timeout_check_ms),
         }
     }
 

@@ -28,6 +28,7 @@
 
 pub mod producers;
 pub mod topics;
+pub mod txns;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::meta::{Catalog, MetaError, TopicRecord};
-use crate::protocol::batch::{self, BatchError};
+use crate::protocol::batch::{self, BatchError, Marker};
 use crate::storage::{self, PartitionSpec, ReadError, ReadResult, RetentionPolicy, Storage, StorageConfig, StorageError, Tp};
 pub use topics::{TimestampType, TopicConfig, TopicDefaults};
 
@@ -179,6 +180,11 @@ pub struct AppendResult {
     pub log_start: i64,
 }
 
+/// A `read_committed` read: the batches below the last stable offset, that
+/// offset, and the aborted transactions (producer id, first offset) with
+/// records in what is returned.
+pub type CommittedRead = (ReadResult, i64, Vec<(i64, i64)>);
+
 /// When an append is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ack {
@@ -202,6 +208,8 @@ type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
 
 enum WriteCmd {
     Append { tp: Tp, records: Bytes, log_append_time: bool, ack: Ack, reply: Reply },
+    /// A transaction marker the coordinator writes; acked when durable.
+    Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -272,6 +280,11 @@ pub struct Engine {
     clock: Clock,
     threads: Mutex<Vec<JoinHandle<()>>>,
     producer_stats: Arc<ProducerStats>,
+    /// Transactions as the partitions see them (see `txns`); the writer
+    /// changes it, fetches read it.
+    txns: Arc<RwLock<txns::Txns>>,
+    /// Whether any transaction was ever seen: fetches skip the lock until then.
+    any_txns: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Counters of the idempotent-producer check, kept by the writer.
@@ -317,7 +330,9 @@ impl Engine {
             std::fs::remove_file(&marker).map_err(|e| StorageError::Io { path: marker.display().to_string(), source: e })?;
             sync_dir(&cfg.data_dir)?;
         }
-        let producers = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock(), cfg.producer_id_expiration_ms);
+        let (producers, txn_state) = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock(), cfg.producer_id_expiration_ms);
+        let any_txns = Arc::new(std::sync::atomic::AtomicBool::new(!txn_state.is_empty()));
+        let txns = Arc::new(RwLock::new(txn_state));
 
         let (tx, rx) = mpsc::channel(cfg.write_queue);
         let waiters = Arc::new(Waiters::default());
@@ -332,10 +347,12 @@ impl Engine {
             let producer_expiry = cfg.producer_id_expiration_ms;
             let snapshot = cfg.data_dir.join(PRODUCER_SNAPSHOT);
             let stats = producer_stats.clone();
+            let txns = txns.clone();
+            let any = any_txns.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-writer".into())
-                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producers, snapshot, producer_expiry, stats))
+                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producers, Shared { txns, any_txns: any, stats }, snapshot, producer_expiry))
                     .expect("spawn writer thread"),
             );
         }
@@ -363,6 +380,8 @@ impl Engine {
             clock,
             threads: Mutex::new(threads),
             producer_stats,
+            txns,
+            any_txns,
         }))
     }
 
@@ -472,6 +491,7 @@ impl Engine {
         self.topics.write().expect("topics lock").remove(name);
         self.by_id.write().expect("topics lock").remove(&topic.id());
         self.storage.remove_topic(&topic.id());
+        self.txns.write().expect("txns lock").remove_topic(&topic.id());
         tracing::info!(topic = name, "topic deleted");
         Ok(())
     }
@@ -606,6 +626,77 @@ impl Engine {
         Ok(self.storage.offset_for_timestamp(tp, ts)?)
     }
 
+    /// Reads for a `read_committed` consumer: only below the last stable
+    /// offset, with the aborted transactions that have records in what is
+    /// returned. Does file I/O.
+    pub fn read_committed(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool) -> Result<CommittedRead, EngineError> {
+        let (log_start, hw, leo) = self.offsets(tp).ok_or(EngineError::UnknownTopicOrPartition)?;
+        let lso = self.last_stable_offset(tp, hw);
+        if offset >= lso {
+            // Nothing stable to give (yet), as `read` would answer it.
+            if offset < log_start || offset > leo {
+                return Err(ReadError::OffsetOutOfRange { offset, log_start, end: leo }.into());
+            }
+            let r = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset };
+            return Ok((r, lso, Vec::new()));
+        }
+        let mut r = self.storage.read(tp, offset, max_bytes, min_one)?;
+        // Frames hold one batch each, so the cut falls between batches.
+        if let Some(cut) = r.records.iter().position(|b| b.len() >= 8 && i64::from_be_bytes(b[..8].try_into().expect("8 bytes")) >= lso) {
+            r.next_offset = i64::from_be_bytes(r.records[cut][..8].try_into().expect("8 bytes"));
+            r.records.truncate(cut);
+        }
+        let aborted = if self.any_txns.load(std::sync::atomic::Ordering::Acquire) {
+            self.txns.read().expect("txns lock").aborted_in(tp, offset, r.next_offset)
+        } else {
+            Vec::new()
+        };
+        Ok((r, lso, aborted))
+    }
+
+    /// The last stable offset of `tp` given its high watermark `hw`: the
+    /// first offset of its oldest open transaction, else `hw`.
+    pub fn last_stable_offset(&self, tp: &Tp, hw: i64) -> i64 {
+        if !self.any_txns.load(std::sync::atomic::Ordering::Acquire) {
+            return hw;
+        }
+        self.txns.read().expect("txns lock").first_unstable(tp).map_or(hw, |f| f.min(hw))
+    }
+
+    /// Lets the transaction of `producer_id` at `epoch` write to `tps`
+    /// (the coordinator calls it before answering AddPartitionsToTxn).
+    pub fn add_txn_partitions(&self, producer_id: i64, epoch: i16, tps: &[Tp]) {
+        self.any_txns.store(true, std::sync::atomic::Ordering::Release);
+        let mut t = self.txns.write().expect("txns lock");
+        for tp in tps {
+            t.add_partition(producer_id, epoch, *tp);
+        }
+    }
+
+    /// Writes `marker` for `producer_id` at `epoch` to every tp in `tps`
+    /// and returns once they are all durable. Partitions deleted meanwhile
+    /// are skipped.
+    pub async fn write_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Result<(), EngineError> {
+        let mut pending = Vec::with_capacity(tps.len());
+        for tp in tps {
+            let (reply, rx) = oneshot::channel();
+            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+            pending.push(PendingAppend { rx });
+        }
+        for p in pending {
+            match p.wait().await {
+                Ok(_) | Err(EngineError::UnknownTopicOrPartition) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Transactions with data in a partition and no marker yet.
+    pub fn open_txns(&self) -> Vec<(Tp, txns::OpenTxn)> {
+        self.txns.read().expect("txns lock").ongoing()
+    }
+
     /// Registers `notify` to be woken when any of `tps` gets new data.
     pub fn subscribe(&self, tps: &[Tp], notify: &Arc<Notify>) {
         self.waiters.register(tps, notify);
@@ -628,10 +719,16 @@ impl Engine {
     /// segments, never the writer's active one.
     pub fn enforce_retention(&self) -> Result<usize, EngineError> {
         let policy = self.retention_policy();
-        let (_, deleted) = self.storage.enforce_retention(self.now_ms(), policy, |starts| {
+        let (starts, deleted) = self.storage.enforce_retention(self.now_ms(), policy, |starts| {
             let rows: Vec<_> = starts.iter().map(|(tp, s)| (tp.topic, tp.partition, *s)).collect();
             self.catalog.put_log_starts(&rows).map_err(|e| e.to_string())
         })?;
+        if self.any_txns.load(std::sync::atomic::Ordering::Acquire) && !starts.is_empty() {
+            let mut txns = self.txns.write().expect("txns lock");
+            for (tp, start) in &starts {
+                txns.trim(tp, *start);
+            }
+        }
         Ok(deleted)
     }
 
@@ -691,17 +788,18 @@ const PRODUCER_SNAPSHOT_EVERY_BYTES: u64 = 128 << 20;
 /// Without any snapshot (a data directory from before snapshots, or an
 /// unreadable one) only the last `expiry_ms` of each log is replayed, by
 /// its time index: older producers would have expired anyway.
-fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64) -> producers::Producers {
+fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64) -> (producers::Producers, txns::Txns) {
     let started = std::time::Instant::now();
-    let (mut state, covered) = match producers::Producers::load_snapshot(path) {
-        Ok(Some((state, covered))) => (state, Some(covered)),
-        Ok(None) => (Default::default(), None),
+    let (mut state, mut txns, covered) = match producers::Producers::load_snapshot(path) {
+        Ok(Some((state, txns, covered))) => (state, txns, Some(covered)),
+        Ok(None) => (Default::default(), Default::default(), None),
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable producer snapshot; rebuilding from the recent log");
-            (Default::default(), None)
+            (Default::default(), Default::default(), None)
         }
     };
     state.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
+    txns.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
     let mut replayed = 0;
     for tp in storage.tps() {
         let from = match &covered {
@@ -712,15 +810,15 @@ fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64
                 Err(_) => 0,
             },
         };
-        match state.replay(storage, tp, from, now_ms) {
+        match state.replay(&mut txns, storage, tp, from, now_ms) {
             Ok(n) => replayed += n,
             Err(e) => tracing::warn!(error = %e, "replaying producer state failed for a partition"),
         }
     }
     tracing::info!(producers = state.len(), replayed_batches = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "producer state restored");
     // So a crash soon after this start does not replay the same again.
-    snapshot_producers(&state, storage, path);
-    state
+    snapshot_producers(&state, &txns, storage, path);
+    (state, txns)
 }
 
 /// Every tp's current log end: what a snapshot taken now covers.
@@ -729,12 +827,20 @@ fn log_ends(storage: &Storage) -> Vec<(Tp, i64)> {
 }
 
 /// Writes the producer snapshot covering every tp's current log end.
-fn snapshot_producers(state: &producers::Producers, storage: &Storage, path: &Path) {
-    if let Err(e) = state.write_snapshot(path, &log_ends(storage)) {
+fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage, path: &Path) {
+    if let Err(e) = state.write_snapshot(&txns.to_snapshot(), path, &log_ends(storage)) {
         tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
     }
 }
 
+/// What the writer shares with the rest of the engine.
+struct Shared {
+    txns: Arc<RwLock<txns::Txns>>,
+    any_txns: Arc<std::sync::atomic::AtomicBool>,
+    stats: Arc<ProducerStats>,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn writer_loop(
     mut rx: mpsc::Receiver<WriteCmd>,
     storage: Arc<Storage>,
@@ -743,10 +849,11 @@ fn writer_loop(
     policy: FlushPolicy,
     sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
     mut producers: producers::Producers,
+    shared: Shared,
     snapshot: PathBuf,
     producer_expiry_ms: i64,
-    stats: Arc<ProducerStats>,
 ) {
+    let Shared { txns, any_txns, stats } = shared;
     let mut round = Vec::with_capacity(64);
     // Idempotent producers: owned here, so the sequence check and the
     // append it allows are one step.
@@ -757,14 +864,15 @@ fn writer_loop(
     // Periodic snapshots are written by their own thread from a copy, so
     // the JSON and the fsync do not hold up appends; one at a time (a
     // snapshot due while one is being written waits for the next turn).
-    let (snap_tx, snap_rx) = std::sync::mpsc::sync_channel::<(producers::Producers, Vec<(Tp, i64)>)>(1);
+    type Snap = (producers::Producers, Vec<(Tp, txns::TpTxns)>, Vec<(Tp, i64)>);
+    let (snap_tx, snap_rx) = std::sync::mpsc::sync_channel::<Snap>(1);
     let snapshotter = {
         let path = snapshot.clone();
         std::thread::Builder::new()
             .name("canopy-producer-snapshot".into())
             .spawn(move || {
-                for (state, covered) in snap_rx {
-                    if let Err(e) = state.write_snapshot(&path, &covered) {
+                for (state, txns, covered) in snap_rx {
+                    if let Err(e) = state.write_snapshot(&txns, &path, &covered) {
                         tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
                     }
                 }
@@ -795,7 +903,14 @@ fn writer_loop(
                         let b = b.expect("validated before queueing");
                         let h = batch::BatchHeader::parse(b).expect("validated before queueing");
                         let ids = producers::BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) };
-                        match producers.check(tp, ids) {
+                        let mut check = producers.check(tp, ids);
+                        // A new transactional batch only for a partition its
+                        // transaction added (checked here, where markers are
+                        // written, so no marker can slip in between).
+                        if check == producers::Check::Append && h.is_transactional() && !txns.read().expect("txns lock").admits(ids.producer_id, ids.epoch, &tp) {
+                            check = producers::Check::Refuse(kafka_protocol::ResponseError::InvalidTxnState.code());
+                        }
+                        match check {
                             producers::Check::Append => {}
                             producers::Check::Duplicate { base_offset, last_offset } => {
                                 stats.duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -825,6 +940,10 @@ fn writer_loop(
                                 if ids.producer_id >= 0 {
                                     producers.record(tp, ids, a.base_offset, a.last_offset, now);
                                     producers_dirty = true;
+                                    if h.is_transactional() {
+                                        any_txns.store(true, std::sync::atomic::Ordering::Release);
+                                        txns.write().expect("txns lock").on_batch(tp, ids.producer_id, ids.epoch, a.base_offset);
+                                    }
                                 }
                             }
                             Err(StorageError::UnknownPartition) => {
@@ -848,6 +967,27 @@ fn writer_loop(
                             Ack::Written => written.push((reply, r)),
                             Ack::Durable => durable.push((reply, r)),
                         },
+                    }
+                }
+                WriteCmd::Marker { tp, producer_id, epoch, marker, reply } => {
+                    let b = batch::control_batch(marker, producer_id, epoch, 0, now);
+                    match storage.append(tp, &b, now, false) {
+                        Ok(a) => {
+                            appended_since_snapshot += b.len() as u64;
+                            producers.fence(tp, producer_id, epoch, now);
+                            producers_dirty = true;
+                            any_txns.store(true, std::sync::atomic::Ordering::Release);
+                            txns.write().expect("txns lock").on_marker(tp, producer_id, marker, a.base_offset);
+                            let r = AppendResult { base_offset: a.base_offset, last_offset: a.last_offset, log_append_time: -1, log_start: a.log_start };
+                            durable.push((reply, r));
+                        }
+                        Err(StorageError::UnknownPartition) => {
+                            // Deleted meanwhile (its state went with it).
+                            let _ = reply.send(Err(AppendFailure::UnknownPartition));
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(AppendFailure::Storage(e.to_string())));
+                        }
                     }
                 }
                 WriteCmd::Shutdown(done) => {
@@ -880,10 +1020,11 @@ fn writer_loop(
             if let Some(t) = snapshotter.take() {
                 let _ = t.join();
             }
-            snapshot_producers(&producers, &storage, &snapshot);
+            snapshot_producers(&producers, &txns.read().expect("txns lock"), &storage, &snapshot);
         } else if moved_on && (now - snapshot_at >= PRODUCER_SNAPSHOT_EVERY_MS || appended_since_snapshot >= PRODUCER_SNAPSHOT_EVERY_BYTES) {
             if let Some(tx) = &snap_tx {
-                if tx.try_send((producers.clone(), log_ends(&storage))).is_ok() {
+                let t = txns.read().expect("txns lock").to_snapshot();
+                if tx.try_send((producers.clone(), t, log_ends(&storage))).is_ok() {
                     snapshot_at = now;
                     producers_dirty = false;
                     appended_since_snapshot = 0;

@@ -22,6 +22,7 @@ use std::path::Path;
 use kafka_protocol::ResponseError as E;
 use serde::{Deserialize, Serialize};
 
+use super::txns::{TpTxns, Txns};
 use crate::protocol::batch;
 use crate::storage::{Storage, Tp};
 
@@ -96,6 +97,9 @@ struct SnapshotFile {
     entries: Vec<SnapEntry>,
     /// (topic id hex, partition, log end the snapshot covers).
     covered: Vec<(String, i32, i64)>,
+    /// Open and aborted transactions per tp (topic id hex, partition).
+    #[serde(default)]
+    txns: Vec<(String, i32, TpTxns)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -109,6 +113,10 @@ struct SnapEntry {
     #[serde(default)]
     complete: bool,
 }
+
+/// A loaded snapshot: producer state, transactions, and the log end per tp
+/// it covers.
+pub type Loaded = (Producers, Txns, HashMap<Tp, i64>);
 
 #[derive(Debug, Default, Clone)]
 pub struct Producers {
@@ -183,6 +191,19 @@ impl Producers {
         e.last_used_ms = now_ms;
     }
 
+    /// A transaction marker of `epoch` was written for this producer on
+    /// `tp`: a newer epoch fences the older one there (its batches are
+    /// refused from now on) and starts its sequences over.
+    pub fn fence(&mut self, tp: Tp, producer_id: i64, epoch: i16, now_ms: i64) {
+        let e = self.entries.entry((producer_id, tp)).or_insert_with(|| Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, complete: false });
+        if epoch > e.epoch {
+            e.epoch = epoch;
+            e.batches.clear();
+            e.complete = false;
+        }
+        e.last_used_ms = now_ms;
+    }
+
     /// Forgets producers idle for `max_idle_ms` (Kafka's
     /// `producer.id.expiration.ms`); returns how many entries went.
     pub fn expire(&mut self, now_ms: i64, max_idle_ms: i64) -> usize {
@@ -202,8 +223,9 @@ impl Producers {
     }
 
     /// Replays the batches of `tp` from `from` to its high watermark into
-    /// the state; returns how many idempotent batches it saw.
-    pub fn replay(&mut self, storage: &Storage, tp: Tp, from: i64, now_ms: i64) -> Result<usize, crate::storage::ReadError> {
+    /// the state, and transactional batches and markers into `txns`;
+    /// returns how many producer batches it saw.
+    pub fn replay(&mut self, txns: &mut Txns, storage: &Storage, tp: Tp, from: i64, now_ms: i64) -> Result<usize, crate::storage::ReadError> {
         let Some((log_start, hw, _)) = storage.offsets(&tp) else { return Ok(0) };
         let mut offset = from.max(log_start);
         let mut seen = 0;
@@ -220,9 +242,19 @@ impl Producers {
                     if h.producer_id < 0 || last < offset {
                         continue;
                     }
+                    seen += 1;
+                    if h.is_control() {
+                        if let Some(marker) = batch::marker_of(b, &h) {
+                            txns.on_marker(tp, h.producer_id, marker, h.base_offset);
+                            self.fence(tp, h.producer_id, h.producer_epoch, now_ms);
+                        }
+                        continue;
+                    }
                     let ids = BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) };
                     self.record(tp, ids, h.base_offset, last, now_ms);
-                    seen += 1;
+                    if h.is_transactional() {
+                        txns.on_batch(tp, h.producer_id, h.producer_epoch, h.base_offset);
+                    }
                 }
             }
             if r.next_offset <= offset {
@@ -235,7 +267,7 @@ impl Producers {
 
     /// Writes the state, and for every tp the log end it covers, to `path`
     /// (a temporary file fsynced, then renamed over the old snapshot).
-    pub fn write_snapshot(&self, path: &Path, covered: &[(Tp, i64)]) -> std::io::Result<()> {
+    pub fn write_snapshot(&self, txns: &[(Tp, TpTxns)], path: &Path, covered: &[(Tp, i64)]) -> std::io::Result<()> {
         let file = SnapshotFile {
             version: SNAPSHOT_VERSION,
             entries: self
@@ -252,6 +284,7 @@ impl Producers {
                 })
                 .collect(),
             covered: covered.iter().map(|(tp, end)| (crate::meta::hex(&tp.topic), tp.partition, *end)).collect(),
+            txns: txns.iter().map(|(tp, t)| (crate::meta::hex(&tp.topic), tp.partition, t.clone())).collect(),
         };
         let tmp = path.with_extension("tmp");
         let mut f = std::fs::File::create(&tmp)?;
@@ -263,7 +296,7 @@ impl Producers {
 
     /// Reads a snapshot: the state and the log end it covers per tp. None
     /// if there is no snapshot.
-    pub fn load_snapshot(path: &Path) -> Result<Option<(Producers, HashMap<Tp, i64>)>, String> {
+    pub fn load_snapshot(path: &Path) -> Result<Option<Loaded>, String> {
         let raw = match std::fs::read(path) {
             Ok(raw) => raw,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -285,7 +318,11 @@ impl Producers {
         for (topic, partition, end) in file.covered {
             covered.insert(tp(&topic, partition)?, end);
         }
-        Ok(Some((p, covered)))
+        let mut txns = Vec::with_capacity(file.txns.len());
+        for (topic, partition, t) in file.txns {
+            txns.push((tp(&topic, partition)?, t));
+        }
+        Ok(Some((p, Txns::from_snapshot(txns), covered)))
     }
 }
 
@@ -378,8 +415,11 @@ mod tests {
         for i in 0..3 {
             append(&mut p, ids(2, i * 4, 4), &mut next);
         }
-        p.write_snapshot(&path, &[(tp(), next)]).unwrap();
-        let (mut q, covered) = Producers::load_snapshot(&path).unwrap().unwrap();
+        let mut txns = Txns::default();
+        txns.on_batch(tp(), 1000, 2, 3);
+        p.write_snapshot(&txns.to_snapshot(), &path, &[(tp(), next)]).unwrap();
+        let (mut q, t, covered) = Producers::load_snapshot(&path).unwrap().unwrap();
+        assert_eq!(t.first_unstable(&tp()), Some(3));
         assert_eq!(covered[&tp()], 12);
         assert_eq!(q.check(tp(), ids(2, 4, 4)), Check::Duplicate { base_offset: 4, last_offset: 7 });
         // The log came back shorter (a torn tail): batches past its end are

@@ -40,6 +40,7 @@ pub struct KafkaConfig {
 pub struct Broker {
     pub engine: Arc<Engine>,
     pub coordinator: coordinator::Coordinator,
+    pub transactions: coordinator::transactions::Transactions,
     pub cfg: KafkaConfig,
     /// Turns true when the broker shuts down: parked fetches answer at once.
     pub stopping: watch::Receiver<bool>,

@@ -11,7 +11,7 @@
 //! log_start/<topic id hex>/<p>    → v1 JSON i64 (raised by retention)
 //! offset/<len>:<group>/<topic>/<p> → v1 JSON OffsetRecord (a group's committed offset)
 //! next_producer_id                → v1 JSON i64 (InitProducerId hands out ids from here)
-//! txn/<transactional id>          → v1 JSON ProducerIdRecord (its producer id and epoch)
+//! txn/<transactional id>          → v1 JSON TxnRecord (the transaction coordinator's state of it)
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -45,11 +45,44 @@ pub struct OffsetRecord {
     pub commit_ms: i64,
 }
 
-/// A transactional id's producer id and current epoch.
+/// Where a transaction is (Kafka's states; Dead is the absence of a row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProducerIdRecord {
+pub enum TxnState {
+    Empty,
+    Ongoing,
+    PrepareCommit,
+    PrepareAbort,
+    CompleteCommit,
+    CompleteAbort,
+}
+
+/// An offset a transaction commits for a group once it commits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnOffset {
+    pub group: String,
+    pub topic: String,
+    pub partition: i32,
+    pub record: OffsetRecord,
+}
+
+/// A transactional id as its coordinator keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnRecord {
     pub producer_id: i64,
     pub epoch: i16,
+    /// The epoch the producer held before the coordinator bumped it on its
+    /// own (aborting a timed-out transaction); -1 if it never did.
+    pub last_epoch: i16,
+    pub state: TxnState,
+    pub timeout_ms: i32,
+    /// When the current transaction began (-1: none).
+    pub start_ms: i64,
+    pub update_ms: i64,
+    /// Partitions in the current transaction, by topic name.
+    pub partitions: Vec<(String, i32)>,
+    /// Groups whose offsets the current transaction commits.
+    pub groups: Vec<String>,
+    pub offsets: Vec<TxnOffset>,
 }
 
 fn group_prefix(group: &str) -> String {
@@ -288,6 +321,65 @@ pub fn unhex(s: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
+impl Catalog {
+    /// A producer id never handed out before, durably.
+    pub fn allocate_producer_id(&self) -> Result<i64, MetaError> {
+        const KEY: &[u8] = NEXT_PRODUCER_ID;
+        let mut bad = None;
+        let prev = self.db.fetch_and_update(KEY, |old| {
+            let next = match old.map(|raw| decode::<i64>(KEY, raw)) {
+                None => 1,
+                Some(Ok(n)) => n,
+                Some(Err(e)) => {
+                    bad = Some(e);
+                    return old.map(<[u8]>::to_vec);
+                }
+            };
+            Some(encode(&(next + 1)))
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        self.flush()?;
+        let id = match prev {
+            None => 1,
+            Some(raw) => decode(KEY, &raw)?,
+        };
+        self.next_producer_id.fetch_max(id + 1, std::sync::atomic::Ordering::AcqRel);
+        Ok(id)
+    }
+
+    /// Whether `id` was ever handed out by [`Catalog::allocate_producer_id`]
+    /// (no I/O).
+    pub fn producer_id_allocated(&self, id: i64) -> bool {
+        id >= 1 && id < self.next_producer_id.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Writes a transactional id's state (not durable until
+    /// [`Catalog::flush`]).
+    pub fn put_txn(&self, id: &str, rec: &TxnRecord) -> Result<(), MetaError> {
+        self.db.insert(format!("txn/{id}").as_bytes(), encode(rec))?;
+        Ok(())
+    }
+
+    pub fn remove_txn(&self, id: &str) -> Result<(), MetaError> {
+        self.db.remove(format!("txn/{id}").as_bytes())?;
+        Ok(())
+    }
+
+    /// Every transactional id's state.
+    pub fn txns(&self) -> Result<Vec<(String, TxnRecord)>, MetaError> {
+        self.db
+            .scan_prefix(b"txn/")
+            .map(|kv| {
+                let (k, v) = kv?;
+                let id = String::from_utf8_lossy(&k[4..]).into_owned();
+                Ok((id, decode(&k, &v)?))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,23 +397,36 @@ mod tests {
     }
 
     #[test]
-    fn producer_ids_are_never_reused_and_transactional_ids_bump_epochs() {
+    fn producer_ids_are_never_reused_and_transactions_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let (a, t) = {
+        let rec = TxnRecord {
+            producer_id: 0,
+            epoch: 3,
+            last_epoch: -1,
+            state: TxnState::Ongoing,
+            timeout_ms: 60_000,
+            start_ms: 5,
+            update_ms: 6,
+            partitions: vec![("a.b".into(), 1)],
+            groups: vec!["g/1".into()],
+            offsets: vec![TxnOffset { group: "g/1".into(), topic: "a.b".into(), partition: 1, record: OffsetRecord { offset: 9, leader_epoch: -1, metadata: None, commit_ms: 6 } }],
+        };
+        let a = {
             let c = Catalog::open(dir.path()).unwrap();
             let a = c.allocate_producer_id().unwrap();
             assert!(c.producer_id_allocated(a));
             assert!(!c.producer_id_allocated(a + 1));
-            let t = c.init_transactional_id("tx").unwrap();
-            assert_eq!(t.epoch, 0);
-            assert_eq!(c.init_transactional_id("tx").unwrap(), ProducerIdRecord { producer_id: t.producer_id, epoch: 1 });
-            (a, t)
+            c.put_txn("tx/odd id", &TxnRecord { producer_id: a, ..rec.clone() }).unwrap();
+            c.put_txn("gone", &rec).unwrap();
+            c.remove_txn("gone").unwrap();
+            c.flush().unwrap();
+            a
         };
         let c = Catalog::open(dir.path()).unwrap();
         assert!(c.producer_id_allocated(a), "known after reopen");
         let b = c.allocate_producer_id().unwrap();
-        assert!(b > a && b > t.producer_id, "ids survive reopen and are never handed out twice");
-        assert_eq!(c.init_transactional_id("tx").unwrap().epoch, 2);
+        assert!(b > a, "ids survive reopen and are never handed out twice");
+        assert_eq!(c.txns().unwrap(), vec![("tx/odd id".to_string(), TxnRecord { producer_id: a, ..rec })]);
     }
 
     #[test]
@@ -381,67 +486,5 @@ mod tests {
         v[0] = 9;
         assert!(matches!(decode::<TopicRecord>(b"topic/x", &v), Err(MetaError::UnknownVersion { version: 9, .. })));
         assert!(decode::<TopicRecord>(b"topic/x", &[]).is_err());
-    }
-}
-
-impl Catalog {
-    /// A producer id never handed out before, durably.
-    pub fn allocate_producer_id(&self) -> Result<i64, MetaError> {
-        const KEY: &[u8] = NEXT_PRODUCER_ID;
-        let mut bad = None;
-        let prev = self.db.fetch_and_update(KEY, |old| {
-            let next = match old.map(|raw| decode::<i64>(KEY, raw)) {
-                None => 1,
-                Some(Ok(n)) => n,
-                Some(Err(e)) => {
-                    bad = Some(e);
-                    return old.map(<[u8]>::to_vec);
-                }
-            };
-            Some(encode(&(next + 1)))
-        })?;
-        if let Some(e) = bad {
-            return Err(e);
-        }
-        self.flush()?;
-        let id = match prev {
-            None => 1,
-            Some(raw) => decode(KEY, &raw)?,
-        };
-        self.next_producer_id.fetch_max(id + 1, std::sync::atomic::Ordering::AcqRel);
-        Ok(id)
-    }
-
-    /// Whether `id` was ever handed out by [`Catalog::allocate_producer_id`]
-    /// (no I/O).
-    pub fn producer_id_allocated(&self, id: i64) -> bool {
-        id >= 1 && id < self.next_producer_id.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// (Re)initialises a transactional id: the first time it gets a new
-    /// producer id at epoch 0; after that the same id with the epoch bumped
-    /// (a new producer id once the epoch would overflow), which fences the
-    /// previous incarnation. Durable on return.
-    pub fn init_transactional_id(&self, txn: &str) -> Result<ProducerIdRecord, MetaError> {
-        let key = format!("txn/{txn}");
-        loop {
-            let old = self.db.get(key.as_bytes())?;
-            let next = match &old {
-                Some(raw) => {
-                    let r: ProducerIdRecord = decode(key.as_bytes(), raw)?;
-                    if r.epoch < i16::MAX - 1 {
-                        ProducerIdRecord { producer_id: r.producer_id, epoch: r.epoch + 1 }
-                    } else {
-                        ProducerIdRecord { producer_id: self.allocate_producer_id()?, epoch: 0 }
-                    }
-                }
-                None => ProducerIdRecord { producer_id: self.allocate_producer_id()?, epoch: 0 },
-            };
-            // Compare-and-swap: a concurrent init of the same id retries.
-            if self.db.compare_and_swap(key.as_bytes(), old, Some(encode(&next)))?.is_ok() {
-                self.flush()?;
-                return Ok(next);
-            }
-        }
     }
 }

@@ -373,6 +373,78 @@ pub fn record_timestamps(buf: &[u8]) -> Option<Vec<(i32, i64)>> {
     Some(out)
 }
 
+/// A transaction marker: what a control batch's one record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marker {
+    Abort,
+    Commit,
+}
+
+/// Builds the control batch (transactional, control, one record) that ends
+/// producer `producer_id`'s transaction on a partition, as Kafka writes it:
+/// key = version 0 + type (0 abort, 1 commit), value = version 0 +
+/// coordinator epoch. Base offset 0: the log assigns it.
+pub fn control_batch(marker: Marker, producer_id: i64, epoch: i16, coordinator_epoch: i32, now_ms: i64) -> Vec<u8> {
+    let kind: i16 = match marker {
+        Marker::Abort => 0,
+        Marker::Commit => 1,
+    };
+    // attributes, timestamp delta 0, offset delta 0, key (4), value (6), no headers.
+    let mut record = vec![0u8, 0, 0, 4 << 1];
+    record.extend_from_slice(&0i16.to_be_bytes());
+    record.extend_from_slice(&kind.to_be_bytes());
+    record.push(6 << 1);
+    record.extend_from_slice(&0i16.to_be_bytes());
+    record.extend_from_slice(&coordinator_epoch.to_be_bytes());
+    record.push(0);
+    let mut out = Vec::with_capacity(HEADER_BYTES + 1 + record.len());
+    out.extend_from_slice(&0i64.to_be_bytes());
+    out.extend_from_slice(&0i32.to_be_bytes()); // batch length, below
+    out.extend_from_slice(&0i32.to_be_bytes()); // partition leader epoch
+    out.push(2);
+    out.extend_from_slice(&0u32.to_be_bytes()); // crc, below
+    out.extend_from_slice(&(ATTR_TRANSACTIONAL | ATTR_CONTROL).to_be_bytes());
+    out.extend_from_slice(&0i32.to_be_bytes());
+    out.extend_from_slice(&now_ms.to_be_bytes());
+    out.extend_from_slice(&now_ms.to_be_bytes());
+    out.extend_from_slice(&producer_id.to_be_bytes());
+    out.extend_from_slice(&epoch.to_be_bytes());
+    out.extend_from_slice(&(-1i32).to_be_bytes());
+    out.extend_from_slice(&1i32.to_be_bytes());
+    out.push((record.len() as u8) << 1);
+    out.extend_from_slice(&record);
+    let length = (out.len() - LOG_OVERHEAD) as i32;
+    out[OFF_BATCH_LENGTH..OFF_BATCH_LENGTH + 4].copy_from_slice(&length.to_be_bytes());
+    let crc = crc32c::crc32c(&out[OFF_ATTRIBUTES..]);
+    out[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// The marker a control batch carries; None for any other batch or a
+/// control record that does not parse (Kafka ignores unknown types too).
+pub fn marker_of(buf: &[u8], header: &BatchHeader) -> Option<Marker> {
+    if !header.is_control() || header.compression() != Compression::None || header.records_count < 1 {
+        return None;
+    }
+    let rest = buf.get(HEADER_BYTES..header.size)?;
+    let (len, n) = varint(rest)?;
+    let rec = rest.get(n..n + usize::try_from(len).ok()?)?;
+    let mut p = 1usize;
+    for _ in 0..2 {
+        p += varint(rec.get(p..)?)?.1; // timestamp and offset deltas
+    }
+    let (klen, n) = varint(rec.get(p..)?)?;
+    p += n;
+    if klen < 4 {
+        return None;
+    }
+    match i16::from_be_bytes([*rec.get(p + 2)?, *rec.get(p + 3)?]) {
+        0 => Some(Marker::Abort),
+        1 => Some(Marker::Commit),
+        _ => None,
+    }
+}
+
 /// Decodes a zig-zag varint (as used inside records). Returns value and bytes used.
 pub fn varint(buf: &[u8]) -> Option<(i64, usize)> {
     let mut raw: u64 = 0;
@@ -449,6 +521,27 @@ pub(crate) mod tests {
         let crc = crc32c::crc32c(&b[OFF_ATTRIBUTES..]);
         b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
         b
+    }
+
+    #[test]
+    fn control_batches_are_valid_and_say_which_marker_they_are() {
+        for marker in [Marker::Abort, Marker::Commit] {
+            let b = control_batch(marker, 42, 7, 0, 1_000);
+            let h = validate(&b, 1 << 20).unwrap();
+            assert!(h.is_control() && h.is_transactional());
+            assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence, h.records_count, h.last_offset_delta), (42, 7, -1, 1, 0));
+            validate_records(&b, &h, 1 << 20).unwrap();
+            assert_eq!(marker_of(&b, &h), Some(marker));
+        }
+        let plain = make_batch(&[b"x"], 0);
+        assert_eq!(marker_of(&plain, &validate(&plain, 1 << 20).unwrap()), None);
+        // An unknown control type is no marker.
+        let mut odd = control_batch(Marker::Commit, 1, 0, 0, 0);
+        let at = HEADER_BYTES + 1 + 4 + 3;
+        odd[at] = 9;
+        let crc = crc32c::crc32c(&odd[OFF_ATTRIBUTES..]);
+        odd[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(marker_of(&odd, &validate(&odd, 1 << 20).unwrap()), None);
     }
 
     #[test]

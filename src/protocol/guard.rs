@@ -326,6 +326,10 @@ const I32S: Ty = Ty::Array {
     nullable: false,
     elem: Elem::Fixed(4),
 };
+const I64S: Ty = Ty::Array {
+    nullable: false,
+    elem: Elem::Fixed(8),
+};
 const STRS: Ty = Ty::Array {
     nullable: false,
     elem: Elem::Str,
@@ -1320,6 +1324,27 @@ mod end_txn {
     );
 }
 
+mod describe_transactions {
+    use super::*;
+    pub(super) static REQUEST: Schema = s(
+        "DescribeTransactionsRequest",
+        &[f("transactional_ids", STRS, 0, MAX)],
+    );
+}
+
+mod list_transactions {
+    use super::*;
+    pub(super) static REQUEST: Schema = s(
+        "ListTransactionsRequest",
+        &[
+            f("state_filters", STRS, 0, MAX),
+            f("producer_id_filters", I64S, 0, MAX),
+            f("duration_filter", I64, 1, MAX),
+            f("transactional_id_pattern", NSTR, 2, MAX),
+        ],
+    );
+}
+
 mod txn_offset_commit {
     use super::*;
     pub(super) static REQUEST: Schema = s(
@@ -1442,6 +1467,15 @@ static APIS: &[Api] = &[
     api(25, "AddOffsetsToTxn", 0, 4, 3, &add_offsets_to_txn::REQUEST),
     api(26, "EndTxn", 0, 5, 3, &end_txn::REQUEST),
     api(28, "TxnOffsetCommit", 0, 5, 3, &txn_offset_commit::REQUEST),
+    api(
+        65,
+        "DescribeTransactions",
+        0,
+        0,
+        0,
+        &describe_transactions::REQUEST,
+    ),
+    api(66, "ListTransactions", 0, 2, 0, &list_transactions::REQUEST),
     api(21, "DeleteRecords", 0, 2, 2, &delete_records::REQUEST),
     api(17, "SaslHandshake", 0, 1, NEVER, &sasl_handshake::REQUEST),
     api(36, "SaslAuthenticate", 0, 2, 2, &sasl_authenticate::REQUEST),
@@ -2000,6 +2034,24 @@ mod tests {
         r
     }
 
+    fn describe_transactions(_v: i16) -> km::DescribeTransactionsRequest {
+        km::DescribeTransactionsRequest::default()
+            .with_transactional_ids(vec![TransactionalId(st("tx-1")), TransactionalId(st("tx-2"))])
+    }
+
+    fn list_transactions(v: i16) -> km::ListTransactionsRequest {
+        let mut r = km::ListTransactionsRequest::default()
+            .with_state_filters(vec![st("Ongoing"), st("Empty")])
+            .with_producer_id_filters(vec![ProducerId(5), ProducerId(6)]);
+        if v >= 1 {
+            r.duration_filter = 1000;
+        }
+        if v >= 2 {
+            r.transactional_id_pattern = Some(st("tx-.*"));
+        }
+        r
+    }
+
     fn delete_records(_v: i16) -> km::DeleteRecordsRequest {
         use km::delete_records_request::*;
         DeleteRecordsRequest::default()
@@ -2105,6 +2157,8 @@ mod tests {
             case!(AddOffsetsToTxnRequest, add_offsets_to_txn),
             case!(EndTxnRequest, end_txn),
             case!(TxnOffsetCommitRequest, txn_offset_commit),
+            case!(DescribeTransactionsRequest, describe_transactions),
+            case!(ListTransactionsRequest, list_transactions),
             case!(DeleteRecordsRequest, delete_records),
             case!(SaslHandshakeRequest, sasl_handshake, never_flexible),
             case!(SaslAuthenticateRequest, sasl_authenticate),

@@ -10,6 +10,7 @@
 //! each is answered only after it is durable.
 
 pub mod group;
+pub mod transactions;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -49,7 +50,10 @@ enum Cmd {
     Sync { group: String, generation: i32, member_id: String, instance_id: Option<String>, assignments: Vec<(String, Bytes)>, reply: oneshot::Sender<SyncResult> },
     Heartbeat { group: String, generation: i32, member_id: String, instance_id: Option<String>, reply: oneshot::Sender<i16> },
     Leave { group: String, members: Vec<(String, Option<String>)>, reply: oneshot::Sender<(i16, Vec<i16>)> },
-    CommitCheck { group: String, generation: i32, member_id: String, instance_id: Option<String>, reply: oneshot::Sender<Result<(), i16>> },
+    /// `transactional`: a TxnOffsetCommit, which Kafka lets through without
+    /// member details (generation -1, no member id) whatever the group's
+    /// members.
+    CommitCheck { group: String, generation: i32, member_id: String, instance_id: Option<String>, transactional: bool, reply: oneshot::Sender<Result<(), i16>> },
     List { reply: oneshot::Sender<Vec<(String, String, &'static str)>> },
     Describe { groups: Vec<String>, reply: oneshot::Sender<Vec<GroupDescription>> },
     Delete { groups: Vec<String>, reply: oneshot::Sender<Vec<i16>> },
@@ -129,7 +133,12 @@ impl Coordinator {
     }
 
     pub async fn commit_check(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<Result<(), i16>> {
-        self.ask(|reply| Cmd::CommitCheck { group, generation, member_id, instance_id, reply }).await
+        self.ask(|reply| Cmd::CommitCheck { group, generation, member_id, instance_id, transactional: false, reply }).await
+    }
+
+    /// [`Coordinator::commit_check`] for a transactional offset commit.
+    pub async fn txn_commit_check(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<Result<(), i16>> {
+        self.ask(|reply| Cmd::CommitCheck { group, generation, member_id, instance_id, transactional: true, reply }).await
     }
 
     pub async fn list(&self) -> Vec<(String, String, &'static str)> {
@@ -286,10 +295,11 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                         let _ = reply.send((kafka_protocol::ResponseError::UnknownMemberId.code(), vec![kafka_protocol::ResponseError::UnknownMemberId.code(); members.len()]));
                     }
                 },
-                Cmd::CommitCheck { group, generation, member_id, instance_id, reply } => {
+                Cmd::CommitCheck { group, generation, member_id, instance_id, transactional, reply } => {
                     let result = match groups.get_mut(&group) {
                         Some(g) => {
-                            let r = g.commit_allowed(generation, &member_id, instance_id.as_deref());
+                            let anonymous = transactional && generation < 0 && member_id.is_empty();
+                            let r = if anonymous { Ok(()) } else { g.commit_allowed(generation, &member_id, instance_id.as_deref()) };
                             if r.is_ok() {
                                 g.commits += 1;
                             }

@@ -5,6 +5,10 @@
 //! moves or `max_wait_ms` runs out: a record produced while the fetch waits
 //! wakes it at once, never on a timer. Reads run on tokio's blocking pool.
 //!
+//! `read_committed` fetches stop at the last stable offset (the start of
+//! the oldest open transaction) and carry the aborted transactions that
+//! have records in what they return; clients drop those records.
+//!
 //! Fetch sessions (KIP-227) are not offered: the response carries session
 //! id 0, which clients take as "send full fetch requests".
 
@@ -131,30 +135,41 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                         // The response is full: report offsets, no records.
                         engine
                             .offsets(&tp)
-                            .map(|(ls, hw, leo)| crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0, next_offset: w.offset })
+                            .map(|(ls, hw, leo)| {
+                                let r = crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0, next_offset: w.offset };
+                                (r, engine.last_stable_offset(&tp, hw), Vec::new())
+                            })
                             .ok_or(EngineError::UnknownTopicOrPartition)
+                    } else if read_committed {
+                        engine.read_committed(&tp, w.offset, room.max(1), total == 0)
                     } else {
-                        engine.read(&tp, w.offset, room.max(1), total == 0)
+                        engine.read(&tp, w.offset, room.max(1), total == 0).map(|r| {
+                            let lso = engine.last_stable_offset(&tp, r.high_watermark);
+                            (r, lso, Vec::new())
+                        })
                     };
                     match result {
-                        Ok(r) => {
+                        Ok((r, lso, aborted)) => {
                             let len = r.len();
                             total += len;
                             // A consumer that got a full share is catching up:
                             // read its next share while this one is sent.
-                            if len > 0 && len >= w.max_bytes / 2 && r.next_offset < r.high_watermark {
+                            if len > 0 && len >= w.max_bytes / 2 && r.next_offset < lso.min(r.high_watermark) {
                                 ahead.push((tp, r.next_offset, w.max_bytes));
                             }
                             out.high_watermark = r.high_watermark;
-                            out.last_stable_offset = r.high_watermark;
+                            out.last_stable_offset = lso;
                             out.log_start_offset = r.log_start;
                             out.records = r.records;
+                            if read_committed {
+                                out.aborted_transactions = Some(aborted);
+                            }
                         }
                         Err(e) => {
                             any_error = true;
                             if let Some((ls, hw, _)) = engine.offsets(&tp) {
                                 out.high_watermark = hw;
-                                out.last_stable_offset = hw;
+                                out.last_stable_offset = engine.last_stable_offset(&tp, hw);
                                 out.log_start_offset = ls;
                             }
                             out.error_code = errors::code(&e);

@@ -1,5 +1,6 @@
-//! ListOffsets: earliest (-2), latest (-1, the high watermark), max
-//! timestamp (-3) and by timestamp, through the time index.
+//! ListOffsets: earliest (-2), latest (-1: the high watermark, or for
+//! `read_committed` the last stable offset), max timestamp (-3) and by
+//! timestamp, through the time index.
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 pub use kafka_protocol::messages::{ListOffsetsRequest as Request, ListOffsetsResponse as Response};
@@ -18,6 +19,7 @@ const EARLIEST_LOCAL: i64 = -4;
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
+    let committed = req.isolation_level == 1;
     let topics = tokio::task::spawn_blocking(move || {
         req.topics
             .into_iter()
@@ -30,7 +32,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                         let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index).with_timestamp(-1).with_offset(-1);
                         match &topic {
                             Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => {
-                                lookup(&engine, &topic.tp(p.partition_index), p.timestamp, r, version)
+                                lookup(&engine, &topic.tp(p.partition_index), p.timestamp, committed, r, version)
                             }
                             _ => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
                         }
@@ -45,12 +47,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     Some(Response::default().with_topics(topics))
 }
 
-fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, r: ListOffsetsPartitionResponse, version: i16) -> ListOffsetsPartitionResponse {
+fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r: ListOffsetsPartitionResponse, version: i16) -> ListOffsetsPartitionResponse {
     let Some((log_start, hw, _)) = engine.offsets(tp) else {
         return r.with_error_code(ResponseError::UnknownTopicOrPartition.code());
     };
     let r = if version >= 4 { r.with_leader_epoch(0) } else { r };
     match ts {
+        LATEST if committed => r.with_offset(engine.last_stable_offset(tp, hw)),
         LATEST => r.with_offset(hw),
         EARLIEST | EARLIEST_LOCAL => r.with_offset(log_start),
         MAX_TIMESTAMP => r.with_offset(if hw > log_start { hw - 1 } else { -1 }),

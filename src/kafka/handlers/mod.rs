@@ -4,6 +4,8 @@
 //! checks every declared range lies within what the `kafka-protocol` crate
 //! can decode and encode for that message.
 
+pub mod add_offsets_to_txn;
+pub mod add_partitions_to_txn;
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
@@ -12,6 +14,8 @@ pub mod delete_topics;
 pub mod describe_groups;
 pub mod describe_cluster;
 pub mod describe_configs;
+pub mod describe_transactions;
+pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
@@ -20,6 +24,7 @@ pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
 pub mod list_offsets;
+pub mod list_transactions;
 pub mod metadata;
 pub mod offset_commit;
 pub mod offset_delete;
@@ -27,6 +32,7 @@ pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod sync_group;
+pub mod txn_offset_commit;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -177,6 +183,12 @@ apis! {
     DescribeCluster => describe_cluster,
     OffsetDelete => offset_delete,
     InitProducerId => init_producer_id,
+    AddPartitionsToTxn => add_partitions_to_txn,
+    AddOffsetsToTxn => add_offsets_to_txn,
+    EndTxn => end_txn,
+    TxnOffsetCommit => txn_offset_commit,
+    DescribeTransactions => describe_transactions,
+    ListTransactions => list_transactions,
 }
 
 /// Turns a topic name from the wire into a `&str`.

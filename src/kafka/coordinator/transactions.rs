@@ -1,0 +1,593 @@
+//! The transaction coordinator.
+//!
+//! One record per transactional id (`meta::TxnRecord`: producer id, epoch,
+//! state, the partitions and group offsets of the current transaction),
+//! kept in memory and in the catalog. Requests for one id are serialised by
+//! that id's lock; different ids run concurrently.
+//!
+//! ```text
+//!  Empty/Complete* ──AddPartitions/AddOffsets──► Ongoing
+//!  Ongoing ──EndTxn(commit)──► PrepareCommit ─markers─► CompleteCommit
+//!  Ongoing ──EndTxn(abort) / timeout / new producer──► PrepareAbort ─markers─► CompleteAbort
+//! ```
+//!
+//! The decision (Prepare*) is made durable before the first marker is
+//! written, so a crash in between is finished the same way at start-up.
+//! EndTxn answers once every marker is durable and the committed offsets
+//! are stored, so a producer's next transaction never overlaps its last.
+//!
+//! At start-up every transaction is brought to an end: Prepare* ones are
+//! finished, Ongoing ones are aborted (their producer is fenced by the
+//! epoch bump and must start over; Kafka would wait for the timeout, which
+//! would hold `read_committed` consumers back that long after a restart),
+//! and any partition still holding an open transaction the coordinator
+//! does not know of gets an abort marker. Nothing is left dangling.
+//!
+//! Kafka's codes: INVALID_PRODUCER_ID_MAPPING (unknown id or producer id),
+//! PRODUCER_FENCED (INVALID_PRODUCER_EPOCH for request versions before
+//! KIP-588), CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kafka_protocol::ResponseError as E;
+use tokio::sync::watch;
+
+use super::Coordinator;
+use crate::engine::{Clock, Engine};
+use crate::meta::{OffsetRecord, TxnOffset, TxnRecord, TxnState};
+use crate::protocol::batch::Marker;
+use crate::storage::Tp;
+
+#[derive(Debug, Clone)]
+pub struct TxnConfig {
+    /// `transaction.max.timeout.ms`.
+    pub max_timeout_ms: i32,
+    /// `transactional.id.expiration.ms`.
+    pub id_expiration_ms: i64,
+    /// How often timed-out transactions are looked for.
+    pub check_every: Duration,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        TxnConfig { max_timeout_ms: 900_000, id_expiration_ms: 604_800_000, check_every: Duration::from_secs(1) }
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<TxnRecord>>>;
+
+/// Handle to the transaction coordinator; cheap to clone.
+#[derive(Clone)]
+pub struct Transactions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Arc<Engine>,
+    groups: Coordinator,
+    cfg: TxnConfig,
+    clock: Clock,
+    ids: Mutex<HashMap<String, Slot>>,
+}
+
+/// Kafka's name of a state, as DescribeTransactions and ListTransactions
+/// use them.
+pub fn state_name(s: TxnState) -> &'static str {
+    match s {
+        TxnState::Empty => "Empty",
+        TxnState::Ongoing => "Ongoing",
+        TxnState::PrepareCommit => "PrepareCommit",
+        TxnState::PrepareAbort => "PrepareAbort",
+        TxnState::CompleteCommit => "CompleteCommit",
+        TxnState::CompleteAbort => "CompleteAbort",
+    }
+}
+
+pub const STATE_NAMES: [&str; 6] = ["Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort"];
+
+/// The code for a request from a stale epoch: PRODUCER_FENCED where the
+/// request version knows it (KIP-588), else INVALID_PRODUCER_EPOCH.
+pub fn fenced(knows_fenced: bool) -> i16 {
+    if knows_fenced {
+        E::ProducerFenced.code()
+    } else {
+        E::InvalidProducerEpoch.code()
+    }
+}
+
+/// Checks that a request comes from the producer that holds the id now.
+fn check_producer(rec: &TxnRecord, producer_id: i64, epoch: i16, knows_fenced: bool) -> Result<(), i16> {
+    if producer_id != rec.producer_id {
+        return Err(E::InvalidProducerIdMapping.code());
+    }
+    if epoch != rec.epoch {
+        return Err(fenced(knows_fenced));
+    }
+    Ok(())
+}
+
+/// A transaction is about to take partitions or offsets: start it if it
+/// has not started. Refused while an end is being written.
+fn begin(rec: &mut TxnRecord, now: i64) -> Result<bool, i16> {
+    match rec.state {
+        TxnState::Ongoing => Ok(false),
+        TxnState::PrepareCommit | TxnState::PrepareAbort => Err(E::ConcurrentTransactions.code()),
+        TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => {
+            rec.state = TxnState::Ongoing;
+            rec.start_ms = now;
+            rec.partitions.clear();
+            rec.groups.clear();
+            rec.offsets.clear();
+            Ok(true)
+        }
+    }
+}
+
+/// The epoch after `epoch`, or None once it would overflow (a new producer
+/// id is needed then).
+fn next_epoch(epoch: i16) -> Option<i16> {
+    (epoch < i16::MAX - 1).then_some(epoch + 1)
+}
+
+/// What one transaction looks like to operators.
+#[derive(Debug, Clone)]
+pub struct TxnView {
+    pub id: String,
+    pub record: TxnRecord,
+}
+
+impl Transactions {
+    /// Loads every transactional id and brings every transaction to an end
+    /// (see the module docs), then starts the timeout loop.
+    pub async fn start(engine: Arc<Engine>, groups: Coordinator, cfg: TxnConfig, clock: Clock, stop: watch::Receiver<bool>) -> anyhow::Result<Transactions> {
+        let e = engine.clone();
+        let records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
+        let t = Transactions { inner: Arc::new(Inner { engine, groups, cfg, clock, ids: Mutex::new(HashMap::new()) }) };
+        let mut known: HashMap<i64, i16> = HashMap::new();
+        for (id, rec) in records {
+            let slot: Slot = Arc::new(tokio::sync::Mutex::new(Some(rec)));
+            t.inner.ids.lock().expect("txn ids lock").insert(id.clone(), slot.clone());
+            let mut guard = slot.lock().await;
+            let rec = guard.as_mut().expect("just loaded");
+            let outcome = match rec.state {
+                TxnState::PrepareCommit => t.finish(&id, rec, Marker::Commit).await,
+                TxnState::PrepareAbort => t.finish(&id, rec, Marker::Abort).await,
+                TxnState::Ongoing => {
+                    tracing::info!(transactional_id = %id, producer_id = rec.producer_id, "aborting a transaction left open by the last run");
+                    t.end(&id, rec, Marker::Abort, true).await
+                }
+                _ => Ok(()),
+            };
+            if let Err(code) = outcome {
+                anyhow::bail!("recovering transaction {id:?} failed (error {code})");
+            }
+            known.insert(rec.producer_id, rec.epoch);
+        }
+        // Partitions whose open transaction no record ends (its record was
+        // lost, or it was never added): abort it there.
+        let mut dangling: HashMap<(i64, i16), Vec<Tp>> = HashMap::new();
+        for (tp, open) in t.inner.engine.open_txns() {
+            let epoch = known.get(&open.producer_id).copied().unwrap_or(open.epoch).max(open.epoch);
+            dangling.entry((open.producer_id, epoch)).or_default().push(tp);
+        }
+        for ((pid, epoch), tps) in dangling {
+            tracing::warn!(producer_id = pid, partitions = tps.len(), "aborting an open transaction no coordinator record covers");
+            t.inner.engine.write_markers(pid, epoch, Marker::Abort, &tps).await?;
+        }
+        tokio::spawn(timeout_loop(t.clone(), stop));
+        Ok(t)
+    }
+
+    fn now(&self) -> i64 {
+        (self.inner.clock)()
+    }
+
+    fn slot(&self, id: &str) -> Slot {
+        self.inner.ids.lock().expect("txn ids lock").entry(id.to_owned()).or_default().clone()
+    }
+
+    fn existing(&self, id: &str) -> Option<Slot> {
+        self.inner.ids.lock().expect("txn ids lock").get(id).cloned()
+    }
+
+    /// Writes the record to the catalog; `flush`: durably before returning.
+    async fn persist(&self, id: &str, rec: &TxnRecord, flush: bool) -> Result<(), i16> {
+        let engine = self.inner.engine.clone();
+        let (id, rec) = (id.to_owned(), rec.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            engine.catalog().put_txn(&id, &rec)?;
+            if flush {
+                engine.catalog().flush()?;
+            }
+            Ok::<_, crate::meta::MetaError>(())
+        })
+        .await;
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "storing transaction state failed");
+                Err(E::KafkaStorageError.code())
+            }
+            Err(_) => Err(E::CoordinatorNotAvailable.code()),
+        }
+    }
+
+    /// Topic names to tps; partitions of topics deleted since are skipped.
+    fn tps(&self, partitions: &[(String, i32)]) -> Vec<Tp> {
+        partitions
+            .iter()
+            .filter_map(|(topic, p)| self.inner.engine.topic(topic).filter(|t| *p >= 0 && *p < t.partitions()).map(|t| t.tp(*p)))
+            .collect()
+    }
+
+    /// Ends the Ongoing transaction in `rec`: the decision made durable,
+    /// then markers and offsets. `bump`: the coordinator ends it on its own
+    /// (timeout, a new producer, restart) and fences the producer with a
+    /// new epoch first.
+    async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: bool) -> Result<(), i16> {
+        if bump {
+            if let Some(next) = next_epoch(rec.epoch) {
+                rec.last_epoch = rec.epoch;
+                rec.epoch = next;
+            }
+        }
+        rec.state = match marker {
+            Marker::Commit => TxnState::PrepareCommit,
+            Marker::Abort => TxnState::PrepareAbort,
+        };
+        rec.update_ms = self.now();
+        self.persist(id, rec, true).await?;
+        self.finish(id, rec, marker).await
+    }
+
+    /// Writes the markers of a Prepare* transaction and completes it.
+    async fn finish(&self, id: &str, rec: &mut TxnRecord, marker: Marker) -> Result<(), i16> {
+        let tps = self.tps(&rec.partitions);
+        if let Err(e) = self.inner.engine.write_markers(rec.producer_id, rec.epoch, marker, &tps).await {
+            tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared");
+            return Err(E::KafkaStorageError.code());
+        }
+        if marker == Marker::Commit && !rec.offsets.is_empty() {
+            for group in rec.offsets.iter().map(|o| o.group.clone()).collect::<std::collections::BTreeSet<_>>() {
+                // Registers the group with the coordinator (listed, counted).
+                let _ = self.inner.groups.txn_commit_check(group, -1, String::new(), None).await;
+            }
+            let rows = rec.offsets.iter().map(|o| (o.group.clone(), o.topic.clone(), o.partition, o.record.clone())).collect();
+            if let Err(e) = self.inner.groups.store_offsets(rows).await {
+                tracing::error!(transactional_id = %id, error = %e, "storing a transaction's offsets failed; the transaction stays prepared");
+                return Err(E::KafkaStorageError.code());
+            }
+        }
+        rec.state = match marker {
+            Marker::Commit => TxnState::CompleteCommit,
+            Marker::Abort => TxnState::CompleteAbort,
+        };
+        rec.partitions.clear();
+        rec.groups.clear();
+        rec.offsets.clear();
+        rec.start_ms = -1;
+        rec.update_ms = self.now();
+        // Not flushed: were it lost, the Prepare* record finishes again at
+        // start-up, and markers written twice end nothing twice.
+        self.persist(id, rec, false).await
+    }
+
+    /// InitProducerId with a transactional id.
+    pub async fn init(&self, id: &str, timeout_ms: i32, producer_id: i64, epoch: i16, version: i16) -> Result<(i64, i16), i16> {
+        if timeout_ms <= 0 || timeout_ms > self.inner.cfg.max_timeout_ms {
+            return Err(E::InvalidTransactionTimeout.code());
+        }
+        let slot = self.slot(id);
+        let mut guard = slot.lock().await;
+        let now = self.now();
+        let Some(rec) = guard.as_mut() else {
+            let pid = self.allocate().await?;
+            let rec = TxnRecord {
+                producer_id: pid,
+                epoch: 0,
+                last_epoch: -1,
+                state: TxnState::Empty,
+                timeout_ms,
+                start_ms: -1,
+                update_ms: now,
+                partitions: Vec::new(),
+                groups: Vec::new(),
+                offsets: Vec::new(),
+            };
+            self.persist(id, &rec, true).await?;
+            *guard = Some(rec);
+            return Ok((pid, 0));
+        };
+        // KIP-360: a producer naming its id and epoch re-initialises only
+        // if it is the current holder (or was, before a timeout bump).
+        if producer_id >= 0 && (producer_id != rec.producer_id || (epoch != rec.epoch && epoch != rec.last_epoch)) {
+            return Err(fenced(version >= 4));
+        }
+        match rec.state {
+            TxnState::PrepareCommit => self.finish(id, rec, Marker::Commit).await?,
+            TxnState::PrepareAbort => self.finish(id, rec, Marker::Abort).await?,
+            TxnState::Ongoing => self.end(id, rec, Marker::Abort, true).await?,
+            _ => {}
+        }
+        match next_epoch(rec.epoch) {
+            Some(e) => rec.epoch = e,
+            None => {
+                rec.producer_id = self.allocate().await?;
+                rec.epoch = 0;
+            }
+        }
+        rec.last_epoch = -1;
+        rec.state = TxnState::Empty;
+        rec.timeout_ms = timeout_ms;
+        rec.update_ms = now;
+        self.persist(id, rec, true).await?;
+        Ok((rec.producer_id, rec.epoch))
+    }
+
+    async fn allocate(&self) -> Result<i64, i16> {
+        let engine = self.inner.engine.clone();
+        match tokio::task::spawn_blocking(move || engine.catalog().allocate_producer_id()).await {
+            Ok(Ok(pid)) => Ok(pid),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "allocating a producer id failed");
+                Err(E::KafkaStorageError.code())
+            }
+            Err(_) => Err(E::CoordinatorNotAvailable.code()),
+        }
+    }
+
+    /// AddPartitionsToTxn for one transaction. Returns a code for the whole
+    /// transaction, or per partition (in request order).
+    pub async fn add_partitions(&self, id: &str, producer_id: i64, epoch: i16, wanted: &[(String, i32)], verify_only: bool, version: i16) -> Result<Vec<i16>, i16> {
+        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
+        let mut guard = slot.lock().await;
+        let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
+        check_producer(rec, producer_id, epoch, version >= 2)?;
+        if verify_only {
+            let ongoing = rec.state == TxnState::Ongoing;
+            return Ok(wanted.iter().map(|w| if ongoing && rec.partitions.contains(w) { 0 } else { E::InvalidTxnState.code() }).collect());
+        }
+        if matches!(rec.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
+            return Err(E::ConcurrentTransactions.code());
+        }
+        let mut tps = Vec::with_capacity(wanted.len());
+        let codes: Vec<i16> = wanted
+            .iter()
+            .map(|(topic, p)| match self.inner.engine.topic(topic) {
+                Some(t) if *p >= 0 && *p < t.partitions() => {
+                    tps.push(t.tp(*p));
+                    0
+                }
+                _ => E::UnknownTopicOrPartition.code(),
+            })
+            .collect();
+        if codes.iter().any(|&c| c != 0) {
+            // Kafka adds all or nothing: the rest were not attempted.
+            return Ok(codes.into_iter().map(|c| if c == 0 { E::OperationNotAttempted.code() } else { c }).collect());
+        }
+        let mut changed = begin(rec, self.now())?;
+        for w in wanted {
+            if !rec.partitions.contains(w) {
+                rec.partitions.push(w.clone());
+                changed = true;
+            }
+        }
+        if changed {
+            rec.update_ms = self.now();
+            self.persist(id, rec, true).await?;
+        }
+        self.inner.engine.add_txn_partitions(rec.producer_id, rec.epoch, &tps);
+        Ok(codes)
+    }
+
+    /// AddOffsetsToTxn.
+    pub async fn add_offsets(&self, id: &str, producer_id: i64, epoch: i16, group: &str, version: i16) -> Result<(), i16> {
+        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
+        let mut guard = slot.lock().await;
+        let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
+        check_producer(rec, producer_id, epoch, version >= 2)?;
+        let mut changed = begin(rec, self.now())?;
+        if !rec.groups.iter().any(|g| g == group) {
+            rec.groups.push(group.to_owned());
+            changed = true;
+        }
+        if changed {
+            rec.update_ms = self.now();
+            self.persist(id, rec, true).await?;
+        }
+        Ok(())
+    }
+
+    /// TxnOffsetCommit: the offsets wait in the transaction until it
+    /// commits. `offsets`: (topic, partition, offset, leader epoch,
+    /// metadata); returns a code per entry.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn commit_offsets(
+        &self,
+        id: &str,
+        group: &str,
+        producer_id: i64,
+        epoch: i16,
+        member: (i32, String, Option<String>),
+        offsets: Vec<(String, i32, i64, i32, Option<String>)>,
+        version: i16,
+    ) -> Result<Vec<i16>, i16> {
+        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
+        let mut guard = slot.lock().await;
+        let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
+        check_producer(rec, producer_id, epoch, version >= 3)?;
+        if rec.state != TxnState::Ongoing {
+            return Err(E::InvalidTxnState.code());
+        }
+        let (generation, member_id, instance) = member;
+        match self.inner.groups.txn_commit_check(group.to_owned(), generation, member_id, instance).await {
+            Some(Ok(())) => {}
+            Some(Err(code)) => return Err(code),
+            None => return Err(E::CoordinatorNotAvailable.code()),
+        }
+        let now = self.now();
+        let mut codes = Vec::with_capacity(offsets.len());
+        for (topic, partition, offset, leader_epoch, metadata) in offsets {
+            let known = self.inner.engine.topic(&topic).is_some_and(|t| partition >= 0 && partition < t.partitions());
+            let code = if !known {
+                E::UnknownTopicOrPartition.code()
+            } else if metadata.as_ref().is_some_and(|m| m.len() > crate::kafka::handlers::offset_commit::MAX_METADATA_BYTES) {
+                E::OffsetMetadataTooLarge.code()
+            } else {
+                let record = OffsetRecord { offset, leader_epoch, metadata, commit_ms: now };
+                rec.offsets.retain(|o| !(o.group == group && o.topic == topic && o.partition == partition));
+                rec.offsets.push(TxnOffset { group: group.to_owned(), topic, partition, record });
+                0
+            };
+            codes.push(code);
+        }
+        if !rec.groups.iter().any(|g| g == group) {
+            rec.groups.push(group.to_owned());
+        }
+        rec.update_ms = now;
+        self.persist(id, rec, true).await?;
+        Ok(codes)
+    }
+
+    /// EndTxn.
+    pub async fn end_txn(&self, id: &str, producer_id: i64, epoch: i16, commit: bool, version: i16) -> Result<(), i16> {
+        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
+        let mut guard = slot.lock().await;
+        let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
+        check_producer(rec, producer_id, epoch, version >= 2)?;
+        let marker = if commit { Marker::Commit } else { Marker::Abort };
+        match (rec.state, commit) {
+            (TxnState::Ongoing, _) => self.end(id, rec, marker, false).await,
+            // A retry of an end that went through.
+            (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => Ok(()),
+            // An end whose markers failed earlier: finish it now.
+            (TxnState::PrepareCommit, true) => self.finish(id, rec, Marker::Commit).await,
+            (TxnState::PrepareAbort, false) => self.finish(id, rec, Marker::Abort).await,
+            (TxnState::PrepareCommit | TxnState::PrepareAbort, _) => Err(E::ConcurrentTransactions.code()),
+            _ => Err(E::InvalidTxnState.code()),
+        }
+    }
+
+    /// Whether TxnOffsetCommit for `group` has offsets waiting in an open
+    /// transaction for `(topic, partition)` (OffsetFetch with
+    /// require_stable answers UNSTABLE_OFFSET_COMMIT then).
+    pub async fn pending_offsets(&self, group: &str) -> Vec<(String, i32)> {
+        let slots: Vec<Slot> = self.inner.ids.lock().expect("txn ids lock").values().cloned().collect();
+        let mut out = Vec::new();
+        for slot in slots {
+            let guard = slot.lock().await;
+            if let Some(rec) = guard.as_ref() {
+                out.extend(rec.offsets.iter().filter(|o| o.group == group).map(|o| (o.topic.clone(), o.partition)));
+            }
+        }
+        out
+    }
+
+    /// The state of the named ids (None: unknown).
+    pub async fn describe(&self, ids: &[String]) -> Vec<Option<TxnRecord>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(match self.existing(id) {
+                Some(slot) => slot.lock().await.clone(),
+                None => None,
+            });
+        }
+        out
+    }
+
+    /// Every transactional id's state.
+    pub async fn list(&self) -> Vec<TxnView> {
+        let mut slots: Vec<(String, Slot)> = self.inner.ids.lock().expect("txn ids lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        slots.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = Vec::with_capacity(slots.len());
+        for (id, slot) in slots {
+            if let Some(record) = slot.lock().await.clone() {
+                out.push(TxnView { id, record });
+            }
+        }
+        out
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.now()
+    }
+
+    /// Aborts transactions open past their timeout, and forgets ids idle
+    /// past `transactional.id.expiration.ms`.
+    pub async fn expire(&self) {
+        let slots: Vec<(String, Slot)> = self.inner.ids.lock().expect("txn ids lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (id, slot) in slots {
+            let mut guard = slot.lock().await;
+            let now = self.now();
+            let Some(rec) = guard.as_mut() else { continue };
+            if rec.state == TxnState::Ongoing && now - rec.start_ms > rec.timeout_ms as i64 {
+                tracing::info!(transactional_id = %id, producer_id = rec.producer_id, timeout_ms = rec.timeout_ms, "aborting a timed-out transaction");
+                if let Err(code) = self.end(&id, rec, Marker::Abort, true).await {
+                    tracing::warn!(transactional_id = %id, code, "aborting a timed-out transaction failed; will retry");
+                }
+            } else if matches!(rec.state, TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort) && now - rec.update_ms > self.inner.cfg.id_expiration_ms {
+                let engine = self.inner.engine.clone();
+                let key = id.clone();
+                let removed = tokio::task::spawn_blocking(move || engine.catalog().remove_txn(&key)).await;
+                if matches!(removed, Ok(Ok(()))) {
+                    tracing::info!(transactional_id = %id, "transactional id expired");
+                    *guard = None;
+                    drop(guard);
+                    let mut ids = self.inner.ids.lock().expect("txn ids lock");
+                    if ids.get(&id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                        ids.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn timeout_loop(t: Transactions, mut stop: watch::Receiver<bool>) {
+    let every = t.inner.cfg.check_every;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => t.expire().await,
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(state: TxnState) -> TxnRecord {
+        TxnRecord { producer_id: 7, epoch: 3, last_epoch: -1, state, timeout_ms: 1000, start_ms: -1, update_ms: 0, partitions: vec![("t".into(), 0)], groups: vec![], offsets: vec![] }
+    }
+
+    #[test]
+    fn only_the_current_producer_and_epoch_pass() {
+        let r = rec(TxnState::Empty);
+        assert_eq!(check_producer(&r, 7, 3, true), Ok(()));
+        assert_eq!(check_producer(&r, 8, 3, true), Err(E::InvalidProducerIdMapping.code()));
+        assert_eq!(check_producer(&r, 7, 2, true), Err(E::ProducerFenced.code()));
+        assert_eq!(check_producer(&r, 7, 2, false), Err(E::InvalidProducerEpoch.code()));
+    }
+
+    #[test]
+    fn a_transaction_begins_once_and_not_while_it_ends() {
+        for s in [TxnState::Empty, TxnState::CompleteCommit, TxnState::CompleteAbort] {
+            let mut r = rec(s);
+            assert_eq!(begin(&mut r, 50), Ok(true));
+            assert_eq!((r.state, r.start_ms), (TxnState::Ongoing, 50));
+            assert!(r.partitions.is_empty(), "the last transaction's partitions are gone");
+            assert_eq!(begin(&mut r, 60), Ok(false));
+            assert_eq!(r.start_ms, 50);
+        }
+        for s in [TxnState::PrepareCommit, TxnState::PrepareAbort] {
+            assert_eq!(begin(&mut rec(s), 0), Err(E::ConcurrentTransactions.code()));
+        }
+        assert_eq!(next_epoch(5), Some(6));
+        assert_eq!(next_epoch(i16::MAX - 1), None);
+    }
+}

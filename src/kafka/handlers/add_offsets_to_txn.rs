@@ -1,0 +1,21 @@
+//! AddOffsetsToTxn: the transaction will commit offsets for a group.
+
+pub use kafka_protocol::messages::{AddOffsetsToTxnRequest as Request, AddOffsetsToTxnResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError as E;
+
+use crate::kafka::{coordinator, Broker};
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let group = req.group_id.0.as_str();
+    if group.is_empty() || group.len() > coordinator::MAX_GROUP_ID_LEN {
+        return Some(Response::default().with_error_code(E::InvalidGroupId.code()));
+    }
+    let code = match broker.transactions.add_offsets(&req.transactional_id.0, req.producer_id.0, req.producer_epoch, group, version).await {
+        Ok(()) => 0,
+        Err(code) => code,
+    };
+    Some(Response::default().with_error_code(code))
+}

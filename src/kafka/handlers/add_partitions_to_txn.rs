@@ -1,0 +1,45 @@
+//! AddPartitionsToTxn: v0–3 name one transaction; v4+ batch several (the
+//! form brokers use among themselves; `verify_only` asks whether the
+//! partitions are already in the transaction).
+
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use kafka_protocol::messages::add_partitions_to_txn_response::{AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult};
+pub use kafka_protocol::messages::{AddPartitionsToTxnRequest as Request, AddPartitionsToTxnResponse as Response};
+use kafka_protocol::protocol::VersionRange;
+
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
+
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    if version <= 3 {
+        let topics = one(broker, &req.v3_and_below_transactional_id.0, req.v3_and_below_producer_id.0, req.v3_and_below_producer_epoch, &req.v3_and_below_topics, false, version).await;
+        return Some(Response::default().with_results_by_topic_v3_and_below(topics));
+    }
+    let mut results = Vec::with_capacity(req.transactions.len());
+    for t in &req.transactions {
+        let topics = one(broker, &t.transactional_id.0, t.producer_id.0, t.producer_epoch, &t.topics, t.verify_only, version).await;
+        results.push(AddPartitionsToTxnResult::default().with_transactional_id(t.transactional_id.clone()).with_topic_results(topics));
+    }
+    Some(Response::default().with_results_by_transaction(results))
+}
+
+async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[AddPartitionsToTxnTopic], verify_only: bool, version: i16) -> Vec<AddPartitionsToTxnTopicResult> {
+    let wanted: Vec<(String, i32)> = topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (super::name(&t.name).to_owned(), *p))).collect();
+    let codes = match broker.transactions.add_partitions(id, producer_id, epoch, &wanted, verify_only, version).await {
+        Ok(codes) => codes,
+        Err(code) => vec![code; wanted.len()],
+    };
+    let mut codes = codes.into_iter();
+    topics
+        .iter()
+        .map(|t| {
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| AddPartitionsToTxnPartitionResult::default().with_partition_index(*p).with_partition_error_code(codes.next().unwrap_or_default()))
+                .collect();
+            AddPartitionsToTxnTopicResult::default().with_name(t.name.clone()).with_results_by_partition(parts)
+        })
+        .collect()
+}

@@ -1,0 +1,41 @@
+//! DescribeTransactions: state, producer, timeout, start time and
+//! partitions of each named transactional id.
+
+use std::collections::BTreeMap;
+
+use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
+pub use kafka_protocol::messages::{DescribeTransactionsRequest as Request, DescribeTransactionsResponse as Response};
+use kafka_protocol::messages::ProducerId;
+use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError as E;
+
+use super::{str_bytes, topic_name};
+use crate::kafka::coordinator::transactions::state_name;
+use crate::kafka::Broker;
+
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
+
+pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    let ids: Vec<String> = req.transactional_ids.iter().map(|t| t.0.to_string()).collect();
+    let found = broker.transactions.describe(&ids).await;
+    let states = req
+        .transactional_ids
+        .into_iter()
+        .zip(found)
+        .map(|(id, rec)| {
+            let out = TransactionState::default().with_transactional_id(id);
+            let Some(rec) = rec else { return out.with_error_code(E::TransactionalIdNotFound.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1) };
+            let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+            for (t, p) in &rec.partitions {
+                topics.entry(t.clone()).or_default().push(*p);
+            }
+            out.with_transaction_state(str_bytes(state_name(rec.state)))
+                .with_transaction_timeout_ms(rec.timeout_ms)
+                .with_transaction_start_time_ms(rec.start_ms)
+                .with_producer_id(ProducerId(rec.producer_id))
+                .with_producer_epoch(rec.epoch)
+                .with_topics(topics.into_iter().map(|(t, ps)| TopicData::default().with_topic(topic_name(&t)).with_partitions(ps)).collect())
+        })
+        .collect();
+    Some(Response::default().with_transaction_states(states))
+}

@@ -1,0 +1,409 @@
+//! Transactions with librdkafka's transactional producer: a committed and
+//! an aborted transaction across three partitions and a group's offsets
+//! (read_committed readers see exactly the committed records and offsets,
+//! read_uncommitted readers everything), a zombie fenced by a newer
+//! producer of the same id, a transaction left open by a broker killed with
+//! -9 (aborted at restart: readers are not held back), a transaction past
+//! its timeout (aborted), and the coordinator's answers to bad requests on
+//! the wire.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kafka_protocol::messages::add_partitions_to_txn_request::{AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::TopicPartitionList;
+
+type Txp = ThreadedProducer<DefaultProducerContext>;
+
+async fn create(addr: SocketAddr, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_owned())
+}
+
+fn txn_producer(addr: SocketAddr, id: &str, timeout_ms: u32) -> Txp {
+    let mut cfg = common::producer_config(addr, "all");
+    cfg.set("transactional.id", id).set("transaction.timeout.ms", timeout_ms.to_string()).set("message.timeout.ms", timeout_ms.min(30_000).to_string());
+    let p: Txp = cfg.create().unwrap();
+    p.init_transactions(Duration::from_secs(30)).unwrap();
+    p
+}
+
+fn send(p: &Txp, topic: &str, partition: i32, value: &str) {
+    p.send(BaseRecord::<(), str>::to(topic).partition(partition).payload(value)).map_err(|(e, _)| e).unwrap();
+}
+
+/// Reads `topic`'s partitions from the start with the given isolation
+/// level until `n` values arrived, then checks nothing more comes.
+fn read_values(addr: SocketAddr, topic: &str, partitions: i32, isolation: &str, n: usize) -> Vec<String> {
+    let mut cfg = common::consumer_config(addr);
+    cfg.set("isolation.level", isolation);
+    let consumer: BaseConsumer = cfg.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while out.len() < n {
+        assert!(std::time::Instant::now() < deadline, "{isolation}: read {} of {n} records of {topic}: {out:?}", out.len());
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            out.push(String::from_utf8(m.unwrap().payload().unwrap().to_vec()).unwrap());
+        }
+    }
+    let end = std::time::Instant::now() + Duration::from_millis(700);
+    while std::time::Instant::now() < end {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            panic!("{isolation}: more than {n} records in {topic}: {:?}", m.unwrap().payload().map(String::from_utf8_lossy));
+        }
+    }
+    out
+}
+
+async fn committed_offset(sock: &mut tokio::net::TcpStream, group: &str, topic: &str) -> i64 {
+    let req = OffsetFetchRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default().with_name(TopicName(s(topic))).with_partition_indexes(vec![0])]));
+    let r: OffsetFetchResponse = common::call(sock, 9, 5, 1, &req).await;
+    r.topics[0].partitions[0].committed_offset
+}
+
+/// (latest offset read_uncommitted, latest read_committed) of partition 0.
+async fn latest_offsets(sock: &mut tokio::net::TcpStream, topic: &str) -> (i64, i64) {
+    let mut out = [0i64; 2];
+    for (i, isolation) in [0i8, 1].into_iter().enumerate() {
+        let req = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_isolation_level(isolation).with_topics(vec![ListOffsetsTopic::default()
+            .with_name(TopicName(s(topic)))
+            .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
+        let r: ListOffsetsResponse = common::call(sock, 2, 5, 2, &req).await;
+        out[i] = r.topics[0].partitions[0].offset;
+    }
+    (out[0], out[1])
+}
+
+async fn describe(sock: &mut tokio::net::TcpStream, id: &str) -> describe_transactions_response::TransactionState {
+    let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(s(id))]);
+    let mut r: DescribeTransactionsResponse = common::call(sock, 65, 0, 3, &req).await;
+    r.transaction_states.remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_and_aborted_transactions_across_partitions_and_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    create(addr, "txn.out", 3).await;
+    create(addr, "txn.in", 1).await;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+
+    let producer = tokio::task::spawn_blocking(move || {
+        let p = txn_producer(addr, "txn-app", 60_000);
+        // A consumer of the group whose offsets the transactions commit.
+        let mut cfg = common::consumer_config(addr);
+        cfg.set("group.id", "txn-app-group");
+        let consumer: BaseConsumer = cfg.create().unwrap();
+        let meta = consumer.group_metadata().unwrap();
+        let offsets = |o: i64| {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset("txn.in", 0, rdkafka::Offset::Offset(o)).unwrap();
+            tpl
+        };
+        p.begin_transaction().unwrap();
+        for i in 0..30 {
+            send(&p, "txn.out", i % 3, &format!("commit-{i}"));
+        }
+        p.send_offsets_to_transaction(&offsets(5), &meta, Duration::from_secs(30)).unwrap();
+        p.commit_transaction(Duration::from_secs(30)).unwrap();
+
+        p.begin_transaction().unwrap();
+        for i in 0..30 {
+            send(&p, "txn.out", i % 3, &format!("abort-{i}"));
+        }
+        p.send_offsets_to_transaction(&offsets(9), &meta, Duration::from_secs(30)).unwrap();
+        p.flush(Duration::from_secs(30)).unwrap();
+        (p, consumer, meta)
+    })
+    .await
+    .unwrap();
+    // While the second transaction is open (its records written): the
+    // coordinator shows it, and read_committed's end stops before it.
+    let d = describe(&mut sock, "txn-app").await;
+    assert_eq!((d.error_code, d.transaction_state.as_str()), (0, "Ongoing"));
+    let mut parts: Vec<(String, Vec<i32>)> = d.topics.iter().map(|t| (t.topic.0.to_string(), t.partitions.clone())).collect();
+    parts.sort();
+    assert_eq!(parts, vec![("txn.out".to_string(), vec![0, 1, 2])]);
+    let (uncommitted, committed) = latest_offsets(&mut sock, "txn.out").await;
+    // Partition 0: 10 committed records + a commit marker, then 10 open.
+    assert_eq!((uncommitted, committed), (21, 11));
+    let listed: ListTransactionsResponse = common::call(&mut sock, 66, 1, 4, &ListTransactionsRequest::default().with_state_filters(vec![s("Ongoing"), s("Bogus")]).with_duration_filter(-1)).await;
+    assert_eq!(listed.transaction_states.iter().map(|t| t.transactional_id.0.to_string()).collect::<Vec<_>>(), vec!["txn-app"]);
+    assert_eq!(listed.unknown_state_filters, vec![s("Bogus")]);
+
+    let producer = tokio::task::spawn_blocking(move || {
+        let (p, consumer, meta) = producer;
+        p.abort_transaction(Duration::from_secs(30)).unwrap();
+        // Committed records after the aborted ones are read past them.
+        p.begin_transaction().unwrap();
+        for i in 0..3 {
+            send(&p, "txn.out", i, &format!("final-{i}"));
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("txn.in", 0, rdkafka::Offset::Offset(7)).unwrap();
+        p.send_offsets_to_transaction(&tpl, &meta, Duration::from_secs(30)).unwrap();
+        p.commit_transaction(Duration::from_secs(30)).unwrap();
+        drop(consumer);
+        p
+    })
+    .await
+    .unwrap();
+    assert_eq!(describe(&mut sock, "txn-app").await.transaction_state.as_str(), "CompleteCommit");
+    assert_eq!(committed_offset(&mut sock, "txn-app-group", "txn.in").await, 7, "the aborted transaction's offset (9) was dropped");
+
+    let (committed, everything) = tokio::task::spawn_blocking(move || (read_values(addr, "txn.out", 3, "read_committed", 33), read_values(addr, "txn.out", 3, "read_uncommitted", 63))).await.unwrap();
+    let mut got = committed.clone();
+    got.sort();
+    let mut want: Vec<String> = (0..30).map(|i| format!("commit-{i}")).chain((0..3).map(|i| format!("final-{i}"))).collect();
+    want.sort();
+    assert_eq!(got, want, "read_committed sees exactly the committed records");
+    assert_eq!(everything.iter().filter(|v| v.starts_with("abort-")).count(), 30, "read_uncommitted sees the aborted ones too");
+
+    // A second producer with the same transactional id fences the first:
+    // the zombie's next transaction fails, fatally, and nothing of it is
+    // visible.
+    let (zombie_err, fatal) = tokio::task::spawn_blocking(move || {
+        let newer = txn_producer(addr, "txn-app", 60_000);
+        producer.begin_transaction().unwrap();
+        send(&producer, "txn.out", 0, "zombie");
+        let r = producer.commit_transaction(Duration::from_secs(30));
+        drop(newer);
+        match r {
+            Err(KafkaError::Transaction(e)) => (e.to_string(), e.is_fatal()),
+            other => panic!("the zombie's commit went through: {other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(fatal, "fenced is fatal: {zombie_err}");
+    assert!(zombie_err.to_lowercase().contains("fenced") || zombie_err.contains("epoch"), "{zombie_err}");
+    let all = tokio::task::spawn_blocking(move || read_values(addr, "txn.out", 3, "read_uncommitted", 63)).await.unwrap();
+    assert!(!all.iter().any(|v| v == "zombie"), "the zombie's record was refused");
+    broker.shutdown().await;
+}
+
+/// A broker killed with -9 while a transaction is open: at restart the
+/// transaction is aborted, read_committed readers get what follows, and
+/// the coordinator says how it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_is_aborted_when_the_broker_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = common::ChildBroker::spawn(dir.path(), &[]);
+    let addr = child.kafka;
+    create(addr, "txn.crash", 1).await;
+    let producer = tokio::task::spawn_blocking(move || {
+        let p = txn_producer(addr, "crashy", 60_000);
+        p.begin_transaction().unwrap();
+        send(&p, "txn.crash", 0, "kept");
+        p.commit_transaction(Duration::from_secs(30)).unwrap();
+        p.begin_transaction().unwrap();
+        for i in 0..10 {
+            send(&p, "txn.crash", 0, &format!("open-{i}"));
+        }
+        p.flush(Duration::from_secs(30)).unwrap();
+        p
+    })
+    .await
+    .unwrap();
+    child.kill9();
+    // The old producer is left behind; its transaction must not be.
+    drop(producer);
+    let child = common::ChildBroker::spawn(dir.path(), &[]);
+    let addr = child.kafka;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let d = describe(&mut sock, "crashy").await;
+    assert_eq!(d.transaction_state.as_str(), "CompleteAbort");
+    let (uncommitted, committed) = latest_offsets(&mut sock, "txn.crash").await;
+    assert_eq!(committed, uncommitted, "nothing is open: the stable offset is the end");
+    tokio::task::spawn_blocking(move || {
+        let mut cfg = common::producer_config(addr, "all");
+        cfg.set("enable.idempotence", "true");
+        let p: Txp = cfg.create().unwrap();
+        send(&p, "txn.crash", 0, "after");
+        p.flush(Duration::from_secs(30)).unwrap();
+        let seen = read_values(addr, "txn.crash", 1, "read_committed", 2);
+        assert_eq!(seen, vec!["kept", "after"]);
+    })
+    .await
+    .unwrap();
+    child.terminate();
+}
+
+/// A transaction open past its timeout is aborted by the coordinator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_past_its_timeout_is_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.transaction_timeout_check_ms = Some(100);
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    create(addr, "txn.slow", 1).await;
+    let p = tokio::task::spawn_blocking(move || {
+        let p = txn_producer(addr, "slowpoke", 1_000);
+        p.begin_transaction().unwrap();
+        send(&p, "txn.slow", 0, "late");
+        p.flush(Duration::from_secs(10)).unwrap();
+        p
+    })
+    .await
+    .unwrap();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let d = describe(&mut sock, "slowpoke").await;
+        if d.transaction_state.as_str() == "CompleteAbort" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still {}", d.transaction_state.as_str());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (uncommitted, committed) = latest_offsets(&mut sock, "txn.slow").await;
+    assert_eq!((uncommitted, committed), (2, 2), "the record and the abort marker, nothing open");
+    // The producer's epoch was bumped: its commit is refused.
+    let r = tokio::task::spawn_blocking(move || p.commit_transaction(Duration::from_secs(10))).await.unwrap();
+    assert!(r.is_err(), "a timed-out transaction cannot commit");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_refuses_bad_requests_with_kafkas_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    create(addr, "txn.wire", 2).await;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut id = 10;
+    let mut next = || {
+        id += 1;
+        id
+    };
+    let tid = |v: &str| TransactionalId(s(v));
+    let init = |timeout: i32| InitProducerIdRequest::default().with_transactional_id(Some(tid("wire"))).with_transaction_timeout_ms(timeout);
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 4, next(), &init(0)).await;
+    assert_eq!(r.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 4, next(), &init(3_600_000)).await;
+    assert_eq!(r.error_code, 50, "past transaction.max.timeout.ms");
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 4, next(), &init(60_000)).await;
+    assert_eq!(r.error_code, 0);
+    let (pid, epoch) = (r.producer_id, r.producer_epoch);
+    // Re-init bumps the epoch of the same producer id.
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 4, next(), &init(60_000)).await;
+    assert_eq!((r.producer_id, r.producer_epoch), (pid, epoch + 1));
+    let epoch = epoch + 1;
+    // KIP-360 re-init naming a stale epoch: fenced.
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 4, next(), &init(60_000).with_producer_id(pid).with_producer_epoch(epoch - 1)).await;
+    assert_eq!(r.error_code, 90, "PRODUCER_FENCED");
+
+    let add = |txn: &str, pid: ProducerId, epoch: i16, topic: &str, parts: Vec<i32>| {
+        AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(tid(txn))
+            .with_v3_and_below_producer_id(pid)
+            .with_v3_and_below_producer_epoch(epoch)
+            .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default().with_name(TopicName(s(topic))).with_partitions(parts)])
+    };
+    let codes = |r: &AddPartitionsToTxnResponse| r.results_by_topic_v3_and_below.iter().flat_map(|t| t.results_by_partition.iter().map(|p| p.partition_error_code)).collect::<Vec<_>>();
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, next(), &add("nobody", pid, epoch, "txn.wire", vec![0])).await;
+    assert_eq!(codes(&r), vec![49], "INVALID_PRODUCER_ID_MAPPING");
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, next(), &add("wire", pid, epoch - 1, "txn.wire", vec![0])).await;
+    assert_eq!(codes(&r), vec![90], "PRODUCER_FENCED");
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 1, next(), &add("wire", pid, epoch - 1, "txn.wire", vec![0])).await;
+    assert_eq!(codes(&r), vec![47], "INVALID_PRODUCER_EPOCH before KIP-588");
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, next(), &add("wire", pid, epoch, "txn.wire", vec![0, 7])).await;
+    assert_eq!(codes(&r), vec![55, 3], "OPERATION_NOT_ATTEMPTED, UNKNOWN_TOPIC_OR_PARTITION");
+    // EndTxn with nothing begun.
+    let end = |commit: bool| EndTxnRequest::default().with_transactional_id(tid("wire")).with_producer_id(pid).with_producer_epoch(epoch).with_committed(commit);
+    let r: EndTxnResponse = common::call(&mut sock, 26, 3, next(), &end(true)).await;
+    assert_eq!(r.error_code, 48, "INVALID_TXN_STATE");
+
+    // A transactional batch for a partition the transaction did not add.
+    let produce = |partition: i32, seq: i32| {
+        let mut b = common::producer_batch(pid.0, epoch, seq, &[b"t"]).to_vec();
+        b[22] |= 0x10; // transactional
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        ProduceRequest::default().with_transactional_id(Some(tid("wire"))).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(s("txn.wire")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(bytes::Bytes::from(b)))])])
+    };
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, next(), &add("wire", pid, epoch, "txn.wire", vec![0])).await;
+    assert_eq!(codes(&r), vec![0]);
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, next(), &produce(1, 0)).await;
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 48, "INVALID_TXN_STATE: partition 1 is not in the transaction");
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, next(), &produce(0, 0)).await;
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+    // v4+: the batched form, and verify_only.
+    let batched = |verify_only: bool, parts: Vec<i32>| {
+        AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
+            .with_transactional_id(tid("wire"))
+            .with_producer_id(pid)
+            .with_producer_epoch(epoch)
+            .with_verify_only(verify_only)
+            .with_topics(vec![AddPartitionsToTxnTopic::default().with_name(TopicName(s("txn.wire"))).with_partitions(parts)])])
+    };
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 4, next(), &batched(true, vec![0, 1])).await;
+    let v: Vec<i16> = r.results_by_transaction[0].topic_results[0].results_by_partition.iter().map(|p| p.partition_error_code).collect();
+    assert_eq!(v, vec![0, 48], "partition 0 is in the transaction, 1 is not");
+    let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 5, next(), &batched(false, vec![1])).await;
+    assert_eq!(r.results_by_transaction[0].topic_results[0].results_by_partition[0].partition_error_code, 0);
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, next(), &produce(1, 0)).await;
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0, "added now");
+    // TxnOffsetCommit naming a member the group does not have.
+    let toc = TxnOffsetCommitRequest::default()
+        .with_transactional_id(tid("wire"))
+        .with_group_id(GroupId(s("wire-group")))
+        .with_producer_id(pid)
+        .with_producer_epoch(epoch)
+        .with_generation_id(3)
+        .with_member_id(s("nobody"))
+        .with_topics(vec![txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+            .with_name(TopicName(s("txn.wire")))
+            .with_partitions(vec![txn_offset_commit_request::TxnOffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(1)])]);
+    let r: TxnOffsetCommitResponse = common::call(&mut sock, 28, 3, next(), &toc).await;
+    assert_ne!(r.topics[0].partitions[0].error_code, 0, "an unknown member is refused");
+    // Commit; a retried commit is fine, an abort after it is not.
+    let r: EndTxnResponse = common::call(&mut sock, 26, 3, next(), &end(true)).await;
+    assert_eq!(r.error_code, 0);
+    let r: EndTxnResponse = common::call(&mut sock, 26, 3, next(), &end(true)).await;
+    assert_eq!(r.error_code, 0, "a retry of the commit");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 3, next(), &end(false)).await;
+    assert_eq!(r.error_code, 48, "INVALID_TXN_STATE");
+    // Both partitions got a commit marker: stable offset = end.
+    for p in 0..2 {
+        let (u, c) = {
+            let req = ListOffsetsRequest::default().with_isolation_level(1).with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(s("txn.wire")))
+                .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(p).with_timestamp(-1)])]);
+            let r: ListOffsetsResponse = common::call(&mut sock, 2, 5, next(), &req).await;
+            (2, r.topics[0].partitions[0].offset)
+        };
+        assert_eq!(c, u, "partition {p}: the record and its marker are stable");
+    }
+    let d = describe(&mut sock, "unknown-id").await;
+    assert_eq!(d.error_code, 105, "TRANSACTIONAL_ID_NOT_FOUND");
+    broker.shutdown().await;
+}
