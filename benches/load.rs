@@ -5,6 +5,7 @@
 //! cargo bench --bench load            # full run (~5 GiB written)
 //! cargo bench --bench load -- --quick # 10x fewer records
 //! cargo bench --bench load -- --producer [--quick]  # idempotence, codecs
+//! cargo bench --bench load -- --transactions [--quick]  # 100 records per transaction
 //! ```
 //!
 //! Reports records/s, MB/s and broker CPU (utime+stime of the child from
@@ -261,6 +262,51 @@ fn iperf3() -> f64 {
     v["end"]["sum_received"]["bits_per_second"].as_f64().expect("iperf3 result") / 8.0
 }
 
+/// Transactions of 100 records (100 B, acks=all, 4 partitions), one after
+/// another from one librdkafka transactional producer, against the same
+/// records from an idempotent producer in the same run (the baseline).
+/// Every transaction pays AddPartitionsToTxn (a catalog flush), the
+/// produce (an fsync) and EndTxn (a catalog flush, the markers' fsync).
+fn transactions(broker: &Broker, scale: u64) {
+    let txns = 3_000 / scale;
+    let per = 100u64;
+    let base = produce_with(broker, "bench.txn.baseline", 4, 100, "all", txns * per, &[("enable.idempotence", "true")], ", idempotent (baseline)");
+    base.print();
+    create_topic(broker.kafka, "bench.txn", 4);
+    let mut cfg = common::client(broker.kafka);
+    cfg.set("acks", "all").set("linger.ms", "0").set("transactional.id", "bench-txn").set("enable.idempotence", "true");
+    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let producer: ThreadedProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
+    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    let payloads = payloads(100);
+    let cpu0 = cpu_secs(broker.child.id());
+    let me0 = cpu_secs(std::process::id());
+    let t0 = Instant::now();
+    let mut commit_ms = Vec::with_capacity(txns as usize);
+    for t in 0..txns {
+        producer.begin_transaction().unwrap();
+        for i in 0..per {
+            let rec: BaseRecord<'_, (), [u8]> = BaseRecord::to("bench.txn").payload(&payloads[(i % 1024) as usize][..]).partition(((t * per + i) % 4) as i32);
+            producer.send(rec).map_err(|(e, _)| e).unwrap();
+        }
+        let c0 = Instant::now();
+        producer.commit_transaction(Duration::from_secs(30)).unwrap();
+        commit_ms.push(c0.elapsed().as_secs_f64() * 1e3);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let row = Row { name: format!("produce 100 B, transactions of {per}, 4 partitions"), records: txns * per, bytes: txns * per * 100, secs, cpu: cpu_secs(broker.child.id()) - cpu0, client_cpu: cpu_secs(std::process::id()) - me0 };
+    row.print();
+    assert_eq!(counter.ok.load(Ordering::Relaxed), txns * per);
+    commit_ms.sort_by(f64::total_cmp);
+    println!(
+        "\ntransactions/s {:.0}; commit_transaction (flush + EndTxn) median {:.2} ms, p99 {:.2} ms",
+        txns as f64 / secs,
+        commit_ms[commit_ms.len() / 2],
+        commit_ms[commit_ms.len() * 99 / 100]
+    );
+    println!("transactional (100 per transaction) / idempotent, records/s: {:.0}%", 100.0 * (row.records as f64 / row.secs) / (base.records as f64 / base.secs));
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let consume_only = std::env::args().any(|a| a == "--consume-only");
@@ -275,6 +321,12 @@ fn main() {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
 
     let broker = spawn_broker(&dir.join("data"));
+    if std::env::args().any(|a| a == "--transactions") {
+        transactions(&broker, scale);
+        broker.kill9();
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     if std::env::args().any(|a| a == "--producer") {
         producer_semantics(&broker, scale);
         broker.kill9();

@@ -1,6 +1,8 @@
 //! OffsetFetch: one group (v1–7) or several (v8+). A partition without a
 //! commit answers offset -1; a null topic list (v2+) means every topic the
-//! group committed.
+//! group committed. With `require_stable` (v7+), a partition for which an
+//! open transaction holds offsets answers UNSTABLE_OFFSET_COMMIT, which
+//! clients retry, until the transaction ends.
 
 use std::collections::HashMap;
 
@@ -16,8 +18,12 @@ pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 9 };
 
 type Wanted = Option<Vec<(String, Vec<i32>)>>;
 
-/// (topic, [(partition, offset, leader epoch, metadata)]) for a group.
-fn lookup(broker: &Broker, group: &str, wanted: Wanted) -> Result<Vec<(String, Vec<(i32, i64, i32, Option<String>)>)>, i16> {
+/// One partition's answer: (partition, offset, leader epoch, metadata, error).
+type Part = (i32, i64, i32, Option<String>, i16);
+
+/// (topic, partitions) for a group; `unstable`: partitions with offsets
+/// waiting in an open transaction.
+fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: &[(String, i32)]) -> Result<Vec<(String, Vec<Part>)>, i16> {
     let rows = broker.engine.catalog().group_offsets(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
     let mut by_topic: HashMap<String, HashMap<i32, OffsetRecord>> = HashMap::new();
     for (t, p, r) in rows {
@@ -35,8 +41,9 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted) -> Result<Vec<(String, V
             let parts = ps
                 .into_iter()
                 .map(|p| match have.and_then(|h| h.get(&p)) {
-                    Some(r) => (p, r.offset, r.leader_epoch, r.metadata.clone()),
-                    None => (p, -1, -1, Some(String::new())),
+                    _ if unstable.iter().any(|(ut, up)| *ut == t && *up == p) => (p, -1, -1, None, kafka_protocol::ResponseError::UnstableOffsetCommit.code()),
+                    Some(r) => (p, r.offset, r.leader_epoch, r.metadata.clone(), 0),
+                    None => (p, -1, -1, Some(String::new()), 0),
                 })
                 .collect();
             (t, parts)
@@ -45,14 +52,14 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted) -> Result<Vec<(String, V
 }
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    let stable = version >= 7 && req.require_stable;
     if version >= 8 {
-        let groups = req
-            .groups
-            .into_iter()
-            .map(|g| {
+        let mut groups = Vec::with_capacity(req.groups.len());
+        for g in req.groups {
                 let wanted: Wanted = g.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
                 let out = OffsetFetchResponseGroup::default().with_group_id(g.group_id.clone());
-                match lookup(broker, &g.group_id.0, wanted) {
+                let unstable = if stable { broker.transactions.pending_offsets(&g.group_id.0).await } else { Vec::new() };
+                groups.push(match lookup(broker, &g.group_id.0, wanted, &unstable) {
                     Err(code) => out.with_error_code(code),
                     Ok(topics) => out.with_topics(
                         topics
@@ -60,19 +67,19 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                             .map(|(t, ps)| {
                                 OffsetFetchResponseTopics::default().with_name(topic_name(&t)).with_partitions(
                                     ps.into_iter()
-                                        .map(|(p, o, e, m)| OffsetFetchResponsePartitions::default().with_partition_index(p).with_committed_offset(o).with_committed_leader_epoch(e).with_metadata(m.map(str_bytes)))
+                                        .map(|(p, o, e, m, code)| OffsetFetchResponsePartitions::default().with_partition_index(p).with_committed_offset(o).with_committed_leader_epoch(e).with_metadata(m.map(str_bytes)).with_error_code(code))
                                         .collect(),
                                 )
                             })
                             .collect(),
                     ),
-                }
-            })
-            .collect();
+                });
+        }
         return Some(Response::default().with_groups(groups));
     }
     let wanted: Wanted = req.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
-    match lookup(broker, &req.group_id.0, wanted) {
+    let unstable = if stable { broker.transactions.pending_offsets(&req.group_id.0).await } else { Vec::new() };
+    match lookup(broker, &req.group_id.0, wanted, &unstable) {
         Err(code) => Some(if version >= 2 { Response::default().with_error_code(code) } else { Response::default() }),
         Ok(topics) => Some(
             Response::default().with_topics(
@@ -81,8 +88,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                     .map(|(t, ps)| {
                         OffsetFetchResponseTopic::default().with_name(topic_name(&t)).with_partitions(
                             ps.into_iter()
-                                .map(|(p, o, e, m)| {
-                                    let r = OffsetFetchResponsePartition::default().with_partition_index(p).with_committed_offset(o).with_metadata(m.map(str_bytes));
+                                .map(|(p, o, e, m, code)| {
+                                    let r = OffsetFetchResponsePartition::default().with_partition_index(p).with_committed_offset(o).with_metadata(m.map(str_bytes)).with_error_code(code);
                                     if version >= 5 { r.with_committed_leader_epoch(e) } else { r }
                                 })
                                 .collect(),

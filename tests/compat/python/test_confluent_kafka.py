@@ -7,7 +7,9 @@ get_watermark_offsets (ListOffsets) and metadata; and consumer groups: two
 subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then list_consumer_groups,
 describe_consumer_groups, list_consumer_group_offsets and
-delete_consumer_groups.
+delete_consumer_groups; and transactions: a committed transaction with a
+group's offsets, an aborted one, read_committed / read_uncommitted readers,
+and a zombie fenced by a newer producer of the same transactional.id.
 
 The assign()-only consumer still needs a group.id (librdkafka insists); it
 never subscribes or commits, so that group is never touched.
@@ -252,3 +254,73 @@ def admin_watermark(bootstrap, topic, partition):
         return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
     finally:
         c.close()
+
+
+def read_values(bootstrap, topic, isolation, n, partitions=N_PARTITIONS):
+    """Values of `topic` from the start with this isolation level: exactly n (and nothing more in 1.5 s)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "compat-confluent-unused",
+                         "isolation.level": isolation, "enable.auto.commit": False,
+                         "enable.auto.offset.store": False, "fetch.wait.max.ms": 100})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        values, deadline = [], time.monotonic() + 60
+        while len(values) < n:
+            assert time.monotonic() < deadline, f"{isolation}: read {len(values)} of {n}: {values}"
+            for m in consumer.consume(num_messages=500, timeout=0.5):
+                if m.error():
+                    raise KafkaException(m.error())
+                values.append(m.value().decode())
+        quiet = time.monotonic() + 1.5
+        while time.monotonic() < quiet:
+            extra = [m.value() for m in consumer.consume(num_messages=10, timeout=0.2) if not m.error()]
+            assert not extra, f"{isolation}: more than {n} records: {extra}"
+        return values
+    finally:
+        consumer.close()
+
+
+def test_transactions_commit_abort_offsets_and_fencing(bootstrap, admin):
+    """A transactional producer commits one transaction (with a group's offsets) and aborts another across
+    three partitions; read_committed sees exactly the committed records, read_uncommitted all of them, the
+    group's committed offset is the committed transaction's; a second producer with the same transactional.id
+    fences the first."""
+    topic = unique_topic("confluent_kafka_txn")
+    source = unique_topic("confluent_kafka_txn_src")
+    for t, n in ((topic, N_PARTITIONS), (source, 1)):
+        admin.create_topics([NewTopic(t, num_partitions=n, replication_factor=1)])[t].result(timeout=30)
+    conf = {"bootstrap.servers": bootstrap, "transactional.id": f"compat-{topic}", "linger.ms": 5}
+    producer = Producer(conf)
+    producer.init_transactions(30)
+    group = f"{topic}.group"
+    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        for outcome, offset in (("commit", 5), ("abort", 9)):
+            producer.begin_transaction()
+            for i in range(30):
+                producer.produce(topic, value=f"{outcome}-{i}".encode(), partition=i % N_PARTITIONS)
+            producer.send_offsets_to_transaction([TopicPartition(source, 0, offset)], member.consumer_group_metadata(), 30)
+            if outcome == "commit":
+                producer.commit_transaction(30)
+            else:
+                producer.flush(30)
+                producer.abort_transaction(30)
+        committed = member.committed([TopicPartition(source, 0)], timeout=10)
+        assert committed[0].offset == 5, f"the aborted transaction's offset leaked: {committed}"
+    finally:
+        member.close()
+    seen = read_values(bootstrap, topic, "read_committed", 30)
+    assert sorted(seen) == sorted(f"commit-{i}" for i in range(30))
+    everything = read_values(bootstrap, topic, "read_uncommitted", 60)
+    assert sum(v.startswith("abort-") for v in everything) == 30
+
+    newer = Producer(conf)
+    newer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"zombie", partition=0)
+    with pytest.raises(KafkaException) as failed:
+        producer.commit_transaction(30)
+    assert failed.value.args[0].fatal(), failed.value
+    newer.begin_transaction()
+    newer.produce(topic, value=b"newer", partition=0)
+    newer.commit_transaction(30)
+    assert sorted(read_values(bootstrap, topic, "read_committed", 31)) == sorted([f"commit-{i}" for i in range(30)] + ["newer"])
