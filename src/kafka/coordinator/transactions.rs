@@ -13,6 +13,11 @@
 //!
 //! The decision (Prepare*) is made durable before the first marker is
 //! written, so a crash in between is finished the same way at start-up.
+//! It is the only flush a transaction needs besides InitProducerId's: the
+//! catalog keeps writes in order, so that flush also makes the partitions
+//! and offsets added before it durable, and a crash before it aborts the
+//! transaction anyway — partitions whose addition was lost included, since
+//! start-up aborts every open transaction it finds in the logs.
 //! EndTxn answers once every marker is durable and the committed offsets
 //! are stored, so a producer's next transaction never overlaps its last.
 //!
@@ -376,7 +381,7 @@ impl Transactions {
         }
         if changed {
             rec.update_ms = self.now();
-            self.persist(id, rec, true).await?;
+            self.persist(id, rec, false).await?;
         }
         self.inner.engine.add_txn_partitions(rec.producer_id, rec.epoch, &tps);
         Ok(codes)
@@ -395,7 +400,7 @@ impl Transactions {
         }
         if changed {
             rec.update_ms = self.now();
-            self.persist(id, rec, true).await?;
+            self.persist(id, rec, false).await?;
         }
         Ok(())
     }
@@ -447,7 +452,7 @@ impl Transactions {
             rec.groups.push(group.to_owned());
         }
         rec.update_ms = now;
-        self.persist(id, rec, true).await?;
+        self.persist(id, rec, false).await?;
         Ok(codes)
     }
 
