@@ -237,7 +237,7 @@ async fn an_open_transaction_is_aborted_when_the_broker_restarts() {
     let addr = child.kafka;
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
     let d = describe(&mut sock, "crashy").await;
-    assert_eq!(d.transaction_state.as_str(), "CompleteAbort");
+    assert_eq!((d.error_code, d.transaction_state.as_str()), (0, "CompleteAbort"));
     let (uncommitted, committed) = latest_offsets(&mut sock, "txn.crash").await;
     assert_eq!(committed, uncommitted, "nothing is open: the stable offset is the end");
     tokio::task::spawn_blocking(move || {

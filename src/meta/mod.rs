@@ -83,6 +83,12 @@ pub struct TxnRecord {
     /// Groups whose offsets the current transaction commits.
     pub groups: Vec<String>,
     pub offsets: Vec<TxnOffset>,
+    /// Set with the decision: each partition's log end then (-1: gone).
+    /// The transaction's records all lie below it, so at start-up a
+    /// prepared transaction's marker goes only where its records are
+    /// still open, never onto a later transaction of the same producer.
+    #[serde(default)]
+    pub ends: Vec<i64>,
 }
 
 fn group_prefix(group: &str) -> String {
@@ -410,6 +416,7 @@ mod tests {
             partitions: vec![("a.b".into(), 1)],
             groups: vec!["g/1".into()],
             offsets: vec![TxnOffset { group: "g/1".into(), topic: "a.b".into(), partition: 1, record: OffsetRecord { offset: 9, leader_epoch: -1, metadata: None, commit_ms: 6 } }],
+            ends: vec![12],
         };
         let a = {
             let c = Catalog::open(dir.path()).unwrap();

@@ -25,8 +25,9 @@
 //! finished, Ongoing ones are aborted (their producer is fenced by the
 //! epoch bump and must start over; Kafka would wait for the timeout, which
 //! would hold `read_committed` consumers back that long after a restart),
-//! and any partition still holding an open transaction the coordinator
-//! does not know of gets an abort marker. Nothing is left dangling.
+//! and any partition still holding an open transaction the coordinator's
+//! record does not show gets an abort marker, its producer fenced the same
+//! way. Nothing is left dangling.
 //!
 //! Kafka's codes: INVALID_PRODUCER_ID_MAPPING (unknown id or producer id),
 //! PRODUCER_FENCED (INVALID_PRODUCER_EPOCH for request versions before
@@ -150,15 +151,14 @@ impl Transactions {
         let e = engine.clone();
         let records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
         let t = Transactions { inner: Arc::new(Inner { engine, groups, cfg, clock, ids: Mutex::new(HashMap::new()) }) };
-        let mut known: HashMap<i64, i16> = HashMap::new();
         for (id, rec) in records {
             let slot: Slot = Arc::new(tokio::sync::Mutex::new(Some(rec)));
             t.inner.ids.lock().expect("txn ids lock").insert(id.clone(), slot.clone());
             let mut guard = slot.lock().await;
             let rec = guard.as_mut().expect("just loaded");
             let outcome = match rec.state {
-                TxnState::PrepareCommit => t.finish(&id, rec, Marker::Commit).await,
-                TxnState::PrepareAbort => t.finish(&id, rec, Marker::Abort).await,
+                TxnState::PrepareCommit => t.finish(&id, rec, Marker::Commit, true).await,
+                TxnState::PrepareAbort => t.finish(&id, rec, Marker::Abort, true).await,
                 TxnState::Ongoing => {
                     tracing::info!(transactional_id = %id, producer_id = rec.producer_id, "aborting a transaction left open by the last run");
                     t.end(&id, rec, Marker::Abort, true).await
@@ -168,18 +168,41 @@ impl Transactions {
             if let Err(code) = outcome {
                 anyhow::bail!("recovering transaction {id:?} failed (error {code})");
             }
-            known.insert(rec.producer_id, rec.epoch);
         }
-        // Partitions whose open transaction no record ends (its record was
-        // lost, or it was never added): abort it there.
+        let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
+        for (id, slot) in t.inner.ids.lock().expect("txn ids lock").iter() {
+            if let Ok(guard) = slot.try_lock() {
+                if let Some(rec) = guard.as_ref() {
+                    owners.insert(rec.producer_id, (id.clone(), slot.clone()));
+                }
+            }
+        }
+        // Partitions still holding an open transaction: its record did not
+        // say so (the writes that began it were not flushed yet). Abort it
+        // there, and fence its producer as for any transaction a restart
+        // cut short, so it cannot go on to commit the rest of it.
         let mut dangling: HashMap<(i64, i16), Vec<Tp>> = HashMap::new();
         for (tp, open) in t.inner.engine.open_txns() {
-            let epoch = known.get(&open.producer_id).copied().unwrap_or(open.epoch).max(open.epoch);
-            dangling.entry((open.producer_id, epoch)).or_default().push(tp);
+            dangling.entry((open.producer_id, open.epoch)).or_default().push(tp);
         }
         for ((pid, epoch), tps) in dangling {
-            tracing::warn!(producer_id = pid, partitions = tps.len(), "aborting an open transaction no coordinator record covers");
-            t.inner.engine.write_markers(pid, epoch, Marker::Abort, &tps).await?;
+            tracing::info!(producer_id = pid, partitions = tps.len(), "aborting a transaction left open in the logs by the last run");
+            let mut marker_epoch = epoch;
+            if let Some((id, slot)) = owners.get(&pid) {
+                let mut guard = slot.lock().await;
+                let rec = guard.as_mut().expect("loaded");
+                if let Some(next) = next_epoch(rec.epoch.max(epoch)) {
+                    rec.last_epoch = rec.epoch;
+                    rec.epoch = next;
+                }
+                rec.state = TxnState::CompleteAbort;
+                rec.update_ms = t.now();
+                if let Err(code) = t.persist(id, rec, true).await {
+                    anyhow::bail!("fencing the producer of transaction {id:?} failed (error {code})");
+                }
+                marker_epoch = rec.epoch;
+            }
+            t.inner.engine.write_markers(pid, marker_epoch, Marker::Abort, &tps).await?;
         }
         tokio::spawn(timeout_loop(t.clone(), stop));
         Ok(t)
@@ -243,13 +266,31 @@ impl Transactions {
             Marker::Abort => TxnState::PrepareAbort,
         };
         rec.update_ms = self.now();
+        rec.ends = rec.partitions.iter().map(|w| self.tp(w).and_then(|tp| self.inner.engine.offsets(&tp)).map_or(-1, |o| o.2)).collect();
         self.persist(id, rec, true).await?;
-        self.finish(id, rec, marker).await
+        self.finish(id, rec, marker, false).await
+    }
+
+    fn tp(&self, (topic, p): &(String, i32)) -> Option<Tp> {
+        self.inner.engine.topic(topic).filter(|t| *p >= 0 && *p < t.partitions()).map(|t| t.tp(*p))
     }
 
     /// Writes the markers of a Prepare* transaction and completes it.
-    async fn finish(&self, id: &str, rec: &mut TxnRecord, marker: Marker) -> Result<(), i16> {
-        let tps = self.tps(&rec.partitions);
+    /// `recovering`: at start-up, where markers written before the crash
+    /// are not written again — only partitions where this producer's
+    /// transaction is still open below the log end of the decision get one
+    /// (a later transaction's records above it are not this one's).
+    async fn finish(&self, id: &str, rec: &mut TxnRecord, marker: Marker, recovering: bool) -> Result<(), i16> {
+        let tps: Vec<Tp> = if recovering {
+            let open = self.inner.engine.open_txns();
+            rec.partitions
+                .iter()
+                .zip(rec.ends.iter().copied().chain(std::iter::repeat(i64::MAX)))
+                .filter_map(|(w, end)| self.tp(w).filter(|tp| open.iter().any(|(t, o)| t == tp && o.producer_id == rec.producer_id && o.first_offset < end)))
+                .collect()
+        } else {
+            self.tps(&rec.partitions)
+        };
         if let Err(e) = self.inner.engine.write_markers(rec.producer_id, rec.epoch, marker, &tps).await {
             tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared");
             return Err(E::KafkaStorageError.code());
@@ -272,10 +313,11 @@ impl Transactions {
         rec.partitions.clear();
         rec.groups.clear();
         rec.offsets.clear();
+        rec.ends.clear();
         rec.start_ms = -1;
         rec.update_ms = self.now();
         // Not flushed: were it lost, the Prepare* record finishes again at
-        // start-up, and markers written twice end nothing twice.
+        // start-up (see `recovering`).
         self.persist(id, rec, false).await
     }
 
@@ -300,6 +342,7 @@ impl Transactions {
                 partitions: Vec::new(),
                 groups: Vec::new(),
                 offsets: Vec::new(),
+                ends: Vec::new(),
             };
             self.persist(id, &rec, true).await?;
             *guard = Some(rec);
@@ -311,8 +354,8 @@ impl Transactions {
             return Err(fenced(version >= 4));
         }
         match rec.state {
-            TxnState::PrepareCommit => self.finish(id, rec, Marker::Commit).await?,
-            TxnState::PrepareAbort => self.finish(id, rec, Marker::Abort).await?,
+            TxnState::PrepareCommit => self.finish(id, rec, Marker::Commit, false).await?,
+            TxnState::PrepareAbort => self.finish(id, rec, Marker::Abort, false).await?,
             TxnState::Ongoing => self.end(id, rec, Marker::Abort, true).await?,
             _ => {}
         }
@@ -468,8 +511,8 @@ impl Transactions {
             // A retry of an end that went through.
             (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => Ok(()),
             // An end whose markers failed earlier: finish it now.
-            (TxnState::PrepareCommit, true) => self.finish(id, rec, Marker::Commit).await,
-            (TxnState::PrepareAbort, false) => self.finish(id, rec, Marker::Abort).await,
+            (TxnState::PrepareCommit, true) => self.finish(id, rec, Marker::Commit, false).await,
+            (TxnState::PrepareAbort, false) => self.finish(id, rec, Marker::Abort, false).await,
             (TxnState::PrepareCommit | TxnState::PrepareAbort, _) => Err(E::ConcurrentTransactions.code()),
             _ => Err(E::InvalidTxnState.code()),
         }
@@ -567,7 +610,7 @@ mod tests {
     use super::*;
 
     fn rec(state: TxnState) -> TxnRecord {
-        TxnRecord { producer_id: 7, epoch: 3, last_epoch: -1, state, timeout_ms: 1000, start_ms: -1, update_ms: 0, partitions: vec![("t".into(), 0)], groups: vec![], offsets: vec![] }
+        TxnRecord { producer_id: 7, epoch: 3, last_epoch: -1, state, timeout_ms: 1000, start_ms: -1, update_ms: 0, partitions: vec![("t".into(), 0)], groups: vec![], offsets: vec![], ends: vec![] }
     }
 
     #[test]
