@@ -225,6 +225,13 @@ async fn an_open_transaction_is_aborted_when_the_broker_restarts() {
         for i in 0..10 {
             send(&p, "txn.crash", 0, &format!("open-{i}"));
         }
+        // Offsets of the open transaction must not be committed either.
+        let mut cfg = common::consumer_config(addr);
+        cfg.set("group.id", "crashy-group");
+        let consumer: BaseConsumer = cfg.create().unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("txn.crash", 0, rdkafka::Offset::Offset(3)).unwrap();
+        p.send_offsets_to_transaction(&tpl, &consumer.group_metadata().unwrap(), Duration::from_secs(30)).unwrap();
         p.flush(Duration::from_secs(30)).unwrap();
         p
     })
@@ -240,6 +247,7 @@ async fn an_open_transaction_is_aborted_when_the_broker_restarts() {
     assert_eq!((d.error_code, d.transaction_state.as_str()), (0, "CompleteAbort"));
     let (uncommitted, committed) = latest_offsets(&mut sock, "txn.crash").await;
     assert_eq!(committed, uncommitted, "nothing is open: the stable offset is the end");
+    assert_eq!(committed_offset(&mut sock, "crashy-group", "txn.crash").await, -1, "the open transaction's offsets were dropped");
     tokio::task::spawn_blocking(move || {
         let mut cfg = common::producer_config(addr, "all");
         cfg.set("enable.idempotence", "true");

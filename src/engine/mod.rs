@@ -210,6 +210,10 @@ enum WriteCmd {
     Append { tp: Tp, records: Bytes, log_append_time: bool, ack: Ack, reply: Reply },
     /// A transaction marker the coordinator writes; acked when durable.
     Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
+    /// The coordinator is about to decide a transaction: no more of its
+    /// batches for these tps; answers each tp's log end (-1: gone), taken
+    /// in order with the appends, so every batch admitted lies below it.
+    CloseTxn { producer_id: i64, tps: Vec<Tp>, reply: oneshot::Sender<Vec<i64>> },
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -692,6 +696,14 @@ impl Engine {
         Ok(())
     }
 
+    /// Stops admitting the transaction's batches to `tps` and returns each
+    /// tp's log end after every batch admitted before (-1: gone).
+    pub async fn close_txn_partitions(&self, producer_id: i64, tps: Vec<Tp>) -> Result<Vec<i64>, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer.send(WriteCmd::CloseTxn { producer_id, tps, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)
+    }
+
     /// Transactions with data in a partition and no marker yet.
     pub fn open_txns(&self) -> Vec<(Tp, txns::OpenTxn)> {
         self.txns.read().expect("txns lock").ongoing()
@@ -803,6 +815,16 @@ fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64
     let mut replayed = 0;
     for tp in storage.tps() {
         let from = match &covered {
+            // The log came back shorter than the snapshot saw (a machine
+            // crash lost a tail it covered): what the snapshot says of this
+            // tp may rest on the lost part (a marker that closed a
+            // transaction), so the tp is rebuilt from its log start.
+            Some(c) if c.get(&tp).is_some_and(|&end| storage.offsets(&tp).is_some_and(|o| o.2 < end)) => {
+                tracing::warn!(topic = %crate::meta::hex(&tp.topic), partition = tp.partition, "log shorter than the producer snapshot covered; replaying the partition from its start");
+                state.forget_tp(&tp);
+                txns.forget_tp(&tp);
+                0
+            }
             Some(c) => c.get(&tp).copied().unwrap_or(0),
             None => match storage.offset_for_timestamp(&tp, now_ms.saturating_sub(expiry_ms)) {
                 Ok(Some((offset, _))) => offset,
@@ -989,6 +1011,18 @@ fn writer_loop(
                             let _ = reply.send(Err(AppendFailure::Storage(e.to_string())));
                         }
                     }
+                }
+                WriteCmd::CloseTxn { producer_id, tps, reply } => {
+                    let mut t = txns.write().expect("txns lock");
+                    let ends = tps
+                        .iter()
+                        .map(|tp| {
+                            t.close_partition(producer_id, tp);
+                            storage.offsets(tp).map_or(-1, |o| o.2)
+                        })
+                        .collect();
+                    drop(t);
+                    let _ = reply.send(ends);
                 }
                 WriteCmd::Shutdown(done) => {
                     shutdown = Some(done);

@@ -222,6 +222,12 @@ impl Producers {
         });
     }
 
+    /// Forgets every producer's state in `tp` (before it is replayed from
+    /// the log start).
+    pub fn forget_tp(&mut self, tp: &Tp) {
+        self.entries.retain(|(_, t), _| t != tp);
+    }
+
     /// Replays the batches of `tp` from `from` to its high watermark into
     /// the state, and transactional batches and markers into `txns`;
     /// returns how many producer batches it saw.

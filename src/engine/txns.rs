@@ -65,6 +65,17 @@ impl Txns {
         self.open.insert((producer_id, tp), epoch);
     }
 
+    /// The transaction is being decided: no more of its batches for `tp`.
+    pub fn close_partition(&mut self, producer_id: i64, tp: &Tp) {
+        self.open.remove(&(producer_id, *tp));
+    }
+
+    /// Forgets everything of `tp` (before it is replayed from scratch).
+    pub fn forget_tp(&mut self, tp: &Tp) {
+        self.tps.remove(tp);
+        self.open.retain(|(_, t), _| t != tp);
+    }
+
     /// Whether a transactional batch of this producer and epoch may go to
     /// `tp`.
     pub fn admits(&self, producer_id: i64, epoch: i16, tp: &Tp) -> bool {

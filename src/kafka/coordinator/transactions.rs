@@ -13,9 +13,10 @@
 //!
 //! The decision (Prepare*) is made durable before the first marker is
 //! written, so a crash in between is finished the same way at start-up.
-//! It is the only flush a transaction needs besides InitProducerId's: the
-//! catalog keeps writes in order, so that flush also makes the partitions
-//! and offsets added before it durable, and a crash before it aborts the
+//! Besides that, only the start of a transaction (its first
+//! AddPartitionsToTxn or AddOffsetsToTxn) is flushed: the catalog keeps
+//! writes in order, so the decision's flush also makes the partitions and
+//! offsets added in between durable, and a crash before it aborts the
 //! transaction anyway — partitions whose addition was lost included, since
 //! start-up aborts every open transaction it finds in the logs.
 //! EndTxn answers once every marker is durable and the committed offsets
@@ -255,19 +256,29 @@ impl Transactions {
     /// (timeout, a new producer, restart) and fences the producer with a
     /// new epoch first.
     async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: bool) -> Result<(), i16> {
+        // The decision goes into a copy, kept only once it is durable.
+        let mut next = rec.clone();
         if bump {
-            if let Some(next) = next_epoch(rec.epoch) {
-                rec.last_epoch = rec.epoch;
-                rec.epoch = next;
+            if let Some(e) = next_epoch(next.epoch) {
+                next.last_epoch = next.epoch;
+                next.epoch = e;
             }
         }
-        rec.state = match marker {
+        next.state = match marker {
             Marker::Commit => TxnState::PrepareCommit,
             Marker::Abort => TxnState::PrepareAbort,
         };
-        rec.update_ms = self.now();
-        rec.ends = rec.partitions.iter().map(|w| self.tp(w).and_then(|tp| self.inner.engine.offsets(&tp)).map_or(-1, |o| o.2)).collect();
-        self.persist(id, rec, true).await?;
+        next.update_ms = self.now();
+        // No batch of the transaction is admitted after this point, so all
+        // of it lies below these ends (which recovery relies on).
+        let known: Vec<(usize, Tp)> = next.partitions.iter().enumerate().filter_map(|(i, w)| self.tp(w).map(|tp| (i, tp))).collect();
+        let ends = self.inner.engine.close_txn_partitions(next.producer_id, known.iter().map(|(_, tp)| *tp).collect()).await.map_err(|_| E::CoordinatorNotAvailable.code())?;
+        next.ends = vec![-1; next.partitions.len()];
+        for ((i, _), end) in known.iter().zip(ends) {
+            next.ends[*i] = end;
+        }
+        self.persist(id, &next, true).await?;
+        *rec = next;
         self.finish(id, rec, marker, false).await
     }
 
@@ -292,8 +303,8 @@ impl Transactions {
             self.tps(&rec.partitions)
         };
         if let Err(e) = self.inner.engine.write_markers(rec.producer_id, rec.epoch, marker, &tps).await {
-            tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared");
-            return Err(E::KafkaStorageError.code());
+            tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared and is retried");
+            return Err(E::CoordinatorNotAvailable.code());
         }
         if marker == Marker::Commit && !rec.offsets.is_empty() {
             for group in rec.offsets.iter().map(|o| o.group.clone()).collect::<std::collections::BTreeSet<_>>() {
@@ -302,8 +313,8 @@ impl Transactions {
             }
             let rows = rec.offsets.iter().map(|o| (o.group.clone(), o.topic.clone(), o.partition, o.record.clone())).collect();
             if let Err(e) = self.inner.groups.store_offsets(rows).await {
-                tracing::error!(transactional_id = %id, error = %e, "storing a transaction's offsets failed; the transaction stays prepared");
-                return Err(E::KafkaStorageError.code());
+                tracing::error!(transactional_id = %id, error = %e, "storing a transaction's offsets failed; the transaction stays prepared and is retried");
+                return Err(E::CoordinatorNotAvailable.code());
             }
         }
         rec.state = match marker {
@@ -326,8 +337,15 @@ impl Transactions {
         if timeout_ms <= 0 || timeout_ms > self.inner.cfg.max_timeout_ms {
             return Err(E::InvalidTransactionTimeout.code());
         }
-        let slot = self.slot(id);
-        let mut guard = slot.lock().await;
+        let mut guard = loop {
+            let slot = self.slot(id);
+            let guard = slot.clone().lock_owned().await;
+            // An id expired while this waited for its lock: its slot left
+            // the map; take the one there now.
+            if self.existing(id).is_some_and(|s| Arc::ptr_eq(&s, &slot)) {
+                break guard;
+            }
+        };
         let now = self.now();
         let Some(rec) = guard.as_mut() else {
             let pid = self.allocate().await?;
@@ -415,7 +433,8 @@ impl Transactions {
             // Kafka adds all or nothing: the rest were not attempted.
             return Ok(codes.into_iter().map(|c| if c == 0 { E::OperationNotAttempted.code() } else { c }).collect());
         }
-        let mut changed = begin(rec, self.now())?;
+        let began = begin(rec, self.now())?;
+        let mut changed = began;
         for w in wanted {
             if !rec.partitions.contains(w) {
                 rec.partitions.push(w.clone());
@@ -424,7 +443,10 @@ impl Transactions {
         }
         if changed {
             rec.update_ms = self.now();
-            self.persist(id, rec, false).await?;
+            // The start of a transaction is flushed: were it lost, a retry
+            // of its EndTxn would find the last transaction complete and
+            // answer success for one never decided.
+            self.persist(id, rec, began).await?;
         }
         self.inner.engine.add_txn_partitions(rec.producer_id, rec.epoch, &tps);
         Ok(codes)
@@ -436,14 +458,15 @@ impl Transactions {
         let mut guard = slot.lock().await;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         check_producer(rec, producer_id, epoch, version >= 2)?;
-        let mut changed = begin(rec, self.now())?;
+        let began = begin(rec, self.now())?;
+        let mut changed = began;
         if !rec.groups.iter().any(|g| g == group) {
             rec.groups.push(group.to_owned());
             changed = true;
         }
         if changed {
             rec.update_ms = self.now();
-            self.persist(id, rec, false).await?;
+            self.persist(id, rec, began).await?;
         }
         Ok(())
     }
@@ -570,7 +593,13 @@ impl Transactions {
             let mut guard = slot.lock().await;
             let now = self.now();
             let Some(rec) = guard.as_mut() else { continue };
-            if rec.state == TxnState::Ongoing && now - rec.start_ms > rec.timeout_ms as i64 {
+            if matches!(rec.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
+                // An end whose markers or offsets failed: try again.
+                let marker = if rec.state == TxnState::PrepareCommit { Marker::Commit } else { Marker::Abort };
+                if let Err(code) = self.finish(&id, rec, marker, false).await {
+                    tracing::warn!(transactional_id = %id, code, "finishing a prepared transaction failed; will retry");
+                }
+            } else if rec.state == TxnState::Ongoing && now - rec.start_ms > rec.timeout_ms as i64 {
                 tracing::info!(transactional_id = %id, producer_id = rec.producer_id, timeout_ms = rec.timeout_ms, "aborting a timed-out transaction");
                 if let Err(code) = self.end(&id, rec, Marker::Abort, true).await {
                     tracing::warn!(transactional_id = %id, code, "aborting a timed-out transaction failed; will retry");
