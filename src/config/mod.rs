@@ -150,6 +150,12 @@ settings! {
     transactional_id_expiration_ms: i64 = "604800000", "CANOPY_TRANSACTIONAL_ID_EXPIRATION_MS", "transactional-id-expiration-ms";
     "How often timed-out transactions are looked for and aborted, in milliseconds"
     transaction_timeout_check_ms: u64 = "1000", "CANOPY_TRANSACTION_TIMEOUT_CHECK_MS", "transaction-timeout-check-ms";
+    "Bytes of the newest batches kept in memory, broker-wide (the tip; 0 turns it off)"
+    tip_bytes: usize = "268435456", "CANOPY_TIP_BYTES", "tip-bytes";
+    "Blocks of 1024 index entries the tip's branch indexes share"
+    tip_index_blocks: usize = "8192", "CANOPY_TIP_INDEX_BLOCKS", "tip-index-blocks";
+    "How a read finds its batches in the tip: index (per-branch index) or scan (linear pass, the baseline)"
+    tip_lookup: String = "index", "CANOPY_TIP_LOOKUP", "tip-lookup";
     "Appends queued for the writer thread before producers wait"
     write_queue: usize = "4096", "CANOPY_WRITE_QUEUE", "write-queue";
 }
@@ -241,6 +247,12 @@ impl Config {
         if self.transaction_timeout_check_ms < 10 {
             return bad("transaction_timeout_check_ms", "must be at least 10");
         }
+        if let Err(why) = self.tip_lookup.parse::<crate::storage::tip::Lookup>() {
+            return bad("tip_lookup", &why);
+        }
+        if self.tip_bytes > 0 && self.tip_index_blocks == 0 {
+            return bad("tip_index_blocks", "must be at least 1 while the tip is on");
+        }
         if self.group_max_size == 0 {
             return bad("group_max_size", "must be at least 1");
         }
@@ -272,7 +284,12 @@ impl Config {
 
     pub fn engine(&self) -> EngineConfig {
         let mut e = EngineConfig::new(&self.data_dir);
-        e.storage = StorageConfig { segment_bytes: self.segment_bytes, segment_ms: self.segment_ms, ..StorageConfig::default() };
+        e.storage = StorageConfig {
+            segment_bytes: self.segment_bytes,
+            segment_ms: self.segment_ms,
+            tip: crate::storage::tip::TipConfig { bytes: self.tip_bytes, max_blocks: self.tip_index_blocks, lookup: self.tip_lookup.parse().expect("validated") },
+            ..StorageConfig::default()
+        };
         e.flush = self.flush.0;
         e.topic_defaults = TopicDefaults {
             retention_ms: self.retention_ms,

@@ -389,6 +389,11 @@ impl Engine {
         }))
     }
 
+    /// The tip's occupancy and hit counters.
+    pub fn tip_stats(&self) -> storage::tip::TipStats {
+        self.storage.tip_stats()
+    }
+
     /// Counters of the idempotent-producer check.
     pub fn producer_stats(&self) -> &ProducerStats {
         &self.producer_stats

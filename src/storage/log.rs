@@ -61,11 +61,12 @@ pub struct StorageConfig {
     /// Roll the active segment of a branch once it is this old.
     pub segment_ms: i64,
     pub index_interval_bytes: u64,
+    pub tip: super::tip::TipConfig,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096 }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default() }
     }
 }
 
@@ -202,6 +203,8 @@ struct Branch {
 #[derive(Debug, Clone, Copy)]
 struct IndexEntry {
     offset: i64,
+    /// The stream sequence number of the batch (where a tip read starts).
+    seq: u64,
     seg: u64,
     pos: u64,
     /// Largest timestamp of this tp's batches before this entry.
@@ -332,6 +335,9 @@ pub struct Storage {
     branches: RwLock<HashMap<String, Arc<Branch>>>,
     parts: RwLock<HashMap<Tp, Arc<Partition>>>,
     writer: Mutex<Writer>,
+    /// The newest batches in memory (see `tip`); the writer adds to it
+    /// while it holds `writer`, reads take the read lock only.
+    tip: RwLock<super::tip::Tip>,
     /// Set by the first failed write or fsync: from then on nothing is
     /// published, acknowledged or marked clean (a failed fsync may have
     /// dropped pages; a second fsync would wrongly report success).
@@ -475,13 +481,19 @@ impl Storage {
             read_pool: Arc::default(),
             ahead_bytes: Arc::default(),
             dir: log_dir,
-            cfg,
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
             writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::new() }),
+            tip: RwLock::new(super::tip::Tip::new(cfg.tip.clone())),
+            cfg,
             poisoned: Mutex::new(None),
             report,
         })
+    }
+
+    /// The tip's occupancy and hit counters.
+    pub fn tip_stats(&self) -> super::tip::TipStats {
+        self.tip.read().expect("tip lock").stats()
     }
 
     pub fn recovery_report(&self) -> &RecoveryReport {
@@ -573,6 +585,11 @@ impl Storage {
             batch,
         );
         let entry = pw.index_entry(&staged.seg, pos, &fh, &self.cfg);
+        if self.cfg.tip.bytes > 0 {
+            let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
+            let key = Arc::as_ptr(&pw.part.branch) as u64;
+            self.tip.write().expect("tip lock").push(seq, tp, key, base_offset, fh.last_offset(), &staged.buf[at..]);
+        }
         staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
         pw.next_offset = fh.last_offset() + 1;
         staged.published.push((pw.part.clone(), pw.next_offset, entry));
@@ -734,6 +751,15 @@ impl Storage {
         if offset >= hw {
             return Ok(result);
         }
+        // The tip first: no syscall, and only this branch's entries walked.
+        if self.cfg.tip.bytes > 0 && start.offset <= offset {
+            let key = Arc::as_ptr(&part.branch) as u64;
+            if let Some(t) = self.tip.read().expect("tip lock").read(tp, key, start.seq, offset, hw, max_bytes, min_one) {
+                result.records = t.records;
+                result.next_offset = t.next_offset;
+                return Ok(result);
+            }
+        }
         {
             let mut slot = part.ahead.lock().expect("read-ahead lock");
             // A slot for another offset is stale: the consumer moved on.
@@ -787,7 +813,9 @@ impl Storage {
         }
         let Ok(r) = self.read(tp, offset, max_bytes, true) else { return };
         tracing::trace!(offset, len = r.len(), "read ahead");
-        if r.records.is_empty() {
+        // Nothing read from files (empty, or served by the tip): nothing
+        // to keep.
+        if r.records.is_empty() || r.bytes_scanned == 0 {
             return;
         }
         let len = r.len();
@@ -1044,7 +1072,7 @@ impl PartWriter {
         let entry = if new_segment || far || self.bytes_since_entry >= cfg.index_interval_bytes {
             self.last_entry = Some((seg.base_seq, pos));
             self.bytes_since_entry = 0;
-            Some(IndexEntry { offset: fh.base_offset, seg: seg.base_seq, pos, max_ts_before: self.max_ts })
+            Some(IndexEntry { offset: fh.base_offset, seq: fh.seq, seg: seg.base_seq, pos, max_ts_before: self.max_ts })
         } else {
             None
         };

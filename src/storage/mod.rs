@@ -1,12 +1,14 @@
 //! Storage: everything that owns a data file.
 //!
 //! Synchronous and deterministic: no tokio, no sockets, time passed in by the
-//! caller. Today this is the branch log (DESIGN.md): per branch, chronological
-//! segment files holding every topic of that branch in stream order. The tip
-//! ring and the subtree stores of later issues sit beside it.
+//! caller. The branch log (DESIGN.md): per branch, chronological segment
+//! files holding every topic of that branch in stream order; the tip
+//! (`tip`): the newest batches in memory, indexed per branch, which reads
+//! try first. The subtree stores of a later issue sit beside them.
 
 pub mod log;
 pub mod segment;
+pub mod tip;
 
 pub use log::{
     Appended, PartitionSpec, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
