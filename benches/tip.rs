@@ -69,18 +69,34 @@ fn lookup(c: &mut Criterion) {
     g.finish();
 }
 
-/// Index memory per batch with the smallest batches, and pool occupancy.
+/// Index memory per batch with the smallest batches (a one-record batch
+/// is about 70 bytes), and pool occupancy as the ring wraps.
 fn memory(c: &mut Criterion) {
     let _ = c;
-    let (tip, _) = fill(64 << 20, 1_000);
-    let s = tip.stats();
-    println!(
-        "tip 64 MiB of 1 KiB batches over 1,000 branches: {} batches, {} index blocks in use ({} KiB of index, {:.1} bytes per batch)",
-        s.batches,
-        s.blocks_in_use,
-        s.blocks_in_use * canopy::storage::tip::BLOCK_ENTRIES * 16 / 1024,
-        (s.blocks_in_use * canopy::storage::tip::BLOCK_ENTRIES * 16) as f64 / s.batches as f64
-    );
+    for branches in [10u64, 1_000] {
+        let ring = 64usize << 20;
+        let mut tip = Tip::new(TipConfig { bytes: ring, max_blocks: 1 << 20, lookup: Lookup::Index });
+        let batch = vec![7u8; 70];
+        let mut occupancy = Vec::new();
+        let total = 3 * (ring / 70) as u64;
+        for seq in 0..total {
+            let b = seq % branches;
+            tip.push(seq, tp(b as u32), b, seq as i64, seq as i64, &batch);
+            if seq % (total / 6) == 0 {
+                occupancy.push(tip.stats().blocks_in_use);
+            }
+        }
+        let s = tip.stats();
+        let index = s.blocks_in_use * canopy::storage::tip::BLOCK_ENTRIES * 16;
+        println!(
+            "tip {} MiB of 70-byte batches over {branches} branches: {} batches, {} blocks in use ({} KiB of index, {:.1} bytes per batch); blocks in use at each sixth of 3 ring wraps: {occupancy:?}",
+            ring >> 20,
+            s.batches,
+            s.blocks_in_use,
+            index / 1024,
+            index as f64 / s.batches as f64
+        );
+    }
 }
 
 criterion_group!(benches, lookup, memory);

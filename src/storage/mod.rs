@@ -7,6 +7,7 @@
 //! try first. The subtree stores of a later issue sit beside them.
 
 pub mod log;
+pub mod merge;
 pub mod segment;
 pub mod tip;
 

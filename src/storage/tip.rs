@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
-use super::Tp;
+use super::{merge, Tp};
 
 /// Entries per index block.
 pub const BLOCK_ENTRIES: usize = 1024;
@@ -171,6 +171,16 @@ pub struct TipStats {
     pub visited: u64,
 }
 
+/// One batch of a subtree merge.
+#[derive(Debug, Clone)]
+pub struct Merged {
+    pub seq: u64,
+    pub tp: Tp,
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub bytes: Bytes,
+}
+
 /// A tip read: whole batches of one tp in offset order.
 #[derive(Debug, Default)]
 pub struct TipRead {
@@ -244,7 +254,11 @@ impl Tip {
             self.evict();
         }
         let b = self.branch_id(branch);
-        if self.branches[b as usize].len == 0 || (self.branches[b as usize].head + self.branches[b as usize].len) % BLOCK_ENTRIES == 0 {
+        let full = {
+            let bi = &self.branches[b as usize];
+            bi.len == 0 || (bi.head + bi.len).is_multiple_of(BLOCK_ENTRIES)
+        };
+        if full {
             // The branch needs a new block; free one if the pool is spent.
             let id = loop {
                 if let Some(id) = self.pool.alloc() {
@@ -381,6 +395,35 @@ impl Tip {
         Some(out)
     }
 
+    /// The batches of `branches` (a subtree) from sequence `from_seq` on,
+    /// in stream order, up to `max_bytes` (at least one if `min_one`): an
+    /// n-way merge of their indexes with [`merge::DefaultHeap`]. None when
+    /// the tip does not reach back to `from_seq`.
+    pub fn merge(&self, branches: &[u64], from_seq: u64, max_bytes: usize, min_one: bool) -> Option<Vec<Merged>> {
+        if self.first_seq().is_none_or(|f| f > from_seq) {
+            return None;
+        }
+        let idx: Vec<&BranchIndex> = branches.iter().filter_map(|b| self.branch_ids.get(b)).map(|&b| &self.branches[b as usize]).collect();
+        let mut pos: Vec<usize> = idx.iter().map(|bi| bi.lower_bound(&self.pool, from_seq)).collect();
+        let key = |i: usize, p: usize| if p < idx[i].len { idx[i].get(&self.pool, p).seq } else { u64::MAX };
+        let heads: Vec<u64> = (0..idx.len()).map(|i| key(i, pos[i])).collect();
+        let mut heap = <merge::DefaultHeap as merge::MergeHeap>::build(&heads);
+        let mut out = Vec::new();
+        let mut taken = 0usize;
+        while let Some((seq, src)) = merge::MergeHeap::top(&heap) {
+            let s = self.slot(seq).expect("an index entry names a slot in the ring");
+            if !((min_one && out.is_empty()) || taken + s.bytes.len() <= max_bytes) {
+                break;
+            }
+            taken += s.bytes.len();
+            out.push(Merged { seq, tp: s.tp, base_offset: s.base_offset, last_offset: s.last_offset, bytes: s.bytes.clone() });
+            let i = src as usize;
+            pos[i] += 1;
+            merge::MergeHeap::replace_top(&mut heap, key(i, pos[i]));
+        }
+        Some(out)
+    }
+
     pub fn stats(&self) -> TipStats {
         TipStats {
             bytes_used: self.used,
@@ -492,6 +535,19 @@ mod tests {
                 prop_assert!(tip.stats().bytes_used <= ring);
             }
             let first = tip.first_seq();
+            // Subtree merges: each branch alone and both, from every
+            // sequence still in the ring, equal the reference stream
+            // filtered to the subtree.
+            if let Some(f) = first {
+                for subtree in [&[1u64][..], &[2], &[1, 2]] {
+                    for from in (f..all.len() as u64).step_by(7) {
+                        let got: Vec<u64> = tip.merge(subtree, from, usize::MAX, true).unwrap().iter().map(|m| m.seq).collect();
+                        let want: Vec<u64> = all.iter().filter(|b| b.seq >= from && subtree.contains(&(if b.tp.topic[0] < 3 { 1 } else { 2 }))).map(|b| b.seq).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), usize::MAX, true).is_none() || f == 0);
+            }
             for (tp, end) in &next {
                 let branch = if tp.topic[0] < 3 { 1 } else { 2 };
                 for offset in 0..*end {
