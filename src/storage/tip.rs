@@ -198,6 +198,11 @@ pub struct Tip {
     /// Branches by the caller's key for them.
     branch_ids: HashMap<u64, u32>,
     arena: BytesMut,
+    /// Arena chunks filled earlier, with the last sequence number written
+    /// to each: once all their batches left the ring and no reader holds a
+    /// slice, a chunk's memory is reused (its pages are already mapped;
+    /// fresh pages cost a fault each on these machines).
+    spent: VecDeque<(u64, BytesMut)>,
     hits: AtomicU64,
     misses: AtomicU64,
     visited: AtomicU64,
@@ -206,7 +211,7 @@ pub struct Tip {
 impl Tip {
     pub fn new(cfg: TipConfig) -> Tip {
         let max = cfg.max_blocks;
-        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0) }
+        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0) }
     }
 
     /// Switches the lookup (benchmarks compare both on one ring).
@@ -283,12 +288,37 @@ impl Tip {
         self.pool.blocks[block as usize][at % BLOCK_ENTRIES] = Entry { seq, tag: tag(&tp) };
         bi.len += 1;
         if self.arena.capacity() < batch.len() {
-            self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(batch.len()));
+            self.next_arena(seq, batch.len());
         }
         self.arena.extend_from_slice(batch);
         let bytes = self.arena.split().freeze();
         self.used += batch.len();
         self.ring.push_back(Slot { seq, tp, branch: b, base_offset, last_offset, bytes });
+    }
+
+    /// Retires the current arena chunk (its last batch is `seq - 1`) and
+    /// takes one with room for `len`: a retired chunk no one uses any more,
+    /// else a new one.
+    fn next_arena(&mut self, seq: u64, len: usize) {
+        let old = std::mem::take(&mut self.arena);
+        if old.capacity() > 0 || seq > 0 {
+            self.spent.push_back((seq.saturating_sub(1), old));
+        }
+        let first = self.first_seq().unwrap_or(seq);
+        while let Some((last, _)) = self.spent.front() {
+            if *last >= first {
+                break; // still holds batches in the ring
+            }
+            let (_, mut chunk) = self.spent.pop_front().expect("front exists");
+            // Reclaims the whole allocation when no slice of it is alive.
+            if chunk.try_reclaim(ARENA_CHUNK.max(len)) {
+                self.arena = chunk;
+                return;
+            }
+            // A reader still holds part of it: its memory goes when the
+            // reader is done.
+        }
+        self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(len));
     }
 
     /// Drops the oldest batch, and its index entry.
