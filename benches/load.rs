@@ -6,6 +6,7 @@
 //! cargo bench --bench load -- --quick # 10x fewer records
 //! cargo bench --bench load -- --producer [--quick]  # idempotence, codecs
 //! cargo bench --bench load -- --transactions [--quick]  # 100 records per transaction
+//! cargo bench --bench load -- --tip [--quick]  # catch-up readers in the tip, index vs scan
 //! ```
 //!
 //! Reports records/s, MB/s and broker CPU (utime+stime of the child from
@@ -318,6 +319,131 @@ fn transactions(broker: &Broker, scale: u64) {
     println!("transactional (100 per transaction) / idempotent, records/s: {:.0}%", 100.0 * (row.records as f64 / row.secs) / (base.records as f64 / base.secs));
 }
 
+/// Catch-up readers in the tip (issue 5): 1,000 single-partition topics in
+/// 100 branches hold a tip of 1 KiB records; `readers` librdkafka
+/// consumers, each assigned one topic from the beginning (all of it in the
+/// tip), read it to its end while a producer keeps writing to the other
+/// topics at about `rate` MB/s. Broker CPU during the reading phase per
+/// delivered GB, for `tip_lookup = index` and `scan`, one broker each,
+/// same run. Every fetch asks for at most 64 KiB per partition, as a
+/// consumer throttled to its share does, so a reader makes many fetches.
+/// Batches hold one record each (the tip's worst case: most slots per
+/// byte).
+fn tip_catch_up(dir: &Path, scale: u64) {
+    const TOPICS: usize = 1000;
+    let fill_records = 600_000 / scale;
+    let readers = (200 / scale).max(20) as usize;
+    let rate = 20.0; // MB/s: what the 2 cores leave beside 200 readers
+    let mut results = Vec::new();
+    for lookup in ["index", "scan"] {
+        let broker = Broker::spawn(&dir.join(lookup), &["--tip-bytes", "1073741824", "--tip-lookup", lookup, "--flush", "interval:100"]);
+        let name = |i: usize| format!("bench.b{}.t{i}", i % 100);
+        {
+            let admin: AdminClient<DefaultClientContext> = common::client(broker.kafka).create().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let names: Vec<String> = (0..TOPICS).map(name).collect();
+            let topics: Vec<NewTopic> = names.iter().map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1))).collect();
+            for chunk in topics.chunks(100) {
+                let r = rt.block_on(admin.create_topics(chunk.iter(), &AdminOptions::new())).unwrap();
+                assert!(r.iter().all(|x| x.is_ok()), "topics created");
+            }
+        }
+        let payload = vec![b'r'; 1024];
+        let mut cfg = common::client(broker.kafka);
+        // One record per batch: the many small batches of a high-rate
+        // stream over many topics, which is what fills a tip's slots.
+        cfg.set("acks", "1").set("linger.ms", "5").set("batch.num.messages", "1").set("queue.buffering.max.messages", "2000000").set("queue.buffering.max.kbytes", "1048576");
+        let producer: Arc<ThreadedProducer<rdkafka::producer::DefaultProducerContext>> = Arc::new(cfg.create().unwrap());
+        let send = |p: &ThreadedProducer<rdkafka::producer::DefaultProducerContext>, i: u64| {
+            let topic = name((i % TOPICS as u64) as usize);
+            let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(&topic).payload(&payload[..]).partition(0);
+            loop {
+                match p.send(rec) {
+                    Ok(()) => break,
+                    Err((_, r)) => {
+                        rec = r;
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            }
+        };
+        for i in 0..fill_records {
+            send(&producer, i);
+        }
+        producer.flush(Duration::from_secs(300)).unwrap();
+        let per_topic = fill_records / TOPICS as u64;
+        // The background producer: other topics (odd ones; readers take even ones).
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bg = {
+            let stop = stop.clone();
+            let producer = producer.clone();
+            let payload = payload.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                let t0 = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let due = (t0.elapsed().as_secs_f64() * rate * 1e6 / 1024.0) as u64;
+                    while i < due {
+                        let topic = format!("bench.b{}.t{}", (2 * i + 1) % 100, (2 * i + 1) % TOPICS as u64);
+                        let _ = producer.send(BaseRecord::<(), [u8]>::to(&topic).payload(&payload[..]).partition(0));
+                        i += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                i
+            })
+        };
+        let cpu0 = cpu_secs(broker.child.id());
+        let t0 = Instant::now();
+        let delivered = Arc::new(AtomicU64::new(0));
+        let handles: Vec<_> = (0..readers)
+            .map(|r| {
+                let addr = broker.kafka;
+                let topic = name(2 * r % TOPICS);
+                let delivered = delivered.clone();
+                std::thread::spawn(move || {
+                    let mut c = common::client(addr);
+                    c.set("group.id", "bench-tip").set("enable.auto.commit", "false").set("fetch.wait.max.ms", "100").set("max.partition.fetch.bytes", "65536").set("fetch.max.bytes", "65536").set("message.max.bytes", "65536");
+                    let consumer: BaseConsumer = c.create().unwrap();
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition_offset(&topic, 0, Offset::Beginning).unwrap();
+                    consumer.assign(&tpl).unwrap();
+                    let mut n = 0u64;
+                    let deadline = Instant::now() + Duration::from_secs(600);
+                    while n < per_topic {
+                        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                            let m = m.expect("consume");
+                            delivered.fetch_add(m.payload().map_or(0, |p| p.len()) as u64, Ordering::Relaxed);
+                            n += 1;
+                        }
+                        assert!(Instant::now() < deadline, "reader of {topic} stalled at {n}");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = cpu_secs(broker.child.id()) - cpu0;
+        stop.store(true, Ordering::Relaxed);
+        let produced = bg.join().unwrap();
+        producer.flush(Duration::from_secs(60)).unwrap();
+        let gb = delivered.load(Ordering::Relaxed) as f64 / 1e9;
+        println!(
+            "| tip_lookup={lookup}: {readers} readers catch up on {per_topic} records each | {:.1} MB delivered | {:.2} s | broker CPU {:.2} s | {:.1} CPU s per delivered GB | background producer {:.1} MB/s |",
+            gb * 1e3,
+            secs,
+            cpu,
+            cpu / gb,
+            produced as f64 * 1024.0 / secs / 1e6
+        );
+        results.push(cpu / gb);
+        broker.kill9();
+    }
+    println!("\nbroker CPU per delivered GB, scan / index: {:.1}x", results[1] / results[0]);
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let consume_only = std::env::args().any(|a| a == "--consume-only");
@@ -331,6 +457,11 @@ fn main() {
     println!("| scenario | records | records/s | MB/s | seconds | broker CPU | client CPU |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
 
+    if std::env::args().any(|a| a == "--tip") {
+        tip_catch_up(&dir, scale);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let broker = spawn_broker(&dir.join("data"));
     if std::env::args().any(|a| a == "--transactions") {
         transactions(&broker, scale);

@@ -31,6 +31,9 @@ async fn topics_configs_and_offsets() {
     assert_eq!(again[0].as_ref().unwrap_err().1, RDKafkaErrorCode::TopicAlreadyExists);
     let bad = NewTopic::new("bad name!", 1, TopicReplication::Fixed(1));
     assert_eq!(admin.create_topics([&bad], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidTopic);
+    // Segments starting with `__` are reserved for virtual topics.
+    let reserved = NewTopic::new("ops.__all", 1, TopicReplication::Fixed(1));
+    assert_eq!(admin.create_topics([&reserved], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidTopic);
     let rf = NewTopic::new("rf.three", 1, TopicReplication::Fixed(3));
     assert_eq!(admin.create_topics([&rf], &opts).await.unwrap()[0].as_ref().unwrap_err().1, RDKafkaErrorCode::InvalidReplicationFactor);
     let unknown_cfg = NewTopic::new("cfg.bad", 1, TopicReplication::Fixed(1)).set("retention.ms", "soon");

@@ -18,6 +18,8 @@ pub enum NameError {
     Dots,
     #[error("topic name {0:?} contains characters other than [a-zA-Z0-9._-]")]
     BadChar(String),
+    #[error("topic name {0:?} has a segment starting with \"__\", reserved for the broker's virtual topics")]
+    Reserved(String),
 }
 
 /// Checks a topic name with Kafka's rules.
@@ -33,6 +35,10 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     }
     if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
         return Err(NameError::BadChar(name.to_owned()));
+    }
+    // `<prefix>.__all` and the like name read-only views of the topic tree.
+    if name.split('.').any(|seg| seg.starts_with("__")) {
+        return Err(NameError::Reserved(name.to_owned()));
     }
     Ok(())
 }
@@ -241,6 +247,10 @@ mod tests {
         assert!(matches!(validate_name("naïve"), Err(NameError::BadChar(_))));
         assert_eq!(validate_name(&"x".repeat(250)), Err(NameError::TooLong));
         assert!(validate_name(&"x".repeat(249)).is_ok());
+        for reserved in ["__all", "app.__all", "app.x.__consumer_offsets", "__"] {
+            assert!(matches!(validate_name(reserved), Err(NameError::Reserved(_))), "{reserved}");
+        }
+        assert!(validate_name("app._one.x_").is_ok(), "one underscore is an ordinary name");
     }
 
     #[test]
