@@ -54,79 +54,22 @@ impl MergeHeap for StdHeap {
     }
 }
 
-/// A binary min-heap of (key, source) pairs in a flat array, sifting with
-/// a hole (one move per level instead of a swap).
-pub struct FlatHeap {
+/// A D-ary min-heap of (key, source) pairs in a flat array, sifting with a
+/// hole (one move per level instead of a swap). D = 2 is the classic binary
+/// heap; D = 4 has half the levels, and a node's children share a cache
+/// line.
+pub struct DaryHeap<const D: usize> {
     v: Vec<(u64, u32)>,
 }
 
-impl MergeHeap for FlatHeap {
+/// The flat binary heap.
+pub type FlatHeap = DaryHeap<2>;
+/// The 4-ary heap.
+pub type QuadHeap = DaryHeap<4>;
+
+impl<const D: usize> MergeHeap for DaryHeap<D> {
     fn build(heads: &[u64]) -> Self {
-        let mut h = FlatHeap { v: heads.iter().enumerate().filter(|(_, k)| **k != DONE).map(|(i, k)| (*k, i as u32)).collect() };
-        for i in (0..h.v.len() / 2).rev() {
-            h.sift_down(i);
-        }
-        h
-    }
-    fn top(&self) -> Option<(u64, u32)> {
-        self.v.first().copied()
-    }
-    fn replace_top(&mut self, key: u64) {
-        if key == DONE {
-            let last = self.v.pop().expect("replace_top on an empty heap");
-            if self.v.is_empty() {
-                return;
-            }
-            self.v[0] = last;
-        } else {
-            self.v[0].0 = key;
-        }
-        self.sift_down(0);
-    }
-    fn runner_up(&self) -> u64 {
-        self.runner_up_key()
-    }
-}
-
-impl FlatHeap {
-    fn runner_up_key(&self) -> u64 {
-        match self.v.len() {
-            0 | 1 => DONE,
-            2 => self.v[1].0,
-            _ => self.v[1].0.min(self.v[2].0),
-        }
-    }
-
-    fn sift_down(&mut self, mut i: usize) {
-        let n = self.v.len();
-        let item = self.v[i];
-        loop {
-            let l = 2 * i + 1;
-            if l >= n {
-                break;
-            }
-            let c = if l + 1 < n && self.v[l + 1].0 < self.v[l].0 { l + 1 } else { l };
-            if self.v[c].0 >= item.0 {
-                break;
-            }
-            self.v[i] = self.v[c];
-            i = c;
-        }
-        self.v[i] = item;
-    }
-}
-
-/// A 4-ary min-heap: half the levels of a binary heap, children of a node
-/// in one cache line.
-pub struct QuadHeap {
-    v: Vec<(u64, u32)>,
-}
-
-const D: usize = 4;
-
-impl MergeHeap for QuadHeap {
-    fn build(heads: &[u64]) -> Self {
-        let mut h = QuadHeap { v: heads.iter().enumerate().filter(|(_, k)| **k != DONE).map(|(i, k)| (*k, i as u32)).collect() };
+        let mut h = DaryHeap { v: heads.iter().enumerate().filter(|(_, k)| **k != DONE).map(|(i, k)| (*k, i as u32)).collect() };
         if h.v.len() > 1 {
             for i in (0..=(h.v.len() - 2) / D).rev() {
                 h.sift_down(i);
@@ -149,9 +92,12 @@ impl MergeHeap for QuadHeap {
         }
         self.sift_down(0);
     }
+    fn runner_up(&self) -> u64 {
+        self.v.iter().skip(1).take(D).map(|e| e.0).min().unwrap_or(DONE)
+    }
 }
 
-impl QuadHeap {
+impl<const D: usize> DaryHeap<D> {
     fn sift_down(&mut self, mut i: usize) {
         let n = self.v.len();
         let item = self.v[i];
