@@ -169,6 +169,8 @@ pub struct TipStats {
     pub misses: u64,
     /// Index entries (or, scanning, ring slots) looked at by reads.
     pub visited: u64,
+    /// Batches yielded by subtree merges.
+    pub merged: u64,
 }
 
 /// One batch of a subtree merge.
@@ -206,12 +208,13 @@ pub struct Tip {
     hits: AtomicU64,
     misses: AtomicU64,
     visited: AtomicU64,
+    merged: AtomicU64,
 }
 
 impl Tip {
     pub fn new(cfg: TipConfig) -> Tip {
         let max = cfg.max_blocks;
-        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0) }
+        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0), merged: AtomicU64::new(0) }
     }
 
     /// Switches the lookup (benchmarks compare both on one ring).
@@ -451,6 +454,7 @@ impl Tip {
             pos[i] += 1;
             merge::MergeHeap::replace_top(&mut heap, key(i, pos[i]));
         }
+        self.merged.fetch_add(out.len() as u64, Ordering::Relaxed);
         Some(out)
     }
 
@@ -465,6 +469,7 @@ impl Tip {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             visited: self.visited.load(Ordering::Relaxed),
+            merged: self.merged.load(Ordering::Relaxed),
         }
     }
 }
