@@ -28,7 +28,7 @@ fn tp(n: u32) -> Tp {
 /// 0), the others go round-robin to `branches - 1` other branches (ten tps
 /// each). Returns the tip and the target's first sequence number.
 fn fill(ring: usize, branches: u64) -> (Tip, u64) {
-    let n = (ring / BATCH) as u64;
+    let n = (ring / (BATCH + canopy::storage::tip::SLOT_OVERHEAD)) as u64;
     let mut tip = Tip::new(TipConfig { bytes: ring, max_blocks: (branches as usize + (n as usize) / 1024 + 16) * 2, lookup: Lookup::Index });
     let batch = vec![7u8; BATCH];
     let mut next = std::collections::HashMap::new();
@@ -55,7 +55,7 @@ fn lookup(c: &mut Criterion) {
     for &(ring, branches) in cases {
         let (mut tip, first) = fill(ring, branches);
         let label = format!("{}MiB/{}br", ring >> 20, branches);
-        let expect = (ring / BATCH).div_ceil(1000);
+        let expect = (ring / (BATCH + canopy::storage::tip::SLOT_OVERHEAD)).div_ceil(1000);
         g.throughput(Throughput::Elements(expect as u64));
         for mode in [Lookup::Index, Lookup::Scan] {
             tip.set_lookup(mode);

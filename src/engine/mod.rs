@@ -646,7 +646,7 @@ impl Engine {
             if offset < log_start || offset > leo {
                 return Err(ReadError::OffsetOutOfRange { offset, log_start, end: leo }.into());
             }
-            let r = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset };
+            let r = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset, from_tip: false };
             return Ok((r, lso, Vec::new()));
         }
         let mut r = self.storage.read(tp, offset, max_bytes, min_one)?;

@@ -127,6 +127,8 @@ pub struct ReadResult {
     /// The offset after the last returned batch (the requested offset when
     /// nothing was returned): where the consumer will fetch next.
     pub next_offset: i64,
+    /// Served from the tip (memory): reading ahead would gain nothing.
+    pub from_tip: bool,
 }
 
 /// What recovery did, for the log and for the benchmark report.
@@ -746,10 +748,19 @@ impl Storage {
             let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
             (start, st.log_start, st.hw, st.leo)
         };
-        let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset };
+        let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset, from_tip: false };
         let Some(start) = start else { return Ok(result) };
         if offset >= hw {
             return Ok(result);
+        }
+        {
+            // A read-ahead slot for another offset is stale: the consumer
+            // moved on (cleared before the tip answers, so it does not
+            // keep its share of the read-ahead budget).
+            let mut slot = part.ahead.lock().expect("read-ahead lock");
+            if slot.as_ref().is_some_and(|a| a.offset != offset) {
+                *slot = None;
+            }
         }
         // The tip first: no syscall, and only this branch's entries walked.
         if self.cfg.tip.bytes > 0 && start.offset <= offset {
@@ -757,15 +768,12 @@ impl Storage {
             if let Some(t) = self.tip.read().expect("tip lock").read(tp, key, start.seq, offset, hw, max_bytes, min_one) {
                 result.records = t.records;
                 result.next_offset = t.next_offset;
+                result.from_tip = true;
                 return Ok(result);
             }
         }
         {
             let mut slot = part.ahead.lock().expect("read-ahead lock");
-            // A slot for another offset is stale: the consumer moved on.
-            if slot.as_ref().is_some_and(|a| a.offset != offset) {
-                *slot = None;
-            }
             if slot.as_ref().is_some_and(|a| a.len <= max_bytes.max(if min_one { usize::MAX } else { 0 })) {
                 let mut a = slot.take().expect("checked");
                 tracing::trace!(offset, len = a.len, "read-ahead hit");
@@ -815,7 +823,7 @@ impl Storage {
         tracing::trace!(offset, len = r.len(), "read ahead");
         // Nothing read from files (empty, or served by the tip): nothing
         // to keep.
-        if r.records.is_empty() || r.bytes_scanned == 0 {
+        if r.records.is_empty() || r.from_tip {
             return;
         }
         let len = r.len();

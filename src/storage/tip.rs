@@ -34,6 +34,10 @@ use super::{merge, Tp};
 
 /// Entries per index block.
 pub const BLOCK_ENTRIES: usize = 1024;
+/// Memory a batch costs the tip beyond its bytes (its slot and index
+/// entry), counted against `tip_bytes` so small batches cannot make the
+/// tip use several times its limit.
+pub const SLOT_OVERHEAD: usize = std::mem::size_of::<Slot>() + std::mem::size_of::<Entry>();
 /// The ring copies batches into chunks of this size (a batch larger than
 /// it gets a chunk of its own).
 const ARENA_CHUNK: usize = 4 << 20;
@@ -98,9 +102,11 @@ type BlockId = u32;
 
 /// The shared pool of index blocks.
 struct Pool {
-    blocks: Vec<Box<[Entry; BLOCK_ENTRIES]>>,
+    blocks: Vec<Box<[Entry]>>,
     free: Vec<BlockId>,
     max: usize,
+    /// Entries per block ([`BLOCK_ENTRIES`]; tests use small blocks).
+    size: usize,
 }
 
 impl Pool {
@@ -111,7 +117,7 @@ impl Pool {
         if self.blocks.len() >= self.max {
             return None;
         }
-        self.blocks.push(Box::new([Entry::default(); BLOCK_ENTRIES]));
+        self.blocks.push(vec![Entry::default(); self.size].into_boxed_slice());
         Some((self.blocks.len() - 1) as BlockId)
     }
 
@@ -137,7 +143,7 @@ struct BranchIndex {
 impl BranchIndex {
     fn get<'a>(&self, pool: &'a Pool, i: usize) -> &'a Entry {
         let at = self.head + i;
-        &pool.blocks[self.blocks[at / BLOCK_ENTRIES] as usize][at % BLOCK_ENTRIES]
+        &pool.blocks[self.blocks[at / pool.size] as usize][at % pool.size]
     }
 
     /// The first position whose entry has `seq >= seq`.
@@ -213,8 +219,15 @@ pub struct Tip {
 
 impl Tip {
     pub fn new(cfg: TipConfig) -> Tip {
+        Self::with_block_size(cfg, BLOCK_ENTRIES)
+    }
+
+    /// A tip whose index blocks hold `size` entries (tests use small ones
+    /// to cross block boundaries often).
+    pub fn with_block_size(cfg: TipConfig, size: usize) -> Tip {
+        assert!(size > 0, "index blocks hold at least one entry");
         let max = cfg.max_blocks;
-        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0), merged: AtomicU64::new(0) }
+        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max, size }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0), merged: AtomicU64::new(0) }
     }
 
     /// Switches the lookup (benchmarks compare both on one ring).
@@ -254,17 +267,18 @@ impl Tip {
                 self.clear();
             }
         }
-        if batch.len() > self.cfg.bytes {
+        let cost = batch.len() + SLOT_OVERHEAD;
+        if cost > self.cfg.bytes {
             self.clear();
             return;
         }
-        while self.used + batch.len() > self.cfg.bytes {
+        while self.used + cost > self.cfg.bytes {
             self.evict();
         }
         let b = self.branch_id(branch);
         let full = {
             let bi = &self.branches[b as usize];
-            bi.len == 0 || (bi.head + bi.len).is_multiple_of(BLOCK_ENTRIES)
+            bi.len == 0 || (bi.head + bi.len).is_multiple_of(self.pool.size)
         };
         if full {
             // The branch needs a new block; free one if the pool is spent.
@@ -287,15 +301,16 @@ impl Tip {
         }
         let bi = &mut self.branches[b as usize];
         let at = bi.head + bi.len;
-        let block = bi.blocks[at / BLOCK_ENTRIES];
-        self.pool.blocks[block as usize][at % BLOCK_ENTRIES] = Entry { seq, tag: tag(&tp) };
+        let block = bi.blocks[at / self.pool.size];
+        let size = self.pool.size;
+        self.pool.blocks[block as usize][at % size] = Entry { seq, tag: tag(&tp) };
         bi.len += 1;
         if self.arena.capacity() < batch.len() {
             self.next_arena(seq, batch.len());
         }
         self.arena.extend_from_slice(batch);
         let bytes = self.arena.split().freeze();
-        self.used += batch.len();
+        self.used += cost;
         self.ring.push_back(Slot { seq, tp, branch: b, base_offset, last_offset, bytes });
     }
 
@@ -327,12 +342,12 @@ impl Tip {
     /// Drops the oldest batch, and its index entry.
     fn evict(&mut self) {
         let Some(slot) = self.ring.pop_front() else { return };
-        self.used -= slot.bytes.len();
+        self.used -= slot.bytes.len() + SLOT_OVERHEAD;
         let bi = &mut self.branches[slot.branch as usize];
         debug_assert_eq!(bi.get(&self.pool, 0).seq, slot.seq, "index entries leave in ring order");
         bi.head += 1;
         bi.len -= 1;
-        if bi.head == BLOCK_ENTRIES || bi.len == 0 {
+        if bi.head == self.pool.size || bi.len == 0 {
             let id = bi.blocks.pop_front().expect("a block holds the entry");
             self.pool.release(id);
             bi.head = 0;
@@ -432,11 +447,17 @@ impl Tip {
     /// in stream order, up to `max_bytes` (at least one if `min_one`): an
     /// n-way merge of their indexes with [`merge::DefaultHeap`]. None when
     /// the tip does not reach back to `from_seq`.
-    pub fn merge(&self, branches: &[u64], from_seq: u64, max_bytes: usize, min_one: bool) -> Option<Vec<Merged>> {
+    /// `below_seq` bounds the merge (the caller passes the first sequence
+    /// not yet durable/visible, so unpublished batches are never served).
+    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool) -> Option<Vec<Merged>> {
         if self.first_seq().is_none_or(|f| f > from_seq) {
             return None;
         }
-        let idx: Vec<&BranchIndex> = branches.iter().filter_map(|b| self.branch_ids.get(b)).map(|&b| &self.branches[b as usize]).collect();
+        let mut ids: Vec<u32> = branches.iter().filter_map(|b| self.branch_ids.get(b).copied()).collect();
+        // A branch named twice would yield its batches twice.
+        ids.sort_unstable();
+        ids.dedup();
+        let idx: Vec<&BranchIndex> = ids.iter().map(|&b| &self.branches[b as usize]).collect();
         let mut pos: Vec<usize> = idx.iter().map(|bi| bi.lower_bound(&self.pool, from_seq)).collect();
         let key = |i: usize, p: usize| if p < idx[i].len { idx[i].get(&self.pool, p).seq } else { u64::MAX };
         let heads: Vec<u64> = (0..idx.len()).map(|i| key(i, pos[i])).collect();
@@ -444,6 +465,9 @@ impl Tip {
         let mut out = Vec::new();
         let mut taken = 0usize;
         while let Some((seq, src)) = merge::MergeHeap::top(&heap) {
+            if seq >= below_seq {
+                break;
+            }
             let s = self.slot(seq).expect("an index entry names a slot in the ring");
             if !((min_one && out.is_empty()) || taken + s.bytes.len() <= max_bytes) {
                 break;
@@ -491,7 +515,7 @@ mod tests {
 
     #[test]
     fn reads_walk_only_their_branch_and_eviction_recycles_blocks() {
-        let tip = &mut Tip::new(TipConfig { bytes: 64 * 100, max_blocks: 4, lookup: Lookup::Index });
+        let tip = &mut Tip::new(TipConfig { bytes: (64 + SLOT_OVERHEAD) * 100, max_blocks: 4, lookup: Lookup::Index });
         // Two branches; branch a gets tp(1,0), branch b gets tp(2,0) ten
         // times as often.
         let (mut next_a, mut next_b) = (0i64, 0i64);
@@ -520,7 +544,7 @@ mod tests {
         }
         assert!(tip.read(&tp(1, 0), 1, 0, 0, i64::MAX, 1 << 20, true).is_none());
         assert_eq!(tip.stats().branches, 1, "branch a's block went back to the pool");
-        assert_eq!(tip.stats().bytes_used, 6400);
+        assert_eq!(tip.stats().bytes_used, (64 + SLOT_OVERHEAD) * 100);
     }
 
     #[test]
@@ -550,12 +574,14 @@ mod tests {
         #[test]
         fn tip_reads_equal_the_reference(
             appends in proptest::collection::vec((0u8..6, 0i32..2, 1i64..4, 8usize..200), 1..600),
-            ring in 256usize..8192,
-            blocks in 1usize..12,
+            ring in 1024usize..16384,
+            blocks in 1usize..40,
+            block in 1usize..9,
             scan in any::<bool>(),
         ) {
             let lookup = if scan { Lookup::Scan } else { Lookup::Index };
-            let mut tip = Tip::new(TipConfig { bytes: ring, max_blocks: blocks, lookup });
+            // Blocks of 1 to 8 entries: the walk crosses block boundaries.
+            let mut tip = Tip::with_block_size(TipConfig { bytes: ring, max_blocks: blocks, lookup }, block);
             let mut next: HashMap<Tp, i64> = HashMap::new();
             let mut all: Vec<Pushed> = Vec::new();
             for (seq, (t, p, n, len)) in appends.into_iter().enumerate() {
@@ -568,6 +594,13 @@ mod tests {
                 all.push(Pushed { seq: seq as u64, tp, base, last: base + n - 1, len: len.max(8) });
                 prop_assert!(tip.stats().blocks_in_use <= blocks);
                 prop_assert!(tip.stats().bytes_used <= ring);
+                // Merging only what is below a bound stops there.
+                if seq % 17 == 0 {
+                    if let Some(m) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true) {
+                        prop_assert!(m.iter().all(|b| b.seq < seq as u64));
+                        prop_assert!(m.windows(2).all(|w| w[0].seq < w[1].seq), "no batch twice");
+                    }
+                }
             }
             let first = tip.first_seq();
             // Subtree merges: each branch alone and both, from every
@@ -576,12 +609,12 @@ mod tests {
             if let Some(f) = first {
                 for subtree in [&[1u64][..], &[2], &[1, 2]] {
                     for from in (f..all.len() as u64).step_by(7) {
-                        let got: Vec<u64> = tip.merge(subtree, from, usize::MAX, true).unwrap().iter().map(|m| m.seq).collect();
+                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true).unwrap().iter().map(|m| m.seq).collect();
                         let want: Vec<u64> = all.iter().filter(|b| b.seq >= from && subtree.contains(&(if b.tp.topic[0] < 3 { 1 } else { 2 }))).map(|b| b.seq).collect();
                         prop_assert_eq!(got, want);
                     }
                 }
-                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), usize::MAX, true).is_none() || f == 0);
+                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), u64::MAX, usize::MAX, true).is_none() || f == 0);
             }
             for (tp, end) in &next {
                 let branch = if tp.topic[0] < 3 { 1 } else { 2 };

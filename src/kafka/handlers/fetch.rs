@@ -136,7 +136,7 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                         engine
                             .offsets(&tp)
                             .map(|(ls, hw, leo)| {
-                                let r = crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0, next_offset: w.offset };
+                                let r = crate::storage::ReadResult { records: Vec::new(), high_watermark: hw, log_start: ls, log_end: leo, bytes_scanned: 0, next_offset: w.offset, from_tip: false };
                                 (r, engine.last_stable_offset(&tp, hw), Vec::new())
                             })
                             .ok_or(EngineError::UnknownTopicOrPartition)
@@ -154,7 +154,7 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                             total += len;
                             // A consumer that got a full share is catching up:
                             // read its next share while this one is sent.
-                            if len > 0 && len >= w.max_bytes / 2 && r.next_offset < lso.min(r.high_watermark) {
+                            if len > 0 && !r.from_tip && len >= w.max_bytes / 2 && r.next_offset < lso.min(r.high_watermark) {
                                 ahead.push((tp, r.next_offset, w.max_bytes));
                             }
                             out.high_watermark = r.high_watermark;
