@@ -184,9 +184,19 @@ pub type DefaultHeap = StdHeap;
 /// [`merge_sorted`], taking runs: after the top's key, its source's next
 /// keys that are still below the runner-up are taken straight from the
 /// source, and the heap is touched once per run instead of once per key.
-/// Stream traffic comes in runs (a busy branch's batches follow each other),
-/// so most keys never reach the heap.
+/// It pays where a source's keys come in runs (a busy branch's batches
+/// following each other); on independently interleaved keys it gained 4%.
 pub fn merge_runs<H: MergeHeap>(sources: &[&[u64]]) -> Vec<u64> {
+    merge_with::<H>(sources, true)
+}
+
+/// Merges sorted `sources` into one sorted vector with heap `H`, one heap
+/// operation per key (for tests and benchmarks).
+pub fn merge_sorted<H: MergeHeap>(sources: &[&[u64]]) -> Vec<u64> {
+    merge_with::<H>(sources, false)
+}
+
+fn merge_with<H: MergeHeap>(sources: &[&[u64]], runs: bool) -> Vec<u64> {
     let mut pos = vec![0usize; sources.len()];
     let heads: Vec<u64> = sources.iter().map(|s| s.first().copied().unwrap_or(DONE)).collect();
     let mut h = H::build(&heads);
@@ -194,7 +204,8 @@ pub fn merge_runs<H: MergeHeap>(sources: &[&[u64]]) -> Vec<u64> {
     while let Some((key, src)) = h.top() {
         out.push(key);
         let s = src as usize;
-        let bound = h.runner_up();
+        // Without runs the bound is the key itself: nothing below it is left.
+        let bound = if runs { h.runner_up() } else { key };
         let source = sources[s];
         let mut p = pos[s] + 1;
         while p < source.len() && source[p] < bound {
@@ -203,22 +214,6 @@ pub fn merge_runs<H: MergeHeap>(sources: &[&[u64]]) -> Vec<u64> {
         }
         pos[s] = p;
         h.replace_top(source.get(p).copied().unwrap_or(DONE));
-    }
-    out
-}
-
-/// Merges sorted `sources` into one sorted vector with heap `H`, one heap
-/// operation per key (for tests and benchmarks).
-pub fn merge_sorted<H: MergeHeap>(sources: &[&[u64]]) -> Vec<u64> {
-    let mut pos = vec![0usize; sources.len()];
-    let heads: Vec<u64> = sources.iter().map(|s| s.first().copied().unwrap_or(DONE)).collect();
-    let mut h = H::build(&heads);
-    let mut out = Vec::with_capacity(sources.iter().map(|s| s.len()).sum());
-    while let Some((key, src)) = h.top() {
-        out.push(key);
-        let s = src as usize;
-        pos[s] += 1;
-        h.replace_top(sources[s].get(pos[s]).copied().unwrap_or(DONE));
     }
     out
 }
