@@ -1023,7 +1023,9 @@ fn writer_loop(
                         .iter()
                         .map(|tp| {
                             t.close_partition(producer_id, tp);
-                            storage.offsets(tp).map_or(-1, |o| o.2)
+                            // Not the published end: this round's appends
+                            // are not flushed yet.
+                            storage.next_offset(tp).unwrap_or(-1)
                         })
                         .collect();
                     drop(t);

@@ -723,6 +723,12 @@ impl Storage {
         self.parts.read().expect("parts lock").keys().copied().collect()
     }
 
+    /// The offset the next append to `tp` gets: past every batch appended,
+    /// flushed or not (the published log end lags until the flush).
+    pub fn next_offset(&self, tp: &Tp) -> Option<i64> {
+        self.writer.lock().expect("writer lock").parts.get(tp).map(|w| w.next_offset)
+    }
+
     /// Offsets of a tp: (log start, high watermark, log end).
     pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
