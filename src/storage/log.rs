@@ -589,7 +589,7 @@ impl Storage {
         let entry = pw.index_entry(&staged.seg, pos, &fh, &self.cfg);
         if self.cfg.tip.bytes > 0 {
             let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
-            let key = Arc::as_ptr(&pw.part.branch) as u64;
+            let key = tip_key(&pw.part.branch);
             self.tip.write().expect("tip lock").push(seq, tp, key, base_offset, fh.last_offset(), &staged.buf[at..]);
         }
         staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
@@ -770,7 +770,7 @@ impl Storage {
         }
         // The tip first: no syscall, and only this branch's entries walked.
         if self.cfg.tip.bytes > 0 && start.offset <= offset {
-            let key = Arc::as_ptr(&part.branch) as u64;
+            let key = tip_key(&part.branch);
             if let Some(t) = self.tip.read().expect("tip lock").read(tp, key, start.seq, offset, hw, max_bytes, min_one) {
                 result.records = t.records;
                 result.next_offset = t.next_offset;
@@ -1067,6 +1067,12 @@ fn part_bytes(segs: &[Arc<Segment>], tp: &Tp, log_start: i64) -> u64 {
         .filter(|s| s.last_offset >= log_start)
         .map(|s| s.bytes)
         .sum()
+}
+
+/// A branch as the tip knows it: its address, stable while the storage
+/// lives (branches are never dropped).
+fn tip_key(branch: &Arc<Branch>) -> u64 {
+    Arc::as_ptr(branch) as u64
 }
 
 fn branch_key(branch: &Branch) -> String {

@@ -152,6 +152,8 @@ impl Transactions {
         let e = engine.clone();
         let records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
         let t = Transactions { inner: Arc::new(Inner { engine, groups, cfg, clock, ids: Mutex::new(HashMap::new()) }) };
+        // Each producer id's transactional id, for the pass below.
+        let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
         for (id, rec) in records {
             let slot: Slot = Arc::new(tokio::sync::Mutex::new(Some(rec)));
             t.inner.ids.lock().expect("txn ids lock").insert(id.clone(), slot.clone());
@@ -169,14 +171,7 @@ impl Transactions {
             if let Err(code) = outcome {
                 anyhow::bail!("recovering transaction {id:?} failed (error {code})");
             }
-        }
-        let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
-        for (id, slot) in t.inner.ids.lock().expect("txn ids lock").iter() {
-            if let Ok(guard) = slot.try_lock() {
-                if let Some(rec) = guard.as_ref() {
-                    owners.insert(rec.producer_id, (id.clone(), slot.clone()));
-                }
-            }
+            owners.insert(rec.producer_id, (id, slot.clone()));
         }
         // Partitions still holding an open transaction: its record did not
         // say so (the writes that began it were not flushed yet). Abort it
@@ -245,10 +240,7 @@ impl Transactions {
 
     /// Topic names to tps; partitions of topics deleted since are skipped.
     fn tps(&self, partitions: &[(String, i32)]) -> Vec<Tp> {
-        partitions
-            .iter()
-            .filter_map(|(topic, p)| self.inner.engine.topic(topic).filter(|t| *p >= 0 && *p < t.partitions()).map(|t| t.tp(*p)))
-            .collect()
+        partitions.iter().filter_map(|w| self.tp(w)).collect()
     }
 
     /// Ends the Ongoing transaction in `rec`: the decision made durable,
@@ -282,6 +274,7 @@ impl Transactions {
         self.finish(id, rec, marker, false).await
     }
 
+    /// A partition by topic name; None if the topic or partition is gone.
     fn tp(&self, (topic, p): &(String, i32)) -> Option<Tp> {
         self.inner.engine.topic(topic).filter(|t| *p >= 0 && *p < t.partitions()).map(|t| t.tp(*p))
     }
@@ -421,12 +414,12 @@ impl Transactions {
         let mut tps = Vec::with_capacity(wanted.len());
         let codes: Vec<i16> = wanted
             .iter()
-            .map(|(topic, p)| match self.inner.engine.topic(topic) {
-                Some(t) if *p >= 0 && *p < t.partitions() => {
-                    tps.push(t.tp(*p));
+            .map(|w| match self.tp(w) {
+                Some(tp) => {
+                    tps.push(tp);
                     0
                 }
-                _ => E::UnknownTopicOrPartition.code(),
+                None => E::UnknownTopicOrPartition.code(),
             })
             .collect();
         if codes.iter().any(|&c| c != 0) {
@@ -501,8 +494,7 @@ impl Transactions {
         let now = self.now();
         let mut codes = Vec::with_capacity(offsets.len());
         for (topic, partition, offset, leader_epoch, metadata) in offsets {
-            let known = self.inner.engine.topic(&topic).is_some_and(|t| partition >= 0 && partition < t.partitions());
-            let code = if !known {
+            let code = if self.tp(&(topic.clone(), partition)).is_none() {
                 E::UnknownTopicOrPartition.code()
             } else if metadata.as_ref().is_some_and(|m| m.len() > crate::kafka::handlers::offset_commit::MAX_METADATA_BYTES) {
                 E::OffsetMetadataTooLarge.code()
