@@ -27,6 +27,7 @@
 //! - `never`: fsync only when a segment is sealed and on shutdown.
 
 pub mod producers;
+pub mod subtree;
 pub mod topics;
 pub mod txns;
 
@@ -218,7 +219,7 @@ enum WriteCmd {
 }
 
 struct SyncJob {
-    moved: Vec<(Tp, i64)>,
+    moved: storage::log::Flushed,
     replies: Vec<(Reply, AppendResult)>,
     done: Option<oneshot::Sender<()>>,
 }
@@ -228,6 +229,8 @@ struct SyncJob {
 #[derive(Default)]
 struct Waiters {
     by_tp: Mutex<HashMap<Tp, Vec<Weak<Notify>>>>,
+    /// Woken by new data in any tp (subtree fetches).
+    any: Mutex<Vec<Weak<Notify>>>,
 }
 
 impl Waiters {
@@ -240,7 +243,19 @@ impl Waiters {
         }
     }
 
+    fn register_any(&self, n: &Arc<Notify>) {
+        let mut any = self.any.lock().expect("waiters lock");
+        any.retain(|w| w.strong_count() > 0);
+        any.push(Arc::downgrade(n));
+    }
+
     fn wake(&self, moved: &[(Tp, i64)]) {
+        if moved.is_empty() {
+            return;
+        }
+        for n in std::mem::take(&mut *self.any.lock().expect("waiters lock")).iter().filter_map(Weak::upgrade) {
+            n.notify_one();
+        }
         let mut map = self.by_tp.lock().expect("waiters lock");
         for (tp, _) in moved {
             if let Some(list) = map.remove(tp) {
@@ -1048,7 +1063,7 @@ fn writer_loop(
                 for (reply, _) in written.drain(..).chain(durable.drain(..)) {
                     let _ = reply.send(Err(AppendFailure::Storage(msg.clone())));
                 }
-                Vec::new()
+                storage::log::Flushed::default()
             }
         };
         // After the flush, so every batch the snapshot remembers is in the
@@ -1078,18 +1093,18 @@ fn writer_loop(
                     let _ = reply.send(Ok(r));
                 }
                 let job = SyncJob { moved, replies: durable, done: shutdown.take() };
-                if job.done.is_some() || !job.moved.is_empty() || !job.replies.is_empty() {
+                if job.done.is_some() || !job.moved.moved.is_empty() || !job.replies.is_empty() {
                     let _ = sync_tx.send(job);
                 }
             }
             FlushPolicy::Interval(_) | FlushPolicy::Never => {
                 storage.publish_hw(&moved);
-                waiters.wake(&moved);
+                waiters.wake(&moved.moved);
                 for (reply, r) in written.into_iter().chain(durable) {
                     let _ = reply.send(Ok(r));
                 }
                 if let Some(done) = shutdown.take() {
-                    let _ = sync_tx.send(SyncJob { moved: Vec::new(), replies: Vec::new(), done: Some(done) });
+                    let _ = sync_tx.send(SyncJob { moved: Default::default(), replies: Vec::new(), done: Some(done) });
                 }
             }
         }
@@ -1135,7 +1150,7 @@ fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, wa
                 Ok(()) => {
                     if policy == FlushPolicy::Always {
                         storage.publish_hw(&job.moved);
-                        waiters.wake(&job.moved);
+                        waiters.wake(&job.moved.moved);
                     }
                     for (reply, r) in job.replies {
                         let _ = reply.send(Ok(r));

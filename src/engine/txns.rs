@@ -118,6 +118,14 @@ impl Txns {
         t.aborted.range(start..).filter(|a| a.first_offset < to).map(|a| (a.producer_id, a.first_offset)).collect()
     }
 
+    /// Whether the batch of `producer_id` at `offset` in `tp` belongs to an
+    /// aborted transaction.
+    pub fn is_aborted(&self, tp: &Tp, producer_id: i64, offset: i64) -> bool {
+        let Some(t) = self.tps.get(tp) else { return false };
+        let start = t.aborted.partition_point(|a| a.last_offset < offset);
+        t.aborted.range(start..).any(|a| a.producer_id == producer_id && a.first_offset <= offset)
+    }
+
     /// Open transactions per tp (for recovery: those the coordinator does
     /// not know of are aborted).
     pub fn ongoing(&self) -> Vec<(Tp, OpenTxn)> {

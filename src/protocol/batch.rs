@@ -47,7 +47,7 @@ const OFF_BASE_SEQUENCE: usize = 53;
 const OFF_RECORDS_COUNT: usize = 57;
 
 const ATTR_COMPRESSION_MASK: i16 = 0x07;
-const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
+pub const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
 const ATTR_TRANSACTIONAL: i16 = 0x10;
 const ATTR_CONTROL: i16 = 0x20;
 
@@ -398,26 +398,63 @@ pub fn control_batch(marker: Marker, producer_id: i64, epoch: i16, coordinator_e
     record.extend_from_slice(&coordinator_epoch.to_be_bytes());
     record.push(0);
     let mut out = Vec::with_capacity(HEADER_BYTES + 1 + record.len());
-    out.extend_from_slice(&0i64.to_be_bytes());
-    out.extend_from_slice(&0i32.to_be_bytes()); // batch length, below
-    out.extend_from_slice(&0i32.to_be_bytes()); // partition leader epoch
-    out.push(2);
-    out.extend_from_slice(&0u32.to_be_bytes()); // crc, below
-    out.extend_from_slice(&(ATTR_TRANSACTIONAL | ATTR_CONTROL).to_be_bytes());
-    out.extend_from_slice(&0i32.to_be_bytes());
-    out.extend_from_slice(&now_ms.to_be_bytes());
-    out.extend_from_slice(&now_ms.to_be_bytes());
-    out.extend_from_slice(&producer_id.to_be_bytes());
-    out.extend_from_slice(&epoch.to_be_bytes());
-    out.extend_from_slice(&(-1i32).to_be_bytes());
-    out.extend_from_slice(&1i32.to_be_bytes());
+    let header = NewBatch {
+        base_offset: 0,
+        attributes: ATTR_TRANSACTIONAL | ATTR_CONTROL,
+        last_offset_delta: 0,
+        base_timestamp: now_ms,
+        max_timestamp: now_ms,
+        producer_id,
+        producer_epoch: epoch,
+        base_sequence: -1,
+        records_count: 1,
+    };
+    out.extend_from_slice(&header.header());
     out.push((record.len() as u8) << 1);
     out.extend_from_slice(&record);
-    let length = (out.len() - LOG_OVERHEAD) as i32;
-    out[OFF_BATCH_LENGTH..OFF_BATCH_LENGTH + 4].copy_from_slice(&length.to_be_bytes());
-    let crc = crc32c::crc32c(&out[OFF_ATTRIBUTES..]);
-    out[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    seal(&mut out);
     out
+}
+
+/// The header fields of a batch the broker builds itself.
+#[derive(Debug, Clone, Copy)]
+pub struct NewBatch {
+    pub base_offset: i64,
+    pub attributes: i16,
+    pub last_offset_delta: i32,
+    pub base_timestamp: i64,
+    pub max_timestamp: i64,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+    pub records_count: i32,
+}
+
+impl NewBatch {
+    /// The v2 header, with batchLength and CRC left for [`seal`].
+    pub fn header(&self) -> [u8; HEADER_BYTES] {
+        let mut h = [0u8; HEADER_BYTES];
+        h[OFF_BASE_OFFSET..OFF_BASE_OFFSET + 8].copy_from_slice(&self.base_offset.to_be_bytes());
+        h[OFF_MAGIC] = 2;
+        h[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&self.attributes.to_be_bytes());
+        h[OFF_LAST_OFFSET_DELTA..OFF_LAST_OFFSET_DELTA + 4].copy_from_slice(&self.last_offset_delta.to_be_bytes());
+        h[OFF_BASE_TIMESTAMP..OFF_BASE_TIMESTAMP + 8].copy_from_slice(&self.base_timestamp.to_be_bytes());
+        h[OFF_MAX_TIMESTAMP..OFF_MAX_TIMESTAMP + 8].copy_from_slice(&self.max_timestamp.to_be_bytes());
+        h[OFF_PRODUCER_ID..OFF_PRODUCER_ID + 8].copy_from_slice(&self.producer_id.to_be_bytes());
+        h[OFF_PRODUCER_EPOCH..OFF_PRODUCER_EPOCH + 2].copy_from_slice(&self.producer_epoch.to_be_bytes());
+        h[OFF_BASE_SEQUENCE..OFF_BASE_SEQUENCE + 4].copy_from_slice(&self.base_sequence.to_be_bytes());
+        h[OFF_RECORDS_COUNT..OFF_RECORDS_COUNT + 4].copy_from_slice(&self.records_count.to_be_bytes());
+        h
+    }
+}
+
+/// Fills in batchLength and the CRC-32C of the whole batch in `buf` (a
+/// [`NewBatch::header`] followed by its records).
+pub fn seal(buf: &mut [u8]) {
+    let length = (buf.len() - LOG_OVERHEAD) as i32;
+    buf[OFF_BATCH_LENGTH..OFF_BATCH_LENGTH + 4].copy_from_slice(&length.to_be_bytes());
+    let crc = crc32c::crc32c(&buf[OFF_ATTRIBUTES..]);
+    buf[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
 }
 
 /// The marker a control batch carries; None for any other batch or a

@@ -8,3 +8,4 @@ pub mod fetch;
 pub mod frame;
 pub mod guard;
 pub mod header;
+pub mod tagged;

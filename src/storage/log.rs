@@ -45,6 +45,9 @@ use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEA
 use super::{TopicId, Tp};
 use crate::protocol::batch;
 
+mod stream;
+pub use stream::StreamRead;
+
 /// A read scans at most this many bytes of foreign frames to reach its own.
 const MAX_SCAN_GAP: u64 = 256 * 1024;
 /// Bounds on one positioned read on the read path: about the bytes the
@@ -53,6 +56,9 @@ const MIN_READ_CHUNK: usize = 64 * 1024;
 const MAX_READ_CHUNK: usize = 64 * 1024 * 1024;
 /// Returned batches smaller than this are copied out of their read buffer.
 const SMALL_COPY: usize = 64 * 1024;
+
+/// Spacing of a segment's stream index marks (see [`Segment::mark`]).
+const STREAM_MARK_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -131,6 +137,15 @@ pub struct ReadResult {
     pub from_tip: bool,
 }
 
+/// What one [`Storage::flush`] wrote: the tps whose end moved, with their
+/// new end, and the first stream sequence number not yet written. Handed
+/// to [`Storage::publish_hw`] once it may be seen.
+#[derive(Debug, Clone, Default)]
+pub struct Flushed {
+    pub moved: Vec<(Tp, i64)>,
+    pub seq_end: u64,
+}
+
 /// What recovery did, for the log and for the benchmark report.
 #[derive(Debug, Clone, Default)]
 pub struct RecoveryReport {
@@ -166,6 +181,12 @@ struct Segment {
     len: AtomicU64,
     dirty: AtomicBool,
     tps: Mutex<HashMap<Tp, SegTp>>,
+    /// Sparse stream index: (sequence number, position) of a frame every
+    /// `STREAM_MARK_BYTES`, so a subtree read finds where a sequence number
+    /// starts without walking the segment from its head.
+    marks: Mutex<Vec<(u64, u64)>>,
+    /// One past the largest sequence number staged into this segment.
+    end_seq: AtomicU64,
 }
 
 impl ReadResult {
@@ -187,6 +208,24 @@ impl ReadResult {
 }
 
 impl Segment {
+    /// Records the frame at `pos` in the stream index if the last mark is
+    /// far enough back (frames arrive in sequence order).
+    fn mark(&self, seq: u64, pos: u64) {
+        self.end_seq.fetch_max(seq + 1, Ordering::AcqRel);
+        let mut marks = self.marks.lock().expect("segment marks lock");
+        if marks.last().is_none_or(|&(_, p)| pos >= p + STREAM_MARK_BYTES) {
+            marks.push((seq, pos));
+        }
+    }
+
+    /// Where to start walking for the first frame with sequence `seq` or
+    /// later: the last mark at or before it, else the first frame.
+    fn mark_for(&self, seq: u64) -> u64 {
+        let marks = self.marks.lock().expect("segment marks lock");
+        let i = marks.partition_point(|&(s, _)| s <= seq);
+        if i == 0 { FILE_HEADER_BYTES } else { marks[i - 1].1 }
+    }
+
     fn note(&self, tp: Tp, last_offset: i64, bytes: u64, max_ts: i64) {
         let mut tps = self.tps.lock().expect("segment tps lock");
         let e = tps.entry(tp).or_insert(SegTp { last_offset, bytes: 0, max_ts });
@@ -345,6 +384,9 @@ pub struct Storage {
     /// dropped pages; a second fsync would wrongly report success).
     poisoned: Mutex<Option<String>>,
     report: RecoveryReport,
+    /// Every batch with a smaller stream sequence number is published
+    /// (readers may see it): the bound of subtree reads.
+    visible_seq: AtomicU64,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StorageError + '_ {
@@ -449,10 +491,13 @@ impl Storage {
                     len: AtomicU64::new(scan.valid_len),
                     dirty: AtomicBool::new(false),
                     tps: Mutex::new(HashMap::new()),
+                    marks: Mutex::new(Vec::new()),
+                    end_seq: AtomicU64::new(0),
                 });
                 next_seq = next_seq.max(seg.base_seq);
                 for (pos, fh) in &scan.frames {
                     next_seq = next_seq.max(fh.seq + 1);
+                    seg.mark(fh.seq, *pos);
                     report.frames += 1;
                     report.bytes += fh.frame_len as u64;
                     let tp = Tp { topic: fh.topic_id, partition: fh.partition };
@@ -490,6 +535,7 @@ impl Storage {
             cfg,
             poisoned: Mutex::new(None),
             report,
+            visible_seq: AtomicU64::new(next_seq),
         })
     }
 
@@ -593,6 +639,7 @@ impl Storage {
             self.tip.write().expect("tip lock").push(seq, tp, key, base_offset, fh.last_offset(), &staged.buf[at..]);
         }
         staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
+        staged.seg.mark(seq, pos);
         pw.next_offset = fh.last_offset() + 1;
         staged.published.push((pw.part.clone(), pw.next_offset, entry));
         let log_start = pw.part.st.read().expect("partition lock").log_start;
@@ -601,12 +648,13 @@ impl Storage {
     }
 
     /// Writes every staged frame (one positioned write per branch) and
-    /// publishes the new log end offsets. Returns the tps whose end moved,
-    /// with their new end, for [`Storage::publish_hw`].
-    pub fn flush(&self) -> Result<Vec<(Tp, i64)>, StorageError> {
+    /// publishes the new log end offsets. Returns what moved, for
+    /// [`Storage::publish_hw`].
+    pub fn flush(&self) -> Result<Flushed, StorageError> {
         let mut guard = self.writer.lock().expect("writer lock");
         let w = &mut *guard;
         let mut moved = Vec::new();
+        let seq_end = w.next_seq;
         if let Err(e) = self.check_poison() {
             w.staged.clear();
             return Err(e);
@@ -625,7 +673,7 @@ impl Storage {
                 moved.push((part.tp, leo));
             }
         }
-        Ok(moved)
+        Ok(Flushed { moved, seq_end })
     }
 
     fn write_staged(&self, staged: &mut Staged) -> Result<(), StorageError> {
@@ -675,10 +723,11 @@ impl Storage {
     }
 
     /// Lets readers see offsets up to each given end (after they are durable,
-    /// or right away when the flush policy does not wait for fsync).
-    pub fn publish_hw(&self, moved: &[(Tp, i64)]) {
+    /// or right away when the flush policy does not wait for fsync), and the
+    /// stream up to the flush's sequence number.
+    pub fn publish_hw(&self, flushed: &Flushed) {
         let parts = self.parts.read().expect("parts lock");
-        for (tp, end) in moved {
+        for (tp, end) in &flushed.moved {
             if let Some(p) = parts.get(tp) {
                 let mut st = p.st.write().expect("partition lock");
                 let end = (*end).min(st.leo);
@@ -687,6 +736,9 @@ impl Storage {
                 }
             }
         }
+        // After the tps: a subtree read never serves a batch its tp's own
+        // fetch could not.
+        self.visible_seq.fetch_max(flushed.seq_end, Ordering::AcqRel);
     }
 
     fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<Arc<Segment>, StorageError> {
@@ -713,6 +765,8 @@ impl Storage {
             len: AtomicU64::new(FILE_HEADER_BYTES),
             dirty: AtomicBool::new(false),
             tps: Mutex::new(HashMap::new()),
+            marks: Mutex::new(Vec::new()),
+            end_seq: AtomicU64::new(0),
         });
         branch.segs.write().expect("branch lock").push(seg.clone());
         Ok(seg)
@@ -886,57 +940,15 @@ impl Storage {
         scanned: &mut u64,
         mut visit: impl FnMut(&FrameHeader, &Bytes, std::ops::Range<usize>) -> Walk,
     ) -> io::Result<()> {
-        let segs: Vec<Arc<Segment>> = {
-            let segs = part.branch.segs.read().expect("branch lock");
-            let i = segs.partition_point(|s| s.base_seq < start.seg);
-            segs[i..].to_vec()
-        };
-        let mut want_at_least = FRAME_HEADER_BYTES;
-        for (n, seg) in segs.iter().enumerate() {
-            let end = seg.len.load(Ordering::Acquire);
-            let mut pos = if n == 0 && seg.base_seq == start.seg { start.pos } else { FILE_HEADER_BYTES };
-            while pos + FRAME_HEADER_BYTES as u64 <= end {
-                let want = ((end - pos) as usize).min(chunk.max(want_at_least));
-                let mut raw = self.read_pool.take(want);
-                let got = segment::read_full_at(&seg.file, &mut raw.buf[..want], pos)?;
-                if got < FRAME_HEADER_BYTES {
-                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path.display())));
+        let mut frames = Frames::new(self, &part.branch, start.seg, start.pos, chunk);
+        while let Some((fh, buf, range)) = frames.next(scanned)? {
+            if fh.topic_id == part.tp.topic && fh.partition == part.tp.partition {
+                if fh.base_offset >= hw {
+                    return Ok(());
                 }
-                raw.len = got;
-                *scanned += got as u64;
-                let buf = Bytes::from_owner(raw);
-                let mut at = 0usize;
-                while at + FRAME_HEADER_BYTES <= got {
-                    let Some(fh) = FrameHeader::decode(&buf[at..]) else {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bad frame in {}", seg.path.display())));
-                    };
-                    let flen = fh.frame_len as usize;
-                    if at + flen > got {
-                        break;
-                    }
-                    if fh.topic_id == part.tp.topic && fh.partition == part.tp.partition {
-                        if fh.base_offset >= hw {
-                            return Ok(());
-                        }
-                        if let Walk::Stop = visit(&fh, &buf, at + FRAME_HEADER_BYTES..at + flen) {
-                            return Ok(());
-                        }
-                    }
-                    at += flen;
+                if let Walk::Stop = visit(&fh, &buf, range) {
+                    return Ok(());
                 }
-                if at == 0 {
-                    // One frame larger than the chunk: read it whole next,
-                    // unless it claims more than the segment holds.
-                    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("frame at {pos} overruns {}", seg.path.display()));
-                    let fh = FrameHeader::decode(&buf[..]).ok_or_else(bad)?;
-                    if fh.frame_len as u64 > end - pos || (fh.frame_len as usize) <= got {
-                        return Err(bad());
-                    }
-                    want_at_least = fh.frame_len as usize;
-                    continue;
-                }
-                want_at_least = FRAME_HEADER_BYTES;
-                pos += at as u64;
             }
         }
         Ok(())
@@ -1059,6 +1071,80 @@ impl Storage {
 enum Walk {
     Skip,
     Stop,
+}
+
+/// A cursor over one branch's frames, in stream order, from a position
+/// in one of its segments to the published end of the newest segment seen
+/// when it was made. Files are read in chunks of about `chunk` bytes into
+/// pooled buffers; every frame comes back as a slice of one.
+struct Frames<'a> {
+    storage: &'a Storage,
+    segs: Vec<Arc<Segment>>,
+    seg: usize,
+    /// File position of `buf[0]` in `segs[seg]`.
+    buf_pos: u64,
+    buf: Bytes,
+    at: usize,
+    chunk: usize,
+}
+
+impl<'a> Frames<'a> {
+    /// Starts at `pos` of the segment whose base sequence number is `seg`
+    /// (or at the head of the next one, if that one is gone).
+    fn new(storage: &'a Storage, branch: &Branch, seg: u64, pos: u64, chunk: usize) -> Frames<'a> {
+        let segs: Vec<Arc<Segment>> = {
+            let segs = branch.segs.read().expect("branch lock");
+            let i = segs.partition_point(|s| s.base_seq < seg);
+            segs[i..].to_vec()
+        };
+        let pos = if segs.first().is_some_and(|s| s.base_seq == seg) { pos } else { FILE_HEADER_BYTES };
+        Frames { storage, segs, seg: 0, buf_pos: pos, buf: Bytes::new(), at: 0, chunk }
+    }
+
+    /// The next frame: its header, the buffer holding it and the range of
+    /// its batch in that buffer. None past the end.
+    fn next(&mut self, scanned: &mut u64) -> io::Result<Option<(FrameHeader, Bytes, std::ops::Range<usize>)>> {
+        loop {
+            let mut need = FRAME_HEADER_BYTES;
+            if self.at + FRAME_HEADER_BYTES <= self.buf.len() {
+                let path = || self.segs[self.seg].path.display().to_string();
+                let fh = FrameHeader::decode(&self.buf[self.at..])
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame in {}", path())))?;
+                let flen = fh.frame_len as usize;
+                if self.at + flen <= self.buf.len() {
+                    let range = self.at + FRAME_HEADER_BYTES..self.at + flen;
+                    self.at += flen;
+                    return Ok(Some((fh, self.buf.clone(), range)));
+                }
+                // Straddles the end of this chunk: read it whole next.
+                need = flen;
+            }
+            let Some(seg) = self.segs.get(self.seg) else { return Ok(None) };
+            let end = seg.len.load(Ordering::Acquire);
+            let start = self.buf_pos + self.at as u64;
+            if start + FRAME_HEADER_BYTES as u64 > end {
+                self.seg += 1;
+                self.buf_pos = FILE_HEADER_BYTES;
+                self.buf = Bytes::new();
+                self.at = 0;
+                continue;
+            }
+            if need as u64 > end - start {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame at {start} overruns {}", seg.path.display())));
+            }
+            let want = ((end - start) as usize).min(self.chunk.max(need));
+            let mut raw = self.storage.read_pool.take(want);
+            let got = segment::read_full_at(&seg.file, &mut raw.buf[..want], start)?;
+            if got < need {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path.display())));
+            }
+            raw.len = got;
+            *scanned += got as u64;
+            self.buf = Bytes::from_owner(raw);
+            self.buf_pos = start;
+            self.at = 0;
+        }
+    }
 }
 
 fn part_bytes(segs: &[Arc<Segment>], tp: &Tp, log_start: i64) -> u64 {

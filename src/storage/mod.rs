@@ -12,7 +12,7 @@ pub mod segment;
 pub mod tip;
 
 pub use log::{
-    Appended, PartitionSpec, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
+    Appended, Flushed, PartitionSpec, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
     StorageConfig, StorageError,
 };
 

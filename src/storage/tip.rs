@@ -179,6 +179,19 @@ pub struct TipStats {
     pub merged: u64,
 }
 
+/// What a subtree merge does with a batch, as its caller's filter says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    Take,
+    Skip,
+    /// End the merge before this batch.
+    Stop,
+}
+
+/// A subtree merge's filter: given a batch's sequence number, tp, last
+/// offset and bytes.
+pub type Filter<'a> = dyn FnMut(u64, &Tp, i64, &[u8]) -> Pick + 'a;
+
 /// One batch of a subtree merge.
 #[derive(Debug, Clone)]
 pub struct Merged {
@@ -449,10 +462,15 @@ impl Tip {
     /// the tip does not reach back to `from_seq`.
     /// `below_seq` bounds the merge (the caller passes the first sequence
     /// not yet durable/visible, so unpublished batches are never served).
-    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool) -> Option<Vec<Merged>> {
+    /// `pick` decides for each batch (a subtree smaller than a branch
+    /// filters its topics, a `read_committed` stream stops at an open
+    /// transaction).
+    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool, pick: &mut Filter<'_>) -> Option<Vec<Merged>> {
         if self.first_seq().is_none_or(|f| f > from_seq) {
+            self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        self.hits.fetch_add(1, Ordering::Relaxed);
         let mut ids: Vec<u32> = branches.iter().filter_map(|b| self.branch_ids.get(b).copied()).collect();
         // A branch named twice would yield its batches twice.
         ids.sort_unstable();
@@ -469,12 +487,18 @@ impl Tip {
                 break;
             }
             let s = self.slot(seq).expect("an index entry names a slot in the ring");
-            if !((min_one && out.is_empty()) || taken + s.bytes.len() <= max_bytes) {
-                break;
-            }
-            taken += s.bytes.len();
-            out.push(Merged { seq, tp: s.tp, base_offset: s.base_offset, last_offset: s.last_offset, bytes: s.bytes.clone() });
             let i = src as usize;
+            match pick(seq, &s.tp, s.last_offset, &s.bytes) {
+                Pick::Stop => break,
+                Pick::Skip => {}
+                Pick::Take => {
+                    if !((min_one && out.is_empty()) || taken + s.bytes.len() <= max_bytes) {
+                        break;
+                    }
+                    taken += s.bytes.len();
+                    out.push(Merged { seq, tp: s.tp, base_offset: s.base_offset, last_offset: s.last_offset, bytes: s.bytes.clone() });
+                }
+            }
             pos[i] += 1;
             merge::MergeHeap::replace_top(&mut heap, key(i, pos[i]));
         }
@@ -596,7 +620,7 @@ mod tests {
                 prop_assert!(tip.stats().bytes_used <= ring);
                 // Merging only what is below a bound stops there.
                 if seq % 17 == 0 {
-                    if let Some(m) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true) {
+                    if let Some(m) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true, &mut |_, _, _, _| Pick::Take) {
                         prop_assert!(m.iter().all(|b| b.seq < seq as u64));
                         prop_assert!(m.windows(2).all(|w| w[0].seq < w[1].seq), "no batch twice");
                     }
@@ -609,12 +633,12 @@ mod tests {
             if let Some(f) = first {
                 for subtree in [&[1u64][..], &[2], &[1, 2]] {
                     for from in (f..all.len() as u64).step_by(7) {
-                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true).unwrap().iter().map(|m| m.seq).collect();
+                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true, &mut |_, _, _, _| Pick::Take).unwrap().iter().map(|m| m.seq).collect();
                         let want: Vec<u64> = all.iter().filter(|b| b.seq >= from && subtree.contains(&(if b.tp.topic[0] < 3 { 1 } else { 2 }))).map(|b| b.seq).collect();
                         prop_assert_eq!(got, want);
                     }
                 }
-                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), u64::MAX, usize::MAX, true).is_none() || f == 0);
+                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), u64::MAX, usize::MAX, true, &mut |_, _, _, _| Pick::Take).is_none() || f == 0);
             }
             for (tp, end) in &next {
                 let branch = if tp.topic[0] < 3 { 1 } else { 2 };

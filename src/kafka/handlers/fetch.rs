@@ -9,6 +9,9 @@
 //! the oldest open transaction) and carry the aborted transactions that
 //! have records in what they return; clients drop those records.
 //!
+//! A subtree stream (`<prefix>.__all`, see `engine::subtree`) is fetched
+//! like partition 0 of a topic; it waits on every tp.
+//!
 //! Fetch sessions (KIP-227) are not offered: the response carries session
 //! id 0, which clients take as "send full fetch requests".
 
@@ -24,6 +27,7 @@ use tokio::sync::Notify;
 
 use super::IntoReply;
 use crate::protocol::fetch::{self as wire, PartitionOut, TopicOut};
+use crate::engine::subtree::Subtree;
 use crate::engine::{Engine, EngineError, Topic};
 use crate::kafka::{errors, Broker};
 use crate::storage::Tp;
@@ -33,6 +37,8 @@ pub const VERSIONS: VersionRange = VersionRange { min: 4, max: 12 };
 struct Want {
     partition: i32,
     topic: Option<Arc<Topic>>,
+    /// Set instead of `topic` for a subtree stream (`<prefix>.__all`).
+    subtree: Option<Subtree>,
     offset: i64,
     max_bytes: usize,
 }
@@ -66,21 +72,33 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             .into_iter()
             .map(|t| {
                 let topic = broker.engine.topic(super::name(&t.topic));
+                let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
                 let parts = t
                     .partitions
                     .into_iter()
-                    .map(|p| Want { partition: p.partition, topic: topic.clone(), offset: p.fetch_offset, max_bytes: (p.partition_max_bytes.max(0) as usize).min(limit) })
+                    .map(|p| Want {
+                        partition: p.partition,
+                        topic: topic.clone(),
+                        subtree: subtree.clone(),
+                        offset: p.fetch_offset,
+                        max_bytes: (p.partition_max_bytes.max(0) as usize).min(limit),
+                    })
                     .collect();
                 (t.topic, parts)
             })
             .collect(),
     );
     let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter_map(|w| w.topic.as_ref().map(|t| t.tp(w.partition)))).collect();
+    let streams = wants.iter().any(|(_, ps)| ps.iter().any(|w| w.subtree.is_some()));
     let mut stopping = broker.stopping.clone();
     loop {
         let notify = Arc::new(Notify::new());
-        let may_wait = tokio::time::Instant::now() < deadline && !tps.is_empty() && !*stopping.borrow();
+        let may_wait = tokio::time::Instant::now() < deadline && (!tps.is_empty() || streams) && !*stopping.borrow();
         if may_wait {
+            // A subtree stream moves with any tp.
+            if streams {
+                broker.engine.subscribe_any(&notify);
+            }
             broker.engine.subscribe(&tps, &notify);
         }
         let engine = broker.engine.clone();
@@ -124,6 +142,25 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                         aborted_transactions: read_committed.then(Vec::new),
                         ..PartitionOut::default()
                     };
+                    if let (Some(s), 0) = (&w.subtree, w.partition) {
+                        let room = max_bytes.saturating_sub(total).min(w.max_bytes);
+                        match engine.read_subtree(s, w.offset, room.max(1), total == 0, read_committed) {
+                            Ok(r) => {
+                                total += r.records.iter().map(Bytes::len).sum::<usize>();
+                                out.high_watermark = r.high_watermark;
+                                out.last_stable_offset = r.last_stable;
+                                out.log_start_offset = r.log_start;
+                                out.records = r.records;
+                            }
+                            Err(e) => {
+                                any_error = true;
+                                let (ls, hw) = engine.subtree_offsets(s);
+                                (out.high_watermark, out.last_stable_offset, out.log_start_offset) = (hw, hw, ls);
+                                out.error_code = errors::code(&e);
+                            }
+                        }
+                        return out;
+                    }
                     let Some(topic) = w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()) else {
                         any_error = true;
                         out.error_code = ResponseError::UnknownTopicOrPartition.code();

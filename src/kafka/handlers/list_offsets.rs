@@ -1,12 +1,14 @@
 //! ListOffsets: earliest (-2), latest (-1: the high watermark, or for
 //! `read_committed` the last stable offset), max timestamp (-3) and by
-//! timestamp, through the time index.
+//! timestamp, through the time index. Subtree streams answer earliest and
+//! latest; a lookup by time gets INVALID_REQUEST (they have no time index).
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 pub use kafka_protocol::messages::{ListOffsetsRequest as Request, ListOffsetsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
+use crate::engine::subtree::Subtree;
 use crate::engine::Engine;
 use crate::kafka::{errors, Broker};
 
@@ -25,11 +27,15 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             .into_iter()
             .map(|t| {
                 let topic = engine.topic(super::name(&t.name));
+                let subtree = if topic.is_none() { engine.subtree(super::name(&t.name)) } else { None };
                 let partitions = t
                     .partitions
                     .into_iter()
                     .map(|p| {
                         let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index).with_timestamp(-1).with_offset(-1);
+                        if let (Some(s), 0) = (&subtree, p.partition_index) {
+                            return lookup_subtree(&engine, s, p.timestamp, r, version);
+                        }
                         match &topic {
                             Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => {
                                 lookup(&engine, &topic.tp(p.partition_index), p.timestamp, committed, r, version)
@@ -45,6 +51,17 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     .await
     .ok()?;
     Some(Response::default().with_topics(topics))
+}
+
+/// A subtree stream knows its start and end; it has no time index.
+fn lookup_subtree(engine: &Engine, s: &Subtree, ts: i64, r: ListOffsetsPartitionResponse, version: i16) -> ListOffsetsPartitionResponse {
+    let (log_start, hw) = engine.subtree_offsets(s);
+    let r = if version >= 4 { r.with_leader_epoch(0) } else { r };
+    match ts {
+        LATEST => r.with_offset(hw),
+        EARLIEST | EARLIEST_LOCAL => r.with_offset(log_start),
+        _ => r.with_error_code(ResponseError::InvalidRequest.code()),
+    }
 }
 
 fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r: ListOffsetsPartitionResponse, version: i16) -> ListOffsetsPartitionResponse {

@@ -1,20 +1,26 @@
 //! Metadata: this broker, the cluster id, and topics with their ids.
 //! Topics that do not exist are created when the request allows it and
 //! `auto_create_topics` is on (Kafka's behaviour, with its partition count
-//! `num_partitions`).
+//! `num_partitions`). Subtree streams (`<prefix>.__all`) are listed with
+//! one partition when asked for by name, never created.
 
 use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
 pub use kafka_protocol::messages::{MetadataRequest as Request, MetadataResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
 use super::{str_bytes, topic_name};
+use crate::engine::subtree::Subtree;
 use crate::engine::{topics, Engine, EngineError, Topic};
 use crate::kafka::{errors, Broker, NODE_ID};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
 
 pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
-    let partitions = (0..t.partitions())
+    entry(t.name(), t.id(), t.partitions(), version)
+}
+
+fn entry(name: &str, id: [u8; 16], partitions: i32, version: i16) -> MetadataResponseTopic {
+    let partitions = (0..partitions)
         .map(|p| {
             let mut part = MetadataResponsePartition::default()
                 .with_partition_index(p)
@@ -27,9 +33,9 @@ pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
             part
         })
         .collect();
-    let mut entry = MetadataResponseTopic::default().with_name(Some(topic_name(t.name()))).with_partitions(partitions);
+    let mut entry = MetadataResponseTopic::default().with_name(Some(topic_name(name))).with_partitions(partitions);
     if version >= 10 {
-        entry = entry.with_topic_id(uuid::Uuid::from_bytes(t.id()));
+        entry = entry.with_topic_id(uuid::Uuid::from_bytes(id));
     }
     if version >= 8 {
         entry = entry.with_topic_authorized_operations(-2147483648);
@@ -77,6 +83,13 @@ fn resolve(engine: &Engine, wanted: Option<Vec<(Option<String>, uuid::Uuid)>>, a
         .into_iter()
         .map(|(name, id)| match name {
             Some(name) => {
+                // A subtree stream: listed only when asked for by name.
+                if Subtree::parse(&name).is_some() {
+                    return match engine.subtree(&name) {
+                        Some(s) => entry(&name, s.id(), 1, version),
+                        None => error_entry(Some(&name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
+                    };
+                }
                 if let Err(_e) = topics::validate_name(&name) {
                     return error_entry(Some(&name), kafka_protocol::ResponseError::InvalidTopicException.code());
                 }

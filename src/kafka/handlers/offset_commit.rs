@@ -41,12 +41,14 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     let mut rows = Vec::new();
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(req.topics.len());
     for t in &req.topics {
-        let topic = broker.engine.topic(super::name(&t.name));
+        let name = super::name(&t.name);
+        // A subtree stream has one partition.
+        let partitions = broker.engine.topic(name).map(|t| t.partitions()).or_else(|| broker.engine.subtree(name).map(|_| 1));
         let mut tc = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
-            let code = match &topic {
+            let code = match partitions {
                 None => ResponseError::UnknownTopicOrPartition.code(),
-                Some(top) if p.partition_index < 0 || p.partition_index >= top.partitions() => ResponseError::UnknownTopicOrPartition.code(),
+                Some(n) if p.partition_index < 0 || p.partition_index >= n => ResponseError::UnknownTopicOrPartition.code(),
                 Some(_) if p.committed_metadata.as_ref().is_some_and(|m| m.len() > MAX_METADATA_BYTES) => ResponseError::OffsetMetadataTooLarge.code(),
                 Some(_) => {
                     rows.push((

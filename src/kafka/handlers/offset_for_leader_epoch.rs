@@ -18,12 +18,16 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         .into_iter()
         .map(|t| {
             let topic = broker.engine.topic(super::name(&t.topic));
+            let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
             let partitions = t
                 .partitions
                 .into_iter()
                 .map(|p| {
                     let r = EpochEndOffset::default().with_partition(p.partition).with_leader_epoch(-1).with_end_offset(-1);
-                    let offsets = topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| broker.engine.offsets(&t.tp(p.partition)));
+                    let offsets = match (&subtree, p.partition) {
+                        (Some(s), 0) => Some(broker.engine.subtree_offsets(s)).map(|(ls, hw)| (ls, hw, hw)),
+                        _ => topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| broker.engine.offsets(&t.tp(p.partition))),
+                    };
                     match offsets {
                         None => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
                         Some(_) if p.current_leader_epoch > 0 => r.with_error_code(ResponseError::UnknownLeaderEpoch.code()),
