@@ -338,3 +338,44 @@ test('metadata: listTopics and describeCluster show the topic and the broker', a
   const ids = new Set(cluster.brokers.map(b => b.nodeId))
   for (const p of t.partitions) assert.ok(ids.has(p.leader), `p${p.partitionId} leader ${p.leader} not a broker`)
 })
+
+test('an ordered subtree stream (<prefix>.__all) through a kafkajs group consumer', { timeout: 120000 }, async () => {
+  const prefix = `${TOPIC}-stream`
+  const topics = [`${prefix}.a.x`, `${prefix}.b.y`, `${prefix}-outside`]
+  const p = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner })
+  await p.connect()
+  const sent = []
+  try {
+    for (let i = 0; i < 60; i++) {
+      const topic = topics[i % 3]
+      const value = `${topic}#${i}`
+      const [ack] = await p.send({ topic, acks: -1, messages: [{ value, partition: 0 }] })
+      if (i % 3 !== 2) sent.push([topic, ack.partition, Number(ack.baseOffset), value])
+    }
+  } finally {
+    await p.disconnect()
+  }
+  const stream = `${prefix}.__all`
+  const groupId = `${prefix}.g`
+  const consumer = kafka.consumer({ groupId, maxWaitTimeInMs: 200 })
+  const got = []
+  await consumer.connect()
+  try {
+    await consumer.subscribe({ topic: stream, fromBeginning: true })
+    await consumer.run({
+      eachMessage: async ({ partition, message: m }) => {
+        const h = Object.fromEntries(Object.entries(m.headers).map(([k, v]) => [k, v.toString()]))
+        got.push({ partition, offset: m.offset, src: [h['canopy.topic'], Number(h['canopy.partition']), Number(h['canopy.offset']), m.value.toString()] })
+      },
+    })
+    await waitFor(() => got.length >= sent.length, `${sent.length} stream records (have ${got.length})`)
+  } finally {
+    await consumer.disconnect()
+  }
+  assert.deepEqual(got.map(g => g.src), sent, 'the subtree in send order, tagged with its source')
+  assert.ok(got.every(g => g.partition === 0))
+  const offsets = got.map(g => BigInt(g.offset))
+  offsets.forEach((o, i) => assert.ok(i === 0 || o > offsets[i - 1], `offsets increase at ${i}`))
+  const [committed] = await admin.fetchOffsets({ groupId, topics: [stream] })
+  assert.equal(committed.partitions[0].offset, String(offsets[offsets.length - 1] + 1n))
+})

@@ -178,3 +178,30 @@ def finish_member(member):
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")
 CODEC_RECORDS = 1_000
+
+
+STREAM_RECORDS = 40
+
+
+def stream_scenario(prefix, send, read):
+    """An ordered subtree stream: records sent one at a time, alternating
+    over two topics of `prefix` and one outside it, come back from
+    `<prefix>.__all` in send order with their source in `canopy.*` headers.
+
+    send(topic, value) -> (partition, offset), acked before it returns.
+    read(stream, n) -> [(offset, value, {header: bytes})] in delivery order.
+    """
+    topics = [f"{prefix}.a.x", f"{prefix}.b.y", f"{prefix}-outside"]
+    sent = []
+    for i in range(STREAM_RECORDS * 3 // 2):
+        topic = topics[i % 3]
+        value = b"%s#%d" % (topic.encode(), i)
+        partition, offset = send(topic, value)
+        if topic != topics[2]:
+            sent.append((topic, partition, offset, value))
+    got = read(f"{prefix}.__all", len(sent))
+    offsets = [o for o, _, _ in got]
+    assert offsets == sorted(set(offsets)), "stream offsets increase"
+    tagged = [(h["canopy.topic"].decode(), int(h["canopy.partition"]), int(h["canopy.offset"]), v) for _, v, h in got]
+    assert tagged == sent
+    return offsets[-1]

@@ -22,7 +22,7 @@ from confluent_kafka import (OFFSET_BEGINNING, Consumer, ConsumerGroupState, Con
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import (CODEC_RECORDS, CODECS, N_PARTITIONS, N_RECORDS, check_acks, check_read_back,
-                      finish_member, group_scenario, record, unique_topic)
+                      finish_member, group_scenario, record, stream_scenario, unique_topic)
 
 
 @pytest.fixture(scope="module")
@@ -324,3 +324,40 @@ def test_transactions_commit_abort_offsets_and_fencing(bootstrap, admin):
     newer.produce(topic, value=b"newer", partition=0)
     newer.commit_transaction(30)
     assert sorted(read_values(bootstrap, topic, "read_committed", 31)) == sorted([f"commit-{i}" for i in range(30)] + ["newer"])
+
+
+def test_subtree_stream_in_arrival_order(bootstrap):
+    """`<prefix>.__all` through a librdkafka group consumer, committed."""
+    prefix = unique_topic("stream_ck")
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+
+    def send(topic, value):
+        acked = []
+        producer.produce(topic, value=value, partition=0, on_delivery=lambda err, m: acked.append((err, m)))
+        producer.flush(30)
+        (err, m), = acked
+        assert err is None, err
+        return m.partition(), m.offset()
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}-g",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+
+    def read(stream, n):
+        consumer.subscribe([stream])
+        got, deadline = [], time.monotonic() + 60
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append((m.offset(), m.value(), dict(m.headers())))
+        return got
+
+    try:
+        last = stream_scenario(prefix, send, read)
+        consumer.commit(asynchronous=False)
+        tp, = consumer.committed([TopicPartition(f"{prefix}.__all", 0)], timeout=10)
+        assert tp.offset == last + 1
+    finally:
+        consumer.close()

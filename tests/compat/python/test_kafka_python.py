@@ -14,7 +14,7 @@ import time
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from conftest import (CODEC_RECORDS, CODECS, N_PARTITIONS, N_RECORDS, check_acks, check_read_back,
+from conftest import (CODEC_RECORDS, CODECS, N_PARTITIONS, N_RECORDS, check_acks, check_read_back, stream_scenario,
                       finish_member, group_scenario, record, unique_topic)
 
 
@@ -208,3 +208,35 @@ def partition_counts(bootstrap, topic):
         return [end[tp] for tp in tps]
     finally:
         consumer.close(autocommit=False)
+
+
+def test_subtree_stream_in_arrival_order(bootstrap):
+    """`<prefix>.__all` through a kafka-python group consumer, committed."""
+    prefix = unique_topic("stream_kp")
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+
+    def send(topic, value):
+        md = producer.send(topic, value=value, partition=0).get(timeout=30)
+        return md.partition, md.offset
+
+    consumer = None
+
+    def read(stream, n):
+        nonlocal consumer
+        consumer = KafkaConsumer(stream, bootstrap_servers=bootstrap, group_id=f"{prefix}-g",
+                                 auto_offset_reset="earliest", enable_auto_commit=False)
+        got, deadline = [], time.monotonic() + 60
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+            for msgs in consumer.poll(timeout_ms=500).values():
+                got.extend((m.offset, m.value, dict(m.headers)) for m in msgs)
+        return got
+
+    try:
+        last = stream_scenario(prefix, send, read)
+        consumer.commit()
+        assert consumer.committed(TopicPartition(f"{prefix}.__all", 0)) == last + 1
+    finally:
+        producer.close(timeout=10)
+        if consumer is not None:
+            consumer.close()
