@@ -7,6 +7,7 @@
 //! cargo bench --bench load -- --producer [--quick]  # idempotence, codecs
 //! cargo bench --bench load -- --transactions [--quick]  # 100 records per transaction
 //! cargo bench --bench load -- --tip [--quick]  # catch-up readers in the tip, index vs scan
+//! cargo bench --bench load -- --stream [--quick]  # subtree streams vs per-tp reads, tip and disk
 //! ```
 //!
 //! Reports records/s, MB/s and broker CPU (utime+stime of the child from
@@ -444,6 +445,112 @@ fn tip_catch_up(dir: &Path, scale: u64) {
     println!("\nbroker CPU per delivered GB, scan / index: {:.1}x", results[1] / results[0]);
 }
 
+/// Reads `n` records with one consumer assigned to `tps` from the start;
+/// returns (payload bytes, seconds, broker CPU seconds).
+fn read_assigned(broker: &Broker, tps: &[(String, i32)], n: u64) -> (u64, f64, f64) {
+    let mut c = common::client(broker.kafka);
+    c.set("group.id", "bench-stream")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "100")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "4194304")
+        .set("queued.min.messages", "1000000");
+    let consumer: BaseConsumer = c.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in tps {
+        tpl.add_partition_offset(t, *p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let cpu0 = cpu_secs(broker.child.id());
+    let t0 = Instant::now();
+    let (mut got, mut bytes) = (0u64, 0u64);
+    while got < n {
+        if let Some(m) = consumer.poll(Duration::from_millis(1000)) {
+            bytes += m.expect("consume").payload().map_or(0, |p| p.len()) as u64;
+            got += 1;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(900), "read stalled at {got} of {n}");
+    }
+    (bytes, t0.elapsed().as_secs_f64(), cpu_secs(broker.child.id()) - cpu0)
+}
+
+/// Ordered subtree streams against the per-tp reads of the same records,
+/// from the tip and (after a restart empties it) from the branch logs.
+fn stream_reads(dir: &Path, scale: u64) {
+    const BRANCHES: usize = 10;
+    const PER_BRANCH: usize = 10;
+    let records = 1_000_000 / scale;
+    let args = ["--tip-bytes", "1073741824", "--flush", "interval:100", "--segment-bytes", "134217728"];
+    let broker = Broker::spawn(dir, &args);
+    let name = |b: usize, t: usize| format!("s.b{b}.t{t}");
+    {
+        let admin: AdminClient<DefaultClientContext> = common::client(broker.kafka).create().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let names: Vec<String> = (0..BRANCHES * PER_BRANCH).map(|i| name(i / PER_BRANCH, i % PER_BRANCH)).collect();
+        let topics: Vec<NewTopic> = names.iter().map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1))).collect();
+        let r = rt.block_on(admin.create_topics(topics.iter(), &AdminOptions::new())).unwrap();
+        assert!(r.iter().all(|x| x.is_ok()), "topics created");
+    }
+    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let mut cfg = common::client(broker.kafka);
+    cfg.set("acks", "1").set("linger.ms", "5").set("queue.buffering.max.messages", "2000000").set("queue.buffering.max.kbytes", "1048576");
+    let producer: ThreadedProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
+    let payloads = payloads(200);
+    for i in 0..records {
+        let topic = name((i as usize / 7) % BRANCHES, i as usize % PER_BRANCH);
+        let mut rec: BaseRecord<'_, (), [u8], ()> = BaseRecord::to(&topic).payload(&payloads[i as usize % payloads.len()][..]).partition(0);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300)).unwrap();
+    assert_eq!(counter.ok.load(Ordering::Relaxed), records, "every record acked");
+    drop(producer);
+    let per_branch = records / BRANCHES as u64;
+    let b0: Vec<(String, i32)> = (0..PER_BRANCH).map(|t| (name(0, t), 0)).collect();
+    let all: Vec<(String, i32)> = (0..BRANCHES * PER_BRANCH).map(|i| (name(i / PER_BRANCH, i % PER_BRANCH), 0)).collect();
+    let mut broker = broker;
+    for from in ["tip", "disk"] {
+        if from == "disk" {
+            // A clean restart: the tip starts empty, everything is on disk.
+            assert!(broker.terminate().success());
+            broker = Broker::spawn(dir, &args);
+        }
+        let mut rows = Vec::new();
+        for (what, tps, n) in [
+            ("10 topics of s.b0, per-tp fetches", b0.clone(), per_branch),
+            ("s.b0.__all (the same records, merged)", vec![("s.b0.__all".to_owned(), 0)], per_branch),
+            ("100 topics, per-tp fetches", all.clone(), records),
+            ("__all (the same records, merged)", vec![("__all".to_owned(), 0)], records),
+        ] {
+            let (bytes, secs, cpu) = read_assigned(&broker, &tps, n);
+            println!(
+                "| from the {from}: {what} | {n} | {:.0} | {:.1} | {:.2} | broker CPU {:.2} s = {:.1} s per GB |",
+                n as f64 / secs,
+                bytes as f64 / secs / 1e6,
+                secs,
+                cpu,
+                cpu / (bytes as f64 / 1e9)
+            );
+            rows.push((n as f64 / secs, cpu / (bytes as f64 / 1e9)));
+        }
+        println!(
+            "from the {from}: stream / per-tp records/s: subtree {:.2}x, whole stream {:.2}x; broker CPU per GB: subtree {:.2}x, whole stream {:.2}x",
+            rows[1].0 / rows[0].0,
+            rows[3].0 / rows[2].0,
+            rows[1].1 / rows[0].1,
+            rows[3].1 / rows[2].1
+        );
+    }
+    broker.kill9();
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let consume_only = std::env::args().any(|a| a == "--consume-only");
@@ -457,6 +564,11 @@ fn main() {
     println!("| scenario | records | records/s | MB/s | seconds | broker CPU | client CPU |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
 
+    if std::env::args().any(|a| a == "--stream") {
+        stream_reads(&dir.join("stream"), scale);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     if std::env::args().any(|a| a == "--tip") {
         tip_catch_up(&dir, scale);
         let _ = std::fs::remove_dir_all(&dir);

@@ -152,7 +152,7 @@ async fn app_all_streams_the_subtree_in_produce_order_across_a_restart() {
 }
 
 /// The whole stream, from a consumer assigned to `__all` at its earliest
-/// offset, read_uncommitted and uncommitted with `read_committed` alike.
+/// offset, to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_streams_every_topic_and_list_offsets_bound_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -161,7 +161,7 @@ async fn all_streams_every_topic_and_list_offsets_bound_it() {
     let mut next = HashMap::new();
     let sent = produce(addr, &["a", "b.c", "d.e.f"], 0, 30, &mut next).await;
     let got = tokio::task::spawn_blocking(move || {
-        let c: BaseConsumer = common::consumer_config(addr).create().unwrap();
+        let c: BaseConsumer = common::consumer_config(addr).set("enable.partition.eof", "true").create().unwrap();
         let (low, high) = c.fetch_watermarks("__all", 0, Duration::from_secs(10)).unwrap();
         assert!(low <= 0 && high > low, "watermarks {low}..{high}");
         let mut tpl = rdkafka::TopicPartitionList::new();
@@ -177,6 +177,20 @@ async fn all_streams_every_topic_and_list_offsets_bound_it() {
                 out.push(tagged(&m));
             }
         }
+        // The stream's offsets are sparse: the consumer still reaches the
+        // end (partition EOF at the high watermark) and nothing more comes.
+        let (_, high) = c.fetch_watermarks("__all", 0, Duration::from_secs(10)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "no partition EOF");
+            match c.poll(Duration::from_millis(100)) {
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(0))) => break,
+                Some(r) => panic!("nothing past the produced records: {:?}", r.map(|m| tagged(&m))),
+                None => {}
+            }
+        }
+        let pos = c.position().unwrap().find_partition("__all", 0).unwrap().offset();
+        assert_eq!(pos, rdkafka::Offset::Offset(high), "the position is the high watermark");
         out
     })
     .await

@@ -11,14 +11,16 @@
 //! holds. Records come re-encoded with their source in headers (see
 //! [`tagged`]); control batches are left out, and a `read_committed`
 //! stream leaves out aborted transactions and stops at the first batch of
-//! a transaction still open (the stream's last stable offset).
+//! a transaction still open (the stream's last stable offset). A read
+//! that reaches the published end closes with a control batch at the high
+//! watermark - 1 (see [`SubtreeRead::tail`]), so consumers get there.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
 
 use super::{topics, Engine, EngineError, Topic};
-use crate::protocol::batch::BatchHeader;
+use crate::protocol::batch::{self, BatchHeader};
 use crate::protocol::tagged::{self, split_offset, virtual_offset, Source};
 use crate::storage::tip::Pick;
 use crate::storage::{self, ReadError, TopicId, Tp};
@@ -44,6 +46,12 @@ pub struct SubtreeRead {
     /// Where a `read_committed` stream stops (else the high watermark).
     pub last_stable: i64,
     pub from_tip: bool,
+    /// When the read went through everything published and the consumer
+    /// would still be below the high watermark: a control batch at the
+    /// high watermark - 1, which every client skips and steps past. It is
+    /// how a consumer of a sparse stream reaches the end (partition EOF,
+    /// lag 0). Not data: it does not count towards a fetch's `min_bytes`.
+    pub tail: Option<Bytes>,
 }
 
 impl Subtree {
@@ -163,25 +171,34 @@ impl Engine {
             self.storage.read_stream(&branches, from_seq, max_bytes, min_one, &mut pick)?
         };
         let hw = virtual_offset(read.visible_seq, 0);
-        let mut out = SubtreeRead { records: Vec::new(), high_watermark: hw, log_start, last_stable: stopped.map_or(hw, |s| virtual_offset(s, 0)), from_tip: read.from_tip };
+        let mut out = SubtreeRead { records: Vec::new(), high_watermark: hw, log_start, last_stable: stopped.map_or(hw, |s| virtual_offset(s, 0)), from_tip: read.from_tip, tail: None };
         let mut total = 0usize;
+        let mut complete = read.complete && stopped.is_none();
+        let mut next = offset;
         for m in read.batches {
             let Some(Some(topic)) = topics.get(&m.tp.topic) else { continue };
             let src = Source { topic: topic.name(), partition: m.tp.partition, base_offset: m.base_offset, seq: m.seq };
             let limit = self.cfg.max_inflated_batch_bytes.max(topic.config.max_message_bytes.max(0) as usize);
             let mut buf = Vec::with_capacity(m.bytes.len() + 64);
             match tagged::tag_batch(&m.bytes, src, if m.seq == from_seq { skip } else { 0 }, limit, &mut buf) {
-                Ok(Some(_)) => {
+                Ok(Some(after)) => {
                     if total > 0 && total + buf.len() > max_bytes || total == 0 && !min_one && buf.len() > max_bytes {
+                        complete = false;
                         break;
                     }
                     total += buf.len();
                     out.records.push(Bytes::from(buf));
+                    next = after;
                 }
                 Ok(None) => {}
                 Err(e) => tracing::error!(topic = topic.name(), partition = m.tp.partition, offset = m.base_offset, error = %e,
                     "stored batch does not decode for a subtree stream; left out"),
             }
+        }
+        if complete && next < hw {
+            let mut end = batch::control_batch(batch::Marker::Commit, -1, -1, 0, self.now_ms());
+            batch::set_base_offset(&mut end, hw - 1);
+            out.tail = Some(Bytes::from(end));
         }
         Ok(out)
     }

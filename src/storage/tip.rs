@@ -462,10 +462,12 @@ impl Tip {
     /// the tip does not reach back to `from_seq`.
     /// `below_seq` bounds the merge (the caller passes the first sequence
     /// not yet durable/visible, so unpublished batches are never served).
+    /// Also says whether the merge is complete: it went through everything
+    /// below `below_seq` (not stopped by `max_bytes` or `pick`).
     /// `pick` decides for each batch (a subtree smaller than a branch
     /// filters its topics, a `read_committed` stream stops at an open
     /// transaction).
-    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool, pick: &mut Filter<'_>) -> Option<Vec<Merged>> {
+    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool, pick: &mut Filter<'_>) -> Option<(Vec<Merged>, bool)> {
         if self.first_seq().is_none_or(|f| f > from_seq) {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -482,6 +484,7 @@ impl Tip {
         let mut heap = <merge::DefaultHeap as merge::MergeHeap>::build(&heads);
         let mut out = Vec::new();
         let mut taken = 0usize;
+        let mut complete = true;
         while let Some((seq, src)) = merge::MergeHeap::top(&heap) {
             if seq >= below_seq {
                 break;
@@ -489,10 +492,14 @@ impl Tip {
             let s = self.slot(seq).expect("an index entry names a slot in the ring");
             let i = src as usize;
             match pick(seq, &s.tp, s.last_offset, &s.bytes) {
-                Pick::Stop => break,
+                Pick::Stop => {
+                    complete = false;
+                    break;
+                }
                 Pick::Skip => {}
                 Pick::Take => {
                     if !((min_one && out.is_empty()) || taken + s.bytes.len() <= max_bytes) {
+                        complete = false;
                         break;
                     }
                     taken += s.bytes.len();
@@ -503,7 +510,7 @@ impl Tip {
             merge::MergeHeap::replace_top(&mut heap, key(i, pos[i]));
         }
         self.merged.fetch_add(out.len() as u64, Ordering::Relaxed);
-        Some(out)
+        Some((out, complete))
     }
 
     pub fn stats(&self) -> TipStats {
@@ -620,7 +627,7 @@ mod tests {
                 prop_assert!(tip.stats().bytes_used <= ring);
                 // Merging only what is below a bound stops there.
                 if seq % 17 == 0 {
-                    if let Some(m) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true, &mut |_, _, _, _| Pick::Take) {
+                    if let Some((m, _)) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true, &mut |_, _, _, _| Pick::Take) {
                         prop_assert!(m.iter().all(|b| b.seq < seq as u64));
                         prop_assert!(m.windows(2).all(|w| w[0].seq < w[1].seq), "no batch twice");
                     }
@@ -633,7 +640,7 @@ mod tests {
             if let Some(f) = first {
                 for subtree in [&[1u64][..], &[2], &[1, 2]] {
                     for from in (f..all.len() as u64).step_by(7) {
-                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true, &mut |_, _, _, _| Pick::Take).unwrap().iter().map(|m| m.seq).collect();
+                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true, &mut |_, _, _, _| Pick::Take).unwrap().0.iter().map(|m| m.seq).collect();
                         let want: Vec<u64> = all.iter().filter(|b| b.seq >= from && subtree.contains(&(if b.tp.topic[0] < 3 { 1 } else { 2 }))).map(|b| b.seq).collect();
                         prop_assert_eq!(got, want);
                     }

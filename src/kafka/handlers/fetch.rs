@@ -151,6 +151,7 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                                 out.last_stable_offset = r.last_stable;
                                 out.log_start_offset = r.log_start;
                                 out.records = r.records;
+                                out.records.extend(r.tail);
                             }
                             Err(e) => {
                                 any_error = true;

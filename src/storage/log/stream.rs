@@ -23,6 +23,9 @@ pub struct StreamRead {
     pub from_tip: bool,
     /// Bytes read from files, other topics' frames included.
     pub bytes_scanned: u64,
+    /// Everything below `visible_seq` was gone through: no batch was left
+    /// for `max_bytes` or because `pick` stopped.
+    pub complete: bool,
 }
 
 /// A frame a cursor stopped at.
@@ -73,6 +76,7 @@ impl Storage {
         let visible = self.visible_seq();
         let mut out = StreamRead { visible_seq: visible, ..StreamRead::default() };
         if from_seq >= visible {
+            out.complete = true;
             return Ok(out);
         }
         let picked: Vec<Arc<Branch>> = {
@@ -84,8 +88,9 @@ impl Storage {
         };
         if self.cfg.tip.bytes > 0 {
             let keys: Vec<u64> = picked.iter().map(tip_key).collect();
-            if let Some(m) = self.tip.read().expect("tip lock").merge(&keys, from_seq, visible, max_bytes, min_one, pick) {
+            if let Some((m, complete)) = self.tip.read().expect("tip lock").merge(&keys, from_seq, visible, max_bytes, min_one, pick) {
                 out.batches = m;
+                out.complete = complete;
                 out.from_tip = true;
                 return Ok(out);
             }
@@ -137,6 +142,7 @@ impl Storage {
         let keys: Vec<u64> = heads.iter().map(|h| h.as_ref().map_or(u64::MAX, |h| h.fh.seq)).collect();
         let mut heap = merge::DefaultHeap::build(&keys);
         let mut taken = 0usize;
+        out.complete = true;
         while let Some((seq, src)) = heap.top() {
             if seq >= stop {
                 break;
@@ -145,6 +151,7 @@ impl Storage {
             let Some(h) = heads[i].take() else { break };
             let len = h.range.len();
             if !((min_one && out.batches.is_empty()) || taken + len <= max_bytes) {
+                out.complete = false;
                 break;
             }
             taken += len;
@@ -152,12 +159,10 @@ impl Storage {
             let bytes = if len < SMALL_COPY && h.buf.len() > 8 * len { Bytes::copy_from_slice(&h.buf[h.range.clone()]) } else { h.buf.slice(h.range.clone()) };
             let tp = Tp { topic: h.fh.topic_id, partition: h.fh.partition };
             out.batches.push(Merged { seq: h.fh.seq, tp, base_offset: h.fh.base_offset, last_offset: h.fh.last_offset(), bytes });
-            if taken >= max_bytes {
-                break;
-            }
             heads[i] = next_kept(&mut cursors[i], from_seq, below, pick, &mut stop, &mut out.bytes_scanned)?;
             heap.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.fh.seq));
         }
+        out.complete &= stop == u64::MAX;
         Ok(())
     }
 }

@@ -234,8 +234,16 @@ def test_subtree_stream_in_arrival_order(bootstrap):
 
     try:
         last = stream_scenario(prefix, send, read)
+        # Sparse offsets: the consumer still gets to the end (the broker
+        # closes a complete read with a control batch it steps past).
+        tp = TopicPartition(f"{prefix}.__all", 0)
+        end = consumer.end_offsets([tp])[tp]
+        deadline = time.monotonic() + 20
+        while consumer.position(tp) != end:
+            assert time.monotonic() < deadline, f"position {consumer.position(tp)}, end {end}"
+            assert not consumer.poll(timeout_ms=200), "nothing past the produced records"
         consumer.commit()
-        assert consumer.committed(TopicPartition(f"{prefix}.__all", 0)) == last + 1
+        assert consumer.committed(tp) == end > last
     finally:
         producer.close(timeout=10)
         if consumer is not None:
