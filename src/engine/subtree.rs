@@ -46,12 +46,17 @@ pub struct SubtreeRead {
     /// Where a `read_committed` stream stops (else the high watermark).
     pub last_stable: i64,
     pub from_tip: bool,
-    /// When the read went through everything published and the consumer
-    /// would still be below the high watermark: a control batch at the
-    /// high watermark - 1, which every client skips and steps past. It is
-    /// how a consumer of a sparse stream reaches the end (partition EOF,
-    /// lag 0). Not data: it does not count towards a fetch's `min_bytes`.
+    /// When the read looked at everything up to some point past the last
+    /// record it returns (the published end, or where its scan budget ran
+    /// out): a control batch just below that point, which every client
+    /// skips and steps past. It is how a consumer of a sparse stream gets
+    /// past other topics' data and reaches the end (partition EOF, lag 0).
+    /// Not data: it does not count towards a fetch's `min_bytes`.
     pub tail: Option<Bytes>,
+    /// The read ran out of its scan budget before the published end: the
+    /// consumer should fetch again at once (the tail moves it past what
+    /// was looked at), not wait.
+    pub more: bool,
 }
 
 impl Subtree {
@@ -171,9 +176,11 @@ impl Engine {
             self.storage.read_stream(&branches, from_seq, max_bytes, min_one, &mut pick)?
         };
         let hw = virtual_offset(read.visible_seq, 0);
-        let mut out = SubtreeRead { records: Vec::new(), high_watermark: hw, log_start, last_stable: stopped.map_or(hw, |s| virtual_offset(s, 0)), from_tip: read.from_tip, tail: None };
+        let mut out = SubtreeRead { records: Vec::new(), high_watermark: hw, log_start, last_stable: stopped.map_or(hw, |s| virtual_offset(s, 0)), from_tip: read.from_tip, tail: None, more: false };
         let mut total = 0usize;
-        let mut complete = read.complete && stopped.is_none();
+        let examined_to = virtual_offset(read.examined_to, 0);
+        out.more = examined_to < hw;
+        let mut complete = !read.cut && stopped.is_none();
         let mut next = offset;
         for m in read.batches {
             let Some(Some(topic)) = topics.get(&m.tp.topic) else { continue };
@@ -195,9 +202,9 @@ impl Engine {
                     "stored batch does not decode for a subtree stream; left out"),
             }
         }
-        if complete && next < hw {
+        if complete && next < examined_to {
             let mut end = batch::control_batch(batch::Marker::Commit, -1, -1, 0, self.now_ms());
-            batch::set_base_offset(&mut end, hw - 1);
+            batch::set_base_offset(&mut end, examined_to - 1);
             out.tail = Some(Bytes::from(end));
         }
         Ok(out)

@@ -192,6 +192,17 @@ pub enum Pick {
 /// offset and bytes.
 pub type Filter<'a> = dyn FnMut(u64, &Tp, i64, &[u8]) -> Pick + 'a;
 
+/// What a subtree merge returns.
+#[derive(Debug, Default)]
+pub struct MergeOut {
+    pub batches: Vec<Merged>,
+    /// Unless `cut`: every batch below this sequence number was looked at
+    /// (the merge's bound, or where its budget ran out).
+    pub examined_to: u64,
+    /// Stopped by `max_bytes` or by the filter, before `examined_to`.
+    pub cut: bool,
+}
+
 /// One batch of a subtree merge.
 #[derive(Debug, Clone)]
 pub struct Merged {
@@ -462,12 +473,12 @@ impl Tip {
     /// the tip does not reach back to `from_seq`.
     /// `below_seq` bounds the merge (the caller passes the first sequence
     /// not yet durable/visible, so unpublished batches are never served).
-    /// Also says whether the merge is complete: it went through everything
-    /// below `below_seq` (not stopped by `max_bytes` or `pick`).
+    /// At most `budget` batches are looked at (the merge holds the tip's
+    /// read lock, which the writer waits for).
     /// `pick` decides for each batch (a subtree smaller than a branch
     /// filters its topics, a `read_committed` stream stops at an open
     /// transaction).
-    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool, pick: &mut Filter<'_>) -> Option<(Vec<Merged>, bool)> {
+    pub fn merge(&self, branches: &[u64], from_seq: u64, below_seq: u64, max_bytes: usize, min_one: bool, budget: usize, pick: &mut Filter<'_>) -> Option<MergeOut> {
         if self.first_seq().is_none_or(|f| f > from_seq) {
             self.misses.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -484,22 +495,27 @@ impl Tip {
         let mut heap = <merge::DefaultHeap as merge::MergeHeap>::build(&heads);
         let mut out = Vec::new();
         let mut taken = 0usize;
-        let mut complete = true;
+        let (mut cut, mut examined_to, mut examined) = (false, below_seq, 0usize);
         while let Some((seq, src)) = merge::MergeHeap::top(&heap) {
             if seq >= below_seq {
                 break;
             }
+            if examined == budget {
+                examined_to = seq;
+                break;
+            }
+            examined += 1;
             let s = self.slot(seq).expect("an index entry names a slot in the ring");
             let i = src as usize;
             match pick(seq, &s.tp, s.last_offset, &s.bytes) {
                 Pick::Stop => {
-                    complete = false;
+                    cut = true;
                     break;
                 }
                 Pick::Skip => {}
                 Pick::Take => {
                     if !((min_one && out.is_empty()) || taken + s.bytes.len() <= max_bytes) {
-                        complete = false;
+                        cut = true;
                         break;
                     }
                     taken += s.bytes.len();
@@ -510,7 +526,7 @@ impl Tip {
             merge::MergeHeap::replace_top(&mut heap, key(i, pos[i]));
         }
         self.merged.fetch_add(out.len() as u64, Ordering::Relaxed);
-        Some((out, complete))
+        Some(MergeOut { batches: out, examined_to, cut })
     }
 
     pub fn stats(&self) -> TipStats {
@@ -627,7 +643,7 @@ mod tests {
                 prop_assert!(tip.stats().bytes_used <= ring);
                 // Merging only what is below a bound stops there.
                 if seq % 17 == 0 {
-                    if let Some((m, _)) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true, &mut |_, _, _, _| Pick::Take) {
+                    if let Some(MergeOut { batches: m, .. }) = tip.merge(&[1, 2, 1], tip.first_seq().unwrap_or(0), seq as u64, usize::MAX, true, usize::MAX, &mut |_, _, _, _| Pick::Take) {
                         prop_assert!(m.iter().all(|b| b.seq < seq as u64));
                         prop_assert!(m.windows(2).all(|w| w[0].seq < w[1].seq), "no batch twice");
                     }
@@ -640,12 +656,12 @@ mod tests {
             if let Some(f) = first {
                 for subtree in [&[1u64][..], &[2], &[1, 2]] {
                     for from in (f..all.len() as u64).step_by(7) {
-                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true, &mut |_, _, _, _| Pick::Take).unwrap().0.iter().map(|m| m.seq).collect();
+                        let got: Vec<u64> = tip.merge(subtree, from, u64::MAX, usize::MAX, true, usize::MAX, &mut |_, _, _, _| Pick::Take).unwrap().batches.iter().map(|m| m.seq).collect();
                         let want: Vec<u64> = all.iter().filter(|b| b.seq >= from && subtree.contains(&(if b.tp.topic[0] < 3 { 1 } else { 2 }))).map(|b| b.seq).collect();
                         prop_assert_eq!(got, want);
                     }
                 }
-                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), u64::MAX, usize::MAX, true, &mut |_, _, _, _| Pick::Take).is_none() || f == 0);
+                prop_assert!(tip.merge(&[1, 2], f.saturating_sub(1), u64::MAX, usize::MAX, true, usize::MAX, &mut |_, _, _, _| Pick::Take).is_none() || f == 0);
             }
             for (tp, end) in &next {
                 let branch = if tp.topic[0] < 3 { 1 } else { 2 };

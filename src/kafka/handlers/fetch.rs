@@ -123,11 +123,13 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
 }
 
 /// Reads every wanted partition; returns the response topics, the record
-/// bytes gathered and whether any partition carries an error.
+/// bytes gathered and whether to answer without waiting (a partition
+/// carries an error, or a subtree stream has more to read right away).
 fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool) -> (Vec<TopicOut>, usize, bool) {
     let mut total = 0usize;
     let mut ahead = Vec::new();
     let mut any_error = false;
+    let mut more = false;
     let topics = wants
         .iter()
         .map(|(name, parts)| {
@@ -152,6 +154,8 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                                 out.log_start_offset = r.log_start;
                                 out.records = r.records;
                                 out.records.extend(r.tail);
+                                // More to read now: answer without waiting.
+                                more |= r.more;
                             }
                             Err(e) => {
                                 any_error = true;
@@ -227,5 +231,5 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
             }
         });
     }
-    (topics, total, any_error)
+    (topics, total, any_error || more)
 }

@@ -10,7 +10,7 @@
 
 use super::*;
 use crate::storage::merge::{self, MergeHeap};
-use crate::storage::tip::{Filter, Merged, Pick};
+use crate::storage::tip::{Filter, MergeOut, Merged, Pick};
 
 /// One subtree read.
 #[derive(Debug, Default)]
@@ -23,16 +23,28 @@ pub struct StreamRead {
     pub from_tip: bool,
     /// Bytes read from files, other topics' frames included.
     pub bytes_scanned: u64,
-    /// Everything below `visible_seq` was gone through: no batch was left
-    /// for `max_bytes` or because `pick` stopped.
-    pub complete: bool,
+    /// Unless `cut`: every batch below this sequence number was looked at
+    /// (`visible_seq`, or where the read's budget ran out).
+    pub examined_to: u64,
+    /// Stopped by `max_bytes` or by `pick`, before `examined_to`.
+    pub cut: bool,
 }
+
+/// Batches one read looks at in the tip at most (it holds the tip's read
+/// lock meanwhile, ~10 ms at most).
+const TIP_BUDGET: usize = 256 * 1024;
+/// Bytes one read scans in the branch logs at most (or 8x what it may
+/// return, if more).
+const DISK_BUDGET: u64 = 64 << 20;
 
 /// A frame a cursor stopped at.
 struct Head {
     fh: FrameHeader,
     buf: Bytes,
     range: std::ops::Range<usize>,
+    /// Read but not looked at: the scan budget ran out. The read ends here
+    /// if this becomes the smallest head.
+    unexamined: bool,
 }
 
 impl Storage {
@@ -71,12 +83,25 @@ impl Storage {
         min_one: bool,
         pick: &mut Filter<'_>,
     ) -> Result<StreamRead, ReadError> {
+        self.read_stream_within(branches, from_seq, max_bytes, min_one, (TIP_BUDGET, DISK_BUDGET.max(8 * max_bytes as u64)), pick)
+    }
+
+    /// [`Storage::read_stream`] with its budgets (tip batches, disk bytes).
+    fn read_stream_within(
+        &self,
+        branches: &[String],
+        from_seq: u64,
+        max_bytes: usize,
+        min_one: bool,
+        (tip_budget, disk_budget): (usize, u64),
+        pick: &mut Filter<'_>,
+    ) -> Result<StreamRead, ReadError> {
         // First the bound, then the segments: every batch below it is in a
         // segment the branch already lists.
         let visible = self.visible_seq();
         let mut out = StreamRead { visible_seq: visible, ..StreamRead::default() };
+        out.examined_to = visible;
         if from_seq >= visible {
-            out.complete = true;
             return Ok(out);
         }
         let picked: Vec<Arc<Branch>> = {
@@ -88,14 +113,13 @@ impl Storage {
         };
         if self.cfg.tip.bytes > 0 {
             let keys: Vec<u64> = picked.iter().map(tip_key).collect();
-            if let Some((m, complete)) = self.tip.read().expect("tip lock").merge(&keys, from_seq, visible, max_bytes, min_one, pick) {
-                out.batches = m;
-                out.complete = complete;
+            if let Some(MergeOut { batches, examined_to, cut }) = self.tip.read().expect("tip lock").merge(&keys, from_seq, visible, max_bytes, min_one, tip_budget, pick) {
+                (out.batches, out.examined_to, out.cut) = (batches, examined_to, cut);
                 out.from_tip = true;
                 return Ok(out);
             }
         }
-        self.merge_logs(&picked, from_seq, visible, max_bytes, min_one, pick, &mut out).map_err(|e| ReadError::Io(e.to_string()))?;
+        self.merge_logs(&picked, from_seq, visible, max_bytes, min_one, disk_budget, pick, &mut out).map_err(|e| ReadError::Io(e.to_string()))?;
         Ok(out)
     }
 
@@ -107,6 +131,7 @@ impl Storage {
         below: u64,
         max_bytes: usize,
         min_one: bool,
+        budget: u64,
         pick: &mut Filter<'_>,
         out: &mut StreamRead,
     ) -> io::Result<()> {
@@ -135,23 +160,31 @@ impl Storage {
         // is served, from any branch.
         let mut stop = u64::MAX;
         let mut heads: Vec<Option<Head>> = Vec::with_capacity(cursors.len());
-        for c in cursors.iter_mut() {
+        // Each cursor's first candidate is looked at whatever the budget, so
+        // where a read runs out is always past `from_seq`: the next read
+        // makes progress.
+        let mut first = vec![true; cursors.len()];
+        for (i, c) in cursors.iter_mut().enumerate() {
             c.chunk = chunk;
-            heads.push(next_kept(c, from_seq, below, pick, &mut stop, &mut out.bytes_scanned)?);
+            heads.push(next_kept(c, from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?);
         }
         let keys: Vec<u64> = heads.iter().map(|h| h.as_ref().map_or(u64::MAX, |h| h.fh.seq)).collect();
         let mut heap = merge::DefaultHeap::build(&keys);
         let mut taken = 0usize;
-        out.complete = true;
         while let Some((seq, src)) = heap.top() {
             if seq >= stop {
                 break;
             }
             let i = src as usize;
             let Some(h) = heads[i].take() else { break };
+            if h.unexamined {
+                // Everything below it was looked at.
+                out.examined_to = seq;
+                break;
+            }
             let len = h.range.len();
             if !((min_one && out.batches.is_empty()) || taken + len <= max_bytes) {
-                out.complete = false;
+                out.cut = true;
                 break;
             }
             taken += len;
@@ -159,10 +192,10 @@ impl Storage {
             let bytes = if len < SMALL_COPY && h.buf.len() > 8 * len { Bytes::copy_from_slice(&h.buf[h.range.clone()]) } else { h.buf.slice(h.range.clone()) };
             let tp = Tp { topic: h.fh.topic_id, partition: h.fh.partition };
             out.batches.push(Merged { seq: h.fh.seq, tp, base_offset: h.fh.base_offset, last_offset: h.fh.last_offset(), bytes });
-            heads[i] = next_kept(&mut cursors[i], from_seq, below, pick, &mut stop, &mut out.bytes_scanned)?;
+            heads[i] = next_kept(&mut cursors[i], from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
             heap.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.fh.seq));
         }
-        out.complete &= stop == u64::MAX;
+        out.cut |= stop != u64::MAX;
         Ok(())
     }
 }
@@ -170,7 +203,10 @@ impl Storage {
 /// The cursor's next frame in `[from_seq, below)` that `pick` takes. A
 /// frame it says to stop at ends the cursor and lowers `stop`: nothing at
 /// or after it is served, from any branch, so the stream stays in order.
-fn next_kept(c: &mut Frames<'_>, from_seq: u64, below: u64, pick: &mut Filter<'_>, stop: &mut u64, scanned: &mut u64) -> io::Result<Option<Head>> {
+/// Once `scanned` passes `budget`, the next frame comes back unexamined
+/// (unless it is the cursor's `first`).
+#[allow(clippy::too_many_arguments)]
+fn next_kept(c: &mut Frames<'_>, from_seq: u64, below: u64, pick: &mut Filter<'_>, stop: &mut u64, scanned: &mut u64, budget: u64, first: &mut bool) -> io::Result<Option<Head>> {
     while let Some((fh, buf, range)) = c.next(scanned)? {
         if fh.seq < from_seq {
             continue;
@@ -178,8 +214,12 @@ fn next_kept(c: &mut Frames<'_>, from_seq: u64, below: u64, pick: &mut Filter<'_
         if fh.seq >= below {
             return Ok(None);
         }
+        if *scanned > budget && !*first {
+            return Ok(Some(Head { fh, buf, range, unexamined: true }));
+        }
+        *first = false;
         match pick(fh.seq, &Tp { topic: fh.topic_id, partition: fh.partition }, fh.last_offset(), &buf[range.clone()]) {
-            Pick::Take => return Ok(Some(Head { fh, buf, range })),
+            Pick::Take => return Ok(Some(Head { fh, buf, range, unexamined: false })),
             Pick::Skip => {}
             Pick::Stop => {
                 *stop = (*stop).min(fh.seq);
@@ -307,6 +347,50 @@ mod tests {
                 let cut = stop_point(&rows, branches, from, stop, tp(*sb, *st), rows.len() as u64);
                 prop_assert_eq!(got, expected(&rows, branches, from, *keep, cut, *max));
             }
+        }
+    
+        /// With tiny scan budgets a read stops early, but a consumer that
+        /// moves on to where each read says it looked (past its last batch
+        /// when cut by size) still gets exactly the subtree, in order, and
+        /// every read makes progress.
+        #[test]
+        fn budgeted_reads_make_progress_and_miss_nothing(
+            appends in proptest::collection::vec((0usize..3, 0u8..2, 1usize..3, 0usize..300), 1..120),
+            tip in prop_oneof![Just(0usize), Just(1 << 20)],
+            branches in proptest::sample::subsequence(vec![0usize, 1, 2], 1..=3),
+            keep in proptest::option::of(0u8..2),
+            tip_budget in 1usize..6,
+            disk_budget in 1u64..3000,
+            max in 1usize..3000,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let s = open(dir.path(), tip);
+            let mut rows: Vec<Row> = Vec::new();
+            for (i, (b, t, n, len)) in appends.iter().enumerate() {
+                let vals: Vec<Vec<u8>> = (0..*n).map(|k| vec![b'a' + (k as u8); *len]).collect();
+                let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
+                let mut batch = make_batch(&refs, i as i64);
+                let a = s.append(tp(*b, *t), &batch, 0, false).unwrap();
+                batch::set_base_offset(&mut batch, a.base_offset);
+                rows.push((a.seq, tp(*b, *t), a.base_offset, batch));
+            }
+            let f = s.flush().unwrap();
+            s.publish_hw(&f);
+            let names: Vec<String> = branches.iter().map(|&b| BRANCHES[b].to_owned()).collect();
+            let mut got: Vec<Row> = Vec::new();
+            let mut from = 0u64;
+            let mut reads = 0;
+            while from < s.visible_seq() {
+                reads += 1;
+                prop_assert!(reads <= 2 * rows.len() + 2, "no progress from {}", from);
+                let mut pick = |_: u64, tp: &Tp, _: i64, _: &[u8]| if keep.is_some_and(|t| tp.topic[0] % 10 != t) { Pick::Skip } else { Pick::Take };
+                let r = s.read_stream_within(&names, from, max, true, (tip_budget, disk_budget), &mut pick).unwrap();
+                let next = if r.cut { r.batches.last().map(|m| m.seq + 1).unwrap() } else { r.examined_to };
+                prop_assert!(next > from);
+                got.extend(r.batches.into_iter().map(|m| (m.seq, m.tp, m.base_offset, m.bytes.to_vec())));
+                from = next;
+            }
+            prop_assert_eq!(got, expected(&rows, &branches, 0, keep, u64::MAX, usize::MAX));
         }
     }
 }
