@@ -508,22 +508,23 @@ fn get_i64(b: &[u8], at: usize) -> i64 {
     i64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// Appends `v` as a zig-zag varint (the inverse of [`varint`]).
+pub fn put_varint(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    loop {
+        let b = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    fn put_varint(out: &mut Vec<u8>, v: i64) {
-        let mut z = ((v << 1) ^ (v >> 63)) as u64;
-        loop {
-            let b = (z & 0x7f) as u8;
-            z >>= 7;
-            if z == 0 {
-                out.push(b);
-                break;
-            }
-            out.push(b | 0x80);
-        }
-    }
 
     /// Builds a valid uncompressed batch of `n` records with the given values.
     pub fn make_batch(values: &[&[u8]], base_ts: i64) -> Vec<u8> {

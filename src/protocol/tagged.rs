@@ -73,16 +73,16 @@ pub fn tag_batch(buf: &[u8], src: Source<'_>, skip: i64, inflate_limit: usize, o
         body.clear();
         // attributes, timestamp delta, offset delta, key and value as sent.
         body.extend_from_slice(&rec[..view.headers_at]);
-        put_varint(&mut body, view.header_count + 3);
+        batch::put_varint(&mut body, view.header_count + 3);
         body.extend_from_slice(&rec[view.headers_body_at..]);
         let offset = (src.base_offset + view.offset_delta).to_string();
         for (k, v) in [(TOPIC_HEADER.as_bytes(), topic), (PARTITION_HEADER.as_bytes(), partition.as_bytes()), (OFFSET_HEADER.as_bytes(), offset.as_bytes())] {
-            put_varint(&mut body, k.len() as i64);
+            batch::put_varint(&mut body, k.len() as i64);
             body.extend_from_slice(k);
-            put_varint(&mut body, v.len() as i64);
+            batch::put_varint(&mut body, v.len() as i64);
             body.extend_from_slice(v);
         }
-        put_varint(out, body.len() as i64);
+        batch::put_varint(out, body.len() as i64);
         out.extend_from_slice(&body);
         count += 1;
         last_delta = view.offset_delta;
@@ -146,15 +146,85 @@ impl RecordView {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    loop {
-        let b = (z & 0x7f) as u8;
-        z >>= 7;
-        if z == 0 {
-            out.push(b);
-            return;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::batch::tests::make_batch;
+    use crate::protocol::compression;
+    use kafka_protocol::records::RecordBatchDecoder;
+
+    const SRC: Source<'static> = Source { topic: "app.b.y", partition: 3, base_offset: 40, seq: 7 };
+
+    fn decode(b: &[u8]) -> Vec<kafka_protocol::records::Record> {
+        let mut buf = bytes::Bytes::copy_from_slice(b);
+        RecordBatchDecoder::decode(&mut buf).expect("a well-formed batch").records
+    }
+
+    fn stored(values: &[&[u8]], codec: batch::Compression) -> Vec<u8> {
+        let mut b = make_batch(values, 1_000);
+        batch::set_base_offset(&mut b, SRC.base_offset);
+        if codec == batch::Compression::None {
+            return b;
         }
-        out.push(b | 0x80);
+        let h = BatchHeader::parse(&b).unwrap();
+        let records = batch::records_of(&b, &h, 1 << 20).unwrap().into_owned();
+        batch::with_records(&b, &compression::compress(codec, &records), codec)
+    }
+
+    #[test]
+    fn records_keep_their_data_and_gain_their_source() {
+        for codec in [batch::Compression::None, batch::Compression::Gzip, batch::Compression::Lz4] {
+            let b = stored(&[b"one", b"", b"three"], codec);
+            let mut out = Vec::new();
+            let next = tag_batch(&b, SRC, 0, 1 << 20, &mut out).unwrap();
+            assert_eq!(next, Some(virtual_offset(7, 3)));
+            batch::validate(&out, usize::MAX).expect("valid v2 batch, CRC included");
+            let recs = decode(&out);
+            assert_eq!(recs.len(), 3);
+            for (i, r) in recs.iter().enumerate() {
+                assert_eq!(r.offset, (7 << INDEX_BITS) + i as i64);
+                assert_eq!(split_offset(r.offset), (7, i as i64));
+                assert_eq!(r.value.as_deref(), Some(&[&b"one"[..], b"", b"three"][i][..]));
+                assert_eq!(r.timestamp, 1_000 + i as i64);
+                assert!(!r.transactional && !r.control && r.producer_id == -1);
+                let h = |k: &str| r.headers.get(&kafka_protocol::protocol::StrBytes::from_string(k.to_owned())).cloned().flatten().map(|v| String::from_utf8(v.to_vec()).unwrap());
+                assert_eq!(h(TOPIC_HEADER).as_deref(), Some("app.b.y"));
+                assert_eq!(h(PARTITION_HEADER).as_deref(), Some("3"));
+                assert_eq!(h(OFFSET_HEADER), Some((40 + i).to_string()));
+            }
+        }
+    }
+
+    #[test]
+    fn skipped_records_are_left_out() {
+        let b = stored(&[b"a", b"b", b"c"], batch::Compression::None);
+        let mut out = Vec::new();
+        assert_eq!(tag_batch(&b, SRC, 2, 1 << 20, &mut out).unwrap(), Some(virtual_offset(7, 3)));
+        let recs = decode(&out);
+        assert_eq!(recs.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![virtual_offset(7, 2)]);
+        // All of it skipped: nothing appended.
+        let mut out = vec![9u8];
+        assert_eq!(tag_batch(&b, SRC, 3, 1 << 20, &mut out).unwrap(), None);
+        assert_eq!(out, vec![9u8]);
+    }
+
+    #[test]
+    fn bad_batches_are_errors_not_panics() {
+        let b = stored(&[b"abc", b"defg"], batch::Compression::None);
+        // Truncated anywhere, and each records byte corrupted in turn.
+        for cut in 0..b.len() {
+            let _ = tag_batch(&b[..cut], SRC, 0, 1 << 20, &mut Vec::new());
+        }
+        for i in HEADER_BYTES..b.len() {
+            for v in [0x00, 0x7f, 0x80, 0xff] {
+                let mut bad = b.clone();
+                bad[i] = v;
+                let _ = tag_batch(&bad, SRC, 0, 1 << 20, &mut Vec::new());
+            }
+        }
+        assert!(tag_batch(&b[..b.len() - 1], SRC, 0, 1 << 20, &mut Vec::new()).is_err());
+        // A compressed batch that inflates past the limit.
+        let g = stored(&[&[b'z'; 4096][..]], batch::Compression::Gzip);
+        assert!(tag_batch(&g, SRC, 0, 1024, &mut Vec::new()).is_err());
     }
 }

@@ -252,6 +252,25 @@ mod tests {
     /// (seq, tp, base offset, batch) as stored.
     type Row = (u64, Tp, i64, Vec<u8>);
 
+    /// Appends a batch of `n` records of `len` bytes to (branch, topic) for
+    /// each of `appends`, publishing after every `publish_every`-th.
+    fn fill(s: &Storage, appends: &[(usize, u8, usize, usize)], publish_every: usize) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (i, &(b, t, n, len)) in appends.iter().enumerate() {
+            let vals: Vec<Vec<u8>> = (0..n).map(|k| vec![b'a' + (k as u8); len]).collect();
+            let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
+            let mut batch = make_batch(&refs, i as i64);
+            let a = s.append(tp(b, t), &batch, 0, false).unwrap();
+            batch::set_base_offset(&mut batch, a.base_offset);
+            rows.push((a.seq, tp(b, t), a.base_offset, batch));
+            if i % publish_every == 0 {
+                let f = s.flush().unwrap();
+                s.publish_hw(&f);
+            }
+        }
+        rows
+    }
+
     /// What a read must return: the reference rows from `from` on in the
     /// chosen branches that `keep` takes, up to `stop`, as `max` allows.
     fn expected(rows: &[Row], branches: &[usize], from: u64, keep_topic: Option<u8>, stop: u64, max: usize) -> Vec<Row> {
@@ -309,21 +328,10 @@ mod tests {
             queries in proptest::collection::vec((proptest::sample::subsequence(vec![0usize, 1, 2], 1..=3), any::<prop::sample::Index>(), proptest::option::of(0u8..2), any::<prop::sample::Index>(), (0usize..3, 0u8..2), 1usize..6000), 1..12),
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let mut rows: Vec<Row> = Vec::new();
+            let rows;
             {
                 let s = open(dir.path(), tip);
-                for (i, (b, t, n, len)) in appends.iter().enumerate() {
-                    let vals: Vec<Vec<u8>> = (0..*n).map(|k| vec![b'a' + (k as u8); *len]).collect();
-                    let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
-                    let mut batch = make_batch(&refs, i as i64);
-                    let a = s.append(tp(*b, *t), &batch, 0, false).unwrap();
-                    batch::set_base_offset(&mut batch, a.base_offset);
-                    rows.push((a.seq, tp(*b, *t), a.base_offset, batch));
-                    if i % 3 == 0 {
-                        let f = s.flush().unwrap();
-                        s.publish_hw(&f);
-                    }
-                }
+                rows = fill(&s, &appends, 3);
                 // Unpublished appends are never served.
                 let end = s.visible_seq();
                 for (branches, from, keep, stop, (sb, st), max) in &queries {
@@ -365,15 +373,7 @@ mod tests {
         ) {
             let dir = tempfile::tempdir().unwrap();
             let s = open(dir.path(), tip);
-            let mut rows: Vec<Row> = Vec::new();
-            for (i, (b, t, n, len)) in appends.iter().enumerate() {
-                let vals: Vec<Vec<u8>> = (0..*n).map(|k| vec![b'a' + (k as u8); *len]).collect();
-                let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
-                let mut batch = make_batch(&refs, i as i64);
-                let a = s.append(tp(*b, *t), &batch, 0, false).unwrap();
-                batch::set_base_offset(&mut batch, a.base_offset);
-                rows.push((a.seq, tp(*b, *t), a.base_offset, batch));
-            }
+            let rows = fill(&s, &appends, usize::MAX);
             let f = s.flush().unwrap();
             s.publish_hw(&f);
             let names: Vec<String> = branches.iter().map(|&b| BRANCHES[b].to_owned()).collect();
