@@ -262,12 +262,15 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
     const N: usize = 100_000;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cutter = {
-        let (cut, stop) = (proxy.cut.clone(), stop.clone());
+        let (cut, stop, engine) = (proxy.cut.clone(), stop.clone(), broker.engine.clone());
         tokio::spawn(async move {
-            // Twenty cuts, 50 ms apart, while the records are in flight;
-            // then the producer is left to finish.
+            // A cut every 50 ms while the records are in flight, until the
+            // broker has seen a retry of a batch it had written (at least
+            // twenty cuts; how soon one lands depends on timing); then the
+            // producer is left to finish.
             let mut cuts = 0;
-            while cuts < 20 && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let retried = || engine.producer_stats().duplicates.load(std::sync::atomic::Ordering::Relaxed) > 0;
+            while (cuts < 20 || !retried()) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 cut.notify_waiters();
                 cuts += 1;
