@@ -31,6 +31,7 @@ pub struct Running {
     kafka: JoinHandle<()>,
     admin: JoinHandle<()>,
     background: JoinHandle<()>,
+    compactor: JoinHandle<()>,
     expiry: JoinHandle<()>,
 }
 
@@ -74,10 +75,11 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
+    let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
     health.ready.store(true, Ordering::Release);
     tracing::info!(%kafka_addr, %admin_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
-    Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background, expiry })
+    Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background, compactor, expiry })
 }
 
 /// Waits for the next tick of a background loop; false once the broker
@@ -103,6 +105,24 @@ async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::R
             Ok(Ok(_)) => {}
             Ok(Err(err)) => tracing::error!(error = %err, "retention failed"),
             Err(err) => tracing::error!(error = %err, "retention task panicked"),
+        }
+    }
+}
+
+/// Runs the compactor every `every`, off the async threads; one window at a
+/// time (a window that finds more due segments runs again at once).
+async fn compaction_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = interval_after_first(every);
+    while next_tick(&mut tick, &mut stop).await {
+        loop {
+            let e = engine.clone();
+            match tokio::task::spawn_blocking(move || e.compact()).await {
+                Ok(Ok(Some(_))) if !*stop.borrow() => continue,
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => tracing::error!(error = %err, "compaction failed"),
+                Err(err) => tracing::error!(error = %err, "compaction task panicked"),
+            }
+            break;
         }
     }
 }
@@ -168,6 +188,7 @@ impl Running {
         let _ = self.stop.send(true);
         let _ = self.kafka.await;
         let _ = self.background.await;
+        let _ = self.compactor.await;
         let _ = self.expiry.await;
         self.engine.shutdown().await;
         let _ = self.admin.await;

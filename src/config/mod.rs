@@ -118,6 +118,20 @@ settings! {
     segment_bytes: u64 = "1073741824", "CANOPY_SEGMENT_BYTES", "segment-bytes";
     "Roll a branch's active segment at this age, in milliseconds"
     segment_ms: i64 = "604800000", "CANOPY_SEGMENT_MS", "segment-ms";
+    "Compact a sealed segment into subtree stores once it has been sealed this long, in milliseconds (-1: never compact)"
+    compaction_lag_ms: i64 = "3600000", "CANOPY_COMPACTION_LAG_MS", "compaction-lag-ms";
+    "How often the compactor looks for due segments, in milliseconds"
+    compaction_interval_ms: u64 = "60000", "CANOPY_COMPACTION_INTERVAL_MS", "compaction-interval-ms";
+    "How a compaction window is split into stores: adaptive (by volume) or prefix3 (first three name segments)"
+    compaction_split: String = "adaptive", "CANOPY_COMPACTION_SPLIT", "compaction-split";
+    "Adaptive split: at most this many stores per window (0: no limit)"
+    compaction_max_stores: usize = "0", "CANOPY_COMPACTION_MAX_STORES", "compaction-max-stores";
+    "Adaptive split: no store below this size but the last, in bytes; a topic this large gets a store of its own"
+    compaction_min_store_bytes: u64 = "67108864", "CANOPY_COMPACTION_MIN_STORE_BYTES", "compaction-min-store-bytes";
+    "Segment bytes one compaction window takes at most"
+    compaction_max_window_bytes: u64 = "4294967296", "CANOPY_COMPACTION_MAX_WINDOW_BYTES", "compaction-max-window-bytes";
+    "Bytes per second the compactor reads at most (0: no limit)"
+    compaction_bytes_per_sec: u64 = "104857600", "CANOPY_COMPACTION_BYTES_PER_SEC", "compaction-bytes-per-sec";
     "Default retention.ms of topics (-1: keep forever)"
     retention_ms: i64 = "604800000", "CANOPY_RETENTION_MS", "retention-ms";
     "Default retention.bytes per partition (-1: no limit)"
@@ -253,6 +267,18 @@ impl Config {
         if self.tip_bytes > 0 && self.tip_index_blocks == 0 {
             return bad("tip_index_blocks", "must be at least 1 while the tip is on");
         }
+        if self.compaction_lag_ms < -1 {
+            return bad("compaction_lag_ms", "must be -1 or more");
+        }
+        if self.compaction_interval_ms == 0 {
+            return bad("compaction_interval_ms", "must be positive");
+        }
+        if let Err(why) = self.compaction_split.parse::<crate::storage::subtree::split::Strategy>() {
+            return bad("compaction_split", &why);
+        }
+        if self.compaction_max_window_bytes == 0 {
+            return bad("compaction_max_window_bytes", "must be positive");
+        }
         if self.group_max_size == 0 {
             return bad("group_max_size", "must be at least 1");
         }
@@ -305,6 +331,19 @@ impl Config {
         e.write_queue = self.write_queue;
         e.producer_id_expiration_ms = self.producer_id_expiration_ms;
         e.max_inflated_batch_bytes = self.max_inflated_batch_bytes;
+        e.compaction = (self.compaction_lag_ms >= 0).then(|| {
+            use crate::storage::subtree::split::{Budget, Strategy};
+            let strategy = match self.compaction_split.parse().expect("validated") {
+                Strategy::Adaptive(_) => Strategy::Adaptive(Budget {
+                    max_stores: (self.compaction_max_stores > 0).then_some(self.compaction_max_stores),
+                    min_store_bytes: self.compaction_min_store_bytes,
+                }),
+                s => s,
+            };
+            crate::storage::CompactConfig { lag_ms: self.compaction_lag_ms, strategy, max_bytes: self.compaction_max_window_bytes }
+        });
+        e.compaction_bytes_per_sec = self.compaction_bytes_per_sec;
+        e.compaction_interval = Duration::from_millis(self.compaction_interval_ms);
         e
     }
 

@@ -93,6 +93,12 @@ pub struct EngineConfig {
     pub producer_id_expiration_ms: i64,
     /// Bound on a compressed batch's inflated size during validation.
     pub max_inflated_batch_bytes: usize,
+    /// Compaction into subtree stores; None: off.
+    pub compaction: Option<storage::CompactConfig>,
+    /// The compactor reads at most this many bytes per second (0: no limit).
+    pub compaction_bytes_per_sec: u64,
+    /// How often the server runs the compactor.
+    pub compaction_interval: std::time::Duration,
 }
 
 impl EngineConfig {
@@ -109,6 +115,9 @@ impl EngineConfig {
             write_queue: 4096,
             producer_id_expiration_ms: 86_400_000,
             max_inflated_batch_bytes: 16 << 20,
+            compaction: Some(storage::CompactConfig::default()),
+            compaction_bytes_per_sec: 0,
+            compaction_interval: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -340,7 +349,8 @@ impl Engine {
             }
             topics.insert(record.name.clone(), Arc::new(Topic { record, config }));
         }
-        let storage = Arc::new(Storage::open(&cfg.data_dir, cfg.storage.clone(), specs, clean)?);
+        let windows = catalog.windows()?;
+        let storage = Arc::new(Storage::open_with(&cfg.data_dir, cfg.storage.clone(), specs, clean, Some(&windows))?);
         let r = storage.recovery_report();
         tracing::info!(clean, segments = r.segments, frames = r.frames, bytes = r.bytes,
             deep_scanned_bytes = r.deep_scanned_bytes, truncated_bytes = r.truncated_bytes,
@@ -754,7 +764,7 @@ impl Engine {
         let (starts, deleted) = self.storage.enforce_retention(self.now_ms(), policy, |starts| {
             let rows: Vec<_> = starts.iter().map(|(tp, s)| (tp.topic, tp.partition, *s)).collect();
             self.catalog.put_log_starts(&rows).map_err(|e| e.to_string())
-        })?;
+        }, |stores| self.catalog.drop_stores(stores).map_err(|e| e.to_string()))?;
         if self.any_txns.load(std::sync::atomic::Ordering::Acquire) && !starts.is_empty() {
             let mut txns = self.txns.write().expect("txns lock");
             for (tp, start) in &starts {
@@ -762,6 +772,44 @@ impl Engine {
             }
         }
         Ok(deleted)
+    }
+
+    /// Runs one compaction window if a sealed segment is due (see
+    /// `storage::log::compact`). Blocking; the server schedules it every
+    /// `compaction_interval`. The window record is durable in the catalog
+    /// before any reader moves to the stores.
+    pub fn compact(&self) -> Result<Option<storage::Compacted>, EngineError> {
+        let Some(cfg) = self.cfg.compaction.clone() else { return Ok(None) };
+        self.compact_with(&cfg)
+    }
+
+    /// [`Engine::compact`] with a given configuration (tests, benchmarks).
+    pub fn compact_with(&self, cfg: &storage::CompactConfig) -> Result<Option<storage::Compacted>, EngineError> {
+        let rate = self.cfg.compaction_bytes_per_sec;
+        let started = std::time::Instant::now();
+        let mut read = 0u64;
+        let mut throttle = |bytes: u64| {
+            read += bytes;
+            if rate > 0 {
+                let due = std::time::Duration::from_secs_f64(read as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        };
+        let name_of = |id: &[u8; 16]| self.topic_by_id(id).map(|t| t.record.name.clone());
+        let done = self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()))?;
+        Ok(done)
+    }
+
+    /// Compaction windows the catalog records (split plans included).
+    pub fn compaction_windows(&self) -> Result<Vec<storage::subtree::WindowRecord>, EngineError> {
+        Ok(self.catalog.windows()?)
+    }
+
+    /// Storage, for counters.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
     }
 
     /// Stops the writer after it drains, syncs everything, and marks the

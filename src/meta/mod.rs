@@ -12,6 +12,7 @@
 //! offset/<len>:<group>/<topic>/<p> → v1 JSON OffsetRecord (a group's committed offset)
 //! next_producer_id                → v1 JSON i64 (InitProducerId hands out ids from here)
 //! txn/<transactional id>          → v1 JSON TxnRecord (the transaction coordinator's state of it)
+//! window/<window, 20 digits>      → v1 JSON WindowRecord (a compaction window: replaced segments, split plan, stores)
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -23,7 +24,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::storage::subtree::WindowRecord;
+
 const V1: u8 = 1;
+
+fn window_key(w: u64) -> String {
+    format!("window/{w:020}")
+}
 const NEXT_PRODUCER_ID: &[u8] = b"next_producer_id";
 
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +218,46 @@ impl Catalog {
             out.insert((id, p), decode(&k, &v)?);
         }
         Ok(out)
+    }
+
+    /// Every compaction window, oldest first.
+    pub fn windows(&self) -> Result<Vec<WindowRecord>, MetaError> {
+        let mut out = Vec::new();
+        for kv in self.db.scan_prefix(b"window/") {
+            let (k, v) = kv?;
+            out.push(decode(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Records a compaction window, durably: this write is compaction's
+    /// switch from segments to stores.
+    pub fn put_window(&self, w: &WindowRecord) -> Result<(), MetaError> {
+        self.db.insert(window_key(w.window), encode(w))?;
+        self.flush()
+    }
+
+    /// Marks stores as deleted (retention), durably and all at once.
+    pub fn drop_stores(&self, stores: &[(u64, u32)]) -> Result<(), MetaError> {
+        let mut batch = sled::Batch::default();
+        let mut windows: BTreeMap<u64, WindowRecord> = BTreeMap::new();
+        for &(w, s) in stores {
+            let key = window_key(w);
+            if !windows.contains_key(&w) {
+                let Some(raw) = self.db.get(&key)? else { continue };
+                windows.insert(w, decode(key.as_bytes(), &raw)?);
+            }
+            if let Some(rec) = windows.get_mut(&w) {
+                for st in rec.stores.iter_mut().filter(|st| st.store == s) {
+                    st.live = false;
+                }
+            }
+        }
+        for (w, rec) in &windows {
+            batch.insert(window_key(*w).as_bytes(), encode(rec));
+        }
+        self.db.apply_batch(batch)?;
+        self.flush()
     }
 
     /// Records raised log start offsets, durably, in one batch.

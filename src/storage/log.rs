@@ -42,10 +42,14 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES};
+use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
+use super::subtree::WindowRecord;
 use super::{TopicId, Tp};
 use crate::protocol::batch;
 
+mod compact;
 mod stream;
+pub use compact::{CompactConfig, Compacted};
 pub use stream::StreamRead;
 
 /// A read scans at most this many bytes of foreign frames to reach its own.
@@ -88,6 +92,13 @@ pub enum StorageError {
     Segment(#[from] segment::SegmentError),
     #[error("sealed segment {path} is damaged after byte {valid} of {len}; restore it from a copy or move it away to start without it")]
     CorruptSealed { path: String, valid: u64, len: u64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("catalog: {0}")]
+    Catalog(String),
+    /// A compaction stopped at an injected fault (tests).
+    #[error("stopped at {0}")]
+    Stopped(String),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -150,6 +161,7 @@ pub struct Flushed {
 #[derive(Debug, Clone, Default)]
 pub struct RecoveryReport {
     pub segments: usize,
+    pub stores: usize,
     pub frames: u64,
     pub bytes: u64,
     pub deep_scanned_bytes: u64,
@@ -258,6 +270,85 @@ struct PartState {
     leo: i64,
     hw: i64,
     index: VecDeque<IndexEntry>,
+    /// The subtree stores holding the tp's older batches, oldest first;
+    /// everything in them lies below the first entry of `index`.
+    stored: Vec<Arc<StoreFile>>,
+}
+
+/// A subtree store the log reads from.
+struct StoreFile {
+    store: Store,
+    /// The branches of its tps (a subtree read picks stores by branch).
+    branches: Vec<String>,
+}
+
+/// Where a walk over one tp's frames begins.
+#[derive(Clone)]
+enum Start {
+    /// In the branch log, at this entry.
+    Log(IndexEntry),
+    /// In stores, each from its position, then in the branch log from its
+    /// first entry.
+    Stores { files: Vec<(Arc<StoreFile>, u64)>, then: Option<IndexEntry> },
+}
+
+impl PartState {
+    /// Where to start for a batch that `in_store` says a store share holds
+    /// (then `pos_in` picks the entry) or else that `in_log` finds.
+    fn start(
+        &self,
+        tp: &Tp,
+        in_store: impl Fn(&StoreTp) -> bool,
+        pos_in: impl Fn(&[StoreEntry]) -> u64,
+        in_log: impl Fn(&VecDeque<IndexEntry>) -> Option<IndexEntry>,
+    ) -> Option<Start> {
+        let share = |s: &StoreFile| s.store.tps.get(tp).cloned();
+        if let Some(k) = self.stored.iter().position(|s| share(s).is_some_and(|t| in_store(&t))) {
+            let files = self.stored[k..]
+                .iter()
+                .enumerate()
+                .filter_map(|(j, s)| {
+                    let t = s.store.tps.get(tp)?;
+                    Some((s.clone(), if j == 0 { pos_in(&t.entries) } else { t.entries[0].pos }))
+                })
+                .collect();
+            return Some(Start::Stores { files, then: self.index.front().copied() });
+        }
+        in_log(&self.index)
+            .map(Start::Log)
+    }
+
+    /// Where the batch holding `offset` (or the first after it) starts.
+    fn start_at(&self, tp: &Tp, offset: i64) -> Option<Start> {
+        self.start(
+            tp,
+            |t| t.last_offset >= offset,
+            |e| e[e.partition_point(|x| x.offset <= offset).saturating_sub(1)].pos,
+            |index| {
+                let i = index.partition_point(|e| e.offset <= offset);
+                if i == 0 { index.front().copied() } else { index.get(i - 1).copied() }
+            },
+        )
+    }
+
+    /// Where to look for the first batch with a timestamp at or after `ts`.
+    fn start_at_time(&self, tp: &Tp, ts: i64) -> Option<Start> {
+        self.start(
+            tp,
+            |t| t.max_ts >= ts,
+            |e| e[e.partition_point(|x| x.max_ts_before < ts).saturating_sub(1)].pos,
+            |index| {
+                let i = index.partition_point(|e| e.max_ts_before < ts);
+                if i == 0 { index.front().copied() } else { index.get(i - 1).copied() }
+            },
+        )
+    }
+
+    /// Bytes of the tp in stores and the given segments, from `log_start`.
+    fn bytes(&self, tp: &Tp, segs: &[Arc<Segment>]) -> u64 {
+        let stored: u64 = self.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= self.log_start).map(|t| t.bytes).sum();
+        stored + part_bytes(segs, tp, self.log_start)
+    }
 }
 
 struct Partition {
@@ -387,6 +478,50 @@ pub struct Storage {
     /// Every batch with a smaller stream sequence number is published
     /// (readers may see it): the bound of subtree reads.
     visible_seq: AtomicU64,
+    /// Every subtree store, by (window, store). A subtree read takes the
+    /// read lock while it collects its files, compaction's switch the
+    /// write lock, so a read sees either the segments or the stores.
+    stores: RwLock<Vec<Arc<StoreFile>>>,
+    stores_dir: PathBuf,
+    /// Compaction and retention, one at a time.
+    maintenance: Mutex<Maintenance>,
+    read_stats: ReadStats,
+    compaction_stats: CompactionStats,
+}
+
+/// What the maintenance lock guards.
+struct Maintenance {
+    next_window: u64,
+}
+
+/// Disk reads (tip hits excluded): bytes read from files and bytes
+/// returned, for read amplification.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    pub scanned: AtomicU64,
+    pub delivered: AtomicU64,
+}
+
+impl ReadStats {
+    fn note(&self, scanned: u64, delivered: u64) {
+        if scanned > 0 {
+            self.scanned.fetch_add(scanned, Ordering::Relaxed);
+            self.delivered.fetch_add(delivered, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Compaction counters (for metrics).
+#[derive(Debug, Default)]
+pub struct CompactionStats {
+    pub windows: AtomicU64,
+    pub bytes_compacted: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub stores_written: AtomicU64,
+    pub stores_deleted: AtomicU64,
+    /// Milliseconds the oldest sealed segment not yet compacted has waited
+    /// past its lag, at the last run (0: none waiting).
+    pub lag_ms: AtomicU64,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StorageError + '_ {
@@ -411,9 +546,17 @@ impl Storage {
     /// truncated at the last valid frame. Frames of topics not in `specs`
     /// (deleted topics) are skipped.
     pub fn open(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool) -> Result<Storage, StorageError> {
+        Storage::open_with(dir, cfg, specs, clean, None)
+    }
+
+    /// [`Storage::open`] with the compaction windows the catalog records.
+    /// With `None` (no catalog), a data directory holding stores is refused
+    /// rather than guessed at.
+    pub fn open_with(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool, windows: Option<&[WindowRecord]>) -> Result<Storage, StorageError> {
         let started = Instant::now();
         let log_dir = dir.join("log");
         fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+        let stores_dir = dir.join("stores");
         let mut report = RecoveryReport::default();
         let mut branches: HashMap<String, Arc<Branch>> = HashMap::new();
         let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::new();
@@ -431,11 +574,17 @@ impl Storage {
             let part = Arc::new(Partition {
                 tp: spec.tp,
                 branch,
-                st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new() }),
+                st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
                 ahead: Mutex::new(None),
             });
             writers.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
             parts.insert(spec.tp, part);
+        }
+
+        // The stores first: they hold each tp's oldest batches.
+        let (stores, compacted_to, next_window) = open_stores(&stores_dir, windows, &mut writers, &mut report)?;
+        for st in &stores {
+            next_seq = next_seq.max(st.store.end_seq);
         }
 
         let mut entries = fs::read_dir(&log_dir).map_err(io_err(&log_dir))?.collect::<Result<Vec<_>, _>>().map_err(io_err(&log_dir))?;
@@ -453,6 +602,18 @@ impl Storage {
                 }
             }
             files.sort();
+            // Replaced by stores (the catalog says so) but not yet deleted
+            // when the broker stopped.
+            let replaced_below = compacted_to.get(branch_name).copied().unwrap_or(0);
+            let before = files.len();
+            for (_, path) in files.iter().filter(|(seq, _)| *seq < replaced_below) {
+                tracing::info!(path = %path.display(), "deleting segment replaced by subtree stores");
+                fs::remove_file(path).map_err(io_err(path))?;
+            }
+            files.retain(|(seq, _)| *seq >= replaced_below);
+            if files.len() < before {
+                sync_dir(&branch.dir)?;
+            }
             let count = files.len();
             let mut segs = Vec::with_capacity(count);
             for (i, (_, path)) in files.into_iter().enumerate() {
@@ -514,7 +675,7 @@ impl Storage {
                         // Frames below a persisted log start stay indexed;
                         // the log start itself may only rise to the first
                         // surviving batch.
-                        if st.index.len() == 1 && entry.is_some() {
+                        if st.index.len() == 1 && entry.is_some() && st.stored.is_empty() {
                             st.log_start = st.log_start.max(fh.base_offset);
                         }
                     }
@@ -536,6 +697,11 @@ impl Storage {
             poisoned: Mutex::new(None),
             report,
             visible_seq: AtomicU64::new(next_seq),
+            stores: RwLock::new(stores),
+            stores_dir,
+            maintenance: Mutex::new(Maintenance { next_window }),
+            read_stats: ReadStats::default(),
+            compaction_stats: CompactionStats::default(),
         })
     }
 
@@ -560,7 +726,7 @@ impl Storage {
         let part = Arc::new(Partition {
             tp: spec.tp,
             branch,
-            st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new() }),
+            st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
             ahead: Mutex::new(None),
         });
         let mut w = self.writer.lock().expect("writer lock");
@@ -804,9 +970,7 @@ impl Storage {
             if offset < st.log_start || offset > st.leo {
                 return Err(ReadError::OffsetOutOfRange { offset, log_start: st.log_start, end: st.leo });
             }
-            let i = st.index.partition_point(|e| e.offset <= offset);
-            let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
-            (start, st.log_start, st.hw, st.leo)
+            (st.start_at(tp, offset), st.log_start, st.hw, st.leo)
         };
         let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset, from_tip: false };
         let Some(start) = start else { return Ok(result) };
@@ -823,13 +987,16 @@ impl Storage {
             }
         }
         // The tip first: no syscall, and only this branch's entries walked.
-        if self.cfg.tip.bytes > 0 && start.offset <= offset {
-            let key = tip_key(&part.branch);
-            if let Some(t) = self.tip.read().expect("tip lock").read(tp, key, start.seq, offset, hw, max_bytes, min_one) {
-                result.records = t.records;
-                result.next_offset = t.next_offset;
-                result.from_tip = true;
-                return Ok(result);
+        // (Batches in stores are old: the tip has none of them.)
+        if let Start::Log(e) = &start {
+            if self.cfg.tip.bytes > 0 && e.offset <= offset {
+                let key = tip_key(&part.branch);
+                if let Some(t) = self.tip.read().expect("tip lock").read(tp, key, e.seq, offset, hw, max_bytes, min_one) {
+                    result.records = t.records;
+                    result.next_offset = t.next_offset;
+                    result.from_tip = true;
+                    return Ok(result);
+                }
             }
         }
         {
@@ -846,7 +1013,7 @@ impl Storage {
         let mut next_offset = offset;
         let chunk = max_bytes.saturating_add(FRAME_HEADER_BYTES).clamp(MIN_READ_CHUNK, MAX_READ_CHUNK);
         let mut out = Vec::new();
-        self.walk(&part, start, hw, chunk, &mut result.bytes_scanned, |fh, buf, range| {
+        self.walk(&part, |st| st.start_at(tp, offset), hw, chunk, &mut result.bytes_scanned, |fh, buf, range| {
             if fh.last_offset() < offset {
                 return Walk::Skip;
             }
@@ -864,6 +1031,7 @@ impl Storage {
             if taken >= max_bytes || next_offset >= hw { Walk::Stop } else { Walk::Skip }
         })
         .map_err(|e| ReadError::Io(e.to_string()))?;
+        self.read_stats.note(result.bytes_scanned, taken as u64);
         result.records = out;
         result.next_offset = next_offset;
         Ok(result)
@@ -897,16 +1065,13 @@ impl Storage {
     /// compressed ones the batch's base offset and max timestamp.
     pub fn offset_for_timestamp(&self, tp: &Tp, ts: i64) -> Result<Option<(i64, i64)>, ReadError> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
-        let (start, log_start, hw) = {
+        let (log_start, hw) = {
             let st = part.st.read().expect("partition lock");
-            let i = st.index.partition_point(|e| e.max_ts_before < ts);
-            let start = if i == 0 { st.index.front().copied() } else { st.index.get(i - 1).copied() };
-            (start, st.log_start, st.hw)
+            (st.log_start, st.hw)
         };
-        let Some(start) = start else { return Ok(None) };
         let mut found = None;
         let mut scanned = 0;
-        self.walk(&part, start, hw, MIN_READ_CHUNK, &mut scanned, |fh, buf, range| {
+        self.walk(&part, |st| st.start_at_time(tp, ts), hw, MIN_READ_CHUNK, &mut scanned, |fh, buf, range| {
             let batch = &buf[range];
             if fh.last_offset() < log_start || fh.max_timestamp < ts {
                 return if fh.last_offset() + 1 >= hw { Walk::Stop } else { Walk::Skip };
@@ -934,13 +1099,24 @@ impl Storage {
     fn walk(
         &self,
         part: &Partition,
-        start: IndexEntry,
+        start: impl Fn(&PartState) -> Option<Start>,
         hw: i64,
         chunk: usize,
         scanned: &mut u64,
         mut visit: impl FnMut(&FrameHeader, &Bytes, std::ops::Range<usize>) -> Walk,
     ) -> io::Result<()> {
-        let mut frames = Frames::new(self, &part.branch, start.seg, start.pos, chunk);
+        let mut frames = None;
+        // A segment can be compacted or deleted between looking up where to
+        // start and opening it; its entries are gone from the index before
+        // it leaves the branch, so the second look finds the new place.
+        for _ in 0..8 {
+            let Some(at) = start(&part.st.read().expect("partition lock")) else { return Ok(()) };
+            frames = self.frames_for(part, &at, chunk);
+            if frames.is_some() {
+                break;
+            }
+        }
+        let mut frames = frames.ok_or_else(|| io::Error::other("the log kept changing under the read"))?;
         while let Some((fh, buf, range)) = frames.next(scanned)? {
             if fh.topic_id == part.tp.topic && fh.partition == part.tp.partition {
                 if fh.base_offset >= hw {
@@ -954,24 +1130,43 @@ impl Storage {
         Ok(())
     }
 
+    /// A cursor over `part`'s frames from `start`.
+    fn frames_for(&self, part: &Partition, start: &Start, chunk: usize) -> Option<Frames<'_>> {
+        match start {
+            Start::Log(e) => Frames::new(self, &part.branch, e.seg, e.pos, chunk),
+            Start::Stores { files, then } => {
+                let mut chain: Vec<(Arc<dyn FrameFile>, u64)> = files.iter().map(|(s, p)| (s.clone() as Arc<dyn FrameFile>, *p)).collect();
+                if let Some(e) = then {
+                    chain.extend(Frames::new(self, &part.branch, e.seg, e.pos, chunk)?.files);
+                }
+                Some(Frames::chain(self, chain, chunk))
+            }
+        }
+    }
+
     /// Applies retention: advances log start offsets of tps whose oldest
-    /// sealed segments are past `retention.ms` or beyond `retention.bytes`,
-    /// hands the new starts to `persist` (which must make them durable),
-    /// then deletes segment files nothing retained lives in.
+    /// stored batches (in stores or sealed segments) are past `retention.ms`
+    /// or beyond `retention.bytes`, hands the new starts to `persist` (which
+    /// must make them durable), then deletes segment files and whole stores
+    /// nothing retained lives in; a store leaves the catalog (`drop_stores`)
+    /// before its file is deleted. Returns the new starts and the number of
+    /// files deleted.
     pub fn enforce_retention(
         &self,
         now_ms: i64,
         policy: impl Fn(&Tp) -> RetentionPolicy,
         persist: impl FnOnce(&[(Tp, i64)]) -> Result<(), String>,
+        drop_stores: impl FnOnce(&[(u64, u32)]) -> Result<(), String>,
     ) -> Result<(Vec<(Tp, i64)>, usize), StorageError> {
+        let _maintenance = self.maintenance.lock().expect("maintenance lock");
         let branches: Vec<Arc<Branch>> = self.branches.read().expect("branches lock").values().cloned().collect();
         let mut advanced: HashMap<Tp, i64> = HashMap::new();
         for branch in &branches {
             let segs = branch.segs.read().expect("branch lock").clone();
             // Partitions are looked up after the segments are: any frame in
             // those segments belongs to a partition registered before.
-            let parts = self.parts.read().expect("parts lock").clone();
-            let Some((_, sealed)) = segs.split_last() else { continue };
+            let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().filter(|p| Arc::ptr_eq(&p.branch, branch)).cloned().collect();
+            let sealed = segs.split_last().map_or(&[][..], |(_, sealed)| sealed);
             // Per tp: its shares of sealed segments, oldest first.
             let mut shares: HashMap<Tp, Vec<SegTp>> = HashMap::new();
             for seg in sealed {
@@ -979,13 +1174,20 @@ impl Storage {
                     shares.entry(*tp).or_default().push(*s);
                 }
             }
-            for (tp, list) in shares {
-                let Some(part) = parts.get(&tp) else { continue };
+            for part in parts {
+                let tp = part.tp;
                 let p = policy(&tp);
-                let (log_start, hw, total_bytes) = {
+                let (log_start, hw, total_bytes, mut list) = {
                     let st = part.st.read().expect("partition lock");
-                    (st.log_start, st.hw, part_bytes(&segs, &tp, st.log_start))
+                    let stored: Vec<SegTp> = st
+                        .stored
+                        .iter()
+                        .filter_map(|s| s.store.tps.get(&tp))
+                        .map(|t| SegTp { last_offset: t.last_offset, bytes: t.bytes, max_ts: t.max_ts })
+                        .collect();
+                    (st.log_start, st.hw, st.bytes(&tp, &segs), stored)
                 };
+                list.extend(shares.get(&tp).into_iter().flatten().copied());
                 let mut new_start = log_start;
                 let mut remaining = total_bytes;
                 // Only what readers can see is retired: never past the high
@@ -1015,8 +1217,17 @@ impl Storage {
                 }
             }
         }
-        let deleted = self.delete_dead_segments(&branches)?;
+        let deleted = self.delete_dead_segments(&branches)? + self.delete_dead_stores(drop_stores)?;
         Ok((advanced, deleted))
+    }
+
+    /// Is everything `tps` holds below its tp's log start (or of a deleted topic)?
+    fn all_dead<'s>(&self, mut tps: impl Iterator<Item = (&'s Tp, i64)>) -> bool {
+        let parts = self.parts.read().expect("parts lock");
+        tps.all(|(tp, last_offset)| match parts.get(tp) {
+            None => true,
+            Some(p) => last_offset < p.st.read().expect("partition lock").log_start,
+        })
     }
 
     fn delete_dead_segments(&self, branches: &[Arc<Branch>]) -> Result<usize, StorageError> {
@@ -1026,31 +1237,25 @@ impl Storage {
                 let segs = branch.segs.read().expect("branch lock");
                 // After the segments (see enforce_retention): a partition
                 // missing here was really deleted.
-                let parts = self.parts.read().expect("parts lock");
                 let Some((_, sealed)) = segs.split_last() else { continue };
                 sealed
                     .iter()
-                    .filter(|seg| {
-                        seg.tps.lock().expect("segment tps lock").iter().all(|(tp, s)| match parts.get(tp) {
-                            None => true,
-                            Some(p) => s.last_offset < p.st.read().expect("partition lock").log_start,
-                        })
-                    })
+                    .filter(|seg| self.all_dead(seg.tps.lock().expect("segment tps lock").iter().map(|(tp, s)| (tp, s.last_offset))))
                     .cloned()
                     .collect()
             };
             if dead.is_empty() {
                 continue;
             }
+            // Index entries go before the segments leave the branch, so a
+            // read that finds its segment gone looks again and finds no
+            // entry for it.
+            let first_live = {
+                let segs = branch.segs.read().expect("branch lock");
+                segs.iter().find(|s| !dead.iter().any(|d| d.base_seq == s.base_seq)).map(|s| s.base_seq).unwrap_or(u64::MAX)
+            };
+            self.trim_index(branch, first_live);
             branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
-            let first_live = branch.segs.read().expect("branch lock").first().map(|s| s.base_seq).unwrap_or(u64::MAX);
-            let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().filter(|p| Arc::ptr_eq(&p.branch, branch)).cloned().collect();
-            for part in parts {
-                let mut st = part.st.write().expect("partition lock");
-                while st.index.front().is_some_and(|e| e.seg < first_live) {
-                    st.index.pop_front();
-                }
-            }
             for seg in dead {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
                 fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
@@ -1059,6 +1264,45 @@ impl Storage {
             sync_dir(&branch.dir)?;
         }
         Ok(deleted)
+    }
+
+    /// Drops the index entries of `branch`'s tps that point into segments
+    /// below `first_live`.
+    fn trim_index(&self, branch: &Arc<Branch>, first_live: u64) {
+        let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().filter(|p| Arc::ptr_eq(&p.branch, branch)).cloned().collect();
+        for part in parts {
+            let mut st = part.st.write().expect("partition lock");
+            while st.index.front().is_some_and(|e| e.seg < first_live) {
+                st.index.pop_front();
+            }
+        }
+    }
+
+    /// Deletes whole stores nothing retained lives in: out of the catalog
+    /// first, then out of the tps, then the file.
+    fn delete_dead_stores(&self, drop_stores: impl FnOnce(&[(u64, u32)]) -> Result<(), String>) -> Result<usize, StorageError> {
+        let dead: Vec<Arc<StoreFile>> = {
+            let stores = self.stores.read().expect("stores lock");
+            stores.iter().filter(|s| self.all_dead(s.store.tps.iter().map(|(tp, t)| (tp, t.last_offset)))).cloned().collect()
+        };
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let keys: Vec<(u64, u32)> = dead.iter().map(|s| (s.store.window, s.store.store)).collect();
+        drop_stores(&keys).map_err(|e| StorageError::Poisoned(format!("removing stores from the catalog: {e}")))?;
+        let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().cloned().collect();
+        for part in parts {
+            let mut st = part.st.write().expect("partition lock");
+            st.stored.retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
+        }
+        self.stores.write().expect("stores lock").retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
+        for s in &dead {
+            tracing::info!(path = %s.store.path.display(), "deleting store past retention");
+            fs::remove_file(&s.store.path).map_err(io_err(&s.store.path))?;
+        }
+        sync_dir(&self.stores_dir)?;
+        self.compaction_stats.stores_deleted.fetch_add(dead.len() as u64, Ordering::Relaxed);
+        Ok(dead.len())
     }
 
     /// Total bytes of all segment files (for metrics and the `retention`
@@ -1073,15 +1317,47 @@ enum Walk {
     Stop,
 }
 
-/// A cursor over one branch's frames, in stream order, from a position
-/// in one of its segments to the published end of the newest segment seen
-/// when it was made. Files are read in chunks of about `chunk` bytes into
-/// pooled buffers; every frame comes back as a slice of one.
+/// A file of frames: a branch-log segment or a subtree store.
+trait FrameFile: Send + Sync {
+    fn file(&self) -> &fs::File;
+    fn path(&self) -> &Path;
+    /// Frames lie below this position.
+    fn frames_end(&self) -> u64;
+}
+
+impl FrameFile for Segment {
+    fn file(&self) -> &fs::File {
+        &self.file
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn frames_end(&self) -> u64 {
+        self.len.load(Ordering::Acquire)
+    }
+}
+
+impl FrameFile for StoreFile {
+    fn file(&self) -> &fs::File {
+        &self.store.file
+    }
+    fn path(&self) -> &Path {
+        &self.store.path
+    }
+    fn frames_end(&self) -> u64 {
+        self.store.frames_end
+    }
+}
+
+/// A cursor over frames in stream order: a chain of files, each walked from
+/// a position to its end (a segment's published end when the cursor reaches
+/// it). Files are read in chunks of about `chunk` bytes into pooled
+/// buffers; every frame comes back as a slice of one.
 struct Frames<'a> {
     storage: &'a Storage,
-    segs: Vec<Arc<Segment>>,
+    files: Vec<(Arc<dyn FrameFile>, u64)>,
     seg: usize,
-    /// File position of `buf[0]` in `segs[seg]`.
+    /// File position of `buf[0]` in `files[seg]`.
     buf_pos: u64,
     buf: Bytes,
     at: usize,
@@ -1089,16 +1365,24 @@ struct Frames<'a> {
 }
 
 impl<'a> Frames<'a> {
-    /// Starts at `pos` of the segment whose base sequence number is `seg`
-    /// (or at the head of the next one, if that one is gone).
-    fn new(storage: &'a Storage, branch: &Branch, seg: u64, pos: u64, chunk: usize) -> Frames<'a> {
-        let segs: Vec<Arc<Segment>> = {
-            let segs = branch.segs.read().expect("branch lock");
-            let i = segs.partition_point(|s| s.base_seq < seg);
-            segs[i..].to_vec()
-        };
-        let pos = if segs.first().is_some_and(|s| s.base_seq == seg) { pos } else { FILE_HEADER_BYTES };
-        Frames { storage, segs, seg: 0, buf_pos: pos, buf: Bytes::new(), at: 0, chunk }
+    /// Starts at `pos` of the branch segment whose base sequence number is
+    /// `seg`, then goes on through the newer segments. None if that segment
+    /// is gone (compacted or deleted since the caller looked it up: look
+    /// again).
+    fn new(storage: &'a Storage, branch: &Branch, seg: u64, pos: u64, chunk: usize) -> Option<Frames<'a>> {
+        let segs = branch.segs.read().expect("branch lock");
+        let i = segs.partition_point(|s| s.base_seq < seg);
+        if segs.get(i).is_none_or(|s| s.base_seq != seg) {
+            return None;
+        }
+        let files = segs[i..].iter().enumerate().map(|(k, s)| (s.clone() as Arc<dyn FrameFile>, if k == 0 { pos } else { FILE_HEADER_BYTES })).collect();
+        Some(Frames::chain(storage, files, chunk))
+    }
+
+    /// Walks `files` in order, each from its position.
+    fn chain(storage: &'a Storage, files: Vec<(Arc<dyn FrameFile>, u64)>, chunk: usize) -> Frames<'a> {
+        let buf_pos = files.first().map_or(FILE_HEADER_BYTES, |f| f.1);
+        Frames { storage, files, seg: 0, buf_pos, buf: Bytes::new(), at: 0, chunk }
     }
 
     /// The next frame: its header, the buffer holding it and the range of
@@ -1107,7 +1391,7 @@ impl<'a> Frames<'a> {
         loop {
             let mut need = FRAME_HEADER_BYTES;
             if self.at + FRAME_HEADER_BYTES <= self.buf.len() {
-                let path = || self.segs[self.seg].path.display().to_string();
+                let path = || self.files[self.seg].0.path().display().to_string();
                 let fh = FrameHeader::decode(&self.buf[self.at..])
                     .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame in {}", path())))?;
                 let flen = fh.frame_len as usize;
@@ -1119,24 +1403,24 @@ impl<'a> Frames<'a> {
                 // Straddles the end of this chunk: read it whole next.
                 need = flen;
             }
-            let Some(seg) = self.segs.get(self.seg) else { return Ok(None) };
-            let end = seg.len.load(Ordering::Acquire);
+            let Some((seg, _)) = self.files.get(self.seg) else { return Ok(None) };
+            let end = seg.frames_end();
             let start = self.buf_pos + self.at as u64;
             if start + FRAME_HEADER_BYTES as u64 > end {
                 self.seg += 1;
-                self.buf_pos = FILE_HEADER_BYTES;
+                self.buf_pos = self.files.get(self.seg).map_or(FILE_HEADER_BYTES, |f| f.1);
                 self.buf = Bytes::new();
                 self.at = 0;
                 continue;
             }
             if need as u64 > end - start {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame at {start} overruns {}", seg.path.display())));
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame at {start} overruns {}", seg.path().display())));
             }
             let want = ((end - start) as usize).min(self.chunk.max(need));
             let mut raw = self.storage.read_pool.take(want);
-            let got = segment::read_full_at(&seg.file, &mut raw.buf[..want], start)?;
+            let got = segment::read_full_at(seg.file(), &mut raw.buf[..want], start)?;
             if got < need {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path.display())));
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path().display())));
             }
             raw.len = got;
             *scanned += got as u64;
@@ -1145,6 +1429,85 @@ impl<'a> Frames<'a> {
             self.at = 0;
         }
     }
+}
+
+/// Opens the stores the catalog lists (`windows`), deletes every other file
+/// in `dir` (stores of a compaction that never switched, or that retention
+/// dropped), and hands each tp its stores. Returns the stores, per branch
+/// the sequence number below which its segments are replaced, and the next
+/// window number.
+#[allow(clippy::type_complexity)]
+fn open_stores(
+    dir: &Path,
+    windows: Option<&[WindowRecord]>,
+    writers: &mut HashMap<Tp, PartWriter>,
+    report: &mut RecoveryReport,
+) -> Result<(Vec<Arc<StoreFile>>, HashMap<String, u64>, u64), StorageError> {
+    let mut found: Vec<(String, PathBuf)> = match fs::read_dir(dir) {
+        Ok(rd) => rd
+            .map(|e| e.map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())))
+            .collect::<Result<_, _>>()
+            .map_err(io_err(dir))?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    found.sort();
+    let Some(windows) = windows else {
+        if found.is_empty() {
+            return Ok((Vec::new(), HashMap::new(), 0));
+        }
+        return Err(StorageError::Catalog(format!("{} holds subtree stores but no catalog of them was given", dir.display())));
+    };
+    let mut live = std::collections::BTreeSet::new();
+    let mut compacted_to: HashMap<String, u64> = HashMap::new();
+    let mut next_window = 0;
+    for w in windows {
+        next_window = next_window.max(w.window + 1);
+        for (branch, seq) in &w.compacted_to {
+            let e = compacted_to.entry(branch.clone()).or_default();
+            *e = (*e).max(*seq);
+        }
+        live.extend(w.stores.iter().filter(|s| s.live).map(|s| (w.window, s.store)));
+    }
+    let mut removed = false;
+    for (name, path) in &found {
+        if !store::parse_file_name(name).is_some_and(|k| live.contains(&k)) {
+            tracing::info!(path = %path.display(), "deleting store file the catalog does not list (an unfinished compaction or a dropped store)");
+            fs::remove_file(path).map_err(io_err(path))?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    let mut stores = Vec::with_capacity(live.len());
+    for (window, n) in live {
+        // A listed store that is missing or damaged is lost data: refuse to
+        // start rather than serve a log with a hole.
+        let store = Store::open(&dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
+        let mut branches: Vec<String> = store.tps.keys().filter_map(|tp| writers.get(tp)).map(|w| branch_key(&w.part.branch)).collect();
+        branches.sort();
+        branches.dedup();
+        // Branch keys are directory names; subtree reads know branch names.
+        let branches = branches.into_iter().map(|b| b.strip_suffix(".br").unwrap_or(&b).to_owned()).collect();
+        let file = Arc::new(StoreFile { store, branches });
+        for (tp, share) in &file.store.tps {
+            let Some(w) = writers.get_mut(tp) else { continue };
+            let mut st = w.part.st.write().expect("partition lock");
+            if st.stored.is_empty() {
+                // The log start may only rise to the first surviving batch.
+                st.log_start = st.log_start.max(share.first_offset);
+            }
+            st.stored.push(file.clone());
+            w.next_offset = w.next_offset.max(share.last_offset + 1);
+            st.leo = w.next_offset;
+            st.hw = w.next_offset;
+        }
+        report.stores += 1;
+        report.bytes += file.store.file_len;
+        stores.push(file);
+    }
+    Ok((stores, compacted_to, next_window))
 }
 
 fn part_bytes(segs: &[Arc<Segment>], tp: &Tp, log_start: i64) -> u64 {

@@ -9,10 +9,11 @@
 pub mod log;
 pub mod merge;
 pub mod segment;
+pub mod subtree;
 pub mod tip;
 
 pub use log::{
-    Appended, Flushed, PartitionSpec, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
+    CompactConfig, Compacted, Appended, Flushed, PartitionSpec, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
     StorageConfig, StorageError,
 };
 

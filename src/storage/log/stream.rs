@@ -62,11 +62,14 @@ impl Storage {
     /// hold (the published end when they hold nothing).
     pub fn stream_start(&self, branches: &[String]) -> u64 {
         let visible = self.visible_seq();
+        let stores = self.stores.read().expect("stores lock");
+        let in_stores = stores.iter().filter(|s| s.branches.iter().any(|b| branches.contains(b))).map(|s| s.store.first_seq).min();
         let map = self.branches.read().expect("branches lock");
         branches
             .iter()
             .filter_map(|b| map.get(b))
             .filter_map(|b| b.segs.read().expect("branch lock").first().map(|s| s.base_seq))
+            .chain(in_stores)
             .min()
             .unwrap_or(visible)
             .min(visible)
@@ -135,23 +138,39 @@ impl Storage {
         pick: &mut Filter<'_>,
         out: &mut StreamRead,
     ) -> io::Result<()> {
-        let mut cursors = Vec::new();
-        for b in branches {
-            let start = {
-                let segs = b.segs.read().expect("branch lock");
-                match segs.last() {
-                    // Nothing at or after `from_seq` here.
-                    None => None,
-                    Some(last) if last.end_seq.load(Ordering::Acquire) <= from_seq => None,
-                    Some(_) => {
-                        let i = segs.partition_point(|s| s.base_seq <= from_seq).saturating_sub(1);
-                        let s = &segs[i];
-                        Some((s.base_seq, if s.base_seq <= from_seq { s.mark_for(from_seq) } else { FILE_HEADER_BYTES }))
+        // One cursor per branch log, one per store of these branches that
+        // reaches `from_seq`. Both are collected under the stores lock, so
+        // a compaction switch is seen whole or not at all.
+        let mut cursors: Vec<Frames<'_>> = Vec::new();
+        // Store cursors are opened when the merge reaches them: a subtree
+        // read from long ago would otherwise read a chunk of every store.
+        let mut opens_at: Vec<Option<u64>> = Vec::new();
+        {
+            let stores = self.stores.read().expect("stores lock");
+            let names: Vec<String> = self.branches.read().expect("branches lock").iter().filter(|(_, b)| branches.iter().any(|x| Arc::ptr_eq(x, b))).map(|(n, _)| n.clone()).collect();
+            for s in stores.iter().filter(|s| s.store.end_seq > from_seq && s.store.first_seq < below && s.branches.iter().any(|b| names.contains(b))) {
+                let pos = s.store.mark_for(from_seq);
+                cursors.push(Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, pos)], 0));
+                opens_at.push(Some(s.store.first_seq.max(from_seq)));
+            }
+            for b in branches {
+                let start = {
+                    let segs = b.segs.read().expect("branch lock");
+                    match segs.last() {
+                        // Nothing at or after `from_seq` here.
+                        None => None,
+                        Some(last) if last.end_seq.load(Ordering::Acquire) <= from_seq => None,
+                        Some(_) => {
+                            let i = segs.partition_point(|s| s.base_seq <= from_seq).saturating_sub(1);
+                            let s = &segs[i];
+                            Some((s.base_seq, if s.base_seq <= from_seq { s.mark_for(from_seq) } else { FILE_HEADER_BYTES }))
+                        }
                     }
+                };
+                if let Some(c) = start.and_then(|(seg, pos)| Frames::new(self, b, seg, pos, 0)) {
+                    cursors.push(c);
+                    opens_at.push(None);
                 }
-            };
-            if let Some((seg, pos)) = start {
-                cursors.push(Frames::new(self, b, seg, pos, 0));
             }
         }
         // Each cursor holds one read buffer: share the response's size.
@@ -164,11 +183,22 @@ impl Storage {
         // where a read runs out is always past `from_seq`: the next read
         // makes progress.
         let mut first = vec![true; cursors.len()];
+        let mut keys = Vec::with_capacity(cursors.len());
         for (i, c) in cursors.iter_mut().enumerate() {
             c.chunk = chunk;
-            heads.push(next_kept(c, from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?);
+            match opens_at[i] {
+                // A lower bound of its first frame's sequence number.
+                Some(seq) => {
+                    heads.push(None);
+                    keys.push(seq);
+                }
+                None => {
+                    let h = next_kept(c, from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
+                    keys.push(h.as_ref().map_or(u64::MAX, |h| h.fh.seq));
+                    heads.push(h);
+                }
+            }
         }
-        let keys: Vec<u64> = heads.iter().map(|h| h.as_ref().map_or(u64::MAX, |h| h.fh.seq)).collect();
         let mut heap = merge::DefaultHeap::build(&keys);
         let mut taken = 0usize;
         while let Some((seq, src)) = heap.top() {
@@ -176,6 +206,11 @@ impl Storage {
                 break;
             }
             let i = src as usize;
+            if opens_at[i].take().is_some() {
+                heads[i] = next_kept(&mut cursors[i], from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
+                heap.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.fh.seq));
+                continue;
+            }
             let Some(h) = heads[i].take() else { break };
             if h.unexamined {
                 // Everything below it was looked at.
@@ -196,6 +231,7 @@ impl Storage {
             heap.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.fh.seq));
         }
         out.cut |= stop != u64::MAX;
+        self.read_stats.note(out.bytes_scanned, taken as u64);
         Ok(())
     }
 }

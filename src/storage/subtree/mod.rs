@@ -1,0 +1,61 @@
+//! Subtree stores: sealed branch-log segments rewritten by compaction into
+//! files that each hold one region of the topic tree (`store`), chosen by
+//! the splitter (`split`).
+//!
+//! The compactor itself lives beside the branch logs (`log::compact`),
+//! whose state it switches; this module holds what it writes and what the
+//! catalog records about it.
+
+pub mod split;
+pub mod store;
+
+use serde::{Deserialize, Serialize};
+
+/// One store as the catalog records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreRecord {
+    /// Its number in the window's plan (the file is `store::file_name`).
+    pub store: u32,
+    /// The plan's name for it.
+    pub label: String,
+    /// The topics the plan gave it, by name.
+    pub topics: Vec<String>,
+    /// Bytes written.
+    pub bytes: u64,
+    /// False once retention deleted it.
+    pub live: bool,
+}
+
+/// One compaction window: which segments it replaced, the plan, the stores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowRecord {
+    pub window: u64,
+    pub created_ms: i64,
+    /// "adaptive" or "prefix3".
+    pub split: String,
+    pub threshold: u64,
+    /// Per branch: segments with a smaller base sequence number are
+    /// replaced by this window's (and earlier windows') stores.
+    pub compacted_to: Vec<(String, u64)>,
+    pub stores: Vec<StoreRecord>,
+}
+
+/// Where the compactor may stop (tests inject crashes there): before and
+/// after each step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Before anything is written.
+    Start,
+    /// Stores written (not yet synced, under temporary names).
+    Written,
+    /// Stores synced and renamed; the catalog does not list them yet.
+    Synced,
+    /// The catalog lists the stores; the segments still exist.
+    Switched,
+    /// The replaced segments are deleted.
+    Deleted,
+}
+
+impl Step {
+    pub const ALL: [Step; 5] = [Step::Start, Step::Written, Step::Synced, Step::Switched, Step::Deleted];
+}
