@@ -280,6 +280,28 @@ struct StoreFile {
     store: Store,
     /// The branches of its tps (a subtree read picks stores by branch).
     branches: Vec<String>,
+    /// Each tp's branch, as an index into `branches`.
+    branch_of: HashMap<Tp, usize>,
+}
+
+impl StoreFile {
+    /// Opens a store's view for the log: which branch each tp is in.
+    fn new(store: Store, branch_of_tp: impl Fn(&Tp) -> Option<String>) -> StoreFile {
+        let mut branches: Vec<String> = Vec::new();
+        let mut branch_of = HashMap::with_capacity(store.tps.len());
+        for tp in store.tps.keys() {
+            let Some(name) = branch_of_tp(tp) else { continue };
+            let i = match branches.iter().position(|b| *b == name) {
+                Some(i) => i,
+                None => {
+                    branches.push(name);
+                    branches.len() - 1
+                }
+            };
+            branch_of.insert(*tp, i);
+        }
+        StoreFile { store, branches, branch_of }
+    }
 }
 
 /// Where a walk over one tp's frames begins.
@@ -1485,12 +1507,7 @@ fn open_stores(
         // A listed store that is missing or damaged is lost data: refuse to
         // start rather than serve a log with a hole.
         let store = Store::open(&dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
-        let mut branches: Vec<String> = store.tps.keys().filter_map(|tp| writers.get(tp)).map(|w| branch_key(&w.part.branch)).collect();
-        branches.sort();
-        branches.dedup();
-        // Branch keys are directory names; subtree reads know branch names.
-        let branches = branches.into_iter().map(|b| b.strip_suffix(".br").unwrap_or(&b).to_owned()).collect();
-        let file = Arc::new(StoreFile { store, branches });
+        let file = Arc::new(StoreFile::new(store, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch))));
         for (tp, share) in &file.store.tps {
             let Some(w) = writers.get_mut(tp) else { continue };
             let mut st = w.part.st.write().expect("partition lock");
@@ -1526,6 +1543,12 @@ fn tip_key(branch: &Arc<Branch>) -> u64 {
 
 fn branch_key(branch: &Branch) -> String {
     branch.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The branch's name (its directory name without the suffix).
+fn branch_name(branch: &Branch) -> String {
+    let key = branch_key(branch);
+    key.strip_suffix(".br").unwrap_or(&key).to_owned()
 }
 
 
@@ -1688,7 +1711,7 @@ mod tests {
         // while topic 2 still needs them.
         let policy = |t: &Tp| if t.topic == [1; 16] { RetentionPolicy { retention_ms: Some(1), retention_bytes: None } } else { RetentionPolicy::default() };
         let mut persisted = Vec::new();
-        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |a| { persisted.extend_from_slice(a); Ok(()) }).unwrap();
+        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |a| { persisted.extend_from_slice(a); Ok(()) }, |_| Ok(())).unwrap();
         assert_eq!(adv.len(), 1);
         assert_eq!(persisted, adv);
         assert_eq!(deleted, 0);
@@ -1698,7 +1721,7 @@ mod tests {
         assert_eq!(s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().len() > 0, true);
         // Once topic 2 is gone, the sealed segments can go.
         s.remove_topic(&[2; 16]);
-        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(())).unwrap();
+        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
         assert_eq!(deleted, before - 1);
         assert_eq!(s.segment_count(), 1);
     }
@@ -1711,7 +1734,7 @@ mod tests {
         append_n(&s, tp(1, 0), 60, 0);
         let segs = s.segment_count();
         let policy = |_: &Tp| RetentionPolicy { retention_ms: None, retention_bytes: Some(4096) };
-        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(())).unwrap();
+        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(())).unwrap();
         assert_eq!(adv.len(), 1);
         assert!(deleted > 0 && deleted < segs);
         let (start, hw, end) = s.offsets(&tp(1, 0)).unwrap();
@@ -1721,7 +1744,7 @@ mod tests {
         assert!(r.len() >= 4096 - 2048, "kept {} bytes", r.len());
         assert_eq!(offsets_of(&r.concat())[0], start);
         // Running it again changes nothing.
-        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(())).unwrap();
+        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(())).unwrap();
         assert!(adv.is_empty() && deleted == 0);
     }
 

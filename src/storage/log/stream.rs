@@ -145,6 +145,9 @@ impl Storage {
         // Store cursors are opened when the merge reaches them: a subtree
         // read from long ago would otherwise read a chunk of every store.
         let mut opens_at: Vec<Option<u64>> = Vec::new();
+        // For a store cursor: which of its branches are wanted (a store may
+        // hold topics of other branches too).
+        let mut wanted: Vec<Option<(Arc<StoreFile>, Vec<bool>)>> = Vec::new();
         {
             let stores = self.stores.read().expect("stores lock");
             let names: Vec<String> = self.branches.read().expect("branches lock").iter().filter(|(_, b)| branches.iter().any(|x| Arc::ptr_eq(x, b))).map(|(n, _)| n.clone()).collect();
@@ -152,6 +155,7 @@ impl Storage {
                 let pos = s.store.mark_for(from_seq);
                 cursors.push(Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, pos)], 0));
                 opens_at.push(Some(s.store.first_seq.max(from_seq)));
+                wanted.push(Some((s.clone(), s.branches.iter().map(|b| names.contains(b)).collect())));
             }
             for b in branches {
                 let start = {
@@ -170,6 +174,7 @@ impl Storage {
                 if let Some(c) = start.and_then(|(seg, pos)| Frames::new(self, b, seg, pos, 0)) {
                     cursors.push(c);
                     opens_at.push(None);
+                    wanted.push(None);
                 }
             }
         }
@@ -193,7 +198,7 @@ impl Storage {
                     keys.push(seq);
                 }
                 None => {
-                    let h = next_kept(c, from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
+                    let h = next_kept(c, wanted[i].as_ref(), from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
                     keys.push(h.as_ref().map_or(u64::MAX, |h| h.fh.seq));
                     heads.push(h);
                 }
@@ -207,7 +212,7 @@ impl Storage {
             }
             let i = src as usize;
             if opens_at[i].take().is_some() {
-                heads[i] = next_kept(&mut cursors[i], from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
+                heads[i] = next_kept(&mut cursors[i], wanted[i].as_ref(), from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
                 heap.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.fh.seq));
                 continue;
             }
@@ -227,7 +232,7 @@ impl Storage {
             let bytes = if len < SMALL_COPY && h.buf.len() > 8 * len { Bytes::copy_from_slice(&h.buf[h.range.clone()]) } else { h.buf.slice(h.range.clone()) };
             let tp = Tp { topic: h.fh.topic_id, partition: h.fh.partition };
             out.batches.push(Merged { seq: h.fh.seq, tp, base_offset: h.fh.base_offset, last_offset: h.fh.last_offset(), bytes });
-            heads[i] = next_kept(&mut cursors[i], from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
+            heads[i] = next_kept(&mut cursors[i], wanted[i].as_ref(), from_seq, below, pick, &mut stop, &mut out.bytes_scanned, budget, &mut first[i])?;
             heap.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.fh.seq));
         }
         out.cut |= stop != u64::MAX;
@@ -242,10 +247,26 @@ impl Storage {
 /// Once `scanned` passes `budget`, the next frame comes back unexamined
 /// (unless it is the cursor's `first`).
 #[allow(clippy::too_many_arguments)]
-fn next_kept(c: &mut Frames<'_>, from_seq: u64, below: u64, pick: &mut Filter<'_>, stop: &mut u64, scanned: &mut u64, budget: u64, first: &mut bool) -> io::Result<Option<Head>> {
+fn next_kept(
+    c: &mut Frames<'_>,
+    wanted: Option<&(Arc<StoreFile>, Vec<bool>)>,
+    from_seq: u64,
+    below: u64,
+    pick: &mut Filter<'_>,
+    stop: &mut u64,
+    scanned: &mut u64,
+    budget: u64,
+    first: &mut bool,
+) -> io::Result<Option<Head>> {
     while let Some((fh, buf, range)) = c.next(scanned)? {
         if fh.seq < from_seq {
             continue;
+        }
+        if let Some((store, want)) = wanted {
+            let tp = Tp { topic: fh.topic_id, partition: fh.partition };
+            if !store.branch_of.get(&tp).is_some_and(|&b| want[b]) {
+                continue;
+            }
         }
         if fh.seq >= below {
             return Ok(None);
@@ -267,30 +288,35 @@ fn next_kept(c: &mut Frames<'_>, from_seq: u64, below: u64, pick: &mut Filter<'_
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::protocol::batch::tests::make_batch;
     use crate::storage::tip::{Lookup, TipConfig};
     use proptest::prelude::*;
 
-    const BRANCHES: [&str; 3] = ["b0", "b1", "b2"];
+    pub(crate) const BRANCHES: [&str; 3] = ["b0", "b1", "b2"];
 
-    fn tp(branch: usize, topic: u8) -> Tp {
+    pub(crate) fn tp(branch: usize, topic: u8) -> Tp {
         Tp { topic: [branch as u8 * 10 + topic; 16], partition: 0 }
     }
 
     fn open(dir: &Path, tip: usize) -> Storage {
+        open_with(dir, tip, None).unwrap()
+    }
+
+    /// Three branches of two topics each, 4 KiB segments.
+    pub(crate) fn open_with(dir: &Path, tip: usize, windows: Option<&[WindowRecord]>) -> Result<Storage, StorageError> {
         let specs = (0..3).flat_map(|b| (0..2).map(move |t| PartitionSpec { tp: tp(b, t), branch: BRANCHES[b].into(), log_start: 0 })).collect();
         let cfg = StorageConfig { segment_bytes: 4096, tip: TipConfig { bytes: tip, max_blocks: 64, lookup: Lookup::Index }, ..StorageConfig::default() };
-        Storage::open(dir, cfg, specs, true).unwrap()
+        Storage::open_with(dir, cfg, specs, true, windows)
     }
 
     /// (seq, tp, base offset, batch) as stored.
-    type Row = (u64, Tp, i64, Vec<u8>);
+    pub(crate) type Row = (u64, Tp, i64, Vec<u8>);
 
     /// Appends a batch of `n` records of `len` bytes to (branch, topic) for
     /// each of `appends`, publishing after every `publish_every`-th.
-    fn fill(s: &Storage, appends: &[(usize, u8, usize, usize)], publish_every: usize) -> Vec<Row> {
+    pub(crate) fn fill(s: &Storage, appends: &[(usize, u8, usize, usize)], publish_every: usize) -> Vec<Row> {
         let mut rows = Vec::new();
         for (i, &(b, t, n, len)) in appends.iter().enumerate() {
             let vals: Vec<Vec<u8>> = (0..n).map(|k| vec![b'a' + (k as u8); len]).collect();
@@ -309,7 +335,7 @@ mod tests {
 
     /// What a read must return: the reference rows from `from` on in the
     /// chosen branches that `keep` takes, up to `stop`, as `max` allows.
-    fn expected(rows: &[Row], branches: &[usize], from: u64, keep_topic: Option<u8>, stop: u64, max: usize) -> Vec<Row> {
+    pub(crate) fn expected(rows: &[Row], branches: &[usize], from: u64, keep_topic: Option<u8>, stop: u64, max: usize) -> Vec<Row> {
         let mut out: Vec<Row> = Vec::new();
         let mut taken = 0;
         for r in rows.iter().filter(|r| r.0 >= from && r.0 < stop) {

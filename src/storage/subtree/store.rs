@@ -398,7 +398,9 @@ mod tests {
 
     fn frame(seq: u64, topic: u8, offset: i64, n: usize) -> (FrameHeader, Vec<u8>) {
         let mut out = Vec::new();
-        let fh = segment::encode_frame(&mut out, seq, &[topic; 16], 0, offset, None, &make_batch(n, 100));
+        let vals: Vec<Vec<u8>> = (0..n).map(|i| vec![b'v'; 20 + i]).collect();
+        let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
+        let fh = segment::encode_frame(&mut out, seq, &[topic; 16], 0, offset, None, &make_batch(&refs, 100));
         (fh, out)
     }
 
