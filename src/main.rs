@@ -16,12 +16,73 @@ struct Cli {
 enum Command {
     /// Start the broker (the default).
     Serve(ServeArgs),
+    /// Compare the adaptive split plan with the prefix3 baseline for a data
+    /// directory (stop the broker first) or a CSV of `topic,bytes`: prints
+    /// the four numbers side by side and writes an HTML page of both plans.
+    SplitReport(SplitReportArgs),
+}
+
+#[derive(clap::Args)]
+struct SplitReportArgs {
+    /// A Canopy data directory (the broker must not be running on it).
+    #[arg(long, conflicts_with = "csv", required_unless_present = "csv")]
+    data_dir: Option<std::path::PathBuf>,
+    /// A CSV file of `topic,bytes` lines.
+    #[arg(long)]
+    csv: Option<std::path::PathBuf>,
+    /// Adaptive plan: at most this many stores (default: as many as prefix3 makes).
+    #[arg(long)]
+    max_stores: Option<usize>,
+    /// Adaptive plan: no store below this size but the last.
+    #[arg(long, default_value_t = 0)]
+    min_store_bytes: u64,
+    /// Where to write the HTML page.
+    #[arg(long, default_value = "split-report.html")]
+    html: std::path::PathBuf,
+    /// `text` (the numbers) or `json` (the plans, every topic to its store, with the numbers).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    format: String,
+}
+
+fn split_report(a: SplitReportArgs) -> Result<(), String> {
+    use canopy::storage::subtree;
+    let (topics, title) = match (&a.data_dir, &a.csv) {
+        (_, Some(csv)) => {
+            let text = std::fs::read_to_string(csv).map_err(|e| format!("{}: {e}", csv.display()))?;
+            (subtree::report::parse_csv(&text).map_err(|e| format!("{}: {e}", csv.display()))?, csv.display().to_string())
+        }
+        (Some(dir), None) => {
+            let catalog = canopy::meta::Catalog::open(&dir.join("catalog")).map_err(|e| format!("{e} (is a broker running on {}?)", dir.display()))?;
+            let names: std::collections::HashMap<[u8; 16], String> = catalog.topics().map_err(|e| e.to_string())?.into_iter().map(|t| (t.id, t.name)).collect();
+            let windows = catalog.windows().map_err(|e| e.to_string())?;
+            let volumes = subtree::volumes(dir, &windows)?;
+            (volumes.into_iter().filter_map(|(id, b)| names.get(&id).map(|n| (n.clone(), b))).collect(), dir.display().to_string())
+        }
+        (None, None) => return Err("give --data-dir or --csv".into()),
+    };
+    let report = subtree::report::Report::new(&topics, a.max_stores, a.min_store_bytes);
+    match a.format.as_str() {
+        "json" => println!("{}", serde_json::to_string_pretty(&report.json()).expect("json")),
+        _ => print!("{}", report.text()),
+    }
+    std::fs::write(&a.html, report.html(&format!("Split plans for {title}"))).map_err(|e| format!("{}: {e}", a.html.display()))?;
+    eprintln!("wrote {}", a.html.display());
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Serve(a)) => a,
+        Some(Command::SplitReport(a)) => {
+            return match split_report(a) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("canopy split-report: {e}");
+                    std::process::ExitCode::from(2)
+                }
+            };
+        }
         None => cli.serve,
     };
     let cfg = match Config::load(&args) {

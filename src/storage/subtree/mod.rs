@@ -6,10 +6,16 @@
 //! whose state it switches; this module holds what it writes and what the
 //! catalog records about it.
 
+pub mod report;
 pub mod split;
 pub mod store;
 
+use std::collections::HashMap;
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
+
+use super::TopicId;
 
 /// One store as the catalog records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,4 +64,39 @@ pub enum Step {
 
 impl Step {
     pub const ALL: [Step; 5] = [Step::Start, Step::Written, Step::Synced, Step::Switched, Step::Deleted];
+}
+
+/// Bytes per topic in a data directory: its branch-log segments (frame
+/// headers only) and the stores `windows` lists. For `split-report`; the
+/// broker must not be writing meanwhile.
+pub fn volumes(dir: &Path, windows: &[WindowRecord]) -> Result<HashMap<TopicId, u64>, String> {
+    let mut out: HashMap<TopicId, u64> = HashMap::new();
+    let log = dir.join("log");
+    let branches = std::fs::read_dir(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    for b in branches {
+        let b = b.map_err(|e| e.to_string())?.path();
+        if b.extension().is_none_or(|x| x != "br") {
+            continue;
+        }
+        for f in std::fs::read_dir(&b).map_err(|e| format!("{}: {e}", b.display()))? {
+            let f = f.map_err(|e| e.to_string())?.path();
+            if f.extension().is_none_or(|x| x != "seg") {
+                continue;
+            }
+            let scan = super::segment::scan(&f, false).map_err(|e| e.to_string())?;
+            for (_, fh) in scan.frames {
+                *out.entry(fh.topic_id).or_default() += fh.frame_len as u64;
+            }
+        }
+    }
+    for w in windows {
+        for s in w.stores.iter().filter(|s| s.live) {
+            let path = dir.join("stores").join(store::file_name(w.window, s.store));
+            let st = store::Store::open(&path).map_err(|e| e.to_string())?;
+            for (tp, share) in &st.tps {
+                *out.entry(tp.topic).or_default() += share.bytes;
+            }
+        }
+    }
+    Ok(out)
 }
