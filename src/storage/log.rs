@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES};
+use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
 use super::subtree::WindowRecord;
 use super::{TopicId, Tp};
@@ -52,8 +52,6 @@ mod stream;
 pub use compact::{CompactConfig, Compacted};
 pub use stream::StreamRead;
 
-/// A read scans at most this many bytes of foreign frames to reach its own.
-const MAX_SCAN_GAP: u64 = 256 * 1024;
 /// Bounds on one positioned read on the read path: about the bytes the
 /// caller wants, so one fetch is usually one read.
 const MIN_READ_CHUNK: usize = 64 * 1024;
@@ -304,15 +302,28 @@ impl StoreFile {
     }
 }
 
-/// Where a walk over one tp's frames begins.
+/// Where a walk over one tp's frames begins: in stores, each from its
+/// position, then in the branch log from an entry; with the tp's index
+/// entries from there on, so the walk can jump over other topics' frames.
 #[derive(Clone)]
-enum Start {
-    /// In the branch log, at this entry.
-    Log(IndexEntry),
-    /// In stores, each from its position, then in the branch log from its
-    /// first entry.
-    Stores { files: Vec<(Arc<StoreFile>, u64)>, then: Option<IndexEntry> },
+struct Start {
+    stores: Vec<(Arc<StoreFile>, u64)>,
+    log: Option<IndexEntry>,
+    /// (file, position) of the tp's entries ahead: a store by its place in
+    /// `stores`, a segment by its base sequence number.
+    ahead: Vec<(GuideFile, u64)>,
+    /// `ahead` runs to the tp's last entry.
+    complete: bool,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuideFile {
+    Store(usize),
+    Seg(u64),
+}
+
+/// Entries one read copies at most for its guide.
+const GUIDE_ENTRIES: usize = 4096;
 
 impl PartState {
     /// Where to start for a batch that `in_store` says a store share holds
@@ -321,23 +332,43 @@ impl PartState {
         &self,
         tp: &Tp,
         in_store: impl Fn(&StoreTp) -> bool,
-        pos_in: impl Fn(&[StoreEntry]) -> u64,
-        in_log: impl Fn(&VecDeque<IndexEntry>) -> Option<IndexEntry>,
+        pos_in: impl Fn(&[StoreEntry]) -> usize,
+        in_log: impl Fn(&VecDeque<IndexEntry>) -> Option<usize>,
     ) -> Option<Start> {
-        let share = |s: &StoreFile| s.store.tps.get(tp).cloned();
-        if let Some(k) = self.stored.iter().position(|s| share(s).is_some_and(|t| in_store(&t))) {
-            let files = self.stored[k..]
-                .iter()
-                .enumerate()
-                .filter_map(|(j, s)| {
-                    let t = s.store.tps.get(tp)?;
-                    Some((s.clone(), if j == 0 { pos_in(&t.entries) } else { t.entries[0].pos }))
-                })
-                .collect();
-            return Some(Start::Stores { files, then: self.index.front().copied() });
+        let mut ahead = Vec::new();
+        let mut room = GUIDE_ENTRIES;
+        let mut push = |ahead: &mut Vec<(GuideFile, u64)>, f: GuideFile, pos: u64| {
+            if room > 0 {
+                ahead.push((f, pos));
+                room -= 1;
+            }
+        };
+        let mut stores = Vec::new();
+        let mut log_from = None;
+        if let Some(k) = self.stored.iter().position(|s| s.store.tps.get(tp).is_some_and(&in_store)) {
+            for (j, s) in self.stored[k..].iter().enumerate() {
+                let Some(t) = s.store.tps.get(tp) else { continue };
+                let first = if j == 0 { pos_in(&t.entries) } else { 0 };
+                let n = stores.len();
+                stores.push((s.clone(), t.entries[first].pos));
+                for e in &t.entries[first..] {
+                    push(&mut ahead, GuideFile::Store(n), e.pos);
+                }
+            }
+            log_from = (!self.index.is_empty()).then_some(0);
+        } else if let Some(i) = in_log(&self.index) {
+            log_from = Some(i);
         }
-        in_log(&self.index)
-            .map(Start::Log)
+        let log = log_from.map(|i| self.index[i]);
+        if let Some(i) = log_from {
+            for e in self.index.iter().skip(i) {
+                push(&mut ahead, GuideFile::Seg(e.seg), e.pos);
+            }
+        }
+        if stores.is_empty() && log.is_none() {
+            return None;
+        }
+        Some(Start { stores, log, complete: room > 0, ahead })
     }
 
     /// Where the batch holding `offset` (or the first after it) starts.
@@ -345,11 +376,8 @@ impl PartState {
         self.start(
             tp,
             |t| t.last_offset >= offset,
-            |e| e[e.partition_point(|x| x.offset <= offset).saturating_sub(1)].pos,
-            |index| {
-                let i = index.partition_point(|e| e.offset <= offset);
-                if i == 0 { index.front().copied() } else { index.get(i - 1).copied() }
-            },
+            |e| e.partition_point(|x| x.offset <= offset).saturating_sub(1),
+            |index| (!index.is_empty()).then(|| index.partition_point(|e| e.offset <= offset).saturating_sub(1)),
         )
     }
 
@@ -358,11 +386,8 @@ impl PartState {
         self.start(
             tp,
             |t| t.max_ts >= ts,
-            |e| e[e.partition_point(|x| x.max_ts_before < ts).saturating_sub(1)].pos,
-            |index| {
-                let i = index.partition_point(|e| e.max_ts_before < ts);
-                if i == 0 { index.front().copied() } else { index.get(i - 1).copied() }
-            },
+            |e| e.partition_point(|x| x.max_ts_before < ts).saturating_sub(1),
+            |index| (!index.is_empty()).then(|| index.partition_point(|e| e.max_ts_before < ts).saturating_sub(1)),
         )
     }
 
@@ -1010,7 +1035,7 @@ impl Storage {
         }
         // The tip first: no syscall, and only this branch's entries walked.
         // (Batches in stores are old: the tip has none of them.)
-        if let Start::Log(e) = &start {
+        if let (true, Some(e)) = (start.stores.is_empty(), &start.log) {
             if self.cfg.tip.bytes > 0 && e.offset <= offset {
                 let key = tip_key(&part.branch);
                 if let Some(t) = self.tip.read().expect("tip lock").read(tp, key, e.seq, offset, hw, max_bytes, min_one) {
@@ -1154,16 +1179,31 @@ impl Storage {
 
     /// A cursor over `part`'s frames from `start`.
     fn frames_for(&self, part: &Partition, start: &Start, chunk: usize) -> Option<Frames<'_>> {
-        match start {
-            Start::Log(e) => Frames::new(self, &part.branch, e.seg, e.pos, chunk),
-            Start::Stores { files, then } => {
-                let mut chain: Vec<(Arc<dyn FrameFile>, u64)> = files.iter().map(|(s, p)| (s.clone() as Arc<dyn FrameFile>, *p)).collect();
-                if let Some(e) = then {
-                    chain.extend(Frames::new(self, &part.branch, e.seg, e.pos, chunk)?.files);
-                }
-                Some(Frames::chain(self, chain, chunk))
-            }
+        let mut chain: Vec<(Arc<dyn FrameFile>, u64)> = start.stores.iter().map(|(s, p)| (s.clone() as Arc<dyn FrameFile>, *p)).collect();
+        let mut seg_bases = Vec::new();
+        if let Some(e) = &start.log {
+            let (files, bases) = Frames::segments(&part.branch, e.seg, e.pos)?;
+            chain.extend(files);
+            seg_bases = bases;
         }
+        let n = start.stores.len();
+        let mut ahead = VecDeque::with_capacity(start.ahead.len());
+        for &(f, pos) in &start.ahead {
+            let file = match f {
+                GuideFile::Store(i) => i,
+                // A segment the chain does not hold (retention removed
+                // it): no guide from here on.
+                GuideFile::Seg(base) => match seg_bases.binary_search(&base) {
+                    Ok(i) => n + i,
+                    Err(_) => break,
+                },
+            };
+            ahead.push_back((file, pos));
+        }
+        let complete = start.complete && ahead.len() == start.ahead.len();
+        let mut frames = Frames::chain(self, chain, chunk);
+        frames.guide = Some(Guide { ahead, behind: None, complete });
+        Some(frames)
     }
 
     /// Applies retention: advances log start offsets of tps whose oldest
@@ -1384,6 +1424,20 @@ struct Frames<'a> {
     buf: Bytes,
     at: usize,
     chunk: usize,
+    /// For a walk over one tp: where its batches can be.
+    guide: Option<Guide>,
+}
+
+/// The tp's index entries ahead of a cursor, as (file, position). A batch
+/// of the tp without an entry lies within `MAX_SCAN_GAP` bytes after the
+/// entry before it in the same file (entries are made so), so a cursor
+/// that is past that and needs to read more jumps to the next entry, and
+/// past the last one stops: the bytes between are other topics'.
+struct Guide {
+    ahead: VecDeque<(usize, u64)>,
+    behind: Option<(usize, u64)>,
+    /// `ahead` runs to the tp's last entry.
+    complete: bool,
 }
 
 impl<'a> Frames<'a> {
@@ -1392,19 +1446,26 @@ impl<'a> Frames<'a> {
     /// is gone (compacted or deleted since the caller looked it up: look
     /// again).
     fn new(storage: &'a Storage, branch: &Branch, seg: u64, pos: u64, chunk: usize) -> Option<Frames<'a>> {
+        Some(Frames::chain(storage, Frames::segments(branch, seg, pos)?.0, chunk))
+    }
+
+    /// The branch's segments from the one based at `seg` (from `pos`) on,
+    /// with their base sequence numbers; None if that one is gone.
+    #[allow(clippy::type_complexity)]
+    fn segments(branch: &Branch, seg: u64, pos: u64) -> Option<(Vec<(Arc<dyn FrameFile>, u64)>, Vec<u64>)> {
         let segs = branch.segs.read().expect("branch lock");
         let i = segs.partition_point(|s| s.base_seq < seg);
         if segs.get(i).is_none_or(|s| s.base_seq != seg) {
             return None;
         }
         let files = segs[i..].iter().enumerate().map(|(k, s)| (s.clone() as Arc<dyn FrameFile>, if k == 0 { pos } else { FILE_HEADER_BYTES })).collect();
-        Some(Frames::chain(storage, files, chunk))
+        Some((files, segs[i..].iter().map(|s| s.base_seq).collect()))
     }
 
     /// Walks `files` in order, each from its position.
     fn chain(storage: &'a Storage, files: Vec<(Arc<dyn FrameFile>, u64)>, chunk: usize) -> Frames<'a> {
         let buf_pos = files.first().map_or(FILE_HEADER_BYTES, |f| f.1);
-        Frames { storage, files, seg: 0, buf_pos, buf: Bytes::new(), at: 0, chunk }
+        Frames { storage, files, seg: 0, buf_pos, buf: Bytes::new(), at: 0, chunk, guide: None }
     }
 
     /// The next frame: its header, the buffer holding it and the range of
@@ -1425,9 +1486,26 @@ impl<'a> Frames<'a> {
                 // Straddles the end of this chunk: read it whole next.
                 need = flen;
             }
+            let start = self.buf_pos + self.at as u64;
+            if let Some(g) = self.guide.as_mut() {
+                let here = (self.seg, start);
+                while g.ahead.front().is_some_and(|&e| e <= here) {
+                    g.behind = g.ahead.pop_front();
+                }
+                let covered = g.behind.is_some_and(|(f, p)| f == self.seg && start <= p + MAX_SCAN_GAP);
+                if !covered {
+                    match g.ahead.front() {
+                        Some(&(f, p)) => {
+                            (self.seg, self.buf_pos, self.at, self.buf) = (f, p, 0, Bytes::new());
+                            continue;
+                        }
+                        None if g.complete => return Ok(None),
+                        None => {}
+                    }
+                }
+            }
             let Some((seg, _)) = self.files.get(self.seg) else { return Ok(None) };
             let end = seg.frames_end();
-            let start = self.buf_pos + self.at as u64;
             if start + FRAME_HEADER_BYTES as u64 > end {
                 self.seg += 1;
                 self.buf_pos = self.files.get(self.seg).map_or(FILE_HEADER_BYTES, |f| f.1);
@@ -1594,6 +1672,83 @@ mod tests {
         }
         let moved = s.flush().unwrap();
         s.publish_hw(&moved);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+        /// A sparse topic between dense ones: reads jump from index entry to
+        /// index entry over the others' frames, and still return every
+        /// batch, from any offset, before and after a restart; a sparse
+        /// topic's read scans about a chunk per batch, not the branch.
+        #[test]
+        fn guided_reads_jump_over_other_topics_and_miss_nothing(
+            pattern in proptest::collection::vec((0u8..3, 1usize..40, 50usize..3000), 20..300),
+            interval in proptest::prop_oneof![proptest::strategy::Just(4096u64), 1u64..100_000],
+            max in proptest::prop_oneof![proptest::strategy::Just(1usize), 1000usize..300_000],
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let specs = vec![spec(1, 0, "b"), spec(2, 0, "b"), spec(3, 0, "b")];
+            let cfg = StorageConfig { segment_bytes: 8 << 20, index_interval_bytes: interval, tip: crate::storage::tip::TipConfig { bytes: 0, ..Default::default() }, ..StorageConfig::default() };
+            let mut want: HashMap<Tp, Vec<(i64, Vec<u8>)>> = HashMap::new();
+            {
+                let s = Storage::open(dir.path(), cfg.clone(), specs.clone(), true).unwrap();
+                for (i, &(t, n, len)) in pattern.iter().enumerate() {
+                    // Topic 3 is sparse: one batch in twenty appends, at most.
+                    let t = if t == 2 && i % 20 != 0 { 1 } else { t };
+                    let vals: Vec<Vec<u8>> = (0..n).map(|k| vec![b'a' + (k % 26) as u8; len]).collect();
+                    let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
+                    let mut b = make_batch(&refs, i as i64);
+                    let a = s.append(tp(t + 1, 0), &b, 0, false).unwrap();
+                    batch::set_base_offset(&mut b, a.base_offset);
+                    want.entry(tp(t + 1, 0)).or_default().push((a.base_offset, b));
+                    if i % 7 == 0 {
+                        let f = s.flush().unwrap();
+                        s.publish_hw(&f);
+                    }
+                }
+                let f = s.flush().unwrap();
+                s.publish_hw(&f);
+                s.sync().unwrap();
+                check_guided(&s, &want, max)?;
+            }
+            let s = Storage::open(dir.path(), cfg, specs, true).unwrap();
+            check_guided(&s, &want, max)?;
+        }
+    }
+
+    fn check_guided(s: &Storage, want: &HashMap<Tp, Vec<(i64, Vec<u8>)>>, max: usize) -> Result<(), proptest::test_runner::TestCaseError> {
+        for (t, rows) in want {
+            let mut got = Vec::new();
+            let mut offset = 0;
+            let mut scanned = 0;
+            loop {
+                let r = s.read(t, offset, max, true).unwrap();
+                if r.records.is_empty() {
+                    break;
+                }
+                scanned += r.bytes_scanned;
+                got.extend(r.records.iter().map(|b| b.to_vec()));
+                offset = r.next_offset;
+            }
+            let rows_bytes: Vec<Vec<u8>> = rows.iter().map(|r| r.1.clone()).collect();
+            proptest::prop_assert!(got == rows_bytes, "tp {:?}: {} batches read, {} written", t, got.len(), rows.len());
+            // From inside any batch: that batch first.
+            for (base, b) in rows {
+                let n = batch::BatchHeader::parse(b).unwrap().last_offset_delta as i64;
+                let r = s.read(t, base + n, 1, true).unwrap();
+                proptest::prop_assert!(r.records[0].as_ref() == &b[..]);
+            }
+            if t.topic[0] == 3 {
+                // Each batch costs at most two chunks (one more when it
+                // straddles a chunk's end), the gap an entry covers, and
+                // itself: never the dense topics' bytes in between.
+                let chunk = max.saturating_add(FRAME_HEADER_BYTES).clamp(MIN_READ_CHUNK, MAX_READ_CHUNK) as u64;
+                let own: u64 = rows.iter().map(|r| r.1.len() as u64).sum();
+                let bound = rows.len() as u64 * (2 * chunk + MAX_SCAN_GAP) + own;
+                proptest::prop_assert!(scanned <= bound, "{} scanned for {} sparse batches ({} bytes), bound {}", scanned, rows.len(), own, bound);
+            }
+        }
+        Ok(())
     }
 
     fn offsets_of(records: &Bytes) -> Vec<i64> {

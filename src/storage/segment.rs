@@ -46,6 +46,11 @@ pub const FORMAT_VERSION: u16 = 1;
 pub const MAGIC: &[u8; 8] = b"CNPYSEG\0";
 pub const FILE_HEADER_BYTES: u64 = 32;
 pub const FRAME_HEADER_BYTES: usize = 56;
+/// A tp's batch gets an index entry (in segments and stores alike) when
+/// the tp's previous entry is more than this many bytes back in the file,
+/// so a batch without an entry always lies within this distance after the
+/// entry before it.
+pub const MAX_SCAN_GAP: u64 = 256 * 1024;
 
 const _: () = assert!(FRAME_HEADER_BYTES == 4 + 4 + 8 + 16 + 4 + 8 + 4 + 8);
 

@@ -516,7 +516,7 @@ mod tests {
         /// segments are on disk, and a second run finishes the job.
         #[test]
         fn a_compaction_killed_at_any_step_loses_and_leaks_nothing(
-            appends in proptest::collection::vec((0usize..3, 0u8..2, 1usize..4, 0usize..500), 20..120),
+            appends in proptest::collection::vec((0usize..3, 0u8..2, 1usize..4, 100usize..500), 40..120),
             strategy in strategies(),
             earlier in any::<bool>(),
         ) {
@@ -524,6 +524,7 @@ mod tests {
                 let dir = tempfile::tempdir().unwrap();
                 let catalog = RefCell::new(Vec::new());
                 let rows;
+                let crashed;
                 {
                     let s = open_with(dir.path(), 0, None).unwrap();
                     let half = appends.len() / 2;
@@ -537,14 +538,17 @@ mod tests {
                     rows = first;
                     settle(&s);
                     let r = compact(&s, strategy, &catalog, &|at| at == step);
-                    prop_assert!(matches!(r, Err(StorageError::Stopped(_))), "{:?}: {:?}", step, r.map(|c| c.map(|c| c.segments)));
+                    // Nothing due (the second half sealed no segment) is a
+                    // run without a step to stop at.
+                    crashed = matches!(r, Err(StorageError::Stopped(_)));
+                    prop_assert!(crashed || matches!(r, Ok(None)), "{:?}: {:?}", step, r.map(|c| c.map(|c| c.segments)));
                 }
                 let s = open_with(dir.path(), 0, Some(&catalog.borrow())).unwrap();
                 check_reads(&s, &rows, 1 << 20)?;
                 check_files(dir.path(), &s, &catalog.borrow())?;
                 let again = compact(&s, strategy, &catalog, &|_| false).unwrap();
                 // Only a crash before the switch leaves segments due.
-                prop_assert_eq!(again.is_some(), matches!(step, Step::Start | Step::Written | Step::Synced), "{:?}", step);
+                prop_assert_eq!(again.is_some(), crashed && matches!(step, Step::Start | Step::Written | Step::Synced), "{:?}", step);
                 check_reads(&s, &rows, 1 << 20)?;
                 check_files(dir.path(), &s, &catalog.borrow())?;
             }

@@ -52,7 +52,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::storage::segment::{self, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES};
+use crate::storage::segment::{self, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use crate::storage::Tp;
 
 pub const FORMAT_VERSION: u16 = 1;
@@ -64,9 +64,6 @@ const ENTRY_BYTES: usize = 32;
 const MARK_BYTES: usize = 16;
 /// Spacing of stream marks.
 const MARK_SPACING: u64 = 64 * 1024;
-/// A tp gets an index entry at least every so many bytes of the file, so a
-/// read scans little of other topics' frames to reach its own.
-const MAX_SCAN_GAP: u64 = 256 * 1024;
 
 /// One index entry: where a batch of the tp starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
