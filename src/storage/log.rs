@@ -56,6 +56,9 @@ pub use stream::StreamRead;
 /// caller wants, so one fetch is usually one read.
 const MIN_READ_CHUNK: usize = 64 * 1024;
 const MAX_READ_CHUNK: usize = 64 * 1024 * 1024;
+/// A tp's walk reads at least this much at a time (it reads about what
+/// its caller still wants, and jumps over other topics' frames).
+const WALK_MIN_CHUNK: usize = 4096;
 /// Returned batches smaller than this are copied out of their read buffer.
 const SMALL_COPY: usize = 64 * 1024;
 
@@ -1058,9 +1061,9 @@ impl Storage {
         }
         let mut taken = 0usize;
         let mut next_offset = offset;
-        let chunk = max_bytes.saturating_add(FRAME_HEADER_BYTES).clamp(MIN_READ_CHUNK, MAX_READ_CHUNK);
+        let want = std::cell::Cell::new(max_bytes);
         let mut out = Vec::new();
-        self.walk(&part, |st| st.start_at(tp, offset), hw, chunk, &mut result.bytes_scanned, |fh, buf, range| {
+        self.walk(&part, |st| st.start_at(tp, offset), hw, &want, &mut result.bytes_scanned, |fh, buf, range| {
             if fh.last_offset() < offset {
                 return Walk::Skip;
             }
@@ -1072,6 +1075,7 @@ impl Storage {
             // read buffer until the response is written.
             out.push(if len < SMALL_COPY && buf.len() > 8 * len { Bytes::copy_from_slice(&buf[range]) } else { buf.slice(range) });
             taken += len;
+            want.set(max_bytes.saturating_sub(taken));
             next_offset = fh.last_offset() + 1;
             // Nothing of this tp lies beyond the high watermark: stop here
             // rather than scan the rest of the branch.
@@ -1118,7 +1122,7 @@ impl Storage {
         };
         let mut found = None;
         let mut scanned = 0;
-        self.walk(&part, |st| st.start_at_time(tp, ts), hw, MIN_READ_CHUNK, &mut scanned, |fh, buf, range| {
+        self.walk(&part, |st| st.start_at_time(tp, ts), hw, &std::cell::Cell::new(MIN_READ_CHUNK), &mut scanned, |fh, buf, range| {
             let batch = &buf[range];
             if fh.last_offset() < log_start || fh.max_timestamp < ts {
                 return if fh.last_offset() + 1 >= hw { Walk::Stop } else { Walk::Skip };
@@ -1141,14 +1145,15 @@ impl Storage {
 
     /// Calls `visit` for each frame of `part` from `start`, in order, below
     /// `hw`, across segments, until it answers `Stop`. Files are read in
-    /// chunks of about `chunk` bytes into fresh buffers that `visit` may
-    /// keep slices of; `visit` gets the buffer and the range of the batch.
+    /// chunks of about `want` bytes (what the caller still wants: `visit`
+    /// lowers it as it takes batches) into buffers that `visit` may keep
+    /// slices of; `visit` gets the buffer and the range of the batch.
     fn walk(
         &self,
         part: &Partition,
         start: impl Fn(&PartState) -> Option<Start>,
         hw: i64,
-        chunk: usize,
+        want: &std::cell::Cell<usize>,
         scanned: &mut u64,
         mut visit: impl FnMut(&FrameHeader, &Bytes, std::ops::Range<usize>) -> Walk,
     ) -> io::Result<()> {
@@ -1158,13 +1163,17 @@ impl Storage {
         // it leaves the branch, so the second look finds the new place.
         for _ in 0..8 {
             let Some(at) = start(&part.st.read().expect("partition lock")) else { return Ok(()) };
-            frames = self.frames_for(part, &at, chunk);
+            frames = self.frames_for(part, &at, MIN_READ_CHUNK);
             if frames.is_some() {
                 break;
             }
         }
         let mut frames = frames.ok_or_else(|| io::Error::other("the log kept changing under the read"))?;
-        while let Some((fh, buf, range)) = frames.next(scanned)? {
+        loop {
+            // Read about what the caller still wants, not a whole chunk
+            // more for the last batch.
+            frames.chunk = want.get().saturating_add(FRAME_HEADER_BYTES).clamp(WALK_MIN_CHUNK, MAX_READ_CHUNK);
+            let Some((fh, buf, range)) = frames.next(scanned)? else { break };
             if fh.topic_id == part.tp.topic && fh.partition == part.tp.partition {
                 if fh.base_offset >= hw {
                     return Ok(());
@@ -1516,7 +1525,17 @@ impl<'a> Frames<'a> {
             if need as u64 > end - start {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame at {start} overruns {}", seg.path().display())));
             }
-            let want = ((end - start) as usize).min(self.chunk.max(need));
+            let mut want = ((end - start) as usize).min(self.chunk);
+            if let Some(g) = &self.guide {
+                // At a lone entry (the next one is far or in another file):
+                // the tp's batches here lie within the gap it covers.
+                let at_entry = g.behind == Some((self.seg, start));
+                let far = g.ahead.front().is_none_or(|&(f, p)| f != self.seg || p - start > want as u64);
+                if at_entry && far {
+                    want = want.min(MAX_SCAN_GAP as usize);
+                }
+            }
+            let want = want.max(need).min((end - start) as usize);
             let mut raw = self.storage.read_pool.take(want);
             let got = segment::read_full_at(seg.file(), &mut raw.buf[..want], start)?;
             if got < need {

@@ -305,7 +305,11 @@ fn adaptive(topics: Vec<(String, u64)>, budget: Budget) -> Plan {
         t = t.max(hi);
     }
     let (_, pass) = greedy(&tree, &topics, &order, t, true);
-    let pass = pass.expect("recorded");
+    assign(&tree, topics, pass.expect("recorded"), t)
+}
+
+/// Turns a recorded pass into the plan.
+fn assign(tree: &Tree, topics: Vec<(String, u64)>, pass: Pass, t: u64) -> Plan {
     // Top down: a topic goes where its node sends it, else where its
     // parent sent the node's leftovers.
     let mut store_of = vec![usize::MAX; topics.len()];
