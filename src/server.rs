@@ -186,6 +186,7 @@ impl Running {
     pub async fn shutdown(self) {
         self.health.ready.store(false, Ordering::Release);
         let _ = self.stop.send(true);
+        self.engine.cancel_compaction();
         let _ = self.kafka.await;
         let _ = self.background.await;
         let _ = self.compactor.await;

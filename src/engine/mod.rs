@@ -307,6 +307,8 @@ pub struct Engine {
     cluster_id: String,
     clock: Clock,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Set at shutdown: a running compaction gives up (nothing switched).
+    compaction_cancel: std::sync::atomic::AtomicBool,
     producer_stats: Arc<ProducerStats>,
     /// Transactions as the partitions see them (see `txns`); the writer
     /// changes it, fetches read it.
@@ -408,6 +410,7 @@ impl Engine {
             cluster_id,
             clock,
             threads: Mutex::new(threads),
+            compaction_cancel: std::sync::atomic::AtomicBool::new(false),
             producer_stats,
             txns,
             any_txns,
@@ -785,21 +788,39 @@ impl Engine {
 
     /// [`Engine::compact`] with a given configuration (tests, benchmarks).
     pub fn compact_with(&self, cfg: &storage::CompactConfig) -> Result<Option<storage::Compacted>, EngineError> {
+        if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(None);
+        }
         let rate = self.cfg.compaction_bytes_per_sec;
         let started = std::time::Instant::now();
         let mut read = 0u64;
+        let stopping = &self.compaction_cancel;
         let mut throttle = |bytes: u64| {
             read += bytes;
             if rate > 0 {
                 let due = std::time::Duration::from_secs_f64(read as f64 / rate as f64);
                 if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
+                    // In short steps, so shutdown is not held up.
+                    let until = std::time::Instant::now() + wait;
+                    while !stopping.load(std::sync::atomic::Ordering::Acquire) && std::time::Instant::now() < until {
+                        std::thread::sleep((until - std::time::Instant::now()).min(std::time::Duration::from_millis(50)));
+                    }
                 }
             }
+            !stopping.load(std::sync::atomic::Ordering::Acquire)
         };
         let name_of = |id: &[u8; 16]| self.topic_by_id(id).map(|t| t.record.name.clone());
-        let done = self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()))?;
-        Ok(done)
+        match self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string())) {
+            // Cancelled by shutdown: nothing was switched.
+            Err(StorageError::Stopped(_)) if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) => Ok(None),
+            r => Ok(r?),
+        }
+    }
+
+    /// Makes a running compaction give up at its next MiB (nothing is
+    /// switched) and later ones return at once: the first step of shutdown.
+    pub fn cancel_compaction(&self) {
+        self.compaction_cancel.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Compaction windows the catalog records (split plans included).
@@ -815,6 +836,7 @@ impl Engine {
     /// Stops the writer after it drains, syncs everything, and marks the
     /// shutdown clean. Idempotent.
     pub async fn shutdown(&self) {
+        self.compaction_cancel.store(true, std::sync::atomic::Ordering::Release);
         let (tx, rx) = oneshot::channel();
         if self.writer.send(WriteCmd::Shutdown(tx)).await.is_ok() {
             let _ = rx.await;

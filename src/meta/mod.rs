@@ -243,9 +243,9 @@ impl Catalog {
         let mut windows: BTreeMap<u64, WindowRecord> = BTreeMap::new();
         for &(w, s) in stores {
             let key = window_key(w);
-            if !windows.contains_key(&w) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = windows.entry(w) {
                 let Some(raw) = self.db.get(&key)? else { continue };
-                windows.insert(w, decode(key.as_bytes(), &raw)?);
+                slot.insert(decode(key.as_bytes(), &raw)?);
             }
             if let Some(rec) = windows.get_mut(&w) {
                 for st in rec.stores.iter_mut().filter(|st| st.store == s) {

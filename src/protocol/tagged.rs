@@ -184,7 +184,7 @@ mod tests {
             for (i, r) in recs.iter().enumerate() {
                 assert_eq!(r.offset, (7 << INDEX_BITS) + i as i64);
                 assert_eq!(split_offset(r.offset), (7, i as i64));
-                assert_eq!(r.value.as_deref(), Some(&[&b"one"[..], b"", b"three"][i][..]));
+                assert_eq!(r.value.as_deref(), Some([&b"one"[..], b"", b"three"][i]));
                 assert_eq!(r.timestamp, 1_000 + i as i64);
                 assert!(!r.transactional && !r.control && r.producer_id == -1);
                 let h = |k: &str| r.headers.get(&kafka_protocol::protocol::StrBytes::from_string(k.to_owned())).cloned().flatten().map(|v| String::from_utf8(v.to_vec()).unwrap());

@@ -1320,12 +1320,10 @@ impl Storage {
             }
             // Index entries go before the segments leave the branch, so a
             // read that finds its segment gone looks again and finds no
-            // entry for it.
-            let first_live = {
-                let segs = branch.segs.read().expect("branch lock");
-                segs.iter().find(|s| !dead.iter().any(|d| d.base_seq == s.base_seq)).map(|s| s.base_seq).unwrap_or(u64::MAX)
-            };
-            self.trim_index(branch, first_live);
+            // entry for it. (Dead segments need not be a prefix: a live tp
+            // can keep an older one.)
+            let dead_seqs: std::collections::HashSet<u64> = dead.iter().map(|d| d.base_seq).collect();
+            self.trim_index(branch, |seg| dead_seqs.contains(&seg));
             branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
             for seg in dead {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
@@ -1337,14 +1335,14 @@ impl Storage {
         Ok(deleted)
     }
 
-    /// Drops the index entries of `branch`'s tps that point into segments
-    /// below `first_live`.
-    fn trim_index(&self, branch: &Arc<Branch>, first_live: u64) {
+    /// Drops the index entries of `branch`'s tps that point into the
+    /// segments `gone` names.
+    fn trim_index(&self, branch: &Arc<Branch>, gone: impl Fn(u64) -> bool) {
         let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().filter(|p| Arc::ptr_eq(&p.branch, branch)).cloned().collect();
         for part in parts {
             let mut st = part.st.write().expect("partition lock");
-            while st.index.front().is_some_and(|e| e.seg < first_live) {
-                st.index.pop_front();
+            if st.index.iter().any(|e| gone(e.seg)) {
+                st.index.retain(|e| !gone(e.seg));
             }
         }
     }
@@ -1450,14 +1448,6 @@ struct Guide {
 }
 
 impl<'a> Frames<'a> {
-    /// Starts at `pos` of the branch segment whose base sequence number is
-    /// `seg`, then goes on through the newer segments. None if that segment
-    /// is gone (compacted or deleted since the caller looked it up: look
-    /// again).
-    fn new(storage: &'a Storage, branch: &Branch, seg: u64, pos: u64, chunk: usize) -> Option<Frames<'a>> {
-        Some(Frames::chain(storage, Frames::segments(branch, seg, pos)?.0, chunk))
-    }
-
     /// The branch's segments from the one based at `seg` (from `pos`) on,
     /// with their base sequence numbers; None if that one is gone.
     #[allow(clippy::type_complexity)]
@@ -1892,12 +1882,41 @@ mod tests {
         let (start, _, end) = s.offsets(&tp(1, 0)).unwrap();
         assert!(start > 0 && start <= end);
         assert!(matches!(s.read(&tp(1, 0), 0, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
-        assert_eq!(s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().len() > 0, true);
+        assert!(!s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().is_empty());
         // Once topic 2 is gone, the sealed segments can go.
         s.remove_topic(&[2; 16]);
         let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
         assert_eq!(deleted, before - 1);
         assert_eq!(s.segment_count(), 1);
+    }
+
+    /// A segment in the middle dies while an older one lives on (a tp
+    /// without retention keeps it): the index entries into the dead one go
+    /// too, so reads by offset and by time still find their batches.
+    #[test]
+    fn retention_of_a_middle_segment_trims_its_index_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
+        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b"), spec(2, 0, "b")], true).unwrap();
+        // Topic 2 (kept forever) only in the first segment; topic 1 old
+        // (timestamps 0..) through several segments, then new.
+        append_n(&s, tp(2, 0), 1, 0);
+        append_n(&s, tp(1, 0), 40, 0);
+        append_n(&s, tp(1, 0), 20, 900_000);
+        assert!(s.segment_count() >= 4);
+        let policy = |t: &Tp| if t.topic == [1; 16] { RetentionPolicy { retention_ms: Some(200_000), retention_bytes: None } } else { RetentionPolicy::default() };
+        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        assert_eq!(adv.len(), 1);
+        assert!(deleted >= 1, "the middle segments die");
+        let (start, hw, _) = s.offsets(&tp(1, 0)).unwrap();
+        assert!(start > 0 && start < hw);
+        assert!(!s.read(&tp(1, 0), start, 1, true).unwrap().records.is_empty());
+        // Times inside the dead range pick entries that pointed into it.
+        for ts in (0..400).step_by(25) {
+            let (found, at) = s.offset_for_timestamp(&tp(1, 0), ts).unwrap().expect("a batch at or after the time");
+            assert!(found >= start && at >= ts, "time {ts}: {found} at {at}, start {start}");
+        }
+        assert_eq!(s.read(&tp(2, 0), 0, 100, true).unwrap().records.len(), 1);
     }
 
     #[test]

@@ -60,14 +60,16 @@ impl Storage {
     /// Runs one compaction window (see the module docs), if any segment is
     /// due. `name_of` names live topics (frames of others are dropped);
     /// `throttle` is called with the bytes read since its last call, about
-    /// every MiB, and may sleep to bound the compactor's I/O; `persist`
-    /// must make the window record durable in the catalog.
+    /// every MiB, and may sleep to bound the compactor's I/O, or answer
+    /// false to cancel the run (nothing is switched; shutdown); `persist`
+    /// must make the window record durable in the catalog. A failed
+    /// `persist` poisons storage: the record may reach the catalog later.
     pub fn compact(
         &self,
         now_ms: i64,
         cfg: &CompactConfig,
         name_of: impl Fn(&TopicId) -> Option<String>,
-        throttle: &mut dyn FnMut(u64),
+        throttle: &mut dyn FnMut(u64) -> bool,
         persist: impl FnOnce(&WindowRecord) -> Result<(), String>,
     ) -> Result<Option<Compacted>, StorageError> {
         self.compact_until(now_ms, cfg, name_of, throttle, persist, &|_| false)
@@ -80,7 +82,7 @@ impl Storage {
         now_ms: i64,
         cfg: &CompactConfig,
         name_of: impl Fn(&TopicId) -> Option<String>,
-        throttle: &mut dyn FnMut(u64),
+        throttle: &mut dyn FnMut(u64) -> bool,
         persist: impl FnOnce(&WindowRecord) -> Result<(), String>,
         stop_at: &dyn Fn(Step) -> bool,
     ) -> Result<Option<Compacted>, StorageError> {
@@ -185,7 +187,9 @@ impl Storage {
                 heads[i] = cursors[i].next(&mut scanned).map_err(io)?;
                 merge.replace_top(heads[i].as_ref().map_or(u64::MAX, |h| h.0.seq));
                 if scanned - throttled >= 1 << 20 {
-                    throttle(scanned - throttled);
+                    if !throttle(scanned - throttled) {
+                        return Err(StorageError::Stopped("compaction cancelled".into()));
+                    }
                     throttled = scanned;
                 }
             }
@@ -256,16 +260,25 @@ impl Storage {
                 })
                 .collect(),
         };
-        persist(&record).map_err(|e| StorageError::Catalog(format!("recording compaction window {window}: {e}")))?;
-        maintenance.next_window = window + 1;
-        stop(Step::Switched)?;
-
-        // 6. Readers move to the stores; the segments go.
+        // Opened (and so checked) before the switch: from the catalog
+        // write to the readers' switch nothing may fail, or the segments
+        // would stay due and a second window would hold their batches too.
         let mut opened = Vec::with_capacity(written.len());
         for (_, path, _, _) in &written {
             let store = Store::open(path)?;
             opened.push(Arc::new(StoreFile::new(store, |tp| parts.get(tp).map(|p| branch_name(&p.branch)))));
         }
+        // A window number is never used twice, whatever `persist` did.
+        maintenance.next_window = window + 1;
+        if let Err(e) = persist(&record) {
+            // The record may still have reached the catalog (written, not
+            // flushed): then it becomes the switch at some later flush. Stop
+            // here rather than compact these segments again.
+            return Err(self.poison(StorageError::Catalog(format!("recording compaction window {window}: {e}"))));
+        }
+        stop(Step::Switched)?;
+
+        // 6. Readers move to the stores; the segments go.
         {
             let mut stores = self.stores.write().expect("stores lock");
             let first_live: HashMap<&str, u64> = compacted_to.iter().map(|(n, s)| (n.as_str(), *s)).collect();
@@ -367,7 +380,7 @@ mod tests {
 
     /// Runs one window, recording it in `catalog` as the engine would.
     fn compact(s: &Storage, strategy: Strategy, catalog: &RefCell<Vec<WindowRecord>>, stop_at: &dyn Fn(Step) -> bool) -> Result<Option<Compacted>, StorageError> {
-        s.compact_until(1, &cfg(strategy), name_of, &mut |_| {}, |w| {
+        s.compact_until(1, &cfg(strategy), name_of, &mut |_| true, |w| {
             catalog.borrow_mut().push(w.clone());
             Ok(())
         }, stop_at)
@@ -553,6 +566,48 @@ mod tests {
                 check_files(dir.path(), &s, &catalog.borrow())?;
             }
         }
+    }
+
+    #[test]
+    fn a_failed_catalog_write_poisons_and_leaves_the_segments_serving() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows;
+        {
+            let s = open_with(dir.path(), 0, None).unwrap();
+            let appends: Vec<(usize, u8, usize, usize)> = (0..60).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
+            rows = fill(&s, &appends, 1);
+            settle(&s);
+            let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| true, |_| Err("disk full".into()));
+            assert!(matches!(r, Err(StorageError::Catalog(_))), "{r:?}");
+            // Nothing more is acknowledged; reads still work.
+            assert!(matches!(s.append(tp(0, 0), &rows[0].3, 0, false), Err(StorageError::Poisoned(_))));
+            assert_eq!(s.read(&rows[0].1, rows[0].2, 1, true).unwrap().records[0].as_ref(), &rows[0].3[..]);
+        }
+        // The catalog never listed the window: its files go, the segments serve.
+        let s = open_with(dir.path(), 0, Some(&[])).unwrap();
+        assert_eq!(s.store_count(), 0);
+        assert_eq!(fs::read_dir(dir.path().join("stores")).unwrap().count(), 0);
+        check_reads(&s, &rows, 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn a_cancelled_compaction_switches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open_with(dir.path(), 0, None).unwrap();
+        let appends: Vec<(usize, u8, usize, usize)> = (0..200).map(|i| (i % 3, (i % 2) as u8, 3, 3000)).collect();
+        let rows = fill(&s, &appends, 1);
+        settle(&s);
+        let catalog = RefCell::new(Vec::new());
+        let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| false, |w| {
+            catalog.borrow_mut().push(w.clone());
+            Ok(())
+        });
+        assert!(matches!(r, Err(StorageError::Stopped(_))), "{r:?}");
+        assert!(catalog.borrow().is_empty());
+        assert_eq!(s.store_count(), 0);
+        assert_eq!(fs::read_dir(dir.path().join("stores")).unwrap().count(), 0, "temporary files removed");
+        check_reads(&s, &rows, 1 << 20).unwrap();
+        assert!(compact(&s, Strategy::Prefix3, &catalog, &|_| false).unwrap().is_some());
     }
 
     #[test]

@@ -158,24 +158,23 @@ impl Storage {
                 wanted.push(Some((s.clone(), s.branches.iter().map(|b| names.contains(b)).collect())));
             }
             for b in branches {
-                let start = {
-                    let segs = b.segs.read().expect("branch lock");
-                    match segs.last() {
-                        // Nothing at or after `from_seq` here.
-                        None => None,
-                        Some(last) if last.end_seq.load(Ordering::Acquire) <= from_seq => None,
-                        Some(_) => {
-                            let i = segs.partition_point(|s| s.base_seq <= from_seq).saturating_sub(1);
-                            let s = &segs[i];
-                            Some((s.base_seq, if s.base_seq <= from_seq { s.mark_for(from_seq) } else { FILE_HEADER_BYTES }))
-                        }
-                    }
-                };
-                if let Some(c) = start.and_then(|(seg, pos)| Frames::new(self, b, seg, pos, 0)) {
-                    cursors.push(c);
-                    opens_at.push(None);
-                    wanted.push(None);
+                // Under one look at the segments: retention may delete one
+                // meanwhile (it does not take the stores lock), and a cursor
+                // built from a second look could miss the branch.
+                let segs = b.segs.read().expect("branch lock");
+                // The newest sequence number staged here (an active segment
+                // holding only its header says nothing: look further back).
+                let end = segs.iter().rev().map(|s| s.end_seq.load(Ordering::Acquire)).find(|&e| e > 0).unwrap_or(0);
+                if segs.is_empty() || end <= from_seq {
+                    // Nothing at or after `from_seq` here.
+                    continue;
                 }
+                let i = segs.partition_point(|s| s.base_seq <= from_seq).saturating_sub(1);
+                let pos = if segs[i].base_seq <= from_seq { segs[i].mark_for(from_seq) } else { FILE_HEADER_BYTES };
+                let files = segs[i..].iter().enumerate().map(|(k, s)| (s.clone() as Arc<dyn FrameFile>, if k == 0 { pos } else { FILE_HEADER_BYTES })).collect();
+                cursors.push(Frames::chain(self, files, 0));
+                opens_at.push(None);
+                wanted.push(None);
             }
         }
         // Each cursor holds one read buffer: share the response's size.
