@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use canopy::protocol::batch::{self, NewBatch};
 use canopy::storage::subtree::report::Report;
-use canopy::storage::subtree::split::{self, Budget, Plan, StorePlan, Strategy};
+use canopy::storage::subtree::split::{self, Budget, Plan, Strategy};
 use canopy::storage::{branch_of, CompactConfig, PartitionSpec, Storage, StorageConfig, Tp};
 
 struct Rng(u64);
@@ -232,28 +232,6 @@ fn recover(s: &Storage, tp: &Tp) -> (u64, u64, f64) {
     (scanned, useful, started.elapsed().as_secs_f64())
 }
 
-/// The branch logs as a plan: one "store" per branch.
-fn branch_plan(topics: &[(String, u64)]) -> Plan {
-    let mut sorted = topics.to_vec();
-    sorted.sort();
-    let mut by: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
-    for (i, (n, _)) in sorted.iter().enumerate() {
-        by.entry(branch_of(n).to_owned()).or_default().push(i);
-    }
-    let mut store_of = vec![0; sorted.len()];
-    let stores = by
-        .into_iter()
-        .enumerate()
-        .map(|(s, (b, ts))| {
-            for &t in &ts {
-                store_of[t] = s;
-            }
-            StorePlan { root: b.clone(), label: b, bytes: ts.iter().map(|&t| sorted[t].1).sum(), topics: ts }
-        })
-        .collect();
-    Plan { topics: sorted, stores, store_of, threshold: 0 }
-}
-
 struct Measured {
     plan: Plan,
     compact_s: f64,
@@ -334,7 +312,7 @@ fn main() {
     let mut results = Vec::new();
     {
         let s = Storage::open(&base, storage_cfg(), specs(&names), true).unwrap();
-        results.push(measure("branch logs", &base, &s, branch_plan(&topics), 0.0, &names, small));
+        results.push(measure("branch logs", &base, &s, split::by_key(&topics, |n| branch_of(n).to_owned()), 0.0, &names, small));
     }
     for (label, strategy) in [("prefix3", Strategy::Prefix3), ("adaptive", Strategy::Adaptive(budget))] {
         let dir = a.dir.join(label);

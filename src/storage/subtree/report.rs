@@ -33,7 +33,7 @@ impl Report {
     pub fn text(&self) -> String {
         let (a, p) = (split::numbers(&self.adaptive), split::numbers(&self.prefix3));
         let mut out = String::new();
-        let total: u64 = self.adaptive.topics.iter().map(|t| t.1).sum();
+        let total: u64 = self.adaptive.topics.iter().fold(0u64, |a, t| a.saturating_add(t.1));
         let _ = writeln!(out, "{} topics, {} bytes; adaptive budget: {} stores at most, {} bytes per store at least (threshold {})", self.adaptive.topics.len(), total, self.budget.max_stores.unwrap_or(0), self.budget.min_store_bytes, self.adaptive.threshold);
         let _ = writeln!(out, "{:<34}{:>24}{:>24}", "", "adaptive", "prefix3");
         let row = |out: &mut String, name: &str, a: String, p: String| {
@@ -72,7 +72,7 @@ impl Report {
         };
         serde_json::json!({
             "topics": self.adaptive.topics.len(),
-            "bytes": self.adaptive.topics.iter().map(|t| t.1).sum::<u64>(),
+            "bytes": self.adaptive.topics.iter().fold(0u64, |a, t| a.saturating_add(t.1)),
             "budget": {"max_stores": self.budget.max_stores, "min_store_bytes": self.budget.min_store_bytes},
             "adaptive": plan_json(&self.adaptive),
             "prefix3": plan_json(&self.prefix3),
@@ -145,13 +145,13 @@ fn svg(plan: &Plan) -> String {
     for (t, (name, bytes)) in plan.topics.iter().enumerate() {
         let store = plan.store_of[t];
         let mut at = &mut root;
-        at.bytes += bytes;
+        at.bytes = at.bytes.saturating_add(*bytes);
         at.add(store);
         let segs: Vec<&str> = name.split('.').collect();
         depth = depth.max(segs.len());
         for seg in segs {
             at = at.children.entry(seg.to_owned()).or_default();
-            at.bytes += bytes;
+            at.bytes = at.bytes.saturating_add(*bytes);
             at.add(store);
         }
         at.topic = Some(t);
@@ -259,6 +259,11 @@ mod tests {
         assert!(parse_csv("a,1\n,5\n").is_err());
         assert!(parse_csv("a,-1\n").is_err());
         assert_eq!(parse_csv("").unwrap(), vec![]);
+        // Sizes that overflow a sum saturate rather than panic.
+        let huge = parse_csv("a.x,18446744073709551615\na.y,18446744073709551615\na.x,5\n").unwrap();
+        let r = Report::new(&huge, Some(1), 0);
+        assert_eq!(r.adaptive.stores.len(), 1);
+        assert!(r.html("huge").contains("<svg"));
     }
 
     #[test]

@@ -104,11 +104,7 @@ pub struct Plan {
 /// Plans `topics` (name, bytes) with `strategy`. Names must be distinct;
 /// repeated names are summed.
 pub fn plan(topics: &[(String, u64)], strategy: Strategy) -> Plan {
-    let mut sorted: BTreeMap<&str, u64> = BTreeMap::new();
-    for (name, bytes) in topics {
-        *sorted.entry(name).or_default() += bytes;
-    }
-    let topics: Vec<(String, u64)> = sorted.into_iter().map(|(n, b)| (n.to_owned(), b)).collect();
+    let topics = normalized(topics);
     match strategy {
         Strategy::Prefix3 => prefix3(topics),
         Strategy::Adaptive(budget) => adaptive(topics, budget),
@@ -116,10 +112,30 @@ pub fn plan(topics: &[(String, u64)], strategy: Strategy) -> Plan {
 }
 
 fn prefix3(topics: Vec<(String, u64)>) -> Plan {
+    grouped(topics, |name| name.split('.').take(3).collect::<Vec<_>>().join("."))
+}
+
+/// A fixed plan: one store per distinct `key` of the topic names (prefix3,
+/// or the branch logs seen as a plan, for comparisons).
+pub fn by_key(topics: &[(String, u64)], key: impl Fn(&str) -> String) -> Plan {
+    grouped(normalized(topics), key)
+}
+
+/// Sorted by name, repeated names summed.
+fn normalized(topics: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut sorted: BTreeMap<&str, u64> = BTreeMap::new();
+    for (name, bytes) in topics {
+        let e = sorted.entry(name).or_default();
+        *e = e.saturating_add(*bytes);
+    }
+    sorted.into_iter().map(|(n, b)| (n.to_owned(), b)).collect()
+}
+
+/// Groups sorted, distinct topics by `key`.
+fn grouped(topics: Vec<(String, u64)>, key: impl Fn(&str) -> String) -> Plan {
     let mut by_key: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, (name, _)) in topics.iter().enumerate() {
-        let key: Vec<&str> = name.split('.').take(3).collect();
-        by_key.entry(key.join(".")).or_default().push(i);
+        by_key.entry(key(name)).or_default().push(i);
     }
     let mut store_of = vec![0; topics.len()];
     let stores = by_key
@@ -129,7 +145,7 @@ fn prefix3(topics: Vec<(String, u64)>) -> Plan {
             for &t in &members {
                 store_of[t] = s;
             }
-            let bytes = members.iter().map(|&t| topics[t].1).sum();
+            let bytes = members.iter().fold(0u64, |a, &t| a.saturating_add(topics[t].1));
             StorePlan { root: key.clone(), label: key, topics: members, bytes }
         })
         .collect();
@@ -215,7 +231,7 @@ struct Group {
 
 /// One greedy pass for threshold `t`. With `record` off it only counts
 /// stores (the binary search's inner loop).
-fn greedy(tree: &Tree, topics: &[(String, u64)], order: &[usize], t: u64, record: bool) -> (usize, Option<Pass>) {
+fn greedy(tree: &Tree, topics: &[(String, u64)], order: &[usize], t: u128, record: bool) -> (usize, Option<Pass>) {
     let n = tree.nodes.len();
     // Leftover bytes of each node's subtree, and whether any topic is left.
     let mut left: Vec<(u64, bool)> = vec![(0, false); n];
@@ -245,7 +261,7 @@ fn greedy(tree: &Tree, topics: &[(String, u64)], order: &[usize], t: u64, record
         let mut own_bytes = 0;
         if let Some(topic) = node.topic {
             let b = topics[topic].1;
-            if b >= t {
+            if b as u128 >= t {
                 close(&mut pass, 0..0, true);
             } else {
                 own_left = true;
@@ -257,15 +273,15 @@ fn greedy(tree: &Tree, topics: &[(String, u64)], order: &[usize], t: u64, record
         let mut start = 0;
         for (i, &c) in node.children.iter().enumerate() {
             let (b, has) = left[c];
-            acc += b;
+            acc = acc.saturating_add(b);
             any |= has;
-            if acc >= t && any {
+            if acc as u128 >= t && any {
                 close(&mut pass, start..i + 1, false);
                 (acc, any, start) = (0, false, i + 1);
             }
         }
-        let rest = (acc + own_bytes, any || own_left);
-        left[v] = if rest.0 >= t && rest.1 {
+        let rest = (acc.saturating_add(own_bytes), any || own_left);
+        left[v] = if rest.0 as u128 >= t && rest.1 {
             close(&mut pass, start..node.children.len(), own_left);
             (0, false)
         } else {
@@ -285,12 +301,13 @@ fn greedy(tree: &Tree, topics: &[(String, u64)], order: &[usize], t: u64, record
 fn adaptive(topics: Vec<(String, u64)>, budget: Budget) -> Plan {
     let tree = Tree::build(&topics);
     let order = tree.post_order();
-    let total: u64 = topics.iter().map(|t| t.1).sum();
-    let mut t = budget.min_store_bytes.max(1);
+    // Thresholds are u128: one above the total must exceed every sum.
+    let total: u128 = topics.iter().map(|t| t.1 as u128).sum();
+    let mut t = budget.min_store_bytes.max(1) as u128;
     if let Some(max) = budget.max_stores {
         // Smallest threshold whose plan fits: `hi` always fits (above the
         // total everything stays at the root: one store).
-        let (mut lo, mut hi) = (1u64, total.saturating_add(1).max(1));
+        let (mut lo, mut hi) = (1u128, total + 1);
         if greedy(&tree, &topics, &order, lo, false).0 <= max.max(1) {
             hi = lo;
         }
@@ -305,7 +322,7 @@ fn adaptive(topics: Vec<(String, u64)>, budget: Budget) -> Plan {
         t = t.max(hi);
     }
     let (_, pass) = greedy(&tree, &topics, &order, t, true);
-    assign(&tree, topics, pass.expect("recorded"), t)
+    assign(&tree, topics, pass.expect("recorded"), u64::try_from(t).unwrap_or(u64::MAX))
 }
 
 /// Turns a recorded pass into the plan.
@@ -342,7 +359,7 @@ fn assign(tree: &Tree, topics: Vec<(String, u64)>, pass: Pass, t: u64) -> Plan {
         .collect();
     for (topic, &s) in store_of.iter().enumerate() {
         stores[s].topics.push(topic);
-        stores[s].bytes += topics[topic].1;
+        stores[s].bytes = stores[s].bytes.saturating_add(topics[topic].1);
     }
     // Groups that ended up empty (a range of zero-topic children cannot
     // close, but be safe) are dropped, and stores are numbered in the order
@@ -395,7 +412,7 @@ pub fn numbers(plan: &Plan) -> Numbers {
             }
         }
     }
-    Numbers { stores: plan.stores.len(), total_wasted: wasted.iter().sum(), wasted, worst_waste, worst_ratio }
+    Numbers { stores: plan.stores.len(), total_wasted: wasted.iter().fold(0u64, |a, w| a.saturating_add(*w)), wasted, worst_waste, worst_ratio }
 }
 
 #[cfg(test)]
@@ -473,7 +490,7 @@ mod tests {
             if p.threshold > 1 {
                 let tree = Tree::build(&p.topics);
                 let order = tree.post_order();
-                assert!(greedy(&tree, &p.topics, &order, p.threshold - 1, false).0 > max);
+                assert!(greedy(&tree, &p.topics, &order, p.threshold as u128 - 1, false).0 > max);
             }
         }
         let all = plan(&t, Strategy::Adaptive(Budget { max_stores: Some(5000), min_store_bytes: 0 }));
