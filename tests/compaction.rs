@@ -3,7 +3,8 @@
 //! restarts (empty tip: every old read comes from disk), and consumers read
 //! each topic from the beginning and the subtree as a stream. The small
 //! topic reads back exactly its records without reading its big sibling's
-//! bytes; the split plan is in the catalog.
+//! bytes; the split plan is in the catalog; `canopy split-report` reads
+//! the stopped broker's data directory.
 
 mod common;
 
@@ -154,4 +155,31 @@ async fn a_small_topic_beside_a_huge_sibling_reads_exactly_its_records_from_its_
         assert_eq!(&by_topic[*topic], want, "{topic} in the stream");
     }
     broker.shutdown().await;
+
+    // `canopy split-report` on the stopped broker's data directory: every
+    // topic in both plans, with its bytes from stores and segments.
+    let html = dir.path().join("report.html");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_canopy"))
+        .args(["split-report", "--format", "json", "--data-dir"])
+        .arg(dir.path())
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for plan in ["adaptive", "prefix3"] {
+        let assigned = report[plan]["topic_store"].as_object().unwrap();
+        assert_eq!(assigned.len(), 3, "{plan}: {assigned:?}");
+        assert!(assigned.contains_key(BIG) && assigned.contains_key(SMALL) && assigned.contains_key(OTHER));
+    }
+    assert!(report["bytes"].as_u64().unwrap() > 4000 * 1024);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<svg") && page.contains("app.codestore"));
+    // A CSV with a bad line is refused with its line number, exit code 2.
+    let csv = dir.path().join("bad.csv");
+    std::fs::write(&csv, "topic,bytes\na.b,10\nc.d,ten\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_canopy")).arg("split-report").arg("--csv").arg(&csv).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 3"), "{}", String::from_utf8_lossy(&out.stderr));
 }
