@@ -7,5 +7,6 @@ pub mod kafka;
 pub mod meta;
 pub mod metrics;
 pub mod protocol;
+pub mod rest;
 pub mod server;
 pub mod storage;

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::rest;
 use crate::engine::{system_clock, Clock, Engine};
 use crate::kafka::coordinator::transactions::Transactions;
 use crate::kafka::coordinator::Coordinator;
@@ -25,11 +26,14 @@ use crate::metrics::{self, Health};
 pub struct Running {
     pub kafka_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The REST bridge's address, if it listens.
+    pub rest_addr: Option<SocketAddr>,
     pub engine: Arc<Engine>,
     health: Arc<Health>,
     stop: watch::Sender<bool>,
     kafka: JoinHandle<()>,
     admin: JoinHandle<()>,
+    rest: Option<JoinHandle<()>>,
     background: JoinHandle<()>,
     compactor: JoinHandle<()>,
     expiry: JoinHandle<()>,
@@ -48,6 +52,11 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     let admin_listener = TcpListener::bind(cfg.admin_listener).await.with_context(|| format!("binding admin_listener {}", cfg.admin_listener))?;
     let kafka_addr = kafka_listener.local_addr()?;
     let admin_addr = admin_listener.local_addr()?;
+    let rest_listener = match cfg.rest_listener.as_str() {
+        "" => None,
+        addr => Some(TcpListener::bind(addr).await.with_context(|| format!("binding rest_listener {addr}"))?),
+    };
+    let rest_addr = rest_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     let (host, port) = if cfg.advertised_listener.is_empty() {
         (kafka_addr.ip().to_string(), kafka_addr.port() as i32)
     } else {
@@ -74,12 +83,16 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     let health = Arc::new(Health::default());
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));
+    let rest = rest_listener.map(|l| {
+        let bridge = Arc::new(rest::Bridge { engine: engine.clone(), cfg: rest::RestConfig { max_body_bytes: cfg.rest_max_body_bytes }, round_robin: Default::default() });
+        tokio::spawn(rest::serve(l, bridge, stop_rx.clone()))
+    });
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
     health.ready.store(true, Ordering::Release);
-    tracing::info!(%kafka_addr, %admin_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
-    Ok(Running { kafka_addr, admin_addr, engine, health, stop, kafka, admin, background, compactor, expiry })
+    tracing::info!(%kafka_addr, %admin_addr, rest_addr = ?rest_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
+    Ok(Running { kafka_addr, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry })
 }
 
 /// Waits for the next tick of a background loop; false once the broker
@@ -188,6 +201,9 @@ impl Running {
         let _ = self.stop.send(true);
         self.engine.cancel_compaction();
         let _ = self.kafka.await;
+        if let Some(rest) = self.rest {
+            let _ = rest.await;
+        }
         let _ = self.background.await;
         let _ = self.compactor.await;
         let _ = self.expiry.await;

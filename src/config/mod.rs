@@ -90,6 +90,10 @@ settings! {
     kafka_listener: SocketAddr = "127.0.0.1:9092", "CANOPY_KAFKA_LISTENER", "kafka-listener";
     "Admin HTTP listener (/health, /ready) (HOST:PORT)"
     admin_listener: SocketAddr = "127.0.0.1:9644", "CANOPY_ADMIN_LISTENER", "admin-listener";
+    "Address of the REST bridge (Confluent REST Proxy API); empty: no REST listener"
+    rest_listener: String = "127.0.0.1:8082", "CANOPY_REST_LISTENER", "rest-listener";
+    "Largest REST request body, in bytes, after decompression (larger: 413)"
+    rest_max_body_bytes: usize = "16777216", "CANOPY_REST_MAX_BODY_BYTES", "rest-max-body-bytes";
     "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"
     advertised_listener: String = "", "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
     "Log output format: text or json (filter with RUST_LOG)"
@@ -287,6 +291,12 @@ impl Config {
         }
         if self.fetch_max_bytes < 1024 || self.fetch_max_bytes > 1 << 30 {
             return bad("fetch_max_bytes", "must be between 1024 and 1073741824");
+        }
+        if !self.rest_listener.is_empty() && self.rest_listener.parse::<SocketAddr>().is_err() {
+            return bad("rest_listener", "must be HOST:PORT (an IP address) or empty");
+        }
+        if self.rest_max_body_bytes < 1024 {
+            return bad("rest_max_body_bytes", "must be at least 1024");
         }
         if self.write_queue == 0 {
             return bad("write_queue", "must be at least 1");

@@ -448,6 +448,56 @@ impl NewBatch {
     }
 }
 
+/// One record to build a batch from (the REST bridge's input).
+#[derive(Debug, Clone, Default)]
+pub struct NewRecord<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
+}
+
+/// An uncompressed v2 batch of `records`, all with CreateTime `timestamp`,
+/// base offset 0 (the log assigns offsets) and no producer id.
+pub fn build(records: &[NewRecord<'_>], timestamp: i64) -> Vec<u8> {
+    let bytes = |out: &mut Vec<u8>, b: Option<&[u8]>| match b {
+        Some(b) => {
+            put_varint(out, b.len() as i64);
+            out.extend_from_slice(b);
+        }
+        None => put_varint(out, -1),
+    };
+    let h = NewBatch {
+        base_offset: 0,
+        attributes: 0,
+        last_offset_delta: records.len() as i32 - 1,
+        base_timestamp: timestamp,
+        max_timestamp: timestamp,
+        producer_id: -1,
+        producer_epoch: -1,
+        base_sequence: -1,
+        records_count: records.len() as i32,
+    };
+    let mut out = h.header().to_vec();
+    let mut rec = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        rec.clear();
+        rec.push(0); // attributes
+        put_varint(&mut rec, 0); // timestamp delta
+        put_varint(&mut rec, i as i64); // offset delta
+        bytes(&mut rec, r.key);
+        bytes(&mut rec, r.value);
+        put_varint(&mut rec, r.headers.len() as i64);
+        for (k, v) in &r.headers {
+            bytes(&mut rec, Some(k.as_bytes()));
+            bytes(&mut rec, *v);
+        }
+        put_varint(&mut out, rec.len() as i64);
+        out.extend_from_slice(&rec);
+    }
+    seal(&mut out);
+    out
+}
+
 /// Fills in batchLength and the CRC-32C of the whole batch in `buf` (a
 /// [`NewBatch::header`] followed by its records).
 pub fn seal(buf: &mut [u8]) {

@@ -18,6 +18,7 @@ pub fn args(dir: &Path) -> ServeArgs {
         data_dir: Some(dir.to_path_buf()),
         kafka_listener: Some("127.0.0.1:0".parse().unwrap()),
         admin_listener: Some("127.0.0.1:0".parse().unwrap()),
+        rest_listener: Some("127.0.0.1:0".into()),
         ..ServeArgs::default()
     }
 }
@@ -66,7 +67,7 @@ impl ChildBroker {
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
-            .args(["--kafka-listener", "127.0.0.1:0", "--admin-listener", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--kafka-listener", "127.0.0.1:0", "--admin-listener", "127.0.0.1:0", "--rest-listener", "127.0.0.1:0", "--log-format", "json"])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

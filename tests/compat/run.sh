@@ -69,24 +69,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Two free loopback ports: bind port 0, read the port, close. Both are held
-# open together so they differ.
-read -r kport aport < <("$PYTHON" -c '
+# Three free loopback ports: bind port 0, read the port, close. All are
+# held open together so they differ.
+read -r kport aport rport < <("$PYTHON" -c '
 import socket
-s = [socket.socket() for _ in range(2)]
+s = [socket.socket() for _ in range(3)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*(x.getsockname()[1] for x in s))
 for x in s: x.close()
 ')
 BOOTSTRAP=127.0.0.1:$kport
 ADMIN=127.0.0.1:$aport
-export BOOTSTRAP
+REST=http://127.0.0.1:$rport
+export BOOTSTRAP REST
 
 echo "compat: starting $broker (kafka $BOOTSTRAP, admin $ADMIN, data $work/data)"
 RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --data-dir "$work/data" \
     --kafka-listener "$BOOTSTRAP" \
     --admin-listener "$ADMIN" \
+    --rest-listener "127.0.0.1:$rport" \
     --auto-create-topics true \
     --num-partitions 3 \
     >"$work/broker.log" 2>&1 &

@@ -1,0 +1,198 @@
+//! The REST bridge with a real HTTP client (reqwest) and a real Kafka
+//! consumer (librdkafka): REST Proxy v2 JSON and binary produce, keys,
+//! headers, explicit partitions, key hashing equal to librdkafka's
+//! `murmur2_random` partitioner, compressed bodies, and bad input (each
+//! refused with REST Proxy's status and error code, nothing written).
+
+mod common;
+
+use std::io::Write;
+use std::time::Duration;
+
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{json, Value};
+
+const JSON: &str = "application/vnd.kafka.json.v2+json";
+const BINARY: &str = "application/vnd.kafka.binary.v2+json";
+
+struct Rest {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Rest {
+    async fn post(&self, path: &str, content_type: &str, encoding: Option<&str>, body: Vec<u8>) -> (u16, Value) {
+        let mut req = self.http.post(format!("{}{path}", self.base)).header("content-type", content_type).body(body);
+        if let Some(e) = encoding {
+            req = req.header("content-encoding", e);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")))
+    }
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, serde_json::from_str(&resp.text().await.unwrap()).unwrap())
+    }
+}
+
+async fn start(dir: &std::path::Path, auto_create: bool) -> (canopy::server::Running, Rest) {
+    let mut args = common::args(dir);
+    args.auto_create_topics = Some(auto_create);
+    args.rest_max_body_bytes = Some(1 << 20);
+    let broker = common::start(args).await;
+    let base = format!("http://{}", broker.rest_addr.expect("the REST listener is on"));
+    (broker, Rest { base, http: reqwest::Client::new() })
+}
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn create(broker: &canopy::server::Running, name: &str, partitions: i32) {
+    broker.engine.create_topic(name, partitions, Default::default(), false).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v2_json_and_binary_records_reach_a_kafka_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, rest) = start(dir.path(), false).await;
+    create(&broker, "app.events", 3);
+    let (status, topics) = rest.get("/topics").await;
+    assert_eq!((status, topics), (200, json!(["app.events"])));
+    let (status, t) = rest.get("/topics/app.events").await;
+    assert_eq!(status, 200);
+    assert_eq!(t["partitions"].as_array().unwrap().len(), 3);
+
+    // JSON: values are stored as their JSON text; explicit partitions.
+    let body = json!({"records": [
+        {"value": {"n": 1, "s": "x"}, "partition": 1},
+        {"key": "k", "value": [1, 2, 3], "partition": 1},
+        {"value": "plain", "partition": 1},
+    ]});
+    let (status, resp) = rest.post("/topics/app.events", JSON, None, body.to_string().into_bytes()).await;
+    assert_eq!(status, 200, "{resp}");
+    let offsets: Vec<(i64, i64)> = resp["offsets"].as_array().unwrap().iter().map(|o| (o["partition"].as_i64().unwrap(), o["offset"].as_i64().unwrap())).collect();
+    assert_eq!(offsets, vec![(1, 0), (1, 1), (1, 2)]);
+    assert!(resp["offsets"][0]["error_code"].is_null() && resp["key_schema_id"].is_null());
+
+    // Binary with headers, through the partition route.
+    let body = json!({"records": [
+        {"key": b64(b"\x00\x01key"), "value": b64(b"\xffbinary\x00"), "headers": [{"name": "h1", "value": b64(b"v1")}, {"name": "h2", "value": null}]},
+        {"value": null},
+    ]});
+    let (status, resp) = rest.post("/topics/app.events/partitions/2", BINARY, None, body.to_string().into_bytes()).await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["offsets"][1]["offset"], 1);
+
+    let addr = broker.kafka_addr;
+    let p1 = tokio::task::spawn_blocking(move || common::read_exactly(addr, "app.events", &[1], 3)).await.unwrap();
+    let values: Vec<String> = p1.iter().map(|m| String::from_utf8(m.payload().unwrap().to_vec()).unwrap()).collect();
+    assert_eq!(values, [r#"{"n":1,"s":"x"}"#, "[1,2,3]", r#""plain""#]);
+    assert_eq!(p1[1].key(), Some(&br#""k""#[..]));
+    assert!(p1.iter().all(|m| m.timestamp().to_millis().is_some_and(|t| t > 0)));
+    let p2 = tokio::task::spawn_blocking(move || common::read_exactly(addr, "app.events", &[2], 2)).await.unwrap();
+    assert_eq!(p2[0].key(), Some(&b"\x00\x01key"[..]));
+    assert_eq!(p2[0].payload(), Some(&b"\xffbinary\x00"[..]));
+    let h = p2[0].headers().unwrap();
+    assert_eq!((h.get(0).key, h.get(0).value), ("h1", Some(&b"v1"[..])));
+    assert_eq!((h.get(1).key, h.get(1).value), ("h2", None));
+    assert_eq!(p2[1].payload(), None, "a null value stays null");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_records_land_where_librdkafka_murmur2_puts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, rest) = start(dir.path(), false).await;
+    create(&broker, "keys.kafka", 7);
+    create(&broker, "keys.rest", 7);
+    let keys: Vec<String> = (0..1000).map(|i| format!("user-{i}-{}", i * 7919 % 1000)).collect();
+    let mut cfg = common::producer_config(broker.kafka_addr, "all");
+    cfg.set("partitioner", "murmur2_random");
+    let producer: FutureProducer = cfg.create().unwrap();
+    let mut kafka_partition = Vec::new();
+    for k in &keys {
+        let d = producer.send(FutureRecord::<str, str>::to("keys.kafka").key(k).payload("v"), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+        kafka_partition.push(d.partition);
+    }
+    // The same keys over REST (binary: the key bytes as they are).
+    let body = json!({"records": keys.iter().map(|k| json!({"key": b64(k.as_bytes()), "value": b64(b"v")})).collect::<Vec<_>>()});
+    let (status, resp) = rest.post("/topics/keys.rest", BINARY, None, body.to_string().into_bytes()).await;
+    assert_eq!(status, 200);
+    let rest_partition: Vec<i32> = resp["offsets"].as_array().unwrap().iter().map(|o| o["partition"].as_i64().unwrap() as i32).collect();
+    assert_eq!(rest_partition, kafka_partition);
+    for (k, p) in keys.iter().zip(&kafka_partition) {
+        assert_eq!(canopy::rest::partition::for_key(k.as_bytes(), 7), *p, "{k}");
+    }
+    assert!(kafka_partition.iter().collect::<std::collections::HashSet<_>>().len() == 7, "all partitions used");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_bodies_and_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, rest) = start(dir.path(), false).await;
+    create(&broker, "t.z", 1);
+    let body = |n: usize| json!({"records": (0..n).map(|i| json!({"value": {"i": i}})).collect::<Vec<_>>()}).to_string().into_bytes();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&body(10)).unwrap();
+    let mut zl = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    zl.write_all(&body(10)).unwrap();
+    for (enc, b) in [("gzip", gz.finish().unwrap()), ("deflate", zl.finish().unwrap()), ("zstd", zstd::encode_all(&body(10)[..], 3).unwrap())] {
+        let (status, resp) = rest.post("/topics/t.z", JSON, Some(enc), b).await;
+        assert_eq!(status, 200, "{enc}: {resp}");
+    }
+    // Bad input: status, REST Proxy error code, and nothing written.
+    let mut bomb = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut zeros = b"{\"records\":[{\"value\":\"".to_vec();
+    zeros.resize(64 << 20, b'0');
+    bomb.write_all(&zeros).unwrap();
+    let bomb = bomb.finish().unwrap();
+    assert!(bomb.len() < 200_000);
+    // (what, content type, content encoding, body, status, error code)
+    type Case<'a> = (&'a str, &'a str, Option<&'a str>, Vec<u8>, u16, u64);
+    let cases: Vec<Case> = vec![
+        ("malformed JSON", JSON, None, b"{\"records\": [".to_vec(), 400, 400),
+        ("no records array", JSON, None, b"{\"recs\": []}".to_vec(), 422, 42206),
+        ("wrong content type", "text/plain", None, body(1), 415, 415),
+        ("avro", "application/vnd.kafka.avro.v2+json", None, body(1), 415, 415),
+        ("bad base64", BINARY, None, json!({"records": [{"value": b64(b"ok")}, {"value": "!!!"}]}).to_string().into_bytes(), 422, 42206),
+        ("binary value not a string", BINARY, None, json!({"records": [{"value": 5}]}).to_string().into_bytes(), 422, 42206),
+        ("oversized body", JSON, None, vec![b' '; (1 << 20) + 1], 413, 413),
+        ("gzip bomb", JSON, Some("gzip"), bomb, 413, 413),
+        ("corrupt gzip", JSON, Some("gzip"), b"not gzip at all".to_vec(), 400, 400),
+        ("unknown encoding", JSON, Some("br"), body(1), 415, 415),
+        ("partition not an integer", JSON, None, json!({"records": [{"value": 1, "partition": "x"}]}).to_string().into_bytes(), 422, 42206),
+    ];
+    for (what, ct, enc, b, status, code) in cases {
+        let (s, resp) = rest.post("/topics/t.z", ct, enc, b).await;
+        assert_eq!((s, resp["error_code"].as_u64()), (status, Some(code)), "{what}: {resp}");
+        assert!(resp["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}");
+    }
+    // The bad base64 is named by its record.
+    let (_, resp) = rest.post("/topics/t.z", BINARY, None, json!({"records": [{"value": b64(b"ok")}, {"value": "!!!"}]}).to_string().into_bytes()).await;
+    assert!(resp["message"].as_str().unwrap().contains("record 1"), "{resp}");
+    // Unknown topic (auto-creation off), partition out of range, a stream.
+    let (s, resp) = rest.post("/topics/nope", JSON, None, body(1)).await;
+    assert_eq!((s, resp["error_code"].as_u64()), (404, Some(40401)));
+    assert!(broker.engine.topic("nope").is_none());
+    let (s, resp) = rest.post("/topics/t.z/partitions/5", JSON, None, body(1)).await;
+    assert_eq!((s, resp["error_code"].as_u64()), (404, Some(40402)));
+    let (s, _) = rest.post("/topics/t.__all", JSON, None, body(1)).await;
+    assert_eq!(s, 422);
+    // A record for a missing partition fails alone; the others are written.
+    let (s, resp) = rest.post("/topics/t.z", JSON, None, json!({"records": [{"value": 1}, {"value": 2, "partition": 9}]}).to_string().into_bytes()).await;
+    assert_eq!(s, 200);
+    assert_eq!(resp["offsets"][1]["error_code"], 40402);
+    assert_eq!(resp["offsets"][0]["offset"], 30);
+    let (s, resp) = rest.get("/topics/nope").await;
+    assert_eq!((s, resp["error_code"].as_u64()), (404, Some(40401)));
+    // Exactly the 3 x 10 good records and the one above: nothing else.
+    assert_eq!(broker.engine.offsets(&broker.engine.topic("t.z").unwrap().tp(0)).map(|o| o.1), Some(31));
+    broker.shutdown().await;
+}
