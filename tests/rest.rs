@@ -196,3 +196,59 @@ async fn compressed_bodies_and_bad_input() {
     assert_eq!(broker.engine.offsets(&broker.engine.topic("t.z").unwrap().tp(0)).map(|o| o.1), Some(31));
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_takes_one_event_an_array_or_ndjson() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, rest) = start(dir.path(), true).await;
+    let post = |path: String, ct: &'static str, body: Vec<u8>| {
+        let req = rest.http.post(format!("{}{path}", rest.base)).header("content-type", ct).body(body);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap())
+        }
+    };
+    // One event, by path segments; the topic is auto-created.
+    let (s, r) = post("/ingest/app/codestore/commits".into(), "application/json", br#"{"sha":"a1","n":1}"#.to_vec()).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!((r["topic"].as_str(), r["count"].as_u64()), (Some("app.codestore.commits"), Some(1)));
+    // An array keyed by a JSON pointer (acks=1), then NDJSON (acks=all).
+    // Sent as text: stored byte for byte, key order and spacing included.
+    let arr = r#"[{"user":{"id":"u1"},"n":2}, {"user":{"id":"u2"},"n":3},
+        {"user":{"id":"u1"},"n":4}]"#.to_string();
+    let (s, r) = post("/ingest/app.codestore.commits?acks=1&key=/user/id".into(), "application/json", arr.into_bytes()).await;
+    assert_eq!((s, r["count"].as_u64()), (200, Some(3)), "{r}");
+    let nd = b"{\"n\":5}\n\n{\"n\":6}\n{\"n\":7}\n".to_vec();
+    let (s, r) = post("/ingest/app.codestore.commits".into(), "application/x-ndjson", nd).await;
+    assert_eq!((s, r["count"].as_u64()), (200, Some(3)), "{r}");
+    let ranges = r["partitions"].as_array().unwrap();
+    assert_eq!(ranges.iter().map(|p| p["count"].as_u64().unwrap()).sum::<u64>(), 3);
+    // acks=0: 202 at once; the event still arrives.
+    let (s, _) = post("/ingest/app.codestore.commits?acks=0".into(), "application/json", br#"{"n":8}"#.to_vec()).await;
+    assert_eq!(s, 202);
+    // Bad input: the event is named; nothing is written.
+    let (s, r) = post("/ingest/app.codestore.commits".into(), "application/x-ndjson", b"{\"n\":1}\n{oops\n".to_vec()).await;
+    assert_eq!((s, r["error_code"].as_u64()), (400, Some(400)));
+    assert!(r["message"].as_str().unwrap().contains("line 2"), "{r}");
+    let (s, _) = post("/ingest/app.codestore.commits".into(), "application/json", b"[1, 2".to_vec()).await;
+    assert_eq!(s, 400);
+    let (s, _) = post("/ingest/app.codestore.commits?acks=2".into(), "application/json", b"{}".to_vec()).await;
+    assert_eq!(s, 400);
+    let (s, _) = post("/ingest/app.codestore.commits".into(), "text/csv", b"a,b".to_vec()).await;
+    assert_eq!(s, 415);
+    let (s, _) = post("/ingest/app.__all".into(), "application/json", b"{}".to_vec()).await;
+    assert_eq!(s, 422);
+
+    // A Kafka consumer sees the 8 events, each byte for byte as sent.
+    let addr = broker.kafka_addr;
+    let msgs = tokio::task::spawn_blocking(move || common::read_exactly(addr, "app.codestore.commits", &[0], 8)).await.unwrap();
+    let mut values: Vec<String> = msgs.iter().map(|m| String::from_utf8(m.payload().unwrap().to_vec()).unwrap()).collect();
+    values.sort();
+    let mut want: Vec<String> = [r#"{"sha":"a1","n":1}"#, r#"{"user":{"id":"u1"},"n":2}"#, r#"{"user":{"id":"u2"},"n":3}"#, r#"{"user":{"id":"u1"},"n":4}"#, r#"{"n":5}"#, r#"{"n":6}"#, r#"{"n":7}"#, r#"{"n":8}"#].iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(values, want);
+    let keyed: Vec<Option<&[u8]>> = msgs.iter().filter(|m| m.payload().is_some_and(|p| p.starts_with(b"{\"user\""))).map(|m| m.key()).collect();
+    assert_eq!(keyed.len(), 3);
+    assert!(keyed.iter().all(|k| k.is_some_and(|k| k == b"u1" || k == b"u2")));
+    broker.shutdown().await;
+}

@@ -4,12 +4,15 @@
 //!
 //! Served so far: REST Proxy v2 produce (`POST /topics/{topic}`,
 //! `POST /topics/{topic}/partitions/{partition}`, JSON and binary embedded
-//! formats) and the topic listing (`GET /topics`, `GET /topics/{topic}`).
+//! formats), the topic listing (`GET /topics`, `GET /topics/{topic}`), and
+//! the native bulk endpoint `POST /ingest/{topic}` (see `ingest`).
 //! Bodies may be gzip, deflate or zstd; `rest_max_body_bytes` bounds them
 //! after decompression. Errors use REST Proxy's envelope
 //! `{"error_code": …, "message": …}` and its codes.
 
+mod append;
 pub mod body;
+mod ingest;
 pub mod partition;
 mod v2;
 
@@ -90,6 +93,7 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
         .route("/topics", get(v2::list_topics))
         .route("/topics/{topic}", get(v2::get_topic).post(v2::produce_topic))
         .route("/topics/{topic}/partitions/{partition}", post(v2::produce_partition))
+        .route("/ingest/{*path}", post(ingest::ingest))
         .with_state(bridge)
 }
 

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::{partition, Bridge, RestError};
 use crate::engine::{Ack, EngineError, Topic};
-use crate::protocol::batch::{self, NewRecord};
+use crate::protocol::batch::NewRecord;
 
 const CONTENT_TYPE: &str = "application/vnd.kafka.v2+json";
 
@@ -129,7 +129,7 @@ fn decode_records(body: &[u8], fmt: Format) -> Result<Vec<Decoded>, RestError> {
     Ok(out)
 }
 
-fn engine_error(e: EngineError, topic: &str) -> RestError {
+pub(super) fn engine_error(e: EngineError, topic: &str) -> RestError {
     match e {
         EngineError::UnknownTopicOrPartition => RestError::topic_not_found(topic),
         EngineError::InvalidTopic(e) => RestError::unprocessable(e.to_string()),
@@ -171,51 +171,18 @@ async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, he
             }),
         })
         .collect();
-    let now = b.engine.now_ms();
-    let mut by_partition: std::collections::BTreeMap<i32, Vec<usize>> = Default::default();
-    for (i, p) in placed.iter().enumerate() {
-        if let Ok(p) = p {
-            by_partition.entry(*p).or_default().push(i);
-        }
-    }
-    let mut pending = Vec::with_capacity(by_partition.len());
-    for (p, idx) in &by_partition {
-        let recs: Vec<NewRecord<'_>> = idx
-            .iter()
-            .map(|&i| {
-                let r = &records[i];
-                NewRecord { key: r.key.as_deref(), value: r.value.as_deref(), headers: r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect() }
-            })
-            .collect();
-        let batch = Bytes::from(batch::build(&recs, now));
-        pending.push((*p, b.engine.submit(&t, *p, batch, Ack::Durable).await));
-    }
-    // Per record: (partition, offset) or an error.
-    let mut result: Vec<Value> = vec![Value::Null; records.len()];
-    for (i, p) in placed.iter().enumerate() {
-        if let Err((code, msg)) = p {
-            result[i] = serde_json::json!({"partition": null, "offset": null, "error_code": code, "error": msg});
-        }
-    }
-    for (p, submitted) in pending {
-        let idx = &by_partition[&p];
-        let outcome = match submitted {
-            Ok(w) => w.wait().await,
-            Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(a) => {
-                for (k, &i) in idx.iter().enumerate() {
-                    result[i] = serde_json::json!({"partition": p, "offset": a.base_offset + k as i64, "error_code": null, "error": null});
-                }
-            }
-            Err(e) => {
-                let e = engine_error(e, &topic);
-                for &i in idx {
-                    result[i] = serde_json::json!({"partition": p, "offset": null, "error_code": e.code, "error": e.message});
-                }
-            }
-        }
-    }
+    let recs: Vec<NewRecord<'_>> = records
+        .iter()
+        .map(|r| NewRecord { key: r.key.as_deref(), value: r.value.as_deref(), headers: r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect() })
+        .collect();
+    let placed: Vec<Result<i32, RestError>> = placed.into_iter().map(|p| p.map_err(|(code, msg)| RestError::new(StatusCode::NOT_FOUND, code, msg))).collect();
+    let outcome = super::append::append(&b, &t, &recs, &placed, Ack::Durable).await;
+    let result: Vec<Value> = outcome
+        .into_iter()
+        .map(|o| match o {
+            Ok((p, offset)) => serde_json::json!({"partition": p, "offset": offset, "error_code": null, "error": null}),
+            Err((p, e)) => serde_json::json!({"partition": p, "offset": null, "error_code": e.code, "error": e.message}),
+        })
+        .collect();
     Ok(ok(serde_json::json!({"offsets": result, "key_schema_id": null, "value_schema_id": null})))
 }

@@ -1,0 +1,60 @@
+//! The one append path of the bridge: records with their partitions (or
+//! the error that placed none), one batch per partition, every partition
+//! submitted to the writer before any is awaited (one writer round, one
+//! fsync for the request).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use super::{v2::engine_error, Bridge, RestError};
+use crate::engine::{Ack, Topic};
+use crate::protocol::batch::{self, NewRecord};
+
+/// Per record, in order: (partition, offset), or (partition if known, the
+/// error). With `Ack::Written` the answer comes after the write; the
+/// caller that does not wait at all (acks=0) drops the future after
+/// `submit` returned.
+pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack) -> Vec<Result<(i32, i64), (Option<i32>, RestError)>> {
+    let now = b.engine.now_ms();
+    let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    for (i, p) in placed.iter().enumerate() {
+        if let Ok(p) = p {
+            by_partition.entry(*p).or_default().push(i);
+        }
+    }
+    let mut pending = Vec::with_capacity(by_partition.len());
+    for (p, idx) in &by_partition {
+        let recs: Vec<NewRecord<'_>> = idx.iter().map(|&i| records[i].clone()).collect();
+        let batch = Bytes::from(batch::build(&recs, now));
+        pending.push((*p, b.engine.submit(t, *p, batch, ack).await));
+    }
+    let mut out: Vec<Option<Result<(i32, i64), (Option<i32>, RestError)>>> = placed
+        .iter()
+        .map(|p| match p {
+            Ok(_) => None,
+            Err(e) => Some(Err((None, RestError::new(e.status, e.code, e.message.clone())))),
+        })
+        .collect();
+    for (p, submitted) in pending {
+        let outcome = match submitted {
+            Ok(w) => w.wait().await,
+            Err(e) => Err(e),
+        };
+        let idx = &by_partition[&p];
+        match outcome {
+            Ok(a) => {
+                for (k, &i) in idx.iter().enumerate() {
+                    out[i] = Some(Ok((p, a.base_offset + k as i64)));
+                }
+            }
+            Err(e) => {
+                let e = engine_error(e, t.name());
+                for &i in idx {
+                    out[i] = Some(Err((Some(p), RestError::new(e.status, e.code, e.message.clone()))));
+                }
+            }
+        }
+    }
+    out.into_iter().map(|o| o.expect("every record answered")).collect()
+}
