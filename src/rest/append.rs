@@ -11,11 +11,14 @@ use super::{v2::engine_error, Bridge, RestError};
 use crate::engine::{Ack, Topic};
 use crate::protocol::batch::{self, NewRecord};
 
-/// Per record, in order: (partition, offset), or (partition if known, the
-/// error). With `Ack::Written` the answer comes after the write; the
+/// What became of one record: (partition, offset), or (partition if
+/// known, the error).
+pub type Outcome = Result<(i32, i64), (Option<i32>, RestError)>;
+
+/// Per record, in order, its [`Outcome`]. With `Ack::Written` the answer comes after the write; the
 /// caller that does not wait at all (acks=0) drops the future after
 /// `submit` returned.
-pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack) -> Vec<Result<(i32, i64), (Option<i32>, RestError)>> {
+pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack) -> Vec<Outcome> {
     let now = b.engine.now_ms();
     let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, p) in placed.iter().enumerate() {
@@ -29,7 +32,7 @@ pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[
         let batch = Bytes::from(batch::build(&recs, now));
         pending.push((*p, b.engine.submit(t, *p, batch, ack).await));
     }
-    let mut out: Vec<Option<Result<(i32, i64), (Option<i32>, RestError)>>> = placed
+    let mut out: Vec<Option<Outcome>> = placed
         .iter()
         .map(|p| match p {
             Ok(_) => None,
