@@ -1,6 +1,7 @@
 //! Canopy: a Kafka-compatible ingestion broker with hierarchical topics.
 //! See DESIGN.md (shared) for the words, layers and invariants.
 
+pub mod auth;
 pub mod config;
 pub mod engine;
 pub mod kafka;

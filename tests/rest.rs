@@ -252,3 +252,60 @@ async fn ingest_takes_one_event_an_array_or_ndjson() {
     assert!(keyed.iter().all(|k| k.is_some_and(|k| k == b"u1" || k == b"u2")));
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_and_topic_patterns_gate_every_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("principals.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"app.codestore.*\"]\n\n[[principal]]\nname = \"alice\"\npassword_sha256 = \"{}\"\nproduce = [\"*\"]\n",
+            canopy::auth::hash_secret(b"tok-123"),
+            canopy::auth::hash_secret(b"wonderland")
+        ),
+    )
+    .unwrap();
+    let mut args = common::args(dir.path());
+    args.principals_file = Some(file.display().to_string());
+    let broker = common::start(args).await;
+    let base = format!("http://{}", broker.rest_addr.unwrap());
+    let http = reqwest::Client::new();
+    let body = json!({"records": [{"value": {"ok": true}}]}).to_string();
+    let send = |path: &str, auth: Option<(&str, String)>| {
+        let mut req = http.post(format!("{base}{path}")).header("content-type", JSON).body(body.clone());
+        if let Some((h, v)) = auth {
+            req = req.header(h, v);
+        }
+        async move {
+            let r = req.send().await.unwrap();
+            let challenge = r.headers().get("www-authenticate").is_some();
+            let status = r.status().as_u16();
+            let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+            (status, v["error_code"].as_u64(), challenge)
+        }
+    };
+    let basic = |u: &str, p: &str| ("authorization", format!("Basic {}", b64(format!("{u}:{p}").as_bytes())));
+    assert_eq!(send("/topics/app.codestore.a", None).await, (401, Some(40101), true));
+    assert_eq!(send("/topics/app.codestore.a", Some(("authorization", "Bearer tok-124".into()))).await, (401, Some(40101), true));
+    assert_eq!(send("/topics/app.codestore.a", Some(("authorization", "Token tok-123".into()))).await, (401, Some(40101), true));
+    assert_eq!(send("/topics/app.codestore.a", Some(basic("alice", "wonder"))).await, (401, Some(40101), true));
+    assert_eq!(send("/topics/app.codestore.a", Some(basic("mallory", "wonderland"))).await, (401, Some(40101), true));
+    assert_eq!(send("/topics/app.codestore.a", Some(("authorization", "Basic !!!".into()))).await, (401, Some(40101), true));
+    assert_eq!(send("/topics/app.billing.x", Some(("authorization", "Bearer tok-123".into()))).await, (403, Some(40301), false));
+    assert_eq!(send("/ingest/app/billing/x", Some(("x-api-key", "tok-123".into()))).await.0, 403);
+    assert_eq!(send("/ingest/app/billing/x", None).await.0, 401);
+    // Nothing was written or created by any of those.
+    assert!(broker.engine.topic("app.codestore.a").is_none() && broker.engine.topic("app.billing.x").is_none());
+    // The right credentials write.
+    assert_eq!(send("/topics/app.codestore.a", Some(("authorization", "Bearer tok-123".into()))).await.0, 200);
+    assert_eq!(send("/topics/app.codestore.a", Some(("x-api-key", "tok-123".into()))).await.0, 200);
+    assert_eq!(send("/topics/app.billing.x", Some(basic("alice", "wonderland"))).await.0, 200);
+    assert_eq!(send("/ingest/app/codestore/a", Some(("authorization", "bearer tok-123".into()))).await.0, 200);
+    let tp = broker.engine.topic("app.codestore.a").unwrap().tp(0);
+    assert_eq!(broker.engine.offsets(&tp).map(|o| o.1), Some(3));
+    // Listing topics needs credentials too.
+    assert_eq!(http.get(format!("{base}/topics")).send().await.unwrap().status().as_u16(), 401);
+    assert_eq!(http.get(format!("{base}/topics")).header("x-api-key", "tok-123").send().await.unwrap().status().as_u16(), 200);
+    broker.shutdown().await;
+}

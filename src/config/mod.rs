@@ -92,6 +92,8 @@ settings! {
     admin_listener: SocketAddr = "127.0.0.1:9644", "CANOPY_ADMIN_LISTENER", "admin-listener";
     "Address of the REST bridge (Confluent REST Proxy API); empty: no REST listener"
     rest_listener: String = "127.0.0.1:8082", "CANOPY_REST_LISTENER", "rest-listener";
+    "TOML file of principals (name, token_sha256 / password_sha256, produce patterns); empty: REST needs no credentials"
+    principals_file: String = "", "CANOPY_PRINCIPALS_FILE", "principals-file";
     "Largest REST request body, in bytes, after decompression (larger: 413)"
     rest_max_body_bytes: usize = "16777216", "CANOPY_REST_MAX_BODY_BYTES", "rest-max-body-bytes";
     "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"

@@ -58,6 +58,7 @@ fn events(body: &[u8], ndjson_type: bool) -> Result<Vec<&[u8]>, RestError> {
 
 async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     let topic = path.trim_matches('/').replace('/', ".");
+    b.authorize(&headers, Some(&topic))?;
     let ack = match q.acks.as_deref() {
         None | Some("all") | Some("-1") => Some(Ack::Durable),
         Some("1") => Some(Ack::Written),
@@ -66,7 +67,7 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     };
     let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_ascii_lowercase();
     let ndjson = ct.starts_with("application/x-ndjson") || ct.starts_with("application/ndjson") || ct.starts_with("application/jsonl");
-    if !(ndjson || ct.starts_with("application/json") || ct.starts_with("text/plain")) {
+    if !(ndjson || ct.starts_with("application/") && ct.contains("json") || ct.starts_with("text/plain")) {
         return Err(RestError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 415, format!("unsupported Content-Type {ct:?}: send application/json or application/x-ndjson")));
     }
     let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());

@@ -18,13 +18,14 @@ mod v2;
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::auth::{Credential, Principals};
 use crate::engine::Engine;
 
 /// What the bridge is allowed.
@@ -46,6 +47,46 @@ pub struct Bridge {
     pub cfg: RestConfig,
     /// Keyless records, per bridge (not per topic: good enough to spread).
     pub round_robin: partition::RoundRobin,
+    /// Who may produce where; empty: no authentication.
+    pub principals: Arc<Principals>,
+}
+
+impl Bridge {
+    pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>) -> Bridge {
+        Bridge { engine, cfg, round_robin: Default::default(), principals }
+    }
+
+    /// Checks the request's credentials (`Authorization: Bearer …`,
+    /// `Authorization: Basic …` or `X-API-Key: …`) and, for a produce, that
+    /// the principal may write `topic`: 401 without or with wrong
+    /// credentials, 403 outside its topics. Called before the body is read,
+    /// so a refused request writes nothing.
+    pub fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<(), RestError> {
+        if self.principals.is_empty() {
+            return Ok(());
+        }
+        let unauthorized = |why: &str| RestError::new(StatusCode::UNAUTHORIZED, 40101, why.to_owned());
+        let auth = headers.get("authorization").map(|v| v.as_bytes());
+        let basic;
+        let credential = match (auth, headers.get("x-api-key")) {
+            (Some(a), _) if a.len() > 7 && a[..7].eq_ignore_ascii_case(b"bearer ") => Credential::Token(a[7..].trim_ascii()),
+            (Some(a), _) if a.len() > 6 && a[..6].eq_ignore_ascii_case(b"basic ") => {
+                use base64::Engine as _;
+                basic = base64::engine::general_purpose::STANDARD.decode(a[6..].trim_ascii()).map_err(|_| unauthorized("malformed Basic credentials"))?;
+                let colon = basic.iter().position(|&c| c == b':').ok_or_else(|| unauthorized("malformed Basic credentials"))?;
+                let user = std::str::from_utf8(&basic[..colon]).map_err(|_| unauthorized("malformed Basic credentials"))?;
+                Credential::Password { user, password: &basic[colon + 1..] }
+            }
+            (Some(_), _) => return Err(unauthorized("unsupported Authorization scheme (Bearer or Basic)")),
+            (None, Some(k)) => Credential::Token(k.as_bytes()),
+            (None, None) => return Err(unauthorized("authentication required")),
+        };
+        let principal = self.principals.authenticate(&credential).ok_or_else(|| unauthorized("invalid credentials"))?;
+        match topic {
+            Some(t) if !principal.may_produce(t) => Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{} may not produce to {t}", principal.name))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// REST Proxy's error envelope.
@@ -74,7 +115,11 @@ impl RestError {
 impl IntoResponse for RestError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"error_code": self.code, "message": self.message});
-        (self.status, [("content-type", "application/vnd.kafka.v2+json")], body.to_string()).into_response()
+        let mut r = (self.status, [("content-type", "application/vnd.kafka.v2+json")], body.to_string()).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Basic realm=\"canopy\", Bearer"));
+        }
+        r
     }
 }
 

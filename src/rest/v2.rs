@@ -55,12 +55,18 @@ fn ok(body: Value) -> Response {
     (StatusCode::OK, [("content-type", CONTENT_TYPE)], body.to_string()).into_response()
 }
 
-pub async fn list_topics(State(b): State<Arc<Bridge>>) -> Response {
+pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Response {
+    if let Err(e) = b.authorize(&headers, None) {
+        return e.into_response();
+    }
     let names: Vec<String> = b.engine.topics().iter().map(|t| t.name().to_owned()).collect();
     ok(serde_json::json!(names))
 }
 
-pub async fn get_topic(State(b): State<Arc<Bridge>>, Path(topic): Path<String>) -> Response {
+pub async fn get_topic(State(b): State<Arc<Bridge>>, Path(topic): Path<String>, headers: HeaderMap) -> Response {
+    if let Err(e) = b.authorize(&headers, None) {
+        return e.into_response();
+    }
     let Some(t) = b.engine.topic(&topic) else { return RestError::topic_not_found(&topic).into_response() };
     let partitions: Vec<Value> = (0..t.partitions())
         .map(|p| serde_json::json!({"partition": p, "leader": 0, "replicas": [{"broker": 0, "leader": true, "in_sync": true}]}))
@@ -140,6 +146,7 @@ pub(super) fn engine_error(e: EngineError, topic: &str) -> RestError {
 }
 
 async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
+    b.authorize(&headers, Some(&topic))?;
     let fmt = format(&headers)?;
     let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
     let body: Bytes = super::body::read(body, encoding, b.cfg.max_body_bytes).await?;

@@ -1,0 +1,235 @@
+//! Principals: who may produce where. Loaded from a TOML file
+//! (`principals_file`), used by the REST bridge now and meant for SASL on
+//! the Kafka listener later (a credential is checked the same way whichever
+//! listener carries it).
+//!
+//! ```toml
+//! [[principal]]
+//! name = "ingest-ci"
+//! token_sha256 = "<hex sha-256 of the API key / Bearer token>"
+//! produce = ["app.codestore.*"]
+//!
+//! [[principal]]
+//! name = "alice"                       # the HTTP Basic user name
+//! password_sha256 = "<hex sha-256 of the password>"
+//! produce = ["*"]
+//! ```
+//!
+//! Secrets are stored as SHA-256 digests only. A presented secret is hashed
+//! and the digests compared in constant time. Topic patterns are globs
+//! where `*` matches any run of characters (`app.*`, `*.commits`, `*`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+/// A credential as a listener received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential<'a> {
+    /// An API key or Bearer token.
+    Token(&'a [u8]),
+    /// A user name and password (HTTP Basic; SASL PLAIN later).
+    Password { user: &'a str, password: &'a [u8] },
+}
+
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub name: String,
+    produce: Vec<String>,
+}
+
+impl Principal {
+    /// May this principal produce to `topic`?
+    pub fn may_produce(&self, topic: &str) -> bool {
+        self.produce.iter().any(|p| glob(p.as_bytes(), topic.as_bytes()))
+    }
+}
+
+/// `*` matches any run of bytes; everything else itself.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+fn digest(secret: &[u8]) -> [u8; 32] {
+    Sha256::digest(secret).into()
+}
+
+/// Equal in time independent of where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Debug, Default)]
+pub struct Principals {
+    principals: Vec<Principal>,
+    tokens: Vec<([u8; 32], usize)>,
+    passwords: HashMap<String, ([u8; 32], usize)>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    principal: Vec<Entry>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    name: String,
+    token_sha256: Option<String>,
+    password_sha256: Option<String>,
+    #[serde(default)]
+    produce: Vec<String>,
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    let s = s.trim();
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Principals {
+    pub fn load(path: &Path) -> Result<Principals, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Principals::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Principals, String> {
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut out = Principals::default();
+        for (i, e) in file.principal.into_iter().enumerate() {
+            if e.name.is_empty() {
+                return Err(format!("principal {i} has no name"));
+            }
+            if e.token_sha256.is_none() && e.password_sha256.is_none() {
+                return Err(format!("principal {} has neither token_sha256 nor password_sha256", e.name));
+            }
+            let n = out.principals.len();
+            if let Some(t) = &e.token_sha256 {
+                let d = unhex32(t).ok_or_else(|| format!("principal {}: token_sha256 must be 64 hex digits", e.name))?;
+                if out.tokens.iter().any(|(x, _)| same(x, &d)) {
+                    return Err(format!("principal {}: its token is another principal's", e.name));
+                }
+                out.tokens.push((d, n));
+            }
+            if let Some(p) = &e.password_sha256 {
+                let d = unhex32(p).ok_or_else(|| format!("principal {}: password_sha256 must be 64 hex digits", e.name))?;
+                if out.passwords.insert(e.name.clone(), (d, n)).is_some() {
+                    return Err(format!("principal {} is defined twice", e.name));
+                }
+            }
+            out.principals.push(Principal { name: e.name, produce: e.produce });
+        }
+        Ok(out)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.principals.is_empty()
+    }
+
+    /// The principal a credential proves, if any.
+    pub fn authenticate(&self, c: &Credential<'_>) -> Option<&Principal> {
+        match c {
+            Credential::Token(t) => {
+                let d = digest(t);
+                // Every token is compared, so the time does not tell which.
+                let mut found = None;
+                for (x, i) in &self.tokens {
+                    if same(x, &d) {
+                        found = Some(*i);
+                    }
+                }
+                found.map(|i| &self.principals[i])
+            }
+            Credential::Password { user, password } => {
+                let d = digest(password);
+                // An unknown user costs the same hash and comparison.
+                let (x, i) = self.passwords.get(*user).copied().unwrap_or(([0xff; 32], usize::MAX));
+                (same(&x, &d) && i != usize::MAX).then(|| &self.principals[i])
+            }
+        }
+    }
+}
+
+/// The hex SHA-256 of a secret, for the principals file.
+pub fn hash_secret(secret: &[u8]) -> String {
+    digest(secret).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> Principals {
+        Principals::parse(&format!(
+            "[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"app.codestore.*\", \"logs\"]\n\n[[principal]]\nname = \"alice\"\npassword_sha256 = \"{}\"\nproduce = [\"*\"]\n",
+            hash_secret(b"s3cret-token"),
+            hash_secret(b"pw")
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn credentials_and_patterns() {
+        let s = store();
+        let ci = s.authenticate(&Credential::Token(b"s3cret-token")).unwrap();
+        assert_eq!(ci.name, "ci");
+        assert!(ci.may_produce("app.codestore.commits") && ci.may_produce("logs"));
+        assert!(!ci.may_produce("app.billing.x") && !ci.may_produce("logs.x") && !ci.may_produce("app.codestore"));
+        assert!(s.authenticate(&Credential::Token(b"s3cret-tokem")).is_none());
+        assert!(s.authenticate(&Credential::Token(b"")).is_none());
+        let alice = s.authenticate(&Credential::Password { user: "alice", password: b"pw" }).unwrap();
+        assert!(alice.may_produce("anything.at.all"));
+        assert!(s.authenticate(&Credential::Password { user: "alice", password: b"pW" }).is_none());
+        assert!(s.authenticate(&Credential::Password { user: "bob", password: b"pw" }).is_none());
+        assert!(s.authenticate(&Credential::Password { user: "ci", password: b"s3cret-token" }).is_none(), "a token is not a password");
+    }
+
+    #[test]
+    fn globs() {
+        for (p, t, m) in [("*", "", true), ("a*", "abc", true), ("*.c", "a.b.c", true), ("a.*.c", "a.b.c", true), ("a.*.c", "a.c", false), ("a**b", "ab", true), ("abc", "abd", false), ("", "x", false)] {
+            assert_eq!(glob(p.as_bytes(), t.as_bytes()), m, "{p} ~ {t}");
+        }
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_a_reason() {
+        for (text, why) in [
+            ("[[principal]]\nname = \"x\"\n", "neither"),
+            ("[[principal]]\nname = \"x\"\ntoken_sha256 = \"abc\"\n", "64 hex"),
+            ("[[principal]]\nname = \"x\"\ntoken_sha256 = \"zz\"\nextra = 1\n", "unknown field"),
+            ("[[principal]]\nname = \"\"\ntoken_sha256 = \"00\"\n", "no name"),
+            ("not toml [", ""),
+        ] {
+            let e = Principals::parse(text).unwrap_err();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+        let dup = format!("[[principal]]\nname = \"a\"\ntoken_sha256 = \"{0}\"\n[[principal]]\nname = \"b\"\ntoken_sha256 = \"{0}\"\n", hash_secret(b"t"));
+        assert!(Principals::parse(&dup).unwrap_err().contains("another principal"));
+    }
+}
