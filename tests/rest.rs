@@ -309,3 +309,77 @@ async fn credentials_and_topic_patterns_gate_every_write() {
     assert_eq!(http.get(format!("{base}/topics")).header("x-api-key", "tok-123").send().await.unwrap().status().as_u16(), 200);
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v3_single_batch_and_streaming_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, rest) = start(dir.path(), false).await;
+    create(&broker, "v3.t", 2);
+    let cluster = broker.engine.cluster_id().to_owned();
+    let (s, c) = rest.get("/v3/clusters").await;
+    assert_eq!((s, c["data"][0]["cluster_id"].as_str()), (200, Some(cluster.as_str())));
+    let (s, t) = rest.get(&format!("/v3/clusters/{cluster}/topics")).await;
+    assert_eq!((s, t["data"][0]["topic_name"].as_str(), t["data"][0]["partitions_count"].as_i64()), (200, Some("v3.t"), Some(2)));
+    let path = format!("/v3/clusters/{cluster}/topics/v3.t/records");
+    // One record: JSON value, STRING key, a header, a partition.
+    let one = json!({"partition_id": 1, "key": {"type": "STRING", "data": "k1"}, "value": {"type": "JSON", "data": {"a": 1}}, "headers": [{"name": "h", "value": b64(b"hv")}]});
+    let (s, r) = rest.post(&path, "application/json", None, one.to_string().into_bytes()).await;
+    assert_eq!((s, r["partition_id"].as_i64(), r["offset"].as_i64(), r["error_code"].as_i64()), (200, Some(1), Some(0), Some(200)), "{r}");
+    // Batch: 207 with successes and failures by id.
+    let batch = json!({"entries": [
+        {"id": "a", "partition_id": 1, "value": {"type": "BINARY", "data": b64(b"bin")}},
+        {"id": "b", "partition_id": 7, "value": {"type": "STRING", "data": "x"}},
+        {"id": "c", "partition_id": 1, "value": {"type": "AVRO", "data": "x"}},
+    ]});
+    let (s, r) = rest.post(&format!("{path}:batch"), "application/json", None, batch.to_string().into_bytes()).await;
+    assert_eq!(s, 207, "{r}");
+    assert_eq!(r["successes"].as_array().unwrap().len(), 1);
+    assert_eq!(r["successes"][0]["id"], "a");
+    let failures: Vec<(String, i64)> = r["failures"].as_array().unwrap().iter().map(|f| (f["id"].as_str().unwrap().to_owned(), f["error_code"].as_i64().unwrap())).collect();
+    assert_eq!(failures, vec![("b".into(), 40402), ("c".into(), 400)]);
+    // Streaming: each report arrives before the next record is sent.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let body = reqwest::Body::wrap_stream(futures_util::stream::poll_fn({
+        let mut rx = rx;
+        move |cx| rx.poll_recv(cx)
+    }));
+    let req = rest.http.post(format!("{}{path}", rest.base)).header("content-type", "application/json").body(body).send();
+    tx.send(Ok(json!({"partition_id": 1, "value": {"type": "STRING", "data": "s0"}}).to_string().into_bytes())).await.unwrap();
+    let mut resp = req.await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut reports: Vec<Value> = Vec::new();
+    let mut pending = Vec::new();
+    for i in 1..=3 {
+        // Wait for the previous record's report.
+        while reports.len() < i {
+            let chunk = resp.chunk().await.unwrap().expect("a report");
+            pending.extend_from_slice(&chunk);
+            while let Some(nl) = pending.iter().position(|&c| c == b'\n') {
+                reports.push(serde_json::from_slice(&pending[..nl]).unwrap());
+                pending.drain(..=nl);
+            }
+        }
+        if i < 3 {
+            // Two records in one chunk, split across the next.
+            let rec = json!({"partition_id": 1, "value": {"type": "STRING", "data": format!("s{i}")}}).to_string().into_bytes();
+            let (a, b) = rec.split_at(rec.len() / 2);
+            tx.send(Ok(a.to_vec())).await.unwrap();
+            tx.send(Ok(b.to_vec())).await.unwrap();
+        }
+    }
+    drop(tx);
+    assert!(resp.chunk().await.unwrap().is_none());
+    let offsets: Vec<i64> = reports.iter().map(|r| r["offset"].as_i64().unwrap()).collect();
+    assert_eq!(offsets, vec![2, 3, 4]);
+    // What Kafka sees on partition 1.
+    let addr = broker.kafka_addr;
+    let msgs = tokio::task::spawn_blocking(move || common::read_exactly(addr, "v3.t", &[1], 5)).await.unwrap();
+    let values: Vec<Vec<u8>> = msgs.iter().map(|m| m.payload().unwrap().to_vec()).collect();
+    assert_eq!(values, vec![br#"{"a":1}"#.to_vec(), b"bin".to_vec(), b"s0".to_vec(), b"s1".to_vec(), b"s2".to_vec()]);
+    assert_eq!(msgs[0].key(), Some(&b"k1"[..]));
+    assert_eq!(msgs[0].headers().unwrap().get(0).value, Some(&b"hv"[..]));
+    // Wrong cluster id: 404.
+    let (s, _) = rest.post("/v3/clusters/nope/topics/v3.t/records", "application/json", None, one.to_string().into_bytes()).await;
+    assert_eq!(s, 404);
+    broker.shutdown().await;
+}

@@ -5,7 +5,9 @@
 //! Served so far: REST Proxy v2 produce (`POST /topics/{topic}`,
 //! `POST /topics/{topic}/partitions/{partition}`, JSON and binary embedded
 //! formats), the topic listing (`GET /topics`, `GET /topics/{topic}`), and
-//! the native bulk endpoint `POST /ingest/{topic}` (see `ingest`).
+//! the native bulk endpoint `POST /ingest/{topic}` (see `ingest`), and
+//! REST Proxy v3 records (single, streaming, batch) with the cluster and
+//! topic listings (see `v3`).
 //! Bodies may be gzip, deflate or zstd; `rest_max_body_bytes` bounds them
 //! after decompression. Errors use REST Proxy's envelope
 //! `{"error_code": …, "message": …}` and its codes.
@@ -15,6 +17,7 @@ pub mod body;
 mod ingest;
 pub mod partition;
 mod v2;
+mod v3;
 
 use std::sync::Arc;
 
@@ -139,6 +142,10 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
         .route("/topics/{topic}", get(v2::get_topic).post(v2::produce_topic))
         .route("/topics/{topic}/partitions/{partition}", post(v2::produce_partition))
         .route("/ingest/{*path}", post(ingest::ingest))
+        .route("/v3/clusters", get(v3::clusters))
+        .route("/v3/clusters/{cluster}/topics", get(v3::topics))
+        .route("/v3/clusters/{cluster}/topics/{topic}/records", post(v3::records))
+        .route("/v3/clusters/{cluster}/topics/{topic}/records:batch", post(v3::batch))
         .with_state(bridge)
 }
 
