@@ -32,7 +32,7 @@ NODE=${NODE:-node}
 KCAT=${KCAT:-kcat}
 export KCAT
 TIMEOUT=${COMPAT_TIMEOUT:-300}
-ALL_TESTS="kafka-python confluent-kafka kafkajs kcat"
+ALL_TESTS="kafka-python confluent-kafka kafkajs kcat rest"
 TESTS=${COMPAT_ONLY:-$ALL_TESTS}
 
 if [ $# -ne 1 ]; then
@@ -202,6 +202,7 @@ for t in $TESTS; do
         confluent-kafka) run_pytest confluent-kafka confluent_kafka test_confluent_kafka.py ;;
         kafkajs) run_kafkajs ;;
         kcat) run_kcat ;;
+        rest) if command -v curl >/dev/null; then run_pytest rest requests test_rest.py; else fail rest "curl not installed"; fi ;;
         *) fail "$t" "unknown test (known: $ALL_TESTS)" ;;
     esac
     if ! kill -0 "$broker_pid" 2>/dev/null; then
