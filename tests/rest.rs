@@ -383,3 +383,34 @@ async fn v3_single_batch_and_streaming_records() {
     assert_eq!(s, 404);
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_rate_limit_is_429_with_retry_after_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.rest_rate_limit_per_sec = Some(3);
+    let broker = common::start(args).await;
+    create(&broker, "rl.t", 1);
+    let base = format!("http://{}", broker.rest_addr.unwrap());
+    let http = reqwest::Client::new();
+    let (mut ok, mut limited) = (0, 0);
+    for i in 0..10 {
+        let r = http.post(format!("{base}/ingest/rl.t")).header("content-type", "application/json").body(format!("{{\"i\":{i}}}")).send().await.unwrap();
+        match r.status().as_u16() {
+            200 => ok += 1,
+            429 => {
+                limited += 1;
+                let wait: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!(wait >= 1);
+                let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+                assert_eq!(v["error_code"], 42901);
+            }
+            s => panic!("status {s}"),
+        }
+    }
+    // A burst of one second's worth passes (a little more if the loop is slow).
+    assert!((3..=5).contains(&ok) && ok + limited == 10, "{ok} ok, {limited} limited");
+    let tp = broker.engine.topic("rl.t").unwrap().tp(0);
+    assert_eq!(broker.engine.offsets(&tp).map(|o| o.1), Some(ok as i64), "only admitted requests wrote");
+    broker.shutdown().await;
+}

@@ -94,6 +94,10 @@ settings! {
     rest_listener: String = "127.0.0.1:8082", "CANOPY_REST_LISTENER", "rest-listener";
     "TOML file of principals (name, token_sha256 / password_sha256, produce patterns); empty: REST needs no credentials"
     principals_file: String = "", "CANOPY_PRINCIPALS_FILE", "principals-file";
+    "Decoded REST body bytes all requests may hold at once (past it: 503 with Retry-After)"
+    rest_max_in_flight_bytes: usize = "268435456", "CANOPY_REST_MAX_IN_FLIGHT_BYTES", "rest-max-in-flight-bytes";
+    "REST requests per second per principal (0: no limit; past it: 429 with Retry-After)"
+    rest_rate_limit_per_sec: u32 = "0", "CANOPY_REST_RATE_LIMIT_PER_SEC", "rest-rate-limit-per-sec";
     "Largest REST request body, in bytes, after decompression (larger: 413)"
     rest_max_body_bytes: usize = "16777216", "CANOPY_REST_MAX_BODY_BYTES", "rest-max-body-bytes";
     "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"

@@ -72,6 +72,7 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     }
     let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
     let body: Bytes = super::body::read(body, encoding, b.cfg.max_body_bytes).await?;
+    let _held = b.reserve(body.len())?;
     let events = events(&body, ndjson)?;
     if crate::engine::subtree::Subtree::parse(&topic).is_some() {
         return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));

@@ -36,11 +36,63 @@ use crate::engine::Engine;
 pub struct RestConfig {
     /// Largest request body, after decompression.
     pub max_body_bytes: usize,
+    /// Decoded body bytes all requests may hold at once; past it, 503.
+    pub max_in_flight_bytes: usize,
+    /// Requests per second per principal (0: no limit); past it, 429.
+    pub rate_limit_per_sec: u32,
 }
 
 impl Default for RestConfig {
     fn default() -> Self {
-        RestConfig { max_body_bytes: 16 << 20 }
+        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0 }
+    }
+}
+
+/// A token bucket per principal: `rate` requests a second, bursts of up
+/// to one second's worth.
+#[derive(Debug, Default)]
+struct Buckets {
+    buckets: std::sync::Mutex<std::collections::HashMap<String, (f64, std::time::Instant)>>,
+}
+
+impl Buckets {
+    /// Takes a token for `who`, or says how many seconds until one is due.
+    fn take(&self, who: &str, rate: u32, now: std::time::Instant) -> Result<(), u64> {
+        let rate = rate as f64;
+        let mut map = self.buckets.lock().expect("rate buckets lock");
+        // Bounded: forget idle principals once the map grows.
+        if map.len() > 100_000 {
+            map.retain(|_, (_, at)| now.duration_since(*at).as_secs() < 60);
+        }
+        let (tokens, at) = map.entry(who.to_owned()).or_insert((rate, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - *tokens) / rate).ceil().max(1.0) as u64)
+        }
+    }
+}
+
+/// Body bytes a request holds until it is answered.
+pub struct InFlight<'a> {
+    counter: &'a std::sync::atomic::AtomicUsize,
+    n: usize,
+}
+
+/// Adds `n` to `counter` unless that passes `budget` while something else
+/// is held.
+fn hold(counter: &std::sync::atomic::AtomicUsize, n: usize, budget: usize) -> Option<InFlight<'_>> {
+    let before = counter.fetch_add(n, std::sync::atomic::Ordering::AcqRel);
+    let held = InFlight { counter, n };
+    (before == 0 || before + n <= budget).then_some(held)
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.n, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -52,11 +104,24 @@ pub struct Bridge {
     pub round_robin: partition::RoundRobin,
     /// Who may produce where; empty: no authentication.
     pub principals: Arc<Principals>,
+    rate: Buckets,
+    in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl Bridge {
     pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>) -> Bridge {
-        Bridge { engine, cfg, round_robin: Default::default(), principals }
+        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default() }
+    }
+
+    /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with
+    /// Retry-After when the bridge is saturated. A request larger than the
+    /// whole budget still passes when it is alone.
+    pub fn reserve(&self, n: usize) -> Result<InFlight<'_>, RestError> {
+        hold(&self.in_flight, n, self.cfg.max_in_flight_bytes).ok_or_else(|| {
+            let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, "the broker is saturated: too many request bytes in flight; retry later");
+            e.retry_after = Some(1);
+            e
+        })
     }
 
     /// Checks the request's credentials (`Authorization: Bearer …`,
@@ -66,7 +131,8 @@ impl Bridge {
     /// so a refused request writes nothing.
     pub fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<(), RestError> {
         if self.principals.is_empty() {
-            return Ok(());
+            // Without principals every client shares one limit.
+            return self.limit("(anonymous)");
         }
         let unauthorized = |why: &str| RestError::new(StatusCode::UNAUTHORIZED, 40101, why.to_owned());
         let auth = headers.get("authorization").map(|v| v.as_bytes());
@@ -85,10 +151,22 @@ impl Bridge {
             (None, None) => return Err(unauthorized("authentication required")),
         };
         let principal = self.principals.authenticate(&credential).ok_or_else(|| unauthorized("invalid credentials"))?;
-        match topic {
-            Some(t) if !principal.may_produce(t) => Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{} may not produce to {t}", principal.name))),
-            _ => Ok(()),
+        if let Some(t) = topic.filter(|t| !principal.may_produce(t)) {
+            return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{} may not produce to {t}", principal.name)));
         }
+        self.limit(&principal.name)
+    }
+
+    /// The principal's rate limit: 429 with Retry-After past it.
+    fn limit(&self, who: &str) -> Result<(), RestError> {
+        if self.cfg.rate_limit_per_sec == 0 {
+            return Ok(());
+        }
+        self.rate.take(who, self.cfg.rate_limit_per_sec, std::time::Instant::now()).map_err(|wait| {
+            let mut e = RestError::new(StatusCode::TOO_MANY_REQUESTS, 42901, format!("{who} is over its rate limit of {} requests per second", self.cfg.rate_limit_per_sec));
+            e.retry_after = Some(wait);
+            e
+        })
     }
 }
 
@@ -98,11 +176,13 @@ pub struct RestError {
     pub status: StatusCode,
     pub code: u32,
     pub message: String,
+    /// Seconds, for 429 and 503.
+    pub retry_after: Option<u64>,
 }
 
 impl RestError {
     pub fn new(status: StatusCode, code: u32, message: impl Into<String>) -> RestError {
-        RestError { status, code, message: message.into() }
+        RestError { status, code, message: message.into(), retry_after: None }
     }
     pub fn topic_not_found(topic: &str) -> RestError {
         RestError::new(StatusCode::NOT_FOUND, 40401, format!("Topic {topic} not found."))
@@ -121,6 +201,9 @@ impl IntoResponse for RestError {
         let mut r = (self.status, [("content-type", "application/vnd.kafka.v2+json")], body.to_string()).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Basic realm=\"canopy\", Bearer"));
+        }
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", axum::http::HeaderValue::from(s));
         }
         r
     }
@@ -156,5 +239,36 @@ pub async fn serve(listener: TcpListener, bridge: Arc<Bridge>, mut shutdown: wat
     };
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
         tracing::error!(error = %e, "rest listener failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_allow_the_rate_then_say_when() {
+        let b = Buckets::default();
+        let t0 = std::time::Instant::now();
+        for _ in 0..5 {
+            assert!(b.take("p", 5, t0).is_ok());
+        }
+        assert_eq!(b.take("p", 5, t0), Err(1));
+        assert!(b.take("q", 5, t0).is_ok(), "buckets are per principal");
+        assert!(b.take("p", 5, t0 + std::time::Duration::from_millis(250)).is_ok(), "refilled at the rate");
+    }
+
+    #[test]
+    fn the_in_flight_budget_refuses_only_while_others_hold_bytes() {
+        let c = std::sync::atomic::AtomicUsize::new(0);
+        let big = hold(&c, 5000, 1000).expect("alone, even over the budget");
+        assert!(hold(&c, 1, 1000).is_none(), "saturated");
+        assert_eq!(c.load(std::sync::atomic::Ordering::Acquire), 5000, "a refusal gives its bytes back");
+        drop(big);
+        let a = hold(&c, 600, 1000).unwrap();
+        let b = hold(&c, 400, 1000).unwrap();
+        assert!(hold(&c, 1, 1000).is_none());
+        drop((a, b));
+        assert_eq!(c.load(std::sync::atomic::Ordering::Acquire), 0);
     }
 }

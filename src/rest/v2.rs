@@ -150,6 +150,7 @@ async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, he
     let fmt = format(&headers)?;
     let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
     let body: Bytes = super::body::read(body, encoding, b.cfg.max_body_bytes).await?;
+    let _held = b.reserve(body.len())?;
     let records = decode_records(&body, fmt)?;
     if crate::engine::subtree::Subtree::parse(&topic).is_some() {
         return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));

@@ -154,6 +154,10 @@ pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<
             Ok(r) => r,
             Err(e) => return RestError::from(e).into_response(),
         };
+        let _held = match b.reserve(raw.len()) {
+            Ok(h) => h,
+            Err(e) => return e.into_response(),
+        };
         let values: Vec<Result<Value, String>> = serde_json::Deserializer::from_slice(&raw).into_iter::<Value>().map(|v| v.map_err(|e| format!("not JSON: {e}"))).collect();
         if values.len() == 1 {
             let v = values.into_iter().next().expect("one");
@@ -245,6 +249,10 @@ pub async fn batch(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<(S
     let raw = match super::body::read(body, encoding, b.cfg.max_body_bytes).await {
         Ok(r) => r,
         Err(e) => return RestError::from(e).into_response(),
+    };
+    let _held = match b.reserve(raw.len()) {
+        Ok(h) => h,
+        Err(e) => return e.into_response(),
     };
     let doc: Value = match serde_json::from_slice(&raw) {
         Ok(v) => v,
