@@ -56,6 +56,8 @@ pub fn consumer_config(addr: SocketAddr) -> ClientConfig {
 pub struct ChildBroker {
     pub child: Child,
     pub kafka: SocketAddr,
+    /// The REST bridge's address.
+    pub rest: SocketAddr,
     /// The child's log lines (JSON), from the start.
     pub log: std::sync::mpsc::Receiver<String>,
 }
@@ -83,14 +85,17 @@ impl ChildBroker {
                 if !sent && line.contains("canopy is serving") {
                     let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
                     let addr: SocketAddr = v["fields"]["kafka_addr"].as_str().expect("kafka_addr field").parse().unwrap();
-                    let _ = tx.send(addr);
+                    // Logged as `Some(host:port)`.
+                    let rest = v["fields"]["rest_addr"].as_str().expect("rest_addr field");
+                    let rest: SocketAddr = rest.trim_start_matches("Some(").trim_end_matches(')').parse().expect("a REST address");
+                    let _ = tx.send((addr, rest));
                     sent = true;
                 }
                 let _ = log_tx.send(line);
             }
         });
-        let kafka = rx.recv_timeout(Duration::from_secs(600)).expect("broker child reported its address");
-        ChildBroker { child, kafka, log }
+        let (kafka, rest) = rx.recv_timeout(Duration::from_secs(600)).expect("broker child reported its address");
+        ChildBroker { child, kafka, rest, log }
     }
 
     pub fn kill9(mut self) {
