@@ -21,7 +21,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{partition, v2::engine_error, Bridge, RestError};
+use super::{partition, Bridge, RestError};
 use crate::engine::{Ack, Topic};
 use crate::protocol::batch::NewRecord;
 
@@ -92,12 +92,7 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
         (None, Some(k)) => vec![Some(k.clone()); events.len()],
         (None, None) => vec![None; events.len()],
     };
-    let engine = b.engine.clone();
-    let name = topic.clone();
-    let t: Arc<Topic> = tokio::task::spawn_blocking(move || engine.topic_or_create(&name))
-        .await
-        .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
-        .map_err(|e| engine_error(e, &topic))?;
+    let t: Arc<Topic> = b.topic(&topic).await?;
     let n = t.partitions();
     let placed: Vec<Result<i32, RestError>> = keys.iter().map(|k| Ok(k.as_ref().map_or_else(|| b.round_robin.pick(n), |k| partition::for_key(k, n)))).collect();
     let records: Vec<NewRecord<'_>> = events.iter().zip(&keys).map(|(e, k)| NewRecord { key: k.as_deref(), value: Some(e), headers: Vec::new() }).collect();

@@ -113,6 +113,21 @@ impl Bridge {
         Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default() }
     }
 
+    /// The topic, created with the defaults when auto-creation is on (that
+    /// blocks on the catalog, so off the async threads; the common case,
+    /// an existing topic, does not leave them).
+    pub async fn topic(&self, name: &str) -> Result<Arc<crate::engine::Topic>, RestError> {
+        if let Some(t) = self.engine.topic(name) {
+            return Ok(t);
+        }
+        let engine = self.engine.clone();
+        let owned = name.to_owned();
+        tokio::task::spawn_blocking(move || engine.topic_or_create(&owned))
+            .await
+            .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
+            .map_err(|e| v2::engine_error(e, name))
+    }
+
     /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with
     /// Retry-After when the bridge is saturated. A request larger than the
     /// whole budget still passes when it is alone.

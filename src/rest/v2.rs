@@ -155,12 +155,7 @@ async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, he
     if crate::engine::subtree::Subtree::parse(&topic).is_some() {
         return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));
     }
-    let engine = b.engine.clone();
-    let name = topic.clone();
-    let t: Arc<Topic> = tokio::task::spawn_blocking(move || engine.topic_or_create(&name))
-        .await
-        .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
-        .map_err(|e| engine_error(e, &topic))?;
+    let t: Arc<Topic> = b.topic(&topic).await?;
     let n = t.partitions();
     if let Some(p) = route_partition {
         if !(0..n).contains(&p) {

@@ -18,7 +18,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::{partition, v2::engine_error, Bridge, RestError};
+use super::{partition, Bridge, RestError};
 use crate::engine::{Ack, Topic};
 use crate::protocol::batch::NewRecord;
 
@@ -132,12 +132,7 @@ async fn topic_for(b: &Arc<Bridge>, cluster: &str, topic: &str, headers: &Header
     if crate::engine::subtree::Subtree::parse(topic).is_some() {
         return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));
     }
-    let engine = b.engine.clone();
-    let name = topic.to_owned();
-    tokio::task::spawn_blocking(move || engine.topic_or_create(&name))
-        .await
-        .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
-        .map_err(|e| engine_error(e, topic))
+    b.topic(topic).await
 }
 
 /// `POST …/records`: one record, or (chunked) a stream of them.
