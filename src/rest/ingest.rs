@@ -17,7 +17,6 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -70,13 +69,8 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     if !(ndjson || ct.starts_with("application/") && ct.contains("json") || ct.starts_with("text/plain")) {
         return Err(RestError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 415, format!("unsupported Content-Type {ct:?}: send application/json or application/x-ndjson")));
     }
-    let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
-    let body: Bytes = super::body::read(body, encoding, b.cfg.max_body_bytes).await?;
-    let _held = b.reserve(body.len())?;
+    let (body, _held) = b.body(&headers, body).await?;
     let events = events(&body, ndjson)?;
-    if crate::engine::subtree::Subtree::parse(&topic).is_some() {
-        return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));
-    }
     let header_key = headers.get("x-canopy-key").map(|v| v.as_bytes().to_vec());
     let keys: Vec<Option<Vec<u8>>> = match (&q.key, &header_key) {
         (Some(ptr), _) => events

@@ -117,6 +117,9 @@ impl Bridge {
     /// blocks on the catalog, so off the async threads; the common case,
     /// an existing topic, does not leave them).
     pub async fn topic(&self, name: &str) -> Result<Arc<crate::engine::Topic>, RestError> {
+        if crate::engine::subtree::Subtree::parse(name).is_some() {
+            return Err(RestError::unprocessable(format!("{name} is a read-only subtree stream")));
+        }
         if let Some(t) = self.engine.topic(name) {
             return Ok(t);
         }
@@ -126,6 +129,16 @@ impl Bridge {
             .await
             .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
             .map_err(|e| v2::engine_error(e, name))
+    }
+
+    /// Reads and decodes a request body (`Content-Encoding`, the body
+    /// limit) and holds its bytes against the in-flight budget until the
+    /// returned guard is dropped.
+    pub async fn body(&self, headers: &HeaderMap, body: axum::body::Body) -> Result<(bytes::Bytes, InFlight<'_>), RestError> {
+        let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
+        let raw = body::read(body, encoding, self.cfg.max_body_bytes).await?;
+        let held = self.reserve(raw.len())?;
+        Ok((raw, held))
     }
 
     /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with

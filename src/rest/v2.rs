@@ -16,7 +16,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use bytes::Bytes;
 use serde_json::Value;
 
 use super::{partition, Bridge, RestError};
@@ -148,13 +147,8 @@ pub(super) fn engine_error(e: EngineError, topic: &str) -> RestError {
 async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     b.authorize(&headers, Some(&topic))?;
     let fmt = format(&headers)?;
-    let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
-    let body: Bytes = super::body::read(body, encoding, b.cfg.max_body_bytes).await?;
-    let _held = b.reserve(body.len())?;
+    let (body, _held) = b.body(&headers, body).await?;
     let records = decode_records(&body, fmt)?;
-    if crate::engine::subtree::Subtree::parse(&topic).is_some() {
-        return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));
-    }
     let t: Arc<Topic> = b.topic(&topic).await?;
     let n = t.partitions();
     if let Some(p) = route_partition {

@@ -129,9 +129,6 @@ async fn produce_one(b: &Bridge, cluster: &str, t: &Topic, r: Result<Rec, String
 async fn topic_for(b: &Arc<Bridge>, cluster: &str, topic: &str, headers: &HeaderMap) -> Result<Arc<Topic>, RestError> {
     b.authorize(headers, Some(topic))?;
     check_cluster(b, cluster)?;
-    if crate::engine::subtree::Subtree::parse(topic).is_some() {
-        return Err(RestError::unprocessable(format!("{topic} is a read-only subtree stream")));
-    }
     b.topic(topic).await
 }
 
@@ -144,13 +141,8 @@ pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<
     let chunked = headers.get("transfer-encoding").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
     if headers.get("content-encoding").is_some() || !chunked {
         // One record (a compressed body is read whole).
-        let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
-        let raw = match super::body::read(body, encoding, b.cfg.max_body_bytes).await {
+        let (raw, _held) = match b.body(&headers, body).await {
             Ok(r) => r,
-            Err(e) => return RestError::from(e).into_response(),
-        };
-        let _held = match b.reserve(raw.len()) {
-            Ok(h) => h,
             Err(e) => return e.into_response(),
         };
         let values: Vec<Result<Value, String>> = serde_json::Deserializer::from_slice(&raw).into_iter::<Value>().map(|v| v.map_err(|e| format!("not JSON: {e}"))).collect();
@@ -240,13 +232,8 @@ pub async fn batch(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<(S
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
-    let raw = match super::body::read(body, encoding, b.cfg.max_body_bytes).await {
+    let (raw, _held) = match b.body(&headers, body).await {
         Ok(r) => r,
-        Err(e) => return RestError::from(e).into_response(),
-    };
-    let _held = match b.reserve(raw.len()) {
-        Ok(h) => h,
         Err(e) => return e.into_response(),
     };
     let doc: Value = match serde_json::from_slice(&raw) {
