@@ -205,8 +205,13 @@ impl Running {
         let _ = self.stop.send(true);
         self.engine.cancel_compaction();
         let _ = self.kafka.await;
-        if let Some(rest) = self.rest {
-            let _ = rest.await;
+        if let Some(mut rest) = self.rest {
+            // Graceful shutdown waits for open connections: a streaming or
+            // stalled client must not hold the broker up for ever.
+            if tokio::time::timeout(Duration::from_secs(5), &mut rest).await.is_err() {
+                tracing::warn!("REST connections still open after 5 s; closing them");
+                rest.abort();
+            }
         }
         let _ = self.background.await;
         let _ = self.compactor.await;

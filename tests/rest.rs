@@ -482,3 +482,29 @@ impl JsonText for reqwest::Response {
         serde_json::from_str(&t).map_err(|_| ())
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_too_big_for_one_partition_writes_nothing_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, rest) = start(dir.path(), false).await;
+    let mut configs = std::collections::BTreeMap::new();
+    configs.insert("max.message.bytes".to_string(), "2000".to_string());
+    broker.engine.create_topic("big.t", 2, configs, false).unwrap();
+    // Two keys that hash to different partitions of two.
+    let pa = canopy::rest::partition::for_key(b"a", 2);
+    let other = ["b", "c", "d", "e", "f", "g"].into_iter().find(|k| canopy::rest::partition::for_key(k.as_bytes(), 2) != pa).unwrap();
+    let big = "x".repeat(3000);
+    let body = format!("{{\"k\":\"a\",\"v\":1}}\n{{\"k\":\"{other}\",\"v\":\"{big}\"}}\n");
+    for acks in ["all", "0"] {
+        let (s, r) = rest.post(&format!("/ingest/big.t?key=/k&acks={acks}"), "application/x-ndjson", None, body.clone().into_bytes()).await;
+        assert_eq!((s, r["error_code"].as_u64()), (413, Some(413)), "acks={acks}: {r}");
+    }
+    let t = broker.engine.topic("big.t").unwrap();
+    for p in 0..2 {
+        assert_eq!(broker.engine.offsets(&t.tp(p)).map(|o| o.1), Some(0), "partition {p} untouched");
+    }
+    // A pretty-printed single event is one event.
+    let (s, r) = rest.post("/ingest/big.t", "application/json", None, b"{\n  \"k\": \"a\",\n  \"v\": 2\n}\n".to_vec()).await;
+    assert_eq!((s, r["count"].as_u64()), (200, Some(1)), "{r}");
+    broker.shutdown().await;
+}

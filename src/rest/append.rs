@@ -19,6 +19,13 @@ pub type Outcome = Result<(i32, i64), (Option<i32>, RestError)>;
 /// caller that does not wait at all (acks=0) drops the future after
 /// `submit` returned.
 pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack) -> Vec<Outcome> {
+    append_with(b, t, records, placed, ack, true).await
+}
+
+/// [`append`]; without `wait`, answers once the batches are queued (with
+/// offset -1: not known yet), for acks=0. The outcomes are then per
+/// partition, not in request order.
+pub async fn append_with(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
     let now = b.engine.now_ms();
     let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, p) in placed.iter().enumerate() {
@@ -26,11 +33,36 @@ pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[
             by_partition.entry(*p).or_default().push(i);
         }
     }
-    let mut pending = Vec::with_capacity(by_partition.len());
+    // Every batch is built and checked before any is submitted: a request
+    // is refused whole rather than written in part.
+    let limit = t.config.max_message_bytes.max(0) as usize;
+    let mut batches = Vec::with_capacity(by_partition.len());
     for (p, idx) in &by_partition {
         let recs: Vec<NewRecord<'_>> = idx.iter().map(|&i| records[i].clone()).collect();
         let batch = Bytes::from(batch::build(&recs, now));
-        pending.push((*p, b.engine.submit(t, *p, batch, ack).await));
+        if batch.len() > limit {
+            let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("the records for partition {p} make a {} byte batch, over the topic's max.message.bytes = {limit}", batch.len()));
+            return placed.iter().map(|_| Err((None, RestError::new(e.status, e.code, e.message.clone())))).collect();
+        }
+        batches.push((*p, batch));
+    }
+    let mut pending = Vec::with_capacity(batches.len());
+    for (p, batch) in batches {
+        pending.push((p, b.engine.submit(t, p, batch, ack).await));
+    }
+    if !wait {
+        // acks=0: queued (or refused) here, not awaited.
+        return pending
+            .into_iter()
+            .flat_map(|(p, r)| {
+                let n = by_partition[&p].len();
+                let e = r.err().map(|e| engine_error(e, t.name()));
+                (0..n).map(move |_| match &e {
+                    None => Ok((p, -1)),
+                    Some(e) => Err((Some(p), RestError::new(e.status, e.code, e.message.clone()))),
+                })
+            })
+            .collect();
     }
     let mut out: Vec<Option<Outcome>> = placed
         .iter()

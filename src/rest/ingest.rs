@@ -44,6 +44,10 @@ fn events(body: &[u8], ndjson_type: bool) -> Result<Vec<&[u8]>, RestError> {
         let arr: Vec<&RawValue> = serde_json::from_slice(trimmed).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, 400, format!("the body is not a JSON array of events: {e}")))?;
         return Ok(arr.into_iter().map(|r| r.get().as_bytes()).collect());
     }
+    // One event, pretty-printed or not.
+    if !ndjson_type && serde_json::from_slice::<&RawValue>(trimmed).is_ok() {
+        return Ok(vec![trimmed]);
+    }
     let lines: Vec<&[u8]> = trimmed.split(|&c| c == b'\n').map(|l| l.trim_ascii()).filter(|l| !l.is_empty()).collect();
     if lines.len() == 1 && !ndjson_type {
         serde_json::from_slice::<&RawValue>(lines[0]).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, 400, format!("the body is not a JSON event: {e}")))?;
@@ -91,13 +95,12 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     let placed: Vec<Result<i32, RestError>> = keys.iter().map(|k| Ok(k.as_ref().map_or_else(|| b.round_robin.pick(n), |k| partition::for_key(k, n)))).collect();
     let records: Vec<NewRecord<'_>> = events.iter().zip(&keys).map(|(e, k)| NewRecord { key: k.as_deref(), value: Some(e), headers: Vec::new() }).collect();
     let Some(ack) = ack else {
-        // acks=0: queued, not awaited.
-        let bridge = b.clone();
-        let owned: Vec<(Option<Vec<u8>>, Vec<u8>)> = records.iter().map(|r| (r.key.map(<[u8]>::to_vec), r.value.unwrap_or_default().to_vec())).collect();
-        tokio::spawn(async move {
-            let recs: Vec<NewRecord<'_>> = owned.iter().map(|(k, v)| NewRecord { key: k.as_deref(), value: Some(v), headers: Vec::new() }).collect();
-            let _ = super::append::append(&bridge, &t, &recs, &placed, Ack::Written).await;
-        });
+        // acks=0: 202 once every batch is queued with the writer (which
+        // pushes back when it is full), not awaited.
+        let queued = super::append::append_with(&b, &t, &records, &placed, Ack::Written, false).await;
+        if let Some(Err((_, e))) = queued.into_iter().find(|o| o.is_err()) {
+            return Err(e);
+        }
         return Ok((StatusCode::ACCEPTED, [("content-type", "application/json")], serde_json::json!({"topic": topic, "count": events.len()}).to_string()).into_response());
     };
     let outcome = super::append::append(&b, &t, &records, &placed, ack).await;
