@@ -26,7 +26,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use canopy::protocol::batch::{self, NewBatch};
+use canopy::protocol::batch::{self, NewRecord};
 use canopy::storage::subtree::report::Report;
 use canopy::storage::subtree::split::{self, Budget, Plan, Strategy};
 use canopy::storage::{branch_of, CompactConfig, PartitionSpec, Storage, StorageConfig, Tp};
@@ -111,23 +111,8 @@ fn topic_names(n: usize, rng: &mut Rng) -> Vec<String> {
 /// A v2 batch of `count` records of `len` value bytes each.
 fn make_batch(count: usize, len: usize) -> Vec<u8> {
     let value = vec![b'v'; len];
-    let mut records = Vec::new();
-    for i in 0..count {
-        let mut rec = vec![0u8];
-        batch::put_varint(&mut rec, i as i64);
-        batch::put_varint(&mut rec, i as i64);
-        batch::put_varint(&mut rec, -1);
-        batch::put_varint(&mut rec, len as i64);
-        rec.extend_from_slice(&value);
-        batch::put_varint(&mut rec, 0);
-        batch::put_varint(&mut records, rec.len() as i64);
-        records.extend_from_slice(&rec);
-    }
-    let h = NewBatch { base_offset: 0, attributes: 0, last_offset_delta: count as i32 - 1, base_timestamp: 1, max_timestamp: count as i64, producer_id: -1, producer_epoch: -1, base_sequence: -1, records_count: count as i32 };
-    let mut out = h.header().to_vec();
-    out.extend_from_slice(&records);
-    batch::seal(&mut out);
-    out
+    let records: Vec<NewRecord<'_>> = (0..count).map(|_| NewRecord { key: None, value: Some(&value), headers: Vec::new() }).collect();
+    batch::build(&records, 1)
 }
 
 fn tp_of(i: usize) -> Tp {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use super::{v2::engine_error, Bridge, RestError};
+use super::{engine_error, Bridge, RestError};
 use crate::engine::{Ack, Topic};
 use crate::protocol::batch::{self, NewRecord};
 

@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::auth::{Credential, Principals};
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError};
 
 /// What the bridge is allowed.
 #[derive(Debug, Clone)]
@@ -128,7 +128,7 @@ impl Bridge {
         tokio::task::spawn_blocking(move || engine.topic_or_create(&owned))
             .await
             .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
-            .map_err(|e| v2::engine_error(e, name))
+            .map_err(|e| engine_error(e, name))
     }
 
     /// Reads and decodes a request body (`Content-Encoding`, the body
@@ -244,6 +244,17 @@ impl From<body::BodyError> for RestError {
             body::BodyError::Encoding(_) => RestError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 415, e.to_string()),
             body::BodyError::Corrupt(..) | body::BodyError::Read(_) => RestError::new(StatusCode::BAD_REQUEST, 400, e.to_string()),
         }
+    }
+}
+
+/// The REST answer to an engine error.
+pub(crate) fn engine_error(e: EngineError, topic: &str) -> RestError {
+    match e {
+        EngineError::UnknownTopicOrPartition => RestError::topic_not_found(topic),
+        EngineError::InvalidTopic(e) => RestError::unprocessable(e.to_string()),
+        EngineError::MessageTooLarge { .. } => RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, e.to_string()),
+        EngineError::ShuttingDown => RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string()),
+        e => RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()),
     }
 }
 

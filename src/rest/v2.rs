@@ -19,7 +19,7 @@ use base64::Engine as _;
 use serde_json::Value;
 
 use super::{partition, Bridge, RestError};
-use crate::engine::{Ack, EngineError, Topic};
+use crate::engine::{Ack, Topic};
 use crate::protocol::batch::NewRecord;
 
 const CONTENT_TYPE: &str = "application/vnd.kafka.v2+json";
@@ -134,15 +134,6 @@ fn decode_records(body: &[u8], fmt: Format) -> Result<Vec<Decoded>, RestError> {
     Ok(out)
 }
 
-pub(super) fn engine_error(e: EngineError, topic: &str) -> RestError {
-    match e {
-        EngineError::UnknownTopicOrPartition => RestError::topic_not_found(topic),
-        EngineError::InvalidTopic(e) => RestError::unprocessable(e.to_string()),
-        EngineError::MessageTooLarge { .. } => RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, e.to_string()),
-        EngineError::ShuttingDown => RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string()),
-        e => RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()),
-    }
-}
 
 async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     b.authorize(&headers, Some(&topic))?;

@@ -330,16 +330,19 @@ const GUIDE_ENTRIES: usize = 4096;
 
 impl PartState {
     /// Where to start for a batch that `in_store` says a store share holds
-    /// (then `pos_in` picks the entry) or else that `in_log` finds.
+    /// (then `pos_in` picks the entry) or else that `in_log` finds, with up
+    /// to `guide` entries ahead (0: only where to start, as the tip lookup
+    /// needs).
     fn start(
         &self,
         tp: &Tp,
+        guide: usize,
         in_store: impl Fn(&StoreTp) -> bool,
         pos_in: impl Fn(&[StoreEntry]) -> usize,
         in_log: impl Fn(&VecDeque<IndexEntry>) -> Option<usize>,
     ) -> Option<Start> {
         let mut ahead = Vec::new();
-        let mut room = GUIDE_ENTRIES;
+        let mut room = guide;
         let mut push = |ahead: &mut Vec<(GuideFile, u64)>, f: GuideFile, pos: u64| {
             if room > 0 {
                 ahead.push((f, pos));
@@ -371,13 +374,14 @@ impl PartState {
         if stores.is_empty() && log.is_none() {
             return None;
         }
-        Some(Start { stores, log, complete: room > 0, ahead })
+        Some(Start { stores, log, complete: guide > 0 && room > 0, ahead })
     }
 
     /// Where the batch holding `offset` (or the first after it) starts.
-    fn start_at(&self, tp: &Tp, offset: i64) -> Option<Start> {
+    fn start_at(&self, tp: &Tp, offset: i64, guide: usize) -> Option<Start> {
         self.start(
             tp,
+            guide,
             |t| t.last_offset >= offset,
             |e| e.partition_point(|x| x.offset <= offset).saturating_sub(1),
             |index| (!index.is_empty()).then(|| index.partition_point(|e| e.offset <= offset).saturating_sub(1)),
@@ -388,6 +392,7 @@ impl PartState {
     fn start_at_time(&self, tp: &Tp, ts: i64) -> Option<Start> {
         self.start(
             tp,
+            GUIDE_ENTRIES,
             |t| t.max_ts >= ts,
             |e| e.partition_point(|x| x.max_ts_before < ts).saturating_sub(1),
             |index| (!index.is_empty()).then(|| index.partition_point(|e| e.max_ts_before < ts).saturating_sub(1)),
@@ -1020,7 +1025,7 @@ impl Storage {
             if offset < st.log_start || offset > st.leo {
                 return Err(ReadError::OffsetOutOfRange { offset, log_start: st.log_start, end: st.leo });
             }
-            (st.start_at(tp, offset), st.log_start, st.hw, st.leo)
+            (st.start_at(tp, offset, 0), st.log_start, st.hw, st.leo)
         };
         let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset, from_tip: false };
         let Some(start) = start else { return Ok(result) };
@@ -1063,7 +1068,7 @@ impl Storage {
         let mut next_offset = offset;
         let want = std::cell::Cell::new(max_bytes);
         let mut out = Vec::new();
-        self.walk(&part, |st| st.start_at(tp, offset), hw, &want, &mut result.bytes_scanned, |fh, buf, range| {
+        self.walk(&part, |st| st.start_at(tp, offset, GUIDE_ENTRIES), hw, &want, &mut result.bytes_scanned, |fh, buf, range| {
             if fh.last_offset() < offset {
                 return Walk::Skip;
             }
@@ -1374,8 +1379,7 @@ impl Storage {
         Ok(dead.len())
     }
 
-    /// Total bytes of all segment files (for metrics and the `retention`
-    /// tests).
+    /// Number of segment files (for metrics and tests).
     pub fn segment_count(&self) -> usize {
         self.branches.read().expect("branches lock").values().map(|b| b.segs.read().expect("branch lock").len()).sum()
     }

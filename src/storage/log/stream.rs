@@ -150,7 +150,7 @@ impl Storage {
         let mut wanted: Vec<Option<(Arc<StoreFile>, Vec<bool>)>> = Vec::new();
         {
             let stores = self.stores.read().expect("stores lock");
-            let names: Vec<String> = self.branches.read().expect("branches lock").iter().filter(|(_, b)| branches.iter().any(|x| Arc::ptr_eq(x, b))).map(|(n, _)| n.clone()).collect();
+            let names: Vec<String> = branches.iter().map(|b| branch_name(b)).collect();
             for s in stores.iter().filter(|s| s.store.end_seq > from_seq && s.store.first_seq < below && s.branches.iter().any(|b| names.contains(b))) {
                 let pos = s.store.mark_for(from_seq);
                 cursors.push(Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, pos)], 0));
