@@ -57,6 +57,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
         addr => Some(TcpListener::bind(addr).await.with_context(|| format!("binding rest_listener {addr}"))?),
     };
     let rest_addr = rest_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    let rest_cfg = cfg.rest().context("the REST listener's TLS files")?;
     let principals = Arc::new(match cfg.principals_file.as_str() {
         "" => crate::auth::Principals::default(),
         path => crate::auth::Principals::load(std::path::Path::new(path)).map_err(|e| anyhow::anyhow!("principals_file: {e}"))?,
@@ -88,7 +89,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));
     let rest = rest_listener.map(|l| {
-        let bridge = Arc::new(rest::Bridge::new(engine.clone(), rest::RestConfig { max_body_bytes: cfg.rest_max_body_bytes, max_in_flight_bytes: cfg.rest_max_in_flight_bytes, rate_limit_per_sec: cfg.rest_rate_limit_per_sec }, principals.clone()));
+        let bridge = Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone()));
         tokio::spawn(rest::serve(l, bridge, stop_rx.clone()))
     });
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));

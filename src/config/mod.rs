@@ -100,6 +100,22 @@ settings! {
     rest_rate_limit_per_sec: u32 = "0", "CANOPY_REST_RATE_LIMIT_PER_SEC", "rest-rate-limit-per-sec";
     "Largest REST request body, in bytes, after decompression (larger: 413)"
     rest_max_body_bytes: usize = "16777216", "CANOPY_REST_MAX_BODY_BYTES", "rest-max-body-bytes";
+    "Open REST connections; one more is answered 503 and closed"
+    rest_max_connections: usize = "10000", "CANOPY_REST_MAX_CONNECTIONS", "rest-max-connections";
+    "Largest REST request head (start line and headers), in bytes (larger: 431)"
+    rest_max_header_bytes: usize = "16384", "CANOPY_REST_MAX_HEADER_BYTES", "rest-max-header-bytes";
+    "Longest REST request URI, in bytes (longer: 414)"
+    rest_max_uri_bytes: usize = "8192", "CANOPY_REST_MAX_URI_BYTES", "rest-max-uri-bytes";
+    "Milliseconds a REST request head may take to arrive, also the keep-alive idle limit (then the connection is closed)"
+    rest_idle_timeout_ms: u64 = "30000", "CANOPY_REST_IDLE_TIMEOUT_MS", "rest-idle-timeout-ms";
+    "Milliseconds a REST request body may take to arrive (past it: 408)"
+    rest_body_timeout_ms: u64 = "30000", "CANOPY_REST_BODY_TIMEOUT_MS", "rest-body-timeout-ms";
+    "Concurrent small REST requests for one partition share one record batch"
+    rest_coalesce: bool = "true", "CANOPY_REST_COALESCE", "rest-coalesce";
+    "PEM certificate chain for TLS on the REST listener (with rest_tls_key_file; empty: cleartext HTTP/1.1 and h2c)"
+    rest_tls_cert_file: String = "", "CANOPY_REST_TLS_CERT_FILE", "rest-tls-cert-file";
+    "PEM private key for TLS on the REST listener"
+    rest_tls_key_file: String = "", "CANOPY_REST_TLS_KEY_FILE", "rest-tls-key-file";
     "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"
     advertised_listener: String = "", "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
     "Log output format: text or json (filter with RUST_LOG)"
@@ -304,6 +320,21 @@ impl Config {
         if self.rest_max_body_bytes < 1024 {
             return bad("rest_max_body_bytes", "must be at least 1024");
         }
+        if self.rest_max_connections == 0 {
+            return bad("rest_max_connections", "must be at least 1");
+        }
+        if self.rest_max_header_bytes < 1024 || self.rest_max_header_bytes > 1 << 20 {
+            return bad("rest_max_header_bytes", "must be between 1024 and 1048576");
+        }
+        if self.rest_max_uri_bytes < 256 {
+            return bad("rest_max_uri_bytes", "must be at least 256");
+        }
+        if self.rest_idle_timeout_ms == 0 || self.rest_body_timeout_ms == 0 {
+            return bad("rest_idle_timeout_ms", "timeouts must be positive");
+        }
+        if self.rest_tls_cert_file.is_empty() != self.rest_tls_key_file.is_empty() {
+            return bad("rest_tls_cert_file", "TLS needs both rest_tls_cert_file and rest_tls_key_file");
+        }
         if self.write_queue == 0 {
             return bad("write_queue", "must be at least 1");
         }
@@ -314,6 +345,28 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The REST bridge's settings (loads the TLS files when configured).
+    pub fn rest(&self) -> anyhow::Result<crate::rest::RestConfig> {
+        let tls = match self.rest_tls_cert_file.as_str() {
+            "" => None,
+            cert => Some(crate::rest::listener::tls_config(std::path::Path::new(cert), std::path::Path::new(&self.rest_tls_key_file))?),
+        };
+        Ok(crate::rest::RestConfig {
+            max_body_bytes: self.rest_max_body_bytes,
+            max_in_flight_bytes: self.rest_max_in_flight_bytes,
+            rate_limit_per_sec: self.rest_rate_limit_per_sec,
+            body_timeout: std::time::Duration::from_millis(self.rest_body_timeout_ms),
+            coalesce: self.rest_coalesce,
+            listener: crate::rest::listener::ListenerConfig {
+                max_connections: self.rest_max_connections,
+                max_header_bytes: self.rest_max_header_bytes,
+                max_uri_bytes: self.rest_max_uri_bytes,
+                idle_timeout: std::time::Duration::from_millis(self.rest_idle_timeout_ms),
+                tls,
+            },
+        })
     }
 
     fn timestamp_type(&self) -> Option<TimestampType> {

@@ -4,11 +4,12 @@
 //! fsync for the request).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::{engine_error, Bridge, RestError};
-use crate::engine::{Ack, Topic};
+use crate::engine::{Ack, PendingAppend, Topic};
 use crate::protocol::batch::{self, NewRecord};
 
 /// What became of one record: (partition, offset), or (partition if
@@ -18,14 +19,14 @@ pub type Outcome = Result<(i32, i64), (Option<i32>, RestError)>;
 /// Per record, in order, its [`Outcome`]. With `Ack::Written` the answer comes after the write; the
 /// caller that does not wait at all (acks=0) drops the future after
 /// `submit` returned.
-pub async fn append(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack) -> Vec<Outcome> {
+pub async fn append(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack) -> Vec<Outcome> {
     append_with(b, t, records, placed, ack, true).await
 }
 
 /// [`append`]; without `wait`, answers once the batches are queued (with
 /// offset -1: not known yet), for acks=0. The outcomes are then per
 /// partition, not in request order.
-pub async fn append_with(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
+pub async fn append_with(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
     let now = b.engine.now_ms();
     let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, p) in placed.iter().enumerate() {
@@ -33,22 +34,33 @@ pub async fn append_with(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], place
             by_partition.entry(*p).or_default().push(i);
         }
     }
-    // Every batch is built and checked before any is submitted: a request
-    // is refused whole rather than written in part.
+    // Small parts join the partition's open group (see `coalesce`); the
+    // rest are built and checked here, all before any is submitted, so a
+    // request is refused whole rather than written in part.
     let limit = t.config.max_message_bytes.max(0) as usize;
-    let mut batches = Vec::with_capacity(by_partition.len());
+    let mut parts: Vec<(i32, Part)> = Vec::with_capacity(by_partition.len());
     for (p, idx) in &by_partition {
         let recs: Vec<NewRecord<'_>> = idx.iter().map(|&i| records[i].clone()).collect();
+        if wait && b.cfg.coalesce {
+            if let Some(rx) = b.coalescer.join(&b.engine, t, *p, &recs, ack) {
+                parts.push((*p, Part::Joined(rx)));
+                continue;
+            }
+        }
         let batch = Bytes::from(batch::build(&recs, now));
         if batch.len() > limit {
             let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("the records for partition {p} make a {} byte batch, over the topic's max.message.bytes = {limit}", batch.len()));
-            return placed.iter().map(|_| Err((None, RestError::new(e.status, e.code, e.message.clone())))).collect();
+            return placed.iter().map(|_| Err((None, e.clone()))).collect();
         }
-        batches.push((*p, batch));
+        parts.push((*p, Part::Alone(batch)));
     }
-    let mut pending = Vec::with_capacity(batches.len());
-    for (p, batch) in batches {
-        pending.push((p, b.engine.submit(t, p, batch, ack).await));
+    let mut pending = Vec::with_capacity(parts.len());
+    for (p, part) in parts {
+        let submitted = match part {
+            Part::Joined(rx) => Ok(Pending::Joined(rx)),
+            Part::Alone(batch) => b.engine.submit(t, p, batch, ack).await.map(Pending::Alone),
+        };
+        pending.push((p, submitted));
     }
     if !wait {
         // acks=0: queued (or refused) here, not awaited.
@@ -59,7 +71,7 @@ pub async fn append_with(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], place
                 let e = r.err().map(|e| engine_error(e, t.name()));
                 (0..n).map(move |_| match &e {
                     None => Ok((p, -1)),
-                    Some(e) => Err((Some(p), RestError::new(e.status, e.code, e.message.clone()))),
+                    Some(e) => Err((Some(p), e.clone())),
                 })
             })
             .collect();
@@ -68,28 +80,41 @@ pub async fn append_with(b: &Bridge, t: &Topic, records: &[NewRecord<'_>], place
         .iter()
         .map(|p| match p {
             Ok(_) => None,
-            Err(e) => Some(Err((None, RestError::new(e.status, e.code, e.message.clone())))),
+            Err(e) => Some(Err((None, e.clone()))),
         })
         .collect();
     for (p, submitted) in pending {
-        let outcome = match submitted {
-            Ok(w) => w.wait().await,
-            Err(e) => Err(e),
+        let first = match submitted {
+            Ok(Pending::Alone(w)) => w.wait().await.map(|a| a.base_offset).map_err(|e| engine_error(e, t.name())),
+            Ok(Pending::Joined(rx)) => rx.await.unwrap_or_else(|_| Err(engine_error(crate::engine::EngineError::ShuttingDown, t.name()))),
+            Err(e) => Err(engine_error(e, t.name())),
         };
         let idx = &by_partition[&p];
-        match outcome {
-            Ok(a) => {
+        match first {
+            Ok(base) => {
                 for (k, &i) in idx.iter().enumerate() {
-                    out[i] = Some(Ok((p, a.base_offset + k as i64)));
+                    out[i] = Some(Ok((p, base + k as i64)));
                 }
             }
             Err(e) => {
-                let e = engine_error(e, t.name());
                 for &i in idx {
-                    out[i] = Some(Err((Some(p), RestError::new(e.status, e.code, e.message.clone()))));
+                    out[i] = Some(Err((Some(p), e.clone())));
                 }
             }
         }
     }
     out.into_iter().map(|o| o.expect("every record answered")).collect()
+}
+
+/// A partition's share of a request, before it is submitted.
+enum Part {
+    /// In a group of concurrent requests (see `coalesce`).
+    Joined(tokio::sync::oneshot::Receiver<Result<i64, RestError>>),
+    /// Its own batch.
+    Alone(Bytes),
+}
+
+enum Pending {
+    Joined(tokio::sync::oneshot::Receiver<Result<i64, RestError>>),
+    Alone(PendingAppend),
 }

@@ -20,17 +20,16 @@ pub enum BodyError {
     Read(String),
 }
 
-/// Reads `body` (at most `limit` bytes on the wire) and decodes it.
-pub async fn read(body: Body, encoding: Option<&str>, limit: usize) -> Result<Bytes, BodyError> {
-    let raw = axum::body::to_bytes(body, limit).await.map_err(|e| {
+/// Reads `body` as sent, at most `limit` bytes.
+pub async fn read_raw(body: Body, limit: usize) -> Result<Bytes, BodyError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
         // axum reports an over-long body as a length-limit error.
         if std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit")) || e.to_string().contains("length limit") {
             BodyError::TooLarge(limit)
         } else {
             BodyError::Read(e.to_string())
         }
-    })?;
-    decode(raw, encoding, limit)
+    })
 }
 
 /// Inflates `raw` per `encoding`, refusing output beyond `limit`.

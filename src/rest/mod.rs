@@ -14,7 +14,9 @@
 
 mod append;
 pub mod body;
+mod coalesce;
 mod ingest;
+pub mod listener;
 pub mod partition;
 mod v2;
 mod v3;
@@ -40,11 +42,16 @@ pub struct RestConfig {
     pub max_in_flight_bytes: usize,
     /// Requests per second per principal (0: no limit); past it, 429.
     pub rate_limit_per_sec: u32,
+    /// How long a request body may take to arrive; past it, 408.
+    pub body_timeout: std::time::Duration,
+    /// Concurrent small requests for a partition share one batch.
+    pub coalesce: bool,
+    pub listener: listener::ListenerConfig,
 }
 
 impl Default for RestConfig {
     fn default() -> Self {
-        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0 }
+        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0, body_timeout: std::time::Duration::from_secs(30), coalesce: true, listener: Default::default() }
     }
 }
 
@@ -106,11 +113,13 @@ pub struct Bridge {
     pub principals: Arc<Principals>,
     rate: Buckets,
     in_flight: std::sync::atomic::AtomicUsize,
+    coalescer: Arc<coalesce::Coalescer>,
+    pub connections: Arc<listener::ConnectionStats>,
 }
 
 impl Bridge {
     pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>) -> Bridge {
-        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default() }
+        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default() }
     }
 
     /// The topic, created with the defaults when auto-creation is on (that
@@ -132,13 +141,30 @@ impl Bridge {
     }
 
     /// Reads and decodes a request body (`Content-Encoding`, the body
-    /// limit) and holds its bytes against the in-flight budget until the
-    /// returned guard is dropped.
+    /// limit, the body deadline) and holds its bytes against the in-flight
+    /// budget until the returned guard is dropped. A declared length is
+    /// checked and held before a byte is read.
     pub async fn body(&self, headers: &HeaderMap, body: axum::body::Body) -> Result<(bytes::Bytes, InFlight<'_>), RestError> {
-        let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok());
-        let raw = body::read(body, encoding, self.cfg.max_body_bytes).await?;
-        let held = self.reserve(raw.len())?;
-        Ok((raw, held))
+        let limit = self.cfg.max_body_bytes;
+        let declared = headers.get("content-length").and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(body::BodyError::TooLarge(limit).into());
+        }
+        let wire = self.reserve(declared.unwrap_or(0))?;
+        let raw = tokio::time::timeout(self.cfg.body_timeout, body::read_raw(body, limit))
+            .await
+            .map_err(|_| RestError::new(StatusCode::REQUEST_TIMEOUT, 408, format!("the request body did not arrive within {} ms", self.cfg.body_timeout.as_millis())))??;
+        let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let decoded = match encoding {
+            // Inflating a large body is CPU work: off the async threads.
+            Some(e) if raw.len() > 64 << 10 => tokio::task::spawn_blocking(move || body::decode(raw, Some(&e), limit))
+                .await
+                .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))??,
+            e => body::decode(raw, e.as_deref(), limit)?,
+        };
+        drop(wire);
+        let held = self.reserve(decoded.len())?;
+        Ok((decoded, held))
     }
 
     /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with
@@ -199,7 +225,7 @@ impl Bridge {
 }
 
 /// REST Proxy's error envelope.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RestError {
     pub status: StatusCode,
     pub code: u32,
@@ -271,14 +297,10 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
         .with_state(bridge)
 }
 
-pub async fn serve(listener: TcpListener, bridge: Arc<Bridge>, mut shutdown: watch::Receiver<bool>) {
-    let app = router(bridge);
-    let stop = async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
-        tracing::error!(error = %e, "rest listener failed");
-    }
+pub async fn serve(listener: TcpListener, bridge: Arc<Bridge>, shutdown: watch::Receiver<bool>) {
+    let cfg = bridge.cfg.listener.clone();
+    let stats = bridge.connections.clone();
+    listener::serve(listener, router(bridge), cfg, stats, shutdown).await
 }
 
 #[cfg(test)]

@@ -98,7 +98,7 @@ fn decode(v: &Value) -> Result<Rec, String> {
 }
 
 /// Appends one record; its delivery report (v3 shape) or error.
-async fn produce_one(b: &Bridge, cluster: &str, t: &Topic, r: Result<Rec, String>) -> (StatusCode, Value) {
+async fn produce_one(b: &Bridge, cluster: &str, t: &Arc<Topic>, r: Result<Rec, String>) -> (StatusCode, Value) {
     let fail = |status: StatusCode, code: u32, msg: String| (status, json!({"error_code": code, "message": msg}));
     let r = match r {
         Ok(r) => r,
