@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{engine_error, Bridge, RestError};
+use super::{coalesce, engine_error, Bridge, RestError};
 use crate::engine::{Ack, PendingAppend, Topic};
 use crate::protocol::batch::{self, NewRecord};
 
@@ -34,31 +34,35 @@ pub async fn append_with(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], 
             by_partition.entry(*p).or_default().push(i);
         }
     }
-    // Small parts join the partition's open group (see `coalesce`); the
-    // rest are built and checked here, all before any is submitted, so a
-    // request is refused whole rather than written in part.
+    // Every part too big to share a batch is built and checked before
+    // anything is submitted or joined, so a request is refused whole
+    // rather than written in part; small parts then join the partition's
+    // open group (see `coalesce`), which always fits.
     let limit = t.config.max_message_bytes.max(0) as usize;
-    let mut parts: Vec<(i32, Part)> = Vec::with_capacity(by_partition.len());
+    let mut parts: Vec<(i32, Vec<NewRecord<'_>>, Option<Bytes>)> = Vec::with_capacity(by_partition.len());
     for (p, idx) in &by_partition {
         let recs: Vec<NewRecord<'_>> = idx.iter().map(|&i| records[i].clone()).collect();
-        if wait && b.cfg.coalesce {
-            if let Some(rx) = b.coalescer.join(&b.engine, t, *p, &recs, ack) {
-                parts.push((*p, Part::Joined(rx)));
-                continue;
-            }
+        if wait && b.cfg.coalesce && coalesce::fits(t, &recs) {
+            parts.push((*p, recs, None));
+            continue;
         }
         let batch = Bytes::from(batch::build(&recs, now));
         if batch.len() > limit {
             let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("the records for partition {p} make a {} byte batch, over the topic's max.message.bytes = {limit}", batch.len()));
             return placed.iter().map(|_| Err((None, e.clone()))).collect();
         }
-        parts.push((*p, Part::Alone(batch)));
+        parts.push((*p, recs, Some(batch)));
     }
     let mut pending = Vec::with_capacity(parts.len());
-    for (p, part) in parts {
-        let submitted = match part {
-            Part::Joined(rx) => Ok(Pending::Joined(rx)),
-            Part::Alone(batch) => b.engine.submit(t, p, batch, ack).await.map(Pending::Alone),
+    for (p, recs, batch) in parts {
+        let joined = if batch.is_none() { b.coalescer.join(&b.engine, t, p, &recs, ack) } else { None };
+        let submitted = match joined {
+            Some(rx) => Ok(Pending::Joined(rx)),
+            // Alone, or its group was full (a part that fits a group fits a batch).
+            None => {
+                let batch = batch.unwrap_or_else(|| Bytes::from(batch::build(&recs, now)));
+                b.engine.submit(t, p, batch, ack).await.map(Pending::Alone)
+            }
         };
         pending.push((p, submitted));
     }
@@ -106,14 +110,7 @@ pub async fn append_with(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], 
     out.into_iter().map(|o| o.expect("every record answered")).collect()
 }
 
-/// A partition's share of a request, before it is submitted.
-enum Part {
-    /// In a group of concurrent requests (see `coalesce`).
-    Joined(tokio::sync::oneshot::Receiver<Result<i64, RestError>>),
-    /// Its own batch.
-    Alone(Bytes),
-}
-
+/// A partition's share of a request, submitted.
 enum Pending {
     Joined(tokio::sync::oneshot::Receiver<Result<i64, RestError>>),
     Alone(PendingAppend),

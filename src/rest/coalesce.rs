@@ -50,6 +50,17 @@ pub fn estimate(r: &NewRecord<'_>) -> usize {
     32 + r.key.map_or(0, <[u8]>::len) + r.value.map_or(0, <[u8]>::len) + r.headers.iter().map(|(k, v)| 10 + k.len() + v.map_or(0, <[u8]>::len)).sum::<usize>()
 }
 
+/// The most a group of `topic` may hold, by [`estimate`].
+fn cap(topic: &Topic) -> usize {
+    MAX_GROUP_BYTES.min((topic.config.max_message_bytes.max(0) as usize).saturating_sub(1024))
+}
+
+/// Whether `records` may join a group of `topic` (then they also fit in
+/// a batch of their own).
+pub fn fits(topic: &Topic, records: &[NewRecord<'_>]) -> bool {
+    records.iter().map(estimate).sum::<usize>() <= cap(topic)
+}
+
 /// The first offset of a request's records, or why they were not written.
 type Reply = Result<i64, RestError>;
 
@@ -72,7 +83,7 @@ impl Coalescer {
     /// the records do not fit in a group (send them alone).
     pub fn join(self: &Arc<Self>, engine: &Arc<Engine>, topic: &Arc<Topic>, p: i32, records: &[NewRecord<'_>], ack: Ack) -> Option<oneshot::Receiver<Reply>> {
         let bytes: usize = records.iter().map(estimate).sum();
-        let cap = MAX_GROUP_BYTES.min((topic.config.max_message_bytes.max(0) as usize).saturating_sub(1024));
+        let cap = cap(topic);
         if bytes > cap {
             return None;
         }
