@@ -57,7 +57,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
         addr => Some(TcpListener::bind(addr).await.with_context(|| format!("binding rest_listener {addr}"))?),
     };
     let rest_addr = rest_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-    let rest_cfg = cfg.rest().context("the REST listener's TLS files")?;
+    let rest_cfg = cfg.rest().context("the REST listener's settings")?;
     let principals = Arc::new(match cfg.principals_file.as_str() {
         "" => crate::auth::Principals::default(),
         path => crate::auth::Principals::load(std::path::Path::new(path)).map_err(|e| anyhow::anyhow!("principals_file: {e}"))?,

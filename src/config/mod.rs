@@ -112,6 +112,8 @@ settings! {
     rest_body_timeout_ms: u64 = "30000", "CANOPY_REST_BODY_TIMEOUT_MS", "rest-body-timeout-ms";
     "Concurrent small REST requests for one partition share one record batch"
     rest_coalesce: bool = "true", "CANOPY_REST_COALESCE", "rest-coalesce";
+    "TOML file of per-topic /ingest defaults ([[route]] topics, acks, key); empty: none"
+    rest_routes_file: String = "", "CANOPY_REST_ROUTES_FILE", "rest-routes-file";
     "PEM certificate chain for TLS on the REST listener (with rest_tls_key_file; empty: cleartext HTTP/1.1 and h2c)"
     rest_tls_cert_file: String = "", "CANOPY_REST_TLS_CERT_FILE", "rest-tls-cert-file";
     "PEM private key for TLS on the REST listener"
@@ -359,6 +361,10 @@ impl Config {
             rate_limit_per_sec: self.rest_rate_limit_per_sec,
             body_timeout: std::time::Duration::from_millis(self.rest_body_timeout_ms),
             coalesce: self.rest_coalesce,
+            routes: match self.rest_routes_file.as_str() {
+                "" => Default::default(),
+                path => crate::rest::routes::Routes::load(std::path::Path::new(path)).map_err(|e| anyhow::anyhow!("rest_routes_file: {e}"))?,
+            },
             listener: crate::rest::listener::ListenerConfig {
                 max_connections: self.rest_max_connections,
                 max_header_bytes: self.rest_max_header_bytes,

@@ -47,12 +47,37 @@ pub fn decode(raw: Bytes, encoding: Option<&str>, limit: usize) -> Result<Bytes,
     }
 }
 
-fn inflate(r: impl Read, name: &'static str, limit: usize) -> Result<Bytes, BodyError> {
-    let mut out = Vec::new();
-    // One byte past the limit tells "exactly the limit" from "more".
-    r.take(limit as u64 + 1).read_to_end(&mut out).map_err(|e| BodyError::Corrupt(name, e.to_string()))?;
-    if out.len() > limit {
-        return Err(BodyError::TooLarge(limit));
+/// The most bytes `raw_len` bytes in `encoding` can inflate to, capped at
+/// `limit`: DEFLATE (gzip, deflate) expands at most 1032:1; zstd has no
+/// useful bound, so it may reach the limit.
+pub fn inflated_bound(raw_len: usize, encoding: Option<&str>, limit: usize) -> usize {
+    match encoding.map(|e| e.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") | Some("identity") => raw_len,
+        Some("gzip") | Some("x-gzip") | Some("deflate") => raw_len.saturating_mul(1032).saturating_add(1024).min(limit),
+        _ => limit,
+    }
+}
+
+/// Inflates into a buffer whose capacity never passes `limit`, so a bomb
+/// costs at most the limit (amortised doubling would allow twice that).
+fn inflate(mut r: impl Read, name: &'static str, limit: usize) -> Result<Bytes, BodyError> {
+    let mut out: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let n = match r.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(BodyError::Corrupt(name, e.to_string())),
+        };
+        if out.len() + n > limit {
+            return Err(BodyError::TooLarge(limit));
+        }
+        if out.capacity() - out.len() < n {
+            let want = (out.capacity() * 2).max(out.len() + n).min(limit);
+            out.reserve_exact(want - out.len());
+        }
+        out.extend_from_slice(&chunk[..n]);
     }
     Ok(Bytes::from(out))
 }
@@ -86,6 +111,11 @@ mod tests {
         e.write_all(&vec![0u8; 64 << 20]).unwrap();
         let bomb = Bytes::from(e.finish().unwrap());
         assert!(bomb.len() < 100_000, "{}", bomb.len());
+        // The DEFLATE bound holds for the densest input there is.
+        assert!(inflated_bound(bomb.len(), Some("gzip"), usize::MAX) >= 64 << 20, "{} bytes", bomb.len());
+        assert_eq!(inflated_bound(bomb.len(), Some("gzip"), 1 << 20), 1 << 20);
+        assert_eq!(inflated_bound(10, Some("zstd"), 1 << 20), 1 << 20);
+        assert_eq!(inflated_bound(10, None, 1 << 20), 10);
         assert_eq!(decode(bomb, Some("gzip"), 1 << 20), Err(BodyError::TooLarge(1 << 20)));
         // Garbage and unknown codings are errors, not panics.
         assert!(matches!(decode(Bytes::from_static(b"not gzip"), Some("gzip"), 100), Err(BodyError::Corrupt(..))));

@@ -8,7 +8,8 @@
 //! (once written) or `0` (202 as soon as the append is queued); `key=`
 //! a JSON pointer (`/user/id`) whose value keys each event (strings as
 //! their text, other values as their JSON). The `X-Canopy-Key` header
-//! keys every event of the request. Answer: the count and, per partition,
+//! keys every event of the request. A topic's route (`rest_routes_file`,
+//! see `routes`) gives defaults for `acks` and the key pointer. Answer: the count and, per partition,
 //! the offset range.
 
 use std::sync::Arc;
@@ -62,7 +63,9 @@ fn events(body: &[u8], ndjson_type: bool) -> Result<Vec<&[u8]>, RestError> {
 async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     let topic = path.trim_matches('/').replace('/', ".");
     b.authorize(&headers, Some(&topic))?;
-    let ack = match q.acks.as_deref() {
+    let route = b.cfg.routes.for_topic(&topic);
+    let acks = q.acks.as_deref().or(route.and_then(|r| r.acks.as_deref()));
+    let ack = match acks {
         None | Some("all") | Some("-1") => Some(Ack::Durable),
         Some("1") => Some(Ack::Written),
         Some("0") => None,
@@ -76,7 +79,9 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     let (body, _held) = b.body(&headers, body).await?;
     let events = events(&body, ndjson)?;
     let header_key = headers.get("x-canopy-key").map(|v| v.as_bytes().to_vec());
-    let keys: Vec<Option<Vec<u8>>> = match (&q.key, &header_key) {
+    // The request's own key beats its route's pointer.
+    let pointer = q.key.as_deref().or(if header_key.is_none() { route.and_then(|r| r.key.as_deref()) } else { None });
+    let keys: Vec<Option<Vec<u8>>> = match (pointer, &header_key) {
         (Some(ptr), _) => events
             .iter()
             .map(|e| {

@@ -18,6 +18,7 @@ mod coalesce;
 mod ingest;
 pub mod listener;
 pub mod partition;
+pub mod routes;
 mod v2;
 mod v3;
 
@@ -46,12 +47,14 @@ pub struct RestConfig {
     pub body_timeout: std::time::Duration,
     /// Concurrent small requests for a partition share one batch.
     pub coalesce: bool,
+    /// Per-topic defaults for `/ingest` (acks, key pointer).
+    pub routes: routes::Routes,
     pub listener: listener::ListenerConfig,
 }
 
 impl Default for RestConfig {
     fn default() -> Self {
-        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0, body_timeout: std::time::Duration::from_secs(30), coalesce: true, listener: Default::default() }
+        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0, body_timeout: std::time::Duration::from_secs(30), coalesce: true, routes: Default::default(), listener: Default::default() }
     }
 }
 
@@ -95,6 +98,15 @@ fn hold(counter: &std::sync::atomic::AtomicUsize, n: usize, budget: usize) -> Op
     let before = counter.fetch_add(n, std::sync::atomic::Ordering::AcqRel);
     let held = InFlight { counter, n };
     (before == 0 || before + n <= budget).then_some(held)
+}
+
+impl InFlight<'_> {
+    /// Gives back all but `n` of the held bytes.
+    fn shrink_to(&mut self, n: usize) {
+        let n = n.min(self.n);
+        self.counter.fetch_sub(self.n - n, std::sync::atomic::Ordering::AcqRel);
+        self.n = n;
+    }
 }
 
 impl Drop for InFlight<'_> {
@@ -155,6 +167,10 @@ impl Bridge {
             .await
             .map_err(|_| RestError::new(StatusCode::REQUEST_TIMEOUT, 408, format!("the request body did not arrive within {} ms", self.cfg.body_timeout.as_millis())))??;
         let encoding = headers.get("content-encoding").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        // Inflating may produce up to this much: hold it meanwhile, so
+        // concurrent bombs are bounded by the budget, not by their number.
+        drop(wire);
+        let mut held = self.reserve(body::inflated_bound(raw.len(), encoding.as_deref(), limit))?;
         let decoded = match encoding {
             // Inflating a large body is CPU work: off the async threads.
             Some(e) if raw.len() > 64 << 10 => tokio::task::spawn_blocking(move || body::decode(raw, Some(&e), limit))
@@ -162,8 +178,7 @@ impl Bridge {
                 .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))??,
             e => body::decode(raw, e.as_deref(), limit)?,
         };
-        drop(wire);
-        let held = self.reserve(decoded.len())?;
+        held.shrink_to(decoded.len());
         Ok((decoded, held))
     }
 
