@@ -44,14 +44,73 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
 }
 
 pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Running> {
+    // The admin listener first: /health answers and /ready says "not
+    // ready" while storage recovers.
+    let admin_listener = TcpListener::bind(cfg.admin_listener).await.with_context(|| format!("binding admin_listener {}", cfg.admin_listener))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let (stop, stop_rx) = watch::channel(false);
+    let health = Arc::new(Health::default());
+    let metrics_slot: metrics::MetricsSlot = Default::default();
+    let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), metrics_slot.clone(), stop_rx.clone()));
+    match open(cfg, clock, stop, stop_rx, health, metrics_slot, admin_addr, admin).await {
+        Ok(r) => Ok(r),
+        Err((e, stop, admin)) => {
+            let _ = stop.send(true);
+            let _ = admin.await;
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn open(
+    cfg: Config,
+    clock: Clock,
+    stop: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    health: Arc<Health>,
+    metrics_slot: metrics::MetricsSlot,
+    admin_addr: SocketAddr,
+    admin: JoinHandle<()>,
+) -> Result<Running, (anyhow::Error, watch::Sender<bool>, JoinHandle<()>)> {
+    match serve_all(&cfg, clock, stop_rx, &health, &metrics_slot).await {
+        Ok(parts) => {
+            health.ready.store(true, Ordering::Release);
+            tracing::info!(kafka_addr = %parts.kafka_addr, %admin_addr, rest_addr = ?parts.rest_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
+            Ok(parts.finish(admin_addr, health, stop, admin))
+        }
+        Err(e) => Err((e, stop, admin)),
+    }
+}
+
+/// What `serve_all` started, before it is a `Running`.
+struct Started {
+    kafka_addr: SocketAddr,
+    rest_addr: Option<SocketAddr>,
+    engine: Arc<Engine>,
+    kafka: JoinHandle<()>,
+    rest: Option<JoinHandle<()>>,
+    background: JoinHandle<()>,
+    compactor: JoinHandle<()>,
+    expiry: JoinHandle<()>,
+}
+
+impl Started {
+    fn finish(self, admin_addr: SocketAddr, health: Arc<Health>, stop: watch::Sender<bool>, admin: JoinHandle<()>) -> Running {
+        let Started { kafka_addr, rest_addr, engine, kafka, rest, background, compactor, expiry } = self;
+        Running { kafka_addr, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry }
+    }
+}
+
+async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, health: &Arc<Health>, metrics_slot: &std::sync::OnceLock<Arc<metrics::Metrics>>) -> anyhow::Result<Started> {
     let engine_cfg = cfg.engine();
+    let engine_probe = engine_cfg.probe.clone();
     let engine_clock = clock.clone();
+    tracing::info!(data_dir = %cfg.data_dir.display(), "recovering storage");
     let engine = tokio::task::spawn_blocking(move || Engine::open(engine_cfg, engine_clock)).await?.context("opening the data directory")?;
 
     let kafka_listener = TcpListener::bind(cfg.kafka_listener).await.with_context(|| format!("binding kafka_listener {}", cfg.kafka_listener))?;
-    let admin_listener = TcpListener::bind(cfg.admin_listener).await.with_context(|| format!("binding admin_listener {}", cfg.admin_listener))?;
     let kafka_addr = kafka_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
     let rest_listener = match cfg.rest_listener.as_str() {
         "" => None,
         addr => Some(TcpListener::bind(addr).await.with_context(|| format!("binding rest_listener {addr}"))?),
@@ -67,13 +126,13 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     } else {
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
-    let (stop, stop_rx) = watch::channel(false);
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     let broker = Arc::new(Broker {
         coordinator: coordinator.clone(),
         transactions,
         stopping: stop_rx.clone(),
+        probe: Arc::new(kafka::probe::KafkaProbe::new(cfg.metrics_enabled)),
         engine: engine.clone(),
         cfg: KafkaConfig {
             advertised_host: host,
@@ -85,19 +144,15 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
             fetch_max_bytes: cfg.fetch_max_bytes,
         },
     });
-    let health = Arc::new(Health::default());
+    let kafka_probe = broker.probe.clone();
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
-    let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), stop_rx.clone()));
-    let rest = rest_listener.map(|l| {
-        let bridge = Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone()));
-        tokio::spawn(rest::serve(l, bridge, stop_rx.clone()))
-    });
+    let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)))));
+    let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
+    let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), cfg.metrics_topic_label_limit)));
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
-    health.ready.store(true, Ordering::Release);
-    tracing::info!(%kafka_addr, %admin_addr, rest_addr = ?rest_addr, data_dir = %cfg.data_dir.display(), "canopy is serving");
-    Ok(Running { kafka_addr, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry })
+    Ok(Started { kafka_addr, rest_addr, engine, kafka, rest, background, compactor, expiry })
 }
 
 /// Waits for the next tick of a background loop; false once the broker

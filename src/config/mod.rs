@@ -118,6 +118,10 @@ settings! {
     rest_tls_cert_file: String = "", "CANOPY_REST_TLS_CERT_FILE", "rest-tls-cert-file";
     "PEM private key for TLS on the REST listener"
     rest_tls_key_file: String = "", "CANOPY_REST_TLS_KEY_FILE", "rest-tls-key-file";
+    "Record metrics (off: probes record nothing; /metrics still answers)"
+    metrics_enabled: bool = "true", "CANOPY_METRICS_ENABLED", "metrics-enabled";
+    "Topics that get their own metric labels; past it, series are summed per branch"
+    metrics_topic_label_limit: usize = "1000", "CANOPY_METRICS_TOPIC_LABEL_LIMIT", "metrics-topic-label-limit";
     "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"
     advertised_listener: String = "", "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
     "Log output format: text or json (filter with RUST_LOG)"
@@ -392,6 +396,7 @@ impl Config {
             ..StorageConfig::default()
         };
         e.flush = self.flush.0;
+        e.probe = crate::engine::probe::EngineProbe::new(self.metrics_enabled);
         e.topic_defaults = TopicDefaults {
             retention_ms: self.retention_ms,
             retention_bytes: self.retention_bytes,

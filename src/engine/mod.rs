@@ -26,6 +26,7 @@
 //!   a crash of the machine can lose the last interval.
 //! - `never`: fsync only when a segment is sealed and on shutdown.
 
+pub mod probe;
 pub mod producers;
 pub mod subtree;
 pub mod topics;
@@ -99,6 +100,8 @@ pub struct EngineConfig {
     pub compaction_bytes_per_sec: u64,
     /// How often the server runs the compactor.
     pub compaction_interval: std::time::Duration,
+    /// Where the engine reports fsync times and sizes.
+    pub probe: probe::EngineProbe,
 }
 
 impl EngineConfig {
@@ -118,6 +121,7 @@ impl EngineConfig {
             compaction: Some(storage::CompactConfig::default()),
             compaction_bytes_per_sec: 0,
             compaction_interval: std::time::Duration::from_secs(60),
+            probe: probe::EngineProbe::default(),
         }
     }
 }
@@ -163,6 +167,8 @@ pub enum EngineError {
 pub struct Topic {
     pub record: TopicRecord,
     pub config: TopicConfig,
+    /// Records and bytes in and out, for metrics.
+    pub traffic: Arc<probe::Traffic>,
 }
 
 impl Topic {
@@ -349,7 +355,7 @@ impl Engine {
                     log_start: log_starts.get(&(record.id, p)).copied().unwrap_or(0),
                 });
             }
-            topics.insert(record.name.clone(), Arc::new(Topic { record, config }));
+            topics.insert(record.name.clone(), Arc::new(Topic { record, config, traffic: Default::default() }));
         }
         let windows = catalog.windows()?;
         let storage = Arc::new(Storage::open_with(&cfg.data_dir, cfg.storage.clone(), specs, clean, Some(&windows))?);
@@ -391,10 +397,11 @@ impl Engine {
             let storage = storage.clone();
             let waiters = waiters.clone();
             let policy = cfg.flush;
+            let probe = cfg.probe.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-syncer".into())
-                    .spawn(move || syncer_loop(sync_rx, storage, waiters, policy))
+                    .spawn(move || syncer_loop(sync_rx, storage, waiters, policy, probe))
                     .expect("spawn syncer thread"),
             );
         }
@@ -487,7 +494,7 @@ impl Engine {
             configs,
             created_ms: self.now_ms(),
         };
-        let topic = Arc::new(Topic { record, config });
+        let topic = Arc::new(Topic { record, config, traffic: Default::default() });
         if validate_only {
             return Ok(topic);
         }
@@ -551,7 +558,7 @@ impl Engine {
         for p in old..total {
             self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
         }
-        let updated = Arc::new(Topic { record, config: topic.config.clone() });
+        let updated = Arc::new(Topic { record, config: topic.config.clone(), traffic: topic.traffic.clone() });
         self.topics.write().expect("topics lock").insert(name.to_owned(), updated.clone());
         self.by_id.write().expect("topics lock").insert(updated.id(), updated);
         Ok(())
@@ -571,6 +578,7 @@ impl Engine {
         // Kafka); what it may inflate to while validated is bounded apart.
         let inflate_limit = self.cfg.max_inflated_batch_bytes.max(limit);
         let mut any = false;
+        let mut count: u64 = 0;
         // A topic with its own compression.type gets every batch in that
         // codec: batches in another are recompressed here (a slow path).
         let target = match topic.config.compression {
@@ -606,6 +614,7 @@ impl Engine {
                 return Err(EngineError::Corrupt(BatchError::ControlBatch));
             }
             any = true;
+            count += h.records_count.max(0) as u64;
             if let Some(codec) = target.filter(|c| *c != h.compression()) {
                 recompressed = true;
                 let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
@@ -624,6 +633,7 @@ impl Engine {
             Some(r) if recompressed => Bytes::from(r),
             _ => records,
         };
+        topic.traffic.appended(count, records.len() as u64);
         let (reply, rx) = oneshot::channel();
         let cmd = WriteCmd::Append {
             tp: topic.tp(partition),
@@ -1191,7 +1201,7 @@ fn writer_loop(
     }
 }
 
-fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, waiters: Arc<Waiters>, policy: FlushPolicy) {
+fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, waiters: Arc<Waiters>, policy: FlushPolicy, probe: probe::EngineProbe) {
     let interval = match policy {
         FlushPolicy::Interval(d) => Some(d),
         _ => None,
@@ -1213,7 +1223,16 @@ fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, wa
             jobs.push(j);
         }
         let needs_sync = interval.is_some() || policy == FlushPolicy::Always || jobs.iter().any(|j| j.done.is_some());
-        let synced = if needs_sync { storage.sync().map_err(|e| e.to_string()) } else { Ok(()) };
+        let synced = if needs_sync {
+            let started = std::time::Instant::now();
+            let r = storage.sync().map_err(|e| e.to_string());
+            if let Ok(bytes) = &r {
+                probe.synced(started.elapsed().as_secs_f64(), *bytes);
+            }
+            r.map(drop)
+        } else {
+            Ok(())
+        };
         let mut stop = false;
         for job in jobs {
             match &synced {

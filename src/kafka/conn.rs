@@ -149,7 +149,14 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, last_produce: 
                 ProduceTicket { prev: last_produce.replace(next), _done: done }
             });
             let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(order) };
-            Some(tokio::spawn(REQUEST.scope(ctx, fut)))
+            let (probe, api, version, started) = (broker.probe.clone(), h.api_key, h.api_version, std::time::Instant::now());
+            let span = tracing::debug_span!("request", api = ?api, version, correlation_id = h.correlation_id, %peer);
+            let timed = async move {
+                let reply = fut.await;
+                probe.answered(api, version, started);
+                reply
+            };
+            Some(tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)))
         }
         Route::Close(why) => {
             tracing::warn!(%peer, api = ?h.api_key, version = h.api_version, client = ?h.client_id,

@@ -9,6 +9,7 @@ pub mod conn;
 pub mod coordinator;
 pub mod errors;
 pub mod handlers;
+pub mod probe;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct Broker {
     pub cfg: KafkaConfig,
     /// Turns true when the broker shuts down: parked fetches answer at once.
     pub stopping: watch::Receiver<bool>,
+    /// Where requests, errors and connections are counted.
+    pub probe: Arc<probe::KafkaProbe>,
 }
 
 /// Accepts connections until `shutdown` turns true, then waits for open
@@ -68,10 +71,13 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: wat
                 backoff = Duration::from_millis(5);
                 let broker = broker.clone();
                 let shutdown = shutdown.clone();
+                let probe = broker.probe.clone();
                 tasks.spawn(async move {
+                    let open = probe.connections.opened();
                     if let Err(e) = conn::run(stream, peer, broker, shutdown).await {
                         tracing::debug!(%peer, error = %e, "connection closed with error");
                     }
+                    drop(open);
                     drop(permit);
                 });
             }

@@ -27,6 +27,12 @@ pub async fn append(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], place
 /// offset -1: not known yet), for acks=0. The outcomes are then per
 /// partition, not in request order.
 pub async fn append_with(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
+    let out = place(b, t, records, placed, ack, wait).await;
+    b.probe.appended(out.iter().filter(|o| o.is_ok()).count());
+    out
+}
+
+async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
     let now = b.engine.now_ms();
     let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, p) in placed.iter().enumerate() {

@@ -16,7 +16,7 @@
 //! Request bodies have their own deadline (`RestConfig::body_timeout`).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,13 +62,7 @@ impl std::fmt::Debug for ListenerConfig {
     }
 }
 
-/// Counts the listener keeps (exported with the metrics).
-#[derive(Debug, Default)]
-pub struct ConnectionStats {
-    pub accepted: AtomicU64,
-    pub rejected: AtomicU64,
-    pub open: AtomicU64,
-}
+pub use crate::metrics::ConnectionStats;
 
 /// Loads a PEM certificate chain and private key into a TLS server
 /// configuration offering h2 and HTTP/1.1.

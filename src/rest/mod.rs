@@ -18,6 +18,7 @@ mod coalesce;
 mod ingest;
 pub mod listener;
 pub mod partition;
+pub mod probe;
 pub mod routes;
 mod v2;
 mod v3;
@@ -127,11 +128,13 @@ pub struct Bridge {
     in_flight: std::sync::atomic::AtomicUsize,
     coalescer: Arc<coalesce::Coalescer>,
     pub connections: Arc<listener::ConnectionStats>,
+    /// Requests, statuses, latency and events, for metrics.
+    pub probe: Arc<probe::RestProbe>,
 }
 
 impl Bridge {
-    pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>) -> Bridge {
-        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default() }
+    pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>, probe: Arc<probe::RestProbe>) -> Bridge {
+        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default(), probe }
     }
 
     /// The topic, created with the defaults when auto-creation is on (that
@@ -309,7 +312,17 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
         .route("/v3/clusters/{cluster}/topics", get(v3::topics))
         .route("/v3/clusters/{cluster}/topics/{topic}/records", post(v3::records))
         .route("/v3/clusters/{cluster}/topics/{topic}/records:batch", post(v3::batch))
+        .route_layer(axum::middleware::from_fn_with_state(bridge.clone(), track))
         .with_state(bridge)
+}
+
+/// Counts each routed request by its route and status, with its latency.
+async fn track(axum::extract::State(b): axum::extract::State<Arc<Bridge>>, path: axum::extract::MatchedPath, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let started = std::time::Instant::now();
+    let route = probe::RestProbe::route_index(path.as_str());
+    let resp = next.run(req).await;
+    b.probe.answered(route, resp.status().as_u16(), started);
+    resp
 }
 
 pub async fn serve(listener: TcpListener, bridge: Arc<Bridge>, shutdown: watch::Receiver<bool>) {

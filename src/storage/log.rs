@@ -542,6 +542,8 @@ pub struct Storage {
     maintenance: Mutex<Maintenance>,
     read_stats: ReadStats,
     compaction_stats: CompactionStats,
+    /// Bytes written since the last fsync (what the next one makes durable).
+    unsynced: AtomicU64,
 }
 
 /// What the maintenance lock guards.
@@ -757,6 +759,7 @@ impl Storage {
             maintenance: Mutex::new(Maintenance { next_window }),
             read_stats: ReadStats::default(),
             compaction_stats: CompactionStats::default(),
+            unsynced: AtomicU64::new(0),
         })
     }
 
@@ -903,6 +906,7 @@ impl Storage {
         }
         staged.seg.file.write_all_at(&staged.buf, staged.start).map_err(io_err(&staged.seg.path))?;
         staged.start += staged.buf.len() as u64;
+        self.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
         staged.buf.clear();
         staged.seg.dirty.store(true, Ordering::Release);
         staged.seg.len.store(staged.start, Ordering::Release);
@@ -927,8 +931,10 @@ impl Storage {
 
     /// Makes every written byte durable (fdatasync of each dirty segment).
     /// A failure poisons storage: no later append pretends to be durable.
-    pub fn sync(&self) -> Result<(), StorageError> {
+    /// Returns the bytes written since the previous sync.
+    pub fn sync(&self) -> Result<u64, StorageError> {
         self.check_poison()?;
+        let bytes = self.unsynced.swap(0, Ordering::AcqRel);
         let segs: Vec<Arc<Segment>> = {
             let branches = self.branches.read().expect("branches lock");
             branches.values().flat_map(|b| b.segs.read().expect("branch lock").clone()).collect()
@@ -940,7 +946,7 @@ impl Storage {
                 }
             }
         }
-        Ok(())
+        Ok(bytes)
     }
 
     /// Lets readers see offsets up to each given end (after they are durable,

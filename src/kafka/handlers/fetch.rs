@@ -105,7 +105,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
         let w = wants.clone();
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
         if !may_wait || bytes >= min_bytes || errors {
-            return Some(Reply { error_code: 0, topics });
+            return Some(counted(broker, topics));
         }
         let stop = tokio::select! {
             _ = notify.notified() => false,
@@ -117,9 +117,17 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             let engine = broker.engine.clone();
             let w = wants.clone();
             let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
-            return Some(Reply { error_code: 0, topics });
+            return Some(counted(broker, topics));
         }
     }
+}
+
+/// The answer, its partition errors counted for metrics.
+fn counted(broker: &Broker, topics: Vec<TopicOut>) -> Reply {
+    for p in topics.iter().flat_map(|t| &t.partitions) {
+        broker.probe.error(kafka_protocol::messages::ApiKey::Fetch, p.error_code);
+    }
+    Reply { error_code: 0, topics }
 }
 
 /// Reads every wanted partition; returns the response topics, the record
@@ -194,6 +202,7 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                         Ok((r, lso, aborted)) => {
                             let len = r.len();
                             total += len;
+                            topic.traffic.fetched(len as u64);
                             // A consumer that got a full share is catching up:
                             // read its next share while this one is sent.
                             if len > 0 && !r.from_tip && len >= w.max_bytes / 2 && r.next_offset < lso.min(r.high_watermark) {

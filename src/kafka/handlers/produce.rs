@@ -193,6 +193,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
         }
         responses.push(TopicProduceResponse::default().with_name(name).with_partition_responses(partition_responses));
     }
+    for p in responses.iter().flat_map(|t| &t.partition_responses) {
+        broker.probe.error(kafka_protocol::messages::ApiKey::Produce, p.error_code);
+    }
     if acks == 0 {
         let failed = responses.iter().flat_map(|t| &t.partition_responses).any(|p| p.error_code != 0);
         return if failed { None } else { Some(Reply::Silent) };

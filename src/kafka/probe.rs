@@ -1,0 +1,117 @@
+//! What the Kafka listener reports for metrics: requests per API and
+//! version, latency per API, error codes per API, and connections. Every
+//! slot is made when the probe is (one per served API and version), so a
+//! request's update is an index and an atomic add; nothing is looked up
+//! under a lock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use kafka_protocol::messages::ApiKey;
+use prometheus::{exponential_buckets, Histogram, HistogramOpts};
+
+use crate::metrics::ConnectionStats;
+
+/// Error codes counted per API: Kafka's are below this.
+pub const ERROR_CODES: usize = 128;
+
+#[derive(Debug)]
+pub struct ApiSlot {
+    pub key: ApiKey,
+    pub min_version: i16,
+    /// Requests by version, from `min_version`.
+    pub requests: Vec<AtomicU64>,
+    pub latency: Histogram,
+    /// Errors answered, by code.
+    pub errors: Vec<AtomicU64>,
+}
+
+#[derive(Debug)]
+pub struct KafkaProbe {
+    pub enabled: bool,
+    /// By api key; `None` for keys this broker does not serve.
+    slots: Vec<Option<ApiSlot>>,
+    pub connections: ConnectionStats,
+}
+
+impl KafkaProbe {
+    pub fn new(enabled: bool) -> KafkaProbe {
+        let served = super::handlers::supported();
+        let top = served.iter().map(|(k, _)| *k as usize).max().unwrap_or(0);
+        let mut slots: Vec<Option<ApiSlot>> = (0..=top).map(|_| None).collect();
+        for (key, range) in served {
+            let opts = HistogramOpts::new("canopy_kafka_request_duration_seconds", "Time from a Kafka request's arrival to its response, by API")
+                .const_label("api", format!("{key:?}"))
+                .buckets(exponential_buckets(0.000_05, 2.0, 18).expect("buckets"));
+            slots[key as usize] = Some(ApiSlot {
+                key,
+                min_version: range.min,
+                requests: (range.min..=range.max).map(|_| AtomicU64::new(0)).collect(),
+                latency: Histogram::with_opts(opts).expect("valid histogram"),
+                errors: (0..ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
+            });
+        }
+        KafkaProbe { enabled, slots, connections: ConnectionStats::default() }
+    }
+
+    fn slot(&self, key: ApiKey) -> Option<&ApiSlot> {
+        self.slots.get(key as usize)?.as_ref()
+    }
+
+    /// A request of `key` at `version`, answered `started` ago.
+    pub fn answered(&self, key: ApiKey, version: i16, started: Instant) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(s) = self.slot(key) {
+            if let Some(c) = usize::try_from(version - s.min_version).ok().and_then(|i| s.requests.get(i)) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            s.latency.observe(started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// An error code answered for `key` (per partition where the API has them).
+    pub fn error(&self, key: ApiKey, code: i16) {
+        if !self.enabled || code == 0 {
+            return;
+        }
+        if let Some(c) = self.slot(key).and_then(|s| s.errors.get(code.max(0) as usize)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn slots(&self) -> impl Iterator<Item = &ApiSlot> {
+        self.slots.iter().flatten()
+    }
+}
+
+impl Default for KafkaProbe {
+    fn default() -> Self {
+        KafkaProbe::new(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_land_in_their_slots_and_unknown_ones_are_ignored() {
+        let p = KafkaProbe::new(true);
+        let t = Instant::now();
+        p.answered(ApiKey::Produce, 9, t);
+        p.answered(ApiKey::Produce, 9, t);
+        p.answered(ApiKey::Produce, 99, t);
+        p.error(ApiKey::Produce, 10);
+        p.error(ApiKey::Produce, 999);
+        p.error(ApiKey::Produce, -1);
+        let s = p.slot(ApiKey::Produce).unwrap();
+        assert_eq!(s.requests[(9 - s.min_version) as usize].load(Ordering::Relaxed), 2);
+        assert_eq!(s.latency.get_sample_count(), 3);
+        assert_eq!(s.errors[10].load(Ordering::Relaxed), 1);
+        let off = KafkaProbe::new(false);
+        off.answered(ApiKey::Produce, 9, t);
+        assert_eq!(off.slot(ApiKey::Produce).unwrap().latency.get_sample_count(), 0);
+    }
+}

@@ -1,0 +1,318 @@
+//! The scrape: the probes' histograms (registered), then families built
+//! from counters and state as they are at this moment. Every name is
+//! `canopy_*` with its unit; `process_*` are Prometheus's standard process
+//! metrics.
+//!
+//! Per-topic series are bounded: with at most `topic_label_limit` topics
+//! each topic is its own label; past that, topics are summed per branch
+//! (`topic="app.codestore.*"`, `partition="*"`), and branches per
+//! shorter prefix until the labels fit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Encoder, Registry, TextEncoder};
+
+use crate::engine::probe::EngineProbe;
+use crate::engine::Engine;
+use crate::kafka::probe::KafkaProbe;
+use crate::rest::Bridge;
+
+use super::{ConnectionStats, Health};
+
+pub struct Metrics {
+    registry: Registry,
+    engine: Arc<Engine>,
+    kafka: Arc<KafkaProbe>,
+    rest: Option<Arc<Bridge>>,
+    health: Arc<Health>,
+    topic_label_limit: usize,
+}
+
+impl Metrics {
+    pub fn new(engine: Arc<Engine>, engine_probe: &EngineProbe, kafka: Arc<KafkaProbe>, rest: Option<Arc<Bridge>>, health: Arc<Health>, topic_label_limit: usize) -> Metrics {
+        let registry = Registry::new();
+        let register = |c: Box<dyn prometheus::core::Collector>| registry.register(c).expect("metric names are unique");
+        register(Box::new(engine_probe.sync_seconds.clone()));
+        register(Box::new(engine_probe.sync_bytes.clone()));
+        for s in kafka.slots() {
+            register(Box::new(s.latency.clone()));
+        }
+        if let Some(b) = &rest {
+            for h in &b.probe.latency {
+                register(Box::new(h.clone()));
+            }
+        }
+        #[cfg(target_os = "linux")]
+        register(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
+        Metrics { registry, engine, kafka, rest, health, topic_label_limit: topic_label_limit.max(1) }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        let mut f = Families::default();
+        self.broker(&mut f);
+        self.kafka(&mut f);
+        self.rest(&mut f);
+        self.partitions(&mut f);
+        self.storage(&mut f);
+        families.extend(f.0.into_values());
+        families.sort_by(|a, b| a.name().cmp(b.name()));
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&families, &mut out).expect("text encoding");
+        String::from_utf8(out).expect("text format is UTF-8")
+    }
+
+    fn broker(&self, f: &mut Families) {
+        f.gauge("canopy_build_info", "Canopy's version (value 1)", &[("version", env!("CARGO_PKG_VERSION").to_owned())], 1.0);
+        f.gauge("canopy_ready", "1 once recovery is done and the listeners serve", &[], self.health.ready.load(Ordering::Acquire) as u8 as f64);
+        let p = self.engine.producer_stats();
+        f.counter("canopy_producer_duplicates_total", "Retried idempotent batches answered with their first offsets, not rewritten", &[], p.duplicates.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_producer_refused_total", "Idempotent batches refused (sequence gap, old epoch)", &[], p.refused.load(Ordering::Relaxed) as f64);
+    }
+
+    fn kafka(&self, f: &mut Families) {
+        connections(f, "kafka", &self.kafka.connections);
+        for s in self.kafka.slots() {
+            let api = format!("{:?}", s.key);
+            for (i, c) in s.requests.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let version = (s.min_version + i as i16).to_string();
+                    f.counter("canopy_kafka_requests_total", "Kafka requests answered, by API and version", &[("api", api.clone()), ("version", version)], n as f64);
+                }
+            }
+            for (code, c) in s.errors.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let name = kafka_protocol::ResponseError::try_from_code(code as i16).map_or_else(|| code.to_string(), |e| format!("{e:?}"));
+                    f.counter("canopy_kafka_errors_total", "Kafka error codes answered (per partition where the API has partitions), by API and error", &[("api", api.clone()), ("error", name)], n as f64);
+                }
+            }
+        }
+    }
+
+    fn rest(&self, f: &mut Families) {
+        let Some(b) = &self.rest else { return };
+        connections(f, "rest", &b.connections);
+        let mut rejected: BTreeMap<&str, u64> = BTreeMap::new();
+        for (route, status, n) in b.probe.counts() {
+            let reason = match status.as_str() {
+                "401" => Some("unauthenticated"),
+                "403" => Some("forbidden"),
+                "413" => Some("too_large"),
+                "429" => Some("rate_limited"),
+                "503" => Some("saturated"),
+                _ => None,
+            };
+            if let Some(r) = reason {
+                *rejected.entry(r).or_default() += n;
+            }
+            f.counter("canopy_rest_requests_total", "REST requests answered, by route and status", &[("route", route.to_owned()), ("status", status)], n as f64);
+        }
+        for (reason, n) in rejected {
+            f.counter("canopy_rest_rejected_total", "REST requests refused (401, 403, 413, 429, 503), by reason", &[("reason", reason.to_owned())], n as f64);
+        }
+        f.counter("canopy_rest_events_total", "Records and events appended through the REST bridge", &[], b.probe.events.load(Ordering::Relaxed) as f64);
+    }
+
+    /// Offsets, traffic and group lag, per topic or per branch.
+    fn partitions(&self, f: &mut Families) {
+        let topics = self.engine.topics();
+        let names: Vec<&str> = topics.iter().map(|t| t.name()).collect();
+        let label = topic_labels(&names, self.topic_label_limit);
+        let aggregated = topics.len() > self.topic_label_limit;
+        f.gauge("canopy_topics", "Topics", &[], topics.len() as f64);
+        f.gauge("canopy_partitions", "Partitions of all topics", &[], topics.iter().map(|t| t.partitions() as f64).sum());
+        // (label, partition) -> (log start, high watermark, log end)
+        let mut offsets: BTreeMap<(&str, String), [f64; 3]> = BTreeMap::new();
+        let mut traffic: BTreeMap<&str, [f64; 3]> = BTreeMap::new();
+        let mut hw_of: HashMap<(&str, i32), i64> = HashMap::new();
+        let (mut records_in, mut bytes_in, mut bytes_out) = (0.0, 0.0, 0.0);
+        for t in &topics {
+            let l = label[t.name()].as_str();
+            let tr = &t.traffic;
+            let row = [tr.records_in.load(Ordering::Relaxed) as f64, tr.bytes_in.load(Ordering::Relaxed) as f64, tr.bytes_out.load(Ordering::Relaxed) as f64];
+            records_in += row[0];
+            bytes_in += row[1];
+            bytes_out += row[2];
+            let e = traffic.entry(l).or_default();
+            (0..3).for_each(|i| e[i] += row[i]);
+            for p in 0..t.partitions() {
+                let Some((ls, hw, leo)) = self.engine.offsets(&t.tp(p)) else { continue };
+                hw_of.insert((t.name(), p), hw);
+                let key = (l, if aggregated { "*".to_owned() } else { p.to_string() });
+                let e = offsets.entry(key).or_default();
+                e[0] += ls as f64;
+                e[1] += hw as f64;
+                e[2] += leo as f64;
+            }
+        }
+        f.counter("canopy_records_in_total", "Records appended (Kafka and REST)", &[], records_in);
+        f.counter("canopy_bytes_in_total", "Record batch bytes appended (Kafka and REST)", &[], bytes_in);
+        f.counter("canopy_bytes_out_total", "Record batch bytes returned to Kafka fetches", &[], bytes_out);
+        for (l, [r, bi, bo]) in &traffic {
+            let labels = [("topic", l.to_string())];
+            f.counter("canopy_topic_records_in_total", "Records appended, by topic (or branch)", &labels, *r);
+            f.counter("canopy_topic_bytes_in_total", "Record batch bytes appended, by topic (or branch)", &labels, *bi);
+            f.counter("canopy_topic_bytes_out_total", "Record batch bytes fetched, by topic (or branch)", &labels, *bo);
+        }
+        for ((l, p), [ls, hw, leo]) in &offsets {
+            let labels = [("topic", l.to_string()), ("partition", p.clone())];
+            f.gauge("canopy_log_start_offset", "First offset kept, by partition (summed per branch when aggregated)", &labels, *ls);
+            f.gauge("canopy_high_watermark", "High watermark, by partition (summed per branch when aggregated)", &labels, *hw);
+            f.gauge("canopy_log_end_offset", "Log end offset, by partition (summed per branch when aggregated)", &labels, *leo);
+        }
+        // Group lag: high watermark minus the committed offset.
+        let catalog = self.engine.catalog();
+        let mut lag: BTreeMap<(String, &str, String), f64> = BTreeMap::new();
+        for g in catalog.offset_groups().unwrap_or_default() {
+            for (topic, p, rec) in catalog.group_offsets(&g).unwrap_or_default() {
+                let Some((name, hw)) = hw_of.get_key_value(&(topic.as_str(), p)).map(|((n, _), hw)| (*n, *hw)) else { continue };
+                let l = label[name].as_str();
+                let key = (g.clone(), l, if aggregated { "*".to_owned() } else { p.to_string() });
+                *lag.entry(key).or_default() += (hw - rec.offset).max(0) as f64;
+            }
+        }
+        for ((g, l, p), v) in lag {
+            f.gauge("canopy_consumer_group_lag", "Records between a group's committed offset and the high watermark", &[("group", g), ("topic", l.to_owned()), ("partition", p)], v);
+        }
+    }
+
+    fn storage(&self, f: &mut Families) {
+        let tip = self.engine.tip_stats();
+        f.gauge("canopy_tip_bytes", "Bytes of batches held in the in-memory tip", &[], tip.bytes_used as f64);
+        f.gauge("canopy_tip_batches", "Batches held in the tip", &[], tip.batches as f64);
+        f.gauge("canopy_tip_branches", "Branches with batches in the tip", &[], tip.branches as f64);
+        f.gauge("canopy_tip_oldest_sequence", "Stream sequence number of the oldest batch in the tip (0: empty)", &[], tip.oldest_seq.unwrap_or(0) as f64);
+        f.gauge("canopy_tip_pool_blocks", "Blocks of the tip's shared pool, by state", &[("state", "used".into())], tip.blocks_in_use as f64);
+        f.gauge("canopy_tip_pool_blocks", "Blocks of the tip's shared pool, by state", &[("state", "free".into())], tip.blocks_free as f64);
+        f.counter("canopy_tip_reads_total", "Reads by where they were served (hit: the tip; miss: the logs)", &[("result", "hit".into())], tip.hits as f64);
+        f.counter("canopy_tip_reads_total", "Reads by where they were served (hit: the tip; miss: the logs)", &[("result", "miss".into())], tip.misses as f64);
+        let s = self.engine.storage();
+        let r = s.read_stats();
+        f.counter("canopy_disk_read_scanned_bytes_total", "Bytes read from log and store files by fetches (tip hits excluded)", &[], r.scanned.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_disk_read_delivered_bytes_total", "Bytes those disk reads returned (scanned / delivered is the read amplification)", &[], r.delivered.load(Ordering::Relaxed) as f64);
+        let c = s.compaction_stats();
+        f.gauge("canopy_compaction_lag_seconds", "How long the oldest sealed segment not yet compacted has waited past its lag", &[], c.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0);
+        f.counter("canopy_compaction_windows_total", "Compaction windows completed", &[], c.windows.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_compaction_read_bytes_total", "Segment bytes compacted into subtree stores", &[], c.bytes_compacted.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_compaction_written_bytes_total", "Subtree store bytes written", &[], c.bytes_written.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_compaction_stores_written_total", "Subtree stores written", &[], c.stores_written.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_compaction_stores_deleted_total", "Subtree stores deleted by retention", &[], c.stores_deleted.load(Ordering::Relaxed) as f64);
+    }
+}
+
+fn connections(f: &mut Families, listener: &str, c: &ConnectionStats) {
+    let l = [("listener", listener.to_owned())];
+    f.gauge("canopy_connections_open", "Open client connections, by listener", &l, c.open.load(Ordering::Relaxed) as f64);
+    f.counter("canopy_connections_accepted_total", "Client connections accepted, by listener", &l, c.accepted.load(Ordering::Relaxed) as f64);
+    f.counter("canopy_connections_rejected_total", "Client connections refused at the connection limit, by listener", &l, c.rejected.load(Ordering::Relaxed) as f64);
+}
+
+/// Families by name, so samples with the same name share one.
+#[derive(Default)]
+struct Families(BTreeMap<String, MetricFamily>);
+
+impl Families {
+    fn sample(&mut self, name: &str, help: &str, kind: MetricType, labels: &[(&str, String)], value: f64) {
+        let fam = self.0.entry(name.to_owned()).or_insert_with(|| {
+            let mut m = MetricFamily::default();
+            m.set_name(name.to_owned());
+            m.set_help(help.to_owned());
+            m.set_field_type(kind);
+            m
+        });
+        let mut m = Metric::from_label(
+            labels
+                .iter()
+                .map(|(k, v)| {
+                    let mut l = LabelPair::default();
+                    l.set_name((*k).to_owned());
+                    l.set_value(v.clone());
+                    l
+                })
+                .collect(),
+        );
+        match kind {
+            MetricType::COUNTER => {
+                let mut c = Counter::default();
+                c.set_value(value);
+                m.set_counter(c);
+            }
+            _ => {
+                let mut g = Gauge::default();
+                g.set_value(value);
+                m.set_gauge(g);
+            }
+        }
+        fam.mut_metric().push(m);
+    }
+
+    fn counter(&mut self, name: &str, help: &str, labels: &[(&str, String)], value: f64) {
+        self.sample(name, help, MetricType::COUNTER, labels, value)
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, String)], value: f64) {
+        self.sample(name, help, MetricType::GAUGE, labels, value)
+    }
+}
+
+/// The label of each topic: itself while there are at most `limit`
+/// topics; else its branch (`a.b.*` for `a.b.c`), cut to shorter
+/// prefixes until at most `limit` labels remain (`*` at the end: all).
+pub fn topic_labels<'a>(names: &[&'a str], limit: usize) -> HashMap<&'a str, String> {
+    if names.len() <= limit {
+        return names.iter().map(|n| (*n, (*n).to_owned())).collect();
+    }
+    let segments = |n: &str| n.split('.').count();
+    let deepest = names.iter().map(|n| segments(n)).max().unwrap_or(1);
+    let at = |n: &str, depth: usize| -> String {
+        let keep = depth.min(segments(n) - 1);
+        if keep == 0 {
+            "*".to_owned()
+        } else {
+            let cut: Vec<&str> = n.split('.').take(keep).collect();
+            format!("{}.*", cut.join("."))
+        }
+    };
+    for depth in (1..deepest).rev() {
+        let distinct: HashSet<String> = names.iter().map(|n| at(n, depth)).collect();
+        if distinct.len() <= limit {
+            return names.iter().map(|n| (*n, at(n, depth))).collect();
+        }
+    }
+    names.iter().map(|n| (*n, "*".to_owned())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_are_their_own_label_until_the_limit_then_their_branch() {
+        let names = ["app.codestore.commits", "app.codestore.pushes", "app.web.clicks", "solo"];
+        let own = topic_labels(&names, 4);
+        assert_eq!(own["app.web.clicks"], "app.web.clicks");
+        let branch = topic_labels(&names, 3);
+        assert_eq!(branch["app.codestore.commits"], "app.codestore.*");
+        assert_eq!(branch["app.web.clicks"], "app.web.*");
+        assert_eq!(branch["solo"], "*");
+        let top = topic_labels(&names, 2);
+        assert_eq!(top["app.codestore.commits"], "app.*");
+        assert_eq!(top["solo"], "*");
+        let all = topic_labels(&names, 1);
+        assert!(all.values().all(|l| l == "*"));
+    }
+
+    #[test]
+    fn a_hundred_thousand_flat_topics_collapse_into_one_label() {
+        let names: Vec<String> = (0..100_000).map(|i| format!("t{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let l = topic_labels(&refs, 1000);
+        assert_eq!(l.values().collect::<HashSet<_>>().len(), 1);
+    }
+}
