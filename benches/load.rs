@@ -8,6 +8,7 @@
 //! cargo bench --bench load -- --transactions [--quick]  # 100 records per transaction
 //! cargo bench --bench load -- --tip [--quick]  # catch-up readers in the tip, index vs scan
 //! cargo bench --bench load -- --stream [--quick]  # subtree streams vs per-tp reads, tip and disk
+//! cargo bench --bench load -- --metrics [--quick]  # produce with metrics on (scraped every second) vs off
 //! ```
 //!
 //! Reports records/s, MB/s and broker CPU (utime+stime of the child from
@@ -171,6 +172,72 @@ fn produce_with(broker: &Broker, topic: &str, partitions: i32, size: usize, acks
     assert_eq!(counter.failed.load(Ordering::Relaxed), 0, "deliveries failed");
     assert_eq!(counter.ok.load(Ordering::Relaxed), records);
     Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s){label}"), records, bytes: records * size as u64, secs, cpu, client_cpu }
+}
+
+/// What metrics cost (issue 8): the same produce load against a broker
+/// with `--metrics-enabled false` and one with metrics on and scraped
+/// every second, alternating three times so drift hits both alike; the
+/// best run of each is compared. 100-byte records, acks=1 and acks=all,
+/// 16 partitions.
+fn metrics_cost(dir: &Path, scale: u64) {
+    let n = 3_000_000 / scale;
+    for acks in ["1", "all"] {
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        let (mut cpu_off, mut cpu_on) = (Vec::new(), Vec::new());
+        let mut scrapes = 0u64;
+        for run in 0..3 {
+            for enabled in [false, true] {
+                let data = dir.join(format!("metrics-{acks}-{run}-{enabled}"));
+                let broker = Broker::spawn(&data, &["--segment-bytes", "2147483648", "--flush", "always", "--metrics-enabled", if enabled { "true" } else { "false" }]);
+                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let scraper = enabled.then(|| {
+                    let (stop, admin) = (stop.clone(), broker.admin);
+                    std::thread::spawn(move || {
+                        let mut n = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            use std::io::{Read, Write};
+                            let mut s = std::net::TcpStream::connect(admin).unwrap();
+                            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+                            let mut body = Vec::new();
+                            s.read_to_end(&mut body).unwrap();
+                            assert!(body.starts_with(b"HTTP/1.0 200") || body.starts_with(b"HTTP/1.1 200"));
+                            n += 1;
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                        n
+                    })
+                });
+                let label = if enabled { ", metrics on, scraped every 1 s" } else { ", metrics off" };
+                let r = produce_with(&broker, "bench.metrics", 16, 100, acks, n, &[], label);
+                stop.store(true, Ordering::Relaxed);
+                if let Some(s) = scraper {
+                    scrapes += s.join().unwrap();
+                }
+                r.print();
+                let (rate, cpu) = (r.records as f64 / r.secs, r.cpu / r.records as f64 * 1e6);
+                if enabled {
+                    on.push(rate);
+                    cpu_on.push(cpu);
+                } else {
+                    off.push(rate);
+                    cpu_off.push(cpu);
+                }
+                broker.kill9();
+                let _ = std::fs::remove_dir_all(&data);
+            }
+        }
+        let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        let least = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+        println!(
+            "\nacks={acks}: best of 3, metrics on {:.0} records/s vs off {:.0}: {:+.1}% throughput; broker CPU per million records {:.2} s on vs {:.2} s off ({:+.1}%); {scrapes} scrapes\n",
+            best(&on),
+            best(&off),
+            100.0 * (best(&on) / best(&off) - 1.0),
+            least(&cpu_on),
+            least(&cpu_off),
+            100.0 * (least(&cpu_on) / least(&cpu_off) - 1.0)
+        );
+    }
 }
 
 /// Producer semantics (issue 4): idempotence on vs off, and each codec,
@@ -571,6 +638,11 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--tip") {
         tip_catch_up(&dir, scale);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    if std::env::args().any(|a| a == "--metrics") {
+        metrics_cost(&dir, scale);
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo build --release && cargo bench --bench rest            # 10 s per case
 //! cargo bench --bench rest -- --seconds 20 --connections 64
+//! cargo bench --bench rest -- --metrics-cost   # one event, acks=1: metrics on vs off
 //! ```
 //!
 //! The ceiling is this program started again as `--ceiling-server`: a
@@ -24,10 +25,11 @@ use tokio::net::TcpStream;
 struct Args {
     seconds: u64,
     connections: usize,
+    metrics_cost: bool,
 }
 
 fn args() -> (Args, bool) {
-    let mut a = Args { seconds: 10, connections: 64 };
+    let mut a = Args { seconds: 10, connections: 64, metrics_cost: false };
     let mut ceiling = false;
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -35,6 +37,7 @@ fn args() -> (Args, bool) {
             "--seconds" => a.seconds = it.next().unwrap().parse().unwrap(),
             "--connections" => a.connections = it.next().unwrap().parse().unwrap(),
             "--ceiling-server" => ceiling = true,
+            "--metrics-cost" => a.metrics_cost = true,
             "--bench" => {}
             _ => panic!("unknown argument {k}"),
         }
@@ -146,7 +149,9 @@ fn request(path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
     r
 }
 
-fn spawn_reading_addr(mut cmd: Command, from_log: bool) -> (Child, SocketAddr) {
+/// The child, and the address it serves on (the REST address, with the
+/// admin address, for Canopy).
+fn spawn_reading_addr(mut cmd: Command, from_log: bool) -> (Child, SocketAddr, Option<SocketAddr>) {
     use std::io::BufRead;
     let mut child = if from_log { cmd.stderr(Stdio::piped()).stdout(Stdio::null()) } else { cmd.stdout(Stdio::piped()) }.spawn().unwrap();
     let lines: Box<dyn std::io::Read + Send> = if from_log { Box::new(child.stderr.take().unwrap()) } else { Box::new(child.stdout.take().unwrap()) };
@@ -158,18 +163,19 @@ fn spawn_reading_addr(mut cmd: Command, from_log: bool) -> (Child, SocketAddr) {
                 continue;
             }
             if !from_log {
-                let _ = tx.send(line.trim().parse::<SocketAddr>().unwrap());
+                let _ = tx.send((line.trim().parse::<SocketAddr>().unwrap(), None));
                 sent = true;
             } else if line.contains("canopy is serving") {
                 let v: serde_json::Value = serde_json::from_str(&line).unwrap();
                 let rest = v["fields"]["rest_addr"].as_str().unwrap();
-                let _ = tx.send(rest.trim_start_matches("Some(").trim_end_matches(')').parse().unwrap());
+                let admin: SocketAddr = v["fields"]["admin_addr"].as_str().unwrap().parse().unwrap();
+                let _ = tx.send((rest.trim_start_matches("Some(").trim_end_matches(')').parse().unwrap(), Some(admin)));
                 sent = true;
             }
         }
     });
-    let addr = rx.recv_timeout(Duration::from_secs(120)).expect("child reported its address");
-    (child, addr)
+    let (addr, admin) = rx.recv_timeout(Duration::from_secs(120)).expect("child reported its address");
+    (child, addr, admin)
 }
 
 fn main() {
@@ -189,13 +195,16 @@ fn main() {
     let ndjson: Vec<u8> = (0..1000).flat_map(|_| event.iter().copied().chain([b'\n'])).collect();
     let v2 = format!("{{\"records\":[{{\"value\":{}}}]}}", std::str::from_utf8(event).unwrap()).into_bytes();
 
+    if a.metrics_cost {
+        return metrics_cost(&a, &canopy, dir.path(), &principals, event);
+    }
     let me = std::env::current_exe().unwrap();
     let mut cmd = Command::new(me);
     cmd.arg("--ceiling-server");
-    let (mut ceiling_child, ceiling_addr) = spawn_reading_addr(cmd, false);
+    let (mut ceiling_child, ceiling_addr, _) = spawn_reading_addr(cmd, false);
     let mut cmd = Command::new(&canopy);
     cmd.args(["serve", "--data-dir"]).arg(dir.path().join("data")).args(["--kafka-listener", "127.0.0.1:0", "--admin-listener", "127.0.0.1:0", "--rest-listener", "127.0.0.1:0", "--log-format", "json", "--principals-file"]).arg(&principals).env("RUST_LOG", "info");
-    let (mut canopy_child, rest_addr) = spawn_reading_addr(cmd, true);
+    let (mut canopy_child, rest_addr, _) = spawn_reading_addr(cmd, true);
     let auth = [("Content-Type", "application/json"), ("Authorization", "Bearer bench-token")];
     let cases: Vec<(&str, bool, Vec<u8>, u64)> = vec![
         ("ceiling (minimal hyper server), one event", true, request("/ingest/bench.e", &[("Content-Type", "application/json")], event), 1),
@@ -226,4 +235,62 @@ fn main() {
     let _ = canopy_child.kill();
     let _ = ceiling_child.wait();
     let _ = canopy_child.wait();
+}
+
+/// What metrics cost per request (issue 8): single-event acks=1 posts
+/// with a Bearer token against a broker with metrics on (scraped every
+/// second) and one with `--metrics-enabled false`, alternating three
+/// times; the best run of each and broker CPU per request.
+fn metrics_cost(a: &Args, canopy: &std::path::Path, dir: &std::path::Path, principals: &std::path::Path, event: &[u8]) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let req = request("/ingest/bench.e?acks=1", &[("Content-Type", "application/json"), ("Authorization", "Bearer bench-token")], event);
+    println!("## REST metrics cost: {} connections, {} s per run\n", a.connections, a.seconds);
+    println!("| run | req/s | p99 ms | server CPU s/s | CPU µs per request |");
+    println!("|---|---:|---:|---:|---:|");
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for run in 0..3 {
+        for enabled in [false, true] {
+            let mut cmd = Command::new(canopy);
+            cmd.args(["serve", "--data-dir"]).arg(dir.join(format!("m{run}{enabled}"))).args(["--kafka-listener", "127.0.0.1:0", "--admin-listener", "127.0.0.1:0", "--rest-listener", "127.0.0.1:0", "--log-format", "json", "--metrics-enabled", if enabled { "true" } else { "false" }, "--principals-file"]).arg(principals).env("RUST_LOG", "info");
+            let (mut child, addr, admin) = spawn_reading_addr(cmd, true);
+            let admin = admin.expect("canopy reports its admin address");
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let scraper = enabled.then(|| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        use std::io::Read;
+                        let mut s = std::net::TcpStream::connect(admin).unwrap();
+                        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+                        let mut body = Vec::new();
+                        s.read_to_end(&mut body).unwrap();
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                })
+            });
+            let r = rt.block_on(load(addr, req.clone(), a, child.id()));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(s) = scraper {
+                s.join().unwrap();
+            }
+            let rps = r.requests as f64 / r.seconds;
+            let p99 = r.latencies.get(((r.latencies.len() as f64 * 0.99) as usize).min(r.latencies.len().saturating_sub(1))).map_or(0.0, |&us| us as f64 / 1000.0);
+            let cpu_us = r.cpu / r.requests.max(1) as f64 * 1e6;
+            println!("| {} {run} | {rps:.0} | {p99:.2} | {:.2} | {cpu_us:.2} |", if enabled { "metrics on" } else { "metrics off" }, r.cpu / r.seconds);
+            if enabled { on.push((rps, cpu_us)) } else { off.push((rps, cpu_us)) }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    let best = |v: &[(f64, f64)]| v.iter().map(|x| x.0).fold(0.0, f64::max);
+    let least = |v: &[(f64, f64)]| v.iter().map(|x| x.1).fold(f64::MAX, f64::min);
+    println!(
+        "\nbest of 3: metrics on {:.0} req/s vs off {:.0} ({:+.1}%); least CPU per request {:.2} µs on vs {:.2} µs off ({:+.1}%)",
+        best(&on),
+        best(&off),
+        100.0 * (best(&on) / best(&off) - 1.0),
+        least(&on),
+        least(&off),
+        100.0 * (least(&on) / least(&off) - 1.0)
+    );
 }

@@ -37,7 +37,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -646,7 +646,14 @@ impl Storage {
 
         let mut entries = fs::read_dir(&log_dir).map_err(io_err(&log_dir))?.collect::<Result<Vec<_>, _>>().map_err(io_err(&log_dir))?;
         entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
+        let total_branches = entries.len();
+        let mut last_progress = Instant::now();
+        for (done, entry) in entries.into_iter().enumerate() {
+            // Progress for operators watching a long recovery.
+            if last_progress.elapsed() >= Duration::from_secs(2) {
+                last_progress = Instant::now();
+                tracing::info!(branches_done = done, branches = total_branches, segments = report.segments, bytes = report.bytes, elapsed_ms = started.elapsed().as_millis() as u64, "recovering branch logs");
+            }
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some(branch_name) = name.strip_suffix(".br") else { continue };
             let branch = storage_branch(&mut branches, branch_name);

@@ -58,6 +58,8 @@ pub struct ChildBroker {
     pub kafka: SocketAddr,
     /// The REST bridge's address.
     pub rest: SocketAddr,
+    /// The admin listener's address (/health, /ready, /metrics).
+    pub admin: SocketAddr,
     /// The child's log lines (JSON), from the start.
     pub log: std::sync::mpsc::Receiver<String>,
 }
@@ -88,14 +90,15 @@ impl ChildBroker {
                     // Logged as `Some(host:port)`.
                     let rest = v["fields"]["rest_addr"].as_str().expect("rest_addr field");
                     let rest: SocketAddr = rest.trim_start_matches("Some(").trim_end_matches(')').parse().expect("a REST address");
-                    let _ = tx.send((addr, rest));
+                    let admin: SocketAddr = v["fields"]["admin_addr"].as_str().expect("admin_addr field").parse().unwrap();
+                    let _ = tx.send((addr, rest, admin));
                     sent = true;
                 }
                 let _ = log_tx.send(line);
             }
         });
-        let (kafka, rest) = rx.recv_timeout(Duration::from_secs(600)).expect("broker child reported its address");
-        ChildBroker { child, kafka, rest, log }
+        let (kafka, rest, admin) = rx.recv_timeout(Duration::from_secs(600)).expect("broker child reported its address");
+        ChildBroker { child, kafka, rest, admin, log }
     }
 
     pub fn kill9(mut self) {
