@@ -320,7 +320,8 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
 async fn track(axum::extract::State(b): axum::extract::State<Arc<Bridge>>, path: axum::extract::MatchedPath, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let started = std::time::Instant::now();
     let route = probe::RestProbe::route_index(path.as_str());
-    let resp = next.run(req).await;
+    let span = tracing::debug_span!("rest", route = path.as_str(), method = %req.method());
+    let resp = tracing::Instrument::instrument(next.run(req), span).await;
     b.probe.answered(route, resp.status().as_u16(), started);
     resp
 }
