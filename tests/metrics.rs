@@ -103,7 +103,8 @@ async fn every_metric_the_dashboard_queries_is_exported_after_real_traffic() {
     oc.set("auto.offset.reset", "earliest");
     let stray: StreamConsumer = oc.create().unwrap();
     stray.assign(&tpl).unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(10), stray.recv()).await;
+    let first = tokio::time::timeout(Duration::from_secs(30), stray.recv()).await.expect("the stray consumer resets to earliest").unwrap();
+    assert_eq!(rdkafka::Message::offset(&first), 0);
 
     // REST: an accepted post and a refused one (413).
     let http = reqwest::Client::new();
@@ -112,6 +113,8 @@ async fn every_metric_the_dashboard_queries_is_exported_after_real_traffic() {
     assert_eq!(ok.status(), 200);
     let big = http.post(format!("http://{rest}/ingest/metrics/rest")).header("content-type", "application/json").body(format!("{{\"pad\":\"{}\"}}", "x".repeat(2048))).send().await.unwrap();
     assert_eq!(big.status(), 413);
+    let lost = http.get(format!("http://{rest}/no/such/route")).send().await.unwrap();
+    assert_eq!(lost.status(), 404);
 
     let text = scrape(admin).await;
     let got = samples(&text);
@@ -129,6 +132,14 @@ async fn every_metric_the_dashboard_queries_is_exported_after_real_traffic() {
     assert!(got["canopy_kafka_errors_total"].iter().any(|l| l.contains("api=\"Fetch\"") && l.contains("OffsetOutOfRange")), "{:?}", got.get("canopy_kafka_errors_total"));
     assert!(got["canopy_kafka_requests_total"].iter().any(|l| l.contains("api=\"Produce\"")));
     assert!(value("canopy_connections_open", "{listener=\"kafka\"}") >= 1.0);
+    assert_eq!(value("canopy_rest_requests_total", "{route=\"/ingest/{*path}\",status=\"200\"}"), 1.0, "a matched route keeps its path");
+    assert_eq!(value("canopy_rest_requests_total", "{route=\"other\",status=\"404\"}"), 1.0, "an unmatched path is counted as other");
+    // Bytes out are the batches each reply carried: the group consumer read
+    // the 20 batches once, the stray consumer once more after its reset to
+    // earliest; empty long polls add nothing.
+    let (bin, bout) = (value("canopy_topic_bytes_in_total", "{topic=\"metrics.kafka\"}"), value("canopy_topic_bytes_out_total", "{topic=\"metrics.kafka\"}"));
+    assert!(bin > 0.0);
+    assert_eq!(bout, 2.0 * bin, "fetched bytes counted once per reply");
 
     // Every metric and label matcher the dashboard uses is there.
     let exprs = dashboard_exprs();

@@ -223,7 +223,8 @@ enum AppendFailure {
 type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
 
 enum WriteCmd {
-    Append { tp: Tp, records: Bytes, log_append_time: bool, ack: Ack, reply: Reply },
+    /// `traffic` counts each batch that reaches the log.
+    Append { tp: Tp, records: Bytes, log_append_time: bool, ack: Ack, traffic: Arc<probe::Traffic>, reply: Reply },
     /// A transaction marker the coordinator writes; acked when durable.
     Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
     /// The coordinator is about to decide a transaction: no more of its
@@ -355,7 +356,7 @@ impl Engine {
                     log_start: log_starts.get(&(record.id, p)).copied().unwrap_or(0),
                 });
             }
-            topics.insert(record.name.clone(), Arc::new(Topic { record, config, traffic: Default::default() }));
+            topics.insert(record.name.clone(), Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(cfg.probe.traffic.clone())) }));
         }
         let windows = catalog.windows()?;
         let storage = Arc::new(Storage::open_with(&cfg.data_dir, cfg.storage.clone(), specs, clean, Some(&windows))?);
@@ -494,7 +495,7 @@ impl Engine {
             configs,
             created_ms: self.now_ms(),
         };
-        let topic = Arc::new(Topic { record, config, traffic: Default::default() });
+        let topic = Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(self.cfg.probe.traffic.clone())) });
         if validate_only {
             return Ok(topic);
         }
@@ -578,7 +579,6 @@ impl Engine {
         // Kafka); what it may inflate to while validated is bounded apart.
         let inflate_limit = self.cfg.max_inflated_batch_bytes.max(limit);
         let mut any = false;
-        let mut count: u64 = 0;
         // A topic with its own compression.type gets every batch in that
         // codec: batches in another are recompressed here (a slow path).
         let target = match topic.config.compression {
@@ -614,7 +614,6 @@ impl Engine {
                 return Err(EngineError::Corrupt(BatchError::ControlBatch));
             }
             any = true;
-            count += h.records_count.max(0) as u64;
             if let Some(codec) = target.filter(|c| *c != h.compression()) {
                 recompressed = true;
                 let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
@@ -633,13 +632,13 @@ impl Engine {
             Some(r) if recompressed => Bytes::from(r),
             _ => records,
         };
-        topic.traffic.appended(count, records.len() as u64);
         let (reply, rx) = oneshot::channel();
         let cmd = WriteCmd::Append {
             tp: topic.tp(partition),
             records,
             log_append_time: topic.config.timestamp_type == TimestampType::LogAppendTime,
             ack,
+            traffic: topic.traffic.clone(),
             reply,
         };
         self.writer.send(cmd).await.map_err(|_| EngineError::ShuttingDown)?;
@@ -1018,7 +1017,7 @@ fn writer_loop(
         let mut stopping = false;
         for cmd in round.drain(..) {
             match cmd {
-                WriteCmd::Append { tp, records, log_append_time, ack, reply } => {
+                WriteCmd::Append { tp, records, log_append_time, ack, traffic, reply } => {
                     let mut result: Option<AppendResult> = None;
                     let mut failed = None;
                     for b in batch::split(&records) {
@@ -1052,6 +1051,7 @@ fn writer_loop(
                         match storage.append(tp, b, now, log_append_time) {
                             Ok(a) => {
                                 appended_since_snapshot += b.len() as u64;
+                                traffic.appended(h.records_count.max(0) as u64, b.len() as u64);
                                 let r = result.get_or_insert(AppendResult {
                                     base_offset: a.base_offset,
                                     last_offset: a.last_offset,
@@ -1267,7 +1267,7 @@ fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, wa
 mod tests {
     use super::*;
     use crate::protocol::batch::tests::make_batch;
-    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
     fn clock_at(t: &Arc<AtomicI64>) -> Clock {
         let t = t.clone();
@@ -1338,6 +1338,42 @@ mod tests {
         let r = engine.append(&topic, 1, Bytes::from(two), Ack::Durable).await.unwrap();
         assert_eq!((r.base_offset, r.last_offset), (0, 2));
         assert_eq!(engine.offsets(&topic.tp(1)), Some((0, 3, 3)));
+        engine.shutdown().await;
+    }
+
+    /// `make_batch` as an idempotent producer's batch.
+    fn idempotent(values: &[&[u8]], producer_id: i64, sequence: i32) -> Bytes {
+        let mut b = make_batch(values, 0);
+        b[43..51].copy_from_slice(&producer_id.to_be_bytes());
+        b[51..53].copy_from_slice(&0i16.to_be_bytes());
+        b[53..57].copy_from_slice(&sequence.to_be_bytes());
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        Bytes::from(b)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn traffic_counts_what_reached_the_log_and_outlives_the_topic() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+        let topic = engine.create_topic("t.traffic", 1, BTreeMap::new(), false).unwrap();
+        let id = engine.catalog().allocate_producer_id().unwrap();
+        let first = idempotent(&[b"a", b"b"], id, 0);
+        engine.append(&topic, 0, first.clone(), Ack::Durable).await.unwrap();
+        // A retry of the same batch is answered, not written: not traffic.
+        let again = engine.append(&topic, 0, first.clone(), Ack::Durable).await.unwrap();
+        assert_eq!((again.base_offset, again.last_offset), (0, 1));
+        // A sequence gap is refused by the writer: not traffic either.
+        let gap = engine.append(&topic, 0, idempotent(&[b"c"], id, 7), Ack::Durable).await;
+        assert!(matches!(gap, Err(EngineError::ProducerRefused(_))), "{gap:?}");
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let t = &topic.traffic.topic;
+        assert_eq!((load(&t.records_in), load(&t.bytes_in)), (2, first.len() as u64));
+        let totals = engine.config().probe.traffic.clone();
+        assert_eq!((load(&totals.records_in), load(&totals.bytes_in)), (2, first.len() as u64));
+        // The broker's totals do not go back when the topic goes.
+        engine.delete_topic("t.traffic").unwrap();
+        assert_eq!(load(&totals.records_in), 2);
         engine.shutdown().await;
     }
 }

@@ -3,6 +3,7 @@
 //! through `EngineConfig`; updates are atomics, never locks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use prometheus::{exponential_buckets, Histogram, HistogramOpts};
 
@@ -14,6 +15,8 @@ pub struct EngineProbe {
     pub sync_seconds: Histogram,
     /// Bytes each fsync round made durable.
     pub sync_bytes: Histogram,
+    /// The broker's traffic totals (every topic's [`Traffic`] adds to them).
+    pub traffic: Arc<Counters>,
 }
 
 impl Default for EngineProbe {
@@ -28,33 +31,72 @@ impl EngineProbe {
         EngineProbe {
             enabled,
             sync_seconds: h("canopy_fsync_duration_seconds", "Time of one fsync round of the branch logs", exponential_buckets(0.000_05, 2.0, 16).expect("buckets")),
-            sync_bytes: h("canopy_fsync_bytes", "Bytes made durable by one fsync round", exponential_buckets(512.0, 4.0, 12).expect("buckets")),
+            sync_bytes: h("canopy_fsync_bytes", "Bytes written since the previous fsync round, made durable by this one", exponential_buckets(512.0, 4.0, 12).expect("buckets")),
+            traffic: Arc::default(),
         }
     }
 
+    /// One fsync round. Idle rounds of the interval policy (nothing
+    /// written since the last one) are not observations of fsync cost.
     pub(crate) fn synced(&self, seconds: f64, bytes: u64) {
-        if self.enabled {
+        if self.enabled && bytes > 0 {
             self.sync_seconds.observe(seconds);
             self.sync_bytes.observe(bytes as f64);
         }
     }
 }
 
-/// A topic's traffic, kept on the topic itself so counting needs no lookup.
+/// Records and bytes in and out: one set per topic, one for the broker.
 #[derive(Debug, Default)]
-pub struct Traffic {
+pub struct Counters {
     pub records_in: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
 }
 
+/// A topic's traffic, kept on the topic itself so counting needs no lookup.
+/// Each update also goes to the broker's totals, which outlive the topic:
+/// a deleted topic takes its own counters with it, the totals never go back.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    pub topic: Counters,
+    pub broker: Arc<Counters>,
+}
+
 impl Traffic {
-    pub fn appended(&self, records: u64, bytes: u64) {
-        self.records_in.fetch_add(records, Ordering::Relaxed);
-        self.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    pub fn new(broker: Arc<Counters>) -> Traffic {
+        Traffic { topic: Counters::default(), broker }
     }
 
+    /// Counts a batch once it is in the log (not when it is only queued:
+    /// a refused, failed or duplicate batch is not traffic in).
+    pub fn appended(&self, records: u64, bytes: u64) {
+        for c in [&self.topic, &*self.broker] {
+            c.records_in.fetch_add(records, Ordering::Relaxed);
+            c.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts bytes sent in a fetch response.
     pub fn fetched(&self, bytes: u64) {
-        self.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+        self.topic.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+        self.broker.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_sync_rounds_are_not_observed() {
+        let p = EngineProbe::new(true);
+        p.synced(0.001, 0);
+        assert_eq!(p.sync_seconds.get_sample_count(), 0);
+        p.synced(0.002, 4096);
+        assert_eq!((p.sync_seconds.get_sample_count(), p.sync_bytes.get_sample_sum()), (1, 4096.0));
+        let off = EngineProbe::new(false);
+        off.synced(0.002, 4096);
+        assert_eq!(off.sync_seconds.get_sample_count(), 0);
     }
 }

@@ -12,7 +12,8 @@ use prometheus::{exponential_buckets, Histogram, HistogramOpts};
 
 use crate::metrics::ConnectionStats;
 
-/// Error codes counted per API: Kafka's are below this.
+/// Error codes counted per API: Kafka's are from -1 (UNKNOWN_SERVER_ERROR)
+/// to below this.
 pub const ERROR_CODES: usize = 128;
 
 #[derive(Debug)]
@@ -22,8 +23,15 @@ pub struct ApiSlot {
     /// Requests by version, from `min_version`.
     pub requests: Vec<AtomicU64>,
     pub latency: Histogram,
-    /// Errors answered, by code.
-    pub errors: Vec<AtomicU64>,
+    /// Errors answered, by code + 1 (slot 0 is -1, UNKNOWN_SERVER_ERROR).
+    errors: Vec<AtomicU64>,
+}
+
+impl ApiSlot {
+    /// (error code, times answered) for each code answered at least once.
+    pub fn error_counts(&self) -> impl Iterator<Item = (i16, u64)> + '_ {
+        self.errors.iter().enumerate().map(|(i, c)| (i as i16 - 1, c.load(Ordering::Relaxed))).filter(|(_, n)| *n > 0)
+    }
 }
 
 #[derive(Debug)]
@@ -48,7 +56,7 @@ impl KafkaProbe {
                 min_version: range.min,
                 requests: (range.min..=range.max).map(|_| AtomicU64::new(0)).collect(),
                 latency: Histogram::with_opts(opts).expect("valid histogram"),
-                errors: (0..ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
+                errors: (0..=ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
             });
         }
         KafkaProbe { enabled, slots, connections: ConnectionStats::default() }
@@ -76,7 +84,8 @@ impl KafkaProbe {
         if !self.enabled || code == 0 {
             return;
         }
-        if let Some(c) = self.slot(key).and_then(|s| s.errors.get(code.max(0) as usize)) {
+        let Ok(i) = usize::try_from(i32::from(code) + 1) else { return };
+        if let Some(c) = self.slot(key).and_then(|s| s.errors.get(i)) {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -106,10 +115,14 @@ mod tests {
         p.error(ApiKey::Produce, 10);
         p.error(ApiKey::Produce, 999);
         p.error(ApiKey::Produce, -1);
+        p.error(ApiKey::Produce, -2);
+        p.error(ApiKey::Produce, 0);
         let s = p.slot(ApiKey::Produce).unwrap();
         assert_eq!(s.requests[(9 - s.min_version) as usize].load(Ordering::Relaxed), 2);
         assert_eq!(s.latency.get_sample_count(), 3);
-        assert_eq!(s.errors[10].load(Ordering::Relaxed), 1);
+        // -1 is its own code (UNKNOWN_SERVER_ERROR), not 0; 999, -2 and 0
+        // (no error) are not counted.
+        assert_eq!(s.error_counts().collect::<Vec<_>>(), vec![(-1, 1), (10, 1)]);
         let off = KafkaProbe::new(false);
         off.answered(ApiKey::Produce, 9, t);
         assert_eq!(off.slot(ApiKey::Produce).unwrap().latency.get_sample_count(), 0);

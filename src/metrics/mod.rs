@@ -53,7 +53,8 @@ impl Drop for OpenConnection<'_> {
     }
 }
 
-/// Set once the engine is open; until then `/metrics` answers 503.
+/// Set once the engine is open; until then `/metrics` shows only the
+/// build, `canopy_ready 0` and the process.
 pub type MetricsSlot = Arc<std::sync::OnceLock<Arc<Metrics>>>;
 
 pub fn router(health: Arc<Health>, metrics: MetricsSlot) -> Router {
@@ -71,12 +72,13 @@ pub fn router(health: Arc<Health>, metrics: MetricsSlot) -> Router {
         )
         .route(
             "/metrics",
-            get(|State((_, m)): State<(Arc<Health>, MetricsSlot)>| async move {
-                let Some(m) = m.get().cloned() else {
-                    return (StatusCode::SERVICE_UNAVAILABLE, "recovering\n").into_response();
+            get(|State((h, m)): State<(Arc<Health>, MetricsSlot)>| async move {
+                // The scrape reads the catalog (group commits) and /proc: off the async threads.
+                let render = move || match m.get() {
+                    Some(m) => m.render(),
+                    None => scrape::recovering(&h),
                 };
-                // The scrape reads the catalog (group commits): off the async threads.
-                match tokio::task::spawn_blocking(move || m.render()).await {
+                match tokio::task::spawn_blocking(render).await {
                     Ok(text) => ([("content-type", prometheus::TEXT_FORMAT)], text).into_response(),
                     Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
                 }
@@ -92,5 +94,36 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: MetricsS
     };
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
         tracing::error!(error = %e, "admin listener failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get(app: &Router, path: &str) -> (StatusCode, String) {
+        let r = app.clone().oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+        let status = r.status();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn while_recovering_the_scrape_says_not_ready() {
+        let health = Arc::new(Health::default());
+        let app = router(health.clone(), MetricsSlot::default());
+        assert_eq!(get(&app, "/health").await, (StatusCode::OK, "ok\n".to_owned()));
+        assert_eq!(get(&app, "/ready").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        let (status, text) = get(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(text.lines().any(|l| l == "canopy_ready 0"), "{text}");
+        assert!(text.contains("canopy_build_info{version="), "{text}");
+        #[cfg(target_os = "linux")]
+        assert!(text.contains("process_resident_memory_bytes"), "{text}");
+        assert!(!text.contains("canopy_records_in_total"), "no engine state before the engine is open");
+        assert_eq!(get(&app, "/nowhere").await.0, StatusCode::NOT_FOUND);
     }
 }

@@ -67,8 +67,7 @@ impl Metrics {
     }
 
     fn broker(&self, f: &mut Families) {
-        f.gauge("canopy_build_info", "Canopy's version (value 1)", &[("version", env!("CARGO_PKG_VERSION").to_owned())], 1.0);
-        f.gauge("canopy_ready", "1 once recovery is done and the listeners serve", &[], self.health.ready.load(Ordering::Acquire) as u8 as f64);
+        identity(f, &self.health);
         let p = self.engine.producer_stats();
         f.counter("canopy_producer_duplicates_total", "Retried idempotent batches answered with their first offsets, not rewritten", &[], p.duplicates.load(Ordering::Relaxed) as f64);
         f.counter("canopy_producer_refused_total", "Idempotent batches refused (sequence gap, old epoch)", &[], p.refused.load(Ordering::Relaxed) as f64);
@@ -85,12 +84,9 @@ impl Metrics {
                     f.counter("canopy_kafka_requests_total", "Kafka requests answered, by API and version", &[("api", api.clone()), ("version", version)], n as f64);
                 }
             }
-            for (code, c) in s.errors.iter().enumerate() {
-                let n = c.load(Ordering::Relaxed);
-                if n > 0 {
-                    let name = kafka_protocol::ResponseError::try_from_code(code as i16).map_or_else(|| code.to_string(), |e| format!("{e:?}"));
-                    f.counter("canopy_kafka_errors_total", "Kafka error codes answered (per partition where the API has partitions), by API and error", &[("api", api.clone()), ("error", name)], n as f64);
-                }
+            for (code, n) in s.error_counts() {
+                let name = kafka_protocol::ResponseError::try_from_code(code).map_or_else(|| code.to_string(), |e| format!("{e:?}"));
+                f.counter("canopy_kafka_errors_total", "Kafka error codes answered (per partition where the API has partitions), by API and error", &[("api", api.clone()), ("error", name)], n as f64);
             }
         }
     }
@@ -105,7 +101,7 @@ impl Metrics {
                 "403" => Some("forbidden"),
                 "413" => Some("too_large"),
                 "429" => Some("rate_limited"),
-                "503" => Some("saturated"),
+                "503" => Some("unavailable"),
                 _ => None,
             };
             if let Some(r) = reason {
@@ -131,14 +127,10 @@ impl Metrics {
         let mut offsets: BTreeMap<(&str, String), [f64; 3]> = BTreeMap::new();
         let mut traffic: BTreeMap<&str, [f64; 3]> = BTreeMap::new();
         let mut hw_of: HashMap<(&str, i32), i64> = HashMap::new();
-        let (mut records_in, mut bytes_in, mut bytes_out) = (0.0, 0.0, 0.0);
         for t in &topics {
             let l = label[t.name()].as_str();
-            let tr = &t.traffic;
+            let tr = &t.traffic.topic;
             let row = [tr.records_in.load(Ordering::Relaxed) as f64, tr.bytes_in.load(Ordering::Relaxed) as f64, tr.bytes_out.load(Ordering::Relaxed) as f64];
-            records_in += row[0];
-            bytes_in += row[1];
-            bytes_out += row[2];
             let e = traffic.entry(l).or_default();
             (0..3).for_each(|i| e[i] += row[i]);
             for p in 0..t.partitions() {
@@ -151,9 +143,13 @@ impl Metrics {
                 e[2] += leo as f64;
             }
         }
-        f.counter("canopy_records_in_total", "Records appended (Kafka and REST)", &[], records_in);
-        f.counter("canopy_bytes_in_total", "Record batch bytes appended (Kafka and REST)", &[], bytes_in);
-        f.counter("canopy_bytes_out_total", "Record batch bytes returned to Kafka fetches", &[], bytes_out);
+        // The broker's totals, kept apart so a deleted topic does not take
+        // its share with it (a counter must never go back).
+        let total = &self.engine.config().probe.traffic;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
+        f.counter("canopy_records_in_total", "Records appended (Kafka and REST)", &[], load(&total.records_in));
+        f.counter("canopy_bytes_in_total", "Record batch bytes appended (Kafka and REST)", &[], load(&total.bytes_in));
+        f.counter("canopy_bytes_out_total", "Record batch bytes returned to Kafka fetches (subtree streams included)", &[], load(&total.bytes_out));
         for (l, [r, bi, bo]) in &traffic {
             let labels = [("topic", l.to_string())];
             f.counter("canopy_topic_records_in_total", "Records appended, by topic (or branch)", &labels, *r);
@@ -204,6 +200,27 @@ impl Metrics {
         f.counter("canopy_compaction_stores_written_total", "Subtree stores written", &[], c.stores_written.load(Ordering::Relaxed) as f64);
         f.counter("canopy_compaction_stores_deleted_total", "Subtree stores deleted by retention", &[], c.stores_deleted.load(Ordering::Relaxed) as f64);
     }
+}
+
+/// The scrape while storage recovers, before the engine exists: the
+/// build, `canopy_ready 0` and the process, so a dashboard sees a broker
+/// that is starting rather than one that is gone.
+pub fn recovering(health: &Health) -> String {
+    let mut families = Vec::new();
+    #[cfg(target_os = "linux")]
+    families.extend(prometheus::core::Collector::collect(&prometheus::process_collector::ProcessCollector::for_self()));
+    let mut f = Families::default();
+    identity(&mut f, health);
+    families.extend(f.0.into_values());
+    families.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&families, &mut out).expect("text encoding");
+    String::from_utf8(out).expect("text format is UTF-8")
+}
+
+fn identity(f: &mut Families, health: &Health) {
+    f.gauge("canopy_build_info", "Canopy's version (value 1)", &[("version", env!("CARGO_PKG_VERSION").to_owned())], 1.0);
+    f.gauge("canopy_ready", "1 once recovery is done and the listeners serve", &[], health.ready.load(Ordering::Acquire) as u8 as f64);
 }
 
 fn connections(f: &mut Families, listener: &str, c: &ConnectionStats) {

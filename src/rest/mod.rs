@@ -312,15 +312,18 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
         .route("/v3/clusters/{cluster}/topics", get(v3::topics))
         .route("/v3/clusters/{cluster}/topics/{topic}/records", post(v3::records))
         .route("/v3/clusters/{cluster}/topics/{topic}/records:batch", post(v3::batch))
-        .route_layer(axum::middleware::from_fn_with_state(bridge.clone(), track))
+        // `layer`, not `route_layer`: unrouted requests (404, 405) are
+        // counted too, as route "other".
+        .layer(axum::middleware::from_fn_with_state(bridge.clone(), track))
         .with_state(bridge)
 }
 
-/// Counts each routed request by its route and status, with its latency.
-async fn track(axum::extract::State(b): axum::extract::State<Arc<Bridge>>, path: axum::extract::MatchedPath, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+/// Counts each request by its route and status, with its latency.
+async fn track(axum::extract::State(b): axum::extract::State<Arc<Bridge>>, path: Option<axum::extract::MatchedPath>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let started = std::time::Instant::now();
-    let route = probe::RestProbe::route_index(path.as_str());
-    let span = tracing::debug_span!("rest", route = path.as_str(), method = %req.method());
+    let path = path.as_ref().map_or("other", |p| p.as_str());
+    let route = probe::RestProbe::route_index(path);
+    let span = tracing::debug_span!("rest", route = path, method = %req.method());
     let resp = tracing::Instrument::instrument(next.run(req), span).await;
     b.probe.answered(route, resp.status().as_u16(), started);
     resp

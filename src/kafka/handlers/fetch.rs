@@ -105,7 +105,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
         let w = wants.clone();
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
         if !may_wait || bytes >= min_bytes || errors {
-            return Some(counted(broker, topics));
+            return Some(counted(broker, &wants, topics));
         }
         let stop = tokio::select! {
             _ = notify.notified() => false,
@@ -117,15 +117,27 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             let engine = broker.engine.clone();
             let w = wants.clone();
             let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
-            return Some(counted(broker, topics));
+            return Some(counted(broker, &wants, topics));
         }
     }
 }
 
-/// The answer, its partition errors counted for metrics.
-fn counted(broker: &Broker, topics: Vec<TopicOut>) -> Reply {
-    for p in topics.iter().flat_map(|t| &t.partitions) {
-        broker.probe.error(kafka_protocol::messages::ApiKey::Fetch, p.error_code);
+/// The answer, counted for metrics: its partition errors and the bytes it
+/// carries (counted here, for the reply sent, not for each read of a long
+/// poll).
+fn counted(broker: &Broker, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicOut>) -> Reply {
+    // `read_all` answers the wants in order, one partition for each.
+    for ((_, ws), t) in wants.iter().zip(&topics) {
+        for (w, p) in ws.iter().zip(&t.partitions) {
+            broker.probe.error(kafka_protocol::messages::ApiKey::Fetch, p.error_code);
+            let bytes = p.records.iter().map(Bytes::len).sum::<usize>() as u64;
+            match &w.topic {
+                Some(topic) => topic.traffic.fetched(bytes),
+                None => {
+                    broker.engine.config().probe.traffic.bytes_out.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
     }
     Reply { error_code: 0, topics }
 }
@@ -202,7 +214,6 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                         Ok((r, lso, aborted)) => {
                             let len = r.len();
                             total += len;
-                            topic.traffic.fetched(len as u64);
                             // A consumer that got a full share is catching up:
                             // read its next share while this one is sent.
                             if len > 0 && !r.from_tip && len >= w.max_bytes / 2 && r.next_offset < lso.min(r.high_watermark) {
