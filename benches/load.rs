@@ -175,6 +175,48 @@ fn produce_with(broker: &Broker, topic: &str, partitions: i32, size: usize, acks
     Row { name: format!("produce {size} B, acks={acks}, {partitions} partition(s){label}"), records, bytes: records * size as u64, secs, cpu, client_cpu }
 }
 
+fn best(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
+fn least(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::MAX, f64::min)
+}
+
+/// Best of the runs with metrics on against best off, and the least
+/// broker CPU of each; `[off, on]`.
+fn on_vs_off(rate_unit: &str, rate: [&[f64]; 2], cpu_unit: &str, cpu: [&[f64]; 2]) -> String {
+    let (r, c) = ([best(rate[0]), best(rate[1])], [least(cpu[0]), least(cpu[1])]);
+    format!(
+        "best of 3, metrics on {:.0} {rate_unit} vs off {:.0}: {:+.1}% throughput; least broker CPU {:.2} {cpu_unit} on vs {:.2} off ({:+.1}%)",
+        r[1],
+        r[0],
+        100.0 * (r[1] / r[0] - 1.0),
+        c[1],
+        c[0],
+        100.0 * (c[1] / c[0] - 1.0)
+    )
+}
+
+/// Scrapes `/metrics` on `admin` once a second until `stop`, as a
+/// Prometheus would; every scrape must answer 200. Returns the scrapes.
+fn scrape_every_second(admin: SocketAddr, stop: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(admin).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut body = Vec::new();
+            s.read_to_end(&mut body).unwrap();
+            assert!(body.starts_with(b"HTTP/1.0 200") || body.starts_with(b"HTTP/1.1 200"));
+            n += 1;
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        n
+    })
+}
+
 /// What metrics cost (issue 8): the same produce load against a broker
 /// with `--metrics-enabled false` and one with metrics on and scraped
 /// every second, alternating three times so drift hits both alike; the
@@ -191,23 +233,7 @@ fn metrics_cost(dir: &Path, scale: u64) {
                 let data = dir.join(format!("metrics-{acks}-{run}-{enabled}"));
                 let broker = Broker::spawn(&data, &["--segment-bytes", "2147483648", "--flush", "always", "--metrics-enabled", if enabled { "true" } else { "false" }]);
                 let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let scraper = enabled.then(|| {
-                    let (stop, admin) = (stop.clone(), broker.admin);
-                    std::thread::spawn(move || {
-                        let mut n = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            use std::io::{Read, Write};
-                            let mut s = std::net::TcpStream::connect(admin).unwrap();
-                            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-                            let mut body = Vec::new();
-                            s.read_to_end(&mut body).unwrap();
-                            assert!(body.starts_with(b"HTTP/1.0 200") || body.starts_with(b"HTTP/1.1 200"));
-                            n += 1;
-                            std::thread::sleep(Duration::from_secs(1));
-                        }
-                        n
-                    })
-                });
+                let scraper = enabled.then(|| scrape_every_second(broker.admin, stop.clone()));
                 let label = if enabled { ", metrics on, scraped every 1 s" } else { ", metrics off" };
                 let r = produce_with(&broker, "bench.metrics", 16, 100, acks, n, &[], label);
                 stop.store(true, Ordering::Relaxed);
@@ -227,17 +253,7 @@ fn metrics_cost(dir: &Path, scale: u64) {
                 let _ = std::fs::remove_dir_all(&data);
             }
         }
-        let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-        let least = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
-        println!(
-            "\nacks={acks}: best of 3, metrics on {:.0} records/s vs off {:.0}: {:+.1}% throughput; broker CPU per million records {:.2} s on vs {:.2} s off ({:+.1}%); {scrapes} scrapes\n",
-            best(&on),
-            best(&off),
-            100.0 * (best(&on) / best(&off) - 1.0),
-            least(&cpu_on),
-            least(&cpu_off),
-            100.0 * (least(&cpu_on) / least(&cpu_off) - 1.0)
-        );
+        println!("\nacks={acks}: {}; {scrapes} scrapes\n", on_vs_off("records/s", [&off, &on], "s per million records", [&cpu_off, &cpu_on]));
     }
 }
 
@@ -276,20 +292,7 @@ fn metrics_cost_broker_bound(dir: &Path, secs: f64) {
             let broker = Broker::spawn(&data, &["--segment-bytes", "2147483648", "--metrics-enabled", if enabled { "true" } else { "false" }]);
             create_topic(broker.kafka, "bench.raw", CONNS);
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let scraper = enabled.then(|| {
-                let (stop, admin) = (stop.clone(), broker.admin);
-                std::thread::spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        use std::io::{Read, Write};
-                        let mut s = std::net::TcpStream::connect(admin).unwrap();
-                        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-                        let mut body = Vec::new();
-                        s.read_to_end(&mut body).unwrap();
-                        assert!(body.starts_with(b"HTTP/1.0 200") || body.starts_with(b"HTTP/1.1 200"));
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
-                })
-            });
+            let scraper = enabled.then(|| scrape_every_second(broker.admin, stop.clone()));
             let cpu0 = cpu_secs(broker.child.id());
             let t0 = Instant::now();
             let deadline = t0 + Duration::from_secs_f64(secs);
@@ -317,17 +320,7 @@ fn metrics_cost_broker_bound(dir: &Path, secs: f64) {
             let _ = std::fs::remove_dir_all(&data);
         }
     }
-    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let least = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
-    println!(
-        "\nbroker-bound produce: best of 3, metrics on {:.0} requests/s vs off {:.0}: {:+.1}% throughput; least broker CPU per request {:.2} µs on vs {:.2} µs off ({:+.1}%)\n",
-        best(&rate[1]),
-        best(&rate[0]),
-        100.0 * (best(&rate[1]) / best(&rate[0]) - 1.0),
-        least(&cpu[1]),
-        least(&cpu[0]),
-        100.0 * (least(&cpu[1]) / least(&cpu[0]) - 1.0)
-    );
+    println!("\nbroker-bound produce: {}\n", on_vs_off("requests/s", [&rate[0], &rate[1]], "µs per request", [&cpu[0], &cpu[1]]));
 }
 
 /// Sends `req` on one connection, keeping `window` in flight, until
@@ -396,7 +389,6 @@ fn producer_semantics(broker: &Broker, scale: u64) {
         on.push(r.records as f64 / r.secs);
         cpu_on.push(r.cpu / r.records as f64 * 1e6);
     }
-    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let mut codecs = Vec::new();
     for codec in ["gzip", "snappy", "lz4", "zstd"] {
         let r = produce_with(broker, &format!("bench.codec.{codec}"), 4, 100, "all", n, &[("compression.type", codec)], &format!(", {codec}"));
@@ -405,7 +397,6 @@ fn producer_semantics(broker: &Broker, scale: u64) {
     }
     println!("\nidempotence on / off with 5 in flight (best of 3 each), 100 B, acks=all, 4 partitions: {:.0}%", 100.0 * best(&on) / best(&off5));
     println!("idempotence on / off with librdkafka's default in-flight limit: {:.0}%", 100.0 * best(&on) / best(&off));
-    let least = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
     println!(
         "broker CPU per million records (least of 3): idempotence off {:.3} s, on {:.3} s ({:.0}%); the client shares the 2 cores",
         least(&cpu_off),

@@ -54,10 +54,22 @@ pub struct Counters {
     pub bytes_out: AtomicU64,
 }
 
+impl Counters {
+    fn appended(&self, records: u64, bytes: u64) {
+        self.records_in.fetch_add(records, Ordering::Relaxed);
+        self.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts bytes sent in a fetch response.
+    pub fn fetched(&self, bytes: u64) {
+        self.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 /// A topic's traffic, kept on the topic itself so counting needs no lookup.
 /// Each update also goes to the broker's totals, which outlive the topic:
 /// a deleted topic takes its own counters with it, the totals never go back.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Traffic {
     pub topic: Counters,
     pub broker: Arc<Counters>,
@@ -71,16 +83,14 @@ impl Traffic {
     /// Counts a batch once it is in the log (not when it is only queued:
     /// a refused, failed or duplicate batch is not traffic in).
     pub fn appended(&self, records: u64, bytes: u64) {
-        for c in [&self.topic, &*self.broker] {
-            c.records_in.fetch_add(records, Ordering::Relaxed);
-            c.bytes_in.fetch_add(bytes, Ordering::Relaxed);
-        }
+        self.topic.appended(records, bytes);
+        self.broker.appended(records, bytes);
     }
 
     /// Counts bytes sent in a fetch response.
     pub fn fetched(&self, bytes: u64) {
-        self.topic.bytes_out.fetch_add(bytes, Ordering::Relaxed);
-        self.broker.bytes_out.fetch_add(bytes, Ordering::Relaxed);
+        self.topic.fetched(bytes);
+        self.broker.fetched(bytes);
     }
 }
 

@@ -52,18 +52,13 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut families = self.registry.gather();
         let mut f = Families::default();
         self.broker(&mut f);
         self.kafka(&mut f);
         self.rest(&mut f);
         self.partitions(&mut f);
         self.storage(&mut f);
-        families.extend(f.0.into_values());
-        families.sort_by(|a, b| a.name().cmp(b.name()));
-        let mut out = Vec::new();
-        TextEncoder::new().encode(&families, &mut out).expect("text encoding");
-        String::from_utf8(out).expect("text format is UTF-8")
+        encode(self.registry.gather(), f)
     }
 
     fn broker(&self, f: &mut Families) {
@@ -206,15 +201,22 @@ impl Metrics {
 /// build, `canopy_ready 0` and the process, so a dashboard sees a broker
 /// that is starting rather than one that is gone.
 pub fn recovering(health: &Health) -> String {
-    let mut families = Vec::new();
-    #[cfg(target_os = "linux")]
-    families.extend(prometheus::core::Collector::collect(&prometheus::process_collector::ProcessCollector::for_self()));
     let mut f = Families::default();
     identity(&mut f, health);
-    families.extend(f.0.into_values());
-    families.sort_by(|a, b| a.name().cmp(b.name()));
+    #[cfg(target_os = "linux")]
+    let registered = prometheus::core::Collector::collect(&prometheus::process_collector::ProcessCollector::for_self());
+    #[cfg(not(target_os = "linux"))]
+    let registered = Vec::new();
+    encode(registered, f)
+}
+
+/// The text exposition of `registered` and the families built at scrape
+/// time, sorted by name.
+fn encode(mut registered: Vec<MetricFamily>, built: Families) -> String {
+    registered.extend(built.0.into_values());
+    registered.sort_by(|a, b| a.name().cmp(b.name()));
     let mut out = Vec::new();
-    TextEncoder::new().encode(&families, &mut out).expect("text encoding");
+    TextEncoder::new().encode(&registered, &mut out).expect("text encoding");
     String::from_utf8(out).expect("text format is UTF-8")
 }
 

@@ -133,9 +133,7 @@ fn counted(broker: &Broker, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicO
             let bytes = p.records.iter().map(Bytes::len).sum::<usize>() as u64;
             match &w.topic {
                 Some(topic) => topic.traffic.fetched(bytes),
-                None => {
-                    broker.engine.config().probe.traffic.bytes_out.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-                }
+                None => broker.engine.config().probe.traffic.fetched(bytes),
             }
         }
     }
