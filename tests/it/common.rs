@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use bytes::{Buf, Bytes};
 use canopy::config::{Config, ServeArgs};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use canopy::server::{self, Running};
 use rdkafka::config::ClientConfig;
 
@@ -121,6 +123,14 @@ impl Drop for ChildBroker {
     }
 }
 
+/// A field of `/proc/<pid>/status` in bytes (`VmRSS:`, `VmHWM:`): memory
+/// of a broker child, which no other test in this process shares.
+pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
 /// A v2 record batch of `values` (null keys), encoded by kafka-protocol's
 /// own encoder, for tests that speak the wire protocol directly.
 pub fn record_batch(values: &[&[u8]]) -> bytes::Bytes {
@@ -224,3 +234,63 @@ pub fn read_exactly(addr: SocketAddr, topic: &str, partitions: &[i32], n: usize)
     assert!(consumer.poll(Duration::from_millis(300)).is_none(), "more than {n} records in {topic}");
     out
 }
+
+/// A raw Kafka connection for tests that send what no client would.
+pub struct Raw {
+    pub sock: tokio::net::TcpStream,
+    pub next_id: i32,
+}
+
+impl Raw {
+    pub async fn connect(addr: SocketAddr) -> Raw {
+        Raw { sock: tokio::net::TcpStream::connect(addr).await.unwrap(), next_id: 1 }
+    }
+
+    pub async fn send_bytes(&mut self, b: &[u8]) {
+        // The broker may already have closed: ignore write errors.
+        let _ = self.sock.write_all(b).await;
+    }
+
+    pub fn frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
+        request_frame(key, version, id, body)
+    }
+
+    /// Sends one request, returns the response body after the correlation id
+    /// (and the response header's tagged fields when `flexible_header`).
+    pub async fn call(&mut self, key: i16, version: i16, body: &[u8], flexible_header: bool) -> Option<Bytes> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_bytes(&Raw::frame(key, version, id, body)).await;
+        let mut resp = self.read_frame().await?;
+        assert_eq!(resp.get_i32(), id, "correlation id");
+        if flexible_header {
+            assert_eq!(resp.get_u8(), 0, "no header tags");
+        }
+        Some(resp)
+    }
+
+    pub async fn read_frame(&mut self) -> Option<Bytes> {
+        let mut len = [0u8; 4];
+        match tokio::time::timeout(Duration::from_secs(30), self.sock.read_exact(&mut len)).await.expect("broker answers or closes") {
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+        let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+        self.sock.read_exact(&mut b).await.ok()?;
+        Some(Bytes::from(b))
+    }
+
+    /// True once the broker has closed this connection.
+    pub async fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(tokio::time::timeout(Duration::from_secs(30), self.sock.read(&mut b)).await.expect("closed in time"), Ok(0) | Err(_))
+    }
+}
+
+/// A message encoded at `version`, as a request body.
+pub fn encode<T: kafka_protocol::protocol::Encodable>(m: &T, version: i16) -> Vec<u8> {
+    let mut b = bytes::BytesMut::new();
+    m.encode(&mut b, version).unwrap();
+    b.to_vec()
+}
+

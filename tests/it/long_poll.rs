@@ -5,7 +5,7 @@
 //! inside that window can only come from the wake-up. This is a functional
 //! bound (woken vs. timed out), not a speed threshold.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

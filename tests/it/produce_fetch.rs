@@ -3,7 +3,7 @@
 //! partition back by explicit assignment, then restart the broker and read
 //! them again.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! its timeout (aborted), and the coordinator's answers to bad requests on
 //! the wire.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

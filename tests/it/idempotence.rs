@@ -7,7 +7,7 @@
 //! recognised after a clean restart (snapshot) and after kill -9 (state
 //! rebuilt from the log).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

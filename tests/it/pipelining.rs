@@ -1,7 +1,7 @@
 //! Responses leave in request order on a pipelined connection, even when
 //! an earlier request (a parked fetch) finishes after later ones.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

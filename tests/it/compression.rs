@@ -5,7 +5,7 @@
 //! the broker's memory stays flat, while one that inflates past
 //! max.message.bytes but not past the inflate bound is accepted.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::time::Duration;
@@ -85,12 +85,6 @@ async fn every_codec_round_trips_alone_and_mixed() {
     broker.shutdown().await;
 }
 
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-}
-
 /// A v2 batch of one record whose records section is `records`, gzip.
 fn gzip_batch(records: &[u8]) -> bytes::Bytes {
     let mut b = Vec::new();
@@ -125,8 +119,10 @@ async fn produce(sock: &mut tokio::net::TcpStream, id: i32, topic: &str, batch: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gzip_bomb_is_refused_and_memory_stays_flat() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = common::start(common::args(dir.path())).await;
-    let addr = broker.kafka_addr;
+    // A child process: its memory is the broker's alone.
+    let broker = common::ChildBroker::spawn(dir.path(), &[]);
+    let addr = broker.kafka;
+    let pid = broker.child.id();
     // 1 GiB of zeros, gzipped to about 1 MB (under max.message.bytes).
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     let zeros = vec![0u8; 1 << 20];
@@ -141,12 +137,12 @@ async fn a_gzip_bomb_is_refused_and_memory_stays_flat() {
     // A good gzip batch is accepted (and warms up the broker's buffers).
     let good = common::gzip_record_batch(&[b"fine"]);
     assert_eq!(produce(&mut sock, 1, "bombs", good).await, (0, 0));
-    let before = rss_bytes();
+    let before = common::proc_status_bytes(pid, "VmRSS:");
     for i in 0..4 {
         let (code, _) = produce(&mut sock, 2 + i, "bombs", bomb.clone()).await;
         assert_eq!(code, 10, "MESSAGE_TOO_LARGE");
     }
-    let grown = rss_bytes().saturating_sub(before);
+    let grown = common::proc_status_bytes(pid, "VmRSS:").saturating_sub(before);
     assert!(grown < 64 << 20, "resident memory grew by {} MiB", grown >> 20);
     // Nothing was stored and the broker carries on.
     assert_eq!(produce(&mut sock, 10, "bombs", common::gzip_record_batch(&[b"after"])).await, (0, 1));
@@ -156,7 +152,7 @@ async fn a_gzip_bomb_is_refused_and_memory_stays_flat() {
     let packed = common::gzip_record_batch(&[&big]);
     assert!(packed.len() < 1 << 20);
     assert_eq!(produce(&mut sock, 11, "bombs", packed).await, (0, 2));
-    broker.shutdown().await;
+    assert!(broker.terminate().success());
 }
 
 /// The attributes' codec bits of every batch in tp 0 of `topic`, from a

@@ -4,7 +4,7 @@
 //! per-route defaults for `/ingest`. The broker runs as a child process
 //! where its own memory or file descriptors are measured.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -112,11 +112,6 @@ fn ten_thousand_connections_are_served_at_once_and_the_next_is_refused() {
 }
 
 /// A field of /proc/<pid>/status, in bytes.
-fn proc_status_bytes(pid: u32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = s.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-}
 
 #[test]
 fn a_gzip_bomb_gets_413_and_the_broker_stays_small() {
@@ -138,7 +133,7 @@ fn a_gzip_bomb_gets_413_and_the_broker_stays_small() {
         let http = reqwest::Client::new();
         let ok = http.post(format!("http://{rest}/ingest/bomb.t")).header("content-type", "application/json").body(r#"{"warm":1}"#).send().await.unwrap();
         assert_eq!(ok.status(), 200);
-        let before = proc_status_bytes(pid, "VmRSS:");
+        let before = common::proc_status_bytes(pid, "VmRSS:");
         // One at a time: the issue's case. (Concurrent bombs each hold
         // their worst case against rest_max_in_flight_bytes meanwhile.)
         for _ in 0..3 {
@@ -147,7 +142,7 @@ fn a_gzip_bomb_gets_413_and_the_broker_stays_small() {
             let body = r.text().await.unwrap();
             assert_eq!(status, 413, "{body}");
         }
-        let peak = proc_status_bytes(pid, "VmHWM:");
+        let peak = common::proc_status_bytes(pid, "VmHWM:");
         let grew = peak.saturating_sub(before);
         eprintln!("broker RSS before {} MiB, peak after three 1 GiB bombs {} MiB", before >> 20, peak >> 20);
         assert!(grew < 64 << 20, "the broker's peak RSS grew by {} MiB", grew >> 20);

@@ -5,7 +5,7 @@
 //! into branches past the limit; a broker with 100,000 topics scrapes in
 //! bounded size; disabled metrics record nothing.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! from offsets the small tip has already evicted falls through to the
 //! branch logs and gets them too, interleaved across branches.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

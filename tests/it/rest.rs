@@ -4,7 +4,7 @@
 //! `murmur2_random` partitioner, compressed bodies, and bad input (each
 //! refused with REST Proxy's status and error code, nothing written).
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! last valid batch, through the whole broker: produce, stop, damage the
 //! file, restart, read.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! bytes; the split plan is in the catalog; `canopy split-report` reads
 //! the stopped broker's data directory.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! exist, produce to a stream, a partition it does not have, an offset past
 //! its end.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

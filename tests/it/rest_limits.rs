@@ -4,7 +4,7 @@
 //! one gets its own offset. Each case checks the broker still serves a
 //! well-behaved client afterwards.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! client expects, or a closed connection — never a panic — and a second
 //! client on another connection keeps working throughout.
 
-mod common;
+use crate::common::{self, encode, Raw};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,65 +16,6 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-struct Raw {
-    sock: TcpStream,
-    next_id: i32,
-}
-
-impl Raw {
-    async fn connect(addr: SocketAddr) -> Raw {
-        Raw { sock: TcpStream::connect(addr).await.unwrap(), next_id: 1 }
-    }
-
-    async fn send_bytes(&mut self, b: &[u8]) {
-        // The broker may already have closed: ignore write errors.
-        let _ = self.sock.write_all(b).await;
-    }
-
-    fn frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
-        common::request_frame(key, version, id, body)
-    }
-
-    /// Sends one request, returns the response body after the correlation id
-    /// (and the response header's tagged fields when `flexible_header`).
-    async fn call(&mut self, key: i16, version: i16, body: &[u8], flexible_header: bool) -> Option<Bytes> {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.send_bytes(&Raw::frame(key, version, id, body)).await;
-        let mut resp = self.read_frame().await?;
-        assert_eq!(resp.get_i32(), id, "correlation id");
-        if flexible_header {
-            assert_eq!(resp.get_u8(), 0, "no header tags");
-        }
-        Some(resp)
-    }
-
-    async fn read_frame(&mut self) -> Option<Bytes> {
-        let mut len = [0u8; 4];
-        match tokio::time::timeout(Duration::from_secs(30), self.sock.read_exact(&mut len)).await.expect("broker answers or closes") {
-            Ok(_) => {}
-            Err(_) => return None,
-        }
-        let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.sock.read_exact(&mut b).await.ok()?;
-        Some(Bytes::from(b))
-    }
-
-    /// True once the broker has closed this connection.
-    async fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(tokio::time::timeout(Duration::from_secs(30), self.sock.read(&mut b)).await.expect("closed in time"), Ok(0) | Err(_))
-    }
-}
-
-fn encode<T: Encodable>(m: &T, version: i16) -> Vec<u8> {
-    let mut b = BytesMut::new();
-    m.encode(&mut b, version).unwrap();
-    b.to_vec()
-}
 
 fn batch(values: &[&[u8]]) -> Bytes {
     common::record_batch(values)

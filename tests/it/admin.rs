@@ -2,7 +2,7 @@
 //! DescribeConfigs, DeleteTopics, and ListOffsets earliest / latest / by
 //! timestamp.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

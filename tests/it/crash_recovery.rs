@@ -2,7 +2,7 @@
 //! after restart every acked record is where its ack said, offsets are
 //! dense, and no acked record appears twice.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

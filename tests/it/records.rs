@@ -4,7 +4,7 @@
 //! INVALID_TIMESTAMP; a LogAppendTime topic takes any timestamp and
 //! replaces it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -6,7 +6,7 @@
 //! a rebalance; a regex subscription picks up a topic created later;
 //! offsets of empty groups expire after the retention.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

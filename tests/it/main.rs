@@ -1,0 +1,23 @@
+//! The black-box tests: one binary, so librdkafka is linked once.
+//! Each module is one area; `common` holds the shared helpers.
+
+mod common;
+mod admin;
+mod bad_input;
+mod compaction;
+mod compression;
+mod crash_recovery;
+mod groups;
+mod idempotence;
+mod long_poll;
+mod metrics;
+mod pipelining;
+mod produce_fetch;
+mod records;
+mod recovery;
+mod rest;
+mod rest_limits;
+mod rest_scale;
+mod subtree;
+mod tip;
+mod transactions;
