@@ -1416,6 +1416,75 @@ mod sasl_authenticate {
         s("SaslAuthenticateRequest", &[f("auth_bytes", BYTES, 0, MAX)]);
 }
 
+/// Encodings clients nest inside requests: the consumer protocol's
+/// subscription (JoinGroup member metadata) and assignment (SyncGroup),
+/// from kafka-protocol 0.18's `consumer_protocol_*.rs`. Never flexible.
+mod consumer_protocol {
+    use super::*;
+    pub(super) static SUBSCRIPTION: Schema = s(
+        "ConsumerProtocolSubscription",
+        &[
+            f("topics", STRS, 0, MAX),
+            f("user_data", NBYTES, 0, MAX),
+            f("owned_partitions", structs(&TOPIC_PARTITION), 1, MAX),
+            f("generation_id", I32, 2, MAX),
+            f("rack_id", NSTR, 3, MAX),
+        ],
+    );
+    pub(super) static ASSIGNMENT: Schema = s(
+        "ConsumerProtocolAssignment",
+        &[
+            f("assigned_partitions", structs(&TOPIC_PARTITION), 0, MAX),
+            f("user_data", NBYTES, 0, MAX),
+        ],
+    );
+    static TOPIC_PARTITION: Schema = s(
+        "TopicPartition",
+        &[f("topic", STR, 0, MAX), f("partitions", I32S, 0, MAX)],
+    );
+}
+
+/// An encoding nested in a request's bytes field, walked with the same
+/// rules as a request body before anything decodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Embedded {
+    ConsumerSubscription,
+    ConsumerAssignment,
+}
+
+impl Embedded {
+    /// Newest version the schema (and the crate) knows: Kafka reads a
+    /// newer blob as this version, ignoring the fields it does not know.
+    pub const MAX_VERSION: i16 = 3;
+
+    fn schema(self) -> &'static Schema {
+        match self {
+            Embedded::ConsumerSubscription => &consumer_protocol::SUBSCRIPTION,
+            Embedded::ConsumerAssignment => &consumer_protocol::ASSIGNMENT,
+        }
+    }
+}
+
+/// Checks a nested encoding (without its version prefix) at `version`
+/// and returns how many bytes the decoder will read; the bytes after are
+/// fields of a newer version, which Kafka ignores as well.
+pub fn check_embedded(kind: Embedded, version: i16, body: &[u8], limits: &GuardLimits) -> Result<usize, GuardError> {
+    if !(0..=Embedded::MAX_VERSION).contains(&version) {
+        return Err(GuardError::UnsupportedVersion { api_key: -1, api_version: version, min: 0, max: Embedded::MAX_VERSION });
+    }
+    let mut walker = Walker {
+        buf: body,
+        pos: 0,
+        end: body.len(),
+        version,
+        flexible: false,
+        limits,
+        elements_left: limits.max_elements,
+    };
+    walker.walk_struct(kind.schema(), 1)?;
+    Ok(walker.pos)
+}
+
 static APIS: &[Api] = &[
     api(18, "ApiVersions", 0, 4, 3, &api_versions::REQUEST),
     api(3, "Metadata", 0, 13, 9, &metadata::REQUEST),

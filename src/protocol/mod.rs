@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod compression;
+pub mod consumer;
 pub mod fetch;
 pub mod frame;
 pub mod guard;

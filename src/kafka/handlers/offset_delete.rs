@@ -2,10 +2,9 @@
 //! Refused per partition with GROUP_SUBSCRIBED_TO_TOPIC while a member of
 //! the group subscribes to the topic.
 
-use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
 use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
 pub use kafka_protocol::messages::{OffsetDeleteRequest as Request, OffsetDeleteResponse as Response};
-use kafka_protocol::protocol::{Decodable, VersionRange};
+use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use crate::kafka::Broker;
@@ -13,25 +12,10 @@ use crate::kafka::Broker;
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
 
 /// Topics the members of a consumer group subscribe to, from their
-/// protocol metadata (version-prefixed ConsumerProtocolSubscription).
-fn subscribed(metadata: &[bytes::Bytes]) -> Vec<String> {
-    let mut out = Vec::new();
-    for m in metadata {
-        let mut b = m.clone();
-        if b.len() < 2 {
-            continue;
-        }
-        let version = i16::from_be_bytes([b[0], b[1]]);
-        let _ = bytes::Buf::get_i16(&mut b);
-        // Member metadata comes from clients: decode only what fits in it.
-        if b.len() > 1 << 20 || !(0..=3).contains(&version) {
-            continue;
-        }
-        if let Ok(s) = ConsumerProtocolSubscription::decode(&mut b, version) {
-            out.extend(s.topics.into_iter().map(|t| t.to_string()));
-        }
-    }
-    out
+/// protocol metadata. Client bytes: decoded through the guard; a member
+/// whose metadata does not decode subscribes to nothing we can name.
+fn subscribed(metadata: &[bytes::Bytes]) -> std::collections::HashSet<String> {
+    metadata.iter().filter_map(|m| crate::protocol::consumer::subscription(m).ok()).flat_map(|s| s.topics.into_iter().map(|t| t.to_string())).collect()
 }
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
@@ -40,7 +24,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     if d.state.is_none() {
         return Some(Response::default().with_error_code(ResponseError::GroupIdNotFound.code()));
     }
-    let subs = if d.protocol_type == "consumer" { subscribed(&d.members.iter().map(|m| m.metadata.clone()).collect::<Vec<_>>()) } else { Vec::new() };
+    let subs = if d.protocol_type == "consumer" { subscribed(&d.members.iter().map(|m| m.metadata.clone()).collect::<Vec<_>>()) } else { Default::default() };
     let mut remove = Vec::new();
     let topics = req
         .topics
