@@ -5,6 +5,7 @@ pub mod auth;
 pub mod config;
 pub mod engine;
 pub mod kafka;
+pub mod limits;
 pub mod meta;
 pub mod metrics;
 pub mod protocol;

@@ -126,6 +126,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     } else {
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
+    let budget = Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes));
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     let broker = Arc::new(Broker {
@@ -142,11 +143,17 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             max_connections: cfg.max_connections,
             max_fetch_wait: cfg.max_fetch_wait(),
             fetch_max_bytes: cfg.fetch_max_bytes,
+            max_connections_per_ip: cfg.max_connections_per_ip,
+            connections_max_idle: Duration::from_millis(cfg.connections_max_idle_ms),
+            response_write_timeout: Duration::from_millis(cfg.response_write_timeout_ms),
+            shutdown_timeout: Duration::from_millis(cfg.shutdown_timeout_ms),
         },
+        budget: budget.clone(),
+        per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
     });
     let kafka_probe = broker.probe.clone();
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
-    let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)))));
+    let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone())));
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), cfg.metrics_topic_label_limit)));
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));

@@ -138,9 +138,27 @@ settings! {
     max_in_flight_per_connection: usize = "64", "CANOPY_MAX_IN_FLIGHT_PER_CONNECTION", "max-in-flight-per-connection";
     "Open Kafka connections; more wait in the listen backlog"
     max_connections: usize = "10000", "CANOPY_MAX_CONNECTIONS", "max-connections";
+    "Open Kafka connections from one address; more are closed at once (max.connections.per.ip)"
+    max_connections_per_ip: usize = "1000", "CANOPY_MAX_CONNECTIONS_PER_IP", "max-connections-per-ip";
+    "Request bytes the Kafka and REST listeners hold in memory at once, broker-wide (queued.max.request.bytes): a Kafka connection whose next request does not fit is not read until it does, a REST request gets 503"
+    queued_max_request_bytes: usize = "536870912", "CANOPY_QUEUED_MAX_REQUEST_BYTES", "queued-max-request-bytes";
+    "A Kafka connection with nothing in flight that sends nothing this long is closed, in milliseconds (connections.max.idle.ms)"
+    connections_max_idle_ms: u64 = "600000", "CANOPY_CONNECTIONS_MAX_IDLE_MS", "connections-max-idle-ms";
+    "A Kafka response the client does not take within this closes its connection, in milliseconds"
+    response_write_timeout_ms: u64 = "30000", "CANOPY_RESPONSE_WRITE_TIMEOUT_MS", "response-write-timeout-ms";
+    "Longest a graceful shutdown waits for clients to finish their requests, in milliseconds; then their connections are dropped"
+    shutdown_timeout_ms: u64 = "30000", "CANOPY_SHUTDOWN_TIMEOUT_MS", "shutdown-timeout-ms";
+    "Threads that inflate, recompress and check heavy produced batches and REST bodies, off the async workers (0: one per core)"
+    validation_threads: usize = "0", "CANOPY_VALIDATION_THREADS", "validation-threads";
+    "Topics one Metadata or Produce request may auto-create; the rest are answered UNKNOWN_TOPIC_OR_PARTITION, which clients retry"
+    max_auto_create_per_request: usize = "100", "CANOPY_MAX_AUTO_CREATE_PER_REQUEST", "max-auto-create-per-request";
+    "Topics auto-created per second, broker-wide (0: no limit); past it, as past the per-request bound"
+    auto_create_topics_per_sec: u32 = "100", "CANOPY_AUTO_CREATE_TOPICS_PER_SEC", "auto-create-topics-per-sec";
+    "Open connections to the admin listener (/health, /ready, /metrics); one more is answered 503"
+    admin_max_connections: usize = "64", "CANOPY_ADMIN_MAX_CONNECTIONS", "admin-max-connections";
     "Default largest record batch, in bytes (message.max.bytes)"
     message_max_bytes: i32 = "1048588", "CANOPY_MESSAGE_MAX_BYTES", "message-max-bytes";
-    "Largest size a compressed batch may inflate to while it is validated, in bytes (never less than a topic's max.message.bytes, which bounds the compressed size)"
+    "Largest size a compressed batch may inflate to while it is validated, in bytes; a broker setting no topic config raises (max.message.bytes bounds the compressed size)"
     max_inflated_batch_bytes: usize = "16777216", "CANOPY_MAX_INFLATED_BATCH_BYTES", "max-inflated-batch-bytes";
     "Default message.timestamp.before.max.ms of topics: CreateTime records older than this are refused"
     message_timestamp_before_max_ms: i64 = "9223372036854775807", "CANOPY_MESSAGE_TIMESTAMP_BEFORE_MAX_MS", "message-timestamp-before-max-ms";
@@ -244,6 +262,21 @@ impl Config {
         }
         if self.max_connections == 0 {
             return bad("max_connections", "must be at least 1");
+        }
+        if self.max_connections_per_ip == 0 {
+            return bad("max_connections_per_ip", "must be at least 1");
+        }
+        if self.queued_max_request_bytes < self.max_request_bytes || self.queued_max_request_bytes < self.rest_max_body_bytes {
+            return bad("queued_max_request_bytes", "must be at least max_request_bytes and rest_max_body_bytes (each request must fit alone)");
+        }
+        if self.connections_max_idle_ms == 0 || self.response_write_timeout_ms == 0 || self.shutdown_timeout_ms == 0 {
+            return bad("connections_max_idle_ms", "connection timeouts (also response_write_timeout_ms, shutdown_timeout_ms) must be positive");
+        }
+        if self.admin_max_connections == 0 {
+            return bad("admin_max_connections", "must be at least 1");
+        }
+        if self.max_inflated_batch_bytes < self.message_max_bytes as usize {
+            return bad("max_inflated_batch_bytes", "must be at least message_max_bytes");
         }
         if self.message_max_bytes < 1024 {
             return bad("message_max_bytes", "must be at least 1024");
@@ -401,6 +434,7 @@ impl Config {
             retention_ms: self.retention_ms,
             retention_bytes: self.retention_bytes,
             max_message_bytes: self.message_max_bytes,
+            max_message_bytes_limit: self.max_message_bytes_limit(),
             timestamp_type: self.timestamp_type().expect("validated"),
             timestamp_before_max_ms: self.message_timestamp_before_max_ms,
             timestamp_after_max_ms: self.message_timestamp_after_max_ms,
@@ -411,6 +445,9 @@ impl Config {
         e.write_queue = self.write_queue;
         e.producer_id_expiration_ms = self.producer_id_expiration_ms;
         e.max_inflated_batch_bytes = self.max_inflated_batch_bytes;
+        e.validation_threads = self.validation_threads;
+        e.max_auto_create_per_request = self.max_auto_create_per_request;
+        e.auto_create_per_sec = self.auto_create_topics_per_sec;
         e.compaction = (self.compaction_lag_ms >= 0).then(|| {
             use crate::storage::subtree::split::{Budget, Strategy};
             let strategy = match self.compaction_split.parse().expect("validated") {
@@ -442,6 +479,12 @@ impl Config {
             id_expiration_ms: self.transactional_id_expiration_ms,
             check_every: Duration::from_millis(self.transaction_timeout_check_ms),
         }
+    }
+
+    /// The largest max.message.bytes a topic may set: a batch is never
+    /// larger than the request that carries it, nor than a segment.
+    pub fn max_message_bytes_limit(&self) -> i32 {
+        (self.max_request_bytes as u64).min(self.segment_bytes).min(i32::MAX as u64) as i32
     }
 
     pub fn max_fetch_wait(&self) -> Duration {

@@ -26,6 +26,7 @@
 //!   a crash of the machine can lose the last interval.
 //! - `never`: fsync only when a segment is sealed and on shutdown.
 
+pub mod pool;
 pub mod probe;
 pub mod producers;
 pub mod subtree;
@@ -34,7 +35,7 @@ pub mod txns;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -94,6 +95,13 @@ pub struct EngineConfig {
     pub producer_id_expiration_ms: i64,
     /// Bound on a compressed batch's inflated size during validation.
     pub max_inflated_batch_bytes: usize,
+    /// Threads validating heavy batches (0: one per core).
+    pub validation_threads: usize,
+    /// Topics one request may create by auto-creation; the rest are
+    /// answered UNKNOWN_TOPIC_OR_PARTITION (retriable).
+    pub max_auto_create_per_request: usize,
+    /// Topics auto-created per second, broker-wide (0: no limit).
+    pub auto_create_per_sec: u32,
     /// Compaction into subtree stores; None: off.
     pub compaction: Option<storage::CompactConfig>,
     /// The compactor reads at most this many bytes per second (0: no limit).
@@ -118,6 +126,9 @@ impl EngineConfig {
             write_queue: 4096,
             producer_id_expiration_ms: 86_400_000,
             max_inflated_batch_bytes: 16 << 20,
+            validation_threads: 0,
+            max_auto_create_per_request: 100,
+            auto_create_per_sec: 100,
             compaction: Some(storage::CompactConfig::default()),
             compaction_bytes_per_sec: 0,
             compaction_interval: std::time::Duration::from_secs(60),
@@ -201,6 +212,93 @@ pub struct AppendResult {
 /// records in what is returned.
 pub type CommittedRead = (ReadResult, i64, Vec<(i64, i64)>);
 
+/// What a topic asks of produced batches, for validating them off the
+/// engine (on the CPU pool when the work is heavy).
+#[derive(Debug, Clone, Copy)]
+struct Rules {
+    max_message_bytes: usize,
+    max_inflated_bytes: usize,
+    /// CreateTime topics: (before, after) bounds around `now`.
+    check_timestamps: Option<(i64, i64)>,
+    /// A topic compression.type: batches in another codec are recompressed.
+    target: Option<batch::Compression>,
+    now: i64,
+}
+
+/// Batches larger than this are validated on the CPU pool even when they
+/// are not compressed (record checks walk every record).
+const INLINE_VALIDATION_BYTES: usize = 256 << 10;
+
+impl Rules {
+    /// Whether validating `records` takes more than a checksum: anything to
+    /// inflate or recompress, or much to walk.
+    fn heavy(&self, records: &[u8]) -> bool {
+        records.len() > INLINE_VALIDATION_BYTES
+            || self.target.is_some()
+            || batch::split(records).any(|b| b.ok().and_then(|b| batch::BatchHeader::parse(b).ok()).is_some_and(|h| h.compression() != batch::Compression::None))
+    }
+
+    /// Checks every batch (sizes, CRC, records, timestamps, no control
+    /// batches) and recompresses for the topic's codec. Returns the records
+    /// to append and the producer ids they name.
+    fn validate(self, records: Bytes) -> Result<(Bytes, Vec<i64>), EngineError> {
+        let limit = self.max_message_bytes;
+        let mut any = false;
+        let mut producer_ids: Vec<i64> = Vec::new();
+        let mut rebuilt: Option<Vec<u8>> = None;
+        let mut recompressed = false;
+        for b in batch::split(&records) {
+            let b = b?;
+            if b.len() > limit {
+                return Err(EngineError::MessageTooLarge { size: b.len(), limit });
+            }
+            let h = batch::validate(b, limit)?;
+            let inflated = batch::records_of(b, &h, self.max_inflated_bytes)?;
+            let (min_ts, max_ts) = batch::check_records(&inflated, &h)?;
+            // Records without a timestamp (-1) are not checked, as in Kafka.
+            if let Some((before, after)) = self.check_timestamps.filter(|_| h.base_timestamp >= 0) {
+                let now = self.now;
+                if now.saturating_sub(min_ts) > before || max_ts.saturating_sub(now) > after {
+                    return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
+                }
+            }
+            if h.producer_id >= 0 && !producer_ids.contains(&h.producer_id) {
+                producer_ids.push(h.producer_id);
+            }
+            // Control records (transaction markers) are written by the
+            // broker only; Kafka refuses them from producers.
+            if h.is_control() {
+                return Err(EngineError::Corrupt(BatchError::ControlBatch));
+            }
+            any = true;
+            if let Some(codec) = self.target.filter(|c| *c != h.compression()) {
+                recompressed = true;
+                let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
+                if packed.len() > limit {
+                    return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
+                }
+                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(&packed);
+            } else if self.target.is_some() {
+                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(b);
+            }
+        }
+        if !any {
+            return Err(EngineError::Corrupt(BatchError::Empty));
+        }
+        let records = match rebuilt {
+            Some(r) if recompressed => Bytes::from(r),
+            _ => records,
+        };
+        Ok((records, producer_ids))
+    }
+}
+
+/// Topics a request may still auto-create.
+#[derive(Debug)]
+pub struct AutoCreate {
+    left: usize,
+}
+
 /// When an append is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ack {
@@ -240,46 +338,89 @@ struct SyncJob {
     done: Option<oneshot::Sender<()>>,
 }
 
-/// Long-poll wake-ups: fetches waiting on a tp register a `Notify`; the
-/// engine wakes them when the tp's high watermark moves.
+/// Long-poll wake-ups: a fetch registers one `Notify` for the tps it waits
+/// on (or for every tp, a subtree stream); the engine wakes it when one of
+/// them gets new data. The registration removes itself when the fetch ends,
+/// woken or not, so fetches for partitions that never move leave nothing
+/// behind. Registering and removing take the lock in short chunks: the
+/// writer's wake-ups never wait behind one large fetch.
 #[derive(Default)]
 struct Waiters {
-    by_tp: Mutex<HashMap<Tp, Vec<Weak<Notify>>>>,
+    by_tp: Mutex<HashMap<Tp, HashMap<u64, Arc<Notify>>>>,
     /// Woken by new data in any tp (subtree fetches).
-    any: Mutex<Vec<Weak<Notify>>>,
+    any: Mutex<HashMap<u64, Arc<Notify>>>,
+    next_id: std::sync::atomic::AtomicU64,
+    /// Registrations alive, for metrics.
+    fetches: std::sync::atomic::AtomicUsize,
+}
+
+/// Tps registered per lock hold.
+const WAITER_CHUNK: usize = 1024;
+
+/// A fetch's registration for wake-ups; dropping it unregisters.
+pub struct Registration {
+    waiters: Arc<Waiters>,
+    id: u64,
+    tps: Vec<Tp>,
+    any: bool,
 }
 
 impl Waiters {
-    fn register(&self, tps: &[Tp], n: &Arc<Notify>) {
-        let mut map = self.by_tp.lock().expect("waiters lock");
-        for tp in tps {
-            let list = map.entry(*tp).or_default();
-            list.retain(|w| w.strong_count() > 0);
-            list.push(Arc::downgrade(n));
+    /// `tps` must be distinct (a fetch names each partition once).
+    fn register(self: &Arc<Self>, tps: Vec<Tp>, any: bool, n: &Arc<Notify>) -> Registration {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for chunk in tps.chunks(WAITER_CHUNK) {
+            let mut map = self.by_tp.lock().expect("waiters lock");
+            for tp in chunk {
+                map.entry(*tp).or_default().insert(id, n.clone());
+            }
         }
-    }
-
-    fn register_any(&self, n: &Arc<Notify>) {
-        let mut any = self.any.lock().expect("waiters lock");
-        any.retain(|w| w.strong_count() > 0);
-        any.push(Arc::downgrade(n));
+        if any {
+            self.any.lock().expect("waiters lock").insert(id, n.clone());
+        }
+        self.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Registration { waiters: self.clone(), id, tps, any }
     }
 
     fn wake(&self, moved: &[(Tp, i64)]) {
         if moved.is_empty() {
             return;
         }
-        for n in std::mem::take(&mut *self.any.lock().expect("waiters lock")).iter().filter_map(Weak::upgrade) {
+        for n in self.any.lock().expect("waiters lock").values() {
             n.notify_one();
         }
-        let mut map = self.by_tp.lock().expect("waiters lock");
+        let map = self.by_tp.lock().expect("waiters lock");
         for (tp, _) in moved {
-            if let Some(list) = map.remove(tp) {
-                for n in list.iter().filter_map(Weak::upgrade) {
-                    n.notify_one();
+            for n in map.get(tp).into_iter().flat_map(|m| m.values()) {
+                n.notify_one();
+            }
+        }
+    }
+
+    /// (fetches registered, tps they wait on).
+    fn stats(&self) -> (usize, usize) {
+        let tps = self.by_tp.lock().expect("waiters lock").len();
+        (self.fetches.load(std::sync::atomic::Ordering::Relaxed), tps)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        for chunk in self.tps.chunks(WAITER_CHUNK) {
+            let mut map = self.waiters.by_tp.lock().expect("waiters lock");
+            for tp in chunk {
+                if let std::collections::hash_map::Entry::Occupied(mut e) = map.entry(*tp) {
+                    e.get_mut().remove(&self.id);
+                    if e.get().is_empty() {
+                        e.remove();
+                    }
                 }
             }
         }
+        if self.any {
+            self.waiters.any.lock().expect("waiters lock").remove(&self.id);
+        }
+        self.waiters.fetches.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -304,7 +445,8 @@ pub struct Engine {
     cfg: EngineConfig,
     catalog: Catalog,
     storage: Arc<Storage>,
-    topics: RwLock<HashMap<String, Arc<Topic>>>,
+    /// Sorted by name: a subtree's topics are one range of it.
+    topics: RwLock<BTreeMap<String, Arc<Topic>>>,
     /// The same topics by id (frames and retention know topics by id).
     by_id: RwLock<HashMap<[u8; 16], Arc<Topic>>>,
     /// Serialises topic creation, deletion and partition changes.
@@ -322,6 +464,12 @@ pub struct Engine {
     txns: Arc<RwLock<txns::Txns>>,
     /// Whether any transaction was ever seen: fetches skip the lock until then.
     any_txns: Arc<std::sync::atomic::AtomicBool>,
+    /// Threads for CPU-heavy validation, off the async workers.
+    cpu: pool::CpuPool,
+    /// Auto-creations per second, broker-wide; None: no limit.
+    auto_create_rate: Option<crate::limits::TokenBucket>,
+    /// Auto-creations refused (per-request bound or rate).
+    pub auto_create_refused: std::sync::atomic::AtomicU64,
 }
 
 /// Counters of the idempotent-producer check, kept by the writer.
@@ -347,8 +495,15 @@ impl Engine {
         let log_starts = catalog.log_starts()?;
         let mut specs = Vec::new();
         let mut topics = HashMap::new();
+        // Topics created before max.message.bytes had a ceiling keep their
+        // setting, capped at it.
+        let uncapped = TopicDefaults { max_message_bytes_limit: i32::MAX, ..cfg.topic_defaults.clone() };
         for record in records {
-            let config = TopicConfig::parse(&record.configs, &cfg.topic_defaults)?;
+            let mut config = TopicConfig::parse(&record.configs, &uncapped)?;
+            if config.max_message_bytes > cfg.topic_defaults.max_message_bytes_limit {
+                tracing::warn!(topic = %record.name, configured = config.max_message_bytes, limit = cfg.topic_defaults.max_message_bytes_limit, "max.message.bytes is over what a request may carry; capped");
+                config.max_message_bytes = cfg.topic_defaults.max_message_bytes_limit;
+            }
             for p in 0..record.partitions {
                 specs.push(PartitionSpec {
                     tp: Tp { topic: record.id, partition: p },
@@ -406,12 +561,17 @@ impl Engine {
                     .expect("spawn syncer thread"),
             );
         }
+        let cfg_threads = cfg.validation_threads;
+        // Bursts of up to a second's worth, and never below one request's
+        // allowance (a client creating its topics at start is not refused).
+        let auto_create_rate = (cfg.auto_create_per_sec > 0)
+            .then(|| crate::limits::TokenBucket::new(cfg.auto_create_per_sec as f64, (cfg.auto_create_per_sec as f64).max(cfg.max_auto_create_per_request as f64)));
         Ok(Arc::new(Engine {
             cfg,
             catalog,
             storage,
             by_id: RwLock::new(topics.values().map(|t| (t.id(), t.clone())).collect()),
-            topics: RwLock::new(topics),
+            topics: RwLock::new(topics.into_iter().collect()),
             admin: Mutex::new(()),
             writer: tx,
             waiters,
@@ -422,6 +582,9 @@ impl Engine {
             producer_stats,
             txns,
             any_txns,
+            cpu: pool::CpuPool::new(cfg_threads),
+            auto_create_rate,
+            auto_create_refused: Default::default(),
         }))
     }
 
@@ -458,9 +621,7 @@ impl Engine {
     }
 
     pub fn topics(&self) -> Vec<Arc<Topic>> {
-        let mut v: Vec<_> = self.topics.read().expect("topics lock").values().cloned().collect();
-        v.sort_by(|a, b| a.name().cmp(b.name()));
-        v
+        self.topics.read().expect("topics lock").values().cloned().collect()
     }
 
     pub fn topic_by_id(&self, id: &[u8; 16]) -> Option<Arc<Topic>> {
@@ -510,15 +671,28 @@ impl Engine {
         Ok(topic)
     }
 
+    /// What one request may auto-create (`max_auto_create_per_request`).
+    pub fn auto_create_allowance(&self) -> AutoCreate {
+        AutoCreate { left: self.cfg.max_auto_create_per_request }
+    }
+
     /// Returns the topic, creating it with the defaults if auto-creation is
-    /// on. Blocking when it creates.
-    pub fn topic_or_create(&self, name: &str) -> Result<Arc<Topic>, EngineError> {
+    /// on and both the request's `allowance` and the broker-wide rate
+    /// (`auto_create_per_sec`) permit. A refused creation answers
+    /// UNKNOWN_TOPIC_OR_PARTITION, which clients retry, as Kafka answers
+    /// while a topic is being created. Blocking when it creates.
+    pub fn topic_or_create(&self, name: &str, allowance: &mut AutoCreate) -> Result<Arc<Topic>, EngineError> {
         if let Some(t) = self.topic(name) {
             return Ok(t);
         }
         if !self.cfg.auto_create_topics {
             return Err(EngineError::UnknownTopicOrPartition);
         }
+        if allowance.left == 0 || self.auto_create_rate.as_ref().is_some_and(|r| r.take(1, std::time::Instant::now()) == 0) {
+            self.auto_create_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(EngineError::UnknownTopicOrPartition);
+        }
+        allowance.left -= 1;
         match self.create_topic(name, self.cfg.num_partitions, BTreeMap::new(), false) {
             Err(EngineError::TopicExists) => self.topic(name).ok_or(EngineError::UnknownTopicOrPartition),
             other => other,
@@ -570,68 +744,35 @@ impl Engine {
     /// returned [`PendingAppend`] resolves when the append is acknowledged
     /// per `ack`. Submitting every partition of a request before waiting on
     /// any lets them share one writer round and one fsync.
+    ///
+    /// Validation that inflates or recompresses (and any large batch) runs
+    /// on the CPU pool, not on the caller's (async) thread.
     pub async fn submit(&self, topic: &Topic, partition: i32, records: Bytes, ack: Ack) -> Result<PendingAppend, EngineError> {
         if partition < 0 || partition >= topic.partitions() {
             return Err(EngineError::UnknownTopicOrPartition);
         }
-        let limit = topic.config.max_message_bytes as usize;
-        // max.message.bytes bounds the batch as sent (compressed, as in
-        // Kafka); what it may inflate to while validated is bounded apart.
-        let inflate_limit = self.cfg.max_inflated_batch_bytes.max(limit);
-        let mut any = false;
-        // A topic with its own compression.type gets every batch in that
-        // codec: batches in another are recompressed here (a slow path).
-        let target = match topic.config.compression {
-            topics::TopicCompression::Producer => None,
-            topics::TopicCompression::Codec(c) => Some(c),
+        let rules = Rules {
+            max_message_bytes: topic.config.max_message_bytes as usize,
+            // max.message.bytes bounds the batch as sent (compressed, as in
+            // Kafka); what it may inflate to is the broker's bound alone.
+            max_inflated_bytes: self.cfg.max_inflated_batch_bytes,
+            check_timestamps: (topic.config.timestamp_type == TimestampType::CreateTime).then_some((topic.config.timestamp_before_max_ms, topic.config.timestamp_after_max_ms)),
+            target: match topic.config.compression {
+                topics::TopicCompression::Producer => None,
+                topics::TopicCompression::Codec(c) => Some(c),
+            },
+            now: (self.clock)(),
         };
-        let mut rebuilt: Option<Vec<u8>> = None;
-        let mut recompressed = false;
-        let now = (self.clock)();
-        for b in batch::split(&records) {
-            let b = b?;
-            if b.len() > limit {
-                return Err(EngineError::MessageTooLarge { size: b.len(), limit });
-            }
-            let h = batch::validate(b, limit)?;
-            let inflated = batch::records_of(b, &h, inflate_limit)?;
-            let (min_ts, max_ts) = batch::check_records(&inflated, &h)?;
-            // Records without a timestamp (-1) are not checked, as in Kafka.
-            if topic.config.timestamp_type == TimestampType::CreateTime && h.base_timestamp >= 0 {
-                let c = &topic.config;
-                if now.saturating_sub(min_ts) > c.timestamp_before_max_ms || max_ts.saturating_sub(now) > c.timestamp_after_max_ms {
-                    return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
-                }
-            }
-            // Only ids this broker handed out: state per producer id is
-            // kept, so made-up ids must not be able to grow it.
-            if h.producer_id >= 0 && !self.catalog.producer_id_allocated(h.producer_id) {
-                return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
-            }
-            // Control records (transaction markers) are written by the
-            // broker only; Kafka refuses them from producers.
-            if h.is_control() {
-                return Err(EngineError::Corrupt(BatchError::ControlBatch));
-            }
-            any = true;
-            if let Some(codec) = target.filter(|c| *c != h.compression()) {
-                recompressed = true;
-                let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
-                if packed.len() > limit {
-                    return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
-                }
-                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(&packed);
-            } else if target.is_some() {
-                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(b);
-            }
-        }
-        if !any {
-            return Err(EngineError::Corrupt(BatchError::Empty));
-        }
-        let records = match rebuilt {
-            Some(r) if recompressed => Bytes::from(r),
-            _ => records,
+        let (records, producer_ids) = if rules.heavy(&records) {
+            self.cpu.run(move || rules.validate(records)).await.ok_or(EngineError::ShuttingDown)??
+        } else {
+            rules.validate(records)?
         };
+        // Only ids this broker handed out: state per producer id is kept,
+        // so made-up ids must not be able to grow it.
+        if producer_ids.iter().any(|id| !self.catalog.producer_id_allocated(*id)) {
+            return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
+        }
         let (reply, rx) = oneshot::channel();
         let cmd = WriteCmd::Append {
             tp: topic.tp(partition),
@@ -643,6 +784,17 @@ impl Engine {
         };
         self.writer.send(cmd).await.map_err(|_| EngineError::ShuttingDown)?;
         Ok(PendingAppend { rx })
+    }
+
+    /// Runs CPU-heavy request work (inflating a REST body) on the CPU pool;
+    /// `None` once the broker is stopping.
+    pub async fn run_cpu<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        self.cpu.run(f).await
+    }
+
+    /// (threads, jobs queued or running) of the CPU pool.
+    pub fn cpu_stats(&self) -> (usize, usize) {
+        (self.cpu.threads(), self.cpu.pending())
     }
 
     /// [`Engine::submit`] and wait.
@@ -751,9 +903,15 @@ impl Engine {
         self.txns.read().expect("txns lock").ongoing()
     }
 
-    /// Registers `notify` to be woken when any of `tps` gets new data.
-    pub fn subscribe(&self, tps: &[Tp], notify: &Arc<Notify>) {
-        self.waiters.register(tps, notify);
+    /// Registers `notify` to be woken when any of `tps` (distinct) gets new
+    /// data, or any tp at all with `any_tp`; until the registration drops.
+    pub fn subscribe(&self, tps: Vec<Tp>, any_tp: bool, notify: &Arc<Notify>) -> Registration {
+        self.waiters.register(tps, any_tp, notify)
+    }
+
+    /// (long-poll fetches waiting, tps they wait on).
+    pub fn waiter_stats(&self) -> (usize, usize) {
+        self.waiters.stats()
     }
 
     fn retention_policy(&self) -> impl Fn(&Tp) -> RetentionPolicy + '_ {

@@ -113,8 +113,12 @@ impl Engine {
     pub fn subtree(&self, name: &str) -> Option<Subtree> {
         let s = Subtree::parse(name)?;
         let Some(p) = &s.prefix else { return Some(s) };
+        // `p` itself, or the first name after `p.`: one step in the sorted
+        // map, however many topics there are.
         let topics = self.topics.read().expect("topics lock");
-        (topics.contains_key(p) || topics.keys().any(|t| s.contains(t))).then_some(s)
+        let below = format!("{p}.");
+        let exists = topics.contains_key(p) || topics.range::<str, _>((std::ops::Bound::Included(below.as_str()), std::ops::Bound::Unbounded)).next().is_some_and(|(t, _)| t.starts_with(&below));
+        exists.then_some(s)
     }
 
     fn subtree_branches(&self, s: &Subtree) -> Vec<String> {
@@ -126,11 +130,6 @@ impl Engine {
         let branches = self.subtree_branches(s);
         let visible = self.storage.visible_seq();
         (virtual_offset(self.storage.stream_start(&branches).min(visible), 0), virtual_offset(visible, 0))
-    }
-
-    /// Registers `notify` to be woken by new data in any tp.
-    pub fn subscribe_any(&self, notify: &Arc<tokio::sync::Notify>) {
-        self.waiters.register_any(notify);
     }
 
     /// Reads the subtree stream from virtual offset `offset`, up to about

@@ -90,6 +90,9 @@ pub struct TopicDefaults {
     pub retention_ms: i64,
     pub retention_bytes: i64,
     pub max_message_bytes: i32,
+    /// The largest max.message.bytes a topic may set: no batch can be
+    /// larger than a request (max_request_bytes) or a segment.
+    pub max_message_bytes_limit: i32,
     pub timestamp_type: TimestampType,
     pub timestamp_before_max_ms: i64,
     pub timestamp_after_max_ms: i64,
@@ -101,6 +104,7 @@ impl Default for TopicDefaults {
             retention_ms: 7 * 24 * 3600 * 1000,
             retention_bytes: -1,
             max_message_bytes: 1_048_588,
+            max_message_bytes_limit: 100 << 20,
             timestamp_type: TimestampType::CreateTime,
             // Kafka 4's defaults: any age, at most an hour ahead.
             timestamp_before_max_ms: i64::MAX,
@@ -180,7 +184,10 @@ impl TopicConfig {
                 "retention.ms" => c.retention_ms = parse_at_least(value, -1).ok_or_else(|| bad("expected an integer ≥ -1"))?,
                 "retention.bytes" => c.retention_bytes = parse_at_least(value, -1).ok_or_else(|| bad("expected an integer ≥ -1"))?,
                 "max.message.bytes" => {
-                    c.max_message_bytes = value.parse::<i32>().ok().filter(|v| *v > 0).ok_or_else(|| bad("expected a positive integer"))?
+                    c.max_message_bytes = value.parse::<i32>().ok().filter(|v| *v > 0).ok_or_else(|| bad("expected a positive integer"))?;
+                    if c.max_message_bytes > d.max_message_bytes_limit {
+                        return Err(ConfigError { key: key.clone(), value: value.clone(), why: "larger than a request may be (max_request_bytes) or a segment (segment_bytes)" });
+                    }
                 }
                 "message.timestamp.type" => {
                     c.timestamp_type = match value.as_str() {

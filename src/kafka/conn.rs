@@ -1,30 +1,57 @@
-//! One client connection: framing, pipelining, ordered responses.
+//! One client connection: framing, the memory budget, in-order effects,
+//! pipelining, and the timers that end connections nobody uses.
 //!
-//! The read half parses frames and hands each request to its handler as a
-//! spawned task; the task's handle goes into a bounded queue of
-//! `max_in_flight_per_connection`. The write half awaits those handles in
-//! queue order, so responses leave in request order however the handlers
-//! interleave, and a client that pipelines more than the bound simply stops
-//! being read (TCP backpressure) until earlier responses are written.
+//! # Reading
 //!
-//! Malformed input never reaches a decoder unchecked: the frame length is
-//! checked against `max_request_bytes` before any buffer grows for it, the
-//! header is parsed by hand, and the body goes through the wire-shape guard.
-//! Whatever fails closes this connection only.
+//! The read half takes one frame at a time. Its length is checked against
+//! `max_request_bytes`, and its bytes are charged to the broker-wide memory
+//! budget (`limits::MemoryBudget`) before the body is read: a connection
+//! whose next frame does not fit stops being read until it does. Buffer
+//! memory follows the bytes actually received, not the length a client
+//! claims. A complete frame's header is parsed by hand and its body goes
+//! through the wire-shape guard; whatever fails closes this connection only.
+//!
+//! # One connection, in order
+//!
+//! Kafka processes a connection's requests one at a time, and clients rely
+//! on it: a commit is visible to the OffsetFetch sent after it on the same
+//! connection, a created topic to the next Metadata. Each request therefore
+//! starts only once the response of the one before it has been written, with
+//! one exception that keeps producers fast: a Produce that follows a Produce
+//! starts as soon as the earlier one has handed its batches to the writer
+//! (the writer appends them in that order, and both wait for their acks
+//! together). Requests are still read ahead, up to
+//! `max_in_flight_per_connection`, so a pipelining client loses no round
+//! trips.
+//!
+//! # Writing
+//!
+//! The write half writes responses in request order. A response that
+//! cannot be written within `response_write_timeout` (a client that stopped
+//! reading) closes the connection, so it cannot hold memory or shutdown.
+//!
+//! # Idle connections
+//!
+//! A connection with nothing in flight that sends nothing for
+//! `connections_max_idle` (Kafka's `connections.max.idle.ms`) is closed, as
+//! is one that leaves a frame half sent that long.
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::handlers::{self, Route};
+use super::probe::Closed;
 use super::Broker;
+use crate::limits::{ConnectionBytes, Held};
 use crate::protocol::{frame, header};
 
 /// Buffer growth step while a large frame arrives: memory follows the bytes
@@ -32,35 +59,41 @@ use crate::protocol::{frame, header};
 const READ_STEP: usize = 1 << 20;
 const READ_MIN: usize = 64 * 1024;
 
-type InFlight = JoinHandle<Option<Vec<Bytes>>>;
+/// A request on its way to the write half: the handler's task, its place in
+/// the connection's order, and the bytes it holds.
+struct Queued {
+    task: JoinHandle<Option<Vec<Bytes>>>,
+    /// Fired once the response is written: the next request may start.
+    written: oneshot::Sender<()>,
+    charge: Charge,
+}
+
+/// A frame's bytes, counted for this connection and held against the
+/// budget until its response is written.
+struct Charge {
+    conn: Arc<ConnectionBytes>,
+    len: usize,
+    _held: Held,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.conn.release(self.len);
+    }
+}
 
 /// Who sent the request a handler is running for (JoinGroup records it for
-/// DescribeGroups).
+/// DescribeGroups), and a Produce's place in line.
 struct RequestCtx {
     peer: SocketAddr,
     client_id: String,
     order: std::sync::Mutex<Option<ProduceTicket>>,
 }
 
-/// Keeps pipelined Produce requests of one connection in order: each waits
-/// for the one before it to have queued its appends before queuing its own
-/// (Kafka appends a connection's produce requests in request order; with
-/// handlers running as separate tasks, a large request could otherwise be
-/// overtaken by a small one behind it). Dropping the ticket releases the
-/// next request.
+/// Held by a running Produce until it has handed its batches to the writer;
+/// dropping it lets the next Produce of the connection start.
 pub struct ProduceTicket {
-    prev: Option<tokio::sync::oneshot::Receiver<()>>,
-    _done: tokio::sync::oneshot::Sender<()>,
-}
-
-impl ProduceTicket {
-    /// Waits until the previous Produce request on the connection has
-    /// submitted its appends (or is gone).
-    pub async fn wait_turn(&mut self) {
-        if let Some(prev) = self.prev.take() {
-            let _ = prev.await;
-        }
-    }
+    _submitted: oneshot::Sender<()>,
 }
 
 /// The running Produce request's ticket, once.
@@ -82,40 +115,93 @@ pub fn client_id() -> String {
     REQUEST.try_with(|c| c.client_id.clone()).unwrap_or_default()
 }
 
+/// The order requests take effect in: what the next one waits for.
+#[derive(Default)]
+struct Order {
+    /// Fires when the last request's response is written (or its task is
+    /// gone).
+    last_written: Option<oneshot::Receiver<()>>,
+    /// Fires when the last request, if a Produce, has submitted its batches.
+    last_submitted: Option<oneshot::Receiver<()>>,
+}
+
+impl Order {
+    /// What request `is_produce` waits for before it starts, and the
+    /// signals it leaves for the next one.
+    fn next(&mut self, is_produce: bool) -> (Option<oneshot::Receiver<()>>, oneshot::Sender<()>, Option<ProduceTicket>) {
+        let after_produce = self.last_submitted.take();
+        let wait = match (is_produce, after_produce) {
+            (true, Some(submitted)) => Some(submitted),
+            _ => self.last_written.take(),
+        };
+        let (written, written_rx) = oneshot::channel();
+        self.last_written = Some(written_rx);
+        let ticket = is_produce.then(|| {
+            let (submitted, submitted_rx) = oneshot::channel();
+            self.last_submitted = Some(submitted_rx);
+            ProduceTicket { _submitted: submitted }
+        });
+        (wait, written, ticket)
+    }
+}
+
 pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let (mut rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<InFlight>(broker.cfg.max_in_flight_per_connection.max(1));
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let (tx, rx) = mpsc::channel::<Queued>(broker.cfg.max_in_flight_per_connection.max(1));
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let writer = tokio::spawn(write_loop(wr, rx, broker.clone(), in_flight.clone(), peer));
     let max = broker.cfg.max_request_bytes;
+    let conn_bytes = Arc::new(ConnectionBytes::default());
     let mut buf = BytesMut::with_capacity(READ_MIN);
-    let mut last_produce = None;
+    let mut order = Order::default();
+    // The budget's hold for the frame at the head of `buf`, once its length
+    // is known.
+    let mut head: Option<(usize, Held)> = None;
+    let idle = broker.cfg.connections_max_idle;
+    let mut closed = Closed::Client;
     'read: loop {
+        // Every complete frame in the buffer, in order.
         loop {
-            match frame::check(&buf, max) {
-                Ok(Some(len)) => {
-                    let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
-                    let _ = frame.split_to(frame::LENGTH_BYTES);
-                    match dispatch(&broker, peer, frame, &mut last_produce) {
-                        Some(task) => {
-                            if tx.send(task).await.is_err() {
-                                break 'read;
-                            }
-                        }
-                        None => break 'read,
-                    }
-                }
+            let len = match frame::peek_length(&buf, max) {
+                Ok(Some(len)) => len,
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "closing connection: bad frame");
+                    closed = Closed::BadFrame;
+                    break 'read;
+                }
+            };
+            if head.is_none() {
+                let charge = conn_bytes.charge_for(len);
+                let held = tokio::select! {
+                    h = broker.budget.acquire(charge) => h,
+                    _ = shutdown.changed() => { closed = Closed::Shutdown; break 'read }
+                };
+                conn_bytes.add(len);
+                head = Some((len, held));
+            }
+            if buf.len() < frame::LENGTH_BYTES + len {
+                break;
+            }
+            let (len, held) = head.take().expect("charged above");
+            let charge = Charge { conn: conn_bytes.clone(), len, _held: held };
+            let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
+            let _ = frame.split_to(frame::LENGTH_BYTES);
+            match dispatch(&broker, peer, frame, &mut order) {
+                Ok((task, written)) => {
+                    in_flight.fetch_add(1, Ordering::AcqRel);
+                    if tx.send(Queued { task, written, charge }).await.is_err() {
+                        break 'read;
+                    }
+                }
+                Err(why) => {
+                    closed = why;
                     break 'read;
                 }
             }
         }
-        let needed = match frame::peek_length(&buf, max) {
-            Ok(Some(len)) => (frame::LENGTH_BYTES + len).saturating_sub(buf.len()),
-            _ => READ_MIN,
-        };
+        let needed = head.as_ref().map_or(READ_MIN, |(len, _)| (frame::LENGTH_BYTES + len).saturating_sub(buf.len()));
         if buf.capacity() - buf.len() < READ_MIN.min(needed).max(1) {
             buf.reserve(needed.clamp(READ_MIN, READ_STEP));
         }
@@ -125,56 +211,78 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                 Ok(_) => {}
                 Err(e) => { drop(tx); let _ = writer.await; return Err(e) }
             },
-            _ = shutdown.changed() => break,
+            _ = shutdown.changed() => { closed = Closed::Shutdown; break }
+            // Nothing arrived for the idle limit: close if nothing is in
+            // flight (a half-sent frame counts as nothing).
+            _ = tokio::time::sleep(idle) => {
+                if in_flight.load(Ordering::Acquire) == 0 {
+                    tracing::debug!(%peer, idle_ms = idle.as_millis() as u64, "closing idle connection");
+                    closed = Closed::Idle;
+                    break;
+                }
+            }
         }
     }
+    broker.probe.closed(closed);
     drop(tx);
     writer.await.unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 
-/// Parses the header and starts the handler. `None` closes the connection.
-fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, last_produce: &mut Option<tokio::sync::oneshot::Receiver<()>>) -> Option<InFlight> {
+/// Parses the header and starts the handler, to run once the requests
+/// before it allow. `Err` closes the connection, for that reason.
+fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order) -> Result<(JoinHandle<Option<Vec<Bytes>>>, oneshot::Sender<()>), Closed> {
     let h = match header::parse(&frame) {
         Ok(h) => h,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "closing connection: bad request header");
-            return None;
+            return Err(Closed::BadHeader);
         }
     };
     let body = frame.slice(h.len..);
     match handlers::route(broker, &h, body) {
         Route::Run(fut) => {
-            let order = (h.api_key == kafka_protocol::messages::ApiKey::Produce).then(|| {
-                let (done, next) = tokio::sync::oneshot::channel();
-                ProduceTicket { prev: last_produce.replace(next), _done: done }
-            });
-            let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(order) };
-            let (probe, api, version, started) = (broker.probe.clone(), h.api_key, h.api_version, std::time::Instant::now());
+            let is_produce = h.api_key == kafka_protocol::messages::ApiKey::Produce;
+            let (wait, written, ticket) = order.next(is_produce);
+            let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(ticket) };
+            let (probe, api, version) = (broker.probe.clone(), h.api_key, h.api_version);
             let span = tracing::debug_span!("request", api = ?api, version, correlation_id = h.correlation_id, %peer);
+            let started = std::time::Instant::now();
             let timed = async move {
+                if let Some(w) = wait {
+                    // A dropped sender (the earlier request failed) also
+                    // lets this one go.
+                    let _ = w.await;
+                }
                 let reply = fut.await;
                 probe.answered(api, version, started);
                 reply
             };
-            Some(tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)))
+            Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), written))
         }
-        Route::Close(why) => {
+        Route::Close(why, reason) => {
             tracing::warn!(%peer, api = ?h.api_key, version = h.api_version, client = ?h.client_id,
                 reason = %why, "closing connection");
-            None
+            Err(reason)
         }
     }
 }
 
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<InFlight>) -> io::Result<()> {
+async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: Arc<Broker>, in_flight: Arc<AtomicUsize>, peer: SocketAddr) -> io::Result<()> {
+    let timeout = broker.cfg.response_write_timeout;
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
-    while let Some(task) = rx.recv().await {
-        match task.await {
-            Ok(Some(parts)) => {
-                for part in parts {
-                    wr.write_all(&part).await?;
-                }
-            }
+    let timed_out = |what: &str| {
+        tracing::warn!(%peer, timeout_ms = timeout.as_millis() as u64, "closing connection: the client did not take a {what} in time");
+        broker.probe.closed(Closed::WriteTimeout);
+        io::Error::new(io::ErrorKind::TimedOut, "response write timed out")
+    };
+    while let Some(Queued { task, written, charge }) = rx.recv().await {
+        // Whatever is buffered goes out before waiting on a slow handler
+        // (a long poll): the client may be waiting for it.
+        if !task.is_finished() && !wr.buffer().is_empty() {
+            tokio::time::timeout(timeout, wr.flush()).await.map_err(|_| timed_out("flush"))??;
+        }
+        let parts = match task.await {
+            Ok(Some(parts)) => parts,
             // The handler could not answer (or an acks=0 produce failed):
             // close rather than leave the client waiting.
             Ok(None) => break,
@@ -182,11 +290,51 @@ async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<InFlight>) -> io:
                 tracing::error!(error = %e, "request handler failed; closing connection");
                 break;
             }
-        }
-        if rx.is_empty() {
-            wr.flush().await?;
-        }
+        };
+        let write = async {
+            for part in &parts {
+                wr.write_all(part).await?;
+            }
+            if rx.is_empty() {
+                wr.flush().await?;
+            }
+            io::Result::Ok(())
+        };
+        tokio::time::timeout(timeout, write).await.map_err(|_| timed_out("response"))??;
+        drop(parts);
+        drop(charge);
+        in_flight.fetch_sub(1, Ordering::AcqRel);
+        let _ = written.send(());
     }
-    wr.flush().await?;
-    wr.into_inner().shutdown().await
+    tokio::time::timeout(timeout, wr.flush()).await.map_err(|_| timed_out("flush"))??;
+    let _ = tokio::time::timeout(timeout, wr.into_inner().shutdown()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn requests_wait_for_the_one_before_except_produce_after_produce() {
+        let mut o = Order::default();
+        let (w1, written1, t1) = o.next(false);
+        assert!(w1.is_none() && t1.is_none(), "the first request starts at once");
+        let (w2, written2, t2) = o.next(true);
+        let mut w2 = w2.expect("a produce after a metadata waits for its response");
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w2).await.is_err());
+        let _ = written1.send(());
+        w2.await.unwrap();
+        let (w3, _written3, _t3) = o.next(true);
+        let mut w3 = w3.expect("a produce after a produce waits for its submission");
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w3).await.is_err());
+        drop(t2);
+        assert!(w3.await.is_err(), "released when the first produce's ticket drops");
+        let (w4, _, _) = o.next(false);
+        let mut w4 = w4.expect("a fetch after a produce waits for its response");
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w4).await.is_err());
+        drop(written2);
+        // written3 is what w4 waits on, not written2.
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w4).await.is_err());
+    }
 }

@@ -35,6 +35,15 @@ pub struct KafkaConfig {
     pub max_fetch_wait: Duration,
     /// Upper bound on a Fetch's `max_bytes` and `partition_max_bytes`.
     pub fetch_max_bytes: usize,
+    /// Connections from one address at once.
+    pub max_connections_per_ip: usize,
+    /// A connection with nothing in flight that sends nothing this long is
+    /// closed.
+    pub connections_max_idle: Duration,
+    /// A response not taken by the client within this closes the connection.
+    pub response_write_timeout: Duration,
+    /// How long shutdown waits for connections to finish their requests.
+    pub shutdown_timeout: Duration,
 }
 
 /// What every handler can reach.
@@ -47,10 +56,15 @@ pub struct Broker {
     pub stopping: watch::Receiver<bool>,
     /// Where requests, errors and connections are counted.
     pub probe: Arc<probe::KafkaProbe>,
+    /// Request bytes in memory, broker-wide (shared with the REST bridge).
+    pub budget: Arc<crate::limits::MemoryBudget>,
+    /// Connections per source address.
+    pub per_ip: Arc<crate::limits::PerIp>,
 }
 
 /// Accepts connections until `shutdown` turns true, then waits for open
-/// connections to finish their in-flight requests.
+/// connections to finish their in-flight requests, at most
+/// `shutdown_timeout`; the rest are dropped.
 pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let limit = Arc::new(Semaphore::new(broker.cfg.max_connections));
     let mut tasks = tokio::task::JoinSet::new();
@@ -69,6 +83,13 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: wat
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(5);
+                // Over the per-address limit: closed at once, as Kafka does.
+                let Some(slot) = broker.per_ip.admit(peer.ip()) else {
+                    tracing::debug!(%peer, limit = broker.per_ip.max(), "refusing a connection over max_connections_per_ip");
+                    broker.probe.closed(probe::Closed::PerIp);
+                    drop(stream);
+                    continue;
+                };
                 let broker = broker.clone();
                 let shutdown = shutdown.clone();
                 let probe = broker.probe.clone();
@@ -78,6 +99,7 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: wat
                         tracing::debug!(%peer, error = %e, "connection closed with error");
                     }
                     drop(open);
+                    drop(slot);
                     drop(permit);
                 });
             }
@@ -90,7 +112,12 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: wat
         while tasks.try_join_next().is_some() {}
     }
     drop(listener);
-    while tasks.join_next().await.is_some() {}
+    let open = tasks.len();
+    let drained = tokio::time::timeout(broker.cfg.shutdown_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(open, left = tasks.len(), timeout_ms = broker.cfg.shutdown_timeout.as_millis() as u64, "Kafka connections still open at the shutdown timeout; dropping them");
+        tasks.shutdown().await;
+    }
 }
 
 /// Splits `host:port` for advertising.

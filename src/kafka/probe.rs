@@ -34,12 +34,53 @@ impl ApiSlot {
     }
 }
 
+/// Why the broker closed a Kafka connection (or saw it closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The client closed it.
+    Client,
+    /// A frame length that is negative, too short or over max_request_bytes.
+    BadFrame,
+    BadHeader,
+    /// A body the guard refused, or bytes after it.
+    BadBody,
+    /// An API or version this broker does not serve.
+    Unsupported,
+    /// Nothing in flight and nothing sent for connections_max_idle_ms.
+    Idle,
+    /// A response the client did not take within response_write_timeout_ms.
+    WriteTimeout,
+    /// More connections from the address than max_connections_per_ip.
+    PerIp,
+    Shutdown,
+}
+
+impl Closed {
+    pub const ALL: [Closed; 9] = [Closed::Client, Closed::BadFrame, Closed::BadHeader, Closed::BadBody, Closed::Unsupported, Closed::Idle, Closed::WriteTimeout, Closed::PerIp, Closed::Shutdown];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Closed::Client => "client",
+            Closed::BadFrame => "bad_frame",
+            Closed::BadHeader => "bad_header",
+            Closed::BadBody => "bad_body",
+            Closed::Unsupported => "unsupported",
+            Closed::Idle => "idle",
+            Closed::WriteTimeout => "write_timeout",
+            Closed::PerIp => "per_ip_limit",
+            Closed::Shutdown => "shutdown",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct KafkaProbe {
     pub enabled: bool,
     /// By api key; `None` for keys this broker does not serve.
     slots: Vec<Option<ApiSlot>>,
     pub connections: ConnectionStats,
+    /// Connections closed, by `Closed` (in `Closed::ALL` order).
+    closed: [AtomicU64; Closed::ALL.len()],
 }
 
 impl KafkaProbe {
@@ -59,7 +100,7 @@ impl KafkaProbe {
                 errors: (0..=ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
             });
         }
-        KafkaProbe { enabled, slots, connections: ConnectionStats::default() }
+        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default() }
     }
 
     fn slot(&self, key: ApiKey) -> Option<&ApiSlot> {
@@ -88,6 +129,18 @@ impl KafkaProbe {
         if let Some(c) = self.slot(key).and_then(|s| s.errors.get(i)) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A connection ended, for `why` (counted even with metrics off: it is
+    /// one add per connection).
+    pub fn closed(&self, why: Closed) {
+        let i = Closed::ALL.iter().position(|c| *c == why).expect("every reason is listed");
+        self.closed[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (reason, connections closed for it), every reason, zeros included.
+    pub fn closed_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Closed::ALL.iter().zip(&self.closed).map(|(c, n)| (c.label(), n.load(Ordering::Relaxed)))
     }
 
     pub fn slots(&self) -> impl Iterator<Item = &ApiSlot> {

@@ -87,17 +87,19 @@ impl Buckets {
     }
 }
 
-/// Body bytes a request holds until it is answered.
+/// Body bytes a request holds until it is answered: against the bridge's
+/// own budget and the broker-wide one it shares with the Kafka listener.
 pub struct InFlight<'a> {
     counter: &'a std::sync::atomic::AtomicUsize,
     n: usize,
+    shared: crate::limits::Held,
 }
 
 /// Adds `n` to `counter` unless that passes `budget` while something else
 /// is held.
 fn hold(counter: &std::sync::atomic::AtomicUsize, n: usize, budget: usize) -> Option<InFlight<'_>> {
     let before = counter.fetch_add(n, std::sync::atomic::Ordering::AcqRel);
-    let held = InFlight { counter, n };
+    let held = InFlight { counter, n, shared: crate::limits::Held::none() };
     (before == 0 || before + n <= budget).then_some(held)
 }
 
@@ -107,6 +109,7 @@ impl InFlight<'_> {
         let n = n.min(self.n);
         self.counter.fetch_sub(self.n - n, std::sync::atomic::Ordering::AcqRel);
         self.n = n;
+        self.shared.shrink_to(n);
     }
 }
 
@@ -130,11 +133,13 @@ pub struct Bridge {
     pub connections: Arc<listener::ConnectionStats>,
     /// Requests, statuses, latency and events, for metrics.
     pub probe: Arc<probe::RestProbe>,
+    /// Request bytes in memory, broker-wide (shared with the Kafka listener).
+    budget: Arc<crate::limits::MemoryBudget>,
 }
 
 impl Bridge {
-    pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>, probe: Arc<probe::RestProbe>) -> Bridge {
-        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default(), probe }
+    pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>, probe: Arc<probe::RestProbe>, budget: Arc<crate::limits::MemoryBudget>) -> Bridge {
+        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default(), probe, budget }
     }
 
     /// The topic, created with the defaults when auto-creation is on (that
@@ -149,7 +154,7 @@ impl Bridge {
         }
         let engine = self.engine.clone();
         let owned = name.to_owned();
-        tokio::task::spawn_blocking(move || engine.topic_or_create(&owned))
+        tokio::task::spawn_blocking(move || engine.topic_or_create(&owned, &mut engine.auto_create_allowance()))
             .await
             .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))?
             .map_err(|e| engine_error(e, name))
@@ -175,10 +180,13 @@ impl Bridge {
         drop(wire);
         let mut held = self.reserve(body::inflated_bound(raw.len(), encoding.as_deref(), limit))?;
         let decoded = match encoding {
-            // Inflating a large body is CPU work: off the async threads.
-            Some(e) if raw.len() > 64 << 10 => tokio::task::spawn_blocking(move || body::decode(raw, Some(&e), limit))
+            // Inflating a large body is CPU work: on the CPU pool, off the
+            // async threads.
+            Some(e) if raw.len() > 64 << 10 => self
+                .engine
+                .run_cpu(move || body::decode(raw, Some(&e), limit))
                 .await
-                .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()))??,
+                .ok_or_else(|| RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, "the broker is shutting down"))??,
             e => body::decode(raw, e.as_deref(), limit)?,
         };
         held.shrink_to(decoded.len());
@@ -189,11 +197,14 @@ impl Bridge {
     /// Retry-After when the bridge is saturated. A request larger than the
     /// whole budget still passes when it is alone.
     pub fn reserve(&self, n: usize) -> Result<InFlight<'_>, RestError> {
-        hold(&self.in_flight, n, self.cfg.max_in_flight_bytes).ok_or_else(|| {
+        let saturated = || {
             let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, "the broker is saturated: too many request bytes in flight; retry later");
             e.retry_after = Some(1);
             e
-        })
+        };
+        let mut held = hold(&self.in_flight, n, self.cfg.max_in_flight_bytes).ok_or_else(saturated)?;
+        held.shared = self.budget.try_acquire(n).ok_or_else(saturated)?;
+        Ok(held)
     }
 
     /// Checks the request's credentials (`Authorization: Bearer …`,

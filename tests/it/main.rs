@@ -8,6 +8,7 @@ mod compaction;
 mod compression;
 mod crash_recovery;
 mod groups;
+mod hostile;
 mod idempotence;
 mod long_poll;
 mod metrics;

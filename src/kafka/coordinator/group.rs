@@ -135,6 +135,10 @@ pub struct Group {
     pub protocol: Option<String>,
     pub leader: Option<String>,
     pub members: BTreeMap<String, Member>,
+    /// How many members list each protocol name (each member's names are
+    /// distinct): a protocol every member supports has the full count.
+    /// Kept so a join costs the joiner's list, not members × protocols.
+    protocol_counts: HashMap<String, usize>,
     /// Ids handed out with MEMBER_ID_REQUIRED, not yet joined, with when
     /// they expire: one session timeout (the asking request's) after they
     /// were handed out, as Kafka does, so ids nobody comes back with do not
@@ -157,6 +161,20 @@ pub struct Group {
     pub commits: u64,
 }
 
+/// Adds (or, with `add` false, takes away) one member's protocol names.
+fn count_protocols(counts: &mut HashMap<String, usize>, protocols: &[(String, Bytes)], add: bool) {
+    for (n, _) in protocols {
+        if add {
+            *counts.entry(n.clone()).or_default() += 1;
+        } else if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(n.clone()) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
 fn err(e: E) -> i16 {
     e.code()
 }
@@ -171,6 +189,7 @@ impl Group {
             protocol: None,
             leader: None,
             members: BTreeMap::new(),
+            protocol_counts: HashMap::new(),
             pending: HashMap::new(),
             statics: HashMap::new(),
             join_deadline_ms: None,
@@ -193,7 +212,12 @@ impl Group {
 
     /// Handles a JoinGroup. The answer may come now or once the rebalance
     /// completes (then under `token`).
-    pub fn join(&mut self, cfg: &GroupConfig, now: i64, token: Token, args: JoinArgs, new_member_id: impl FnOnce() -> String) -> Vec<Reply> {
+    pub fn join(&mut self, cfg: &GroupConfig, now: i64, token: Token, mut args: JoinArgs, new_member_id: impl FnOnce() -> String) -> Vec<Reply> {
+        // A name listed twice counts once, with its first metadata (the
+        // consumer-group protocol set of Kafka; `protocol_counts` relies on
+        // each member's names being distinct).
+        let mut seen = std::collections::HashSet::new();
+        args.protocols.retain(|(n, _)| seen.insert(n.clone()));
         tracing::debug!(group = %self.id, member = %args.member_id, state = self.state.name(), generation = self.generation, "join");
         let fail = |code: i16, member_id: &str| vec![Reply::Join(token, JoinResult { error: code, generation: -1, member_id: member_id.to_owned(), ..Default::default() })];
         if args.session_timeout_ms < cfg.min_session_timeout_ms || args.session_timeout_ms > cfg.max_session_timeout_ms {
@@ -247,7 +271,9 @@ impl Group {
         let id = args.member_id.clone();
         {
             let m = self.members.get_mut(&id).expect("checked");
-            m.protocols = args.protocols;
+            let old = std::mem::replace(&mut m.protocols, args.protocols);
+            count_protocols(&mut self.protocol_counts, &old, false);
+            count_protocols(&mut self.protocol_counts, &m.protocols, true);
             m.session_timeout_ms = args.session_timeout_ms;
             m.rebalance_timeout_ms = args.rebalance_timeout_ms;
             m.last_heartbeat_ms = now;
@@ -290,7 +316,9 @@ impl Group {
         }
         let changed = m.protocols != args.protocols;
         m.id = new_id.clone();
+        count_protocols(&mut self.protocol_counts, &m.protocols, false);
         m.protocols = args.protocols;
+        count_protocols(&mut self.protocol_counts, &m.protocols, true);
         m.session_timeout_ms = args.session_timeout_ms;
         m.rebalance_timeout_ms = args.rebalance_timeout_ms;
         m.last_heartbeat_ms = now;
@@ -332,6 +360,7 @@ impl Group {
         if let Some(i) = &args.instance_id {
             self.statics.insert(i.clone(), id.clone());
         }
+        count_protocols(&mut self.protocol_counts, &args.protocols, true);
         self.members.insert(
             id.clone(),
             Member {
@@ -459,28 +488,36 @@ impl Group {
         }
     }
 
-    /// Protocols every current member (and `extra`, a joiner) supports.
+    /// Whether every current member supports protocol `name`.
+    fn supported_by_all(&self, name: &str) -> bool {
+        self.protocol_counts.get(name).copied().unwrap_or(0) == self.members.len()
+    }
+
+    /// Protocols of `extra` (a joiner's) every current member supports.
     fn candidates_with<'a>(&'a self, extra: &'a [(String, Bytes)]) -> impl Iterator<Item = &'a String> + 'a {
-        extra.iter().map(|(n, _)| n).filter(move |n| self.members.values().all(|m| m.protocols.iter().any(|(p, _)| p == *n)))
+        extra.iter().map(|(n, _)| n).filter(move |n| self.supported_by_all(n))
     }
 
     /// The common protocol with the most first-choice votes, as Kafka picks.
+    /// Linear in the members' protocol lists.
     fn select_protocol(&self) -> Option<String> {
         let first = self.members.values().next()?;
-        let common: Vec<&String> = first.protocols.iter().map(|(n, _)| n).filter(|n| self.members.values().all(|m| m.protocols.iter().any(|(p, _)| p == *n))).collect();
-        let mut votes: HashMap<&String, usize> = HashMap::new();
+        let common: Vec<&String> = first.protocols.iter().map(|(n, _)| n).filter(|n| self.supported_by_all(n)).collect();
+        let is_common: std::collections::HashSet<&str> = common.iter().map(|n| n.as_str()).collect();
+        let mut votes: HashMap<&str, usize> = HashMap::new();
         for m in self.members.values() {
-            if let Some((n, _)) = m.protocols.iter().find(|(n, _)| common.contains(&n)) {
-                *votes.entry(n).or_default() += 1;
+            if let Some((n, _)) = m.protocols.iter().find(|(n, _)| is_common.contains(n.as_str())) {
+                *votes.entry(n.as_str()).or_default() += 1;
             }
         }
         // Ties go to the first member's earlier preference.
-        let best = common.iter().map(|n| votes.get(n).copied().unwrap_or(0)).max()?;
-        common.into_iter().find(|n| votes.get(n).copied().unwrap_or(0) == best).cloned()
+        let best = common.iter().map(|n| votes.get(n.as_str()).copied().unwrap_or(0)).max()?;
+        common.into_iter().find(|n| votes.get(n.as_str()).copied().unwrap_or(0) == best).cloned()
     }
 
     fn remove_member(&mut self, id: &str) -> Option<Member> {
         let m = self.members.remove(id)?;
+        count_protocols(&mut self.protocol_counts, &m.protocols, false);
         if let Some(i) = &m.instance_id {
             if self.statics.get(i).map(String::as_str) == Some(id) {
                 self.statics.remove(i);

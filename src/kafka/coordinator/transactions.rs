@@ -34,7 +34,7 @@
 //! PRODUCER_FENCED (INVALID_PRODUCER_EPOCH for request versions before
 //! KIP-588), CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -404,19 +404,25 @@ impl Transactions {
         let mut guard = slot.lock().await;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         check_producer(rec, producer_id, epoch, version >= 2)?;
+        // Sets, not list scans: a request may name many partitions, and
+        // name them many times (each occurrence is answered, as in Kafka).
+        let mut have: HashSet<(String, i32)> = rec.partitions.iter().cloned().collect();
         if verify_only {
             let ongoing = rec.state == TxnState::Ongoing;
-            return Ok(wanted.iter().map(|w| if ongoing && rec.partitions.contains(w) { 0 } else { E::InvalidTxnState.code() }).collect());
+            return Ok(wanted.iter().map(|w| if ongoing && have.contains(w) { 0 } else { E::InvalidTxnState.code() }).collect());
         }
         if matches!(rec.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
             return Err(E::ConcurrentTransactions.code());
         }
         let mut tps = Vec::with_capacity(wanted.len());
+        let mut seen = HashSet::new();
         let codes: Vec<i16> = wanted
             .iter()
             .map(|w| match self.tp(w) {
                 Some(tp) => {
-                    tps.push(tp);
+                    if seen.insert(tp) {
+                        tps.push(tp);
+                    }
                     0
                 }
                 None => E::UnknownTopicOrPartition.code(),
@@ -429,7 +435,7 @@ impl Transactions {
         let began = begin(rec, self.now())?;
         let mut changed = began;
         for w in wanted {
-            if !rec.partitions.contains(w) {
+            if have.insert(w.clone()) {
                 rec.partitions.push(w.clone());
                 changed = true;
             }
@@ -493,6 +499,9 @@ impl Transactions {
         }
         let now = self.now();
         let mut codes = Vec::with_capacity(offsets.len());
+        // Where each (group, topic, partition) already sits: a later commit
+        // of the same partition replaces it in place (the last one wins).
+        let mut at: HashMap<(String, String, i32), usize> = rec.offsets.iter().enumerate().map(|(i, o)| ((o.group.clone(), o.topic.clone(), o.partition), i)).collect();
         for (topic, partition, offset, leader_epoch, metadata) in offsets {
             let code = if self.tp(&(topic.clone(), partition)).is_none() {
                 E::UnknownTopicOrPartition.code()
@@ -500,8 +509,13 @@ impl Transactions {
                 E::OffsetMetadataTooLarge.code()
             } else {
                 let record = OffsetRecord { offset, leader_epoch, metadata, commit_ms: now };
-                rec.offsets.retain(|o| !(o.group == group && o.topic == topic && o.partition == partition));
-                rec.offsets.push(TxnOffset { group: group.to_owned(), topic, partition, record });
+                match at.entry((group.to_owned(), topic.clone(), partition)) {
+                    std::collections::hash_map::Entry::Occupied(e) => rec.offsets[*e.get()].record = record,
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(rec.offsets.len());
+                        rec.offsets.push(TxnOffset { group: group.to_owned(), topic, partition, record });
+                    }
+                }
                 0
             };
             codes.push(code);
@@ -536,13 +550,16 @@ impl Transactions {
     /// Whether TxnOffsetCommit for `group` has offsets waiting in an open
     /// transaction for `(topic, partition)` (OffsetFetch with
     /// require_stable answers UNSTABLE_OFFSET_COMMIT then).
-    pub async fn pending_offsets(&self, group: &str) -> Vec<(String, i32)> {
+    /// One pass over the open transactions for all of `groups`.
+    pub async fn pending_offsets(&self, groups: &HashSet<String>) -> HashMap<String, HashSet<(String, i32)>> {
         let slots: Vec<Slot> = self.inner.ids.lock().expect("txn ids lock").values().cloned().collect();
-        let mut out = Vec::new();
+        let mut out: HashMap<String, HashSet<(String, i32)>> = HashMap::new();
         for slot in slots {
             let guard = slot.lock().await;
             if let Some(rec) = guard.as_ref() {
-                out.extend(rec.offsets.iter().filter(|o| o.group == group).map(|o| (o.topic.clone(), o.partition)));
+                for o in rec.offsets.iter().filter(|o| groups.contains(&o.group)) {
+                    out.entry(o.group.clone()).or_default().insert((o.topic.clone(), o.partition));
+                }
             }
         }
         out

@@ -3,6 +3,7 @@
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 pub use kafka_protocol::messages::{CreatePartitionsRequest as Request, CreatePartitionsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::ResponseError;
 
 use super::str_bytes;
 use crate::kafka::{errors, Broker};
@@ -12,10 +13,16 @@ pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
     let results = tokio::task::spawn_blocking(move || {
-        req.topics
+        // As Kafka's controller: a topic named twice is left alone and
+        // answered once, INVALID_REQUEST.
+        let twice = super::repeated(req.topics.iter().map(|t| t.name.0.clone()));
+        super::first_occurrences(req.topics, |t| t.name.0.clone())
             .into_iter()
             .map(|t| {
                 let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+                if twice.contains(&t.name.0) {
+                    return r.with_error_code(ResponseError::InvalidRequest.code()).with_error_message(Some(str_bytes("Duplicate topic name.")));
+                }
                 match engine.create_partitions(super::name(&t.name), t.count, req.validate_only) {
                     Ok(()) => r,
                     Err(e) => r.with_error_code(errors::code(&e)).with_error_message(Some(str_bytes(e.to_string()))),

@@ -15,15 +15,17 @@ pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 7 };
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
     let topics = tokio::task::spawn_blocking(move || {
-        let mut seen = std::collections::HashSet::new();
-        req.topics
+        // As Kafka's controller: a name given twice is not created, and
+        // gets one answer, INVALID_REQUEST.
+        let twice = super::repeated(req.topics.iter().map(|t| t.name.0.clone()));
+        super::first_occurrences(req.topics, |t| t.name.0.clone())
             .into_iter()
             .map(|t| {
                 let name = super::name(&t.name).to_owned();
                 let mut r = CreatableTopicResult::default().with_name(t.name.clone()).with_num_partitions(-1).with_replication_factor(-1);
                 let fail = |r: CreatableTopicResult, code: i16, msg: String| r.with_error_code(code).with_error_message(Some(str_bytes(msg)));
-                if !seen.insert(name.clone()) {
-                    return fail(r, ResponseError::InvalidRequest.code(), format!("topic {name} appears twice in the request"));
+                if twice.contains(&t.name.0) {
+                    return fail(r, ResponseError::InvalidRequest.code(), "Duplicate topic name.".into());
                 }
                 if t.replication_factor > 1 {
                     return fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1) on a single-node broker".into());

@@ -10,7 +10,9 @@ use crate::kafka::Broker;
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 2 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let ids: Vec<String> = req.groups_names.iter().map(|g| g.0.to_string()).collect();
+    // Kafka deletes each distinct group once (`distinct`).
+    let names = super::first_occurrences(req.groups_names, |g| g.0.clone());
+    let ids: Vec<String> = names.iter().map(|g| g.0.to_string()).collect();
     let codes = broker.coordinator.delete(ids.clone()).await;
     let engine = broker.engine.clone();
     let removed: Vec<String> = ids.iter().zip(&codes).filter(|(_, c)| **c == 0).map(|(g, _)| g.clone()).collect();
@@ -22,8 +24,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     })
     .await
     .ok()?;
-    let results = req
-        .groups_names
+    let results = names
         .into_iter()
         .zip(codes)
         .map(|(g, c)| {

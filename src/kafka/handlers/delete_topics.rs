@@ -18,11 +18,18 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         req.topic_names.into_iter().map(|n| (Some(n.0.to_string()), uuid::Uuid::nil())).collect()
     };
     let responses = tokio::task::spawn_blocking(move || {
-        targets
+        // As Kafka's controller: a topic named (or identified) twice is not
+        // deleted, and gets one answer, INVALID_REQUEST.
+        let resolved: Vec<(Option<String>, uuid::Uuid)> = targets.into_iter().map(|(name, id)| (name.or_else(|| engine.topic_by_id(id.as_bytes()).map(|t| t.name().to_owned())), id)).collect();
+        let twice = super::repeated(resolved.iter().map(|(name, id)| name.clone().ok_or(*id)));
+        super::first_occurrences(resolved, |(name, id)| name.clone().ok_or(*id))
             .into_iter()
             .map(|(name, id)| {
-                let name = name.or_else(|| engine.topic_by_id(id.as_bytes()).map(|t| t.name().to_owned()));
                 let mut r = DeletableTopicResult::default().with_name(name.as_deref().map(topic_name));
+                if twice.contains(&name.clone().ok_or(id)) {
+                    let r = if version >= 6 { r.with_topic_id(id) } else { r };
+                    return r.with_error_code(ResponseError::InvalidRequest.code()).with_error_message((version >= 5).then(|| str_bytes(if name.is_some() { "Duplicate topic name." } else { "Duplicate topic id." })));
+                }
                 let Some(name) = name else {
                     return r.with_topic_id(id).with_error_code(ResponseError::UnknownTopicId.code());
                 };

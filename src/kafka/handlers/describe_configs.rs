@@ -17,8 +17,10 @@ const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let results = req
-        .resources
+    // Kafka answers every occurrence of a resource, each with all its
+    // configs; answered once each here, so repeats cannot multiply the
+    // response (clients match answers by resource).
+    let results = super::first_occurrences(req.resources, |r| (r.resource_type, r.resource_name.clone()))
         .into_iter()
         .map(|res| {
             let out = DescribeConfigsResult::default().with_resource_type(res.resource_type).with_resource_name(res.resource_name.clone());

@@ -10,10 +10,14 @@ use crate::kafka::Broker;
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
-    let ids: Vec<String> = req.groups.iter().map(|g| g.0.to_string()).collect();
+    // Kafka answers every occurrence of a repeated group id; each answer
+    // carries every member's metadata, so a million copies of one name
+    // would make a response a million times the group's size. Each group is
+    // described once (clients match answers by group id).
+    let wanted = super::first_occurrences(req.groups, |g| g.0.clone());
+    let ids: Vec<String> = wanted.iter().map(|g| g.0.to_string()).collect();
     let described = broker.coordinator.describe(ids).await;
-    let groups = req
-        .groups
+    let groups = wanted
         .into_iter()
         .zip(described)
         .map(|(id, d)| {

@@ -16,10 +16,12 @@ use crate::kafka::Broker;
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let ids: Vec<String> = req.transactional_ids.iter().map(|t| t.0.to_string()).collect();
+    // Each id is described once: an answer lists the transaction's
+    // partitions, which repeats would multiply.
+    let wanted = super::first_occurrences(req.transactional_ids, |t| t.0.clone());
+    let ids: Vec<String> = wanted.iter().map(|t| t.0.to_string()).collect();
     let found = broker.transactions.describe(&ids).await;
-    let states = req
-        .transactional_ids
+    let states = wanted
         .into_iter()
         .zip(found)
         .map(|(id, rec)| {

@@ -67,44 +67,23 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
     // Kafka's fetch.max.bytes caps what a client may ask for.
     let limit = broker.cfg.fetch_max_bytes;
     let max_bytes = (req.max_bytes.max(0) as usize).min(limit);
-    let wants: Arc<Vec<(TopicName, Vec<Want>)>> = Arc::new(
-        req.topics
-            .into_iter()
-            .map(|t| {
-                let topic = broker.engine.topic(super::name(&t.topic));
-                let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
-                let parts = t
-                    .partitions
-                    .into_iter()
-                    .map(|p| Want {
-                        partition: p.partition,
-                        topic: topic.clone(),
-                        subtree: subtree.clone(),
-                        offset: p.fetch_offset,
-                        max_bytes: (p.partition_max_bytes.max(0) as usize).min(limit),
-                    })
-                    .collect();
-                (t.topic, parts)
-            })
-            .collect(),
-    );
-    let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter_map(|w| w.topic.as_ref().map(|t| t.tp(w.partition)))).collect();
+    let wants = Arc::new(wanted(broker, req.topics, limit));
+    // Partitions that exist: only those can move (a made-up partition of a
+    // real topic is answered UNKNOWN_TOPIC_OR_PARTITION and never waited on).
+    let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
     let streams = wants.iter().any(|(_, ps)| ps.iter().any(|w| w.subtree.is_some()));
     let mut stopping = broker.stopping.clone();
+    // One registration for the whole poll, made before the first read so
+    // nothing produced meanwhile is missed; it unregisters when dropped.
+    let notify = Arc::new(Notify::new());
+    let may_wait = tokio::time::Instant::now() < deadline && (!tps.is_empty() || streams) && !*stopping.borrow();
+    // A subtree stream moves with any tp.
+    let _registration = may_wait.then(|| broker.engine.subscribe(tps, streams, &notify));
     loop {
-        let notify = Arc::new(Notify::new());
-        let may_wait = tokio::time::Instant::now() < deadline && (!tps.is_empty() || streams) && !*stopping.borrow();
-        if may_wait {
-            // A subtree stream moves with any tp.
-            if streams {
-                broker.engine.subscribe_any(&notify);
-            }
-            broker.engine.subscribe(&tps, &notify);
-        }
         let engine = broker.engine.clone();
         let w = wants.clone();
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
-        if !may_wait || bytes >= min_bytes || errors {
+        if !may_wait || bytes >= min_bytes || errors || tokio::time::Instant::now() >= deadline || *stopping.borrow() {
             return Some(counted(broker, &wants, topics));
         }
         let stop = tokio::select! {
@@ -120,6 +99,39 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             return Some(counted(broker, &wants, topics));
         }
     }
+}
+
+/// What the request asks for, each partition once: Kafka keys a fetch by
+/// partition, so a partition listed again moves to the offset and size it
+/// was last given and keeps the place it was first given.
+fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, limit: usize) -> Vec<(TopicName, Vec<Want>)> {
+    let mut at: std::collections::HashMap<(TopicName, i32), (usize, usize)> = std::collections::HashMap::new();
+    let mut out: Vec<(TopicName, Vec<Want>)> = Vec::new();
+    for t in topics {
+        let topic = broker.engine.topic(super::name(&t.topic));
+        let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
+        let ti = out.len();
+        let mut parts = Vec::new();
+        for p in t.partitions {
+            let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
+            match at.entry((t.topic.clone(), p.partition)) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    let (i, j) = *e.get();
+                    let w = if i == ti { &mut parts[j] } else { &mut out[i].1[j] };
+                    let w: &mut Want = w;
+                    (w.offset, w.max_bytes) = (p.fetch_offset, max_bytes);
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert((ti, parts.len()));
+                    parts.push(Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes });
+                }
+            }
+        }
+        if !parts.is_empty() {
+            out.push((t.topic, parts));
+        }
+    }
+    out
 }
 
 /// The answer, counted for metrics: its partition errors and the bytes it

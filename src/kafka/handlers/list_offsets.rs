@@ -23,6 +23,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let engine = broker.engine.clone();
     let committed = req.isolation_level == 1;
     let topics = tokio::task::spawn_blocking(move || {
+        // As Kafka: a partition named twice gets one answer, INVALID_REQUEST.
+        let twice = super::repeated(req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.0.clone(), p.partition_index))));
+        let mut answered = std::collections::HashSet::new();
         req.topics
             .into_iter()
             .map(|t| {
@@ -31,8 +34,12 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 let partitions = t
                     .partitions
                     .into_iter()
+                    .filter(|p| !twice.contains(&(t.name.0.clone(), p.partition_index)) || answered.insert((t.name.0.clone(), p.partition_index)))
                     .map(|p| {
                         let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index).with_timestamp(-1).with_offset(-1);
+                        if twice.contains(&(t.name.0.clone(), p.partition_index)) {
+                            return r.with_error_code(ResponseError::InvalidRequest.code());
+                        }
                         if let (Some(s), 0) = (&subtree, p.partition_index) {
                             return lookup_subtree(&engine, s, p.timestamp, r, version);
                         }

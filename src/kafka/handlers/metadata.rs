@@ -4,16 +4,50 @@
 //! `num_partitions`). Subtree streams (`<prefix>.__all`) are listed with
 //! one partition when asked for by name, never created.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
 pub use kafka_protocol::messages::{MetadataRequest as Request, MetadataResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
-use super::{str_bytes, topic_name};
+use super::{str_bytes, topic_name, IntoReply, Route};
 use crate::engine::subtree::Subtree;
 use crate::engine::{topics, Engine, EngineError, Topic};
 use crate::kafka::{errors, Broker, NODE_ID};
+use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
+
+/// librdkafka 2.1 and later ask for all topics at v9+ with the null topic
+/// array written as a 4-byte zero instead of a 1-byte varint (librdkafka
+/// issue 5049, unfixed in every release so far): read strictly, that body
+/// has bytes after its end. Only these exact shapes are read as what the
+/// client meant; any other body with trailing bytes is refused.
+///
+/// ```text
+/// v9-10:  00 00 00 00 | auto_create | cluster_ops | topic_ops | 00
+/// v11+:   00 00 00 00 | auto_create | topic_ops | 00
+/// ```
+pub fn librdkafka_all_topics(version: i16, body: &[u8]) -> Option<Request> {
+    let flag = |b: u8| (b <= 1).then_some(b == 1);
+    match (version, body) {
+        (9..=10, [0, 0, 0, 0, a, c, t, 0]) => Some(
+            Request::default().with_topics(None).with_allow_auto_topic_creation(flag(*a)?).with_include_cluster_authorized_operations(flag(*c)?).with_include_topic_authorized_operations(flag(*t)?),
+        ),
+        (11.., [0, 0, 0, 0, a, t, 0]) => Some(Request::default().with_topics(None).with_allow_auto_topic_creation(flag(*a)?).with_include_topic_authorized_operations(flag(*t)?)),
+        _ => None,
+    }
+}
+
+pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<Route> {
+    if h.api_version < 9 || h.api_version > VERSIONS.max {
+        return None;
+    }
+    let req = librdkafka_all_topics(h.api_version, body)?;
+    let (broker, id, version) = (broker.clone(), h.correlation_id, h.api_version);
+    Some(Route::Run(Box::pin(async move { handle(&broker, req, version).await.into_reply(id, version) })))
+}
 
 pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
     entry(t.name(), t.id(), t.partitions(), version)
@@ -53,7 +87,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let wanted: Option<Vec<(Option<String>, uuid::Uuid)>> = match req.topics {
         None => None,
         Some(list) if list.is_empty() && version == 0 => None,
-        Some(list) => Some(list.into_iter().map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id)).collect()),
+        // Kafka reads the names into a set: each is answered once.
+        Some(list) => Some(super::first_occurrences(list.into_iter().map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id)), |(n, id)| (n.clone(), *id))),
     };
     let allow_create = version < 4 || req.allow_auto_topic_creation;
     let topics = tokio::task::spawn_blocking(move || resolve(&engine, wanted, allow_create, version)).await.ok()?;
@@ -79,6 +114,7 @@ fn resolve(engine: &Engine, wanted: Option<Vec<(Option<String>, uuid::Uuid)>>, a
     let Some(wanted) = wanted else {
         return engine.topics().iter().map(|t| topic_entry(t, version)).collect();
     };
+    let mut allowance = engine.auto_create_allowance();
     wanted
         .into_iter()
         .map(|(name, id)| match name {
@@ -93,7 +129,7 @@ fn resolve(engine: &Engine, wanted: Option<Vec<(Option<String>, uuid::Uuid)>>, a
                 if let Err(_e) = topics::validate_name(&name) {
                     return error_entry(Some(&name), kafka_protocol::ResponseError::InvalidTopicException.code());
                 }
-                let found = if allow_create { engine.topic_or_create(&name) } else { engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition) };
+                let found = if allow_create { engine.topic_or_create(&name, &mut allowance) } else { engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition) };
                 match found {
                     Ok(t) => topic_entry(&t, version),
                     Err(e) => error_entry(Some(&name), errors::code(&e)),

@@ -42,6 +42,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, VersionRange};
 
+use super::probe::Closed;
 use super::Broker;
 use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
@@ -66,8 +67,8 @@ impl<R: Encodable + HeaderVersion> IntoReply for Option<R> {
 pub enum Route {
     /// Run this future; its output (if any) is the framed response.
     Run(Reply),
-    /// Close the connection, for this reason.
-    Close(String),
+    /// Close the connection: what went wrong, and its kind.
+    Close(String, Closed),
 }
 
 /// Limits the wire-shape guard applies to every request body.
@@ -77,20 +78,28 @@ pub fn guard_limits(broker: &Broker) -> guard::GuardLimits {
 
 /// Decodes a body that passed the guard. The guard has checked every count
 /// against the bytes present, so the decoder cannot be made to allocate
-/// more than the frame's size.
+/// more than the frame's size. Bytes after a complete body are refused:
+/// a request is exactly its frame (see `metadata::librdkafka_all_topics`
+/// for the one client quirk read in its place).
 fn decode<T: Decodable>(broker: &Broker, h: &RequestHeader, mut body: Bytes) -> Result<T, String> {
     match guard::check_request_body(h.api_key as i16, h.api_version, &body, &guard_limits(broker)) {
         Ok(()) => {}
-        // Kafka ignores bytes after a complete body, and librdkafka relies
-        // on it: its Metadata v12+ "all topics" request encodes the null
-        // array as a 4-byte int (librdkafka issue 5049). The decoder stops
-        // where the guard did, so the extra bytes are never read.
-        Err(guard::GuardError::TrailingBytes { offset, remaining }) => {
-            tracing::debug!(api = ?h.api_key, version = h.api_version, offset, remaining, "ignoring bytes after the request body");
-        }
         Err(e) => return Err(format!("malformed request body: {e}")),
     }
     T::decode(&mut body, h.api_version).map_err(|e| format!("request body does not decode: {e}"))
+}
+
+/// Keeps the first occurrence of each key, in request order: Kafka reads
+/// these lists into sets or maps, so a repeated entry is answered once.
+pub fn first_occurrences<T, K: std::hash::Hash + Eq>(items: impl IntoIterator<Item = T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    let mut seen = std::collections::HashSet::new();
+    items.into_iter().filter(|t| seen.insert(key(t))).collect()
+}
+
+/// The keys that occur more than once (Kafka refuses them in some APIs).
+pub fn repeated<K: std::hash::Hash + Eq + Clone>(keys: impl IntoIterator<Item = K>) -> std::collections::HashSet<K> {
+    let mut seen = std::collections::HashSet::new();
+    keys.into_iter().filter(|k| !seen.insert(k.clone())).collect()
 }
 
 /// Frames a response: length, response header, body.
@@ -141,11 +150,11 @@ macro_rules! apis {
                     )?
                     let v = $module::VERSIONS;
                     if h.api_version < v.min || h.api_version > v.max {
-                        return Route::Close(format!("unsupported version (serving {v})"));
+                        return Route::Close(format!("unsupported version (serving {v})"), Closed::Unsupported);
                     }
                     let req: $module::Request = match decode(broker, h, body) {
                         Ok(r) => r,
-                        Err(why) => return Route::Close(why),
+                        Err(why) => return Route::Close(why, Closed::BadBody),
                     };
                     let broker = broker.clone();
                     let (id, version) = (h.correlation_id, h.api_version);
@@ -153,7 +162,7 @@ macro_rules! apis {
                         $module::handle(&broker, req, version).await.into_reply(id, version)
                     }))
                 } )*
-                other => Route::Close(format!("api {other:?} is not served")),
+                other => Route::Close(format!("api {other:?} is not served"), Closed::Unsupported),
             }
         }
     };
@@ -163,7 +172,7 @@ apis! {
     Produce => produce + special,
     Fetch => fetch,
     ListOffsets => list_offsets,
-    Metadata => metadata,
+    Metadata => metadata + special,
     OffsetCommit => offset_commit,
     OffsetFetch => offset_fetch,
     FindCoordinator => find_coordinator,

@@ -4,7 +4,7 @@
 //! open transaction holds offsets answers UNSTABLE_OFFSET_COMMIT, which
 //! clients retry, until the transaction ends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions, OffsetFetchResponseTopic, OffsetFetchResponseTopics};
 pub use kafka_protocol::messages::{OffsetFetchRequest as Request, OffsetFetchResponse as Response};
@@ -23,7 +23,7 @@ type Part = (i32, i64, i32, Option<String>, i16);
 
 /// (topic, partitions) for a group; `unstable`: partitions with offsets
 /// waiting in an open transaction.
-fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: &[(String, i32)]) -> Result<Vec<(String, Vec<Part>)>, i16> {
+fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSet<(String, i32)>>) -> Result<Vec<(String, Vec<Part>)>, i16> {
     let rows = broker.engine.catalog().group_offsets(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
     let mut by_topic: HashMap<String, HashMap<i32, OffsetRecord>> = HashMap::new();
     for (t, p, r) in rows {
@@ -41,7 +41,7 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: &[(String, i32
             let parts = ps
                 .into_iter()
                 .map(|p| match have.and_then(|h| h.get(&p)) {
-                    _ if unstable.iter().any(|(ut, up)| *ut == t && *up == p) => (p, -1, -1, None, kafka_protocol::ResponseError::UnstableOffsetCommit.code()),
+                    _ if unstable.is_some_and(|u| u.contains(&(t.clone(), p))) => (p, -1, -1, None, kafka_protocol::ResponseError::UnstableOffsetCommit.code()),
                     Some(r) => (p, r.offset, r.leader_epoch, r.metadata.clone(), 0),
                     None => (p, -1, -1, Some(String::new()), 0),
                 })
@@ -54,12 +54,17 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: &[(String, i32
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let stable = version >= 7 && req.require_stable;
     if version >= 8 {
-        let mut groups = Vec::with_capacity(req.groups.len());
-        for g in req.groups {
+        // Kafka answers a repeated group each time; with a null topic list
+        // each answer is every offset the group holds, so repeats would
+        // multiply the response: each group is answered once.
+        let wanted_groups = super::first_occurrences(req.groups, |g| g.group_id.0.clone());
+        let names: HashSet<String> = wanted_groups.iter().map(|g| g.group_id.0.to_string()).collect();
+        let unstable = if stable { broker.transactions.pending_offsets(&names).await } else { HashMap::new() };
+        let mut groups = Vec::with_capacity(wanted_groups.len());
+        for g in wanted_groups {
                 let wanted: Wanted = g.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
                 let out = OffsetFetchResponseGroup::default().with_group_id(g.group_id.clone());
-                let unstable = if stable { broker.transactions.pending_offsets(&g.group_id.0).await } else { Vec::new() };
-                groups.push(match lookup(broker, &g.group_id.0, wanted, &unstable) {
+                groups.push(match lookup(broker, &g.group_id.0, wanted, unstable.get(g.group_id.0.as_str())) {
                     Err(code) => out.with_error_code(code),
                     Ok(topics) => out.with_topics(
                         topics
@@ -78,8 +83,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         return Some(Response::default().with_groups(groups));
     }
     let wanted: Wanted = req.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
-    let unstable = if stable { broker.transactions.pending_offsets(&req.group_id.0).await } else { Vec::new() };
-    match lookup(broker, &req.group_id.0, wanted, &unstable) {
+    let unstable = if stable { broker.transactions.pending_offsets(&HashSet::from([req.group_id.0.to_string()])).await } else { HashMap::new() };
+    match lookup(broker, &req.group_id.0, wanted, unstable.get(req.group_id.0.as_str())) {
         Err(code) => Some(if version >= 2 { Response::default().with_error_code(code) } else { Response::default() }),
         Ok(topics) => Some(
             Response::default().with_topics(

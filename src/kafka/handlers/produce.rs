@@ -35,10 +35,10 @@ pub fn special(_broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option
         return None;
     }
     if h.api_version < 0 {
-        return Some(Route::Close("negative produce version".into()));
+        return Some(Route::Close("negative produce version".into(), crate::kafka::probe::Closed::Unsupported));
     }
     let Some((acks, topics)) = parse_legacy(body) else {
-        return Some(Route::Close("malformed produce v0-2 request".into()));
+        return Some(Route::Close("malformed produce v0-2 request".into(), crate::kafka::probe::Closed::BadBody));
     };
     if acks == 0 {
         return Some(Route::Run(Box::pin(async { Some(Vec::new()) })));
@@ -82,7 +82,8 @@ fn parse_legacy(mut b: &[u8]) -> Option<(i16, Vec<(Bytes, Vec<i32>)>)> {
         }
         out.push((name, ps));
     }
-    Some((acks, out))
+    // A request is exactly its frame.
+    b.is_empty().then_some((acks, out))
 }
 
 fn encode_legacy(correlation_id: i32, version: i16, topics: &[(Bytes, Vec<i32>)]) -> BytesMut {
@@ -137,12 +138,21 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     };
     // Submit everything first, then wait: one writer round for the request.
     // Requests of one connection submit in request order.
-    let mut ticket = crate::kafka::conn::take_produce_ticket();
-    if let Some(t) = ticket.as_mut() {
-        t.wait_turn().await;
-    }
+    // Held until every batch is with the writer: the connection's next
+    // Produce starts then.
+    let ticket = crate::kafka::conn::take_produce_ticket();
+    // Kafka keys a produce by partition: a partition given twice appends
+    // only the records of its last occurrence, and is answered once.
+    let last: std::collections::HashMap<(&str, i32), (usize, usize)> =
+        req.topic_data.iter().enumerate().flat_map(|(ti, t)| t.partition_data.iter().enumerate().map(move |(pi, p)| ((super::name(&t.name), p.index), (ti, pi)))).collect();
+    let keep: Vec<Vec<bool>> = req.topic_data.iter().enumerate().map(|(ti, t)| t.partition_data.iter().enumerate().map(|(pi, p)| last[&(super::name(&t.name), p.index)] == (ti, pi)).collect()).collect();
+    drop(last);
     let mut pending = Vec::with_capacity(req.topic_data.len());
-    for topic in req.topic_data {
+    let mut allowance = broker.engine.auto_create_allowance();
+    for (topic, keep) in req.topic_data.into_iter().zip(keep) {
+        if !keep.contains(&true) {
+            continue;
+        }
         let name = super::name(&topic.name).to_owned();
         let found = match crate::engine::topics::validate_name(&name) {
             Err(e) => Err(EngineError::InvalidTopic(e)),
@@ -151,13 +161,18 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                 let n = name.clone();
                 match broker.engine.topic(&name) {
                     Some(t) => Ok(t),
-                    None => tokio::task::spawn_blocking(move || engine.topic_or_create(&n)).await.unwrap_or(Err(EngineError::ShuttingDown)),
+                    None => {
+                        let mut a = std::mem::replace(&mut allowance, engine.auto_create_allowance());
+                        let (found, left) = tokio::task::spawn_blocking(move || (engine.topic_or_create(&n, &mut a), a)).await.unwrap_or((Err(EngineError::ShuttingDown), broker.engine.auto_create_allowance()));
+                        allowance = left;
+                        found
+                    }
                 }
             }
             Ok(()) => broker.engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition),
         };
         let mut parts = Vec::with_capacity(topic.partition_data.len());
-        for p in topic.partition_data {
+        for (p, _) in topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k) {
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
                 (Err(e), _) => Err(Some(errors::code(e))),
@@ -226,6 +241,9 @@ mod tests {
         for cut in 0..ok.len() {
             assert!(parse_legacy(&ok[..cut]).is_none(), "prefix {cut}");
         }
+        let mut long = ok.clone();
+        long.push(0);
+        assert!(parse_legacy(&long).is_none(), "trailing bytes");
         let mut lie = ok.clone();
         lie[6..10].copy_from_slice(&i32::MAX.to_be_bytes());
         assert!(parse_legacy(&lie).is_none());
