@@ -127,6 +127,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
     let budget = Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes));
+    let per_ip = crate::limits::PerIp::new(cfg.max_connections_per_ip);
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     let broker = Arc::new(Broker {
@@ -149,13 +150,14 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             shutdown_timeout: Duration::from_millis(cfg.shutdown_timeout_ms),
         },
         budget: budget.clone(),
-        per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
+        per_ip: per_ip.clone(),
     });
     let kafka_probe = broker.probe.clone();
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone())));
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
-    let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), cfg.metrics_topic_label_limit)));
+    let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics };
+    let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), limits, cfg.metrics_topic_label_limit)));
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));

@@ -88,6 +88,17 @@ struct RequestCtx {
     peer: SocketAddr,
     client_id: String,
     order: std::sync::Mutex<Option<ProduceTicket>>,
+    ending: Ending,
+}
+
+/// Why the connection ends, decided once by whoever sees it first (the
+/// reader, the writer, or a handler that finds its request malformed).
+type Ending = Arc<std::sync::OnceLock<Closed>>;
+
+/// Marks the running request's connection to close, for `why` (the
+/// handler then answers `None`).
+pub fn closing(why: Closed) {
+    let _ = REQUEST.try_with(|c| c.ending.set(why));
 }
 
 /// Held by a running Produce until it has handed its batches to the writer;
@@ -150,7 +161,8 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Queued>(broker.cfg.max_in_flight_per_connection.max(1));
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let writer = tokio::spawn(write_loop(wr, rx, broker.clone(), in_flight.clone(), peer));
+    let ending: Ending = Default::default();
+    let mut writer = tokio::spawn(write_loop(wr, rx, broker.clone(), in_flight.clone(), peer, ending.clone()));
     let max = broker.cfg.max_request_bytes;
     let conn_bytes = Arc::new(ConnectionBytes::default());
     let mut buf = BytesMut::with_capacity(READ_MIN);
@@ -159,7 +171,10 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
     // is known.
     let mut head: Option<(usize, Held)> = None;
     let idle = broker.cfg.connections_max_idle;
-    let mut closed = Closed::Client;
+    let close = |why: Closed| {
+        let _ = ending.set(why);
+    };
+    let mut writer_result = None;
     'read: loop {
         // Every complete frame in the buffer, in order.
         loop {
@@ -168,7 +183,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "closing connection: bad frame");
-                    closed = Closed::BadFrame;
+                    close(Closed::BadFrame);
                     break 'read;
                 }
             };
@@ -176,7 +191,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                 let charge = conn_bytes.charge_for(len);
                 let held = tokio::select! {
                     h = broker.budget.acquire(charge) => h,
-                    _ = shutdown.changed() => { closed = Closed::Shutdown; break 'read }
+                    _ = shutdown.changed() => { close(Closed::Shutdown); break 'read }
                 };
                 conn_bytes.add(len);
                 head = Some((len, held));
@@ -188,7 +203,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
             let charge = Charge { conn: conn_bytes.clone(), len, _held: held };
             let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
             let _ = frame.split_to(frame::LENGTH_BYTES);
-            match dispatch(&broker, peer, frame, &mut order) {
+            match dispatch(&broker, peer, frame, &mut order, &ending) {
                 Ok((task, written)) => {
                     in_flight.fetch_add(1, Ordering::AcqRel);
                     if tx.send(Queued { task, written, charge }).await.is_err() {
@@ -196,7 +211,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                     }
                 }
                 Err(why) => {
-                    closed = why;
+                    close(why);
                     break 'read;
                 }
             }
@@ -209,28 +224,40 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
             n = rd.read_buf(&mut buf) => match n {
                 Ok(0) => break,
                 Ok(_) => {}
-                Err(e) => { drop(tx); let _ = writer.await; return Err(e) }
+                Err(e) => {
+                    drop(tx);
+                    let _ = writer.await;
+                    broker.probe.closed(ending.get().copied().unwrap_or(Closed::Client));
+                    return Err(e);
+                }
             },
-            _ = shutdown.changed() => { closed = Closed::Shutdown; break }
+            _ = shutdown.changed() => { close(Closed::Shutdown); break }
+            // The writer ended (a failed handler, a write timeout): so
+            // does the connection.
+            w = &mut writer => { writer_result = Some(w); break }
             // Nothing arrived for the idle limit: close if nothing is in
             // flight (a half-sent frame counts as nothing).
             _ = tokio::time::sleep(idle) => {
                 if in_flight.load(Ordering::Acquire) == 0 {
                     tracing::debug!(%peer, idle_ms = idle.as_millis() as u64, "closing idle connection");
-                    closed = Closed::Idle;
+                    close(Closed::Idle);
                     break;
                 }
             }
         }
     }
-    broker.probe.closed(closed);
     drop(tx);
-    writer.await.unwrap_or_else(|e| Err(io::Error::other(e)))
+    let result = match writer_result {
+        Some(w) => w,
+        None => writer.await,
+    };
+    broker.probe.closed(ending.get().copied().unwrap_or(Closed::Client));
+    result.unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 
 /// Parses the header and starts the handler, to run once the requests
 /// before it allow. `Err` closes the connection, for that reason.
-fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order) -> Result<(JoinHandle<Option<Vec<Bytes>>>, oneshot::Sender<()>), Closed> {
+fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order, ending: &Ending) -> Result<(JoinHandle<Option<Vec<Bytes>>>, oneshot::Sender<()>), Closed> {
     let h = match header::parse(&frame) {
         Ok(h) => h,
         Err(e) => {
@@ -243,7 +270,7 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
         Route::Run(fut) => {
             let is_produce = h.api_key == kafka_protocol::messages::ApiKey::Produce;
             let (wait, written, ticket) = order.next(is_produce);
-            let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(ticket) };
+            let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(ticket), ending: ending.clone() };
             let (probe, api, version) = (broker.probe.clone(), h.api_key, h.api_version);
             let span = tracing::debug_span!("request", api = ?api, version, correlation_id = h.correlation_id, %peer);
             let started = std::time::Instant::now();
@@ -267,12 +294,12 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
     }
 }
 
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: Arc<Broker>, in_flight: Arc<AtomicUsize>, peer: SocketAddr) -> io::Result<()> {
+async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: Arc<Broker>, in_flight: Arc<AtomicUsize>, peer: SocketAddr, ending: Ending) -> io::Result<()> {
     let timeout = broker.cfg.response_write_timeout;
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
     let timed_out = |what: &str| {
         tracing::warn!(%peer, timeout_ms = timeout.as_millis() as u64, "closing connection: the client did not take a {what} in time");
-        broker.probe.closed(Closed::WriteTimeout);
+        let _ = ending.set(Closed::WriteTimeout);
         io::Error::new(io::ErrorKind::TimedOut, "response write timed out")
     };
     while let Some(Queued { task, written, charge }) = rx.recv().await {

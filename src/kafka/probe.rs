@@ -30,7 +30,12 @@ pub struct ApiSlot {
 impl ApiSlot {
     /// (error code, times answered) for each code answered at least once.
     pub fn error_counts(&self) -> impl Iterator<Item = (i16, u64)> + '_ {
-        self.errors.iter().enumerate().map(|(i, c)| (i as i16 - 1, c.load(Ordering::Relaxed))).filter(|(_, n)| *n > 0)
+        self.all_error_counts().filter(|(_, n)| *n > 0)
+    }
+
+    /// (error code, times answered) for every code slot, zeros included.
+    pub fn all_error_counts(&self) -> impl Iterator<Item = (i16, u64)> + '_ {
+        self.errors.iter().enumerate().map(|(i, c)| (i as i16 - 1, c.load(Ordering::Relaxed)))
     }
 }
 

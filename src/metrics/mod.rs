@@ -21,7 +21,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use scrape::Metrics;
+pub use scrape::{Limits, Metrics};
 
 #[derive(Default)]
 pub struct Health {

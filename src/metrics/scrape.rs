@@ -28,11 +28,21 @@ pub struct Metrics {
     kafka: Arc<KafkaProbe>,
     rest: Option<Arc<Bridge>>,
     health: Arc<Health>,
+    limits: Limits,
     topic_label_limit: usize,
 }
 
+/// The broker's limits and what uses them, for "how close to the limit"
+/// gauges (every limit has one).
+pub struct Limits {
+    pub budget: Arc<crate::limits::MemoryBudget>,
+    pub per_ip: Arc<crate::limits::PerIp>,
+    pub max_connections: usize,
+    pub max_topics: usize,
+}
+
 impl Metrics {
-    pub fn new(engine: Arc<Engine>, engine_probe: &EngineProbe, kafka: Arc<KafkaProbe>, rest: Option<Arc<Bridge>>, health: Arc<Health>, topic_label_limit: usize) -> Metrics {
+    pub fn new(engine: Arc<Engine>, engine_probe: &EngineProbe, kafka: Arc<KafkaProbe>, rest: Option<Arc<Bridge>>, health: Arc<Health>, limits: Limits, topic_label_limit: usize) -> Metrics {
         let registry = Registry::new();
         let register = |c: Box<dyn prometheus::core::Collector>| registry.register(c).expect("metric names are unique");
         register(Box::new(engine_probe.sync_seconds.clone()));
@@ -47,7 +57,7 @@ impl Metrics {
         }
         #[cfg(target_os = "linux")]
         register(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
-        Metrics { registry, engine, kafka, rest, health, topic_label_limit: topic_label_limit.max(1) }
+        Metrics { registry, engine, kafka, rest, health, limits, topic_label_limit: topic_label_limit.max(1) }
     }
 
     /// The text exposition of every metric.
@@ -55,6 +65,7 @@ impl Metrics {
         let mut f = Families::default();
         self.broker(&mut f);
         self.kafka(&mut f);
+        self.limits(&mut f);
         self.rest(&mut f);
         self.partitions(&mut f);
         self.storage(&mut f);
@@ -72,24 +83,58 @@ impl Metrics {
         connections(f, "kafka", &self.kafka.connections);
         for s in self.kafka.slots() {
             let api = format!("{:?}", s.key);
+            // Every served API and version from the start, zeros included.
             for (i, c) in s.requests.iter().enumerate() {
-                let n = c.load(Ordering::Relaxed);
-                if n > 0 {
-                    let version = (s.min_version + i as i16).to_string();
-                    f.counter("canopy_kafka_requests_total", "Kafka requests answered, by API and version", &[("api", api.clone()), ("version", version)], n as f64);
-                }
+                let version = (s.min_version + i as i16).to_string();
+                f.counter("canopy_kafka_requests_total", "Kafka requests answered, by API and version", &[("api", api.clone()), ("version", version)], c.load(Ordering::Relaxed) as f64);
             }
             for (code, n) in s.error_counts() {
-                let name = kafka_protocol::ResponseError::try_from_code(code).map_or_else(|| code.to_string(), |e| format!("{e:?}"));
-                f.counter("canopy_kafka_errors_total", "Kafka error codes answered (per partition where the API has partitions), by API and error", &[("api", api.clone()), ("error", name)], n as f64);
+                f.counter("canopy_kafka_errors_total", "Kafka error codes answered (per partition where the API has partitions), by API and error", &[("api", api.clone()), ("error", error_name(code))], n as f64);
             }
         }
+        // The same by error alone, every code Kafka defines from the start,
+        // so an alert on a code sees its series before the first one.
+        let mut by_code: BTreeMap<i16, u64> = (-1..crate::kafka::probe::ERROR_CODES as i16 - 1).filter(|c| kafka_protocol::ResponseError::try_from_code(*c).is_some()).map(|c| (c, 0)).collect();
+        for s in self.kafka.slots() {
+            for (code, n) in s.error_counts() {
+                *by_code.entry(code).or_default() += n;
+            }
+        }
+        for (code, n) in by_code {
+            f.counter("canopy_kafka_error_codes_total", "Kafka error codes answered, all APIs together, by error (every code exported from start)", &[("error", error_name(code))], n as f64);
+        }
+        for (reason, n) in self.kafka.closed_counts() {
+            f.counter("canopy_kafka_connections_closed_total", "Kafka connections ended, by reason (client: the client closed it)", &[("reason", reason.to_owned())], n as f64);
+        }
+    }
+
+    /// Each limit with what uses it now.
+    fn limits(&self, f: &mut Families) {
+        let l = &self.limits;
+        let b = &l.budget;
+        f.gauge("canopy_request_budget_bytes", "Request bytes held in memory by the Kafka and REST listeners (queued_max_request_bytes), by state", &[("state", "used".into())], b.in_use() as f64);
+        f.gauge("canopy_request_budget_bytes", "Request bytes held in memory by the Kafka and REST listeners (queued_max_request_bytes), by state", &[("state", "limit".into())], b.total() as f64);
+        f.gauge("canopy_request_budget_waiting_connections", "Kafka connections not read because their next request does not fit the budget", &[], b.waiting() as f64);
+        f.counter("canopy_request_budget_waits_total", "Times a Kafka connection waited for the request budget", &[], b.waits.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_request_budget_refusals_total", "REST requests refused (503) because the request budget was spent", &[], b.refusals.load(Ordering::Relaxed) as f64);
+        f.gauge("canopy_connections_limit", "Most open client connections, by listener", &[("listener", "kafka".into())], l.max_connections as f64);
+        f.gauge("canopy_connections_per_ip_busiest", "Open Kafka connections of the address with the most", &[], l.per_ip.busiest() as f64);
+        f.gauge("canopy_connections_per_ip_limit", "Most open Kafka connections from one address (max_connections_per_ip)", &[], l.per_ip.max() as f64);
+        f.gauge("canopy_topics_limit", "Most topics (max_topics)", &[], l.max_topics as f64);
+        f.counter("canopy_auto_create_refused_total", "Topics not auto-created: past max_auto_create_per_request or auto_create_topics_per_sec", &[], self.engine.auto_create_refused.load(Ordering::Relaxed) as f64);
+        let (fetches, tps) = self.engine.waiter_stats();
+        f.gauge("canopy_fetch_waiters", "Long-poll fetches waiting, and the partitions they wait on, by kind", &[("kind", "fetches".into())], fetches as f64);
+        f.gauge("canopy_fetch_waiters", "Long-poll fetches waiting, and the partitions they wait on, by kind", &[("kind", "partitions".into())], tps as f64);
+        let (threads, pending) = self.engine.cpu_stats();
+        f.gauge("canopy_validation_pool_threads", "Threads inflating and checking heavy batches and REST bodies (validation_threads)", &[], threads as f64);
+        f.gauge("canopy_validation_pool_jobs", "Validation jobs queued or running", &[], pending as f64);
     }
 
     fn rest(&self, f: &mut Families) {
         let Some(b) = &self.rest else { return };
         connections(f, "rest", &b.connections);
-        let mut rejected: BTreeMap<&str, u64> = BTreeMap::new();
+        // Every reason from the start, zeros included.
+        let mut rejected: BTreeMap<&str, u64> = ["unauthenticated", "forbidden", "too_large", "rate_limited", "unavailable"].into_iter().map(|r| (r, 0)).collect();
         for (route, status, n) in b.probe.counts() {
             let reason = match status.as_str() {
                 "401" => Some("unauthenticated"),
@@ -218,6 +263,10 @@ fn encode(mut registered: Vec<MetricFamily>, built: Families) -> String {
     let mut out = Vec::new();
     TextEncoder::new().encode(&registered, &mut out).expect("text encoding");
     String::from_utf8(out).expect("text format is UTF-8")
+}
+
+fn error_name(code: i16) -> String {
+    kafka_protocol::ResponseError::try_from_code(code).map_or_else(|| code.to_string(), |e| format!("{e:?}"))
 }
 
 fn identity(f: &mut Families, health: &Health) {

@@ -358,3 +358,346 @@ async fn trailing_bytes_close_the_connection_but_librdkafkas_metadata_is_underst
     assert!(!r.topics.is_empty());
     siege.finish().await;
 }
+
+/// The value of the first series of `name` (with `labels`, if given) in a
+/// scrape of the admin listener.
+async fn metric(admin: SocketAddr, name: &str, labels: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics")).await.unwrap().text().await.unwrap();
+    let want = format!("{name}{labels}");
+    text.lines()
+        .find(|l| l.split_once(' ').is_some_and(|(k, _)| k == want || (labels.is_empty() && k.starts_with(&format!("{name}{{")))))
+        .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .unwrap_or_else(|| panic!("{want} is not in the scrape"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_sending_huge_frames_wait_for_the_budget_and_small_requests_still_pass() {
+    let (siege, _dir) = Siege::start(&["--queued-max-request-bytes", "67108864", "--max-request-bytes", "16777216"]).await;
+    // Twenty connections each announce a 16 MiB request and send most of
+    // it: four fit the 64 MiB budget, the rest are not read.
+    let mut attackers = Vec::new();
+    for _ in 0..20 {
+        let addr = siege.addr();
+        attackers.push(tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut b = (16i32 << 20).to_be_bytes().to_vec();
+            b.extend_from_slice(&[0u8; 1 << 20]);
+            tokio::io::AsyncWriteExt::write_all(&mut s, &b).await.unwrap();
+            for _ in 0..14 {
+                if tokio::io::AsyncWriteExt::write_all(&mut s, &[0u8; 1 << 20]).await.is_err() {
+                    break;
+                }
+            }
+            std::future::pending::<()>().await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let admin = siege.broker.admin;
+    assert!(metric(admin, "canopy_request_budget_waiting_connections", "").await >= 10.0, "connections wait for the budget");
+    let used = metric(admin, "canopy_request_budget_bytes", "{state=\"used\"}").await;
+    assert!(used <= 64.0 * 1048576.0 && used >= 48.0 * 1048576.0, "the budget is spent, not overspent: {used}");
+    // A client asking one small thing at a time is still answered.
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "still.works", 1).await;
+    for a in attackers {
+        a.abort();
+    }
+    let broker = siege.finish().await;
+    // Once the attackers are gone their bytes come back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(metric(broker.admin, "canopy_request_budget_bytes", "{state=\"used\"}").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_see_the_effects_of_the_ones_before() {
+    let (siege, _dir) = Siege::start(&[]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "ordered", 1).await;
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    for round in 0..50i64 {
+        // A commit and the OffsetFetch after it, in one write: the fetch
+        // must see the commit (Kafka handles a connection's requests in
+        // order).
+        let commit = OffsetCommitRequest::default().with_group_id(GroupId(name("ordered.group"))).with_generation_id_or_member_epoch(-1).with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(topic("ordered"))
+            .with_partitions(vec![OffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(round + 1)])]);
+        let fetch = OffsetFetchRequest::default().with_group_id(GroupId(name("ordered.group"))).with_topics(Some(vec![OffsetFetchRequestTopic::default().with_name(topic("ordered")).with_partition_indexes(vec![0])]));
+        let mut both = Raw::frame(ApiKey::OffsetCommit as i16, 8, 1000, &encode(&commit, 8));
+        both.extend(Raw::frame(ApiKey::OffsetFetch as i16, 7, 1001, &encode(&fetch, 7)));
+        c.send_bytes(&both).await;
+        let mut r = c.read_frame().await.expect("commit answered");
+        let _ = (bytes::Buf::get_i32(&mut r), bytes::Buf::get_u8(&mut r));
+        assert_eq!(OffsetCommitResponse::decode(&mut r, 8).unwrap().topics[0].partitions[0].error_code, 0);
+        let mut r = c.read_frame().await.expect("offset fetch answered");
+        let _ = (bytes::Buf::get_i32(&mut r), bytes::Buf::get_u8(&mut r));
+        let f = OffsetFetchResponse::decode(&mut r, 7).unwrap();
+        assert_eq!(f.topics[0].partitions[0].committed_offset, round + 1, "round {round}: the fetch sees the commit before it");
+    }
+    // A topic created, then listed, in one write.
+    let create = CreateTopicsRequest::default().with_timeout_ms(30_000).with_topics(vec![CreatableTopic::default().with_name(topic("made.then.listed")).with_num_partitions(3).with_replication_factor(1)]);
+    let md = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic("made.then.listed")))])).with_allow_auto_topic_creation(false);
+    let mut both = Raw::frame(ApiKey::CreateTopics as i16, 5, 2000, &encode(&create, 5));
+    both.extend(Raw::frame(ApiKey::Metadata as i16, 12, 2001, &encode(&md, 12)));
+    c.send_bytes(&both).await;
+    c.read_frame().await.expect("create answered");
+    let mut r = c.read_frame().await.expect("metadata answered");
+    let _ = (bytes::Buf::get_i32(&mut r), bytes::Buf::get_u8(&mut r));
+    let m = MetadataResponse::decode(&mut r, 12).unwrap();
+    assert_eq!((m.topics[0].error_code, m.topics[0].partitions.len()), (0, 3), "the metadata sees the topic created before it");
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_but_long_polls_are_not_idle() {
+    let (siege, _dir) = Siege::start(&["--connections-max-idle-ms", "1000"]).await;
+    let mut quiet = Raw::connect(siege.addr()).await;
+    // Half a frame, then nothing: idle too.
+    let mut half = Raw::connect(siege.addr()).await;
+    half.send_bytes(&[0, 0, 0, 100, 0, 18]).await;
+    let t = Instant::now();
+    assert!(quiet.closed().await, "an idle connection is closed");
+    assert!(half.closed().await, "a half-sent frame does not keep a connection");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    // A long poll of 3 s on a connection that is otherwise quiet is in
+    // flight, not idle.
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "idle.poll", 1).await;
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(3000)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![FetchTopic::default().with_topic(topic("idle.poll")).with_partitions(vec![FetchPartition::default().with_partition(0).with_partition_max_bytes(1 << 20)])]);
+    let r: FetchResponse = ask(&mut c, ApiKey::Fetch, 12, &encode(&req, 12)).await.expect("the long poll is answered, not cut off");
+    assert_eq!(r.responses[0].partitions[0].error_code, 0);
+    let broker = siege.finish().await;
+    assert!(metric(broker.admin, "canopy_kafka_connections_closed_total", "{reason=\"idle\"}").await >= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_cut_off_and_cannot_hold_shutdown() {
+    let (siege, _dir) = Siege::start(&["--response-write-timeout-ms", "1000", "--shutdown-timeout-ms", "3000"]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "wide.topic", 1000).await;
+    // Metadata answers of about 40 KiB each, asked for and never read.
+    let req = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic("wide.topic")))]));
+    let frame = Raw::frame(ApiKey::Metadata as i16, 12, 7, &encode(&req, 12));
+    let addr = siege.addr();
+    let deaf = tokio::spawn(async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut sent = 0;
+        // Until the broker stops reading us (TCP backpressure) or closes.
+        while sent < 2000 {
+            match tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncWriteExt::write_all(&mut s, &frame)).await {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+        // Keep the socket open, never reading.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(s);
+    });
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let broker = siege.finish().await;
+    assert!(metric(broker.admin, "canopy_kafka_connections_closed_total", "{reason=\"write_timeout\"}").await >= 1.0, "the deaf client was cut off");
+    // A second deaf client, stuck as shutdown begins: SIGTERM still ends
+    // the broker within the shutdown timeout.
+    let frame2 = Raw::frame(ApiKey::Metadata as i16, 12, 8, &encode(&req, 12));
+    let mut s = tokio::net::TcpStream::connect(broker.kafka).await.unwrap();
+    for _ in 0..200 {
+        if tokio::time::timeout(Duration::from_millis(200), tokio::io::AsyncWriteExt::write_all(&mut s, &frame2)).await.is_err() {
+            break;
+        }
+    }
+    let t = Instant::now();
+    let status = tokio::task::spawn_blocking(move || broker.terminate()).await.unwrap();
+    assert!(status.success(), "clean exit: {status:?}");
+    assert!(t.elapsed() < Duration::from_secs(15), "shutdown took {:?}", t.elapsed());
+    deaf.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_per_address_limit_are_closed_at_once() {
+    let (siege, _dir) = Siege::start(&["--max-connections-per-ip", "4"]).await;
+    // The bystander holds one slot.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = Raw::connect(siege.addr()).await;
+        assert!(c.call(18, 3, &[1, 1, 0], false).await.is_some());
+        held.push(c);
+    }
+    let mut over = Raw::connect(siege.addr()).await;
+    assert!(over.closed().await, "the fifth connection from 127.0.0.1 is closed");
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = Raw::connect(siege.addr()).await;
+    assert!(again.call(18, 3, &[1, 1, 0], false).await.is_some(), "a freed slot is usable again");
+    let broker = siege.finish().await;
+    assert!(metric(broker.admin, "canopy_kafka_connections_closed_total", "{reason=\"per_ip_limit\"}").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_metadata_request_cannot_create_a_million_topics() {
+    let (siege, _dir) = Siege::start(&["--max-topics", "2000"]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    let wanted: Vec<MetadataRequestTopic> = (0..1_000_000).map(|i| MetadataRequestTopic::default().with_name(Some(topic(&format!("m{i}"))))).collect();
+    let req = MetadataRequest::default().with_topics(Some(wanted)).with_allow_auto_topic_creation(true);
+    let r: MetadataResponse = ask(&mut c, ApiKey::Metadata, 12, &encode(&req, 12)).await.expect("Metadata answered");
+    assert_eq!(r.topics.len(), 1_000_000);
+    let created = r.topics.iter().filter(|t| t.error_code == 0).count();
+    assert_eq!(created, 100, "max_auto_create_per_request");
+    assert!(r.topics.iter().all(|t| t.error_code == 0 || t.error_code == 3), "the rest are UNKNOWN_TOPIC_OR_PARTITION, which clients retry");
+    drop(r);
+    // The broker-wide rate holds across requests too: a burst of requests
+    // gets a second's worth at most, well short of max_topics.
+    let mut made = created;
+    for round in 0..5 {
+        let wanted: Vec<MetadataRequestTopic> = (0..100).map(|i| MetadataRequestTopic::default().with_name(Some(topic(&format!("r{round}.{i}"))))).collect();
+        let req = MetadataRequest::default().with_topics(Some(wanted)).with_allow_auto_topic_creation(true);
+        let r: MetadataResponse = ask(&mut c, ApiKey::Metadata, 12, &encode(&req, 12)).await.expect("Metadata answered");
+        made += r.topics.iter().filter(|t| t.error_code == 0).count();
+    }
+    assert!(made < 400, "auto-creation is rate limited ({made} topics)");
+    let broker = siege.finish().await;
+    assert!(metric(broker.admin, "canopy_auto_create_refused_total", "").await >= 999_900.0);
+}
+
+/// A gzip batch of one record whose value is `len` zero bytes: tiny on
+/// the wire, `len` bytes once inflated.
+fn zeros_batch(len: usize) -> Bytes {
+    use std::io::Write;
+    let mut rec = Vec::new();
+    let put_varint = |out: &mut Vec<u8>, v: i64| {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+    };
+    let mut body = vec![0u8]; // attributes
+    put_varint(&mut body, 0); // timestamp delta
+    put_varint(&mut body, 0); // offset delta
+    put_varint(&mut body, -1); // key: null
+    put_varint(&mut body, len as i64);
+    let head = body.len();
+    put_varint(&mut rec, (head + len + 1) as i64);
+    rec.extend_from_slice(&body);
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(&rec).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(zeros.len());
+        e.write_all(&zeros[..n]).unwrap();
+        left -= n;
+    }
+    e.write_all(&[0]).unwrap(); // no headers
+    let packed = e.finish().unwrap();
+    let mut b = Vec::new();
+    b.extend_from_slice(&0i64.to_be_bytes());
+    b.extend_from_slice(&((49 + packed.len()) as i32).to_be_bytes());
+    b.extend_from_slice(&(-1i32).to_be_bytes());
+    b.push(2);
+    b.extend_from_slice(&0u32.to_be_bytes());
+    b.extend_from_slice(&1i16.to_be_bytes()); // gzip
+    b.extend_from_slice(&0i32.to_be_bytes());
+    b.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+    b.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+    b.extend_from_slice(&(-1i64).to_be_bytes());
+    b.extend_from_slice(&(-1i16).to_be_bytes());
+    b.extend_from_slice(&(-1i32).to_be_bytes());
+    b.extend_from_slice(&1i32.to_be_bytes());
+    b.extend_from_slice(&packed);
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_that_inflate_to_the_cap_do_not_stall_other_clients() {
+    let (siege, _dir) = Siege::start(&[]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "heavy", 200).await;
+    // Each partition carries a 16 KiB batch that inflates past the 16 MiB
+    // cap: all CPU, nothing stored. Two connections, 200 partitions a
+    // request, requests back to back for a few seconds.
+    let bomb = zeros_batch(17 << 20);
+    assert!(bomb.len() < 64 << 10, "small on the wire ({} bytes)", bomb.len());
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    let req = ProduceRequest::default().with_acks(1).with_timeout_ms(30_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(topic("heavy"))
+        .with_partition_data((0..200).map(|p| PartitionProduceData::default().with_index(p).with_records(Some(bomb.clone()))).collect())]);
+    let body = encode(&req, 9);
+    let until = Instant::now() + Duration::from_secs(6);
+    let attack = |body: Vec<u8>| {
+        let addr = siege.addr();
+        async move {
+            let mut c = Raw::connect(addr).await;
+            let mut answered = 0;
+            while Instant::now() < until {
+                let r: ProduceResponse = ask(&mut c, ApiKey::Produce, 9, &body).await.expect("produce answered");
+                assert!(r.responses[0].partition_responses.iter().all(|p| p.error_code == 10), "MESSAGE_TOO_LARGE");
+                answered += 1;
+            }
+            answered
+        }
+    };
+    let (a, b) = tokio::join!(attack(body.clone()), attack(body));
+    assert!(a + b >= 2, "the attack ran");
+    // Nothing was stored.
+    let r: ListOffsetsResponse = {
+        use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+        let req = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default().with_name(topic("heavy")).with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
+        ask(&mut c, ApiKey::ListOffsets, 7, &encode(&req, 7)).await.expect("ListOffsets answered")
+    };
+    assert_eq!(r.topics[0].partitions[0].offset, 0);
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_cannot_raise_max_message_bytes_past_the_broker() {
+    let (siege, _dir) = Siege::start(&["--max-request-bytes", "8388608"]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    use kafka_protocol::messages::create_topics_request::CreatableTopicConfig;
+    let with = |v: &str| {
+        CreateTopicsRequest::default().with_timeout_ms(30_000).with_topics(vec![CreatableTopic::default()
+            .with_name(topic(&format!("mmb.{}", v.len())))
+            .with_num_partitions(1)
+            .with_replication_factor(1)
+            .with_configs(vec![CreatableTopicConfig::default().with_name(name("max.message.bytes")).with_value(Some(name(v)))])])
+    };
+    let r: CreateTopicsResponse = ask(&mut c, ApiKey::CreateTopics, 5, &encode(&with("2147483647"), 5)).await.unwrap();
+    assert_eq!(r.topics[0].error_code, 40, "INVALID_CONFIG: {:?}", r.topics[0].error_message);
+    let r: CreateTopicsResponse = ask(&mut c, ApiKey::CreateTopics, 5, &encode(&with("8388608"), 5)).await.unwrap();
+    assert_eq!(r.topics[0].error_code, 0, "at the ceiling is fine: {:?}", r.topics[0].error_message);
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_on_made_up_partitions_leave_nothing_behind() {
+    let (siege, _dir) = Siege::start(&[]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "real", 4).await;
+    // Long polls on a real partition plus thousands that do not exist, on
+    // topics that do not exist, and on a subtree stream.
+    for round in 0..20 {
+        let mut parts: Vec<FetchPartition> = (4..5000).map(|p| FetchPartition::default().with_partition(p).with_partition_max_bytes(1024)).collect();
+        parts.push(FetchPartition::default().with_partition(0).with_partition_max_bytes(1024));
+        let req = FetchRequest::default().with_replica_id(BrokerId(-1)).with_max_wait_ms(200).with_min_bytes(1).with_max_bytes(1 << 20).with_topics(vec![
+            FetchTopic::default().with_topic(topic("real")).with_partitions(parts),
+            FetchTopic::default().with_topic(topic(&format!("made.up.{round}"))).with_partitions(vec![FetchPartition::default().with_partition(0)]),
+            FetchTopic::default().with_topic(topic("real.__all")).with_partitions(vec![FetchPartition::default().with_partition(0)]),
+        ]);
+        let r: FetchResponse = ask(&mut c, ApiKey::Fetch, 12, &encode(&req, 12)).await.expect("Fetch answered");
+        assert_eq!(r.responses[0].partitions.iter().filter(|p| p.error_code == 3).count(), 4996, "made-up partitions are unknown");
+    }
+    let broker = siege.finish().await;
+    assert_eq!(metric(broker.admin, "canopy_fetch_waiters", "{kind=\"fetches\"}").await, 0.0, "no registration outlives its fetch");
+    assert_eq!(metric(broker.admin, "canopy_fetch_waiters", "{kind=\"partitions\"}").await, 0.0);
+}

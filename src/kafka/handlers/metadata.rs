@@ -1,23 +1,45 @@
 //! Metadata: this broker, the cluster id, and topics with their ids.
 //! Topics that do not exist are created when the request allows it and
 //! `auto_create_topics` is on (Kafka's behaviour, with its partition count
-//! `num_partitions`). Subtree streams (`<prefix>.__all`) are listed with
-//! one partition when asked for by name, never created.
+//! `num_partitions`), within the request's and the broker's auto-create
+//! bounds. Subtree streams (`<prefix>.__all`) are listed with one partition
+//! when asked for by name, never created.
+//!
+//! # Streamed, not built
+//!
+//! A request may name a million topics, and a broker may hold a million:
+//! decoded into `kafka-protocol`'s structs and answered as one response
+//! struct, that is several hundred bytes of memory per name. So every
+//! Metadata request is served by [`special`]: after the guard has checked
+//! the body, the topic list is walked in place (each entry decoded alone,
+//! its name still pointing into the frame), each name is answered as it is
+//! met, and each answer is encoded straight into the response, which goes
+//! out in parts. Memory is the frame, the set of names already answered
+//! (Kafka reads the names into a set: each is answered once), and the
+//! encoded response.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::{ApiKey, ResponseHeader};
 pub use kafka_protocol::messages::{MetadataRequest as Request, MetadataResponse as Response};
-use kafka_protocol::protocol::VersionRange;
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, VersionRange};
 
 use super::{str_bytes, topic_name, IntoReply, Route};
 use crate::engine::subtree::Subtree;
 use crate::engine::{topics, Engine, EngineError, Topic};
+use crate::kafka::probe::Closed;
 use crate::kafka::{errors, Broker, NODE_ID};
+use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
+
+/// Encoded answers are gathered into parts of about this size.
+const PART_BYTES: usize = 64 << 10;
 
 /// librdkafka 2.1 and later ask for all topics at v9+ with the null topic
 /// array written as a 4-byte zero instead of a 1-byte varint (librdkafka
@@ -40,13 +62,186 @@ pub fn librdkafka_all_topics(version: i16, body: &[u8]) -> Option<Request> {
     }
 }
 
+/// A Metadata request as read in place: where its topic list is, and
+/// whether it may create topics.
+struct Query {
+    body: Bytes,
+    /// (count, offset of the first entry); None: all topics.
+    topics: Option<(usize, usize)>,
+    allow_create: bool,
+}
+
+/// Reads the top level of a body the guard accepted.
+fn query(version: i16, body: Bytes) -> Query {
+    let mut b = &body[..];
+    let count: Option<usize> = if version >= 9 {
+        let (n, used) = crate::protocol::header::uvarint(b).expect("guard-checked varint");
+        b = &b[used..];
+        n.checked_sub(1).map(|n| n as usize)
+    } else {
+        let n = b.get_i32();
+        usize::try_from(n).ok()
+    };
+    let start = body.len() - b.len();
+    // v0 has no null "all topics": an empty list means all.
+    let topics = match count {
+        Some(0) if version == 0 => None,
+        c => c.map(|c| (c, start)),
+    };
+    // The flags follow the entries: only v4+ has allow_auto_topic_creation,
+    // and it is the first byte after them.
+    let allow_create = version < 4 || {
+        let mut rest = body.slice(start..);
+        for _ in 0..topics.map_or(0, |(c, _)| c) {
+            MetadataRequestTopic::decode(&mut rest, version).expect("guard-checked entry");
+        }
+        rest.first() == Some(&1)
+    };
+    Query { body, topics, allow_create }
+}
+
+/// Serves every Metadata request this broker supports (see the module
+/// docs); out-of-range versions fall through to the table, which closes.
 pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<Route> {
-    if h.api_version < 9 || h.api_version > VERSIONS.max {
+    let version = h.api_version;
+    if version < VERSIONS.min || version > VERSIONS.max {
         return None;
     }
-    let req = librdkafka_all_topics(h.api_version, body)?;
-    let (broker, id, version) = (broker.clone(), h.correlation_id, h.api_version);
-    Some(Route::Run(Box::pin(async move { handle(&broker, req, version).await.into_reply(id, version) })))
+    if let Some(r) = librdkafka_all_topics(version, body) {
+        let q = Query { body: Bytes::new(), topics: None, allow_create: r.allow_auto_topic_creation };
+        let (broker, id) = (broker.clone(), h.correlation_id);
+        return Some(Route::Run(Box::pin(async move { answer(&broker, q, version).await.into_reply(id, version) })));
+    }
+    let limits = super::guard_limits(broker);
+    let checked = move |body: Bytes| match guard::check_request_body(ApiKey::Metadata as i16, version, &body, &limits) {
+        Ok(()) => Ok(query(version, body)),
+        Err(e) => Err(format!("malformed request body: {e}")),
+    };
+    let (broker, id) = (broker.clone(), h.correlation_id);
+    if body.len() <= super::INLINE_DECODE_BYTES {
+        let q = match checked(body.clone()) {
+            Ok(q) => q,
+            Err(why) => return Some(Route::Close(why, Closed::BadBody)),
+        };
+        return Some(Route::Run(Box::pin(async move { answer(&broker, q, version).await.into_reply(id, version) })));
+    }
+    // A long list is walked on the CPU pool, not the async worker.
+    let body = body.clone();
+    Some(Route::Run(Box::pin(async move {
+        let q = match broker.engine.run_cpu(move || checked(body)).await? {
+            Ok(q) => q,
+            Err(why) => {
+                tracing::warn!(api = "Metadata", version, reason = %why, "closing connection");
+                crate::kafka::conn::closing(Closed::BadBody);
+                return None;
+            }
+        };
+        answer(&broker, q, version).await.into_reply(id, version)
+    })))
+}
+
+/// The decoded entry point the handler table requires. Every request is
+/// served by [`special`]; this one re-encodes a decoded request and
+/// answers it the same way (for callers that hold one, such as tests).
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Answer> {
+    let mut b = BytesMut::new();
+    req.encode(&mut b, version).ok()?;
+    answer(broker, query(version, b.freeze()), version).await
+}
+
+/// The response: its fixed part, and the topic entries already encoded.
+pub struct Answer {
+    resp: Response,
+    count: usize,
+    entries: Vec<Bytes>,
+}
+
+impl IntoReply for Option<Answer> {
+    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
+        let a = self?;
+        Some(frame(correlation_id, version, &a.resp, a.count, a.entries))
+    }
+}
+
+async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
+    let engine = broker.engine.clone();
+    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version)).await.ok()?;
+    let broker_entry = MetadataResponseBroker::default()
+        .with_node_id(NODE_ID.into())
+        .with_host(str_bytes(broker.cfg.advertised_host.clone()))
+        .with_port(broker.cfg.advertised_port);
+    let mut resp = Response::default().with_brokers(vec![broker_entry]);
+    if version >= 2 {
+        resp = resp.with_cluster_id(Some(str_bytes(broker.engine.cluster_id())));
+    }
+    if version >= 1 {
+        resp = resp.with_controller_id(NODE_ID.into());
+    }
+    if (8..=10).contains(&version) {
+        resp = resp.with_cluster_authorized_operations(-2147483648);
+    }
+    Some(Answer { resp, count, entries: parts })
+}
+
+/// The response around the encoded topic entries: the message with an
+/// empty topic list, cut where that list is, with the real count and the
+/// entries put in. After the topic list come only fixed-size fields.
+fn frame(correlation_id: i32, version: i16, resp: &Response, count: usize, entries: Vec<Bytes>) -> Vec<Bytes> {
+    let mut empty = BytesMut::new();
+    resp.encode(&mut empty, version).expect("a metadata response encodes");
+    let after = if (8..=10).contains(&version) { 4 } else { 0 } + usize::from(version >= 9);
+    let empty_list = if version >= 9 { 1 } else { 4 };
+    let cut = empty.len() - after;
+    let (before, tail) = (&empty[..cut - empty_list], &empty[cut..]);
+    let mut head = BytesMut::with_capacity(16 + before.len());
+    head.put_i32(0);
+    ResponseHeader::default().with_correlation_id(correlation_id).encode(&mut head, Response::header_version(version)).expect("a response header encodes");
+    head.put_slice(before);
+    if version >= 9 {
+        put_uvarint(&mut head, count as u64 + 1);
+    } else {
+        head.put_i32(count as i32);
+    }
+    let total = head.len() - 4 + entries.iter().map(Bytes::len).sum::<usize>() + tail.len();
+    head[0..4].copy_from_slice(&(total as i32).to_be_bytes());
+    let mut out = Vec::with_capacity(entries.len() + 2);
+    out.push(head.freeze());
+    out.extend(entries);
+    out.push(Bytes::copy_from_slice(tail));
+    out
+}
+
+fn put_uvarint(b: &mut BytesMut, mut v: u64) {
+    while v >= 0x80 {
+        b.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    b.put_u8(v as u8);
+}
+
+/// Encoded topic entries, gathered into parts.
+struct Entries {
+    version: i16,
+    count: usize,
+    parts: Vec<Bytes>,
+    cur: BytesMut,
+}
+
+impl Entries {
+    fn push(&mut self, t: &MetadataResponseTopic) {
+        t.encode(&mut self.cur, self.version).expect("a metadata topic encodes");
+        self.count += 1;
+        if self.cur.len() >= PART_BYTES {
+            self.parts.push(std::mem::take(&mut self.cur).freeze());
+        }
+    }
+
+    fn finish(mut self) -> (usize, Vec<Bytes>) {
+        if !self.cur.is_empty() {
+            self.parts.push(self.cur.freeze());
+        }
+        (self.count, self.parts)
+    }
 }
 
 pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
@@ -81,64 +276,138 @@ fn error_entry(name: Option<&str>, code: i16) -> MetadataResponseTopic {
     MetadataResponseTopic::default().with_error_code(code).with_name(name.map(topic_name))
 }
 
-pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
-    let engine = broker.engine.clone();
-    // v0 has no null "all topics": an empty list means all; v1+ uses null.
-    let wanted: Option<Vec<(Option<String>, uuid::Uuid)>> = match req.topics {
-        None => None,
-        Some(list) if list.is_empty() && version == 0 => None,
-        // Kafka reads the names into a set: each is answered once.
-        Some(list) => Some(super::first_occurrences(list.into_iter().map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id)), |(n, id)| (n.clone(), *id))),
-    };
-    let allow_create = version < 4 || req.allow_auto_topic_creation;
-    let topics = tokio::task::spawn_blocking(move || resolve(&engine, wanted, allow_create, version)).await.ok()?;
-
-    let broker_entry = MetadataResponseBroker::default()
-        .with_node_id(NODE_ID.into())
-        .with_host(str_bytes(broker.cfg.advertised_host.clone()))
-        .with_port(broker.cfg.advertised_port);
-    let mut resp = Response::default().with_brokers(vec![broker_entry]).with_topics(topics);
-    if version >= 2 {
-        resp = resp.with_cluster_id(Some(str_bytes(broker.engine.cluster_id())));
-    }
-    if version >= 1 {
-        resp = resp.with_controller_id(NODE_ID.into());
-    }
-    if (8..=10).contains(&version) {
-        resp = resp.with_cluster_authorized_operations(-2147483648);
-    }
-    Some(resp)
-}
-
-fn resolve(engine: &Engine, wanted: Option<Vec<(Option<String>, uuid::Uuid)>>, allow_create: bool, version: i16) -> Vec<MetadataResponseTopic> {
-    let Some(wanted) = wanted else {
-        return engine.topics().iter().map(|t| topic_entry(t, version)).collect();
+/// Answers every topic the query names (or all), each once, encoded as it
+/// goes. Blocking: it may create topics.
+fn resolve(engine: &Engine, q: &Query, version: i16) -> (usize, Vec<Bytes>) {
+    let mut out = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
+    let Some((count, start)) = q.topics else {
+        for t in engine.topics() {
+            out.push(&topic_entry(&t, version));
+        }
+        return out.finish();
     };
     let mut allowance = engine.auto_create_allowance();
-    wanted
-        .into_iter()
-        .map(|(name, id)| match name {
-            Some(name) => {
-                // A subtree stream: listed only when asked for by name.
-                if Subtree::parse(&name).is_some() {
-                    return match engine.subtree(&name) {
-                        Some(s) => entry(&name, s.id(), 1, version),
-                        None => error_entry(Some(&name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
-                    };
-                }
-                if let Err(_e) = topics::validate_name(&name) {
-                    return error_entry(Some(&name), kafka_protocol::ResponseError::InvalidTopicException.code());
-                }
-                let found = if allow_create { engine.topic_or_create(&name, &mut allowance) } else { engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition) };
-                match found {
-                    Ok(t) => topic_entry(&t, version),
-                    Err(e) => error_entry(Some(&name), errors::code(&e)),
-                }
+    // Sized once: growing by doubling would briefly hold both tables.
+    let mut names: HashSet<&str> = HashSet::with_capacity(count);
+    let mut ids: HashSet<uuid::Uuid> = HashSet::new();
+    let mut rest = q.body.slice(start..);
+    for _ in 0..count {
+        let at = q.body.len() - rest.len();
+        let t = MetadataRequestTopic::decode(&mut rest, version).expect("guard-checked entry");
+        let Some(n) = &t.name else {
+            if ids.insert(t.topic_id) {
+                out.push(&match engine.topic_by_id(t.topic_id.as_bytes()) {
+                    Some(topic) => topic_entry(&topic, version),
+                    None => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
+                });
             }
-            None => match engine.topic_by_id(id.as_bytes()) {
-                Some(t) => topic_entry(&t, version),
-                None => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(id),
-            },
-        })
-        .collect()
+            continue;
+        };
+        // The name's bytes, borrowed from the frame (not from `t`, which
+        // goes with this iteration).
+        let name = name_in(&q.body, at, n.as_str());
+        if !names.insert(name) {
+            continue;
+        }
+        out.push(&named(engine, name, q.allow_create, &mut allowance, version));
+    }
+    out.finish()
+}
+
+/// `name` as it lies in `body`, after `from`: the decoder hands out names
+/// as slices of the frame they came from, so its address says where.
+fn name_in<'b>(body: &'b Bytes, from: usize, name: &str) -> &'b str {
+    if name.is_empty() {
+        return "";
+    }
+    let at = (name.as_ptr() as usize).checked_sub(body.as_ptr() as usize).filter(|at| *at >= from && at + name.len() <= body.len());
+    let at = at.filter(|at| &body[*at..at + name.len()] == name.as_bytes()).expect("a decoded name is a slice of its frame");
+    std::str::from_utf8(&body[at..at + name.len()]).expect("guard-checked UTF-8")
+}
+
+fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate::engine::AutoCreate, version: i16) -> MetadataResponseTopic {
+    // A subtree stream: listed only when asked for by name.
+    if Subtree::parse(name).is_some() {
+        return match engine.subtree(name) {
+            Some(s) => entry(name, s.id(), 1, version),
+            None => error_entry(Some(name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
+        };
+    }
+    if topics::validate_name(name).is_err() {
+        return error_entry(Some(name), kafka_protocol::ResponseError::InvalidTopicException.code());
+    }
+    let found = if allow_create { engine.topic_or_create(name, allowance) } else { engine.topic(name).ok_or(EngineError::UnknownTopicOrPartition) };
+    match found {
+        Ok(t) => topic_entry(&t, version),
+        Err(e) => error_entry(Some(name), errors::code(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+
+    fn body(req: &Request, version: i16) -> Bytes {
+        let mut b = BytesMut::new();
+        req.encode(&mut b, version).unwrap();
+        b.freeze()
+    }
+
+    #[test]
+    fn the_top_level_is_read_in_place_at_every_version() {
+        for version in VERSIONS.min..=VERSIONS.max {
+            let names = vec![MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_static_str("a.b")))); 3];
+            let mut req = Request::default().with_topics(Some(names));
+            if version >= 4 {
+                req = req.with_allow_auto_topic_creation(false);
+            }
+            let q = query(version, body(&req, version));
+            assert_eq!(q.topics.map(|t| t.0), Some(3), "v{version}");
+            assert_eq!(q.allow_create, version < 4, "v{version}");
+            if version >= 1 {
+                let q = query(version, body(&Request::default().with_topics(None), version));
+                assert!(q.topics.is_none(), "v{version}: null is all topics");
+            }
+        }
+        let q = query(0, body(&Request::default().with_topics(Some(Vec::new())), 0));
+        assert!(q.topics.is_none(), "v0: an empty list is all topics");
+    }
+
+    #[test]
+    fn the_spliced_response_decodes_as_kafka_protocol_encodes_it() {
+        for version in VERSIONS.min..=VERSIONS.max {
+            let topics: Vec<MetadataResponseTopic> = (0..3).map(|i| entry(&format!("t{i}"), [i as u8; 16], i + 1, version)).collect();
+            let mut e = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
+            for t in &topics {
+                e.push(t);
+            }
+            let (count, parts) = e.finish();
+            let mut resp = Response::default().with_brokers(vec![MetadataResponseBroker::default().with_node_id(NODE_ID.into()).with_host(str_bytes("h")).with_port(9)]);
+            if version >= 2 {
+                resp = resp.with_cluster_id(Some(str_bytes("c")));
+            }
+            if (8..=10).contains(&version) {
+                resp = resp.with_cluster_authorized_operations(-2147483648);
+            }
+            let framed: Vec<u8> = frame(7, version, &resp, count, parts).concat();
+            let mut b = Bytes::from(framed);
+            assert_eq!(b.get_i32() as usize, b.len(), "v{version}: length prefix");
+            let header = ResponseHeader::decode(&mut b, Response::header_version(version)).unwrap();
+            assert_eq!(header.correlation_id, 7);
+            let decoded = Response::decode(&mut b, version).unwrap();
+            assert!(b.is_empty(), "v{version}: nothing after the body");
+            assert_eq!(decoded, resp.with_topics(topics), "v{version}");
+        }
+    }
+
+    #[test]
+    fn librdkafkas_all_topics_shapes_and_nothing_else() {
+        assert!(librdkafka_all_topics(12, &[0, 0, 0, 0, 1, 0, 0]).is_some_and(|r| r.topics.is_none() && r.allow_auto_topic_creation));
+        assert!(librdkafka_all_topics(10, &[0, 0, 0, 0, 0, 1, 1, 0]).is_some_and(|r| r.include_cluster_authorized_operations && r.include_topic_authorized_operations));
+        assert!(librdkafka_all_topics(12, &[0, 0, 0, 0, 2, 0, 0]).is_none(), "flags are 0 or 1");
+        assert!(librdkafka_all_topics(12, &[0, 0, 0, 0, 0, 0, 0, 0]).is_none(), "one byte too many");
+        assert!(librdkafka_all_topics(8, &[0, 0, 0, 0, 0, 0, 0]).is_none(), "only flexible versions");
+    }
 }

@@ -81,12 +81,32 @@ pub fn guard_limits(broker: &Broker) -> guard::GuardLimits {
 /// more than the frame's size. Bytes after a complete body are refused:
 /// a request is exactly its frame (see `metadata::librdkafka_all_topics`
 /// for the one client quirk read in its place).
-fn decode<T: Decodable>(broker: &Broker, h: &RequestHeader, mut body: Bytes) -> Result<T, String> {
-    match guard::check_request_body(h.api_key as i16, h.api_version, &body, &guard_limits(broker)) {
+fn decode<T: Decodable>(limits: &guard::GuardLimits, h: &RequestHeader, mut body: Bytes) -> Result<T, String> {
+    match guard::check_request_body(h.api_key as i16, h.api_version, &body, limits) {
         Ok(()) => {}
         Err(e) => return Err(format!("malformed request body: {e}")),
     }
     T::decode(&mut body, h.api_version).map_err(|e| format!("request body does not decode: {e}"))
+}
+
+/// Bodies larger than this are checked and decoded on the CPU pool, not on
+/// the async worker that read them: a request of many small entries costs
+/// real CPU to walk, and the worker serves other connections too.
+pub const INLINE_DECODE_BYTES: usize = 64 << 10;
+
+/// [`decode`] on the CPU pool. A body that does not decode closes the
+/// connection (`None`), as it would have inline.
+async fn decode_off_the_runtime<T: Decodable + Send + 'static>(broker: &Broker, h: RequestHeader, body: Bytes) -> Option<T> {
+    let limits = guard_limits(broker);
+    let (api, version) = (h.api_key, h.api_version);
+    match broker.engine.run_cpu(move || decode(&limits, &h, body)).await? {
+        Ok(r) => Some(r),
+        Err(why) => {
+            tracing::warn!(api = ?api, version, reason = %why, "closing connection");
+            super::conn::closing(Closed::BadBody);
+            None
+        }
+    }
 }
 
 /// Keeps the first occurrence of each key, in request order: Kafka reads
@@ -152,13 +172,20 @@ macro_rules! apis {
                     if h.api_version < v.min || h.api_version > v.max {
                         return Route::Close(format!("unsupported version (serving {v})"), Closed::Unsupported);
                     }
-                    let req: $module::Request = match decode(broker, h, body) {
-                        Ok(r) => r,
-                        Err(why) => return Route::Close(why, Closed::BadBody),
-                    };
-                    let broker = broker.clone();
                     let (id, version) = (h.correlation_id, h.api_version);
+                    if body.len() <= INLINE_DECODE_BYTES {
+                        let req: $module::Request = match decode(&guard_limits(broker), h, body) {
+                            Ok(r) => r,
+                            Err(why) => return Route::Close(why, Closed::BadBody),
+                        };
+                        let broker = broker.clone();
+                        return Route::Run(Box::pin(async move {
+                            $module::handle(&broker, req, version).await.into_reply(id, version)
+                        }));
+                    }
+                    let (broker, h) = (broker.clone(), h.clone());
                     Route::Run(Box::pin(async move {
+                        let req: $module::Request = decode_off_the_runtime(&broker, h, body).await?;
                         $module::handle(&broker, req, version).await.into_reply(id, version)
                     }))
                 } )*
