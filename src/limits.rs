@@ -63,6 +63,15 @@ impl Held {
         self.permit.as_ref().map_or(0, |p| p.num_permits())
     }
 
+    /// Takes over what `other` holds.
+    pub fn absorb(&mut self, mut other: Held) {
+        match (self.permit.as_mut(), other.permit.take()) {
+            (Some(p), Some(o)) => p.merge(o),
+            (None, o) => self.permit = o,
+            (_, None) => {}
+        }
+    }
+
     /// Gives back all but `n` of the held bytes.
     pub fn shrink_to(&mut self, n: usize) {
         if let Some(p) = self.permit.as_mut() {

@@ -51,7 +51,10 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     let (stop, stop_rx) = watch::channel(false);
     let health = Arc::new(Health::default());
     let metrics_slot: metrics::MetricsSlot = Default::default();
-    let admin = tokio::spawn(metrics::serve(admin_listener, health.clone(), metrics_slot.clone(), stop_rx.clone()));
+    // The admin listener has limits of its own: a crowd of scrapers or idle
+    // connections cannot hold it (or the broker's descriptors).
+    let admin_cfg = rest::listener::ListenerConfig { max_connections: cfg.admin_max_connections, idle_timeout: Duration::from_secs(10), ..Default::default() };
+    let admin = tokio::spawn(rest::listener::serve(admin_listener, metrics::router(health.clone(), metrics_slot.clone()), admin_cfg, Arc::new(metrics::ConnectionStats::default()), stop_rx.clone()));
     match open(cfg, clock, stop, stop_rx, health, metrics_slot, admin_addr, admin).await {
         Ok(r) => Ok(r),
         Err((e, stop, admin)) => {

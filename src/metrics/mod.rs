@@ -18,8 +18,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 pub use scrape::{Limits, Metrics};
 
@@ -85,16 +83,6 @@ pub fn router(health: Arc<Health>, metrics: MetricsSlot) -> Router {
             }),
         )
         .with_state((health, metrics))
-}
-
-pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: MetricsSlot, mut shutdown: watch::Receiver<bool>) {
-    let app = router(health, metrics);
-    let stop = async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
-        tracing::error!(error = %e, "admin listener failed");
-    }
 }
 
 #[cfg(test)]

@@ -76,8 +76,9 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     if !(ndjson || ct.starts_with("application/") && ct.contains("json") || ct.starts_with("text/plain")) {
         return Err(RestError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 415, format!("unsupported Content-Type {ct:?}: send application/json or application/x-ndjson")));
     }
-    let (body, _held) = b.body(&headers, body).await?;
+    let (body, mut held) = b.body(&headers, body).await?;
     let events = events(&body, ndjson)?;
+    b.hold_events(&mut held, events.len())?;
     let header_key = headers.get("x-canopy-key").map(|v| v.as_bytes().to_vec());
     // The request's own key beats its route's pointer.
     let pointer = q.key.as_deref().or(if header_key.is_none() { route.and_then(|r| r.key.as_deref()) } else { None });

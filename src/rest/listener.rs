@@ -15,6 +15,7 @@
 //!
 //! Request bodies have their own deadline (`RestConfig::body_timeout`).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -136,9 +137,11 @@ pub async fn serve(listener: TcpListener, app: Router, cfg: ListenerConfig, stat
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             stats.open.fetch_add(1, Ordering::Relaxed);
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 let app = app.clone();
                 let max_uri = cfg.max_uri_bytes;
+                // Who is asking, for limits kept per address.
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
                 async move {
                     let uri_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
                     if uri_len > max_uri {
@@ -149,9 +152,9 @@ pub async fn serve(listener: TcpListener, app: Router, cfg: ListenerConfig, stat
                 }
             });
             match cfg.tls.clone() {
-                None => connection(&http, TokioIo::new(stream), service, watcher, peer).await,
+                None => connection(&http, TokioIo::new(FirstBytes::new(stream, cfg.idle_timeout)), service, watcher, peer).await,
                 Some(tls) => match tokio::time::timeout(cfg.idle_timeout, tokio_rustls::TlsAcceptor::from(tls).accept(stream)).await {
-                    Ok(Ok(s)) => connection(&http, TokioIo::new(s), service, watcher, peer).await,
+                    Ok(Ok(s)) => connection(&http, TokioIo::new(FirstBytes::new(s, cfg.idle_timeout)), service, watcher, peer).await,
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "rest TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "rest TLS handshake timed out"),
                 },
@@ -185,4 +188,63 @@ async fn refuse(mut stream: TcpStream) {
         let _ = stream.shutdown().await;
     })
     .await;
+}
+
+/// Bytes a connection must send within the head timeout: enough to tell
+/// HTTP/2's preface from an HTTP/1.1 request line.
+const FIRST_BYTES: usize = 24;
+
+/// A connection that must send its first bytes within a deadline: hyper's
+/// header timer starts with a request's first byte, and HTTP/2 detection
+/// waits for the whole preface, so a client that sends nothing, or part of
+/// a preface, would otherwise be held for ever. Past the deadline with
+/// fewer than [`FIRST_BYTES`] read, reads fail and the connection closes
+/// (a short request answered before then is not affected: its connection
+/// is idle by then).
+struct FirstBytes<I> {
+    inner: I,
+    read: usize,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<I> FirstBytes<I> {
+    fn new(inner: I, within: Duration) -> FirstBytes<I> {
+        FirstBytes { inner, read: 0, deadline: Box::pin(tokio::time::sleep(within)) }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for FirstBytes<I> {
+    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &r {
+            self.read += buf.filled().len() - before;
+        }
+        if self.read >= FIRST_BYTES || r.is_ready() {
+            return r;
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no request head within the idle timeout"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for FirstBytes<I> {
+    fn poll_write(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
 }

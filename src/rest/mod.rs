@@ -59,27 +59,41 @@ impl Default for RestConfig {
     }
 }
 
-/// A token bucket per principal: `rate` requests a second, bursts of up
-/// to one second's worth.
+/// Token buckets by key (a principal, a source address): `rate` tokens a
+/// second, holding at most `burst`.
 #[derive(Debug, Default)]
 struct Buckets {
     buckets: std::sync::Mutex<std::collections::HashMap<String, (f64, std::time::Instant)>>,
 }
 
+/// Keys kept at most; past it idle keys are forgotten, and if all are
+/// busy, all are (memory and the cost of a call stay bounded whatever
+/// the number of clients).
+const BUCKET_KEYS: usize = 100_000;
+
 impl Buckets {
-    /// Takes a token for `who`, or says how many seconds until one is due.
+    /// Takes a token for `who` (bursts of one second's worth), or says how
+    /// many seconds until one is due.
     fn take(&self, who: &str, rate: u32, now: std::time::Instant) -> Result<(), u64> {
-        let rate = rate as f64;
+        self.check(who, rate as f64, rate as f64, now, true)
+    }
+
+    /// Whether `who` has a token now (`take`: and uses it).
+    fn check(&self, who: &str, rate: f64, burst: f64, now: std::time::Instant, take: bool) -> Result<(), u64> {
         let mut map = self.buckets.lock().expect("rate buckets lock");
-        // Bounded: forget idle principals once the map grows.
-        if map.len() > 100_000 {
+        if map.len() > BUCKET_KEYS && !map.contains_key(who) {
             map.retain(|_, (_, at)| now.duration_since(*at).as_secs() < 60);
+            if map.len() > BUCKET_KEYS / 2 {
+                map.clear();
+            }
         }
-        let (tokens, at) = map.entry(who.to_owned()).or_insert((rate, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        let (tokens, at) = map.entry(who.to_owned()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(burst);
         *at = now;
         if *tokens >= 1.0 {
-            *tokens -= 1.0;
+            if take {
+                *tokens -= 1.0;
+            }
             Ok(())
         } else {
             Err(((1.0 - *tokens) / rate).ceil().max(1.0) as u64)
@@ -111,7 +125,23 @@ impl InFlight<'_> {
         self.n = n;
         self.shared.shrink_to(n);
     }
+
+    pub fn bytes(&self) -> usize {
+        self.n
+    }
+
+    /// Takes over what `more` holds: the request gives everything back at
+    /// once.
+    fn absorb(&mut self, mut more: InFlight<'_>) {
+        self.n += std::mem::take(&mut more.n);
+        self.shared.absorb(std::mem::replace(&mut more.shared, crate::limits::Held::none()));
+    }
 }
+
+/// What the structures built per event cost, about (the event's place in
+/// the request's lists, its record, its outcome), on top of its bytes:
+/// held against the budget before they are built.
+pub const EVENT_COST_BYTES: usize = 256;
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -128,6 +158,8 @@ pub struct Bridge {
     /// Who may produce where; empty: no authentication.
     pub principals: Arc<Principals>,
     rate: Buckets,
+    /// Failed authentications by source address.
+    auth_failures: Buckets,
     in_flight: std::sync::atomic::AtomicUsize,
     coalescer: Arc<coalesce::Coalescer>,
     pub connections: Arc<listener::ConnectionStats>,
@@ -139,7 +171,7 @@ pub struct Bridge {
 
 impl Bridge {
     pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>, probe: Arc<probe::RestProbe>, budget: Arc<crate::limits::MemoryBudget>) -> Bridge {
-        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default(), probe, budget }
+        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), auth_failures: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default(), probe, budget }
     }
 
     /// The topic, created with the defaults when auto-creation is on (that
@@ -191,6 +223,13 @@ impl Bridge {
         };
         held.shrink_to(decoded.len());
         Ok((decoded, held))
+    }
+
+    /// Holds `events` events' structures more for the request that holds
+    /// `held` (see [`EVENT_COST_BYTES`]): 503 when they do not fit.
+    pub fn hold_events(&self, held: &mut InFlight<'_>, events: usize) -> Result<(), RestError> {
+        held.absorb(self.reserve(events.saturating_mul(EVENT_COST_BYTES))?);
+        Ok(())
     }
 
     /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with
@@ -329,13 +368,35 @@ pub fn router(bridge: Arc<Bridge>) -> Router {
         .with_state(bridge)
 }
 
-/// Counts each request by its route and status, with its latency.
+/// Failed authentications an address may make at once, and then a second.
+const AUTH_FAILURE_BURST: f64 = 10.0;
+const AUTH_FAILURES_PER_SEC: f64 = 1.0;
+
+/// Counts each request by its route and status, with its latency; and
+/// throttles addresses that keep failing authentication: past a burst of
+/// failures, an address is answered 429 (with Retry-After) before its
+/// credentials are even looked at, until its allowance refills.
 async fn track(axum::extract::State(b): axum::extract::State<Arc<Bridge>>, path: Option<axum::extract::MatchedPath>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let started = std::time::Instant::now();
     let path = path.as_ref().map_or("other", |p| p.as_str());
     let route = probe::RestProbe::route_index(path);
+    let peer = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string());
+    if let Some(ip) = peer.as_deref().filter(|_| !b.principals.is_empty()) {
+        if let Err(wait) = b.auth_failures.check(ip, AUTH_FAILURES_PER_SEC, AUTH_FAILURE_BURST, started, false) {
+            let mut e = RestError::new(StatusCode::TOO_MANY_REQUESTS, 42902, "too many failed authentications from this address; retry later");
+            e.retry_after = Some(wait);
+            let resp = e.into_response();
+            b.probe.answered(route, resp.status().as_u16(), started);
+            return resp;
+        }
+    }
     let span = tracing::debug_span!("rest", route = path, method = %req.method());
     let resp = tracing::Instrument::instrument(next.run(req), span).await;
+    if resp.status() == StatusCode::UNAUTHORIZED {
+        if let Some(ip) = &peer {
+            let _ = b.auth_failures.check(ip, AUTH_FAILURES_PER_SEC, AUTH_FAILURE_BURST, std::time::Instant::now(), true);
+        }
+    }
     b.probe.answered(route, resp.status().as_u16(), started);
     resp
 }

@@ -92,9 +92,26 @@ struct Decoded {
     partition: Option<i32>,
 }
 
-fn decode_records(body: &[u8], fmt: Format) -> Result<Vec<Decoded>, RestError> {
-    let doc: Value = serde_json::from_slice(body).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, 400, format!("the body is not JSON: {e}")))?;
-    let records = doc.get("records").and_then(Value::as_array).ok_or_else(|| RestError::unprocessable("the body needs a \"records\" array"))?;
+/// The envelope, each record left as its text: one slice per record,
+/// whatever the records hold, so the request's memory can be counted
+/// before each record is decoded.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    records: Option<Vec<&'a serde_json::value::RawValue>>,
+}
+
+fn envelope(body: &[u8]) -> Result<Vec<&serde_json::value::RawValue>, RestError> {
+    let doc: Envelope<'_> = match serde_json::from_slice(body) {
+        Ok(d) => d,
+        // Valid JSON of another shape (no object, records not an array).
+        Err(e) if e.is_data() => return Err(RestError::unprocessable("the body needs a \"records\" array")),
+        Err(e) => return Err(RestError::new(StatusCode::BAD_REQUEST, 400, format!("the body is not JSON: {e}"))),
+    };
+    doc.records.ok_or_else(|| RestError::unprocessable("the body needs a \"records\" array"))
+}
+
+fn decode_records(raw: &[&serde_json::value::RawValue], fmt: Format) -> Result<Vec<Decoded>, RestError> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let field = |i: usize, name: &str, v: Option<&Value>| -> Result<Option<Vec<u8>>, RestError> {
         match (v, fmt) {
@@ -106,8 +123,9 @@ fn decode_records(body: &[u8], fmt: Format) -> Result<Vec<Decoded>, RestError> {
             (Some(_), Format::Binary) => Err(RestError::unprocessable(format!("record {i}: {name} must be a base64 string"))),
         }
     };
-    let mut out = Vec::with_capacity(records.len());
-    for (i, r) in records.iter().enumerate() {
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, r) in raw.iter().enumerate() {
+        let r: Value = serde_json::from_str(r.get()).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, 400, format!("record {i} is not JSON: {e}")))?;
         let Some(obj) = r.as_object() else { return Err(RestError::unprocessable(format!("record {i} is not an object"))) };
         let partition = match obj.get("partition") {
             None | Some(Value::Null) => None,
@@ -138,8 +156,11 @@ fn decode_records(body: &[u8], fmt: Format) -> Result<Vec<Decoded>, RestError> {
 async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     b.authorize(&headers, Some(&topic))?;
     let fmt = format(&headers)?;
-    let (body, _held) = b.body(&headers, body).await?;
-    let records = decode_records(&body, fmt)?;
+    let (body, mut held) = b.body(&headers, body).await?;
+    let raw = envelope(&body)?;
+    b.hold_events(&mut held, raw.len())?;
+    let records = decode_records(&raw, fmt)?;
+    drop(raw);
     let t: Arc<Topic> = b.topic(&topic).await?;
     let n = t.partitions();
     if let Some(p) = route_partition {

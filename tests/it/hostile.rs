@@ -701,3 +701,159 @@ async fn long_polls_on_made_up_partitions_leave_nothing_behind() {
     assert_eq!(metric(broker.admin, "canopy_fetch_waiters", "{kind=\"fetches\"}").await, 0.0, "no registration outlives its fetch");
     assert_eq!(metric(broker.admin, "canopy_fetch_waiters", "{kind=\"partitions\"}").await, 0.0);
 }
+
+/// What a raw HTTP exchange got back before the server closed (or 10 s).
+async fn http_raw(addr: SocketAddr, send: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(send).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether the server closes a connection that sent `send` within `within`.
+async fn closed_within(addr: SocketAddr, send: &[u8], within: Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(send).await.unwrap();
+    let mut b = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(within, s.read(&mut b)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_half_preface_http_connections_are_closed() {
+    let (siege, _dir) = Siege::start(&["--rest-idle-timeout-ms", "1000"]).await;
+    let rest = siege.broker.rest;
+    let admin = siege.broker.admin;
+    for (what, addr) in [("REST", rest), ("admin", admin)] {
+        assert!(closed_within(addr, b"", Duration::from_secs(15)).await, "{what}: a connection that sends nothing is closed");
+        assert!(closed_within(addr, b"PRI * HTTP/2.0\r\n", Duration::from_secs(15)).await, "{what}: half an h2 preface is not held");
+        assert!(closed_within(addr, b"GET /met", Duration::from_secs(15)).await, "{what}: half a request line is not held");
+    }
+    // Well-behaved requests are still answered, h1 and short.
+    assert!(http_raw(admin, b"GET /health HTTP/1.0\r\n\r\n").await.starts_with("HTTP/1.0 200"));
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_has_a_connection_limit() {
+    let (siege, _dir) = Siege::start(&["--admin-max-connections", "4"]).await;
+    let admin = siege.broker.admin;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = http_raw(admin, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 503"), "past the limit: {r}");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(http_raw(admin, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.starts_with("HTTP/1.1 200"));
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_rest_authentication_is_throttled_per_address() {
+    let dir0 = tempfile::tempdir().unwrap();
+    let file = dir0.path().join("principals.toml");
+    std::fs::write(&file, format!("[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"*\"]\n", canopy::auth::hash_secret(b"right"))).unwrap();
+    let (siege, _dir) = Siege::start(&["--principals-file", file.to_str().unwrap()]).await;
+    let base = format!("http://{}", siege.broker.rest);
+    let http = reqwest::Client::new();
+    let post = |token: &'static str| http.post(format!("{base}/ingest/auth.t")).header("content-type", "application/json").bearer_auth(token).body("{}").send();
+    assert_eq!(post("right").await.unwrap().status(), 200);
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(post("wrong").await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 10, "a burst of failures is answered 401: {statuses:?}");
+    assert!(statuses[10..].iter().all(|s| *s == 429), "then 429 before the credentials are looked at");
+    let r = post("right").await.unwrap();
+    assert_eq!(r.status(), 429, "the address is throttled whatever it sends");
+    assert!(r.headers().contains_key("retry-after"));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(post("right").await.unwrap().status(), 200, "the allowance refills");
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_event_structures_count_against_the_budget() {
+    // A budget of 8 MiB: a 4 MiB body of tiny events needs far more for
+    // its per-event structures than its bytes.
+    let (siege, _dir) = Siege::start(&["--rest-max-in-flight-bytes", "8388608", "--rest-max-body-bytes", "4194304"]).await;
+    let base = format!("http://{}", siege.broker.rest);
+    let http = reqwest::Client::new();
+    let tiny: String = std::iter::repeat_n("{}\n", 1_000_000).collect();
+    let r = http.post(format!("{base}/ingest/tiny.events")).header("content-type", "application/x-ndjson").body(tiny).send().await.unwrap();
+    assert_eq!(r.status(), 503, "a million events' structures do not fit 8 MiB");
+    // The same bytes as a few large events fit.
+    let big: String = (0..4).map(|_| format!("{{\"v\":\"{}\"}}\n", "x".repeat(200_000))).collect();
+    let r = http.post(format!("{base}/ingest/big.events")).header("content-type", "application/x-ndjson").body(big).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_v3_streams_are_bounded_and_batches_append_once_per_partition() {
+    let (siege, _dir) = Siege::start(&["--rest-body-timeout-ms", "1500", "--rest-max-body-bytes", "1048576"]).await;
+    let rest = siege.broker.rest;
+    let base = format!("http://{rest}");
+    let http = reqwest::Client::new();
+    let clusters: serde_json::Value = serde_json::from_str(&http.get(format!("{base}/v3/clusters")).send().await.unwrap().text().await.unwrap()).unwrap();
+    let cluster = clusters["data"][0]["cluster_id"].as_str().unwrap().to_owned();
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "v3.stream", 1).await;
+    let path = format!("/v3/clusters/{cluster}/topics/v3.stream/records");
+    // A streaming request whose second record never finishes: the first
+    // is answered, then the stream ends with 408 at the body timeout.
+    let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let rec = r#"{"value":{"type":"JSON","data":1}}"#;
+    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+    let mut send = head.clone();
+    send.push_str(&chunk(rec));
+    send.push_str(&chunk(r#"{"value":{"type":"JS"#));
+    let got = http_raw(rest, send.as_bytes()).await;
+    assert!(got.contains("\"offset\":0"), "the first record is appended: {got}");
+    assert!(got.contains("\"error_code\":408"), "the stalled record times out: {got}");
+    // A record larger than the body limit, sent in small chunks: 413.
+    let mut send = head.clone();
+    send.push_str(&chunk("{\"value\":{\"type\":\"STRING\",\"data\":\""));
+    for _ in 0..300 {
+        send.push_str(&chunk(&"y".repeat(4096)));
+    }
+    let got = http_raw(rest, send.as_bytes()).await;
+    assert!(got.contains("\"error_code\":413"), "an oversized record is refused: {got}");
+    // records:batch with 200 entries: one batch in the log.
+    let entries: Vec<serde_json::Value> = (0..200).map(|i| serde_json::json!({"id": format!("e{i}"), "value": {"type": "JSON", "data": i}})).collect();
+    let r = http.post(format!("{base}/v3/clusters/{cluster}/topics/v3.batch/records:batch")).header("content-type", "application/json").body(serde_json::json!({"entries": entries}).to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 207);
+    let body: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(body["successes"].as_array().unwrap().len(), 200);
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![FetchTopic::default().with_topic(topic("v3.batch")).with_partitions(vec![FetchPartition::default().with_partition(0).with_partition_max_bytes(1 << 20)])]);
+    let f: FetchResponse = ask(&mut c, ApiKey::Fetch, 12, &encode(&req, 12)).await.expect("Fetch answered");
+    let records = f.responses[0].partitions[0].records.clone().unwrap();
+    assert_eq!(batches_in(&records), 1, "200 entries, one partition: one batch");
+    siege.finish().await;
+}
+
+/// How many record batches lie in `b` (a fetched records field).
+fn batches_in(b: &Bytes) -> usize {
+    let mut n = 0;
+    let mut rest = &b[..];
+    while rest.len() >= 12 {
+        let len = i32::from_be_bytes(rest[8..12].try_into().unwrap()) as usize;
+        rest = &rest[(12 + len).min(rest.len())..];
+        n += 1;
+    }
+    n
+}
