@@ -44,6 +44,12 @@ pub async fn start(cfg: Config) -> anyhow::Result<Running> {
 }
 
 pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Running> {
+    // A broker holds a descriptor per connection and per open file: take
+    // all the process may have.
+    match crate::storage::files::raise_nofile_limit() {
+        Ok((before, now, hard)) => tracing::info!(soft_before = before, soft = now, hard, max_open_files = cfg.max_open_files(), "descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the descriptor limit"),
+    }
     // The admin listener first: /health answers and /ready says "not
     // ready" while storage recovers.
     let admin_listener = TcpListener::bind(cfg.admin_listener).await.with_context(|| format!("binding admin_listener {}", cfg.admin_listener))?;

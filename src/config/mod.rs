@@ -148,6 +148,8 @@ settings! {
     response_write_timeout_ms: u64 = "30000", "CANOPY_RESPONSE_WRITE_TIMEOUT_MS", "response-write-timeout-ms";
     "Longest a graceful shutdown waits for clients to finish their requests, in milliseconds; then their connections are dropped"
     shutdown_timeout_ms: u64 = "30000", "CANOPY_SHUTDOWN_TIMEOUT_MS", "shutdown-timeout-ms";
+    "Segment and store files kept open at most; the least recently used are closed (0: a share of the descriptor limit left after the connection limits)"
+    max_open_files: usize = "0", "CANOPY_MAX_OPEN_FILES", "max-open-files";
     "Threads that inflate, recompress and check heavy produced batches and REST bodies, off the async workers (0: one per core)"
     validation_threads: usize = "0", "CANOPY_VALIDATION_THREADS", "validation-threads";
     "Topics one Metadata or Produce request may auto-create; the rest are answered UNKNOWN_TOPIC_OR_PARTITION, which clients retry"
@@ -426,6 +428,7 @@ impl Config {
             segment_bytes: self.segment_bytes,
             segment_ms: self.segment_ms,
             tip: crate::storage::tip::TipConfig { bytes: self.tip_bytes, max_blocks: self.tip_index_blocks, lookup: self.tip_lookup.parse().expect("validated") },
+            max_open_files: self.max_open_files(),
             ..StorageConfig::default()
         };
         e.flush = self.flush.0;
@@ -479,6 +482,18 @@ impl Config {
             id_expiration_ms: self.transactional_id_expiration_ms,
             check_every: Duration::from_millis(self.transaction_timeout_check_ms),
         }
+    }
+
+    /// Files the descriptor cache keeps open: the setting, or half of what
+    /// the descriptor limit leaves after every listener's connections and
+    /// a reserve (at least 64).
+    pub fn max_open_files(&self) -> usize {
+        if self.max_open_files > 0 {
+            return self.max_open_files;
+        }
+        let limit = crate::storage::files::nofile_limit().min(usize::MAX as u64) as usize;
+        let connections = self.max_connections + self.rest_max_connections + self.admin_max_connections;
+        (limit.saturating_sub(connections + 256) / 2).clamp(64, 1 << 20)
     }
 
     /// The largest max.message.bytes a topic may set: a batch is never

@@ -125,6 +125,11 @@ impl Metrics {
         let (fetches, tps) = self.engine.waiter_stats();
         f.gauge("canopy_fetch_waiters", "Long-poll fetches waiting, and the partitions they wait on, by kind", &[("kind", "fetches".into())], fetches as f64);
         f.gauge("canopy_fetch_waiters", "Long-poll fetches waiting, and the partitions they wait on, by kind", &[("kind", "partitions".into())], tps as f64);
+        let files = self.engine.storage().file_cache();
+        f.gauge("canopy_open_files", "Segment and store files held open by the descriptor cache, and its limit (max_open_files), by state", &[("state", "open".into())], files.open_files() as f64);
+        f.gauge("canopy_open_files", "Segment and store files held open by the descriptor cache, and its limit (max_open_files), by state", &[("state", "limit".into())], files.capacity() as f64);
+        f.counter("canopy_file_reopens_total", "Files opened again after the descriptor cache had closed them", &[], files.reopens.load(Ordering::Relaxed) as f64);
+        f.gauge("canopy_descriptor_limit", "The process's soft limit on open descriptors (raised to the hard limit at start)", &[], crate::storage::files::nofile_limit() as f64);
         let (threads, pending) = self.engine.cpu_stats();
         f.gauge("canopy_validation_pool_threads", "Threads inflating and checking heavy batches and REST bodies (validation_threads)", &[], threads as f64);
         f.gauge("canopy_validation_pool_jobs", "Validation jobs queued or running", &[], pending as f64);

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::files::{self, CachedFile, FileCache};
 use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
 use super::subtree::WindowRecord;
@@ -73,11 +74,13 @@ pub struct StorageConfig {
     pub segment_ms: i64,
     pub index_interval_bytes: u64,
     pub tip: super::tip::TipConfig,
+    /// Segment and store files kept open at most (see `files`).
+    pub max_open_files: usize,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default() }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096 }
     }
 }
 
@@ -89,6 +92,11 @@ pub enum StorageError {
     Poisoned(String),
     #[error("i/o error on {path}: {source}")]
     Io { path: String, source: io::Error },
+    /// Descriptors, memory or disk space ran out opening or creating a
+    /// file, before anything was written: the request fails (retriable),
+    /// storage carries on.
+    #[error("out of resources opening {path}: {source}; retry once descriptors or disk space are free")]
+    Exhausted { path: String, source: io::Error },
     #[error(transparent)]
     Segment(#[from] segment::SegmentError),
     #[error("sealed segment {path} is damaged after byte {valid} of {len}; restore it from a copy or move it away to start without it")]
@@ -189,7 +197,12 @@ struct Segment {
     base_seq: u64,
     created_ms: i64,
     path: PathBuf,
-    file: fs::File,
+    file: CachedFile,
+    /// The writer's open file, from a frame staged until the fsync after
+    /// its write (so neither needs to open a file); taken by the sync.
+    pinned: Mutex<Option<Arc<fs::File>>>,
+    /// Bytes of disk reserved for the file (see `Storage::reserve`).
+    allocated: AtomicU64,
     /// Bytes readers may read: only whole, written frames lie below it.
     len: AtomicU64,
     dirty: AtomicBool,
@@ -279,6 +292,7 @@ struct PartState {
 /// A subtree store the log reads from.
 struct StoreFile {
     store: Store,
+    file: CachedFile,
     /// The branches of its tps (a subtree read picks stores by branch).
     branches: Vec<String>,
     /// Each tp's branch, as an index into `branches`.
@@ -287,7 +301,7 @@ struct StoreFile {
 
 impl StoreFile {
     /// Opens a store's view for the log: which branch each tp is in.
-    fn new(store: Store, branch_of_tp: impl Fn(&Tp) -> Option<String>) -> StoreFile {
+    fn new(store: Store, files: &Arc<FileCache>, branch_of_tp: impl Fn(&Tp) -> Option<String>) -> StoreFile {
         let mut branches: Vec<String> = Vec::new();
         let mut branch_of = HashMap::with_capacity(store.tps.len());
         for tp in store.tps.keys() {
@@ -301,7 +315,8 @@ impl StoreFile {
             };
             branch_of.insert(*tp, i);
         }
-        StoreFile { store, branches, branch_of }
+        let file = files.file(store.path.clone(), false);
+        StoreFile { store, file, branches, branch_of }
     }
 }
 
@@ -446,6 +461,8 @@ struct PartWriter {
 
 struct Staged {
     seg: Arc<Segment>,
+    /// The segment's file, held open from staging to the write.
+    file: Arc<fs::File>,
     start: u64,
     buf: Vec<u8>,
     published: Vec<(Arc<Partition>, i64, Option<IndexEntry>)>,
@@ -522,6 +539,10 @@ pub struct Storage {
     branches: RwLock<HashMap<String, Arc<Branch>>>,
     parts: RwLock<HashMap<Tp, Arc<Partition>>>,
     writer: Mutex<Writer>,
+    /// Every segment and store file is opened through it.
+    files: Arc<FileCache>,
+    /// Whether the filesystem reserves space ahead of writes (fallocate).
+    preallocate: AtomicBool,
     /// The newest batches in memory (see `tip`); the writer adds to it
     /// while it holds `writer`, reads take the read lock only.
     tip: RwLock<super::tip::Tip>,
@@ -581,6 +602,18 @@ pub struct CompactionStats {
     pub lag_ms: AtomicU64,
 }
 
+/// Opening or creating `path` failed: running out of something is
+/// retriable and poisons nothing; anything else is an I/O error.
+fn open_err(path: &Path) -> impl FnOnce(io::Error) -> StorageError + '_ {
+    move |source| {
+        if files::is_exhaustion(&source) {
+            StorageError::Exhausted { path: path.display().to_string(), source }
+        } else {
+            StorageError::Io { path: path.display().to_string(), source }
+        }
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StorageError + '_ {
     move |source| StorageError::Io { path: path.display().to_string(), source }
 }
@@ -619,6 +652,7 @@ impl Storage {
         let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::new();
         let mut writers: HashMap<Tp, PartWriter> = HashMap::new();
         let mut next_seq = 0u64;
+        let cache = FileCache::new(cfg.max_open_files);
 
         let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
             branches
@@ -639,7 +673,7 @@ impl Storage {
         }
 
         // The stores first: they hold each tp's oldest batches.
-        let (stores, compacted_to, next_window) = open_stores(&stores_dir, windows, &mut writers, &mut report)?;
+        let (stores, compacted_to, next_window) = open_stores(&stores_dir, windows, &mut writers, &mut report, &cache)?;
         for st in &stores {
             next_seq = next_seq.max(st.store.end_seq);
         }
@@ -712,7 +746,9 @@ impl Storage {
                     base_seq: scan.header.base_seq,
                     created_ms: scan.header.created_ms,
                     path: path.clone(),
-                    file: scan.file,
+                    file: cache.adopt(path.clone(), true, scan.file),
+                    pinned: Mutex::new(None),
+                    allocated: AtomicU64::new(scan.valid_len),
                     len: AtomicU64::new(scan.valid_len),
                     dirty: AtomicBool::new(false),
                     tps: Mutex::new(HashMap::new()),
@@ -756,6 +792,8 @@ impl Storage {
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
             writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::new() }),
+            files: cache,
+            preallocate: AtomicBool::new(true),
             tip: RwLock::new(super::tip::Tip::new(cfg.tip.clone())),
             cfg,
             poisoned: Mutex::new(None),
@@ -768,6 +806,11 @@ impl Storage {
             compaction_stats: CompactionStats::default(),
             unsynced: AtomicU64::new(0),
         })
+    }
+
+    /// The descriptor cache, for metrics.
+    pub fn file_cache(&self) -> &FileCache {
+        &self.files
     }
 
     /// The tip's occupancy and hit counters.
@@ -824,9 +867,12 @@ impl Storage {
         let mut staged = match w.staged.remove(&branch_name) {
             Some(s) => s,
             None => {
-                let seg = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| self.poison(e))?;
+                // Out of descriptors or disk space here, nothing of this
+                // batch is staged: the append fails, storage carries on.
+                let seg = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| self.poison_unless_exhausted(e))?;
+                let file = seg.file.get().map_err(open_err(&seg.path))?;
                 let start = seg.len.load(Ordering::Acquire);
-                Staged { seg, start, buf: Vec::new(), published: Vec::new() }
+                Staged { seg, file, start, buf: Vec::new(), published: Vec::new() }
             }
         };
         // Roll first if this frame would overfill the active segment.
@@ -836,23 +882,33 @@ impl Storage {
         if too_big || too_old {
             let sealed = self
                 .write_staged(&mut staged)
-                .and_then(|_| staged.seg.file.sync_data().map_err(io_err(&staged.seg.path)))
-                .and_then(|_| self.roll(&pw.part.branch, w.next_seq, now_ms));
+                .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
+                .and_then(|_| self.roll(&pw.part.branch, w.next_seq, now_ms))
+                .and_then(|seg| seg.file.get().map_err(open_err(&seg.path)).map(|file| (seg, file)));
             // Frames written above are published with the next flush.
             let published = std::mem::take(&mut staged.published);
             match sealed {
-                Ok(seg) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, buf: Vec::new(), published },
+                Ok((seg, file)) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: Vec::new(), published },
                 Err(e) => {
+                    // The sealed segment's frames are written and synced;
+                    // a roll that ran out of resources is tried again by
+                    // the next append.
                     staged.published = published;
                     w.staged.insert(branch_name, staged);
-                    return Err(self.poison(e));
+                    return Err(self.poison_unless_exhausted(e));
                 }
             }
+        }
+        // Disk space for the frame is reserved before it is given offsets:
+        // a full disk fails this append, not a write whose ack is pending.
+        let pos = staged.start + staged.buf.len() as u64;
+        if let Err(e) = self.reserve(&staged, pos + frame_len) {
+            w.staged.insert(branch_name, staged);
+            return Err(e);
         }
 
         let seq = w.next_seq;
         w.next_seq += 1;
-        let pos = staged.start + staged.buf.len() as u64;
         let base_offset = pw.next_offset;
         let fh = segment::encode_frame(
             &mut staged.buf,
@@ -911,10 +967,13 @@ impl Storage {
         if staged.buf.is_empty() {
             return Ok(());
         }
-        staged.seg.file.write_all_at(&staged.buf, staged.start).map_err(io_err(&staged.seg.path))?;
+        staged.file.write_all_at(&staged.buf, staged.start).map_err(io_err(&staged.seg.path))?;
         staged.start += staged.buf.len() as u64;
         self.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
         staged.buf.clear();
+        // Pinned before marked dirty: the sync that sees it dirty finds
+        // the file open.
+        *staged.seg.pinned.lock().expect("pin lock") = Some(staged.file.clone());
         staged.seg.dirty.store(true, Ordering::Release);
         staged.seg.len.store(staged.start, Ordering::Release);
         Ok(())
@@ -924,6 +983,40 @@ impl Storage {
         match self.poisoned.lock().expect("poison lock").as_ref() {
             Some(p) => Err(StorageError::Poisoned(p.clone())),
             None => Ok(()),
+        }
+    }
+
+    /// Poisons for anything but running out of resources before a write.
+    fn poison_unless_exhausted(&self, e: StorageError) -> StorageError {
+        match e {
+            StorageError::Exhausted { .. } => e,
+            e => self.poison(e),
+        }
+    }
+
+    /// Reserves disk space for the segment up to `end` (fallocate, keeping
+    /// the file's size), ahead in steps that grow with the segment, so a
+    /// full disk shows here rather than in a write. Filesystems without it
+    /// are written as before.
+    fn reserve(&self, staged: &Staged, end: u64) -> Result<(), StorageError> {
+        let seg = &staged.seg;
+        if end <= seg.allocated.load(Ordering::Acquire) || !self.preallocate.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let step = (end - FILE_HEADER_BYTES).clamp(64 << 10, 16 << 20);
+        let to = (end + step).min(self.cfg.segment_bytes.max(end));
+        let from = seg.allocated.load(Ordering::Acquire);
+        match rustix::fs::fallocate(&*staged.file, rustix::fs::FallocateFlags::KEEP_SIZE, from, to - from) {
+            Ok(()) => {
+                seg.allocated.store(to, Ordering::Release);
+                Ok(())
+            }
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+                tracing::info!(path = %seg.path.display(), "the filesystem cannot reserve space ahead (fallocate); a full disk will show at write time");
+                self.preallocate.store(false, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(open_err(&seg.path)(e.into())),
         }
     }
 
@@ -948,7 +1041,13 @@ impl Storage {
         };
         for seg in segs {
             if seg.dirty.swap(false, Ordering::AcqRel) {
-                if let Err(e) = seg.file.sync_data() {
+                // The writer pinned the file it wrote; the pin ends here.
+                let pinned = seg.pinned.lock().expect("pin lock").take();
+                let synced = match pinned {
+                    Some(f) => f.sync_data(),
+                    None => seg.file.get().and_then(|f| f.sync_data()),
+                };
+                if let Err(e) = synced {
                     return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
                 }
             }
@@ -982,20 +1081,32 @@ impl Storage {
         self.roll(branch, next_seq, now_ms)
     }
 
+    /// Creates the branch's next segment. Running out of descriptors or
+    /// disk space here fails with `Exhausted` and leaves nothing behind.
     fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<Arc<Segment>, StorageError> {
         let fresh_dir = !branch.dir.exists();
-        fs::create_dir_all(&branch.dir).map_err(io_err(&branch.dir))?;
+        fs::create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
         if fresh_dir {
             sync_dir(&self.dir)?;
         }
         let path = branch.dir.join(seg_file_name(base_seq));
-        let file = segment::create(&path, &FileHeader { base_seq, created_ms: now_ms })?;
-        sync_dir(&branch.dir)?;
+        let file = match segment::create(&path, &FileHeader { base_seq, created_ms: now_ms }) {
+            Ok(f) => f,
+            Err(segment::SegmentError::Io { source, .. }) => return Err(open_err(&path)(source)),
+            Err(e) => return Err(e.into()),
+        };
+        if let Err(e) = sync_dir(&branch.dir) {
+            drop(file);
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
         let seg = Arc::new(Segment {
             base_seq,
             created_ms: now_ms,
+            file: self.files.adopt(path.clone(), true, file),
             path,
-            file,
+            pinned: Mutex::new(None),
+            allocated: AtomicU64::new(FILE_HEADER_BYTES),
             len: AtomicU64::new(FILE_HEADER_BYTES),
             dirty: AtomicBool::new(false),
             tps: Mutex::new(HashMap::new()),
@@ -1405,15 +1516,16 @@ enum Walk {
 
 /// A file of frames: a branch-log segment or a subtree store.
 trait FrameFile: Send + Sync {
-    fn file(&self) -> &fs::File;
+    /// The file, open (through the descriptor cache).
+    fn file(&self) -> io::Result<Arc<fs::File>>;
     fn path(&self) -> &Path;
     /// Frames lie below this position.
     fn frames_end(&self) -> u64;
 }
 
 impl FrameFile for Segment {
-    fn file(&self) -> &fs::File {
-        &self.file
+    fn file(&self) -> io::Result<Arc<fs::File>> {
+        self.file.get()
     }
     fn path(&self) -> &Path {
         &self.path
@@ -1424,8 +1536,8 @@ impl FrameFile for Segment {
 }
 
 impl FrameFile for StoreFile {
-    fn file(&self) -> &fs::File {
-        &self.store.file
+    fn file(&self) -> io::Result<Arc<fs::File>> {
+        self.file.get()
     }
     fn path(&self) -> &Path {
         &self.store.path
@@ -1544,7 +1656,7 @@ impl<'a> Frames<'a> {
             }
             let want = want.max(need).min((end - start) as usize);
             let mut raw = self.storage.read_pool.take(want);
-            let got = segment::read_full_at(seg.file(), &mut raw.buf[..want], start)?;
+            let got = segment::read_full_at(&*seg.file()?, &mut raw.buf[..want], start)?;
             if got < need {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path().display())));
             }
@@ -1568,6 +1680,7 @@ fn open_stores(
     windows: Option<&[WindowRecord]>,
     writers: &mut HashMap<Tp, PartWriter>,
     report: &mut RecoveryReport,
+    files: &Arc<FileCache>,
 ) -> Result<(Vec<Arc<StoreFile>>, HashMap<String, u64>, u64), StorageError> {
     let mut found: Vec<(String, PathBuf)> = match fs::read_dir(dir) {
         Ok(rd) => rd
@@ -1611,7 +1724,7 @@ fn open_stores(
         // A listed store that is missing or damaged is lost data: refuse to
         // start rather than serve a log with a hole.
         let store = Store::open(&dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
-        let file = Arc::new(StoreFile::new(store, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch))));
+        let file = Arc::new(StoreFile::new(store, files, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch))));
         for (tp, share) in &file.store.tps {
             let Some(w) = writers.get_mut(tp) else { continue };
             let mut st = w.part.st.write().expect("partition lock");
@@ -1657,7 +1770,7 @@ fn branch_name(branch: &Branch) -> String {
 
 
 fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+    fs::File::open(dir).map_err(open_err(dir))?.sync_all().map_err(io_err(dir))
 }
 
 impl PartWriter {

@@ -196,11 +196,17 @@ pub fn decode_file_header(b: &[u8], path: &Path) -> Result<FileHeader, SegmentEr
 }
 
 /// Creates a new, empty segment file with its header written and synced.
+/// A file that could not be finished is removed, so a later attempt at
+/// the same name starts afresh.
 pub fn create(path: &Path, header: &FileHeader) -> Result<File, SegmentError> {
     let io = |source| SegmentError::Io { path: path.display().to_string(), source };
     let file = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(io)?;
-    file.write_all_at(&encode_file_header(header), 0).map_err(io)?;
-    file.sync_all().map_err(io)?;
+    let written = file.write_all_at(&encode_file_header(header), 0).and_then(|_| file.sync_all());
+    if let Err(e) = written {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return Err(io(e));
+    }
     Ok(file)
 }
 

@@ -68,8 +68,21 @@ pub struct ChildBroker {
 
 impl ChildBroker {
     pub fn spawn(dir: &Path, extra: &[&str]) -> ChildBroker {
+        ChildBroker::spawn_under(&[], dir, extra)
+    }
+
+    /// [`ChildBroker::spawn`] run by `wrapper` (`prlimit --nofile=…`, say).
+    pub fn spawn_under(wrapper: &[&str], dir: &Path, extra: &[&str]) -> ChildBroker {
         let bin = PathBuf::from(env!("CARGO_BIN_EXE_canopy"));
-        let mut child = Command::new(bin)
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let mut child = cmd
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)

@@ -49,7 +49,13 @@ struct Siege {
 impl Siege {
     async fn start(extra: &[&str]) -> (Siege, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let broker = ChildBroker::spawn(dir.path(), extra);
+        let s = Siege::start_in(&[], dir.path(), extra).await;
+        (s, dir)
+    }
+
+    /// A broker run by `wrapper`, with its data in `dir`.
+    async fn start_in(wrapper: &[&str], dir: &std::path::Path, extra: &[&str]) -> Siege {
+        let broker = ChildBroker::spawn_under(wrapper, dir, extra);
         let pid = broker.child.id();
         // Warm up the bystander's path once before the baseline.
         let mut bystander = Raw::connect(broker.kafka).await;
@@ -57,7 +63,7 @@ impl Siege {
         let baseline_rss = common::proc_status_bytes(pid, "VmRSS:");
         let stop = Arc::new(AtomicBool::new(false));
         let watcher = tokio::spawn(watch(bystander, pid, stop.clone()));
-        (Siege { broker, baseline_rss, stop, watcher }, dir)
+        Siege { broker, baseline_rss, stop, watcher }
     }
 
     fn addr(&self) -> SocketAddr {
@@ -856,4 +862,106 @@ fn batches_in(b: &Bytes) -> usize {
         n += 1;
     }
     n
+}
+
+/// Produces `value` to partition 0 of `t` (acks=all); the partition's error.
+async fn produce_one(c: &mut Raw, t: &str, value: &[u8]) -> i16 {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(30_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(topic(t))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(common::record_batch(&[value])))])]);
+    let r: ProduceResponse = ask(c, ApiKey::Produce, 9, &encode(&req, 9)).await.expect("Produce answered");
+    r.responses[0].partition_responses[0].error_code
+}
+
+/// Descriptors `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_branches_hold_few_descriptors_and_running_out_poisons_nothing() {
+    // A hard limit of 300 descriptors, 32 of them for segment files.
+    let dir = tempfile::tempdir().unwrap();
+    let siege = Siege::start_in(&["prlimit", "--nofile=300:300"], dir.path(), &["--max-open-files", "32", "--max-connections", "1000", "--auto-create-topics-per-sec", "0"]).await;
+    let pid = siege.broker.child.id();
+    let mut c = Raw::connect(siege.addr()).await;
+    // 400 branches: more segments than descriptors.
+    for i in 0..400 {
+        assert_eq!(produce_one(&mut c, &format!("b{i}.t"), format!("v{i}").as_bytes()).await, 0, "branch {i}");
+    }
+    assert!(open_fds(pid) < 300, "{} descriptors open", open_fds(pid));
+    assert!(metric(siege.broker.admin, "canopy_open_files", "{state=\"open\"}").await <= 32.0);
+    // Eat the rest of the descriptors with idle connections.
+    let mut hogs = Vec::new();
+    while open_fds(pid) < 299 {
+        let mut h = Raw::connect(siege.addr()).await;
+        if tokio::time::timeout(Duration::from_secs(2), h.call(18, 3, &[1, 1, 0], false)).await.ok().flatten().is_none() {
+            break;
+        }
+        hogs.push(h);
+    }
+    // A new branch needs a file: the produce fails, retriably.
+    let code = produce_one(&mut c, "new.branch", b"x").await;
+    assert_eq!(code, 56, "KAFKA_STORAGE_ERROR (retriable)");
+    // Free descriptors: the same produce goes through; nothing was poisoned.
+    hogs.truncate(hogs.len().saturating_sub(50));
+    drop(hogs);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(produce_one(&mut c, "new.branch", b"x").await, 0, "storage carries on");
+    assert_eq!(produce_one(&mut c, "b7.t", b"again").await, 0);
+    // Every branch still reads back (files closed by the cache reopen).
+    for i in (0..400).step_by(37) {
+        let req = FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_bytes(1 << 20)
+            .with_topics(vec![FetchTopic::default().with_topic(topic(&format!("b{i}.t"))).with_partitions(vec![FetchPartition::default().with_partition(0).with_partition_max_bytes(1 << 20)])]);
+        let f: FetchResponse = ask(&mut c, ApiKey::Fetch, 12, &encode(&req, 12)).await.expect("Fetch answered");
+        let p = &f.responses[0].partitions[0];
+        assert_eq!(p.error_code, 0);
+        assert!(p.records.as_ref().is_some_and(|r| !r.is_empty()), "branch {i} reads back");
+    }
+    siege.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_produce_retriably_and_poisons_nothing() {
+    // A 48 MiB filesystem of our own for the data directory (needs root,
+    // as CI has: this test fails rather than skips without it).
+    let mnt = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=48m", "tmpfs"]).arg(mnt.path()).status().expect("run mount");
+    assert!(status.success(), "mounting a tmpfs for the full-disk test needs root");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.path().to_owned());
+    let siege = Siege::start_in(&[], mnt.path(), &["--segment-bytes", "8388608"]).await;
+    let mut c = Raw::connect(siege.addr()).await;
+    create_topic(&mut c, "filler", 1).await;
+    create_topic(&mut c, "other.topic", 1).await;
+    let big = vec![b'z'; 900 << 10];
+    let mut refused = 0;
+    for _ in 0..200 {
+        match produce_one(&mut c, "filler", &big).await {
+            0 => {}
+            56 => {
+                refused += 1;
+                if refused >= 3 {
+                    break;
+                }
+            }
+            other => panic!("a full disk answers KAFKA_STORAGE_ERROR, not {other}"),
+        }
+    }
+    assert!(refused >= 3, "the disk filled up");
+    // Space comes back when the filler goes; then appends go on.
+    let req = DeleteTopicsRequest::default().with_topic_names(vec![topic("filler")]).with_timeout_ms(30_000);
+    let r: DeleteTopicsResponse = ask(&mut c, ApiKey::DeleteTopics, 4, &encode(&req, 4)).await.expect("DeleteTopics answered");
+    assert_eq!(r.responses[0].error_code, 0);
+    assert_eq!(produce_one(&mut c, "other.topic", b"after the disk was full").await, 0, "storage was not poisoned");
+    let broker = siege.finish().await;
+    assert!(broker.terminate().success());
 }

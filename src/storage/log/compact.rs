@@ -266,7 +266,7 @@ impl Storage {
         let mut opened = Vec::with_capacity(written.len());
         for (_, path, _, _) in &written {
             let store = Store::open(path)?;
-            opened.push(Arc::new(StoreFile::new(store, |tp| parts.get(tp).map(|p| branch_name(&p.branch)))));
+            opened.push(Arc::new(StoreFile::new(store, &self.files, |tp| parts.get(tp).map(|p| branch_name(&p.branch)))));
         }
         // A window number is never used twice, whatever `persist` did.
         maintenance.next_window = window + 1;

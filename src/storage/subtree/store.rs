@@ -235,7 +235,6 @@ pub struct Store {
     pub window: u64,
     pub store: u32,
     pub path: PathBuf,
-    pub file: File,
     /// End of the frames (where the index starts).
     pub frames_end: u64,
     pub file_len: u64,
@@ -289,7 +288,10 @@ impl Store {
             return Err(bad("index checksum mismatch".into()));
         }
         let (tps, marks) = parse_index(&idx, index_pos).map_err(|why| bad(why.to_string()))?;
-        Ok(Store { window, store, path: path.to_owned(), file, frames_end: index_pos, file_len, first_seq, end_seq, frames, tps, marks })
+        // The file closes here: readers open it through the storage's
+        // descriptor cache when they need it.
+        drop(file);
+        Ok(Store { window, store, path: path.to_owned(), frames_end: index_pos, file_len, first_seq, end_seq, frames, tps, marks })
     }
 
     /// Where to start walking for the first frame with sequence `seq` or later.
@@ -301,19 +303,20 @@ impl Store {
     /// Reads every frame and checks its checksum (tests and `fsck`-style
     /// checks; reads do not pay for it).
     pub fn verify_frames(&self) -> Result<u64, StoreError> {
+        let file = File::open(&self.path).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
         let mut pos = FILE_HEADER_BYTES;
         let mut n = 0;
         let mut h = [0u8; FRAME_HEADER_BYTES];
         let mut last = None;
         while pos < self.frames_end {
             let bad = |why: String| StoreError::Corrupt { path: self.path.display().to_string(), why };
-            segment::read_full_at(&self.file, &mut h, pos).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
+            segment::read_full_at(&file, &mut h, pos).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
             let fh = FrameHeader::decode(&h).ok_or_else(|| bad(format!("bad frame header at {pos}")))?;
             if pos + fh.frame_len as u64 > self.frames_end || last.is_some_and(|l| fh.seq <= l) {
                 return Err(bad(format!("frame at {pos} overruns or is out of order")));
             }
             let mut body = vec![0u8; fh.frame_len as usize - 8];
-            self.file.read_exact_at(&mut body, pos + 8).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
+            file.read_exact_at(&mut body, pos + 8).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
             if crc32fast::hash(&body) != fh.crc {
                 return Err(bad(format!("frame checksum mismatch at {pos}")));
             }

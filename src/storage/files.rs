@@ -1,0 +1,254 @@
+//! The descriptor cache: every segment and store file is opened through
+//! it, and at most `max_open_files` of them stay open, the least recently
+//! used closed first. A million branches need not hold a million
+//! descriptors; a read of a file that was closed opens it again.
+//!
+//! # Who holds what
+//!
+//! A [`CachedFile`] names a file and owns its slot; [`CachedFile::get`]
+//! hands out an `Arc<File>`, which keeps the descriptor open for as long
+//! as the caller holds it even if the cache closes its own reference
+//! meanwhile. So the descriptors open are the cache's (at most its
+//! capacity) plus those in use: reads in progress, and the writer's files
+//! for the segments written since the last sync (the writer holds those
+//! from the moment it stages a frame until the fsync, so neither writing
+//! nor syncing ever needs to open a file, and running out of descriptors
+//! can only fail an append before anything of it is staged).
+//!
+//! Closing a file with unsynced writes is safe: `fsync` on Linux flushes
+//! the file's dirty pages whichever descriptor wrote them.
+//!
+//! # Failures
+//!
+//! Running out of descriptors (EMFILE, ENFILE), memory or disk space while
+//! opening or creating a file is [`is_exhaustion`]: the request that needed
+//! the file fails with a retriable error and storage is not poisoned
+//! (nothing was written).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Whether `e` says a resource ran out (descriptors, memory, disk space)
+/// rather than that the file or the disk is bad.
+pub fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(code) if code == rustix::io::Errno::MFILE.raw_os_error()
+        || code == rustix::io::Errno::NFILE.raw_os_error()
+        || code == rustix::io::Errno::NOMEM.raw_os_error()
+        || code == rustix::io::Errno::NOSPC.raw_os_error()
+        || code == rustix::io::Errno::DQUOT.raw_os_error())
+}
+
+#[derive(Debug)]
+pub struct FileCache {
+    capacity: usize,
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    /// Files opened again after the cache had closed them.
+    pub reopens: AtomicU64,
+    /// Files the cache closed to stay within its capacity.
+    pub evictions: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Open files by slot id, with when each was last used.
+    open: HashMap<u64, (Arc<File>, u64)>,
+    /// Slot ids by last use, oldest first.
+    by_use: BTreeMap<u64, u64>,
+    clock: u64,
+}
+
+impl FileCache {
+    pub fn new(capacity: usize) -> Arc<FileCache> {
+        Arc::new(FileCache { capacity: capacity.max(1), state: Mutex::default(), next_id: AtomicU64::new(0), reopens: AtomicU64::new(0), evictions: AtomicU64::new(0) })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Files the cache holds open now.
+    pub fn open_files(&self) -> usize {
+        self.state.lock().expect("file cache lock").open.len()
+    }
+
+    /// A slot for `path`, not opened until used. `write`: opened for
+    /// writing too (a segment).
+    pub fn file(self: &Arc<Self>, path: PathBuf, write: bool) -> CachedFile {
+        CachedFile { id: self.next_id.fetch_add(1, Ordering::Relaxed), path, write, cache: self.clone() }
+    }
+
+    /// A slot for `path` that starts with `file` already open.
+    pub fn adopt(self: &Arc<Self>, path: PathBuf, write: bool, file: File) -> CachedFile {
+        let f = self.file(path, write);
+        self.insert(f.id, Arc::new(file));
+        f
+    }
+
+    fn insert(&self, id: u64, file: Arc<File>) -> Arc<File> {
+        let mut s = self.state.lock().expect("file cache lock");
+        s.clock += 1;
+        let now = s.clock;
+        let file = match s.open.get(&id) {
+            // Another thread opened it meanwhile: keep one.
+            Some((f, at)) => {
+                let (f, at) = (f.clone(), *at);
+                s.by_use.remove(&at);
+                f
+            }
+            None => file,
+        };
+        s.open.insert(id, (file.clone(), now));
+        s.by_use.insert(now, id);
+        while s.open.len() > self.capacity {
+            let Some((_, oldest)) = s.by_use.pop_first() else { break };
+            s.open.remove(&oldest);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        file
+    }
+
+    fn lookup(&self, id: u64) -> Option<Arc<File>> {
+        let mut s = self.state.lock().expect("file cache lock");
+        s.clock += 1;
+        let now = s.clock;
+        let (f, at) = s.open.get_mut(&id)?;
+        let (f, before) = (f.clone(), std::mem::replace(at, now));
+        s.by_use.remove(&before);
+        s.by_use.insert(now, id);
+        Some(f)
+    }
+
+    fn forget(&self, id: u64) {
+        let mut s = self.state.lock().expect("file cache lock");
+        if let Some((_, at)) = s.open.remove(&id) {
+            s.by_use.remove(&at);
+        }
+    }
+}
+
+/// A file storage reads (and, for a segment, writes) through the cache.
+#[derive(Debug)]
+pub struct CachedFile {
+    id: u64,
+    path: PathBuf,
+    write: bool,
+    cache: Arc<FileCache>,
+}
+
+impl CachedFile {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file, opening it again if the cache closed it.
+    pub fn get(&self) -> io::Result<Arc<File>> {
+        if let Some(f) = self.cache.lookup(self.id) {
+            return Ok(f);
+        }
+        let file = OpenOptions::new().read(true).write(self.write).open(&self.path)?;
+        self.cache.reopens.fetch_add(1, Ordering::Relaxed);
+        Ok(self.cache.insert(self.id, Arc::new(file)))
+    }
+}
+
+impl Drop for CachedFile {
+    fn drop(&mut self) {
+        self.cache.forget(self.id);
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard limit; returns
+/// (soft before, soft now, hard).
+pub fn raise_nofile_limit() -> io::Result<(u64, u64, u64)> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    let soft = before.current.unwrap_or(u64::MAX);
+    let hard = before.maximum.unwrap_or(u64::MAX);
+    if soft < hard {
+        setrlimit(Resource::Nofile, Rlimit { current: before.maximum, maximum: before.maximum })?;
+    }
+    let after = getrlimit(Resource::Nofile);
+    Ok((soft, after.current.unwrap_or(u64::MAX), hard))
+}
+
+/// The soft limit on open descriptors now.
+pub fn nofile_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn files(dir: &Path, n: usize) -> Vec<PathBuf> {
+        (0..n)
+            .map(|i| {
+                let p = dir.join(format!("f{i}"));
+                File::create(&p).unwrap().write_all(format!("file {i}").as_bytes()).unwrap();
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn at_most_capacity_stay_open_and_closed_ones_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FileCache::new(3);
+        let slots: Vec<CachedFile> = files(dir.path(), 10).into_iter().map(|p| cache.file(p, false)).collect();
+        for round in 0..3 {
+            for s in &slots {
+                let f = s.get().unwrap();
+                let mut b = [0u8; 16];
+                let n = std::os::unix::fs::FileExt::read_at(&*f, &mut b, 0).unwrap();
+                assert!(std::str::from_utf8(&b[..n]).unwrap().starts_with("file "), "round {round}");
+                assert!(cache.open_files() <= 3);
+            }
+        }
+        assert!(cache.reopens.load(Ordering::Relaxed) >= 27, "closed files were opened again");
+        assert!(cache.evictions.load(Ordering::Relaxed) >= 27);
+        drop(slots);
+        assert_eq!(cache.open_files(), 0, "a dropped slot leaves nothing open");
+    }
+
+    #[test]
+    fn the_least_recently_used_goes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FileCache::new(2);
+        let s: Vec<CachedFile> = files(dir.path(), 3).into_iter().map(|p| cache.file(p, false)).collect();
+        s[0].get().unwrap();
+        s[1].get().unwrap();
+        s[0].get().unwrap();
+        s[2].get().unwrap();
+        let before = cache.reopens.load(Ordering::Relaxed);
+        s[0].get().unwrap();
+        assert_eq!(cache.reopens.load(Ordering::Relaxed), before, "the recently used one stayed open");
+        s[1].get().unwrap();
+        assert_eq!(cache.reopens.load(Ordering::Relaxed), before + 1, "the least recently used one was closed");
+    }
+
+    #[test]
+    fn a_file_in_use_stays_usable_after_eviction() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FileCache::new(1);
+        let s: Vec<CachedFile> = files(dir.path(), 2).into_iter().map(|p| cache.file(p, false)).collect();
+        let held = s[0].get().unwrap();
+        s[1].get().unwrap();
+        let mut b = [0u8; 6];
+        std::os::unix::fs::FileExt::read_exact_at(&*held, &mut b, 0).unwrap();
+        assert_eq!(&b, b"file 0");
+    }
+
+    #[test]
+    fn exhaustion_is_told_apart_from_damage() {
+        assert!(is_exhaustion(&io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error())));
+        assert!(is_exhaustion(&io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())));
+        assert!(!is_exhaustion(&io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error())));
+        assert!(!is_exhaustion(&io::Error::new(io::ErrorKind::Other, "x")));
+    }
+}
