@@ -135,32 +135,8 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     } else {
         kafka::advertised(&cfg.advertised_listener, kafka_addr)
     };
-    let budget = Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes));
-    let per_ip = crate::limits::PerIp::new(cfg.max_connections_per_ip);
-    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
-    let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
-    let broker = Arc::new(Broker {
-        coordinator: coordinator.clone(),
-        transactions,
-        stopping: stop_rx.clone(),
-        probe: Arc::new(kafka::probe::KafkaProbe::new(cfg.metrics_enabled)),
-        engine: engine.clone(),
-        cfg: KafkaConfig {
-            advertised_host: host,
-            advertised_port: port,
-            max_request_bytes: cfg.max_request_bytes,
-            max_in_flight_per_connection: cfg.max_in_flight_per_connection,
-            max_connections: cfg.max_connections,
-            max_fetch_wait: cfg.max_fetch_wait(),
-            fetch_max_bytes: cfg.fetch_max_bytes,
-            max_connections_per_ip: cfg.max_connections_per_ip,
-            connections_max_idle: Duration::from_millis(cfg.connections_max_idle_ms),
-            response_write_timeout: Duration::from_millis(cfg.response_write_timeout_ms),
-            shutdown_timeout: Duration::from_millis(cfg.shutdown_timeout_ms),
-        },
-        budget: budget.clone(),
-        per_ip: per_ip.clone(),
-    });
+    let broker = broker(cfg, engine.clone(), (host, port), clock, stop_rx.clone()).await?;
+    let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
     let kafka_probe = broker.probe.clone();
     let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
     let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone())));
@@ -171,6 +147,37 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
     Ok(Started { kafka_addr, rest_addr, engine, kafka, rest, background, compactor, expiry })
+}
+
+/// The Kafka side of a broker over an open engine: the group and
+/// transaction coordinators (started), the limits, and the listener's
+/// settings, advertising `advertised` (host, port). The fuzz target
+/// drives requests through one of these without a socket.
+pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32), clock: Clock, stop_rx: watch::Receiver<bool>) -> anyhow::Result<Arc<Broker>> {
+    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
+    let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
+    Ok(Arc::new(Broker {
+        coordinator,
+        transactions,
+        stopping: stop_rx,
+        probe: Arc::new(kafka::probe::KafkaProbe::new(cfg.metrics_enabled)),
+        engine,
+        cfg: KafkaConfig {
+            advertised_host: advertised.0,
+            advertised_port: advertised.1,
+            max_request_bytes: cfg.max_request_bytes,
+            max_in_flight_per_connection: cfg.max_in_flight_per_connection,
+            max_connections: cfg.max_connections,
+            max_fetch_wait: cfg.max_fetch_wait(),
+            fetch_max_bytes: cfg.fetch_max_bytes,
+            max_connections_per_ip: cfg.max_connections_per_ip,
+            connections_max_idle: Duration::from_millis(cfg.connections_max_idle_ms),
+            response_write_timeout: Duration::from_millis(cfg.response_write_timeout_ms),
+            shutdown_timeout: Duration::from_millis(cfg.shutdown_timeout_ms),
+        },
+        budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
+        per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
+    }))
 }
 
 /// Waits for the next tick of a background loop; false once the broker

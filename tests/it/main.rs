@@ -6,6 +6,7 @@ mod admin;
 mod bad_input;
 mod compaction;
 mod compression;
+mod crash_loop;
 mod crash_recovery;
 mod groups;
 mod hostile;
