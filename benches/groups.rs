@@ -31,7 +31,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common.rs"]
 mod common;
 
 const TOPIC: &str = "bench.groups";

@@ -10,6 +10,8 @@
 //! cargo bench --bench load -- --stream [--quick]  # subtree streams vs per-tp reads, tip and disk
 //! cargo bench --bench load -- --metrics [--quick]  # produce with metrics on (scraped every second) vs off:
 //!                                                   # pipelined raw requests (broker-bound), then librdkafka
+//! cargo bench --bench load -- --baseline BIN [--quick]  # this build vs another (BIN: its release canopy):
+//!                                                        # broker-bound produce (acks=1, all) and consume
 //! ```
 //!
 //! Reports records/s, MB/s and broker CPU (utime+stime of the child from
@@ -35,7 +37,7 @@ use rdkafka::message::{Message, DeliveryResult};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common.rs"]
 mod common;
 
 use common::ChildBroker as Broker;
@@ -364,6 +366,180 @@ fn pipeline(addr: SocketAddr, req: &[u8], window: usize, deadline: Instant) -> u
         }
     }
     done
+}
+
+/// What the hardening costs (issue 19): the current build against a
+/// baseline build (`--baseline BIN`, the broker before the memory budget,
+/// the ordering gate, duplicate collapsing and the validation pool),
+/// alternating three times, in this one run. Broker-bound, like the
+/// metrics arm: pre-encoded Produce requests of 10 x 100 B records
+/// pipelined on 4 connections (acks=1 and acks=all), then a raw consume of
+/// a 4-partition log of 100 B records (10,000-record batches) from offset
+/// 0, one connection per partition. Reports the best rate of each build
+/// and the least broker CPU per GB.
+fn hardening_cost(dir: &Path, baseline: &Path, secs: f64, scale: u64) {
+    const CONNS: i32 = 4;
+    const RECORDS: u64 = 10;
+    let current = Path::new(env!("CARGO_BIN_EXE_canopy"));
+    let payloads = payloads(100);
+    let values: Vec<&[u8]> = payloads.iter().take(RECORDS as usize).map(|p| &p[..]).collect();
+    let batch = common::record_batch(&values);
+    let batch_bytes = batch.len() as f64;
+    let request = |partition: i32, acks: i16| {
+        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+        use kafka_protocol::messages::{ProduceRequest, TopicName};
+        use kafka_protocol::protocol::{Encodable, StrBytes};
+        let req = ProduceRequest::default().with_acks(acks).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("bench.hardening")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch.clone()))])]);
+        let mut body = bytes::BytesMut::new();
+        req.encode(&mut body, 9).unwrap();
+        common::request_frame(0, 9, partition, &body)
+    };
+    let builds = [("baseline", baseline), ("current", current)];
+    // [build][arm] rates and CPU s/GB
+    let mut rate = vec![vec![Vec::new(); 3]; 2];
+    let mut cpu = vec![vec![Vec::new(); 3]; 2];
+    println!("\n| build | run | arm | rate | MB/s | broker CPU | broker CPU s/GB |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for run in 0..3 {
+        for (b, (name, bin)) in builds.iter().enumerate() {
+            for (arm, acks) in [(0usize, 1i16), (1, -1)] {
+                let data = dir.join(format!("hardening-{name}-{run}-{acks}"));
+                let broker = Broker::spawn_binary(bin, &[], &data, &["--segment-bytes", "2147483648", "--flush", "always"]);
+                create_topic(broker.kafka, "bench.hardening", CONNS);
+                let cpu0 = cpu_secs(broker.child.id());
+                let t0 = Instant::now();
+                let deadline = t0 + Duration::from_secs_f64(secs);
+                let workers: Vec<_> = (0..CONNS)
+                    .map(|p| {
+                        let (addr, req) = (broker.kafka, request(p, acks));
+                        std::thread::spawn(move || pipeline(addr, &req, 32, deadline))
+                    })
+                    .collect();
+                let done: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+                let elapsed = t0.elapsed().as_secs_f64();
+                let used = cpu_secs(broker.child.id()) - cpu0;
+                let consumer: BaseConsumer = common::client(broker.kafka).create().unwrap();
+                let stored: i64 = (0..CONNS).map(|p| consumer.fetch_watermarks("bench.hardening", p, Duration::from_secs(10)).unwrap().1).sum();
+                assert_eq!(stored as u64, done * RECORDS, "every acknowledged record is in the log");
+                let bytes = done as f64 * batch_bytes;
+                let (r, c) = (done as f64 * RECORDS as f64 / elapsed, used / (bytes / 1e9));
+                println!("| {name} | {run} | produce acks={} | {r:.0} records/s | {:.1} | {:.0}% | {c:.2} |", if acks == 1 { "1" } else { "all" }, bytes / elapsed / 1e6, 100.0 * used / elapsed);
+                rate[b][arm].push(r);
+                cpu[b][arm].push(c);
+                broker.kill9();
+                let _ = std::fs::remove_dir_all(&data);
+            }
+            // Consume: a log written by librdkafka-sized batches, read raw.
+            let data = dir.join(format!("hardening-{name}-{run}-consume"));
+            let broker = Broker::spawn_binary(bin, &[], &data, &["--segment-bytes", "2147483648", "--flush", "interval:100", "--tip-bytes", "0"]);
+            let per_partition = 1_000_000 / scale;
+            fill_raw(broker.kafka, "bench.hardening.read", CONNS, per_partition);
+            let cpu0 = cpu_secs(broker.child.id());
+            let t0 = Instant::now();
+            let readers: Vec<_> = (0..CONNS).map(|p| {
+                let addr = broker.kafka;
+                std::thread::spawn(move || read_raw(addr, "bench.hardening.read", p, per_partition as i64))
+            }).collect();
+            let bytes: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+            let elapsed = t0.elapsed().as_secs_f64();
+            let used = cpu_secs(broker.child.id()) - cpu0;
+            let (r, c) = (bytes as f64 / elapsed, used / (bytes as f64 / 1e9));
+            println!("| {name} | {run} | consume from disk | {:.0} records/s | {:.1} | {:.0}% | {c:.2} |", (per_partition * CONNS as u64) as f64 / elapsed, r / 1e6, 100.0 * used / elapsed);
+            rate[b][2].push(r);
+            cpu[b][2].push(c);
+            broker.kill9();
+            let _ = std::fs::remove_dir_all(&data);
+        }
+    }
+    println!();
+    for (arm, label) in ["produce 100 B acks=1", "produce 100 B acks=all", "consume 100 B records"].iter().enumerate() {
+        let (rb, rc) = (best(&rate[0][arm]), best(&rate[1][arm]));
+        let (cb, cc) = (least(&cpu[0][arm]), least(&cpu[1][arm]));
+        println!("{label}: best of 3, current / baseline throughput {:+.1}%; least broker CPU per GB {cc:.2} s vs {cb:.2} s ({:+.1}%)", 100.0 * (rc / rb - 1.0), 100.0 * (cc / cb - 1.0));
+    }
+}
+
+/// Writes `per_partition` 100-byte records to each of `partitions`
+/// partitions of a new topic, in batches of 10,000 (raw, acks=1).
+fn fill_raw(addr: SocketAddr, topic: &str, partitions: i32, per_partition: u64) {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    create_topic(addr, topic, partitions);
+    let payloads = payloads(100);
+    let values: Vec<&[u8]> = (0..10_000).map(|i| &payloads[i % payloads.len()][..]).collect();
+    let batch = common::record_batch(&values);
+    let workers: Vec<_> = (0..partitions)
+        .map(|p| {
+            let req = ProduceRequest::default().with_acks(1).with_timeout_ms(30_000).with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                .with_partition_data(vec![PartitionProduceData::default().with_index(p).with_records(Some(batch.clone()))])]);
+            let mut body = bytes::BytesMut::new();
+            req.encode(&mut body, 9).unwrap();
+            let frame = common::request_frame(0, 9, p, &body);
+            let n = per_partition / 10_000;
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                for _ in 0..n {
+                    s.write_all(&frame).unwrap();
+                    let mut len = [0u8; 4];
+                    s.read_exact(&mut len).unwrap();
+                    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+                    s.read_exact(&mut b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+}
+
+/// Reads partition `p` of `topic` from offset 0 to `end` with raw Fetch
+/// requests (v12, 1 MiB each); returns the record bytes read.
+fn read_raw(addr: SocketAddr, topic: &str, p: i32, end: i64) -> u64 {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ResponseHeader, TopicName};
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let (mut offset, mut bytes) = (0i64, 0u64);
+    while offset < end {
+        let req = FetchRequest::default().with_replica_id(BrokerId(-1)).with_max_wait_ms(100).with_min_bytes(1).with_max_bytes(1 << 20).with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+            .with_partitions(vec![FetchPartition::default().with_partition(p).with_fetch_offset(offset).with_partition_max_bytes(1 << 20)])]);
+        let mut body = bytes::BytesMut::new();
+        req.encode(&mut body, 12).unwrap();
+        s.write_all(&common::request_frame(1, 12, 1, &body)).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+        s.read_exact(&mut b).unwrap();
+        let mut b = bytes::Bytes::from(b);
+        ResponseHeader::decode(&mut b, 1).unwrap();
+        let r = FetchResponse::decode(&mut b, 12).unwrap();
+        let part = &r.responses[0].partitions[0];
+        assert_eq!(part.error_code, 0, "fetch error");
+        let records = part.records.clone().unwrap_or_default();
+        bytes += records.len() as u64;
+        // Past the last complete batch.
+        let mut rest = &records[..];
+        while rest.len() >= 61 {
+            let size = 12 + i32::from_be_bytes(rest[8..12].try_into().unwrap()) as usize;
+            if size > rest.len() {
+                break;
+            }
+            let base = i64::from_be_bytes(rest[0..8].try_into().unwrap());
+            let delta = i32::from_be_bytes(rest[23..27].try_into().unwrap()) as i64;
+            offset = base + delta + 1;
+            rest = &rest[size..];
+        }
+    }
+    bytes
 }
 
 /// Producer semantics (issue 4): idempotence on vs off, and each codec,
@@ -762,6 +938,12 @@ fn main() {
     }
     if std::env::args().any(|a| a == "--tip") {
         tip_catch_up(&dir, scale);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    if let Some(i) = std::env::args().position(|a| a == "--baseline") {
+        let bin = std::env::args().nth(i + 1).expect("--baseline BIN: a release build of the broker to compare with");
+        hardening_cost(&dir, Path::new(&bin), 10.0 / scale as f64, scale);
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }

@@ -115,9 +115,16 @@ impl MemoryBudget {
             return Held { permit: Some(p) };
         }
         self.waits.fetch_add(1, Ordering::Relaxed);
+        // Counted while waiting, also if the wait is cancelled.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting);
         let p = self.sem.clone().acquire_many_owned(n).await.expect("the budget's semaphore is never closed");
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
         Held { permit: Some(p) }
     }
 

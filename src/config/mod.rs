@@ -152,7 +152,7 @@ settings! {
     max_open_files: usize = "0", "CANOPY_MAX_OPEN_FILES", "max-open-files";
     "Threads that inflate, recompress and check heavy produced batches and REST bodies, off the async workers (0: one per core)"
     validation_threads: usize = "0", "CANOPY_VALIDATION_THREADS", "validation-threads";
-    "Topics one Metadata or Produce request may auto-create; the rest are answered UNKNOWN_TOPIC_OR_PARTITION, which clients retry"
+    "Topics one Metadata or Produce request may auto-create; the rest are answered LEADER_NOT_AVAILABLE, which clients retry"
     max_auto_create_per_request: usize = "100", "CANOPY_MAX_AUTO_CREATE_PER_REQUEST", "max-auto-create-per-request";
     "Topics auto-created per second, broker-wide (0: no limit); past it, as past the per-request bound"
     auto_create_topics_per_sec: u32 = "100", "CANOPY_AUTO_CREATE_TOPICS_PER_SEC", "auto-create-topics-per-sec";
@@ -429,6 +429,7 @@ impl Config {
             segment_ms: self.segment_ms,
             tip: crate::storage::tip::TipConfig { bytes: self.tip_bytes, max_blocks: self.tip_index_blocks, lookup: self.tip_lookup.parse().expect("validated") },
             max_open_files: self.max_open_files(),
+            hold_until_sync: self.flush.0 != FlushPolicy::Never,
             ..StorageConfig::default()
         };
         e.flush = self.flush.0;

@@ -157,6 +157,10 @@ pub enum EngineError {
     MessageTooLarge { size: usize, limit: usize },
     #[error("too many topics (limit {0})")]
     TooManyTopics(usize),
+    /// Auto-creation refused for now (per-request bound or broker rate):
+    /// the client retries.
+    #[error("the topic is not created yet (auto-creation is rate limited); retry")]
+    AutoCreateDeferred,
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
     #[error("catalog: {0}")]
@@ -223,6 +227,8 @@ struct Rules {
     /// A topic compression.type: batches in another codec are recompressed.
     target: Option<batch::Compression>,
     now: i64,
+    /// Producer ids handed out so far are below this.
+    producer_ids_below: i64,
 }
 
 /// Batches larger than this are validated on the CPU pool even when they
@@ -238,13 +244,12 @@ impl Rules {
             || batch::split(records).any(|b| b.ok().and_then(|b| batch::BatchHeader::parse(b).ok()).is_some_and(|h| h.compression() != batch::Compression::None))
     }
 
-    /// Checks every batch (sizes, CRC, records, timestamps, no control
-    /// batches) and recompresses for the topic's codec. Returns the records
-    /// to append and the producer ids they name.
-    fn validate(self, records: Bytes) -> Result<(Bytes, Vec<i64>), EngineError> {
+    /// Checks every batch (sizes, CRC, records, timestamps, producer ids,
+    /// no control batches) and recompresses for the topic's codec. Returns
+    /// the records to append.
+    fn validate(self, records: Bytes) -> Result<Bytes, EngineError> {
         let limit = self.max_message_bytes;
         let mut any = false;
-        let mut producer_ids: Vec<i64> = Vec::new();
         let mut rebuilt: Option<Vec<u8>> = None;
         let mut recompressed = false;
         for b in batch::split(&records) {
@@ -262,8 +267,10 @@ impl Rules {
                     return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
                 }
             }
-            if h.producer_id >= 0 && !producer_ids.contains(&h.producer_id) {
-                producer_ids.push(h.producer_id);
+            // Only ids this broker handed out: state per producer id is
+            // kept, so made-up ids must not be able to grow it.
+            if h.producer_id >= 0 && !(1..self.producer_ids_below).contains(&h.producer_id) {
+                return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
             }
             // Control records (transaction markers) are written by the
             // broker only; Kafka refuses them from producers.
@@ -289,7 +296,7 @@ impl Rules {
             Some(r) if recompressed => Bytes::from(r),
             _ => records,
         };
-        Ok((records, producer_ids))
+        Ok(records)
     }
 }
 
@@ -678,9 +685,9 @@ impl Engine {
 
     /// Returns the topic, creating it with the defaults if auto-creation is
     /// on and both the request's `allowance` and the broker-wide rate
-    /// (`auto_create_per_sec`) permit. A refused creation answers
-    /// UNKNOWN_TOPIC_OR_PARTITION, which clients retry, as Kafka answers
-    /// while a topic is being created. Blocking when it creates.
+    /// (`auto_create_per_sec`) permit. A creation put off answers
+    /// LEADER_NOT_AVAILABLE, which every client retries (as Kafka answered
+    /// for a topic it had just begun to create). Blocking when it creates.
     pub fn topic_or_create(&self, name: &str, allowance: &mut AutoCreate) -> Result<Arc<Topic>, EngineError> {
         if let Some(t) = self.topic(name) {
             return Ok(t);
@@ -690,7 +697,7 @@ impl Engine {
         }
         if allowance.left == 0 || self.auto_create_rate.as_ref().is_some_and(|r| r.take(1, std::time::Instant::now()) == 0) {
             self.auto_create_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return Err(EngineError::UnknownTopicOrPartition);
+            return Err(EngineError::AutoCreateDeferred);
         }
         allowance.left -= 1;
         match self.create_topic(name, self.cfg.num_partitions, BTreeMap::new(), false) {
@@ -762,17 +769,13 @@ impl Engine {
                 topics::TopicCompression::Codec(c) => Some(c),
             },
             now: (self.clock)(),
+            producer_ids_below: self.catalog.producer_ids_below(),
         };
-        let (records, producer_ids) = if rules.heavy(&records) {
+        let records = if rules.heavy(&records) {
             self.cpu.run(move || rules.validate(records)).await.ok_or(EngineError::ShuttingDown)??
         } else {
             rules.validate(records)?
         };
-        // Only ids this broker handed out: state per producer id is kept,
-        // so made-up ids must not be able to grow it.
-        if producer_ids.iter().any(|id| !self.catalog.producer_id_allocated(*id)) {
-            return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
-        }
         let (reply, rx) = oneshot::channel();
         let cmd = WriteCmd::Append {
             tp: topic.tp(partition),

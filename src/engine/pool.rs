@@ -4,9 +4,10 @@
 //! broker from answering anyone else (on two cores, two connections
 //! sending batches that inflate to the cap used to occupy both workers).
 //!
-//! Jobs wait in one bounded FIFO queue; a submitter that finds it full
-//! waits (asynchronously) for room. Each connection submits one job at a
-//! time (a request's partitions are validated in turn), so the queue
+//! Jobs wait in one short FIFO queue; a submitter that finds it full
+//! waits (asynchronously) for room, and a job whose submitter has gone is
+//! skipped. A connection's requests run one at a time (Produce requests
+//! may overlap, each validating its partitions in turn), so the queue
 //! serves connections about in turn and a heavy client gets its share, not
 //! the pool. Threads: `validation_threads` (0: one per core).
 //!
@@ -21,8 +22,10 @@ use tokio::sync::{mpsc, oneshot};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Jobs that may wait for a thread.
-const QUEUE: usize = 1024;
+/// Jobs that may wait for a thread, per thread: a submitter that finds
+/// the queue full waits with its bytes still counted against the request
+/// budget; a queued job's bytes are not, so the queue is short.
+const QUEUE_PER_THREAD: usize = 4;
 
 #[derive(Debug)]
 pub struct CpuPool {
@@ -37,7 +40,7 @@ impl CpuPool {
     /// is dropped, after the jobs already queued.
     pub fn new(threads: usize) -> CpuPool {
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()) } else { threads };
-        let (tx, rx) = mpsc::channel::<Job>(QUEUE);
+        let (tx, rx) = mpsc::channel::<Job>(threads * QUEUE_PER_THREAD);
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads {
             let rx = rx.clone();
@@ -70,20 +73,35 @@ impl CpuPool {
     /// is gone (shutdown) or `f` panicked.
     pub async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
         let (reply, rx) = oneshot::channel();
-        let pending = self.pending.clone();
-        pending.fetch_add(1, Ordering::Relaxed);
+        let counted = Counted::new(&self.pending);
         let job: Job = Box::new(move || {
-            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            pending.fetch_sub(1, Ordering::Relaxed);
-            if let Ok(out) = out {
+            let _counted = counted;
+            // Whoever asked is gone (its request was cancelled): skip it.
+            if reply.is_closed() {
+                return;
+            }
+            if let Ok(out) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 let _ = reply.send(out);
             }
         });
-        if self.tx.send(job).await.is_err() {
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
+        self.tx.send(job).await.ok()?;
         rx.await.ok()
+    }
+}
+
+/// One job in `pending` until it has run or was dropped unrun.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(pending: &Arc<AtomicUsize>) -> Counted {
+        pending.fetch_add(1, Ordering::Relaxed);
+        Counted(pending.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -26,15 +26,18 @@
 //!
 //! # Writing
 //!
-//! The write half writes responses in request order. A response that
-//! cannot be written within `response_write_timeout` (a client that stopped
-//! reading) closes the connection, so it cannot hold memory or shutdown.
+//! The write half writes responses in request order. A client that takes
+//! nothing of a response for `response_write_timeout` (it stopped reading)
+//! has its connection closed, so it cannot hold memory or shutdown; the
+//! requests queued behind are stopped, not run.
 //!
 //! # Idle connections
 //!
 //! A connection with nothing in flight that sends nothing for
 //! `connections_max_idle` (Kafka's `connections.max.idle.ms`) is closed, as
-//! is one that leaves a frame half sent that long.
+//! is one that leaves a frame half sent that long. A frame larger than the
+//! connection's free allowance must arrive within 30 s plus a second per
+//! MiB of its length (it holds budget meanwhile).
 
 use std::io;
 use std::net::SocketAddr;
@@ -51,13 +54,24 @@ use tokio::task::JoinHandle;
 use super::handlers::{self, Route};
 use super::probe::Closed;
 use super::Broker;
-use crate::limits::{ConnectionBytes, Held};
+use crate::limits::{ConnectionBytes, Held, FREE_PER_CONNECTION};
 use crate::protocol::{frame, header};
 
 /// Buffer growth step while a large frame arrives: memory follows the bytes
 /// actually received, not the length a client claims.
 const READ_STEP: usize = 1 << 20;
 const READ_MIN: usize = 64 * 1024;
+/// Responses are written in pieces of this size, each within the write
+/// timeout.
+const WRITE_CHUNK: usize = 256 * 1024;
+
+/// How long a frame of `len` bytes may take to arrive once its length is
+/// read: 30 s, plus a second per MiB (a client sending slower than that
+/// holds budget others need). Frames within a connection's free
+/// allowance have no such bound; the idle timeout covers them.
+fn frame_allowance(len: usize) -> std::time::Duration {
+    std::time::Duration::from_secs(30) + std::time::Duration::from_secs_f64(len as f64 / (1 << 20) as f64)
+}
 
 /// A request on its way to the write half: the handler's task, its place in
 /// the connection's order, and the bytes it holds.
@@ -104,7 +118,17 @@ pub fn closing(why: Closed) {
 /// Held by a running Produce until it has handed its batches to the writer;
 /// dropping it lets the next Produce of the connection start.
 pub struct ProduceTicket {
-    _submitted: oneshot::Sender<()>,
+    submitted: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for ProduceTicket {
+    fn drop(&mut self) {
+        // Sent, not just dropped: a dropped sender means the request never
+        // ran (its connection is ending), and the next one does not run.
+        if let Some(s) = self.submitted.take() {
+            let _ = s.send(());
+        }
+    }
 }
 
 /// The running Produce request's ticket, once.
@@ -150,7 +174,7 @@ impl Order {
         let ticket = is_produce.then(|| {
             let (submitted, submitted_rx) = oneshot::channel();
             self.last_submitted = Some(submitted_rx);
-            ProduceTicket { _submitted: submitted }
+            ProduceTicket { submitted: Some(submitted) }
         });
         (wait, written, ticket)
     }
@@ -168,8 +192,9 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
     let mut buf = BytesMut::with_capacity(READ_MIN);
     let mut order = Order::default();
     // The budget's hold for the frame at the head of `buf`, once its length
-    // is known.
+    // is known, and when its body must be in.
     let mut head: Option<(usize, Held)> = None;
+    let mut frame_due = tokio::time::Instant::now();
     let idle = broker.cfg.connections_max_idle;
     let close = |why: Closed| {
         let _ = ending.set(why);
@@ -195,6 +220,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                 };
                 conn_bytes.add(len);
                 head = Some((len, held));
+                frame_due = tokio::time::Instant::now() + frame_allowance(len);
             }
             if buf.len() < frame::LENGTH_BYTES + len {
                 break;
@@ -232,6 +258,14 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                 }
             },
             _ = shutdown.changed() => { close(Closed::Shutdown); break }
+            // A frame that holds budget must keep coming: a client that
+            // announces a large request and trickles it cannot sit on the
+            // budget.
+            _ = tokio::time::sleep_until(frame_due), if head.as_ref().is_some_and(|(len, _)| *len > FREE_PER_CONNECTION) => {
+                tracing::warn!(%peer, "closing connection: a request body arrived too slowly");
+                close(Closed::SlowRequest);
+                break;
+            }
             // The writer ended (a failed handler, a write timeout): so
             // does the connection.
             w = &mut writer => { writer_result = Some(w); break }
@@ -276,9 +310,12 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
             let started = std::time::Instant::now();
             let timed = async move {
                 if let Some(w) = wait {
-                    // A dropped sender (the earlier request failed) also
-                    // lets this one go.
-                    let _ = w.await;
+                    // The request before this one was written (or, for a
+                    // Produce after a Produce, submitted). A dropped sender
+                    // means it never was: the writer stopped, the
+                    // connection is ending, and this request does not run
+                    // (Kafka would never have read it).
+                    w.await.ok()?;
                 }
                 let reply = fut.await;
                 probe.answered(api, version, started);
@@ -295,20 +332,33 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
 }
 
 async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: Arc<Broker>, in_flight: Arc<AtomicUsize>, peer: SocketAddr, ending: Ending) -> io::Result<()> {
+    let result = write_responses(wr, &mut rx, &broker, &in_flight, peer, &ending).await;
+    // Whatever is still queued will not be answered: stop it (a request
+    // waiting for its turn would not run anyway; one running is cut short)
+    // and give its bytes back.
+    rx.close();
+    while let Ok(q) = rx.try_recv() {
+        q.task.abort();
+        in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+    result
+}
+
+async fn write_responses(wr: OwnedWriteHalf, rx: &mut mpsc::Receiver<Queued>, broker: &Broker, in_flight: &AtomicUsize, peer: SocketAddr, ending: &Ending) -> io::Result<()> {
     let timeout = broker.cfg.response_write_timeout;
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
     let timed_out = |what: &str| {
-        tracing::warn!(%peer, timeout_ms = timeout.as_millis() as u64, "closing connection: the client did not take a {what} in time");
+        tracing::warn!(%peer, timeout_ms = timeout.as_millis() as u64, "closing connection: the client took nothing of a {what} in time");
         let _ = ending.set(Closed::WriteTimeout);
         io::Error::new(io::ErrorKind::TimedOut, "response write timed out")
     };
-    while let Some(Queued { task, written, charge }) = rx.recv().await {
+    while let Some(Queued { mut task, written, charge }) = rx.recv().await {
         // Whatever is buffered goes out before waiting on a slow handler
         // (a long poll): the client may be waiting for it.
         if !task.is_finished() && !wr.buffer().is_empty() {
             tokio::time::timeout(timeout, wr.flush()).await.map_err(|_| timed_out("flush"))??;
         }
-        let parts = match task.await {
+        let parts = match (&mut task).await {
             Ok(Some(parts)) => parts,
             // The handler could not answer (or an acks=0 produce failed):
             // close rather than leave the client waiting.
@@ -318,16 +368,16 @@ async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: 
                 break;
             }
         };
-        let write = async {
-            for part in &parts {
-                wr.write_all(part).await?;
+        // The bound is on progress, not on the whole response: a large
+        // fetch over a slow link is fine while the client keeps reading.
+        for part in &parts {
+            for chunk in part.chunks(WRITE_CHUNK) {
+                tokio::time::timeout(timeout, wr.write_all(chunk)).await.map_err(|_| timed_out("response"))??;
             }
-            if rx.is_empty() {
-                wr.flush().await?;
-            }
-            io::Result::Ok(())
-        };
-        tokio::time::timeout(timeout, write).await.map_err(|_| timed_out("response"))??;
+        }
+        if rx.is_empty() {
+            tokio::time::timeout(timeout, wr.flush()).await.map_err(|_| timed_out("flush"))??;
+        }
         drop(parts);
         drop(charge);
         in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -356,12 +406,14 @@ mod tests {
         let mut w3 = w3.expect("a produce after a produce waits for its submission");
         assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w3).await.is_err());
         drop(t2);
-        assert!(w3.await.is_err(), "released when the first produce's ticket drops");
+        assert!(w3.await.is_ok(), "released when the first produce's ticket drops");
         let (w4, _, _) = o.next(false);
         let mut w4 = w4.expect("a fetch after a produce waits for its response");
         assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w4).await.is_err());
         drop(written2);
         // written3 is what w4 waits on, not written2.
         assert!(tokio::time::timeout(std::time::Duration::from_millis(10), &mut w4).await.is_err());
+        drop(_written3);
+        assert!(w4.await.is_err(), "a request whose predecessor was never written does not run");
     }
 }

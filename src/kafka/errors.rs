@@ -21,6 +21,7 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::Corrupt(_) => E::CorruptMessage.code(),
         EngineError::MessageTooLarge { .. } => E::MessageTooLarge.code(),
         EngineError::TooManyTopics(_) => E::PolicyViolation.code(),
+        EngineError::AutoCreateDeferred => E::LeaderNotAvailable.code(),
         EngineError::Storage(_) => E::KafkaStorageError.code(),
         EngineError::Meta(_) => E::KafkaStorageError.code(),
         EngineError::Read(ReadError::UnknownPartition) => E::UnknownTopicOrPartition.code(),

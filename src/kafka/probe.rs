@@ -55,13 +55,15 @@ pub enum Closed {
     Idle,
     /// A response the client did not take within response_write_timeout_ms.
     WriteTimeout,
+    /// A request frame whose body arrived too slowly (see `conn`).
+    SlowRequest,
     /// More connections from the address than max_connections_per_ip.
     PerIp,
     Shutdown,
 }
 
 impl Closed {
-    pub const ALL: [Closed; 9] = [Closed::Client, Closed::BadFrame, Closed::BadHeader, Closed::BadBody, Closed::Unsupported, Closed::Idle, Closed::WriteTimeout, Closed::PerIp, Closed::Shutdown];
+    pub const ALL: [Closed; 10] = [Closed::Client, Closed::BadFrame, Closed::BadHeader, Closed::BadBody, Closed::Unsupported, Closed::Idle, Closed::WriteTimeout, Closed::SlowRequest, Closed::PerIp, Closed::Shutdown];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -72,6 +74,7 @@ impl Closed {
             Closed::Unsupported => "unsupported",
             Closed::Idle => "idle",
             Closed::WriteTimeout => "write_timeout",
+            Closed::SlowRequest => "slow_request",
             Closed::PerIp => "per_ip_limit",
             Closed::Shutdown => "shutdown",
         }

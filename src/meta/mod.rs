@@ -405,7 +405,12 @@ impl Catalog {
     /// Whether `id` was ever handed out by [`Catalog::allocate_producer_id`]
     /// (no I/O).
     pub fn producer_id_allocated(&self, id: i64) -> bool {
-        id >= 1 && id < self.next_producer_id.load(std::sync::atomic::Ordering::Acquire)
+        id >= 1 && id < self.producer_ids_below()
+    }
+
+    /// Every id handed out so far is below this.
+    pub fn producer_ids_below(&self) -> i64 {
+        self.next_producer_id.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Writes a transactional id's state (not durable until

@@ -167,7 +167,8 @@ impl Parts {
     }
 }
 
-fn put_uvarint(b: &mut BytesMut, mut v: u64) {
+/// Appends `v` as an unsigned varint (flexible versions' lengths).
+pub fn put_uvarint(b: &mut BytesMut, mut v: u64) {
     while v >= 0x80 {
         b.put_u8((v as u8) | 0x80);
         v >>= 7;

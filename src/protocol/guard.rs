@@ -31,8 +31,11 @@
 //! longer than 5 bytes or beyond `u32` is rejected (the crate silently
 //! truncates it), a known tagged field must fill exactly the size it declares
 //! (the crate ignores the size), and trailing bytes after the body are
-//! reported (`TrailingBytes`; the Kafka listener tolerates them, as Kafka
-//! does, because librdkafka sends some).
+//! reported (`TrailingBytes`; the Kafka listener refuses them, reading only
+//! librdkafka's all-topics Metadata quirk in their place: see
+//! `kafka::handlers::metadata`). Nested encodings (the consumer protocol's
+//! subscription and assignment) are walked by [`check_embedded`] with the
+//! same rules.
 //!
 //! # Shape
 //!

@@ -45,22 +45,27 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
     // rather than written in part; small parts then join the partition's
     // open group (see `coalesce`), which always fits.
     let limit = t.config.max_message_bytes.max(0) as usize;
-    let mut parts: Vec<(i32, Vec<NewRecord<'_>>, Option<Bytes>)> = Vec::with_capacity(by_partition.len());
+    // (partition, its records' indexes in the request, the records, the
+    // batch built for them unless they may join a group); a partition's
+    // records are cut into as many batches as max.message.bytes needs.
+    type Part<'r> = (i32, Vec<usize>, Vec<NewRecord<'r>>, Option<Bytes>);
+    let mut parts: Vec<Part<'_>> = Vec::with_capacity(by_partition.len());
     for (p, idx) in &by_partition {
         let recs: Vec<NewRecord<'_>> = idx.iter().map(|&i| records[i].clone()).collect();
         if wait && b.cfg.coalesce && coalesce::fits(t, &recs) {
-            parts.push((*p, recs, None));
+            parts.push((*p, idx.clone(), recs, None));
             continue;
         }
-        let batch = Bytes::from(batch::build(&recs, now));
-        if batch.len() > limit {
-            let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("the records for partition {p} make a {} byte batch, over the topic's max.message.bytes = {limit}", batch.len()));
-            return placed.iter().map(|_| Err((None, e.clone()))).collect();
+        match batches(idx.iter().copied().zip(recs).collect(), limit, now) {
+            Ok(built) => parts.extend(built.into_iter().map(|(idx, recs, batch)| (*p, idx, recs, Some(batch)))),
+            Err(size) => {
+                let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("a record for partition {p} makes a {size} byte batch on its own, over the topic's max.message.bytes = {limit}"));
+                return placed.iter().map(|_| Err((None, e.clone()))).collect();
+            }
         }
-        parts.push((*p, recs, Some(batch)));
     }
     let mut pending = Vec::with_capacity(parts.len());
-    for (p, recs, batch) in parts {
+    for (p, idx, recs, batch) in parts {
         let joined = if batch.is_none() { b.coalescer.join(&b.engine, t, p, &recs, ack) } else { None };
         let submitted = match joined {
             Some(rx) => Ok(Pending::Joined(rx)),
@@ -70,16 +75,15 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
                 b.engine.submit(t, p, batch, ack).await.map(Pending::Alone)
             }
         };
-        pending.push((p, submitted));
+        pending.push((p, idx, submitted));
     }
     if !wait {
         // acks=0: queued (or refused) here, not awaited.
         return pending
             .into_iter()
-            .flat_map(|(p, r)| {
-                let n = by_partition[&p].len();
+            .flat_map(|(p, idx, r)| {
                 let e = r.err().map(|e| engine_error(e, t.name()));
-                (0..n).map(move |_| match &e {
+                idx.into_iter().map(move |_| match &e {
                     None => Ok((p, -1)),
                     Some(e) => Err((Some(p), e.clone())),
                 })
@@ -93,13 +97,12 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
             Err(e) => Some(Err((None, e.clone()))),
         })
         .collect();
-    for (p, submitted) in pending {
+    for (p, idx, submitted) in pending {
         let first = match submitted {
             Ok(Pending::Alone(w)) => w.wait().await.map(|a| a.base_offset).map_err(|e| engine_error(e, t.name())),
             Ok(Pending::Joined(rx)) => rx.await.unwrap_or_else(|_| Err(engine_error(crate::engine::EngineError::ShuttingDown, t.name()))),
             Err(e) => Err(engine_error(e, t.name())),
         };
-        let idx = &by_partition[&p];
         match first {
             Ok(base) => {
                 for (k, &i) in idx.iter().enumerate() {
@@ -107,7 +110,7 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
                 }
             }
             Err(e) => {
-                for &i in idx {
+                for &i in &idx {
                     out[i] = Some(Err((Some(p), e.clone())));
                 }
             }
@@ -116,8 +119,55 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
     out.into_iter().map(|o| o.expect("every record answered")).collect()
 }
 
+/// Records (with their indexes in the request) as batches of at most
+/// `limit` bytes, in order: cut where the records' sizes say, and cut
+/// again where a built batch is still too big. `Err(size)`: one record
+/// alone makes a batch over the limit.
+type Built<'r> = (Vec<usize>, Vec<NewRecord<'r>>, Bytes);
+
+fn batches<'r>(recs: Vec<(usize, NewRecord<'r>)>, limit: usize, now: i64) -> Result<Vec<Built<'r>>, usize> {
+    let (idx, only): (Vec<usize>, Vec<NewRecord<'r>>) = recs.iter().cloned().unzip();
+    let built = Bytes::from(batch::build(&only, now));
+    if built.len() <= limit {
+        return Ok(vec![(idx, only, built)]);
+    }
+    if recs.len() == 1 {
+        return Err(built.len());
+    }
+    // About this many records fit in a batch (each takes about the
+    // batch's size over their count); at least two pieces.
+    let per = built.len() / recs.len() + 1;
+    let take = (limit / per).clamp(1, recs.len().div_ceil(2));
+    let mut rest = recs;
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let tail = rest.split_off(take.min(rest.len()));
+        out.extend(batches(rest, limit, now)?);
+        rest = tail;
+    }
+    Ok(out)
+}
+
 /// A partition's share of a request, submitted.
 enum Pending {
     Joined(tokio::sync::oneshot::Receiver<Result<i64, RestError>>),
     Alone(PendingAppend),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_cut_into_batches_that_fit_in_order() {
+        let values: Vec<Vec<u8>> = (0..100).map(|i| vec![b'a' + (i % 26) as u8; 1000]).collect();
+        let recs: Vec<(usize, NewRecord<'_>)> = values.iter().enumerate().map(|(i, v)| (i, NewRecord { key: None, value: Some(v), headers: Vec::new() })).collect();
+        let built = batches(recs, 10_000, 0).unwrap();
+        assert!(built.len() >= 10, "{} batches", built.len());
+        assert!(built.iter().all(|(_, _, b)| b.len() <= 10_000));
+        let order: Vec<usize> = built.iter().flat_map(|(idx, _, _)| idx.iter().copied()).collect();
+        assert_eq!(order, (0..100).collect::<Vec<_>>(), "every record once, in order");
+        let huge = vec![b'x'; 20_000];
+        assert!(batches(vec![(0, NewRecord { key: None, value: Some(&huge), headers: Vec::new() })], 10_000, 0).is_err());
+    }
 }

@@ -78,9 +78,13 @@ impl Buckets {
         self.check(who, rate as f64, rate as f64, now, true)
     }
 
-    /// Whether `who` has a token now (`take`: and uses it).
+    /// Whether `who` has a token now (`take`: and uses it). Only taking
+    /// makes a bucket: a look at a key never seen keeps nothing.
     fn check(&self, who: &str, rate: f64, burst: f64, now: std::time::Instant, take: bool) -> Result<(), u64> {
         let mut map = self.buckets.lock().expect("rate buckets lock");
+        if !take && !map.contains_key(who) {
+            return Ok(());
+        }
         if map.len() > BUCKET_KEYS && !map.contains_key(who) {
             map.retain(|_, (_, at)| now.duration_since(*at).as_secs() < 60);
             if map.len() > BUCKET_KEYS / 2 {
@@ -141,7 +145,9 @@ impl InFlight<'_> {
 /// What the structures built per event cost, about (the event's place in
 /// the request's lists, its record, its outcome), on top of its bytes:
 /// held against the budget before they are built.
-pub const EVENT_COST_BYTES: usize = 256;
+/// (Measured from the structures' sizes: about 300 bytes for an event of
+/// `/ingest`, of which its outcome and its place in the lists.)
+pub const EVENT_COST_BYTES: usize = 320;
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -227,9 +233,38 @@ impl Bridge {
 
     /// Holds `events` events' structures more for the request that holds
     /// `held` (see [`EVENT_COST_BYTES`]): 503 when they do not fit.
+    /// A request whose events could never fit the budget, even alone, is
+    /// refused for good (413: fewer events per request); one that does not
+    /// fit now gets 503 and Retry-After.
     pub fn hold_events(&self, held: &mut InFlight<'_>, events: usize) -> Result<(), RestError> {
-        held.absorb(self.reserve(events.saturating_mul(EVENT_COST_BYTES))?);
+        let cap = self.cfg.max_in_flight_bytes.min(self.budget.total());
+        let n = events.saturating_mul(EVENT_COST_BYTES);
+        if n.saturating_add(held.bytes()) > cap {
+            return Err(RestError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                413,
+                format!("{events} events in one request need more memory than the broker gives all requests at once ({cap} bytes at {EVENT_COST_BYTES} per event): send fewer per request"),
+            ));
+        }
+        held.absorb(self.reserve_beside(n, held.bytes())?);
         Ok(())
+    }
+
+    /// [`Bridge::reserve`] for a request that already holds `own` bytes:
+    /// it counts as alone when it is the only holder.
+    fn reserve_beside(&self, n: usize, own: usize) -> Result<InFlight<'_>, RestError> {
+        let saturated = || {
+            let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, "the broker is saturated: too many request bytes in flight; retry later");
+            e.retry_after = Some(1);
+            e
+        };
+        let before = self.in_flight.fetch_add(n, std::sync::atomic::Ordering::AcqRel);
+        let mut held = InFlight { counter: &self.in_flight, n, shared: crate::limits::Held::none() };
+        if before != own && before + n > self.cfg.max_in_flight_bytes {
+            return Err(saturated());
+        }
+        held.shared = self.budget.try_acquire(n).ok_or_else(saturated)?;
+        Ok(held)
     }
 
     /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with
@@ -348,6 +383,11 @@ pub(crate) fn engine_error(e: EngineError, topic: &str) -> RestError {
         EngineError::InvalidTopic(e) => RestError::unprocessable(e.to_string()),
         EngineError::MessageTooLarge { .. } => RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, e.to_string()),
         EngineError::ShuttingDown => RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string()),
+        EngineError::AutoCreateDeferred => {
+            let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string());
+            e.retry_after = Some(1);
+            e
+        }
         e => RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, e.to_string()),
     }
 }

@@ -242,8 +242,17 @@ async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, body: Bo
             found.push(v.slice(start..));
             split.consumed(end);
         }
-        if !found.is_empty() {
+        // Whitespace before the next value is not kept (nor held).
+        let skip = split.skippable();
+        let _ = buf.split_to(skip);
+        split.consumed(skip);
+        // A record under way has its own deadline, from when it was seen.
+        if split.pending(&buf) == 0 {
             record_started = None;
+        } else if record_started.is_none() {
+            record_started = Some(std::time::Instant::now());
+        }
+        if !found.is_empty() {
             b.hold_events(&mut held, found.len())?;
             let recs: Vec<Result<Rec, String>> = found.iter().map(|v| serde_json::from_slice::<Value>(v).map_err(|e| format!("not JSON: {e}")).and_then(|v| decode(&v))).collect();
             for (_, report) in produce_many(b, cluster, t, recs).await {
@@ -252,8 +261,8 @@ async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, body: Bo
                 }
             }
             drop(found);
-            held.shrink_to(buf.len());
         }
+        held.shrink_to(buf.len());
         if done {
             return Ok(());
         }
@@ -264,9 +273,6 @@ async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, body: Bo
         match tokio::time::timeout(wait, stream.next()).await {
             Err(_) => return Err(RestError::new(StatusCode::REQUEST_TIMEOUT, 408, format!("the next record did not arrive within {} ms", deadline.as_millis()))),
             Ok(Some(Ok(chunk))) => {
-                if split.pending(&buf) == 0 && !chunk.iter().all(u8::is_ascii_whitespace) {
-                    record_started = Some(std::time::Instant::now());
-                }
                 // One record may not exceed the body limit.
                 if split.pending(&buf) + chunk.len() > limit {
                     return Err(RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, format!("a record exceeds {limit} bytes")));
@@ -377,6 +383,12 @@ impl Splitter {
     fn consumed(&mut self, n: usize) {
         self.pos -= n;
         self.start = self.start.saturating_sub(n);
+    }
+
+    /// Bytes at the front of the buffer that belong to no value (the
+    /// whitespace before the next one).
+    fn skippable(&self) -> usize {
+        if self.state == Scan::Idle { self.pos } else { self.start }
     }
 
     /// Bytes of `buf` held for a value not yet complete.

@@ -9,11 +9,13 @@
 //! hands out an `Arc<File>`, which keeps the descriptor open for as long
 //! as the caller holds it even if the cache closes its own reference
 //! meanwhile. So the descriptors open are the cache's (at most its
-//! capacity) plus those in use: reads in progress, and the writer's files
-//! for the segments written since the last sync (the writer holds those
+//! capacity) plus those in use: reads in progress, deleted files that
+//! reads still hold, and the writer's files for the segments written since
+//! the last sync (with a flush policy that syncs, the writer holds those
 //! from the moment it stages a frame until the fsync, so neither writing
-//! nor syncing ever needs to open a file, and running out of descriptors
-//! can only fail an append before anything of it is staged).
+//! nor syncing needs to open a file, and running out of descriptors can
+//! only fail an append before anything of it is staged; with `never`, the
+//! rare sync at a seal or shutdown opens what it needs).
 //!
 //! Closing a file with unsynced writes is safe: `fsync` on Linux flushes
 //! the file's dirty pages whichever descriptor wrote them.
@@ -84,8 +86,13 @@ impl FileCache {
 
     /// A slot for `path` that starts with `file` already open.
     pub fn adopt(self: &Arc<Self>, path: PathBuf, write: bool, file: File) -> CachedFile {
+        self.adopt_open(path, write, Arc::new(file))
+    }
+
+    /// [`FileCache::adopt`] for a file the caller keeps using too.
+    pub fn adopt_open(self: &Arc<Self>, path: PathBuf, write: bool, file: Arc<File>) -> CachedFile {
         let f = self.file(path, write);
-        self.insert(f.id, Arc::new(file));
+        self.insert(f.id, file);
         f
     }
 

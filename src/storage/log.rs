@@ -76,11 +76,16 @@ pub struct StorageConfig {
     pub tip: super::tip::TipConfig,
     /// Segment and store files kept open at most (see `files`).
     pub max_open_files: usize,
+    /// Whether the engine syncs after its write rounds (flush policy
+    /// `always` or `interval`): then a written segment's file is held open
+    /// until that sync, so the sync never opens a file. Without per-round
+    /// syncs (`never`) nothing is held.
+    pub hold_until_sync: bool,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096 }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096, hold_until_sync: true }
     }
 }
 
@@ -198,11 +203,15 @@ struct Segment {
     created_ms: i64,
     path: PathBuf,
     file: CachedFile,
-    /// The writer's open file, from a frame staged until the fsync after
-    /// its write (so neither needs to open a file); taken by the sync.
+    /// The file held open outside the cache: by the writer from a write
+    /// until the fsync after it (so the sync needs no open), and for good
+    /// once the file is deleted (readers that found it finish their read).
+    /// `dirty` is set and cleared under this lock.
     pinned: Mutex<Option<Arc<fs::File>>>,
     /// Bytes of disk reserved for the file (see `Storage::reserve`).
     allocated: AtomicU64,
+    /// Deleted: `pinned` holds the file for readers that still have it.
+    retired: AtomicBool,
     /// Bytes readers may read: only whole, written frames lie below it.
     len: AtomicU64,
     dirty: AtomicBool,
@@ -263,6 +272,10 @@ impl Segment {
 
 struct Branch {
     dir: PathBuf,
+    /// The branch's directory exists and its entry in the log directory is
+    /// durable (set only after that fsync succeeded, so a roll that failed
+    /// in between syncs the parent when it is tried again).
+    dir_synced: AtomicBool,
     /// Sorted by `base_seq`; the last one is active.
     segs: RwLock<Vec<Arc<Segment>>>,
 }
@@ -293,6 +306,8 @@ struct PartState {
 struct StoreFile {
     store: Store,
     file: CachedFile,
+    /// Deleted: held open for reads that still have it.
+    retired: Mutex<Option<Arc<fs::File>>>,
     /// The branches of its tps (a subtree read picks stores by branch).
     branches: Vec<String>,
     /// Each tp's branch, as an index into `branches`.
@@ -316,7 +331,7 @@ impl StoreFile {
             branch_of.insert(*tp, i);
         }
         let file = files.file(store.path.clone(), false);
-        StoreFile { store, file, branches, branch_of }
+        StoreFile { store, file, retired: Mutex::new(None), branches, branch_of }
     }
 }
 
@@ -657,7 +672,12 @@ impl Storage {
         let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
             branches
                 .entry(name.to_owned())
-                .or_insert_with(|| Arc::new(Branch { dir: log_dir.join(branch_dir_name(name)), segs: RwLock::new(Vec::new()) }))
+                .or_insert_with(|| {
+                    let dir = log_dir.join(branch_dir_name(name));
+                    // A directory found at start-up was synced by the run
+                    // that made it (before its first segment was used).
+                    Arc::new(Branch { dir_synced: AtomicBool::new(dir.exists()), dir, segs: RwLock::new(Vec::new()) })
+                })
                 .clone()
         };
         for spec in &specs {
@@ -749,6 +769,7 @@ impl Storage {
                     file: cache.adopt(path.clone(), true, scan.file),
                     pinned: Mutex::new(None),
                     allocated: AtomicU64::new(scan.valid_len),
+                    retired: AtomicBool::new(false),
                     len: AtomicU64::new(scan.valid_len),
                     dirty: AtomicBool::new(false),
                     tps: Mutex::new(HashMap::new()),
@@ -828,7 +849,10 @@ impl Storage {
             let mut branches = self.branches.write().expect("branches lock");
             branches
                 .entry(spec.branch.clone())
-                .or_insert_with(|| Arc::new(Branch { dir: self.dir.join(branch_dir_name(&spec.branch)), segs: RwLock::new(Vec::new()) }))
+                .or_insert_with(|| {
+                    let dir = self.dir.join(branch_dir_name(&spec.branch));
+                    Arc::new(Branch { dir_synced: AtomicBool::new(dir.exists()), dir, segs: RwLock::new(Vec::new()) })
+                })
                 .clone()
         };
         let part = Arc::new(Partition {
@@ -869,8 +893,7 @@ impl Storage {
             None => {
                 // Out of descriptors or disk space here, nothing of this
                 // batch is staged: the append fails, storage carries on.
-                let seg = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| self.poison_unless_exhausted(e))?;
-                let file = seg.file.get().map_err(open_err(&seg.path))?;
+                let (seg, file) = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| self.poison_unless_exhausted(e))?;
                 let start = seg.len.load(Ordering::Acquire);
                 Staged { seg, file, start, buf: Vec::new(), published: Vec::new() }
             }
@@ -883,8 +906,8 @@ impl Storage {
             let sealed = self
                 .write_staged(&mut staged)
                 .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
-                .and_then(|_| self.roll(&pw.part.branch, w.next_seq, now_ms))
-                .and_then(|seg| seg.file.get().map_err(open_err(&seg.path)).map(|file| (seg, file)));
+                .map(|_| self.sealed(&staged))
+                .and_then(|_| self.roll(&pw.part.branch, w.next_seq, now_ms));
             // Frames written above are published with the next flush.
             let published = std::mem::take(&mut staged.published);
             match sealed {
@@ -971,9 +994,12 @@ impl Storage {
         staged.start += staged.buf.len() as u64;
         self.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
         staged.buf.clear();
-        // Pinned before marked dirty: the sync that sees it dirty finds
-        // the file open.
-        *staged.seg.pinned.lock().expect("pin lock") = Some(staged.file.clone());
+        // Held with the dirty mark, under one lock: the sync that sees it
+        // dirty finds the file open.
+        let mut pin = staged.seg.pinned.lock().expect("pin lock");
+        if self.cfg.hold_until_sync {
+            *pin = Some(staged.file.clone());
+        }
         staged.seg.dirty.store(true, Ordering::Release);
         staged.seg.len.store(staged.start, Ordering::Release);
         Ok(())
@@ -983,6 +1009,36 @@ impl Storage {
         match self.poisoned.lock().expect("poison lock").as_ref() {
             Some(p) => Err(StorageError::Poisoned(p.clone())),
             None => Ok(()),
+        }
+    }
+
+    /// A segment just sealed (written whole and synced): nothing holds its
+    /// file any more, and the disk reserved past its end is given back.
+    fn sealed(&self, staged: &Staged) {
+        let seg = &staged.seg;
+        let end = staged.start;
+        {
+            let mut pin = seg.pinned.lock().expect("pin lock");
+            seg.dirty.store(false, Ordering::Release);
+            *pin = None;
+        }
+        let reserved = seg.allocated.load(Ordering::Acquire);
+        if reserved > end {
+            let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+            if rustix::fs::fallocate(&*staged.file, flags, end, reserved - end).is_ok() {
+                seg.allocated.store(end, Ordering::Release);
+            }
+        }
+    }
+
+    /// Keeps a segment readable for reads that found it before it was
+    /// deleted (the cache may have closed it; a deleted file cannot be
+    /// opened again).
+    fn retire(seg: &Segment) {
+        if let Ok(f) = seg.file.get() {
+            let mut pin = seg.pinned.lock().expect("pin lock");
+            seg.retired.store(true, Ordering::Release);
+            *pin = Some(f);
         }
     }
 
@@ -1003,7 +1059,9 @@ impl Storage {
         if end <= seg.allocated.load(Ordering::Acquire) || !self.preallocate.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let step = (end - FILE_HEADER_BYTES).clamp(64 << 10, 16 << 20);
+        // Ahead by about what the segment holds (4 KiB to 16 MiB): a small
+        // segment reserves little, a busy one is not reserved per batch.
+        let step = (end - FILE_HEADER_BYTES).clamp(4 << 10, 16 << 20);
         let to = (end + step).min(self.cfg.segment_bytes.max(end));
         let from = seg.allocated.load(Ordering::Acquire);
         match rustix::fs::fallocate(&*staged.file, rustix::fs::FallocateFlags::KEEP_SIZE, from, to - from) {
@@ -1040,13 +1098,25 @@ impl Storage {
             branches.values().flat_map(|b| b.segs.read().expect("branch lock").clone()).collect()
         };
         for seg in segs {
-            if seg.dirty.swap(false, Ordering::AcqRel) {
-                // The writer pinned the file it wrote; the pin ends here.
-                let pinned = seg.pinned.lock().expect("pin lock").take();
-                let synced = match pinned {
+            let held = {
+                let pin = seg.pinned.lock().expect("pin lock");
+                if !seg.dirty.swap(false, Ordering::AcqRel) {
+                    continue;
+                }
+                pin.clone()
+            };
+            {
+                let synced = match held {
                     Some(f) => f.sync_data(),
                     None => seg.file.get().and_then(|f| f.sync_data()),
                 };
+                if synced.is_ok() {
+                    // Unless it was written again meanwhile, the hold ends.
+                    let mut pin = seg.pinned.lock().expect("pin lock");
+                    if !seg.dirty.load(Ordering::Acquire) && !seg.retired.load(Ordering::Acquire) {
+                        *pin = None;
+                    }
+                }
                 if let Err(e) = synced {
                     return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
                 }
@@ -1074,20 +1144,25 @@ impl Storage {
         self.visible_seq.fetch_max(flushed.seq_end, Ordering::AcqRel);
     }
 
-    fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<Arc<Segment>, StorageError> {
-        if let Some(seg) = branch.segs.read().expect("branch lock").last() {
-            return Ok(seg.clone());
+    /// The branch's active segment and its file, open.
+    fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, Arc<fs::File>), StorageError> {
+        let last = branch.segs.read().expect("branch lock").last().cloned();
+        match last {
+            Some(seg) => {
+                let file = FrameFile::file(&*seg).map_err(open_err(&seg.path))?;
+                Ok((seg, file))
+            }
+            None => self.roll(branch, next_seq, now_ms),
         }
-        self.roll(branch, next_seq, now_ms)
     }
 
     /// Creates the branch's next segment. Running out of descriptors or
     /// disk space here fails with `Exhausted` and leaves nothing behind.
-    fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<Arc<Segment>, StorageError> {
-        let fresh_dir = !branch.dir.exists();
-        fs::create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
-        if fresh_dir {
+    fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, Arc<fs::File>), StorageError> {
+        if !branch.dir_synced.load(Ordering::Acquire) {
+            fs::create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
             sync_dir(&self.dir)?;
+            branch.dir_synced.store(true, Ordering::Release);
         }
         let path = branch.dir.join(seg_file_name(base_seq));
         let file = match segment::create(&path, &FileHeader { base_seq, created_ms: now_ms }) {
@@ -1100,13 +1175,15 @@ impl Storage {
             let _ = fs::remove_file(&path);
             return Err(e);
         }
+        let file = Arc::new(file);
         let seg = Arc::new(Segment {
             base_seq,
             created_ms: now_ms,
-            file: self.files.adopt(path.clone(), true, file),
+            file: self.files.adopt_open(path.clone(), true, file.clone()),
             path,
             pinned: Mutex::new(None),
             allocated: AtomicU64::new(FILE_HEADER_BYTES),
+            retired: AtomicBool::new(false),
             len: AtomicU64::new(FILE_HEADER_BYTES),
             dirty: AtomicBool::new(false),
             tps: Mutex::new(HashMap::new()),
@@ -1114,7 +1191,7 @@ impl Storage {
             end_seq: AtomicU64::new(0),
         });
         branch.segs.write().expect("branch lock").push(seg.clone());
-        Ok(seg)
+        Ok((seg, file))
     }
 
     /// Every tp storage holds.
@@ -1456,6 +1533,7 @@ impl Storage {
             branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
             for seg in dead {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
+                Storage::retire(&seg);
                 fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
                 deleted += 1;
             }
@@ -1496,6 +1574,9 @@ impl Storage {
         self.stores.write().expect("stores lock").retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
         for s in &dead {
             tracing::info!(path = %s.store.path.display(), "deleting store past retention");
+            if let Ok(f) = s.file.get() {
+                *s.retired.lock().expect("retired lock") = Some(f);
+            }
             fs::remove_file(&s.store.path).map_err(io_err(&s.store.path))?;
         }
         sync_dir(&self.stores_dir)?;
@@ -1525,6 +1606,9 @@ trait FrameFile: Send + Sync {
 
 impl FrameFile for Segment {
     fn file(&self) -> io::Result<Arc<fs::File>> {
+        if let Some(f) = self.pinned.lock().expect("pin lock").clone() {
+            return Ok(f);
+        }
         self.file.get()
     }
     fn path(&self) -> &Path {
@@ -1537,6 +1621,9 @@ impl FrameFile for Segment {
 
 impl FrameFile for StoreFile {
     fn file(&self) -> io::Result<Arc<fs::File>> {
+        if let Some(f) = self.retired.lock().expect("retired lock").clone() {
+            return Ok(f);
+        }
         self.file.get()
     }
     fn path(&self) -> &Path {

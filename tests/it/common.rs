@@ -73,7 +73,11 @@ impl ChildBroker {
 
     /// [`ChildBroker::spawn`] run by `wrapper` (`prlimit --nofile=…`, say).
     pub fn spawn_under(wrapper: &[&str], dir: &Path, extra: &[&str]) -> ChildBroker {
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_canopy"));
+        ChildBroker::spawn_binary(Path::new(env!("CARGO_BIN_EXE_canopy")), wrapper, dir, extra)
+    }
+
+    /// A broker from another build of Canopy (benchmarks compare builds).
+    pub fn spawn_binary(bin: &Path, wrapper: &[&str], dir: &Path, extra: &[&str]) -> ChildBroker {
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);

@@ -440,6 +440,28 @@ async fn pipelined_requests_see_the_effects_of_the_ones_before() {
         let f = OffsetFetchResponse::decode(&mut r, 7).unwrap();
         assert_eq!(f.topics[0].partitions[0].committed_offset, round + 1, "round {round}: the fetch sees the commit before it");
     }
+    // Produced (acks=all), then asked for its end offset, in one write:
+    // ListOffsets sees the records.
+    {
+        use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+        for round in 1..=20i64 {
+            let produce = ProduceRequest::default().with_acks(-1).with_timeout_ms(30_000).with_topic_data(vec![TopicProduceData::default()
+                .with_name(topic("ordered"))
+                .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(common::record_batch(&[b"r"])))])]);
+            let list = ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![ListOffsetsTopic::default()
+                .with_name(topic("ordered"))
+                .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
+            let mut both = Raw::frame(ApiKey::Produce as i16, 9, 3000, &encode(&produce, 9));
+            both.extend(Raw::frame(ApiKey::ListOffsets as i16, 7, 3001, &encode(&list, 7)));
+            c.send_bytes(&both).await;
+            c.read_frame().await.expect("produce answered");
+            let mut r = c.read_frame().await.expect("list offsets answered");
+            let _ = (bytes::Buf::get_i32(&mut r), bytes::Buf::get_u8(&mut r));
+            let l = ListOffsetsResponse::decode(&mut r, 7).unwrap();
+            assert_eq!(l.topics[0].partitions[0].offset, round, "round {round}: the end offset counts the record produced before it");
+        }
+    }
     // A topic created, then listed, in one write.
     let create = CreateTopicsRequest::default().with_timeout_ms(30_000).with_topics(vec![CreatableTopic::default().with_name(topic("made.then.listed")).with_num_partitions(3).with_replication_factor(1)]);
     let md = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(topic("made.then.listed")))])).with_allow_auto_topic_creation(false);
@@ -553,7 +575,7 @@ async fn one_metadata_request_cannot_create_a_million_topics() {
     assert_eq!(r.topics.len(), 1_000_000);
     let created = r.topics.iter().filter(|t| t.error_code == 0).count();
     assert_eq!(created, 100, "max_auto_create_per_request");
-    assert!(r.topics.iter().all(|t| t.error_code == 0 || t.error_code == 3), "the rest are UNKNOWN_TOPIC_OR_PARTITION, which clients retry");
+    assert!(r.topics.iter().all(|t| t.error_code == 0 || t.error_code == 5), "the rest are LEADER_NOT_AVAILABLE, which clients retry");
     drop(r);
     // The broker-wide rate holds across requests too: a burst of requests
     // gets a second's worth at most, well short of max_topics.
@@ -574,18 +596,7 @@ async fn one_metadata_request_cannot_create_a_million_topics() {
 fn zeros_batch(len: usize) -> Bytes {
     use std::io::Write;
     let mut rec = Vec::new();
-    let put_varint = |out: &mut Vec<u8>, v: i64| {
-        let mut z = ((v << 1) ^ (v >> 63)) as u64;
-        loop {
-            let b = (z & 0x7f) as u8;
-            z >>= 7;
-            if z == 0 {
-                out.push(b);
-                break;
-            }
-            out.push(b | 0x80);
-        }
-    };
+    let put_varint = canopy::protocol::batch::put_varint;
     let mut body = vec![0u8]; // attributes
     put_varint(&mut body, 0); // timestamp delta
     put_varint(&mut body, 0); // offset delta
@@ -791,18 +802,32 @@ async fn failed_rest_authentication_is_throttled_per_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_event_structures_count_against_the_budget() {
-    // A budget of 8 MiB: a 4 MiB body of tiny events needs far more for
-    // its per-event structures than its bytes.
-    let (siege, _dir) = Siege::start(&["--rest-max-in-flight-bytes", "8388608", "--rest-max-body-bytes", "4194304"]).await;
-    let base = format!("http://{}", siege.broker.rest);
+    // A REST budget of 8 MiB.
+    let (siege, _dir) = Siege::start(&["--rest-max-in-flight-bytes", "8388608", "--rest-max-body-bytes", "4194304", "--rest-body-timeout-ms", "20000"]).await;
+    let rest = siege.broker.rest;
+    let base = format!("http://{rest}");
     let http = reqwest::Client::new();
-    let tiny: String = std::iter::repeat_n("{}\n", 1_000_000).collect();
-    let r = http.post(format!("{base}/ingest/tiny.events")).header("content-type", "application/x-ndjson").body(tiny).send().await.unwrap();
-    assert_eq!(r.status(), 503, "a million events' structures do not fit 8 MiB");
+    let post = |topic: &str, body: String| http.post(format!("{base}/ingest/{topic}")).header("content-type", "application/x-ndjson").body(body).send();
+    // A 3 MB body of a million tiny events: their structures could never
+    // fit the budget, even alone. Refused for good, not held.
+    let million: String = std::iter::repeat_n("{}\n", 1_000_000).collect();
+    assert_eq!(post("tiny.events", million).await.unwrap().status(), 413);
+    // Another request holds 4 MB (its body announced, still arriving):
+    // 15,000 tiny events need more than is left for now.
+    let mut holder = tokio::net::TcpStream::connect(rest).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut holder, b"POST /ingest/held.topic HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n[").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let some: String = std::iter::repeat_n("{}\n", 15_000).collect();
+    let r = post("tiny.events", some.clone()).await.unwrap();
+    assert_eq!(r.status(), 503, "the events' structures do not fit beside the held request");
+    assert!(r.headers().contains_key("retry-after"));
     // The same bytes as a few large events fit.
-    let big: String = (0..4).map(|_| format!("{{\"v\":\"{}\"}}\n", "x".repeat(200_000))).collect();
-    let r = http.post(format!("{base}/ingest/big.events")).header("content-type", "application/x-ndjson").body(big).send().await.unwrap();
-    assert_eq!(r.status(), 200);
+    let big: String = (0..4).map(|_| format!("{{\"v\":\"{}\"}}\n", "x".repeat(10_000))).collect();
+    assert_eq!(post("big.events", big).await.unwrap().status(), 200);
+    // Once the other request is gone, the tiny events go through.
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(post("tiny.events", some).await.unwrap().status(), 200);
     siege.finish().await;
 }
 

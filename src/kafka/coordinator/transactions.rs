@@ -406,9 +406,9 @@ impl Transactions {
         check_producer(rec, producer_id, epoch, version >= 2)?;
         // Sets, not list scans: a request may name many partitions, and
         // name them many times (each occurrence is answered, as in Kafka).
-        let mut have: HashSet<(String, i32)> = rec.partitions.iter().cloned().collect();
         if verify_only {
             let ongoing = rec.state == TxnState::Ongoing;
+            let have: HashSet<&(String, i32)> = rec.partitions.iter().collect();
             return Ok(wanted.iter().map(|w| if ongoing && have.contains(w) { 0 } else { E::InvalidTxnState.code() }).collect());
         }
         if matches!(rec.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
@@ -434,6 +434,8 @@ impl Transactions {
         }
         let began = begin(rec, self.now())?;
         let mut changed = began;
+        // After `begin`: a new transaction starts with no partitions.
+        let mut have: HashSet<(String, i32)> = rec.partitions.iter().cloned().collect();
         for w in wanted {
             if have.insert(w.clone()) {
                 rec.partitions.push(w.clone());

@@ -198,7 +198,7 @@ fn frame(correlation_id: i32, version: i16, resp: &Response, count: usize, entri
     ResponseHeader::default().with_correlation_id(correlation_id).encode(&mut head, Response::header_version(version)).expect("a response header encodes");
     head.put_slice(before);
     if version >= 9 {
-        put_uvarint(&mut head, count as u64 + 1);
+        crate::protocol::fetch::put_uvarint(&mut head, count as u64 + 1);
     } else {
         head.put_i32(count as i32);
     }
@@ -209,14 +209,6 @@ fn frame(correlation_id: i32, version: i16, resp: &Response, count: usize, entri
     out.extend(entries);
     out.push(Bytes::copy_from_slice(tail));
     out
-}
-
-fn put_uvarint(b: &mut BytesMut, mut v: u64) {
-    while v >= 0x80 {
-        b.put_u8((v as u8) | 0x80);
-        v >>= 7;
-    }
-    b.put_u8(v as u8);
 }
 
 /// Encoded topic entries, gathered into parts.

@@ -301,6 +301,7 @@ impl Storage {
         let bytes_out: u64 = written.iter().map(|w| w.3).sum();
         let mut dirs = Vec::new();
         for (_, b, seg, _, _) in &due {
+            Storage::retire(seg);
             match fs::remove_file(&seg.path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

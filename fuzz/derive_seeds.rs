@@ -1,0 +1,118 @@
+//! Derives the other targets' seeds from the recorded request seeds
+//! (`seeds/request`, real client traffic; see `record-corpus.sh`):
+//!
+//! - `seeds/batch`: the record batches of every recorded Produce;
+//! - `seeds/consumer_protocol`: every JoinGroup member metadata and
+//!   SyncGroup assignment the clients sent;
+//! - `seeds/storage_files`: a segment file and a subtree store file built
+//!   from those batches (first byte 0: segment, 1: store);
+//! - `seeds/rest_body`: one body per REST route and format (first byte:
+//!   the route, as `rest_body` reads it).
+//!
+//!     cargo +nightly run --release --example derive_seeds   (in fuzz/)
+
+use std::fs;
+use std::path::Path;
+
+use bytes::Bytes;
+use canopy::protocol::{guard, header};
+use canopy::storage::segment;
+use canopy::storage::subtree::store::StoreWriter;
+use kafka_protocol::messages::{ApiKey, JoinGroupRequest, ProduceRequest, SyncGroupRequest};
+use kafka_protocol::protocol::Decodable;
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
+    let mut batches: Vec<Vec<u8>> = Vec::new();
+    let mut blobs: Vec<Vec<u8>> = Vec::new();
+    let mut names: Vec<_> = fs::read_dir(root.join("request")).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    for path in names {
+        let frame = fs::read(&path).unwrap();
+        let Ok(h) = header::parse(&frame) else { continue };
+        let body = &frame[h.len..];
+        if guard::check_request_body(h.api_key as i16, h.api_version, body, &guard::GuardLimits::DEFAULT).is_err() {
+            continue;
+        }
+        let mut b = Bytes::copy_from_slice(body);
+        match h.api_key {
+            ApiKey::Produce => {
+                let Ok(r) = ProduceRequest::decode(&mut b, h.api_version) else { continue };
+                for t in r.topic_data {
+                    for p in t.partition_data {
+                        batches.extend(p.records.map(|r| r.to_vec()));
+                    }
+                }
+            }
+            ApiKey::JoinGroup => {
+                let Ok(r) = JoinGroupRequest::decode(&mut b, h.api_version) else { continue };
+                blobs.extend(r.protocols.into_iter().map(|p| p.metadata.to_vec()));
+            }
+            ApiKey::SyncGroup => {
+                let Ok(r) = SyncGroupRequest::decode(&mut b, h.api_version) else { continue };
+                blobs.extend(r.assignments.into_iter().map(|a| a.assignment.to_vec()));
+            }
+            _ => {}
+        }
+    }
+    batches.sort_by_key(Vec::len);
+    batches.dedup();
+    batches.truncate(64);
+    blobs.sort();
+    blobs.dedup();
+    for (i, b) in batches.iter().enumerate() {
+        write(&root.join("batch"), &format!("produce-{i}"), b);
+    }
+    for (i, b) in blobs.iter().enumerate() {
+        write(&root.join("consumer_protocol"), &format!("client-{i}"), b);
+    }
+
+    // A segment and a store holding some of those batches.
+    let dir = tempfile::tempdir().unwrap();
+    let seg_path = dir.path().join("seg");
+    let f = segment::create(&seg_path, &segment::FileHeader { base_seq: 0, created_ms: 1_700_000_000_000 }).unwrap();
+    let mut frames = Vec::new();
+    let mut headers = Vec::new();
+    let mut offset = 0;
+    for (seq, b) in batches.iter().take(8).enumerate() {
+        let mut one = Vec::new();
+        let fh = segment::encode_frame(&mut one, seq as u64, &[7; 16], 0, offset, None, b);
+        offset = fh.last_offset() + 1;
+        headers.push((fh, one.clone()));
+        frames.extend(one);
+    }
+    std::os::unix::fs::FileExt::write_all_at(&f, &frames, segment::FILE_HEADER_BYTES).unwrap();
+    let mut seed = vec![0u8];
+    seed.extend(fs::read(&seg_path).unwrap());
+    write(&root.join("storage_files"), "segment", &seed);
+    let mut w = StoreWriter::create(&dir.path().join("store"), 1, 0, 4096).unwrap();
+    for (fh, frame) in &headers {
+        w.push(fh, frame).unwrap();
+    }
+    let (store_path, _) = w.finish().unwrap();
+    let mut seed = vec![1u8];
+    seed.extend(fs::read(store_path).unwrap());
+    write(&root.join("storage_files"), "store", &seed);
+
+    // REST bodies, by route (the index `rest_body` reads from byte 0).
+    let rest = [
+        (0u8, r#"{"records":[{"key":"k","value":{"a":1}},{"value":[1,2,3],"partition":0}]}"#),
+        (1, r#"{"records":[{"key":"a2V5","value":"dmFsdWU=","headers":[{"name":"h","value":"dg=="}]}]}"#),
+        (2, r#"[{"user":{"id":"u1"},"n":1},{"user":{"id":"u2"},"n":2}]"#),
+        (3, "{\"a\":1}\n{\"b\":2}\n\n{\"c\":[3]}\n"),
+        (4, r#"{"key":{"type":"STRING","data":"k"},"value":{"type":"JSON","data":{"x":1}},"headers":[{"name":"h","value":"dg=="}]}"#),
+        (5, r#"{"value":{"type":"JSON","data":1}}{"value":{"type":"BINARY","data":"eA=="}} {"partition_id":0,"value":{"type":"STRING","data":"s"}}"#),
+        (6, r#"{"entries":[{"id":"1","value":{"type":"JSON","data":1}},{"id":"2","key":{"type":"STRING","data":"k"},"value":{"type":"STRING","data":"v"}}]}"#),
+    ];
+    for (route, body) in rest {
+        let mut seed = vec![route];
+        seed.extend_from_slice(body.as_bytes());
+        write(&root.join("rest_body"), &format!("route-{route}"), &seed);
+    }
+    println!("{} batches, {} consumer protocol blobs, 2 storage files, {} REST bodies", batches.len(), blobs.len(), rest.len());
+}
