@@ -461,6 +461,30 @@ fn hardening_cost(dir: &Path, baseline: &Path, secs: f64, scale: u64) {
     }
 }
 
+fn drive(addr: SocketAddr, secs: f64) {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    create_topic(addr, "bench.drive", 4);
+    let payloads = payloads(100);
+    let values: Vec<&[u8]> = payloads.iter().take(10).map(|p| &p[..]).collect();
+    let batch = common::record_batch(&values);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let workers: Vec<_> = (0..4)
+        .map(|p| {
+            let req = ProduceRequest::default().with_acks(1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_static_str("bench.drive")))
+                .with_partition_data(vec![PartitionProduceData::default().with_index(p).with_records(Some(batch.clone()))])]);
+            let mut body = bytes::BytesMut::new();
+            req.encode(&mut body, 9).unwrap();
+            let frame = common::request_frame(0, 9, p, &body);
+            std::thread::spawn(move || pipeline(addr, &frame, 32, deadline))
+        })
+        .collect();
+    let done: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    println!("drive: {done} produce requests in {secs} s");
+}
+
 /// Writes `per_partition` 100-byte records to each of `partitions`
 /// partitions of a new topic, in batches of 10,000 (raw, acks=1).
 fn fill_raw(addr: SocketAddr, topic: &str, partitions: i32, per_partition: u64) {
@@ -939,6 +963,14 @@ fn main() {
     if std::env::args().any(|a| a == "--tip") {
         tip_catch_up(&dir, scale);
         let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    // For profiling a broker started elsewhere (under valgrind, say):
+    // pipelined produce (acks=1, 10 x 100 B) on 4 connections for SECS.
+    if let Some(i) = std::env::args().position(|a| a == "--drive") {
+        let addr: SocketAddr = std::env::args().nth(i + 1).expect("--drive ADDR SECS").parse().expect("an address");
+        let secs: f64 = std::env::args().nth(i + 2).and_then(|s| s.parse().ok()).unwrap_or(10.0);
+        drive(addr, secs);
         return;
     }
     if let Some(i) = std::env::args().position(|a| a == "--baseline") {

@@ -128,6 +128,16 @@ impl MemoryBudget {
         Held { permit: Some(p) }
     }
 
+    /// Holds `n` bytes if they fit now, without counting a refusal (the
+    /// Kafka reader's first try, before it waits).
+    pub fn try_acquire_quiet(&self, n: usize) -> Option<Held> {
+        if n == 0 {
+            return Some(Held::none());
+        }
+        let n = n.min(self.total) as u32;
+        self.sem.clone().try_acquire_many_owned(n).ok().map(|p| Held { permit: Some(p) })
+    }
+
     /// Holds `n` bytes if they fit now.
     pub fn try_acquire(&self, n: usize) -> Option<Held> {
         if n == 0 {

@@ -75,12 +75,14 @@ impl CpuPool {
         let (reply, rx) = oneshot::channel();
         let counted = Counted::new(&self.pending);
         let job: Job = Box::new(move || {
-            let _counted = counted;
             // Whoever asked is gone (its request was cancelled): skip it.
             if reply.is_closed() {
                 return;
             }
-            if let Ok(out) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            // Done before the answer is seen.
+            drop(counted);
+            if let Ok(out) = out {
                 let _ = reply.send(out);
             }
         });

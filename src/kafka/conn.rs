@@ -65,6 +65,7 @@ const READ_MIN: usize = 64 * 1024;
 /// timeout.
 const WRITE_CHUNK: usize = 256 * 1024;
 
+
 /// How long a frame of `len` bytes may take to arrive once its length is
 /// read: 30 s, plus a second per MiB (a client sending slower than that
 /// holds budget others need). Frames within a connection's free
@@ -77,6 +78,9 @@ fn frame_allowance(len: usize) -> std::time::Duration {
 /// the connection's order, and the bytes it holds.
 struct Queued {
     task: JoinHandle<Option<Vec<Bytes>>>,
+    /// The request may wait long before it answers (a long-poll fetch, a
+    /// join or sync parked for its group): what is buffered goes out first.
+    parks: bool,
     /// Fired once the response is written: the next request may start.
     written: oneshot::Sender<()>,
     charge: Charge,
@@ -194,8 +198,14 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
     // The budget's hold for the frame at the head of `buf`, once its length
     // is known, and when its body must be in.
     let mut head: Option<(usize, Held)> = None;
-    let mut frame_due = tokio::time::Instant::now();
     let idle = broker.cfg.connections_max_idle;
+    // One timer for both limits, moved only when a limit comes nearer (a
+    // large frame) or when it fires: re-arming a timer for every read
+    // would cost more than many requests do.
+    let mut last_read = tokio::time::Instant::now();
+    let mut frame_due: Option<tokio::time::Instant> = None;
+    let timer = tokio::time::sleep(idle);
+    tokio::pin!(timer);
     let close = |why: Closed| {
         let _ = ending.set(why);
     };
@@ -214,25 +224,38 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
             };
             if head.is_none() {
                 let charge = conn_bytes.charge_for(len);
-                let held = tokio::select! {
-                    h = broker.budget.acquire(charge) => h,
-                    _ = shutdown.changed() => { close(Closed::Shutdown); break 'read }
+                // Most frames fit the connection's allowance or the budget
+                // at once; only a wait is raced against shutdown.
+                let held = match broker.budget.try_acquire_quiet(charge) {
+                    Some(h) => h,
+                    None => tokio::select! {
+                        h = broker.budget.acquire(charge) => h,
+                        _ = shutdown.changed() => { close(Closed::Shutdown); break 'read }
+                    },
                 };
                 conn_bytes.add(len);
                 head = Some((len, held));
-                frame_due = tokio::time::Instant::now() + frame_allowance(len);
+                // Only a frame beyond the free allowance holds budget.
+                if len > FREE_PER_CONNECTION {
+                    let due = tokio::time::Instant::now() + frame_allowance(len);
+                    frame_due = Some(due);
+                    if due < timer.deadline() {
+                        timer.as_mut().reset(due);
+                    }
+                }
             }
             if buf.len() < frame::LENGTH_BYTES + len {
                 break;
             }
             let (len, held) = head.take().expect("charged above");
+            frame_due = None;
             let charge = Charge { conn: conn_bytes.clone(), len, _held: held };
             let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
             let _ = frame.split_to(frame::LENGTH_BYTES);
             match dispatch(&broker, peer, frame, &mut order, &ending) {
-                Ok((task, written)) => {
+                Ok((task, parks, written)) => {
                     in_flight.fetch_add(1, Ordering::AcqRel);
-                    if tx.send(Queued { task, written, charge }).await.is_err() {
+                    if tx.send(Queued { task, parks, written, charge }).await.is_err() {
                         break 'read;
                     }
                 }
@@ -249,7 +272,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
         tokio::select! {
             n = rd.read_buf(&mut buf) => match n {
                 Ok(0) => break,
-                Ok(_) => {}
+                Ok(_) => last_read = tokio::time::Instant::now(),
                 Err(e) => {
                     drop(tx);
                     let _ = writer.await;
@@ -258,25 +281,28 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
                 }
             },
             _ = shutdown.changed() => { close(Closed::Shutdown); break }
-            // A frame that holds budget must keep coming: a client that
-            // announces a large request and trickles it cannot sit on the
-            // budget.
-            _ = tokio::time::sleep_until(frame_due), if head.as_ref().is_some_and(|(len, _)| *len > FREE_PER_CONNECTION) => {
-                tracing::warn!(%peer, "closing connection: a request body arrived too slowly");
-                close(Closed::SlowRequest);
-                break;
-            }
             // The writer ended (a failed handler, a write timeout): so
             // does the connection.
             w = &mut writer => { writer_result = Some(w); break }
-            // Nothing arrived for the idle limit: close if nothing is in
-            // flight (a half-sent frame counts as nothing).
-            _ = tokio::time::sleep(idle) => {
-                if in_flight.load(Ordering::Acquire) == 0 {
+            () = &mut timer => {
+                let now = tokio::time::Instant::now();
+                // A frame that holds budget must keep coming: a client
+                // that announces a large request and trickles it cannot
+                // sit on the budget.
+                if frame_due.is_some_and(|due| now >= due) {
+                    tracing::warn!(%peer, "closing connection: a request body arrived too slowly");
+                    close(Closed::SlowRequest);
+                    break;
+                }
+                // Nothing arrived for the idle limit: close if nothing is
+                // in flight (a half-sent frame counts as nothing).
+                if now >= last_read + idle && in_flight.load(Ordering::Acquire) == 0 {
                     tracing::debug!(%peer, idle_ms = idle.as_millis() as u64, "closing idle connection");
                     close(Closed::Idle);
                     break;
                 }
+                let next = (last_read + idle).max(now + idle.min(std::time::Duration::from_secs(1)));
+                timer.as_mut().reset(frame_due.map_or(next, |due| due.min(next)));
             }
         }
     }
@@ -291,7 +317,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
 
 /// Parses the header and starts the handler, to run once the requests
 /// before it allow. `Err` closes the connection, for that reason.
-fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order, ending: &Ending) -> Result<(JoinHandle<Option<Vec<Bytes>>>, oneshot::Sender<()>), Closed> {
+fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order, ending: &Ending) -> Result<(JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>), Closed> {
     let h = match header::parse(&frame) {
         Ok(h) => h,
         Err(e) => {
@@ -321,7 +347,9 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
                 probe.answered(api, version, started);
                 reply
             };
-            Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), written))
+            use kafka_protocol::messages::ApiKey;
+            let parks = matches!(api, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup);
+            Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), parks, written))
         }
         Route::Close(why, reason) => {
             tracing::warn!(%peer, api = ?h.api_key, version = h.api_version, client = ?h.client_id,
@@ -352,10 +380,12 @@ async fn write_responses(wr: OwnedWriteHalf, rx: &mut mpsc::Receiver<Queued>, br
         let _ = ending.set(Closed::WriteTimeout);
         io::Error::new(io::ErrorKind::TimedOut, "response write timed out")
     };
-    while let Some(Queued { mut task, written, charge }) = rx.recv().await {
-        // Whatever is buffered goes out before waiting on a slow handler
-        // (a long poll): the client may be waiting for it.
-        if !task.is_finished() && !wr.buffer().is_empty() {
+    while let Some(Queued { mut task, parks, written, charge }) = rx.recv().await {
+        // Responses ready together leave together (one write for many,
+        // flushed when nothing more is queued); but before waiting on a
+        // request that may park, what is buffered goes out: the client may
+        // be waiting for it.
+        if parks && !task.is_finished() && !wr.buffer().is_empty() {
             tokio::time::timeout(timeout, wr.flush()).await.map_err(|_| timed_out("flush"))??;
         }
         let parts = match (&mut task).await {

@@ -116,6 +116,16 @@ pub fn first_occurrences<T, K: std::hash::Hash + Eq>(items: impl IntoIterator<It
     items.into_iter().filter(|t| seen.insert(key(t))).collect()
 }
 
+/// For each key, whether it is the last occurrence of its value. Small
+/// lists (most requests name a few partitions) are compared directly.
+pub fn last_occurrences<K: std::hash::Hash + Eq>(keys: &[K]) -> Vec<bool> {
+    if keys.len() <= 16 {
+        return (0..keys.len()).map(|i| !keys[i + 1..].contains(&keys[i])).collect();
+    }
+    let last: std::collections::HashMap<&K, usize> = keys.iter().enumerate().map(|(i, k)| (k, i)).collect();
+    keys.iter().enumerate().map(|(i, k)| last[k] == i).collect()
+}
+
 /// The keys that occur more than once (Kafka refuses them in some APIs).
 pub fn repeated<K: std::hash::Hash + Eq + Clone>(keys: impl IntoIterator<Item = K>) -> std::collections::HashSet<K> {
     let mut seen = std::collections::HashSet::new();

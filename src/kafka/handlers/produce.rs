@@ -143,10 +143,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     let ticket = crate::kafka::conn::take_produce_ticket();
     // Kafka keys a produce by partition: a partition given twice appends
     // only the records of its last occurrence, and is answered once.
-    let last: std::collections::HashMap<(&str, i32), (usize, usize)> =
-        req.topic_data.iter().enumerate().flat_map(|(ti, t)| t.partition_data.iter().enumerate().map(move |(pi, p)| ((super::name(&t.name), p.index), (ti, pi)))).collect();
-    let keep: Vec<Vec<bool>> = req.topic_data.iter().enumerate().map(|(ti, t)| t.partition_data.iter().enumerate().map(|(pi, p)| last[&(super::name(&t.name), p.index)] == (ti, pi)).collect()).collect();
-    drop(last);
+    let keys: Vec<(&str, i32)> = req.topic_data.iter().flat_map(|t| t.partition_data.iter().map(move |p| (super::name(&t.name), p.index))).collect();
+    let mut last = super::last_occurrences(&keys).into_iter();
+    let keep: Vec<Vec<bool>> = req.topic_data.iter().map(|t| t.partition_data.iter().map(|_| last.next().expect("one per partition")).collect()).collect();
+    drop(keys);
     let mut pending = Vec::with_capacity(req.topic_data.len());
     let mut allowance = broker.engine.auto_create_allowance();
     for (topic, keep) in req.topic_data.into_iter().zip(keep) {
