@@ -268,23 +268,13 @@ fn metrics_cost(dir: &Path, scale: u64) {
 /// latency histogram, traffic atomics). Each run lasts `secs`; after it
 /// the high watermarks must add up to the records acknowledged.
 fn metrics_cost_broker_bound(dir: &Path, secs: f64) {
-    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::messages::{ProduceRequest, TopicName};
-    use kafka_protocol::protocol::{Encodable, StrBytes};
     const CONNS: i32 = 4;
     const WINDOW: usize = 32;
     const RECORDS: u64 = 10;
     let payloads = payloads(100);
     let values: Vec<&[u8]> = payloads.iter().take(RECORDS as usize).map(|p| &p[..]).collect();
     let batch = common::record_batch(&values);
-    let request = |partition: i32| {
-        let req = ProduceRequest::default().with_acks(1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_static_str("bench.raw")))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch.clone()))])]);
-        let mut body = bytes::BytesMut::new();
-        req.encode(&mut body, 9).unwrap();
-        common::request_frame(0, 9, partition, &body)
-    };
+    let request = |partition: i32| produce_frame("bench.raw", partition, 1, &batch);
     let (mut rate, mut cpu) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     println!("\n| broker-bound produce (4 conns x 32 in flight, 10 x 100 B per request, acks=1) | requests/s | records/s | broker CPU | broker CPU µs per request |");
     println!("| --- | --- | --- | --- | --- |");
@@ -323,6 +313,19 @@ fn metrics_cost_broker_bound(dir: &Path, secs: f64) {
         }
     }
     println!("\nbroker-bound produce: {}\n", on_vs_off("requests/s", [&rate[0], &rate[1]], "µs per request", [&cpu[0], &cpu[1]]));
+}
+
+/// A framed Produce v9 request: `batch` for `partition` of `topic`.
+fn produce_frame(topic: &str, partition: i32, acks: i16, batch: &bytes::Bytes) -> Vec<u8> {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let req = ProduceRequest::default().with_acks(acks).with_timeout_ms(30_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch.clone()))])]);
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, 9).unwrap();
+    common::request_frame(0, 9, partition, &body)
 }
 
 /// Sends `req` on one connection, keeping `window` in flight, until
@@ -385,17 +388,7 @@ fn hardening_cost(dir: &Path, baseline: &Path, secs: f64, scale: u64) {
     let values: Vec<&[u8]> = payloads.iter().take(RECORDS as usize).map(|p| &p[..]).collect();
     let batch = common::record_batch(&values);
     let batch_bytes = batch.len() as f64;
-    let request = |partition: i32, acks: i16| {
-        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-        use kafka_protocol::messages::{ProduceRequest, TopicName};
-        use kafka_protocol::protocol::{Encodable, StrBytes};
-        let req = ProduceRequest::default().with_acks(acks).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_static_str("bench.hardening")))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch.clone()))])]);
-        let mut body = bytes::BytesMut::new();
-        req.encode(&mut body, 9).unwrap();
-        common::request_frame(0, 9, partition, &body)
-    };
+    let request = |partition: i32, acks: i16| produce_frame("bench.hardening", partition, acks, &batch);
     let builds = [("baseline", baseline), ("current", current)];
     // [build][arm] rates and CPU s/GB
     let mut rate = vec![vec![Vec::new(); 3]; 2];
@@ -462,9 +455,6 @@ fn hardening_cost(dir: &Path, baseline: &Path, secs: f64, scale: u64) {
 }
 
 fn drive(addr: SocketAddr, secs: f64) {
-    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::messages::{ProduceRequest, TopicName};
-    use kafka_protocol::protocol::{Encodable, StrBytes};
     create_topic(addr, "bench.drive", 4);
     let payloads = payloads(100);
     let values: Vec<&[u8]> = payloads.iter().take(10).map(|p| &p[..]).collect();
@@ -472,12 +462,7 @@ fn drive(addr: SocketAddr, secs: f64) {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..4)
         .map(|p| {
-            let req = ProduceRequest::default().with_acks(1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_static_str("bench.drive")))
-                .with_partition_data(vec![PartitionProduceData::default().with_index(p).with_records(Some(batch.clone()))])]);
-            let mut body = bytes::BytesMut::new();
-            req.encode(&mut body, 9).unwrap();
-            let frame = common::request_frame(0, 9, p, &body);
+let frame = produce_frame("bench.drive", p, 1, &batch);
             std::thread::spawn(move || pipeline(addr, &frame, 32, deadline))
         })
         .collect();
@@ -488,21 +473,13 @@ fn drive(addr: SocketAddr, secs: f64) {
 /// Writes `per_partition` 100-byte records to each of `partitions`
 /// partitions of a new topic, in batches of 10,000 (raw, acks=1).
 fn fill_raw(addr: SocketAddr, topic: &str, partitions: i32, per_partition: u64) {
-    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::messages::{ProduceRequest, TopicName};
-    use kafka_protocol::protocol::{Encodable, StrBytes};
     create_topic(addr, topic, partitions);
     let payloads = payloads(100);
     let values: Vec<&[u8]> = (0..10_000).map(|i| &payloads[i % payloads.len()][..]).collect();
     let batch = common::record_batch(&values);
     let workers: Vec<_> = (0..partitions)
         .map(|p| {
-            let req = ProduceRequest::default().with_acks(1).with_timeout_ms(30_000).with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
-                .with_partition_data(vec![PartitionProduceData::default().with_index(p).with_records(Some(batch.clone()))])]);
-            let mut body = bytes::BytesMut::new();
-            req.encode(&mut body, 9).unwrap();
-            let frame = common::request_frame(0, 9, p, &body);
+let frame = produce_frame(topic, p, 1, &batch);
             let n = per_partition / 10_000;
             std::thread::spawn(move || {
                 use std::io::{Read, Write};
