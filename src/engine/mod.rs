@@ -32,6 +32,8 @@ pub mod producers;
 pub mod subtree;
 pub mod topics;
 pub mod txns;
+mod validate;
+mod waiters;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -46,6 +48,9 @@ use crate::meta::{Catalog, MetaError, TopicRecord};
 use crate::protocol::batch::{self, BatchError, Marker};
 use crate::storage::{self, PartitionSpec, ReadError, ReadResult, RetentionPolicy, Storage, StorageConfig, StorageError, Tp};
 pub use topics::{TimestampType, TopicConfig, TopicDefaults};
+use validate::Rules;
+pub use waiters::Registration;
+use waiters::Waiters;
 
 /// Wall-clock milliseconds, injectable for tests.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -97,8 +102,8 @@ pub struct EngineConfig {
     pub max_inflated_batch_bytes: usize,
     /// Threads validating heavy batches (0: one per core).
     pub validation_threads: usize,
-    /// Topics one request may create by auto-creation; the rest are
-    /// answered UNKNOWN_TOPIC_OR_PARTITION (retriable).
+    /// Topics one request may create by auto-creation; the rest are put
+    /// off (LEADER_NOT_AVAILABLE, retriable).
     pub max_auto_create_per_request: usize,
     /// Topics auto-created per second, broker-wide (0: no limit).
     pub auto_create_per_sec: u32,
@@ -216,92 +221,8 @@ pub struct AppendResult {
 /// records in what is returned.
 pub type CommittedRead = (ReadResult, i64, Vec<(i64, i64)>);
 
-/// What a topic asks of produced batches, for validating them off the
-/// engine (on the CPU pool when the work is heavy).
-#[derive(Debug, Clone, Copy)]
-struct Rules {
-    max_message_bytes: usize,
-    max_inflated_bytes: usize,
-    /// CreateTime topics: (before, after) bounds around `now`.
-    check_timestamps: Option<(i64, i64)>,
-    /// A topic compression.type: batches in another codec are recompressed.
-    target: Option<batch::Compression>,
-    now: i64,
-    /// Producer ids handed out so far are below this.
-    producer_ids_below: i64,
-}
-
-/// Batches larger than this are validated on the CPU pool even when they
-/// are not compressed (record checks walk every record).
-const INLINE_VALIDATION_BYTES: usize = 256 << 10;
-
-impl Rules {
-    /// Whether validating `records` takes more than a checksum: anything to
-    /// inflate or recompress, or much to walk.
-    fn heavy(&self, records: &[u8]) -> bool {
-        records.len() > INLINE_VALIDATION_BYTES
-            || self.target.is_some()
-            || batch::split(records).any(|b| b.ok().and_then(|b| batch::BatchHeader::parse(b).ok()).is_some_and(|h| h.compression() != batch::Compression::None))
-    }
-
-    /// Checks every batch (sizes, CRC, records, timestamps, producer ids,
-    /// no control batches) and recompresses for the topic's codec. Returns
-    /// the records to append.
-    fn validate(self, records: Bytes) -> Result<Bytes, EngineError> {
-        let limit = self.max_message_bytes;
-        let mut any = false;
-        let mut rebuilt: Option<Vec<u8>> = None;
-        let mut recompressed = false;
-        for b in batch::split(&records) {
-            let b = b?;
-            if b.len() > limit {
-                return Err(EngineError::MessageTooLarge { size: b.len(), limit });
-            }
-            let h = batch::validate(b, limit)?;
-            let inflated = batch::records_of(b, &h, self.max_inflated_bytes)?;
-            let (min_ts, max_ts) = batch::check_records(&inflated, &h)?;
-            // Records without a timestamp (-1) are not checked, as in Kafka.
-            if let Some((before, after)) = self.check_timestamps.filter(|_| h.base_timestamp >= 0) {
-                let now = self.now;
-                if now.saturating_sub(min_ts) > before || max_ts.saturating_sub(now) > after {
-                    return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
-                }
-            }
-            // Only ids this broker handed out: state per producer id is
-            // kept, so made-up ids must not be able to grow it.
-            if h.producer_id >= 0 && !(1..self.producer_ids_below).contains(&h.producer_id) {
-                return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
-            }
-            // Control records (transaction markers) are written by the
-            // broker only; Kafka refuses them from producers.
-            if h.is_control() {
-                return Err(EngineError::Corrupt(BatchError::ControlBatch));
-            }
-            any = true;
-            if let Some(codec) = self.target.filter(|c| *c != h.compression()) {
-                recompressed = true;
-                let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
-                if packed.len() > limit {
-                    return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
-                }
-                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(&packed);
-            } else if self.target.is_some() {
-                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(b);
-            }
-        }
-        if !any {
-            return Err(EngineError::Corrupt(BatchError::Empty));
-        }
-        let records = match rebuilt {
-            Some(r) if recompressed => Bytes::from(r),
-            _ => records,
-        };
-        Ok(records)
-    }
-}
-
 /// Topics a request may still auto-create.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct AutoCreate {
     left: usize,
 }
@@ -343,92 +264,6 @@ struct SyncJob {
     moved: storage::log::Flushed,
     replies: Vec<(Reply, AppendResult)>,
     done: Option<oneshot::Sender<()>>,
-}
-
-/// Long-poll wake-ups: a fetch registers one `Notify` for the tps it waits
-/// on (or for every tp, a subtree stream); the engine wakes it when one of
-/// them gets new data. The registration removes itself when the fetch ends,
-/// woken or not, so fetches for partitions that never move leave nothing
-/// behind. Registering and removing take the lock in short chunks: the
-/// writer's wake-ups never wait behind one large fetch.
-#[derive(Default)]
-struct Waiters {
-    by_tp: Mutex<HashMap<Tp, HashMap<u64, Arc<Notify>>>>,
-    /// Woken by new data in any tp (subtree fetches).
-    any: Mutex<HashMap<u64, Arc<Notify>>>,
-    next_id: std::sync::atomic::AtomicU64,
-    /// Registrations alive, for metrics.
-    fetches: std::sync::atomic::AtomicUsize,
-}
-
-/// Tps registered per lock hold.
-const WAITER_CHUNK: usize = 1024;
-
-/// A fetch's registration for wake-ups; dropping it unregisters.
-pub struct Registration {
-    waiters: Arc<Waiters>,
-    id: u64,
-    tps: Vec<Tp>,
-    any: bool,
-}
-
-impl Waiters {
-    /// `tps` must be distinct (a fetch names each partition once).
-    fn register(self: &Arc<Self>, tps: Vec<Tp>, any: bool, n: &Arc<Notify>) -> Registration {
-        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for chunk in tps.chunks(WAITER_CHUNK) {
-            let mut map = self.by_tp.lock().expect("waiters lock");
-            for tp in chunk {
-                map.entry(*tp).or_default().insert(id, n.clone());
-            }
-        }
-        if any {
-            self.any.lock().expect("waiters lock").insert(id, n.clone());
-        }
-        self.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Registration { waiters: self.clone(), id, tps, any }
-    }
-
-    fn wake(&self, moved: &[(Tp, i64)]) {
-        if moved.is_empty() {
-            return;
-        }
-        for n in self.any.lock().expect("waiters lock").values() {
-            n.notify_one();
-        }
-        let map = self.by_tp.lock().expect("waiters lock");
-        for (tp, _) in moved {
-            for n in map.get(tp).into_iter().flat_map(|m| m.values()) {
-                n.notify_one();
-            }
-        }
-    }
-
-    /// (fetches registered, tps they wait on).
-    fn stats(&self) -> (usize, usize) {
-        let tps = self.by_tp.lock().expect("waiters lock").len();
-        (self.fetches.load(std::sync::atomic::Ordering::Relaxed), tps)
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        for chunk in self.tps.chunks(WAITER_CHUNK) {
-            let mut map = self.waiters.by_tp.lock().expect("waiters lock");
-            for tp in chunk {
-                if let std::collections::hash_map::Entry::Occupied(mut e) = map.entry(*tp) {
-                    e.get_mut().remove(&self.id);
-                    if e.get().is_empty() {
-                        e.remove();
-                    }
-                }
-            }
-        }
-        if self.any {
-            self.waiters.any.lock().expect("waiters lock").remove(&self.id);
-        }
-        self.waiters.fetches.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 /// An append the writer has queued; resolves when acknowledged.

@@ -210,6 +210,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
         let _ = ending.set(why);
     };
     let mut writer_result = None;
+    let mut read_error = None;
     'read: loop {
         // Every complete frame in the buffer, in order.
         loop {
@@ -273,12 +274,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
             n = rd.read_buf(&mut buf) => match n {
                 Ok(0) => break,
                 Ok(_) => last_read = tokio::time::Instant::now(),
-                Err(e) => {
-                    drop(tx);
-                    let _ = writer.await;
-                    broker.probe.closed(ending.get().copied().unwrap_or(Closed::Client));
-                    return Err(e);
-                }
+                Err(e) => { read_error = Some(e); break }
             },
             _ = shutdown.changed() => { close(Closed::Shutdown); break }
             // The writer ended (a failed handler, a write timeout): so
@@ -312,6 +308,9 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
         None => writer.await,
     };
     broker.probe.closed(ending.get().copied().unwrap_or(Closed::Client));
+    if let Some(e) = read_error {
+        return Err(e);
+    }
     result.unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 

@@ -32,6 +32,25 @@ pub async fn read_raw(body: Body, limit: usize) -> Result<Bytes, BodyError> {
     })
 }
 
+/// How much of a refused body is read and thrown away before the answer,
+/// so that the client, still sending, reads the 413 rather than a reset
+/// (closing a socket with unread bytes makes the kernel send RST).
+/// Beyond it the connection is simply closed.
+pub const DRAIN_BYTES: usize = 16 << 20;
+
+/// Reads up to `max` more bytes of `body` and drops them.
+pub async fn drain(body: Body, max: usize) {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut seen = 0usize;
+    while seen <= max {
+        match stream.next().await {
+            Some(Ok(chunk)) => seen += chunk.len(),
+            _ => return,
+        }
+    }
+}
+
 /// Inflates `raw` per `encoding`, refusing output beyond `limit`.
 pub fn decode(raw: Bytes, encoding: Option<&str>, limit: usize) -> Result<Bytes, BodyError> {
     let encoding = encoding.map(|e| e.trim().to_ascii_lowercase());

@@ -142,11 +142,10 @@ impl InFlight<'_> {
     }
 }
 
-/// What the structures built per event cost, about (the event's place in
-/// the request's lists, its record, its outcome), on top of its bytes:
-/// held against the budget before they are built.
-/// (Measured from the structures' sizes: about 300 bytes for an event of
-/// `/ingest`, of which its outcome and its place in the lists.)
+/// What the structures built per event cost, on top of its bytes (its
+/// place in the request's lists, its record, its outcome: about 300 bytes
+/// for an event of `/ingest`, from their sizes); held against the budget
+/// before they are built.
 pub const EVENT_COST_BYTES: usize = 320;
 
 impl Drop for InFlight<'_> {
@@ -205,7 +204,10 @@ impl Bridge {
     pub async fn body(&self, headers: &HeaderMap, body: axum::body::Body) -> Result<(bytes::Bytes, InFlight<'_>), RestError> {
         let limit = self.cfg.max_body_bytes;
         let declared = headers.get("content-length").and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > limit) {
+        if let Some(n) = declared.filter(|&n| n > limit) {
+            if n <= body::DRAIN_BYTES {
+                let _ = tokio::time::timeout(self.cfg.body_timeout, body::drain(body, n)).await;
+            }
             return Err(body::BodyError::TooLarge(limit).into());
         }
         let wire = self.reserve(declared.unwrap_or(0))?;
@@ -232,10 +234,9 @@ impl Bridge {
     }
 
     /// Holds `events` events' structures more for the request that holds
-    /// `held` (see [`EVENT_COST_BYTES`]): 503 when they do not fit.
-    /// A request whose events could never fit the budget, even alone, is
-    /// refused for good (413: fewer events per request); one that does not
-    /// fit now gets 503 and Retry-After.
+    /// `held` (see [`EVENT_COST_BYTES`]). A request whose events could never
+    /// fit the budget, even alone, is refused for good (413: fewer events
+    /// per request); one that does not fit now gets 503 and Retry-After.
     pub fn hold_events(&self, held: &mut InFlight<'_>, events: usize) -> Result<(), RestError> {
         let cap = self.cfg.max_in_flight_bytes.min(self.budget.total());
         let n = events.saturating_mul(EVENT_COST_BYTES);
@@ -246,25 +247,9 @@ impl Bridge {
                 format!("{events} events in one request need more memory than the broker gives all requests at once ({cap} bytes at {EVENT_COST_BYTES} per event): send fewer per request"),
             ));
         }
-        held.absorb(self.reserve_beside(n, held.bytes())?);
+        // Within the cap, so alone (holding just its own bytes) it fits.
+        held.absorb(self.reserve(n)?);
         Ok(())
-    }
-
-    /// [`Bridge::reserve`] for a request that already holds `own` bytes:
-    /// it counts as alone when it is the only holder.
-    fn reserve_beside(&self, n: usize, own: usize) -> Result<InFlight<'_>, RestError> {
-        let saturated = || {
-            let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, "the broker is saturated: too many request bytes in flight; retry later");
-            e.retry_after = Some(1);
-            e
-        };
-        let before = self.in_flight.fetch_add(n, std::sync::atomic::Ordering::AcqRel);
-        let mut held = InFlight { counter: &self.in_flight, n, shared: crate::limits::Held::none() };
-        if before != own && before + n > self.cfg.max_in_flight_bytes {
-            return Err(saturated());
-        }
-        held.shared = self.budget.try_acquire(n).ok_or_else(saturated)?;
-        Ok(held)
     }
 
     /// Holds `n` decoded body bytes against `max_in_flight_bytes`: 503 with

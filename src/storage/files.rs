@@ -81,7 +81,7 @@ impl FileCache {
     /// A slot for `path`, not opened until used. `write`: opened for
     /// writing too (a segment).
     pub fn file(self: &Arc<Self>, path: PathBuf, write: bool) -> CachedFile {
-        CachedFile { id: self.next_id.fetch_add(1, Ordering::Relaxed), path, write, cache: self.clone() }
+        CachedFile { id: self.next_id.fetch_add(1, Ordering::Relaxed), path, write, cache: self.clone(), held: Mutex::default() }
     }
 
     /// A slot for `path` that starts with `file` already open.
@@ -145,6 +145,20 @@ pub struct CachedFile {
     path: PathBuf,
     write: bool,
     cache: Arc<FileCache>,
+    held: Mutex<Held>,
+}
+
+/// What keeps a file open outside the cache, and whether it has writes
+/// not yet synced: both change under one lock, so a sync that finds the
+/// file unsynced finds it held.
+#[derive(Debug, Default)]
+struct Held {
+    file: Option<Arc<File>>,
+    /// Counts holds: a sync ends only the hold it saw.
+    number: u64,
+    unsynced: bool,
+    /// Deleted: held for good, for readers that still have the slot.
+    retired: bool,
 }
 
 impl CachedFile {
@@ -152,14 +166,75 @@ impl CachedFile {
         &self.path
     }
 
-    /// The open file, opening it again if the cache closed it.
+    /// The open file: the one held outside the cache, or the cache's,
+    /// opening it again if the cache closed it.
     pub fn get(&self) -> io::Result<Arc<File>> {
+        if let Some(f) = self.held.lock().expect("held file lock").file.clone() {
+            return Ok(f);
+        }
         if let Some(f) = self.cache.lookup(self.id) {
             return Ok(f);
         }
         let file = OpenOptions::new().read(true).write(self.write).open(&self.path)?;
         self.cache.reopens.fetch_add(1, Ordering::Relaxed);
         Ok(self.cache.insert(self.id, Arc::new(file)))
+    }
+}
+
+impl CachedFile {
+    /// `file` was written: it is unsynced, and with `hold` it stays open
+    /// until the sync that covers this write.
+    pub fn wrote(&self, file: &Arc<File>, hold: bool) {
+        let mut h = self.held.lock().expect("held file lock");
+        h.unsynced = true;
+        if hold && !h.retired {
+            h.number += 1;
+            h.file = Some(file.clone());
+        }
+    }
+
+    /// Whether writes are waiting for a sync.
+    pub fn unsynced(&self) -> bool {
+        self.held.lock().expect("held file lock").unsynced
+    }
+
+    /// For a sync: if there are unsynced writes, marks them synced and
+    /// hands out the held file (if any) with its hold's number.
+    pub fn to_sync(&self) -> Option<(Option<Arc<File>>, u64)> {
+        let mut h = self.held.lock().expect("held file lock");
+        if !std::mem::take(&mut h.unsynced) {
+            return None;
+        }
+        Some((h.file.clone(), h.number))
+    }
+
+    /// The sync of hold `number` is done: the hold ends, unless the file
+    /// was written again meanwhile (a newer hold) or is retired.
+    pub fn synced(&self, number: u64) {
+        let mut h = self.held.lock().expect("held file lock");
+        if !h.unsynced && !h.retired && h.number == number {
+            h.file = None;
+        }
+    }
+
+    /// Written whole and synced by the writer itself (a sealed segment):
+    /// nothing is pending and nothing is held.
+    pub fn settled(&self) {
+        let mut h = self.held.lock().expect("held file lock");
+        h.unsynced = false;
+        if !h.retired {
+            h.file = None;
+        }
+    }
+
+    /// The file is about to be deleted: held open for good, so reads that
+    /// found it finish (a deleted file cannot be opened again).
+    pub fn retire(&self) {
+        if let Ok(f) = self.get() {
+            let mut h = self.held.lock().expect("held file lock");
+            h.retired = true;
+            h.file = Some(f);
+        }
     }
 }
 
@@ -249,6 +324,37 @@ mod tests {
         let mut b = [0u8; 6];
         std::os::unix::fs::FileExt::read_exact_at(&*held, &mut b, 0).unwrap();
         assert_eq!(&b, b"file 0");
+    }
+
+    #[test]
+    fn a_hold_ends_with_the_sync_that_saw_it_and_not_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FileCache::new(1);
+        let s: Vec<CachedFile> = files(dir.path(), 2).into_iter().map(|p| cache.file(p, true)).collect();
+        let f = s[0].get().unwrap();
+        assert!(s[0].to_sync().is_none(), "nothing written");
+        s[0].wrote(&f, true);
+        s[1].get().unwrap();
+        let before = cache.reopens.load(Ordering::Relaxed);
+        s[0].get().unwrap();
+        assert_eq!(cache.reopens.load(Ordering::Relaxed), before, "held, so not reopened though evicted");
+        let (held, n) = s[0].to_sync().unwrap();
+        assert!(held.is_some());
+        // Written again while the sync runs: the newer hold stays.
+        s[0].wrote(&f, true);
+        s[0].synced(n);
+        assert!(s[0].unsynced());
+        let (_, n2) = s[0].to_sync().unwrap();
+        s[0].synced(n2);
+        assert!(!s[0].unsynced());
+        s[1].get().unwrap();
+        s[0].get().unwrap();
+        assert_eq!(cache.reopens.load(Ordering::Relaxed), before + 1, "the hold ended");
+        // A retired file stays readable after it is deleted.
+        s[1].retire();
+        std::fs::remove_file(dir.path().join("f1")).unwrap();
+        s[0].get().unwrap();
+        assert!(s[1].get().is_ok());
     }
 
     #[test]

@@ -202,19 +202,13 @@ struct Segment {
     base_seq: u64,
     created_ms: i64,
     path: PathBuf,
+    /// Also says whether writes await a sync, and holds the file open from
+    /// a write until that sync (see `files`).
     file: CachedFile,
-    /// The file held open outside the cache: by the writer from a write
-    /// until the fsync after it (so the sync needs no open), and for good
-    /// once the file is deleted (readers that found it finish their read).
-    /// `dirty` is set and cleared under this lock.
-    pinned: Mutex<Option<Arc<fs::File>>>,
     /// Bytes of disk reserved for the file (see `Storage::reserve`).
     allocated: AtomicU64,
-    /// Deleted: `pinned` holds the file for readers that still have it.
-    retired: AtomicBool,
     /// Bytes readers may read: only whole, written frames lie below it.
     len: AtomicU64,
-    dirty: AtomicBool,
     tps: Mutex<HashMap<Tp, SegTp>>,
     /// Sparse stream index: (sequence number, position) of a frame every
     /// `STREAM_MARK_BYTES`, so a subtree read finds where a sequence number
@@ -306,8 +300,6 @@ struct PartState {
 struct StoreFile {
     store: Store,
     file: CachedFile,
-    /// Deleted: held open for reads that still have it.
-    retired: Mutex<Option<Arc<fs::File>>>,
     /// The branches of its tps (a subtree read picks stores by branch).
     branches: Vec<String>,
     /// Each tp's branch, as an index into `branches`.
@@ -331,7 +323,7 @@ impl StoreFile {
             branch_of.insert(*tp, i);
         }
         let file = files.file(store.path.clone(), false);
-        StoreFile { store, file, retired: Mutex::new(None), branches, branch_of }
+        StoreFile { store, file, branches, branch_of }
     }
 }
 
@@ -767,11 +759,8 @@ impl Storage {
                     created_ms: scan.header.created_ms,
                     path: path.clone(),
                     file: cache.adopt(path.clone(), true, scan.file),
-                    pinned: Mutex::new(None),
                     allocated: AtomicU64::new(scan.valid_len),
-                    retired: AtomicBool::new(false),
                     len: AtomicU64::new(scan.valid_len),
-                    dirty: AtomicBool::new(false),
                     tps: Mutex::new(HashMap::new()),
                     marks: Mutex::new(Vec::new()),
                     end_seq: AtomicU64::new(0),
@@ -994,13 +983,7 @@ impl Storage {
         staged.start += staged.buf.len() as u64;
         self.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
         staged.buf.clear();
-        // Held with the dirty mark, under one lock: the sync that sees it
-        // dirty finds the file open.
-        let mut pin = staged.seg.pinned.lock().expect("pin lock");
-        if self.cfg.hold_until_sync {
-            *pin = Some(staged.file.clone());
-        }
-        staged.seg.dirty.store(true, Ordering::Release);
+        staged.seg.file.wrote(&staged.file, self.cfg.hold_until_sync);
         staged.seg.len.store(staged.start, Ordering::Release);
         Ok(())
     }
@@ -1017,28 +1000,13 @@ impl Storage {
     fn sealed(&self, staged: &Staged) {
         let seg = &staged.seg;
         let end = staged.start;
-        {
-            let mut pin = seg.pinned.lock().expect("pin lock");
-            seg.dirty.store(false, Ordering::Release);
-            *pin = None;
-        }
+        seg.file.settled();
         let reserved = seg.allocated.load(Ordering::Acquire);
         if reserved > end {
             let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
             if rustix::fs::fallocate(&*staged.file, flags, end, reserved - end).is_ok() {
                 seg.allocated.store(end, Ordering::Release);
             }
-        }
-    }
-
-    /// Keeps a segment readable for reads that found it before it was
-    /// deleted (the cache may have closed it; a deleted file cannot be
-    /// opened again).
-    fn retire(seg: &Segment) {
-        if let Ok(f) = seg.file.get() {
-            let mut pin = seg.pinned.lock().expect("pin lock");
-            seg.retired.store(true, Ordering::Release);
-            *pin = Some(f);
         }
     }
 
@@ -1098,29 +1066,16 @@ impl Storage {
             branches.values().flat_map(|b| b.segs.read().expect("branch lock").clone()).collect()
         };
         for seg in segs {
-            let held = {
-                let pin = seg.pinned.lock().expect("pin lock");
-                if !seg.dirty.swap(false, Ordering::AcqRel) {
-                    continue;
-                }
-                pin.clone()
+            // The writer held the file it wrote; the hold ends here.
+            let Some((held, number)) = seg.file.to_sync() else { continue };
+            let synced = match held {
+                Some(f) => f.sync_data(),
+                None => seg.file.get().and_then(|f| f.sync_data()),
             };
-            {
-                let synced = match held {
-                    Some(f) => f.sync_data(),
-                    None => seg.file.get().and_then(|f| f.sync_data()),
-                };
-                if synced.is_ok() {
-                    // Unless it was written again meanwhile, the hold ends.
-                    let mut pin = seg.pinned.lock().expect("pin lock");
-                    if !seg.dirty.load(Ordering::Acquire) && !seg.retired.load(Ordering::Acquire) {
-                        *pin = None;
-                    }
-                }
-                if let Err(e) = synced {
-                    return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
-                }
+            if let Err(e) = synced {
+                return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
             }
+            seg.file.synced(number);
         }
         Ok(bytes)
     }
@@ -1149,7 +1104,7 @@ impl Storage {
         let last = branch.segs.read().expect("branch lock").last().cloned();
         match last {
             Some(seg) => {
-                let file = FrameFile::file(&*seg).map_err(open_err(&seg.path))?;
+                let file = seg.file.get().map_err(open_err(&seg.path))?;
                 Ok((seg, file))
             }
             None => self.roll(branch, next_seq, now_ms),
@@ -1181,11 +1136,8 @@ impl Storage {
             created_ms: now_ms,
             file: self.files.adopt_open(path.clone(), true, file.clone()),
             path,
-            pinned: Mutex::new(None),
             allocated: AtomicU64::new(FILE_HEADER_BYTES),
-            retired: AtomicBool::new(false),
             len: AtomicU64::new(FILE_HEADER_BYTES),
-            dirty: AtomicBool::new(false),
             tps: Mutex::new(HashMap::new()),
             marks: Mutex::new(Vec::new()),
             end_seq: AtomicU64::new(0),
@@ -1533,7 +1485,7 @@ impl Storage {
             branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
             for seg in dead {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
-                Storage::retire(&seg);
+                seg.file.retire();
                 fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
                 deleted += 1;
             }
@@ -1574,9 +1526,7 @@ impl Storage {
         self.stores.write().expect("stores lock").retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
         for s in &dead {
             tracing::info!(path = %s.store.path.display(), "deleting store past retention");
-            if let Ok(f) = s.file.get() {
-                *s.retired.lock().expect("retired lock") = Some(f);
-            }
+            s.file.retire();
             fs::remove_file(&s.store.path).map_err(io_err(&s.store.path))?;
         }
         sync_dir(&self.stores_dir)?;
@@ -1606,9 +1556,6 @@ trait FrameFile: Send + Sync {
 
 impl FrameFile for Segment {
     fn file(&self) -> io::Result<Arc<fs::File>> {
-        if let Some(f) = self.pinned.lock().expect("pin lock").clone() {
-            return Ok(f);
-        }
         self.file.get()
     }
     fn path(&self) -> &Path {
@@ -1621,9 +1568,6 @@ impl FrameFile for Segment {
 
 impl FrameFile for StoreFile {
     fn file(&self) -> io::Result<Arc<fs::File>> {
-        if let Some(f) = self.retired.lock().expect("retired lock").clone() {
-            return Ok(f);
-        }
         self.file.get()
     }
     fn path(&self) -> &Path {

@@ -105,15 +105,8 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
 /// partition, so a partition listed again moves to the offset and size it
 /// was last given and keeps the place it was first given.
 fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, limit: usize) -> Vec<(TopicName, Vec<Want>)> {
-    // The common fetch names one partition once: nothing to merge.
-    if topics.len() == 1 && topics[0].partitions.len() == 1 {
-        let t = topics.into_iter().next().expect("one topic");
-        let topic = broker.engine.topic(super::name(&t.topic));
-        let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
-        let p = &t.partitions[0];
-        let w = Want { partition: p.partition, topic, subtree, offset: p.fetch_offset, max_bytes: (p.partition_max_bytes.max(0) as usize).min(limit) };
-        return vec![(t.topic, vec![w])];
-    }
+    // The common fetch names one partition: nothing to merge, no map.
+    let single = topics.iter().map(|t| t.partitions.len()).sum::<usize>() <= 1;
     let mut at: std::collections::HashMap<(TopicName, i32), (usize, usize)> = std::collections::HashMap::new();
     let mut out: Vec<(TopicName, Vec<Want>)> = Vec::new();
     for t in topics {
@@ -123,6 +116,11 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
         let mut parts = Vec::new();
         for p in t.partitions {
             let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
+            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes };
+            if single {
+                parts.push(want(&p));
+                continue;
+            }
             match at.entry((t.topic.clone(), p.partition)) {
                 std::collections::hash_map::Entry::Occupied(e) => {
                     let (i, j) = *e.get();
@@ -132,7 +130,7 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert((ti, parts.len()));
-                    parts.push(Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes });
+                    parts.push(want(&p));
                 }
             }
         }

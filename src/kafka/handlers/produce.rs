@@ -162,8 +162,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                 match broker.engine.topic(&name) {
                     Some(t) => Ok(t),
                     None => {
-                        let mut a = std::mem::replace(&mut allowance, engine.auto_create_allowance());
-                        let (found, left) = tokio::task::spawn_blocking(move || (engine.topic_or_create(&n, &mut a), a)).await.unwrap_or((Err(EngineError::ShuttingDown), broker.engine.auto_create_allowance()));
+                        let mut a = allowance;
+                        let (found, left) = tokio::task::spawn_blocking(move || (engine.topic_or_create(&n, &mut a), a)).await.unwrap_or((Err(EngineError::ShuttingDown), allowance));
                         allowance = left;
                         found
                     }

@@ -105,7 +105,7 @@ impl Storage {
             for pair in segs.windows(2) {
                 let (seg, next) = (&pair[0], &pair[1]);
                 // Sealed when the next one was created; published whole.
-                if now_ms - next.created_ms < cfg.lag_ms || seg.end_seq.load(Ordering::Acquire) > visible || seg.dirty.load(Ordering::Acquire) {
+                if now_ms - next.created_ms < cfg.lag_ms || seg.end_seq.load(Ordering::Acquire) > visible || seg.file.unsynced() {
                     break;
                 }
                 due.push((seg.base_seq, b, seg.clone(), next.base_seq, next.created_ms));
@@ -301,7 +301,7 @@ impl Storage {
         let bytes_out: u64 = written.iter().map(|w| w.3).sum();
         let mut dirs = Vec::new();
         for (_, b, seg, _, _) in &due {
-            Storage::retire(seg);
+            seg.file.retire();
             match fs::remove_file(&seg.path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
