@@ -1,24 +1,29 @@
 //! Segment and subtree store files opened from damaged bytes: recovery's
 //! scan (shallow and deep) of a segment, and a store's open and frame
-//! check. The first byte picks which; the rest is the file.
+//! check. The first byte picks which; the rest is the file, on the
+//! simulated disk (in memory: no file system in the loop).
 #![no_main]
 
+use std::path::Path;
+
+use canopy::storage::disk::sim::{Faults, SimDisk};
+use canopy::storage::disk::{Disk, Mode};
 use canopy::storage::segment;
 use canopy::storage::subtree::store::Store;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, file)) = data.split_first() else { return };
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("00000000000000000000.seg");
-    std::fs::write(&path, file).expect("write the file");
+    let disk = SimDisk::new(0, Faults::default());
+    let path = Path::new("/00000000000000000000.seg");
+    disk.open(path, Mode::CreateNew).and_then(|f| f.write_all_at(file, 0)).expect("write the file");
     if pick % 2 == 0 {
         for deep in [false, true] {
-            if let Ok(scan) = segment::scan(&path, deep) {
+            if let Ok(scan) = segment::scan(&disk, path, deep) {
                 assert!(scan.valid_len <= scan.file_len);
             }
         }
-    } else if let Ok(store) = Store::open(&path) {
-        let _ = store.verify_frames();
+    } else if let Ok(store) = Store::open(&disk, path) {
+        let _ = store.verify_frames(&disk);
     }
 });

@@ -28,11 +28,12 @@
 //! (nothing was written).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use super::disk::{Disk, FileRef, Mode};
 
 /// Whether `e` says a resource ran out (descriptors, memory, disk space)
 /// rather than that the file or the disk is bad.
@@ -47,6 +48,7 @@ pub fn is_exhaustion(e: &io::Error) -> bool {
 #[derive(Debug)]
 pub struct FileCache {
     capacity: usize,
+    disk: Arc<dyn Disk>,
     state: Mutex<State>,
     next_id: AtomicU64,
     /// Files opened again after the cache had closed them.
@@ -58,15 +60,15 @@ pub struct FileCache {
 #[derive(Debug, Default)]
 struct State {
     /// Open files by slot id, with when each was last used.
-    open: HashMap<u64, (Arc<File>, u64)>,
+    open: HashMap<u64, (FileRef, u64)>,
     /// Slot ids by last use, oldest first.
     by_use: BTreeMap<u64, u64>,
     clock: u64,
 }
 
 impl FileCache {
-    pub fn new(capacity: usize) -> Arc<FileCache> {
-        Arc::new(FileCache { capacity: capacity.max(1), state: Mutex::default(), next_id: AtomicU64::new(0), reopens: AtomicU64::new(0), evictions: AtomicU64::new(0) })
+    pub fn new(capacity: usize, disk: Arc<dyn Disk>) -> Arc<FileCache> {
+        Arc::new(FileCache { capacity: capacity.max(1), disk, state: Mutex::default(), next_id: AtomicU64::new(0), reopens: AtomicU64::new(0), evictions: AtomicU64::new(0) })
     }
 
     pub fn capacity(&self) -> usize {
@@ -84,19 +86,15 @@ impl FileCache {
         CachedFile { id: self.next_id.fetch_add(1, Ordering::Relaxed), path, write, cache: self.clone(), held: Mutex::default() }
     }
 
-    /// A slot for `path` that starts with `file` already open.
-    pub fn adopt(self: &Arc<Self>, path: PathBuf, write: bool, file: File) -> CachedFile {
-        self.adopt_open(path, write, Arc::new(file))
-    }
-
-    /// [`FileCache::adopt`] for a file the caller keeps using too.
-    pub fn adopt_open(self: &Arc<Self>, path: PathBuf, write: bool, file: Arc<File>) -> CachedFile {
+    /// A slot for `path` that starts with `file` already open (the caller
+    /// may keep using it too).
+    pub fn adopt(self: &Arc<Self>, path: PathBuf, write: bool, file: FileRef) -> CachedFile {
         let f = self.file(path, write);
         self.insert(f.id, file);
         f
     }
 
-    fn insert(&self, id: u64, file: Arc<File>) -> Arc<File> {
+    fn insert(&self, id: u64, file: FileRef) -> FileRef {
         let mut s = self.state.lock().expect("file cache lock");
         s.clock += 1;
         let now = s.clock;
@@ -119,7 +117,7 @@ impl FileCache {
         file
     }
 
-    fn lookup(&self, id: u64) -> Option<Arc<File>> {
+    fn lookup(&self, id: u64) -> Option<FileRef> {
         let mut s = self.state.lock().expect("file cache lock");
         s.clock += 1;
         let now = s.clock;
@@ -153,7 +151,7 @@ pub struct CachedFile {
 /// file unsynced finds it held.
 #[derive(Debug, Default)]
 struct Held {
-    file: Option<Arc<File>>,
+    file: Option<FileRef>,
     /// Counts holds: a sync ends only the hold it saw.
     number: u64,
     unsynced: bool,
@@ -168,29 +166,32 @@ impl CachedFile {
 
     /// The open file: the one held outside the cache, or the cache's,
     /// opening it again if the cache closed it.
-    pub fn get(&self) -> io::Result<Arc<File>> {
+    pub fn get(&self) -> io::Result<FileRef> {
         if let Some(f) = self.held.lock().expect("held file lock").file.clone() {
             return Ok(f);
         }
         if let Some(f) = self.cache.lookup(self.id) {
             return Ok(f);
         }
-        let file = OpenOptions::new().read(true).write(self.write).open(&self.path)?;
+        let file = self.cache.disk.open(&self.path, if self.write { Mode::Write } else { Mode::Read })?;
         self.cache.reopens.fetch_add(1, Ordering::Relaxed);
-        Ok(self.cache.insert(self.id, Arc::new(file)))
+        Ok(self.cache.insert(self.id, file))
     }
 }
 
 impl CachedFile {
     /// `file` was written: it is unsynced, and with `hold` it stays open
-    /// until the sync that covers this write.
-    pub fn wrote(&self, file: &Arc<File>, hold: bool) {
+    /// until the sync that covers this write. Returns whether it was clean
+    /// before (then the caller lists it for the next sync; a sync marks it
+    /// clean before it starts, so a write during a sync lists it again).
+    pub fn wrote(&self, file: &FileRef, hold: bool) -> bool {
         let mut h = self.held.lock().expect("held file lock");
-        h.unsynced = true;
+        let was_clean = !std::mem::replace(&mut h.unsynced, true);
         if hold && !h.retired {
             h.number += 1;
             h.file = Some(file.clone());
         }
+        was_clean
     }
 
     /// Whether writes are waiting for a sync.
@@ -200,7 +201,7 @@ impl CachedFile {
 
     /// For a sync: if there are unsynced writes, marks them synced and
     /// hands out the held file (if any) with its hold's number.
-    pub fn to_sync(&self) -> Option<(Option<Arc<File>>, u64)> {
+    pub fn to_sync(&self) -> Option<(Option<FileRef>, u64)> {
         let mut h = self.held.lock().expect("held file lock");
         if !std::mem::take(&mut h.unsynced) {
             return None;
@@ -266,6 +267,8 @@ pub fn nofile_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::disk::RealDisk;
+    use std::fs::File;
     use std::io::Write;
 
     fn files(dir: &Path, n: usize) -> Vec<PathBuf> {
@@ -281,13 +284,13 @@ mod tests {
     #[test]
     fn at_most_capacity_stay_open_and_closed_ones_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = FileCache::new(3);
+        let cache = FileCache::new(3, RealDisk::shared());
         let slots: Vec<CachedFile> = files(dir.path(), 10).into_iter().map(|p| cache.file(p, false)).collect();
         for round in 0..3 {
             for s in &slots {
                 let f = s.get().unwrap();
                 let mut b = [0u8; 16];
-                let n = std::os::unix::fs::FileExt::read_at(&*f, &mut b, 0).unwrap();
+                let n = f.read_at(&mut b, 0).unwrap();
                 assert!(std::str::from_utf8(&b[..n]).unwrap().starts_with("file "), "round {round}");
                 assert!(cache.open_files() <= 3);
             }
@@ -301,7 +304,7 @@ mod tests {
     #[test]
     fn the_least_recently_used_goes_first() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = FileCache::new(2);
+        let cache = FileCache::new(2, RealDisk::shared());
         let s: Vec<CachedFile> = files(dir.path(), 3).into_iter().map(|p| cache.file(p, false)).collect();
         s[0].get().unwrap();
         s[1].get().unwrap();
@@ -317,19 +320,19 @@ mod tests {
     #[test]
     fn a_file_in_use_stays_usable_after_eviction() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = FileCache::new(1);
+        let cache = FileCache::new(1, RealDisk::shared());
         let s: Vec<CachedFile> = files(dir.path(), 2).into_iter().map(|p| cache.file(p, false)).collect();
         let held = s[0].get().unwrap();
         s[1].get().unwrap();
         let mut b = [0u8; 6];
-        std::os::unix::fs::FileExt::read_exact_at(&*held, &mut b, 0).unwrap();
+        held.read_exact_at(&mut b, 0).unwrap();
         assert_eq!(&b, b"file 0");
     }
 
     #[test]
     fn a_hold_ends_with_the_sync_that_saw_it_and_not_before() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = FileCache::new(1);
+        let cache = FileCache::new(1, RealDisk::shared());
         let s: Vec<CachedFile> = files(dir.path(), 2).into_iter().map(|p| cache.file(p, true)).collect();
         let f = s[0].get().unwrap();
         assert!(s[0].to_sync().is_none(), "nothing written");

@@ -31,9 +31,7 @@
 //! Indexes are rebuilt by recovery; persisting them is future work.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -41,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::disk::{Disk, FileRef, Mode, RealDisk};
 use super::files::{self, CachedFile, FileCache};
 use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
@@ -81,11 +80,13 @@ pub struct StorageConfig {
     /// until that sync, so the sync never opens a file. Without per-round
     /// syncs (`never`) nothing is held.
     pub hold_until_sync: bool,
+    /// Every file operation goes through it (see `disk`).
+    pub disk: Arc<dyn Disk>,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096, hold_until_sync: true }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, disk: RealDisk::shared() }
     }
 }
 
@@ -469,7 +470,7 @@ struct PartWriter {
 struct Staged {
     seg: Arc<Segment>,
     /// The segment's file, held open from staging to the write.
-    file: Arc<fs::File>,
+    file: FileRef,
     start: u64,
     buf: Vec<u8>,
     published: Vec<(Arc<Partition>, i64, Option<IndexEntry>)>,
@@ -572,6 +573,9 @@ pub struct Storage {
     compaction_stats: CompactionStats,
     /// Bytes written since the last fsync (what the next one makes durable).
     unsynced: AtomicU64,
+    /// The segments written since the last sync began: what it syncs, so
+    /// a sync costs the segments written, not the segments that exist.
+    dirty: Mutex<Vec<Arc<Segment>>>,
 }
 
 /// What the maintenance lock guards.
@@ -652,14 +656,15 @@ impl Storage {
     pub fn open_with(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool, windows: Option<&[WindowRecord]>) -> Result<Storage, StorageError> {
         let started = Instant::now();
         let log_dir = dir.join("log");
-        fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+        let disk = cfg.disk.clone();
+        disk.create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
         let stores_dir = dir.join("stores");
         let mut report = RecoveryReport::default();
         let mut branches: HashMap<String, Arc<Branch>> = HashMap::new();
         let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::new();
         let mut writers: HashMap<Tp, PartWriter> = HashMap::new();
         let mut next_seq = 0u64;
-        let cache = FileCache::new(cfg.max_open_files);
+        let cache = FileCache::new(cfg.max_open_files, disk.clone());
 
         let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
             branches
@@ -668,7 +673,7 @@ impl Storage {
                     let dir = log_dir.join(branch_dir_name(name));
                     // A directory found at start-up was synced by the run
                     // that made it (before its first segment was used).
-                    Arc::new(Branch { dir_synced: AtomicBool::new(dir.exists()), dir, segs: RwLock::new(Vec::new()) })
+                    Arc::new(Branch { dir_synced: AtomicBool::new(disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
                 })
                 .clone()
         };
@@ -685,13 +690,13 @@ impl Storage {
         }
 
         // The stores first: they hold each tp's oldest batches.
-        let (stores, compacted_to, next_window) = open_stores(&stores_dir, windows, &mut writers, &mut report, &cache)?;
+        let (stores, compacted_to, next_window) = open_stores(&*disk, &stores_dir, windows, &mut writers, &mut report, &cache)?;
         for st in &stores {
             next_seq = next_seq.max(st.store.end_seq);
         }
 
-        let mut entries = fs::read_dir(&log_dir).map_err(io_err(&log_dir))?.collect::<Result<Vec<_>, _>>().map_err(io_err(&log_dir))?;
-        entries.sort_by_key(|e| e.file_name());
+        let mut entries = disk.list(&log_dir).map_err(io_err(&log_dir))?;
+        entries.sort();
         let total_branches = entries.len();
         let mut last_progress = Instant::now();
         for (done, entry) in entries.into_iter().enumerate() {
@@ -700,15 +705,12 @@ impl Storage {
                 last_progress = Instant::now();
                 tracing::info!(branches_done = done, branches = total_branches, segments = report.segments, bytes = report.bytes, elapsed_ms = started.elapsed().as_millis() as u64, "recovering branch logs");
             }
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(branch_name) = name.strip_suffix(".br") else { continue };
+            let Some(branch_name) = entry.strip_suffix(".br") else { continue };
             let branch = storage_branch(&mut branches, branch_name);
             let mut files: Vec<(u64, PathBuf)> = Vec::new();
-            for f in fs::read_dir(&branch.dir).map_err(io_err(&branch.dir))? {
-                let f = f.map_err(io_err(&branch.dir))?;
-                let fname = f.file_name().to_string_lossy().into_owned();
+            for fname in disk.list(&branch.dir).map_err(io_err(&branch.dir))? {
                 if let Some(seq) = fname.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
-                    files.push((seq, f.path()));
+                    files.push((seq, branch.dir.join(fname)));
                 }
             }
             files.sort();
@@ -718,25 +720,25 @@ impl Storage {
             let before = files.len();
             for (_, path) in files.iter().filter(|(seq, _)| *seq < replaced_below) {
                 tracing::info!(path = %path.display(), "deleting segment replaced by subtree stores");
-                fs::remove_file(path).map_err(io_err(path))?;
+                disk.remove_file(path).map_err(io_err(path))?;
             }
             files.retain(|(seq, _)| *seq >= replaced_below);
             if files.len() < before {
-                sync_dir(&branch.dir)?;
+                sync_dir(&*disk, &branch.dir)?;
             }
             let count = files.len();
             let mut segs = Vec::with_capacity(count);
             for (i, (_, path)) in files.into_iter().enumerate() {
                 let is_active = i + 1 == count;
-                let len = fs::metadata(&path).map_err(io_err(&path))?.len();
+                let len = disk.open(&path, Mode::Read).and_then(|f| f.len()).map_err(io_err(&path))?;
                 if len < FILE_HEADER_BYTES && is_active {
                     // Crashed between creating the file and syncing its header.
                     tracing::warn!(path = %path.display(), "removing segment with torn header");
-                    fs::remove_file(&path).map_err(io_err(&path))?;
+                    disk.remove_file(&path).map_err(io_err(&path))?;
                     continue;
                 }
                 let deep = !clean && is_active;
-                let scan = segment::scan(&path, deep)?;
+                let scan = segment::scan(&*disk, &path, deep)?;
                 report.segments += 1;
                 if deep {
                     report.deep_scanned_bytes += scan.valid_len;
@@ -815,6 +817,7 @@ impl Storage {
             read_stats: ReadStats::default(),
             compaction_stats: CompactionStats::default(),
             unsynced: AtomicU64::new(0),
+            dirty: Mutex::default(),
         })
     }
 
@@ -840,7 +843,7 @@ impl Storage {
                 .entry(spec.branch.clone())
                 .or_insert_with(|| {
                     let dir = self.dir.join(branch_dir_name(&spec.branch));
-                    Arc::new(Branch { dir_synced: AtomicBool::new(dir.exists()), dir, segs: RwLock::new(Vec::new()) })
+                    Arc::new(Branch { dir_synced: AtomicBool::new(self.cfg.disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
                 })
                 .clone()
         };
@@ -983,7 +986,9 @@ impl Storage {
         staged.start += staged.buf.len() as u64;
         self.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
         staged.buf.clear();
-        staged.seg.file.wrote(&staged.file, self.cfg.hold_until_sync);
+        if staged.seg.file.wrote(&staged.file, self.cfg.hold_until_sync) {
+            self.dirty.lock().expect("dirty list lock").push(staged.seg.clone());
+        }
         staged.seg.len.store(staged.start, Ordering::Release);
         Ok(())
     }
@@ -1003,10 +1008,8 @@ impl Storage {
         seg.file.settled();
         let reserved = seg.allocated.load(Ordering::Acquire);
         if reserved > end {
-            let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
-            if rustix::fs::fallocate(&*staged.file, flags, end, reserved - end).is_ok() {
-                seg.allocated.store(end, Ordering::Release);
-            }
+            staged.file.release(end, reserved - end);
+            seg.allocated.store(end, Ordering::Release);
         }
     }
 
@@ -1032,17 +1035,17 @@ impl Storage {
         let step = (end - FILE_HEADER_BYTES).clamp(4 << 10, 16 << 20);
         let to = (end + step).min(self.cfg.segment_bytes.max(end));
         let from = seg.allocated.load(Ordering::Acquire);
-        match rustix::fs::fallocate(&*staged.file, rustix::fs::FallocateFlags::KEEP_SIZE, from, to - from) {
-            Ok(()) => {
+        match staged.file.reserve(from, to - from) {
+            Ok(true) => {
                 seg.allocated.store(to, Ordering::Release);
                 Ok(())
             }
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+            Ok(false) => {
                 tracing::info!(path = %seg.path.display(), "the filesystem cannot reserve space ahead (fallocate); a full disk will show at write time");
                 self.preallocate.store(false, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => Err(open_err(&seg.path)(e.into())),
+            Err(e) => Err(open_err(&seg.path)(e)),
         }
     }
 
@@ -1061,10 +1064,7 @@ impl Storage {
     pub fn sync(&self) -> Result<u64, StorageError> {
         self.check_poison()?;
         let bytes = self.unsynced.swap(0, Ordering::AcqRel);
-        let segs: Vec<Arc<Segment>> = {
-            let branches = self.branches.read().expect("branches lock");
-            branches.values().flat_map(|b| b.segs.read().expect("branch lock").clone()).collect()
-        };
+        let segs = std::mem::take(&mut *self.dirty.lock().expect("dirty list lock"));
         for seg in segs {
             // The writer held the file it wrote; the hold ends here.
             let Some((held, number)) = seg.file.to_sync() else { continue };
@@ -1100,7 +1100,7 @@ impl Storage {
     }
 
     /// The branch's active segment and its file, open.
-    fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, Arc<fs::File>), StorageError> {
+    fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, FileRef), StorageError> {
         let last = branch.segs.read().expect("branch lock").last().cloned();
         match last {
             Some(seg) => {
@@ -1113,28 +1113,28 @@ impl Storage {
 
     /// Creates the branch's next segment. Running out of descriptors or
     /// disk space here fails with `Exhausted` and leaves nothing behind.
-    fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, Arc<fs::File>), StorageError> {
+    fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, FileRef), StorageError> {
+        let disk = &*self.cfg.disk;
         if !branch.dir_synced.load(Ordering::Acquire) {
-            fs::create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
-            sync_dir(&self.dir)?;
+            disk.create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
+            sync_dir(disk, &self.dir)?;
             branch.dir_synced.store(true, Ordering::Release);
         }
         let path = branch.dir.join(seg_file_name(base_seq));
-        let file = match segment::create(&path, &FileHeader { base_seq, created_ms: now_ms }) {
+        let file = match segment::create(disk, &path, &FileHeader { base_seq, created_ms: now_ms }) {
             Ok(f) => f,
             Err(segment::SegmentError::Io { source, .. }) => return Err(open_err(&path)(source)),
             Err(e) => return Err(e.into()),
         };
-        if let Err(e) = sync_dir(&branch.dir) {
+        if let Err(e) = sync_dir(disk, &branch.dir) {
             drop(file);
-            let _ = fs::remove_file(&path);
+            let _ = disk.remove_file(&path);
             return Err(e);
         }
-        let file = Arc::new(file);
         let seg = Arc::new(Segment {
             base_seq,
             created_ms: now_ms,
-            file: self.files.adopt_open(path.clone(), true, file.clone()),
+            file: self.files.adopt(path.clone(), true, file.clone()),
             path,
             allocated: AtomicU64::new(FILE_HEADER_BYTES),
             len: AtomicU64::new(FILE_HEADER_BYTES),
@@ -1486,10 +1486,10 @@ impl Storage {
             for seg in dead {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
                 seg.file.retire();
-                fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
+                self.cfg.disk.remove_file(&seg.path).map_err(io_err(&seg.path))?;
                 deleted += 1;
             }
-            sync_dir(&branch.dir)?;
+            sync_dir(&*self.cfg.disk, &branch.dir)?;
         }
         Ok(deleted)
     }
@@ -1527,9 +1527,9 @@ impl Storage {
         for s in &dead {
             tracing::info!(path = %s.store.path.display(), "deleting store past retention");
             s.file.retire();
-            fs::remove_file(&s.store.path).map_err(io_err(&s.store.path))?;
+            self.cfg.disk.remove_file(&s.store.path).map_err(io_err(&s.store.path))?;
         }
-        sync_dir(&self.stores_dir)?;
+        sync_dir(&*self.cfg.disk, &self.stores_dir)?;
         self.compaction_stats.stores_deleted.fetch_add(dead.len() as u64, Ordering::Relaxed);
         Ok(dead.len())
     }
@@ -1548,14 +1548,14 @@ enum Walk {
 /// A file of frames: a branch-log segment or a subtree store.
 trait FrameFile: Send + Sync {
     /// The file, open (through the descriptor cache).
-    fn file(&self) -> io::Result<Arc<fs::File>>;
+    fn file(&self) -> io::Result<FileRef>;
     fn path(&self) -> &Path;
     /// Frames lie below this position.
     fn frames_end(&self) -> u64;
 }
 
 impl FrameFile for Segment {
-    fn file(&self) -> io::Result<Arc<fs::File>> {
+    fn file(&self) -> io::Result<FileRef> {
         self.file.get()
     }
     fn path(&self) -> &Path {
@@ -1567,7 +1567,7 @@ impl FrameFile for Segment {
 }
 
 impl FrameFile for StoreFile {
-    fn file(&self) -> io::Result<Arc<fs::File>> {
+    fn file(&self) -> io::Result<FileRef> {
         self.file.get()
     }
     fn path(&self) -> &Path {
@@ -1707,17 +1707,15 @@ impl<'a> Frames<'a> {
 /// window number.
 #[allow(clippy::type_complexity)]
 fn open_stores(
+    disk: &dyn Disk,
     dir: &Path,
     windows: Option<&[WindowRecord]>,
     writers: &mut HashMap<Tp, PartWriter>,
     report: &mut RecoveryReport,
     files: &Arc<FileCache>,
 ) -> Result<(Vec<Arc<StoreFile>>, HashMap<String, u64>, u64), StorageError> {
-    let mut found: Vec<(String, PathBuf)> = match fs::read_dir(dir) {
-        Ok(rd) => rd
-            .map(|e| e.map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())))
-            .collect::<Result<_, _>>()
-            .map_err(io_err(dir))?,
+    let mut found: Vec<(String, PathBuf)> = match disk.list(dir) {
+        Ok(names) => names.into_iter().map(|n| (n.clone(), dir.join(n))).collect(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io_err(dir)(e)),
     };
@@ -1743,18 +1741,18 @@ fn open_stores(
     for (name, path) in &found {
         if !store::parse_file_name(name).is_some_and(|k| live.contains(&k)) {
             tracing::info!(path = %path.display(), "deleting store file the catalog does not list (an unfinished compaction or a dropped store)");
-            fs::remove_file(path).map_err(io_err(path))?;
+            disk.remove_file(path).map_err(io_err(path))?;
             removed = true;
         }
     }
     if removed {
-        sync_dir(dir)?;
+        sync_dir(disk, dir)?;
     }
     let mut stores = Vec::with_capacity(live.len());
     for (window, n) in live {
         // A listed store that is missing or damaged is lost data: refuse to
         // start rather than serve a log with a hole.
-        let store = Store::open(&dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
+        let store = Store::open(disk, &dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
         let file = Arc::new(StoreFile::new(store, files, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch))));
         for (tp, share) in &file.store.tps {
             let Some(w) = writers.get_mut(tp) else { continue };
@@ -1800,8 +1798,8 @@ fn branch_name(branch: &Branch) -> String {
 }
 
 
-fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    fs::File::open(dir).map_err(open_err(dir))?.sync_all().map_err(io_err(dir))
+fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
+    disk.sync_dir(dir).map_err(io_err(dir))
 }
 
 impl PartWriter {
@@ -1994,13 +1992,13 @@ mod tests {
                 append_n(&s, tp(1, 0), 10, 0);
                 s.sync().unwrap();
             }
-            let seg = fs::read_dir(dir.path().join("log/t.br")).unwrap().next().unwrap().unwrap().path();
-            let len = fs::metadata(&seg).unwrap().len();
-            let f = fs::OpenOptions::new().write(true).open(&seg).unwrap();
+            let seg = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().next().unwrap().unwrap().path();
+            let len = std::fs::metadata(&seg).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
             if damage == "truncate" {
                 f.set_len(len - 3).unwrap();
             } else {
-                f.write_all_at(&[0xff], len - 5).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], len - 5).unwrap();
             }
             let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
             assert_eq!(s.offsets(&tp(1, 0)), Some((0, 18, 18)), "{damage}");
@@ -2143,11 +2141,11 @@ mod tests {
             s.sync().unwrap();
             assert!(s.segment_count() > 2);
         }
-        let mut segs: Vec<_> = fs::read_dir(dir.path().join("log/t.br")).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().map(|e| e.unwrap().path()).collect();
         segs.sort();
         let first = &segs[0];
-        let len = fs::metadata(first).unwrap().len();
-        fs::OpenOptions::new().write(true).open(first).unwrap().set_len(len - 10).unwrap();
+        let len = std::fs::metadata(first).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(first).unwrap().set_len(len - 10).unwrap();
         match Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], false) {
             Err(StorageError::CorruptSealed { path, .. }) => assert!(path.ends_with(&*first.file_name().unwrap().to_string_lossy())),
             Err(e) => panic!("wrong error {e}"),

@@ -6,6 +6,7 @@
 //! (`tip`): the newest batches in memory, indexed per branch, which reads
 //! try first. The subtree stores of a later issue sit beside them.
 
+pub mod disk;
 pub mod files;
 pub mod log;
 pub mod merge;

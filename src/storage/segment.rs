@@ -35,11 +35,11 @@
 //! checksum does not verify ends the valid part of the file: recovery
 //! truncates there.
 
-use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use super::disk::{Disk, FileRef, Mode, Reader};
+pub use super::disk::read_full_at;
 use super::TopicId;
 
 pub const FORMAT_VERSION: u16 = 1;
@@ -198,13 +198,13 @@ pub fn decode_file_header(b: &[u8], path: &Path) -> Result<FileHeader, SegmentEr
 /// Creates a new, empty segment file with its header written and synced.
 /// A file that could not be finished is removed, so a later attempt at
 /// the same name starts afresh.
-pub fn create(path: &Path, header: &FileHeader) -> Result<File, SegmentError> {
+pub fn create(disk: &dyn Disk, path: &Path, header: &FileHeader) -> Result<FileRef, SegmentError> {
     let io = |source| SegmentError::Io { path: path.display().to_string(), source };
-    let file = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(io)?;
+    let file = disk.open(path, Mode::CreateNew).map_err(io)?;
     let written = file.write_all_at(&encode_file_header(header), 0).and_then(|_| file.sync_all());
     if let Err(e) = written {
         drop(file);
-        let _ = std::fs::remove_file(path);
+        let _ = disk.remove_file(path);
         return Err(io(e));
     }
     Ok(file)
@@ -213,7 +213,7 @@ pub fn create(path: &Path, header: &FileHeader) -> Result<File, SegmentError> {
 /// What a scan of one segment found.
 pub struct Scan {
     pub header: FileHeader,
-    pub file: File,
+    pub file: FileRef,
     /// Frames in file order with their positions.
     pub frames: Vec<(u64, FrameHeader)>,
     /// End of the last valid frame.
@@ -226,18 +226,18 @@ pub struct Scan {
 /// is verified by reading the whole file sequentially; without, only the
 /// headers are read (one positioned read each) and lengths are checked.
 /// Either way the walk stops at the first frame that does not verify.
-pub fn scan(path: &Path, deep: bool) -> Result<Scan, SegmentError> {
+pub fn scan(disk: &dyn Disk, path: &Path, deep: bool) -> Result<Scan, SegmentError> {
     let io = |source| SegmentError::Io { path: path.display().to_string(), source };
-    let file = OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
-    let file_len = file.metadata().map_err(io)?.len();
+    let file = disk.open(path, Mode::Write).map_err(io)?;
+    let file_len = file.len().map_err(io)?;
     let mut hb = [0u8; FILE_HEADER_BYTES as usize];
-    let n = read_full_at(&file, &mut hb, 0).map_err(io)?;
+    let n = read_full_at(&*file, &mut hb, 0).map_err(io)?;
     let header = decode_file_header(&hb[..n], path)?;
     let mut frames = Vec::new();
     let mut pos = FILE_HEADER_BYTES;
     let mut last_seq = None;
     if deep {
-        let mut reader = io::BufReader::with_capacity(1 << 20, &file);
+        let mut reader = io::BufReader::with_capacity(1 << 20, Reader::new(&*file, 0));
         let mut skip = [0u8; FILE_HEADER_BYTES as usize];
         reader.read_exact(&mut skip).map_err(io)?;
         let mut body = Vec::new();
@@ -267,7 +267,7 @@ pub fn scan(path: &Path, deep: bool) -> Result<Scan, SegmentError> {
     } else {
         let mut h = [0u8; FRAME_HEADER_BYTES];
         while pos + FRAME_HEADER_BYTES as u64 <= file_len {
-            if read_full_at(&file, &mut h, pos).map_err(io)? < FRAME_HEADER_BYTES {
+            if read_full_at(&*file, &mut h, pos).map_err(io)? < FRAME_HEADER_BYTES {
                 break;
             }
             let Some(fh) = FrameHeader::decode(&h) else { break };
@@ -308,23 +308,10 @@ fn read_exact_or_eof(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Positioned read that fills `buf` unless the file ends first; returns bytes read.
-pub fn read_full_at(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], pos + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::disk::RealDisk;
     use crate::protocol::batch::tests::make_batch;
     use std::io::Write;
 
@@ -345,7 +332,7 @@ mod tests {
         let path = dir.path().join("s.seg");
         write_segment(&path, 5, &[0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0]);
         for deep in [false, true] {
-            let s = scan(&path, deep).unwrap();
+            let s = scan(&RealDisk, &path, deep).unwrap();
             assert_eq!(s.frames.len(), 5, "deep={deep}");
             assert_eq!(s.file_len - s.valid_len, 8);
             assert_eq!(s.frames.iter().map(|(_, f)| f.base_offset).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
@@ -359,9 +346,9 @@ mod tests {
         let mut bytes = write_segment(&path, 1, &[]);
         bytes[3] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(matches!(scan(&path, true), Err(SegmentError::BadHeader { why: "wrong magic", .. })));
+        assert!(matches!(scan(&RealDisk, &path, true), Err(SegmentError::BadHeader { why: "wrong magic", .. })));
         std::fs::write(&path, &bytes[..10]).unwrap();
-        assert!(matches!(scan(&path, false), Err(SegmentError::BadHeader { .. })));
+        assert!(matches!(scan(&RealDisk, &path, false), Err(SegmentError::BadHeader { .. })));
     }
 
     proptest::proptest! {
@@ -378,8 +365,8 @@ mod tests {
             bytes[i] ^= byte | 1;
             bytes.truncate(bytes.len() - cut % (bytes.len() - FILE_HEADER_BYTES as usize));
             std::fs::write(&path, &bytes).unwrap();
-            let shallow = scan(&path, false).unwrap();
-            let deep = scan(&path, true).unwrap();
+            let shallow = scan(&RealDisk, &path, false).unwrap();
+            let deep = scan(&RealDisk, &path, true).unwrap();
             proptest::prop_assert!(deep.frames.len() <= shallow.frames.len());
             proptest::prop_assert!(deep.valid_len <= deep.file_len);
             for (pos, f) in &deep.frames {

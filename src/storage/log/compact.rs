@@ -153,7 +153,8 @@ impl Storage {
 
         // 3. Copy the frames, in stream order, into their stores.
         let window = maintenance.next_window;
-        fs::create_dir_all(&self.stores_dir).map_err(io_err(&self.stores_dir))?;
+        let disk = &*self.cfg.disk;
+        disk.create_dir_all(&self.stores_dir).map_err(io_err(&self.stores_dir))?;
         let mut cursors: Vec<Frames<'_>> = (0..branches.len())
             .filter_map(|b| {
                 let files: Vec<(Arc<dyn FrameFile>, u64)> = due.iter().filter(|d| d.1 == b).map(|d| (d.2.clone() as Arc<dyn FrameFile>, FILE_HEADER_BYTES)).collect();
@@ -180,7 +181,7 @@ impl Storage {
                 if let Some(s) = store_of(&tp.topic).filter(|_| keep) {
                     let w = match &mut writers[s] {
                         Some(w) => w,
-                        slot => slot.insert(StoreWriter::create(&tmp_path(s), window, s as u32, self.cfg.index_interval_bytes)?),
+                        slot => slot.insert(StoreWriter::create(disk, &tmp_path(s), window, s as u32, self.cfg.index_interval_bytes)?),
                     };
                     w.push(&fh, &buf[range.start - FRAME_HEADER_BYTES..range.end])?;
                 }
@@ -210,7 +211,7 @@ impl Storage {
         if let Err(e) = finished {
             // Nothing is listed: remove what this run wrote.
             for s in 0..plan.stores.len() {
-                let _ = fs::remove_file(tmp_path(s));
+                let _ = disk.remove_file(&tmp_path(s));
             }
             return Err(e);
         }
@@ -219,11 +220,11 @@ impl Storage {
         // 4. Durable under the final names (still unlisted).
         for (s, path, file, _) in &mut written {
             let to = self.stores_dir.join(store::file_name(window, *s as u32));
-            store::sync_and_rename(file, path, &to)?;
+            store::sync_and_rename(disk, file, path, &to)?;
             *path = to;
         }
-        sync_dir(&self.stores_dir)?;
-        sync_dir(self.dir.parent().unwrap_or(&self.dir))?;
+        sync_dir(disk, &self.stores_dir)?;
+        sync_dir(disk, self.dir.parent().unwrap_or(&self.dir))?;
         stop(Step::Synced)?;
 
         // 5. The switch: the catalog lists the window.
@@ -265,7 +266,7 @@ impl Storage {
         // would stay due and a second window would hold their batches too.
         let mut opened = Vec::with_capacity(written.len());
         for (_, path, _, _) in &written {
-            let store = Store::open(path)?;
+            let store = Store::open(disk, path)?;
             opened.push(Arc::new(StoreFile::new(store, &self.files, |tp| parts.get(tp).map(|p| branch_name(&p.branch)))));
         }
         // A window number is never used twice, whatever `persist` did.
@@ -302,7 +303,7 @@ impl Storage {
         let mut dirs = Vec::new();
         for (_, b, seg, _, _) in &due {
             seg.file.retire();
-            match fs::remove_file(&seg.path) {
+            match disk.remove_file(&seg.path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err(&seg.path)(e)),
@@ -312,7 +313,7 @@ impl Storage {
             }
         }
         for b in dirs {
-            sync_dir(&branches[b].1.dir)?;
+            sync_dir(disk, &branches[b].1.dir)?;
         }
         let stats = &self.compaction_stats;
         stats.windows.fetch_add(1, Ordering::Relaxed);
@@ -461,7 +462,7 @@ mod tests {
     fn check_files(dir: &Path, s: &Storage, catalog: &[WindowRecord]) -> Result<(), TestCaseError> {
         let mut listed: Vec<String> = catalog.iter().flat_map(|w| w.stores.iter().filter(|st| st.live).map(move |st| store::file_name(w.window, st.store))).collect();
         listed.sort();
-        let mut found: Vec<String> = fs::read_dir(dir.join("stores")).map(|rd| rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        let mut found: Vec<String> = std::fs::read_dir(dir.join("stores")).map(|rd| rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
         found.sort();
         prop_assert_eq!(&found, &listed);
         prop_assert_eq!(s.store_count(), listed.len());
@@ -469,7 +470,7 @@ mod tests {
         for b in BRANCHES {
             let d = dir.join("log").join(format!("{b}.br"));
             let below = catalog.iter().flat_map(|w| w.compacted_to.iter()).filter(|(n, _)| n == b).map(|(_, s)| *s).max().unwrap_or(0);
-            for e in fs::read_dir(&d).into_iter().flatten() {
+            for e in std::fs::read_dir(&d).into_iter().flatten() {
                 let name = e.unwrap().file_name().to_string_lossy().into_owned();
                 let seq: u64 = name.strip_suffix(".seg").unwrap().parse().unwrap();
                 prop_assert!(seq >= below, "{} below {} survived in {}", name, below, b);
@@ -587,7 +588,7 @@ mod tests {
         // The catalog never listed the window: its files go, the segments serve.
         let s = open_with(dir.path(), 0, Some(&[])).unwrap();
         assert_eq!(s.store_count(), 0);
-        assert_eq!(fs::read_dir(dir.path().join("stores")).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(dir.path().join("stores")).unwrap().count(), 0);
         check_reads(&s, &rows, 1 << 20).unwrap();
     }
 
@@ -606,7 +607,7 @@ mod tests {
         assert!(matches!(r, Err(StorageError::Stopped(_))), "{r:?}");
         assert!(catalog.borrow().is_empty());
         assert_eq!(s.store_count(), 0);
-        assert_eq!(fs::read_dir(dir.path().join("stores")).unwrap().count(), 0, "temporary files removed");
+        assert_eq!(std::fs::read_dir(dir.path().join("stores")).unwrap().count(), 0, "temporary files removed");
         check_reads(&s, &rows, 1 << 20).unwrap();
         assert!(compact(&s, Strategy::Prefix3, &catalog, &|_| false).unwrap().is_some());
     }
@@ -624,12 +625,12 @@ mod tests {
         }
         let w = catalog.borrow()[0].clone();
         let path = dir.path().join("stores").join(store::file_name(w.window, w.stores.iter().find(|s| s.live).unwrap().store));
-        let mut bytes = fs::read(&path).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
         let n = bytes.len();
         bytes[n - 30] ^= 0xff;
-        fs::write(&path, &bytes).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
         assert!(matches!(open_with(dir.path(), 0, Some(&catalog.borrow())), Err(StorageError::Store(_))));
-        fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
         assert!(matches!(open_with(dir.path(), 0, Some(&catalog.borrow())), Err(StorageError::Store(_))));
     }
 

@@ -83,7 +83,7 @@ pub fn volumes(dir: &Path, windows: &[WindowRecord]) -> Result<HashMap<TopicId, 
             if f.extension().is_none_or(|x| x != "seg") {
                 continue;
             }
-            let scan = super::segment::scan(&f, false).map_err(|e| e.to_string())?;
+            let scan = super::segment::scan(&super::disk::RealDisk, &f, false).map_err(|e| e.to_string())?;
             for (_, fh) in scan.frames {
                 *out.entry(fh.topic_id).or_default() += fh.frame_len as u64;
             }
@@ -92,7 +92,7 @@ pub fn volumes(dir: &Path, windows: &[WindowRecord]) -> Result<HashMap<TopicId, 
     for w in windows {
         for s in w.stores.iter().filter(|s| s.live) {
             let path = dir.join("stores").join(store::file_name(w.window, s.store));
-            let st = store::Store::open(&path).map_err(|e| e.to_string())?;
+            let st = store::Store::open(&super::disk::RealDisk, &path).map_err(|e| e.to_string())?;
             for (tp, share) in &st.tps {
                 *out.entry(tp.topic).or_default() += share.bytes;
             }

@@ -47,11 +47,10 @@
 //! both checksums and every count against the bytes present.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::storage::disk::{Appender, Disk, FileRef, Mode};
 use crate::storage::segment::{self, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use crate::storage::Tp;
 
@@ -111,7 +110,7 @@ pub enum StoreError {
 /// order; [`StoreWriter::finish`] appends index and footer and syncs.
 pub struct StoreWriter {
     path: PathBuf,
-    file: io::BufWriter<File>,
+    file: io::BufWriter<Appender>,
     pos: u64,
     tps: HashMap<Tp, StoreTp>,
     /// Per tp: bytes of its frames since its last entry.
@@ -125,9 +124,9 @@ pub struct StoreWriter {
 
 impl StoreWriter {
     /// Creates `path` (which must not exist).
-    pub fn create(path: &Path, window: u64, store: u32, index_interval: u64) -> Result<StoreWriter, StoreError> {
+    pub fn create(disk: &dyn Disk, path: &Path, window: u64, store: u32, index_interval: u64) -> Result<StoreWriter, StoreError> {
         let io = |source| StoreError::Io { path: path.display().to_string(), source };
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(io)?;
+        let file = Appender::new(disk.open(path, Mode::CreateNew).map_err(io)?, 0);
         let mut w = StoreWriter {
             path: path.to_owned(),
             file: io::BufWriter::with_capacity(64 * 1024, file),
@@ -185,7 +184,7 @@ impl StoreWriter {
 
     /// Writes the index and the footer and flushes to the file (not synced:
     /// see [`StoreWriter::sync`]). Returns the file.
-    pub fn finish(mut self) -> Result<(PathBuf, File), StoreError> {
+    pub fn finish(mut self) -> Result<(PathBuf, FileRef), StoreError> {
         let io = |source| StoreError::Io { path: self.path.display().to_string(), source };
         let mut tps: Vec<(&Tp, &StoreTp)> = self.tps.iter().collect();
         tps.sort_by_key(|(tp, _)| **tp);
@@ -224,7 +223,7 @@ impl StoreWriter {
         self.file.write_all(&idx).map_err(io)?;
         self.file.write_all(&f).map_err(io)?;
         let file = self.file.into_inner().map_err(|e| StoreError::Io { path: self.path.display().to_string(), source: e.into_error() })?;
-        Ok((self.path, file))
+        Ok((self.path, file.into_file()))
     }
 }
 
@@ -247,11 +246,11 @@ pub struct Store {
 
 impl Store {
     /// Opens and verifies a store's header, footer and index.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+    pub fn open(disk: &dyn Disk, path: &Path) -> Result<Store, StoreError> {
         let io = |source| StoreError::Io { path: path.display().to_string(), source };
         let bad = |why: String| StoreError::Corrupt { path: path.display().to_string(), why };
-        let file = File::open(path).map_err(io)?;
-        let file_len = file.metadata().map_err(io)?.len();
+        let file = disk.open(path, Mode::Read).map_err(io)?;
+        let file_len = file.len().map_err(io)?;
         if file_len < FILE_HEADER_BYTES + FOOTER_BYTES {
             return Err(bad(format!("{file_len} bytes is shorter than header and footer")));
         }
@@ -302,15 +301,15 @@ impl Store {
 
     /// Reads every frame and checks its checksum (tests and `fsck`-style
     /// checks; reads do not pay for it).
-    pub fn verify_frames(&self) -> Result<u64, StoreError> {
-        let file = File::open(&self.path).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
+    pub fn verify_frames(&self, disk: &dyn Disk) -> Result<u64, StoreError> {
+        let file = disk.open(&self.path, Mode::Read).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
         let mut pos = FILE_HEADER_BYTES;
         let mut n = 0;
         let mut h = [0u8; FRAME_HEADER_BYTES];
         let mut last = None;
         while pos < self.frames_end {
             let bad = |why: String| StoreError::Corrupt { path: self.path.display().to_string(), why };
-            segment::read_full_at(&file, &mut h, pos).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
+            segment::read_full_at(&*file, &mut h, pos).map_err(|source| StoreError::Io { path: self.path.display().to_string(), source })?;
             let fh = FrameHeader::decode(&h).ok_or_else(|| bad(format!("bad frame header at {pos}")))?;
             if pos + fh.frame_len as u64 > self.frames_end || last.is_some_and(|l| fh.seq <= l) {
                 return Err(bad(format!("frame at {pos} overruns or is out of order")));
@@ -385,15 +384,16 @@ fn parse_index(b: &[u8], frames_end: u64) -> Result<(HashMap<Tp, StoreTp>, Vec<(
 }
 
 /// Syncs a finished store file and renames it to its final name.
-pub fn sync_and_rename(file: &File, from: &Path, to: &Path) -> Result<(), StoreError> {
+pub fn sync_and_rename(disk: &dyn Disk, file: &FileRef, from: &Path, to: &Path) -> Result<(), StoreError> {
     let io = |source| StoreError::Io { path: from.display().to_string(), source };
     file.sync_all().map_err(io)?;
-    fs::rename(from, to).map_err(io)
+    disk.rename(from, to).map_err(io)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::disk::RealDisk;
     use crate::protocol::batch::tests::make_batch;
 
     fn frame(seq: u64, topic: u8, offset: i64, n: usize) -> (FrameHeader, Vec<u8>) {
@@ -406,7 +406,7 @@ mod tests {
 
     fn write(dir: &Path) -> PathBuf {
         let path = dir.join(file_name(3, 1));
-        let mut w = StoreWriter::create(&path, 3, 1, 4096).unwrap();
+        let mut w = StoreWriter::create(&RealDisk, &path, 3, 1, 4096).unwrap();
         let mut offsets = [0i64; 3];
         for seq in 0..300u64 {
             let t = (seq % 3) as usize;
@@ -423,9 +423,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path());
         assert_eq!(parse_file_name(path.file_name().unwrap().to_str().unwrap()), Some((3, 1)));
-        let s = Store::open(&path).unwrap();
+        let s = Store::open(&RealDisk, &path).unwrap();
         assert_eq!((s.window, s.store, s.first_seq, s.end_seq, s.frames), (3, 1, 0, 599, 300));
-        assert_eq!(s.verify_frames().unwrap(), 300);
+        assert_eq!(s.verify_frames(&RealDisk).unwrap(), 300);
         assert_eq!(s.tps.len(), 3);
         let t0 = &s.tps[&Tp { topic: [0; 16], partition: 0 }];
         assert_eq!((t0.first_offset, t0.last_offset), (0, 399));
@@ -438,11 +438,11 @@ mod tests {
     fn damage_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path());
-        let good = fs::read(&path).unwrap();
+        let good = std::fs::read(&path).unwrap();
         let len = good.len();
         let check = |bytes: &[u8], what: &str| {
-            fs::write(&path, bytes).unwrap();
-            match Store::open(&path) {
+            std::fs::write(&path, bytes).unwrap();
+            match Store::open(&RealDisk, &path) {
                 Err(StoreError::Corrupt { .. }) => {}
                 other => panic!("{what}: {other:?}"),
             }
@@ -471,7 +471,7 @@ mod tests {
         // Frame damage is found by verification.
         let mut b = good.clone();
         b[FILE_HEADER_BYTES as usize + 100] ^= 1;
-        fs::write(&path, &b).unwrap();
-        assert!(Store::open(&path).unwrap().verify_frames().is_err());
+        std::fs::write(&path, &b).unwrap();
+        assert!(Store::open(&RealDisk, &path).unwrap().verify_frames(&RealDisk).is_err());
     }
 }
