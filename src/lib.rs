@@ -11,4 +11,5 @@ pub mod metrics;
 pub mod protocol;
 pub mod rest;
 pub mod server;
+pub mod sim;
 pub mod storage;

@@ -82,11 +82,26 @@ pub struct StorageConfig {
     pub hold_until_sync: bool,
     /// Every file operation goes through it (see `disk`).
     pub disk: Arc<dyn Disk>,
+    /// A bug to plant, for the simulator's proof that it finds each one
+    /// (`canopy-sim --plant`); never set otherwise.
+    pub planted: Option<Planted>,
+}
+
+/// The storage bugs the simulator must find (see `sim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planted {
+    /// `sync` reports success without syncing.
+    SkipFsync,
+    /// Recovery keeps a torn tail and appends after it.
+    KeepTornTail,
+    /// Retention may retire a batch that ends at the high watermark (an
+    /// off-by-one: `<=` for `<`).
+    RetentionPastHighWatermark,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, disk: RealDisk::shared() }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, disk: RealDisk::shared(), planted: None }
     }
 }
 
@@ -658,6 +673,12 @@ impl Storage {
         let log_dir = dir.join("log");
         let disk = cfg.disk.clone();
         disk.create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+        // The log directory's name, and the names of the branch directories
+        // in it, durable before anything is written under them: a run that
+        // stopped (or failed) between creating one and syncing it left it
+        // there, not durable, and segments must not go into it so.
+        sync_dir(&*disk, dir)?;
+        sync_dir(&*disk, &log_dir)?;
         let stores_dir = dir.join("stores");
         let mut report = RecoveryReport::default();
         let mut branches: HashMap<String, Arc<Branch>> = HashMap::new();
@@ -671,8 +692,8 @@ impl Storage {
                 .entry(name.to_owned())
                 .or_insert_with(|| {
                     let dir = log_dir.join(branch_dir_name(name));
-                    // A directory found at start-up was synced by the run
-                    // that made it (before its first segment was used).
+                    // A directory found at start-up is durable: its parent
+                    // was synced above.
                     Arc::new(Branch { dir_synced: AtomicBool::new(disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
                 })
                 .clone()
@@ -748,6 +769,10 @@ impl Storage {
                     // damage there is a disk problem, and cutting it would
                     // silently drop acked offsets in the middle of a log.
                     return Err(StorageError::CorruptSealed { path: path.display().to_string(), valid: scan.valid_len, len: scan.file_len });
+                }
+                let mut scan = scan;
+                if scan.valid_len < scan.file_len && cfg.planted == Some(Planted::KeepTornTail) {
+                    scan.valid_len = scan.file_len;
                 }
                 if scan.valid_len < scan.file_len {
                     tracing::warn!(path = %path.display(), valid = scan.valid_len, found = scan.file_len,
@@ -1069,6 +1094,7 @@ impl Storage {
             // The writer held the file it wrote; the hold ends here.
             let Some((held, number)) = seg.file.to_sync() else { continue };
             let synced = match held {
+                _ if self.cfg.planted == Some(Planted::SkipFsync) => Ok(()),
                 Some(f) => f.sync_data(),
                 None => seg.file.get().and_then(|f| f.sync_data()),
             };
@@ -1421,7 +1447,8 @@ impl Storage {
                 let mut remaining = total_bytes;
                 // Only what readers can see is retired: never past the high
                 // watermark.
-                for s in list.iter().filter(|s| s.last_offset >= log_start && s.last_offset < hw) {
+                let visible = |last: i64| if self.cfg.planted == Some(Planted::RetentionPastHighWatermark) { last <= hw } else { last < hw };
+                for s in list.iter().filter(|s| s.last_offset >= log_start && visible(s.last_offset)) {
                     let expired = p.retention_ms.is_some_and(|ms| ms >= 0 && s.max_ts < now_ms - ms);
                     let oversize = p.retention_bytes.is_some_and(|b| remaining.saturating_sub(s.bytes) >= b);
                     if !(expired || oversize) {
@@ -1981,6 +2008,28 @@ mod tests {
             s.sync().unwrap();
             assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1 + 2, p1 + 2)));
         }
+    }
+
+    /// Found by the simulator (seed 737 before the fix): the log directory's
+    /// name, and a branch directory left by an earlier run, were never made
+    /// durable, so the worst crash lost every acknowledged batch under them.
+    #[test]
+    fn every_directory_above_an_acknowledged_batch_is_durable() {
+        use crate::storage::disk::sim::{Faults, SimDisk};
+        let disk = SimDisk::new(1, Faults::default());
+        let data = Path::new("/data");
+        disk.create_dir_all(data).and_then(|_| disk.sync_dir(Path::new("/"))).unwrap();
+        let cfg = StorageConfig { disk: Arc::new(disk.clone()), ..Default::default() };
+        // An earlier run made the branch's directory and stopped before
+        // syncing it.
+        disk.create_dir_all(&data.join("log").join("x.br")).unwrap();
+        let s = Storage::open(data, cfg.clone(), vec![spec(1, 0, "x")], false).unwrap();
+        append_n(&s, tp(1, 0), 3, 0);
+        s.sync().unwrap();
+        drop(s);
+        disk.crash_losing_everything_unsynced();
+        let s = Storage::open(data, cfg, vec![spec(1, 0, "x")], false).unwrap();
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 6, 6)), "the synced batches survive the crash");
     }
 
     #[test]

@@ -192,6 +192,15 @@ impl SimDisk {
     /// as the seed decides (see the module docs), and every open handle
     /// dies.
     pub fn crash(&self) {
+        self.crash_with(false)
+    }
+
+    /// The worst crash: nothing that was not durable reaches the disk.
+    pub fn crash_losing_everything_unsynced(&self) {
+        self.crash_with(true)
+    }
+
+    fn crash_with(&self, worst: bool) {
         let mut guard = self.state();
         let s = &mut *guard;
         s.generation += 1;
@@ -199,7 +208,7 @@ impl SimDisk {
         // Names: a prefix of each directory's changes.
         let dir_ops = std::mem::take(&mut s.dir_ops);
         for (_, ops) in dir_ops {
-            let keep = s.rng().below(ops.len() as u64 + 1) as usize;
+            let keep = if worst { 0 } else { s.rng().below(ops.len() as u64 + 1) as usize };
             for op in ops.into_iter().take(keep) {
                 match op {
                     DirOp::Put(p, n) => {
@@ -211,6 +220,11 @@ impl SimDisk {
                 }
             }
         }
+        // A name whose directory's own name did not survive is unreachable.
+        let orphans: Vec<PathBuf> = s.durable.keys().filter(|p| p.parent().is_some_and(|d| s.durable.get(d) != Some(&Node::Dir))).cloned().collect();
+        for o in orphans {
+            s.durable.retain(|p, _| !p.starts_with(&o));
+        }
         s.names = s.durable.clone();
         // Data: each pending change whole, torn or lost.
         let mut inos: Vec<u64> = s.inodes.keys().copied().collect();
@@ -219,7 +233,7 @@ impl SimDisk {
             let mut inode = s.inodes.remove(&ino).expect("inode listed");
             let mut disk = std::mem::take(&mut inode.durable);
             for op in inode.pending.drain(..) {
-                let roll = s.rng().below(3);
+                let roll = if worst { 2 } else { s.rng().below(3) };
                 match op {
                     Pending::Write { pos, bytes } => {
                         let n = match roll {

@@ -1,0 +1,86 @@
+//! The simulator's long mode: many seeds, one seed replayed, or a planted
+//! bug hunted (see `canopy::sim`).
+//!
+//! ```text
+//! canopy-sim --seeds 1000000            # seeds 0..N (or --from S)
+//! canopy-sim --seed 1234                # replay one seed
+//! canopy-sim --plant skip-fsync --seeds 10000   # the first seed that finds it
+//! canopy-sim --plant skip-fsync --seeds 1000 --count  # how many of them find it
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use canopy::sim::{self, Plant, SimConfig};
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let (mut from, mut seeds, mut steps, mut plant, mut one, mut count, mut trace) = (0u64, 1000u64, SimConfig::default().steps, None, None, false, false);
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().unwrap_or_else(|| panic!("{what} needs a value"));
+        match a.as_str() {
+            "--seeds" => seeds = value("--seeds").parse().expect("--seeds N"),
+            "--from" => from = value("--from").parse().expect("--from S"),
+            "--seed" => one = Some(value("--seed").parse::<u64>().expect("--seed S")),
+            "--steps" => steps = value("--steps").parse().expect("--steps N"),
+            "--plant" => {
+                let name = value("--plant");
+                plant = Some(Plant::parse(&name).unwrap_or_else(|| {
+                    let names: Vec<&str> = Plant::ALL.iter().map(|(n, _)| *n).collect();
+                    panic!("unknown bug {name}: one of {names:?}")
+                }));
+            }
+            "--count" => count = true,
+            "--trace" => trace = true,
+            "-h" | "--help" => {
+                println!("canopy-sim [--seeds N] [--from S] [--seed S] [--steps N] [--plant BUG [--count]] [--trace]");
+                return ExitCode::SUCCESS;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let cfg = SimConfig { steps, plant, trace };
+    let range = match one {
+        Some(s) => s..s + 1,
+        None => from..from + seeds,
+    };
+    let started = Instant::now();
+    if count {
+        let n = range.end - range.start;
+        let found = range.filter(|&seed| sim::run(seed, cfg).is_err()).count();
+        println!("{found} of {n} seeds find the planted bug ({:.1} s)", started.elapsed().as_secs_f64());
+        return ExitCode::SUCCESS;
+    }
+    let (mut runs, mut steps_done, mut faults, mut crashes, mut acked) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for seed in range {
+        match sim::run(seed, cfg) {
+            Ok(o) => {
+                runs += 1;
+                steps_done += o.steps as u64;
+                faults += o.disk.faults;
+                crashes += o.crashes;
+                acked += o.acked;
+            }
+            Err(f) => {
+                println!("{f}");
+                if plant.is_some() {
+                    println!("planted bug found by seed {seed}, after {runs} clean seeds, in {:.1} s", started.elapsed().as_secs_f64());
+                    return ExitCode::SUCCESS;
+                }
+                return ExitCode::FAILURE;
+            }
+        }
+        if runs % 10_000 == 0 {
+            eprintln!("{runs} seeds, {:.0} s", started.elapsed().as_secs_f64());
+        }
+    }
+    println!(
+        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults injected, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if plant.is_some() {
+        println!("the planted bug was not found");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
