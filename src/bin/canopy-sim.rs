@@ -39,6 +39,10 @@ fn main() -> ExitCode {
             other => panic!("unknown argument {other}"),
         }
     }
+    if trace {
+        // Storage's own log lines (truncations, deletions) beside the steps.
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).without_time().init();
+    }
     let cfg = SimConfig { steps, plant, trace };
     let range = match one {
         Some(s) => s..s + 1,

@@ -34,6 +34,7 @@ pub mod topics;
 pub mod txns;
 mod validate;
 mod waiters;
+mod writer;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -45,10 +46,12 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::meta::{Catalog, MetaError, TopicRecord};
-use crate::protocol::batch::{self, BatchError, Marker};
+use crate::protocol::batch::{BatchError, Marker};
 use crate::storage::{self, PartitionSpec, ReadError, ReadResult, RetentionPolicy, Storage, StorageConfig, StorageError, Tp};
 pub use topics::{TimestampType, TopicConfig, TopicDefaults};
 use validate::Rules;
+pub use writer::Ack;
+use writer::{syncer_loop, AppendFailure, Shared, SyncJob, WriteCmd, Writer};
 pub use waiters::Registration;
 use waiters::Waiters;
 
@@ -176,10 +179,9 @@ pub enum EngineError {
     ShuttingDown,
     #[error("record timestamps {min_ts}..{max_ts} are out of the topic's range around now ({now})")]
     InvalidTimestamp { min_ts: i64, max_ts: i64, now: i64 },
-    /// An idempotent producer's batch refused (sequence or epoch), with the
-    /// Kafka error code.
-    #[error("producer batch refused (error {0})")]
-    ProducerRefused(i16),
+    /// An idempotent or transactional producer's batch refused.
+    #[error("producer batch refused: {0:?}")]
+    ProducerRefused(producers::Refusal),
 }
 
 /// A topic as the engine knows it.
@@ -227,45 +229,6 @@ pub struct AutoCreate {
     left: usize,
 }
 
-/// When an append is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ack {
-    /// After the bytes are written (acks=0 and acks=1).
-    Written,
-    /// After the bytes are durable under the flush policy (acks=all).
-    Durable,
-}
-
-/// Why the writer could not take an append.
-#[derive(Debug, Clone)]
-enum AppendFailure {
-    /// The topic was deleted while the append was queued.
-    UnknownPartition,
-    Storage(String),
-    /// Refused by the idempotent-producer check, with the Kafka error code.
-    Refused(i16),
-}
-
-type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
-
-enum WriteCmd {
-    /// `traffic` counts each batch that reaches the log.
-    Append { tp: Tp, records: Bytes, log_append_time: bool, ack: Ack, traffic: Arc<probe::Traffic>, reply: Reply },
-    /// A transaction marker the coordinator writes; acked when durable.
-    Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
-    /// The coordinator is about to decide a transaction: no more of its
-    /// batches for these tps; answers each tp's log end (-1: gone), taken
-    /// in order with the appends, so every batch admitted lies below it.
-    CloseTxn { producer_id: i64, tps: Vec<Tp>, reply: oneshot::Sender<Vec<i64>> },
-    Shutdown(oneshot::Sender<()>),
-}
-
-struct SyncJob {
-    moved: storage::log::Flushed,
-    replies: Vec<(Reply, AppendResult)>,
-    done: Option<oneshot::Sender<()>>,
-}
-
 /// An append the writer has queued; resolves when acknowledged.
 pub struct PendingAppend {
     rx: oneshot::Receiver<Result<AppendResult, AppendFailure>>,
@@ -277,7 +240,7 @@ impl PendingAppend {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(AppendFailure::UnknownPartition)) => Err(EngineError::UnknownTopicOrPartition),
             Ok(Err(AppendFailure::Storage(e))) => Err(EngineError::Storage(StorageError::Poisoned(e))),
-            Ok(Err(AppendFailure::Refused(code))) => Err(EngineError::ProducerRefused(code)),
+            Ok(Err(AppendFailure::Refused(why))) => Err(EngineError::ProducerRefused(why)),
             Err(_) => Err(EngineError::ShuttingDown),
         }
     }
@@ -387,7 +350,7 @@ impl Engine {
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-writer".into())
-                    .spawn(move || writer_loop(rx, storage, clock, waiters, policy, sync_tx, producers, Shared { txns, any_txns: any, stats }, snapshot, producer_expiry))
+                    .spawn(move || Writer::new(storage, clock, waiters, policy, sync_tx, producers, Shared { txns, any_txns: any, stats }, snapshot, producer_expiry).run(rx))
                     .expect("spawn writer thread"),
             );
         }
@@ -612,14 +575,14 @@ impl Engine {
             rules.validate(records)?
         };
         let (reply, rx) = oneshot::channel();
-        let cmd = WriteCmd::Append {
+        let cmd = WriteCmd::Append(writer::Append {
             tp: topic.tp(partition),
             records,
             log_append_time: topic.config.timestamp_type == TimestampType::LogAppendTime,
             ack,
             traffic: topic.traffic.clone(),
             reply,
-        };
+        });
         self.writer.send(cmd).await.map_err(|_| EngineError::ShuttingDown)?;
         Ok(PendingAppend { rx })
     }
@@ -833,6 +796,12 @@ impl Engine {
         Ok(self.catalog.windows()?)
     }
 
+    /// Why writes are refused for good (storage poisoned by a failed
+    /// write or fsync, or a panic on the write path), if they are.
+    pub fn poisoned(&self) -> Option<String> {
+        self.storage.poison_reason()
+    }
+
     /// Storage, for counters.
     pub fn storage(&self) -> &Storage {
         &self.storage
@@ -877,17 +846,8 @@ fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::Io { path: dir.display().to_string(), source: e })
 }
 
-/// Most commands taken in one round: bounds the latency of the first.
-const MAX_ROUND: usize = 4096;
-
 /// The idempotent-producer snapshot in the data directory.
 const PRODUCER_SNAPSHOT: &str = "producers.snapshot";
-/// The writer snapshots producer state (and the log end it covers) this
-/// often, or after this many bytes appended, whichever comes first, while
-/// anything is appended; a restart after a crash replays at most that much
-/// of each tp.
-const PRODUCER_SNAPSHOT_EVERY_MS: i64 = 30_000;
-const PRODUCER_SNAPSHOT_EVERY_BYTES: u64 = 128 << 20;
 
 /// Producer state at startup: the snapshot (if any and readable), minus
 /// what the recovered log no longer holds, plus a replay of every batch
@@ -950,315 +910,6 @@ fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: 
     }
 }
 
-/// What the writer shares with the rest of the engine.
-struct Shared {
-    txns: Arc<RwLock<txns::Txns>>,
-    any_txns: Arc<std::sync::atomic::AtomicBool>,
-    stats: Arc<ProducerStats>,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn writer_loop(
-    mut rx: mpsc::Receiver<WriteCmd>,
-    storage: Arc<Storage>,
-    clock: Clock,
-    waiters: Arc<Waiters>,
-    policy: FlushPolicy,
-    sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
-    mut producers: producers::Producers,
-    shared: Shared,
-    snapshot: PathBuf,
-    producer_expiry_ms: i64,
-) {
-    let Shared { txns, any_txns, stats } = shared;
-    let mut round = Vec::with_capacity(64);
-    // Idempotent producers: owned here, so the sequence check and the
-    // append it allows are one step.
-    let mut expired_at = clock();
-    let mut snapshot_at = clock();
-    let mut producers_dirty = false;
-    let mut appended_since_snapshot: u64 = 0;
-    // Periodic snapshots are written by their own thread from a copy, so
-    // the JSON and the fsync do not hold up appends; one at a time (a
-    // snapshot due while one is being written waits for the next turn).
-    type Snap = (producers::Producers, Vec<(Tp, txns::TpTxns)>, Vec<(Tp, i64)>);
-    let (snap_tx, snap_rx) = std::sync::mpsc::sync_channel::<Snap>(1);
-    let snapshotter = {
-        let path = snapshot.clone();
-        std::thread::Builder::new()
-            .name("canopy-producer-snapshot".into())
-            .spawn(move || {
-                for (state, txns, covered) in snap_rx {
-                    if let Err(e) = state.write_snapshot(&txns, &path, &covered) {
-                        tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
-                    }
-                }
-            })
-            .expect("spawn the producer snapshot thread")
-    };
-    let mut snap_tx = Some(snap_tx);
-    let mut snapshotter = Some(snapshotter);
-    while let Some(first) = rx.blocking_recv() {
-        round.push(first);
-        while round.len() < MAX_ROUND {
-            match rx.try_recv() {
-                Ok(c) => round.push(c),
-                Err(_) => break,
-            }
-        }
-        let now = clock();
-        let mut written: Vec<(Reply, AppendResult)> = Vec::new();
-        let mut durable: Vec<(Reply, AppendResult)> = Vec::new();
-        let mut shutdown = None;
-        let mut stopping = false;
-        for cmd in round.drain(..) {
-            match cmd {
-                WriteCmd::Append { tp, records, log_append_time, ack, traffic, reply } => {
-                    let mut result: Option<AppendResult> = None;
-                    let mut failed = None;
-                    for b in batch::split(&records) {
-                        let b = b.expect("validated before queueing");
-                        let h = batch::BatchHeader::parse(b).expect("validated before queueing");
-                        let ids = producers::BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) };
-                        let mut check = producers.check(tp, ids);
-                        // A new transactional batch only for a partition its
-                        // transaction added (checked here, where markers are
-                        // written, so no marker can slip in between).
-                        if check == producers::Check::Append && h.is_transactional() && !txns.read().expect("txns lock").admits(ids.producer_id, ids.epoch, &tp) {
-                            check = producers::Check::Refuse(kafka_protocol::ResponseError::InvalidTxnState.code());
-                        }
-                        match check {
-                            producers::Check::Append => {}
-                            producers::Check::Duplicate { base_offset, last_offset } => {
-                                stats.duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                tracing::debug!(producer_id = ids.producer_id, sequence = ids.base_sequence, base_offset, "retried batch answered with its first offsets");
-                                let log_start = storage.offsets(&tp).map_or(-1, |o| o.0);
-                                let r = result.get_or_insert(AppendResult { base_offset, last_offset, log_append_time: -1, log_start });
-                                r.last_offset = last_offset;
-                                continue;
-                            }
-                            producers::Check::Refuse(code) => {
-                                stats.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                tracing::debug!(producer_id = ids.producer_id, epoch = ids.epoch, sequence = ids.base_sequence, code, "producer batch refused");
-                                failed = Some(AppendFailure::Refused(code));
-                                break;
-                            }
-                        }
-                        match storage.append(tp, b, now, log_append_time) {
-                            Ok(a) => {
-                                appended_since_snapshot += b.len() as u64;
-                                traffic.appended(h.records_count.max(0) as u64, b.len() as u64);
-                                let r = result.get_or_insert(AppendResult {
-                                    base_offset: a.base_offset,
-                                    last_offset: a.last_offset,
-                                    log_append_time: if log_append_time { now } else { -1 },
-                                    log_start: a.log_start,
-                                });
-                                r.last_offset = a.last_offset;
-                                if ids.producer_id >= 0 {
-                                    producers.record(tp, ids, a.base_offset, a.last_offset, now);
-                                    producers_dirty = true;
-                                    if h.is_transactional() {
-                                        any_txns.store(true, std::sync::atomic::Ordering::Release);
-                                        txns.write().expect("txns lock").on_batch(tp, ids.producer_id, ids.epoch, a.base_offset);
-                                    }
-                                }
-                            }
-                            Err(StorageError::UnknownPartition) => {
-                                failed = Some(AppendFailure::UnknownPartition);
-                                break;
-                            }
-                            Err(e) => {
-                                failed = Some(AppendFailure::Storage(e.to_string()));
-                                break;
-                            }
-                        }
-                    }
-                    match (failed, result) {
-                        (Some(e), _) => {
-                            let _ = reply.send(Err(e));
-                        }
-                        (None, None) => {
-                            let _ = reply.send(Err(AppendFailure::Storage("no batch in records".into())));
-                        }
-                        (None, Some(r)) => match ack {
-                            Ack::Written => written.push((reply, r)),
-                            Ack::Durable => durable.push((reply, r)),
-                        },
-                    }
-                }
-                WriteCmd::Marker { tp, producer_id, epoch, marker, reply } => {
-                    let b = batch::control_batch(marker, producer_id, epoch, 0, now);
-                    match storage.append(tp, &b, now, false) {
-                        Ok(a) => {
-                            appended_since_snapshot += b.len() as u64;
-                            producers.fence(tp, producer_id, epoch, now);
-                            producers_dirty = true;
-                            any_txns.store(true, std::sync::atomic::Ordering::Release);
-                            txns.write().expect("txns lock").on_marker(tp, producer_id, marker, a.base_offset);
-                            let r = AppendResult { base_offset: a.base_offset, last_offset: a.last_offset, log_append_time: -1, log_start: a.log_start };
-                            durable.push((reply, r));
-                        }
-                        Err(StorageError::UnknownPartition) => {
-                            // Deleted meanwhile (its state went with it).
-                            let _ = reply.send(Err(AppendFailure::UnknownPartition));
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(AppendFailure::Storage(e.to_string())));
-                        }
-                    }
-                }
-                WriteCmd::CloseTxn { producer_id, tps, reply } => {
-                    let mut t = txns.write().expect("txns lock");
-                    let ends = tps
-                        .iter()
-                        .map(|tp| {
-                            t.close_partition(producer_id, tp);
-                            // Not the published end: this round's appends
-                            // are not flushed yet.
-                            storage.next_offset(tp).unwrap_or(-1)
-                        })
-                        .collect();
-                    drop(t);
-                    let _ = reply.send(ends);
-                }
-                WriteCmd::Shutdown(done) => {
-                    shutdown = Some(done);
-                    stopping = true;
-                }
-            }
-        }
-        if now - expired_at >= 60_000 {
-            producers_dirty |= producers.expire(now, producer_expiry_ms) > 0;
-            expired_at = now;
-        }
-        let moved = match storage.flush() {
-            Ok(m) => m,
-            Err(e) => {
-                let msg = e.to_string();
-                for (reply, _) in written.drain(..).chain(durable.drain(..)) {
-                    let _ = reply.send(Err(AppendFailure::Storage(msg.clone())));
-                }
-                storage::log::Flushed::default()
-            }
-        };
-        // After the flush, so every batch the snapshot remembers is in the
-        // files; at shutdown always, so a clean restart replays nothing.
-        let moved_on = producers_dirty || appended_since_snapshot > 0;
-        if stopping {
-            // The last one, written here once the thread has finished any
-            // earlier one (so an older snapshot cannot land after it).
-            drop(snap_tx.take());
-            if let Some(t) = snapshotter.take() {
-                let _ = t.join();
-            }
-            snapshot_producers(&producers, &txns.read().expect("txns lock"), &storage, &snapshot);
-        } else if moved_on && (now - snapshot_at >= PRODUCER_SNAPSHOT_EVERY_MS || appended_since_snapshot >= PRODUCER_SNAPSHOT_EVERY_BYTES) {
-            if let Some(tx) = &snap_tx {
-                let t = txns.read().expect("txns lock").to_snapshot();
-                if tx.try_send((producers.clone(), t, log_ends(&storage))).is_ok() {
-                    snapshot_at = now;
-                    producers_dirty = false;
-                    appended_since_snapshot = 0;
-                }
-            }
-        }
-        match policy {
-            FlushPolicy::Always => {
-                for (reply, r) in written {
-                    let _ = reply.send(Ok(r));
-                }
-                let job = SyncJob { moved, replies: durable, done: shutdown.take() };
-                if job.done.is_some() || !job.moved.moved.is_empty() || !job.replies.is_empty() {
-                    let _ = sync_tx.send(job);
-                }
-            }
-            FlushPolicy::Interval(_) | FlushPolicy::Never => {
-                storage.publish_hw(&moved);
-                waiters.wake(&moved.moved);
-                for (reply, r) in written.into_iter().chain(durable) {
-                    let _ = reply.send(Ok(r));
-                }
-                if let Some(done) = shutdown.take() {
-                    let _ = sync_tx.send(SyncJob { moved: Default::default(), replies: Vec::new(), done: Some(done) });
-                }
-            }
-        }
-        if stopping || rx.is_closed() {
-            // Appends queued after the shutdown command are refused.
-            rx.close();
-            while let Ok(cmd) = rx.try_recv() {
-                if let WriteCmd::Append { reply, .. } = cmd {
-                    let _ = reply.send(Err(AppendFailure::Storage("broker is shutting down".into())));
-                }
-            }
-            break;
-        }
-    }
-}
-
-fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, waiters: Arc<Waiters>, policy: FlushPolicy, probe: probe::EngineProbe) {
-    let interval = match policy {
-        FlushPolicy::Interval(d) => Some(d),
-        _ => None,
-    };
-    loop {
-        let first = match interval {
-            Some(d) => match rx.recv_timeout(d) {
-                Ok(job) => Some(job),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
-            },
-            None => match rx.recv() {
-                Ok(job) => Some(job),
-                Err(_) => return,
-            },
-        };
-        let mut jobs: Vec<SyncJob> = first.into_iter().collect();
-        while let Ok(j) = rx.try_recv() {
-            jobs.push(j);
-        }
-        let needs_sync = interval.is_some() || policy == FlushPolicy::Always || jobs.iter().any(|j| j.done.is_some());
-        let synced = if needs_sync {
-            let started = std::time::Instant::now();
-            let r = storage.sync().map_err(|e| e.to_string());
-            if let Ok(bytes) = &r {
-                probe.synced(started.elapsed().as_secs_f64(), *bytes);
-            }
-            r.map(drop)
-        } else {
-            Ok(())
-        };
-        let mut stop = false;
-        for job in jobs {
-            match &synced {
-                Ok(()) => {
-                    if policy == FlushPolicy::Always {
-                        storage.publish_hw(&job.moved);
-                        waiters.wake(&job.moved.moved);
-                    }
-                    for (reply, r) in job.replies {
-                        let _ = reply.send(Ok(r));
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "fsync failed; durable appends are refused from now on");
-                    for (reply, _) in job.replies {
-                        let _ = reply.send(Err(AppendFailure::Storage(e.clone())));
-                    }
-                }
-            }
-            if let Some(done) = job.done {
-                let _ = done.send(());
-                stop = true;
-            }
-        }
-        if stop {
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1308,6 +959,30 @@ mod tests {
         let r = engine.read(&topic.tp(0), log_start, 1 << 20, true).unwrap();
         assert!(!r.is_empty());
         engine.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_on_the_write_path_poisons_the_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+        let topic = engine.create_topic("p.topic", 1, BTreeMap::new(), false).unwrap();
+        let batch = Bytes::from(make_batch(&[b"a"], 0));
+        engine.append(&topic, 0, batch.clone(), Ack::Durable).await.unwrap();
+        assert_eq!(engine.poisoned(), None);
+        engine.writer.send(WriteCmd::Panic).await.unwrap();
+        // Whether in the panicking round or after it, the append is refused
+        // with the reason, and so is every later one.
+        for _ in 0..2 {
+            match engine.append(&topic, 0, batch.clone(), Ack::Durable).await {
+                Err(EngineError::Storage(StorageError::Poisoned(why))) => assert!(why.contains("a planted panic"), "{why}"),
+                other => panic!("not refused: {other:?}"),
+            }
+        }
+        assert!(engine.poisoned().is_some_and(|why| why.contains("the writer thread panicked: a planted panic")));
+        assert_eq!(engine.offsets(&topic.tp(0)), Some((0, 1, 1)), "nothing written after the panic");
+        // Shutdown still completes, and is not clean.
+        engine.shutdown().await;
+        assert!(!dir.path().join(CLEAN_MARKER).exists());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

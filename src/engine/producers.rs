@@ -19,7 +19,6 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::Path;
 
-use kafka_protocol::ResponseError as E;
 use serde::{Deserialize, Serialize};
 
 use super::txns::{TpTxns, Txns};
@@ -58,8 +57,25 @@ pub enum Check {
     Append,
     /// A retry of a batch already written: answer with these offsets.
     Duplicate { base_offset: i64, last_offset: i64 },
-    /// Refused with this Kafka error code.
-    Refuse(i16),
+    Refuse(Refusal),
+}
+
+/// Why a producer's batch is refused (each maps to the Kafka error a client
+/// expects, in `kafka::errors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Producer fields that cannot be right (a negative sequence, no records).
+    InvalidRecord,
+    /// An epoch older than one already seen: a zombie producer.
+    StaleEpoch,
+    /// The sequence does not follow the last one written.
+    OutOfOrder,
+    /// The sequence overlaps batches written, but is not a retry of one.
+    DuplicateSequence,
+    /// A producer id this broker never handed out.
+    UnknownProducer,
+    /// A transactional batch for a partition its transaction did not add.
+    NotInTransaction,
 }
 
 /// The producer fields of a batch header.
@@ -138,7 +154,7 @@ impl Producers {
             return Check::Append;
         }
         if ids.base_sequence < 0 || ids.count <= 0 {
-            return Check::Refuse(E::InvalidRecord.code());
+            return Check::Refuse(Refusal::InvalidRecord);
         }
         let Some(e) = self.entries.get(&(ids.producer_id, tp)) else {
             // Nothing known of this producer here (a new producer, or
@@ -146,11 +162,11 @@ impl Producers {
             return Check::Append;
         };
         if ids.epoch < e.epoch {
-            return Check::Refuse(E::InvalidProducerEpoch.code());
+            return Check::Refuse(Refusal::StaleEpoch);
         }
         if ids.epoch > e.epoch {
             // A bumped epoch starts its sequences over.
-            return if ids.base_sequence == 0 { Check::Append } else { Check::Refuse(E::OutOfOrderSequenceNumber.code()) };
+            return if ids.base_sequence == 0 { Check::Append } else { Check::Refuse(Refusal::OutOfOrder) };
         }
         let last = ids.last_seq();
         if let Some(c) = e.batches.iter().find(|c| c.first_seq == ids.base_sequence && c.last_seq == last) {
@@ -163,9 +179,9 @@ impl Producers {
         let oldest = e.batches.front().expect("non-empty").first_seq;
         if e.complete && ids.base_sequence < oldest && newest.last_seq >= oldest {
             // Before the window (and no wrap in it): written long ago.
-            return Check::Refuse(E::DuplicateSequenceNumber.code());
+            return Check::Refuse(Refusal::DuplicateSequence);
         }
-        Check::Refuse(E::OutOfOrderSequenceNumber.code())
+        Check::Refuse(Refusal::OutOfOrder)
     }
 
     /// Records an appended batch.
@@ -365,11 +381,11 @@ mod tests {
         assert_eq!(p.check(tp(), ids(0, 60, 10)), Check::Duplicate { base_offset: 160, last_offset: 169 });
         assert_eq!(p.check(tp(), ids(0, 20, 10)), Check::Duplicate { base_offset: 120, last_offset: 129 });
         // Older than the window, with the whole history seen: a duplicate.
-        assert_eq!(p.check(tp(), ids(0, 10, 10)), Check::Refuse(E::DuplicateSequenceNumber.code()));
+        assert_eq!(p.check(tp(), ids(0, 10, 10)), Check::Refuse(Refusal::DuplicateSequence));
         // A gap.
-        assert_eq!(p.check(tp(), ids(0, 71, 1)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
+        assert_eq!(p.check(tp(), ids(0, 71, 1)), Check::Refuse(Refusal::OutOfOrder));
         // Same start, other length: not the batch we have.
-        assert_eq!(p.check(tp(), ids(0, 60, 3)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
+        assert_eq!(p.check(tp(), ids(0, 60, 3)), Check::Refuse(Refusal::OutOfOrder));
         assert_eq!(append(&mut p, ids(0, 70, 1), &mut next), Check::Append);
     }
 
@@ -382,7 +398,7 @@ mod tests {
         assert_eq!(append(&mut p, ids(0, 70, 10), &mut next), Check::Append);
         // Sequence 50 may never have been written: out of order, so the
         // client does not take it for delivered.
-        assert_eq!(p.check(tp(), ids(0, 50, 10)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
+        assert_eq!(p.check(tp(), ids(0, 50, 10)), Check::Refuse(Refusal::OutOfOrder));
         assert_eq!(p.check(tp(), ids(0, 60, 10)), Check::Duplicate { base_offset: 0, last_offset: 9 });
     }
 
@@ -391,12 +407,12 @@ mod tests {
         let mut p = Producers::default();
         let mut next = 0;
         assert_eq!(append(&mut p, ids(3, 0, 5), &mut next), Check::Append);
-        assert_eq!(p.check(tp(), ids(2, 5, 1)), Check::Refuse(E::InvalidProducerEpoch.code()));
-        assert_eq!(p.check(tp(), ids(4, 5, 1)), Check::Refuse(E::OutOfOrderSequenceNumber.code()));
+        assert_eq!(p.check(tp(), ids(2, 5, 1)), Check::Refuse(Refusal::StaleEpoch));
+        assert_eq!(p.check(tp(), ids(4, 5, 1)), Check::Refuse(Refusal::OutOfOrder));
         assert_eq!(append(&mut p, ids(4, 0, 2), &mut next), Check::Append);
         // The old epoch's batches are forgotten with it.
         assert_eq!(p.check(tp(), ids(4, 0, 2)), Check::Duplicate { base_offset: 5, last_offset: 6 });
-        assert_eq!(p.check(tp(), ids(3, 0, 5)), Check::Refuse(E::InvalidProducerEpoch.code()));
+        assert_eq!(p.check(tp(), ids(3, 0, 5)), Check::Refuse(Refusal::StaleEpoch));
     }
 
     #[test]
@@ -408,7 +424,7 @@ mod tests {
         assert_eq!(p.check(tp(), ids(0, i32::MAX - 1, 2)), Check::Duplicate { base_offset: 0, last_offset: 1 });
         let plain = BatchIds { producer_id: -1, epoch: -1, base_sequence: -1, count: 1 };
         assert_eq!(p.check(tp(), plain), Check::Append);
-        assert_eq!(p.check(tp(), ids(0, -1, 1)), Check::Refuse(E::InvalidRecord.code()));
+        assert_eq!(p.check(tp(), ids(0, -1, 1)), Check::Refuse(Refusal::InvalidRecord));
     }
 
     #[test]

@@ -3,10 +3,50 @@
 //! thread; inflating, recompressing or walking a large batch runs on the
 //! CPU pool (`Engine::submit` decides with [`Rules::heavy`]).
 
+use std::ops::Range;
+
 use bytes::Bytes;
 
+use super::producers::{BatchIds, Refusal};
 use super::EngineError;
-use crate::protocol::batch::{self, BatchError};
+use crate::protocol::batch::{self, BatchError, BatchHeader};
+
+/// Batches that passed [`Rules::validate`], with what the writer needs of
+/// each header. Only validation makes one, so the writer takes its batches
+/// as they are: nothing left to parse, nothing to `expect`.
+#[derive(Debug)]
+pub struct Validated {
+    records: Bytes,
+    batches: Vec<Checked>,
+}
+
+/// One validated batch: where it lies in the records, and its header's
+/// producer fields.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    range: Range<usize>,
+    pub ids: BatchIds,
+    pub transactional: bool,
+    pub records: i32,
+}
+
+impl Checked {
+    fn new(range: Range<usize>, h: &BatchHeader) -> Checked {
+        Checked {
+            range,
+            ids: BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) },
+            transactional: h.is_transactional(),
+            records: h.records_count,
+        }
+    }
+}
+
+impl Validated {
+    /// Each batch's bytes with what was checked of it, in order.
+    pub fn batches(&self) -> impl Iterator<Item = (&[u8], &Checked)> {
+        self.batches.iter().map(|c| (&self.records[c.range.clone()], c))
+    }
+}
 
 /// What a topic asks of produced batches, for validating them off the
 /// engine (on the CPU pool when the work is heavy).
@@ -39,11 +79,14 @@ impl Rules {
     /// Checks every batch (sizes, CRC, records, timestamps, producer ids,
     /// no control batches) and recompresses for the topic's codec. Returns
     /// the records to append.
-    pub(super) fn validate(self, records: Bytes) -> Result<Bytes, EngineError> {
+    pub(super) fn validate(self, records: Bytes) -> Result<Validated, EngineError> {
         let limit = self.max_message_bytes;
-        let mut any = false;
+        let mut checked = Vec::new();
         let mut rebuilt: Option<Vec<u8>> = None;
         let mut recompressed = false;
+        // Batches lie back to back: each starts where the last one ended,
+        // in the records as sent and in the rebuilt ones alike.
+        let mut at = 0;
         for b in batch::split(&records) {
             let b = b?;
             if b.len() > limit {
@@ -62,33 +105,40 @@ impl Rules {
             // Only ids this broker handed out: state per producer id is
             // kept, so made-up ids must not be able to grow it.
             if h.producer_id >= 0 && !(1..self.producer_ids_below).contains(&h.producer_id) {
-                return Err(EngineError::ProducerRefused(kafka_protocol::ResponseError::UnknownProducerId.code()));
+                return Err(EngineError::ProducerRefused(Refusal::UnknownProducer));
             }
             // Control records (transaction markers) are written by the
             // broker only; Kafka refuses them from producers.
             if h.is_control() {
                 return Err(EngineError::Corrupt(BatchError::ControlBatch));
             }
-            any = true;
-            if let Some(codec) = self.target.filter(|c| *c != h.compression()) {
+            let len = if let Some(codec) = self.target.filter(|c| *c != h.compression()) {
                 recompressed = true;
                 let packed = batch::with_records(b, &crate::protocol::compression::compress(codec, &inflated), codec);
                 if packed.len() > limit {
                     return Err(EngineError::MessageTooLarge { size: packed.len(), limit });
                 }
                 rebuilt.get_or_insert_with(Vec::new).extend_from_slice(&packed);
-            } else if self.target.is_some() {
-                rebuilt.get_or_insert_with(Vec::new).extend_from_slice(b);
-            }
+                packed.len()
+            } else {
+                if self.target.is_some() {
+                    rebuilt.get_or_insert_with(Vec::new).extend_from_slice(b);
+                }
+                b.len()
+            };
+            // Recompression keeps the producer fields and the record count.
+            checked.push(Checked::new(at..at + len, &h));
+            at += len;
         }
-        if !any {
+        if checked.is_empty() {
             return Err(EngineError::Corrupt(BatchError::Empty));
         }
         let records = match rebuilt {
             Some(r) if recompressed => Bytes::from(r),
             _ => records,
         };
-        Ok(records)
+        debug_assert_eq!(at, records.len());
+        Ok(Validated { records, batches: checked })
     }
 }
 

@@ -3,6 +3,7 @@
 
 use kafka_protocol::ResponseError as E;
 
+use crate::engine::producers::Refusal;
 use crate::engine::EngineError;
 use crate::storage::ReadError;
 
@@ -28,7 +29,14 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::Read(ReadError::OffsetOutOfRange { .. }) => E::OffsetOutOfRange.code(),
         EngineError::Read(ReadError::Io(_)) => E::KafkaStorageError.code(),
         EngineError::ShuttingDown => E::NotLeaderOrFollower.code(),
-        EngineError::ProducerRefused(code) => *code,
+        EngineError::ProducerRefused(r) => match r {
+            Refusal::InvalidRecord => E::InvalidRecord.code(),
+            Refusal::StaleEpoch => E::InvalidProducerEpoch.code(),
+            Refusal::OutOfOrder => E::OutOfOrderSequenceNumber.code(),
+            Refusal::DuplicateSequence => E::DuplicateSequenceNumber.code(),
+            Refusal::UnknownProducer => E::UnknownProducerId.code(),
+            Refusal::NotInTransaction => E::InvalidTxnState.code(),
+        },
         EngineError::InvalidTimestamp { .. } => E::InvalidTimestamp.code(),
     }
 }

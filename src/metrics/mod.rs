@@ -1,6 +1,6 @@
 //! The admin HTTP listener: `/health` (the process is up), `/ready`
-//! (storage is recovered, listeners are bound and the broker is not
-//! shutting down) and `/metrics` (Prometheus text format).
+//! (storage is recovered and not poisoned, listeners are bound and the
+//! broker is not shutting down) and `/metrics` (Prometheus text format).
 //!
 //! Subsystems report through probes they define and are handed
 //! (`engine::probe`, `kafka::probe`, `rest::probe`): atomics and
@@ -60,11 +60,14 @@ pub fn router(health: Arc<Health>, metrics: MetricsSlot) -> Router {
         .route("/health", get(|| async { "ok\n" }))
         .route(
             "/ready",
-            get(|State((h, _)): State<(Arc<Health>, MetricsSlot)>| async move {
+            get(|State((h, m)): State<(Arc<Health>, MetricsSlot)>| async move {
+                if let Some(why) = m.get().and_then(|m| m.poisoned()) {
+                    return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: writes are refused: {why}\n"));
+                }
                 if h.ready.load(Ordering::Acquire) {
-                    (StatusCode::OK, "ready\n")
+                    (StatusCode::OK, "ready\n".to_owned())
                 } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned())
                 }
             }),
         )

@@ -60,6 +60,11 @@ impl Metrics {
         Metrics { registry, engine, kafka, rest, health, limits, topic_label_limit: topic_label_limit.max(1) }
     }
 
+    /// Why the broker refuses writes, if it does (`/ready` answers 503).
+    pub fn poisoned(&self) -> Option<String> {
+        self.engine.poisoned()
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let mut f = Families::default();
@@ -74,6 +79,14 @@ impl Metrics {
 
     fn broker(&self, f: &mut Families) {
         identity(f, &self.health);
+        // One series: 1 with the reason once writes are refused for good.
+        let poisoned = self.engine.poisoned();
+        f.gauge(
+            "canopy_storage_poisoned",
+            "1 once storage refuses every write (a failed write or fsync, a panic on the write path), with the reason; restart after checking the disk",
+            &[("reason", poisoned.clone().unwrap_or_default())],
+            poisoned.is_some() as u8 as f64,
+        );
         let p = self.engine.producer_stats();
         f.counter("canopy_producer_duplicates_total", "Retried idempotent batches answered with their first offsets, not rewritten", &[], p.duplicates.load(Ordering::Relaxed) as f64);
         f.counter("canopy_producer_refused_total", "Idempotent batches refused (sequence gap, old epoch)", &[], p.refused.load(Ordering::Relaxed) as f64);

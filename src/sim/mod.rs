@@ -290,7 +290,11 @@ impl Sim {
     }
 
     /// Opens storage; with faults on, a failing open is retried on a
-    /// healthy disk (an operator fixing the disk), which must succeed.
+    /// healthy disk after a power cycle (an operator fixing the disk and
+    /// rebooting), which must succeed. Without the power cycle the retry
+    /// would trust pages that a failed fsync left in the page cache but not
+    /// on disk (Linux's fsync error semantics): no storage engine survives
+    /// that, so the simulator does not ask it to.
     fn open(&mut self, clean: bool) -> Check {
         let dir = Path::new(DIR);
         let mut attempt = 0;
@@ -300,9 +304,10 @@ impl Sim {
                 Err(e) if attempt == 0 && self.faulty() => {
                     attempt += 1;
                     if self.trace {
-                        eprintln!("  recovery failed on the faulty disk: {e}; again on a healthy one");
+                        eprintln!("  recovery failed on the faulty disk: {e}; again on a healthy one after a power cycle");
                     }
                     self.disk.set_faults(Faults::default());
+                    self.disk.crash();
                 }
                 Err(e) => return Err(format!("recovery failed: {e}")),
             }
@@ -460,7 +465,8 @@ impl Sim {
         }
     }
 
-    /// Storage refused for good: an operator restarts the broker.
+    /// Storage refused for good: the operator restarts the machine (a power
+    /// cycle, for the reason `open` gives).
     fn poisoned(&mut self, e: StorageError) -> Check {
         if self.trace {
             eprintln!("  storage refused: {e}");

@@ -109,7 +109,7 @@ impl Default for StorageConfig {
 pub enum StorageError {
     #[error("unknown partition")]
     UnknownPartition,
-    #[error("storage is poisoned by an earlier I/O failure ({0}); restart the broker after checking the disk")]
+    #[error("storage refuses writes after an earlier failure ({0}); restart the broker after checking the disk and the log")]
     Poisoned(String),
     #[error("i/o error on {path}: {source}")]
     Io { path: String, source: io::Error },
@@ -1074,6 +1074,17 @@ impl Storage {
         }
     }
 
+    /// Poisons storage for a failure outside it (a panic on a thread of
+    /// the write path): appends, flushes and syncs are refused from now on.
+    pub fn poison_with(&self, reason: String) -> StorageError {
+        self.poison(StorageError::Poisoned(reason))
+    }
+
+    /// Why storage refuses writes, if it does.
+    pub fn poison_reason(&self) -> Option<String> {
+        self.poisoned.lock().expect("poison lock").clone()
+    }
+
     fn poison(&self, e: StorageError) -> StorageError {
         let mut slot = self.poisoned.lock().expect("poison lock");
         if slot.is_none() {
@@ -1825,8 +1836,10 @@ fn branch_name(branch: &Branch) -> String {
 }
 
 
+/// Makes `dir`'s names durable. Running out of descriptors to open it is
+/// `Exhausted` (retriable, nothing poisoned), as for any file.
 fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
-    disk.sync_dir(dir).map_err(io_err(dir))
+    disk.sync_dir(dir).map_err(open_err(dir))
 }
 
 impl PartWriter {

@@ -236,3 +236,27 @@ async fn disabled_metrics_record_nothing() {
     assert!(text.lines().any(|l| l == "canopy_rest_events_total 0"));
     broker.shutdown().await;
 }
+
+/// A poisoned broker (here poisoned by hand, as a failed fsync or a panic
+/// on the write path would) says so: `/ready` is 503 with the reason, the
+/// scrape carries it, and a real producer's write is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_broker_is_not_ready_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    broker.engine.create_topic("p.ready", 1, Default::default(), false).unwrap();
+    let ready = reqwest::get(format!("http://{}/ready", broker.admin_addr)).await.unwrap();
+    assert_eq!(ready.status(), 200);
+    assert!(scrape(broker.admin_addr).await.lines().any(|l| l == "canopy_storage_poisoned{reason=\"\"} 0"));
+
+    broker.engine.storage().poison_with("a test says the disk is bad".into());
+    let ready = reqwest::get(format!("http://{}/ready", broker.admin_addr)).await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert!(ready.text().await.unwrap().contains("a test says the disk is bad"));
+    let text = scrape(broker.admin_addr).await;
+    assert!(text.lines().any(|l| l.starts_with("canopy_storage_poisoned{reason=\"") && l.contains("a test says the disk is bad") && l.ends_with(" 1")), "{text}");
+    let producer: FutureProducer = common::client(broker.kafka_addr).set("message.timeout.ms", "3000").set("retries", "0").create().unwrap();
+    let sent = producer.send(FutureRecord::<(), _>::to("p.ready").payload("x"), Duration::from_secs(5)).await;
+    assert!(matches!(sent, Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::KafkaStorageError), _))), "{sent:?}");
+    broker.shutdown().await;
+}

@@ -56,6 +56,7 @@ pub trait Disk: Send + Sync + fmt::Debug {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
 
+#[allow(clippy::len_without_is_empty)]
 pub trait DiskFile: Send + Sync + fmt::Debug {
     /// Reads at `pos`; fewer bytes than asked only at the end of the file.
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize>;

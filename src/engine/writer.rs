@@ -1,0 +1,540 @@
+//! The writer thread and the syncer thread: the write path's owners.
+//!
+//! ```text
+//!  submit ──► WriteCmd (bounded queue) ──► Writer (one round: every queued command)
+//!                                            ├─ append / marker / close_txn, one method each
+//!                                            ├─ producer expiry, storage flush, producer snapshot
+//!                                            └─ acks=1 answered; acks=all ──► syncer: sync, publish, answer
+//! ```
+//!
+//! The writer owns the idempotent-producer state (so the sequence check and
+//! the append it allows are one step) and is the only caller of storage's
+//! write side. A round takes whatever is queued (up to [`MAX_ROUND`]), so
+//! many appends share one flush and one fsync.
+//!
+//! # Failure
+//!
+//! A panic on either thread is caught at the round: storage is poisoned
+//! with the reason (appends refused, `/ready` answers 503, the reason is
+//! logged and exported), the answers of that round are refusals, and the
+//! thread goes on refusing, so no client waits forever and shutdown still
+//! completes. An I/O failure poisons storage the same way from inside it.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::producers::{self, Refusal};
+use super::validate::Validated;
+use super::waiters::Waiters;
+use super::{probe, txns, AppendResult, Clock, FlushPolicy, ProducerStats};
+use crate::protocol::batch::{self, Marker};
+use crate::storage::log::Flushed;
+use crate::storage::{Storage, StorageError, Tp};
+
+/// Most commands taken in one round: bounds the latency of the first.
+pub(super) const MAX_ROUND: usize = 4096;
+
+/// The writer snapshots producer state (and the log end it covers) this
+/// often, or after this many bytes appended, whichever comes first, while
+/// anything is appended; a restart after a crash replays at most that much
+/// of each tp.
+const PRODUCER_SNAPSHOT_EVERY_MS: i64 = 30_000;
+const PRODUCER_SNAPSHOT_EVERY_BYTES: u64 = 128 << 20;
+
+/// When an append is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// After the bytes are written (acks=0 and acks=1).
+    Written,
+    /// After the bytes are durable under the flush policy (acks=all).
+    Durable,
+}
+
+/// Why the writer could not take an append.
+#[derive(Debug, Clone)]
+pub(super) enum AppendFailure {
+    /// The topic was deleted while the append was queued.
+    UnknownPartition,
+    Storage(String),
+    Refused(Refusal),
+}
+
+pub(super) type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
+
+/// One validated produce partition's batches.
+pub(super) struct Append {
+    pub tp: Tp,
+    pub records: Validated,
+    pub log_append_time: bool,
+    pub ack: Ack,
+    /// Counts each batch that reaches the log.
+    pub traffic: Arc<probe::Traffic>,
+    pub reply: Reply,
+}
+
+pub(super) enum WriteCmd {
+    Append(Append),
+    /// A transaction marker the coordinator writes; acked when durable.
+    Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
+    /// The coordinator is about to decide a transaction: no more of its
+    /// batches for these tps; answers each tp's log end (-1: gone), taken
+    /// in order with the appends, so every batch admitted lies below it.
+    CloseTxn { producer_id: i64, tps: Vec<Tp>, reply: oneshot::Sender<Vec<i64>> },
+    Shutdown(oneshot::Sender<()>),
+    /// Panics on the writer thread (tests of the poison path).
+    #[cfg(test)]
+    Panic,
+}
+
+/// What the writer hands the syncer after a round.
+pub(super) struct SyncJob {
+    moved: Flushed,
+    replies: Vec<(Reply, AppendResult)>,
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// What the writer shares with the rest of the engine.
+pub(super) struct Shared {
+    pub txns: Arc<RwLock<txns::Txns>>,
+    pub any_txns: Arc<AtomicBool>,
+    pub stats: Arc<ProducerStats>,
+}
+
+pub(super) struct Writer {
+    storage: Arc<Storage>,
+    clock: Clock,
+    waiters: Arc<Waiters>,
+    policy: FlushPolicy,
+    sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
+    producers: producers::Producers,
+    shared: Shared,
+    producer_expiry_ms: i64,
+    expired_at: i64,
+    snapshots: Snapshots,
+    /// This round's answers: after the flush (acks=1), after the sync (acks=all).
+    written: Vec<(Reply, AppendResult)>,
+    durable: Vec<(Reply, AppendResult)>,
+}
+
+/// Whether the writer goes on after a round.
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        storage: Arc<Storage>,
+        clock: Clock,
+        waiters: Arc<Waiters>,
+        policy: FlushPolicy,
+        sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
+        producers: producers::Producers,
+        shared: Shared,
+        snapshot: PathBuf,
+        producer_expiry_ms: i64,
+    ) -> Writer {
+        let now = clock();
+        Writer {
+            storage,
+            clock,
+            waiters,
+            policy,
+            sync_tx,
+            producers,
+            shared,
+            producer_expiry_ms,
+            expired_at: now,
+            snapshots: Snapshots::start(snapshot, now),
+            written: Vec::new(),
+            durable: Vec::new(),
+        }
+    }
+
+    /// The thread's body: a round per wake-up until shutdown.
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<WriteCmd>) {
+        let mut round = Vec::with_capacity(64);
+        while let Some(first) = rx.blocking_recv() {
+            round.push(first);
+            while round.len() < MAX_ROUND {
+                match rx.try_recv() {
+                    Ok(c) => round.push(c),
+                    Err(_) => break,
+                }
+            }
+            let flow = match catch_unwind(AssertUnwindSafe(|| self.round(&mut round))) {
+                Ok(flow) => flow,
+                Err(panic) => self.panicked(&*panic, &mut round),
+            };
+            if flow == Flow::Stop || rx.is_closed() {
+                // Appends queued after the shutdown command are refused.
+                rx.close();
+                while let Ok(cmd) = rx.try_recv() {
+                    refuse(cmd, "the broker is shutting down");
+                }
+                break;
+            }
+        }
+    }
+
+    /// A round panicked: storage is poisoned, and whatever the round had not
+    /// answered is refused (a shutdown in it still completes).
+    fn panicked(&mut self, panic: &(dyn std::any::Any + Send), round: &mut Vec<WriteCmd>) -> Flow {
+        let why = format!("the writer thread panicked: {}", panic_message(panic));
+        let e = self.storage.poison_with(why.clone());
+        tracing::error!(error = %e, "write path stopped");
+        for (reply, _) in self.written.drain(..).chain(self.durable.drain(..)) {
+            let _ = reply.send(Err(AppendFailure::Storage(why.clone())));
+        }
+        let mut flow = Flow::Continue;
+        for cmd in round.drain(..) {
+            if let WriteCmd::Shutdown(done) = cmd {
+                let _ = self.sync_tx.send(SyncJob { moved: Flushed::default(), replies: Vec::new(), done: Some(done) });
+                flow = Flow::Stop;
+            } else {
+                refuse(cmd, &why);
+            }
+        }
+        flow
+    }
+
+    fn round(&mut self, round: &mut Vec<WriteCmd>) -> Flow {
+        let now = (self.clock)();
+        let mut shutdown = None;
+        // Taken one at a time from the end, so that after a panic the
+        // commands not yet handled are still in `round`, to be answered.
+        round.reverse();
+        while let Some(cmd) = round.pop() {
+            match cmd {
+                WriteCmd::Append(a) => self.append(a, now),
+                WriteCmd::Marker { tp, producer_id, epoch, marker, reply } => self.marker(tp, producer_id, epoch, marker, reply, now),
+                WriteCmd::CloseTxn { producer_id, tps, reply } => self.close_txn(producer_id, &tps, reply),
+                WriteCmd::Shutdown(done) => shutdown = Some(done),
+                #[cfg(test)]
+                WriteCmd::Panic => panic!("a planted panic"),
+            }
+        }
+        self.expire(now);
+        let moved = self.flush();
+        let stopping = shutdown.is_some();
+        if stopping {
+            self.snapshots.last(&self.producers, &self.shared.txns, &self.storage);
+        } else {
+            self.snapshots.maybe(now, &self.producers, &self.shared.txns, &self.storage);
+        }
+        self.answer(moved, shutdown);
+        if stopping {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    }
+
+    /// One produce partition: each batch through the producer check, then
+    /// into the log. Its answer waits for the flush (or the sync).
+    fn append(&mut self, a: Append, now: i64) {
+        let Append { tp, records, log_append_time, ack, traffic, reply } = a;
+        let mut result: Option<AppendResult> = None;
+        for (b, checked) in records.batches() {
+            let ids = checked.ids;
+            let mut check = self.producers.check(tp, ids);
+            // A new transactional batch only for a partition its transaction
+            // added (checked here, where markers are written, so no marker
+            // can slip in between).
+            if check == producers::Check::Append && checked.transactional && !self.shared.txns.read().expect("txns lock").admits(ids.producer_id, ids.epoch, &tp) {
+                check = producers::Check::Refuse(Refusal::NotInTransaction);
+            }
+            match check {
+                producers::Check::Append => {}
+                producers::Check::Duplicate { base_offset, last_offset } => {
+                    self.shared.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(producer_id = ids.producer_id, sequence = ids.base_sequence, base_offset, "retried batch answered with its first offsets");
+                    let log_start = self.storage.offsets(&tp).map_or(-1, |o| o.0);
+                    let r = result.get_or_insert(AppendResult { base_offset, last_offset, log_append_time: -1, log_start });
+                    r.last_offset = last_offset;
+                    continue;
+                }
+                producers::Check::Refuse(why) => {
+                    self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(producer_id = ids.producer_id, epoch = ids.epoch, sequence = ids.base_sequence, ?why, "producer batch refused");
+                    let _ = reply.send(Err(AppendFailure::Refused(why)));
+                    return;
+                }
+            }
+            let a = match self.storage.append(tp, b, now, log_append_time) {
+                Ok(a) => a,
+                Err(e) => {
+                    let _ = reply.send(Err(storage_failure(e)));
+                    return;
+                }
+            };
+            self.snapshots.appended += b.len() as u64;
+            traffic.appended(checked.records.max(0) as u64, b.len() as u64);
+            let r = result.get_or_insert(AppendResult { base_offset: a.base_offset, last_offset: a.last_offset, log_append_time: if log_append_time { now } else { -1 }, log_start: a.log_start });
+            r.last_offset = a.last_offset;
+            if ids.producer_id >= 0 {
+                self.producers.record(tp, ids, a.base_offset, a.last_offset, now);
+                self.snapshots.dirty = true;
+                if checked.transactional {
+                    self.shared.any_txns.store(true, Ordering::Release);
+                    self.shared.txns.write().expect("txns lock").on_batch(tp, ids.producer_id, ids.epoch, a.base_offset);
+                }
+            }
+        }
+        // Validation let no empty batch list through.
+        let Some(r) = result else { return };
+        match ack {
+            Ack::Written => self.written.push((reply, r)),
+            Ack::Durable => self.durable.push((reply, r)),
+        }
+    }
+
+    fn marker(&mut self, tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply, now: i64) {
+        let b = batch::control_batch(marker, producer_id, epoch, 0, now);
+        match self.storage.append(tp, &b, now, false) {
+            Ok(a) => {
+                self.snapshots.appended += b.len() as u64;
+                self.producers.fence(tp, producer_id, epoch, now);
+                self.snapshots.dirty = true;
+                self.shared.any_txns.store(true, Ordering::Release);
+                self.shared.txns.write().expect("txns lock").on_marker(tp, producer_id, marker, a.base_offset);
+                self.durable.push((reply, AppendResult { base_offset: a.base_offset, last_offset: a.last_offset, log_append_time: -1, log_start: a.log_start }));
+            }
+            // Deleted meanwhile (its state went with it), or storage failed.
+            Err(e) => {
+                let _ = reply.send(Err(storage_failure(e)));
+            }
+        }
+    }
+
+    fn close_txn(&mut self, producer_id: i64, tps: &[Tp], reply: oneshot::Sender<Vec<i64>>) {
+        let mut t = self.shared.txns.write().expect("txns lock");
+        let ends = tps
+            .iter()
+            .map(|tp| {
+                t.close_partition(producer_id, tp);
+                // Not the published end: this round's appends are not
+                // flushed yet.
+                self.storage.next_offset(tp).unwrap_or(-1)
+            })
+            .collect();
+        drop(t);
+        let _ = reply.send(ends);
+    }
+
+    fn expire(&mut self, now: i64) {
+        if now - self.expired_at >= 60_000 {
+            self.snapshots.dirty |= self.producers.expire(now, self.producer_expiry_ms) > 0;
+            self.expired_at = now;
+        }
+    }
+
+    /// Writes the round; a failure refuses every answer the round holds.
+    fn flush(&mut self) -> Flushed {
+        match self.storage.flush() {
+            Ok(m) => m,
+            Err(e) => {
+                let msg = e.to_string();
+                for (reply, _) in self.written.drain(..).chain(self.durable.drain(..)) {
+                    let _ = reply.send(Err(AppendFailure::Storage(msg.clone())));
+                }
+                Flushed::default()
+            }
+        }
+    }
+
+    /// Answers the round: acks=1 now, acks=all after the syncer's fsync
+    /// (with the `always` policy; otherwise everything now).
+    fn answer(&mut self, moved: Flushed, shutdown: Option<oneshot::Sender<()>>) {
+        let written = std::mem::take(&mut self.written);
+        let durable = std::mem::take(&mut self.durable);
+        match self.policy {
+            FlushPolicy::Always => {
+                for (reply, r) in written {
+                    let _ = reply.send(Ok(r));
+                }
+                let job = SyncJob { moved, replies: durable, done: shutdown };
+                if job.done.is_some() || !job.moved.moved.is_empty() || !job.replies.is_empty() {
+                    let _ = self.sync_tx.send(job);
+                }
+            }
+            FlushPolicy::Interval(_) | FlushPolicy::Never => {
+                self.storage.publish_hw(&moved);
+                self.waiters.wake(&moved.moved);
+                for (reply, r) in written.into_iter().chain(durable) {
+                    let _ = reply.send(Ok(r));
+                }
+                if let Some(done) = shutdown {
+                    let _ = self.sync_tx.send(SyncJob { moved: Default::default(), replies: Vec::new(), done: Some(done) });
+                }
+            }
+        }
+    }
+}
+
+fn storage_failure(e: StorageError) -> AppendFailure {
+    match e {
+        StorageError::UnknownPartition => AppendFailure::UnknownPartition,
+        e => AppendFailure::Storage(e.to_string()),
+    }
+}
+
+/// Answers a command that will not run.
+fn refuse(cmd: WriteCmd, why: &str) {
+    match cmd {
+        WriteCmd::Append(Append { reply, .. }) | WriteCmd::Marker { reply, .. } => {
+            let _ = reply.send(Err(AppendFailure::Storage(why.to_owned())));
+        }
+        // Dropping the reply tells the caller the writer is gone.
+        WriteCmd::CloseTxn { .. } => {}
+        WriteCmd::Shutdown(done) => {
+            let _ = done.send(());
+        }
+        #[cfg(test)]
+        WriteCmd::Panic => {}
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
+}
+
+/// Periodic producer snapshots, written by their own thread from a copy,
+/// so the JSON and the fsync do not hold up appends; one at a time (a
+/// snapshot due while one is being written waits for the next turn).
+struct Snapshots {
+    path: PathBuf,
+    tx: Option<std::sync::mpsc::SyncSender<Snap>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    at: i64,
+    /// Producer state changed since the last snapshot.
+    dirty: bool,
+    /// Bytes appended since the last snapshot.
+    appended: u64,
+}
+
+type Snap = (producers::Producers, Vec<(Tp, txns::TpTxns)>, Vec<(Tp, i64)>);
+
+impl Snapshots {
+    fn start(path: PathBuf, now: i64) -> Snapshots {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Snap>(1);
+        let thread = {
+            let path = path.clone();
+            std::thread::Builder::new()
+                .name("canopy-producer-snapshot".into())
+                .spawn(move || {
+                    for (state, txns, covered) in rx {
+                        // A failed snapshot costs a longer replay at the next
+                        // start, nothing more: logged, not fatal.
+                        match catch_unwind(AssertUnwindSafe(|| state.write_snapshot(&txns, &path, &covered))) {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed"),
+                            Err(p) => tracing::error!(path = %path.display(), panic = %panic_message(&*p), "writing the producer snapshot panicked"),
+                        }
+                    }
+                })
+                .expect("spawn the producer snapshot thread")
+        };
+        Snapshots { path, tx: Some(tx), thread: Some(thread), at: now, dirty: false, appended: 0 }
+    }
+
+    /// After the flush, so every batch the snapshot remembers is in the
+    /// files.
+    fn maybe(&mut self, now: i64, producers: &producers::Producers, txns: &RwLock<txns::Txns>, storage: &Storage) {
+        let moved_on = self.dirty || self.appended > 0;
+        if !(moved_on && (now - self.at >= PRODUCER_SNAPSHOT_EVERY_MS || self.appended >= PRODUCER_SNAPSHOT_EVERY_BYTES)) {
+            return;
+        }
+        let Some(tx) = &self.tx else { return };
+        let t = txns.read().expect("txns lock").to_snapshot();
+        if tx.try_send((producers.clone(), t, super::log_ends(storage))).is_ok() {
+            self.at = now;
+            self.dirty = false;
+            self.appended = 0;
+        }
+    }
+
+    /// At shutdown, always, so a clean restart replays nothing; written here
+    /// once the thread has finished any earlier one (so an older snapshot
+    /// cannot land after it).
+    fn last(&mut self, producers: &producers::Producers, txns: &RwLock<txns::Txns>, storage: &Storage) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        super::snapshot_producers(producers, &txns.read().expect("txns lock"), storage, &self.path);
+    }
+}
+
+/// The syncer thread's body: syncs after the writer's rounds (or on the
+/// interval), then publishes and answers acks=all.
+pub(super) fn syncer_loop(rx: std::sync::mpsc::Receiver<SyncJob>, storage: Arc<Storage>, waiters: Arc<Waiters>, policy: FlushPolicy, probe: probe::EngineProbe) {
+    let interval = match policy {
+        FlushPolicy::Interval(d) => Some(d),
+        _ => None,
+    };
+    loop {
+        let first = match interval {
+            Some(d) => match rx.recv_timeout(d) {
+                Ok(job) => Some(job),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+            None => match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            },
+        };
+        let mut jobs: Vec<SyncJob> = first.into_iter().collect();
+        while let Ok(j) = rx.try_recv() {
+            jobs.push(j);
+        }
+        let needs_sync = interval.is_some() || policy == FlushPolicy::Always || jobs.iter().any(|j| j.done.is_some());
+        let synced = if needs_sync {
+            let started = std::time::Instant::now();
+            let r = match catch_unwind(AssertUnwindSafe(|| storage.sync())) {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(panic) => Err(storage.poison_with(format!("the syncer thread panicked: {}", panic_message(&*panic))).to_string()),
+            };
+            if let Ok(bytes) = &r {
+                probe.synced(started.elapsed().as_secs_f64(), *bytes);
+            }
+            r.map(drop)
+        } else {
+            Ok(())
+        };
+        let mut stop = false;
+        for job in jobs {
+            match &synced {
+                Ok(()) => {
+                    if policy == FlushPolicy::Always {
+                        storage.publish_hw(&job.moved);
+                        waiters.wake(&job.moved.moved);
+                    }
+                    for (reply, r) in job.replies {
+                        let _ = reply.send(Ok(r));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "fsync failed; durable appends are refused from now on");
+                    for (reply, _) in job.replies {
+                        let _ = reply.send(Err(AppendFailure::Storage(e.clone())));
+                    }
+                }
+            }
+            if let Some(done) = job.done {
+                let _ = done.send(());
+                stop = true;
+            }
+        }
+        if stop {
+            return;
+        }
+    }
+}
