@@ -54,7 +54,7 @@ use crate::storage::disk::sim::{Faults, Rng, SimDisk, SimStats};
 use crate::storage::disk::Disk;
 use crate::storage::subtree::split::Strategy;
 use crate::storage::subtree::{store, WindowRecord};
-use crate::storage::tip::TipConfig;
+use crate::storage::tip::{Pick, TipConfig};
 use crate::storage::{CompactConfig, Flushed, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
 
 /// A bug to plant, to show the simulator finds it.
@@ -131,6 +131,8 @@ enum State {
 
 #[derive(Debug, Clone)]
 struct MBatch {
+    /// Its stream sequence number.
+    seq: u64,
     base: i64,
     last: i64,
     /// As storage must return it (base offset patched).
@@ -374,7 +376,8 @@ impl Sim {
                 5..=44 => "append",
                 45..=59 => "flush",
                 60..=71 => "sync",
-                72..=84 => "read",
+                72..=80 => "read",
+                81..=84 => "read subtree stream",
                 85..=88 => "retention",
                 89..=92 => "compact",
                 93..=95 => "clean restart",
@@ -388,7 +391,8 @@ impl Sim {
             5..=44 => self.append(),
             45..=59 => self.flush(),
             60..=71 => self.sync(),
-            72..=84 => self.read(),
+            72..=80 => self.read(),
+            81..=84 => self.read_stream(),
             85..=88 => self.retention(),
             89..=92 => self.compact(),
             93..=95 => self.clean_restart(),
@@ -455,7 +459,7 @@ impl Sim {
                 ensure(a.last_offset == expected + n as i64 - 1, || format!("{tp:?}: {n} records end at {}", a.last_offset))?;
                 batch::set_base_offset(&mut bytes, a.base_offset);
                 let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
-                self.mtp(&tp).batches.push(MBatch { base: a.base_offset, last: a.last_offset, bytes, state });
+                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state });
                 self.out.appends += 1;
                 Ok(())
             }
@@ -548,6 +552,59 @@ impl Sim {
                 at = want.last + 1;
             }
             ensure(r.next_offset == at, || format!("{tp:?}: next offset {} != {at}", r.next_offset))?;
+        }
+        Ok(())
+    }
+
+    /// Reads a random set of branches in arrival order (the n-way merge over
+    /// tip, segments and stores) and compares with the model: every visible
+    /// batch of their live topics at or past its log start, by sequence
+    /// number, byte for byte.
+    fn read_stream(&mut self) -> Check {
+        let mask = 1 + self.rng.below((1 << BRANCHES.len()) - 1);
+        let branches: Vec<String> = BRANCHES.iter().enumerate().filter(|(i, _)| mask >> i & 1 == 1).map(|(_, b)| b.to_string()).collect();
+        let max = [1usize, 700, 1 << 20][self.rng.below(3) as usize];
+        let s = self.storage();
+        let starts: BTreeMap<Tp, i64> = self.tps().into_iter().filter_map(|tp| s.offsets(&tp).map(|o| (tp, o.0))).collect();
+        let visible = s.visible_seq();
+        let mut got: Vec<(u64, Tp, Vec<u8>)> = Vec::new();
+        let mut at = s.stream_start(&branches);
+        let mut reads = 0;
+        while at < visible {
+            reads += 1;
+            ensure(reads <= 100_000, || format!("subtree read of {branches:?} makes no progress at {at}"))?;
+            let mut pick = |_: u64, tp: &Tp, last: i64, _: &[u8]| if starts.get(tp).is_some_and(|&start| last >= start) { Pick::Take } else { Pick::Skip };
+            let r = match s.read_stream(&branches, at, max, true, &mut pick) {
+                Ok(r) => r,
+                Err(crate::storage::ReadError::Io(_)) if self.faulty() => return Ok(()),
+                Err(e) => return Err(format!("subtree read of {branches:?} at {at} failed: {e}")),
+            };
+            let next = if r.cut { r.batches.last().map_or(at, |m| m.seq + 1) } else { r.examined_to };
+            ensure(next > at, || format!("subtree read of {branches:?} at {at} did not move"))?;
+            got.extend(r.batches.into_iter().map(|m| (m.seq, m.tp, m.bytes.to_vec())));
+            at = next;
+        }
+        let mut want: Vec<(u64, Tp, Vec<u8>)> = Vec::new();
+        for (id, t) in &self.topics {
+            if !branches.contains(&t.branch) {
+                continue;
+            }
+            for (p, m) in t.parts.iter().enumerate() {
+                let tp = Tp { topic: *id, partition: p as i32 };
+                let start = starts[&tp];
+                want.extend(m.batches.iter().filter(|b| b.seq < visible && b.last >= start).map(|b| (b.seq, tp, b.bytes.clone())));
+            }
+        }
+        want.sort_by_key(|w| w.0);
+        if got != want {
+            let first = got.iter().zip(&want).position(|(g, w)| g != w).unwrap_or(got.len().min(want.len()));
+            return Err(format!(
+                "subtree read of {branches:?} differs at item {first}: got {} batches, want {} (got {:?}, want {:?})",
+                got.len(),
+                want.len(),
+                got.get(first).map(|g| (g.0, g.1.partition)),
+                want.get(first).map(|w| (w.0, w.1.partition))
+            ));
         }
         Ok(())
     }
