@@ -225,6 +225,9 @@ fn ensure(cond: bool, what: impl FnOnce() -> String) -> Check {
 
 impl Sim {
     fn new(seed: u64, plant: Option<Plant>) -> Sim {
+        // Storage's maps iterate in a fixed order, so it performs its file
+        // operations in the same order at every replay.
+        crate::storage::hashing::fix_seed_on_this_thread(seed);
         let mut rng = Rng::new(seed);
         // Half the seeds run on a faulty disk.
         let faults = if rng.below(2) == 0 {
@@ -596,6 +599,10 @@ impl Sim {
             }
         }
         want.sort_by_key(|w| w.0);
+        if got != want && self.trace {
+            let short = |v: &[(u64, Tp, Vec<u8>)]| v.iter().map(|(s, tp, b)| (*s, tp.topic[15], tp.partition, b.len())).collect::<Vec<_>>();
+            eprintln!("  from {} visible {visible}: got {:?}\n  want {:?}", s.stream_start(&branches), short(&got), short(&want));
+        }
         if got != want {
             let first = got.iter().zip(&want).position(|(g, w)| g != w).unwrap_or(got.len().min(want.len()));
             return Err(format!(

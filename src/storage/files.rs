@@ -27,7 +27,9 @@
 //! the file fails with a retriable error and storage is not poisoned
 //! (nothing was written).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use crate::storage::hashing::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -30,7 +30,9 @@
 //! carries the largest timestamp seen before it, which makes it a time index.
 //! Indexes are rebuilt by recovery; persisting them is future work.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::storage::hashing::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -326,7 +328,7 @@ impl StoreFile {
     /// Opens a store's view for the log: which branch each tp is in.
     fn new(store: Store, files: &Arc<FileCache>, branch_of_tp: impl Fn(&Tp) -> Option<String>) -> StoreFile {
         let mut branches: Vec<String> = Vec::new();
-        let mut branch_of = HashMap::with_capacity(store.tps.len());
+        let mut branch_of = HashMap::with_capacity_and_hasher(store.tps.len(), Default::default());
         for tp in store.tps.keys() {
             let Some(name) = branch_of_tp(tp) else { continue };
             let i = match branches.iter().position(|b| *b == name) {
@@ -681,9 +683,9 @@ impl Storage {
         sync_dir(&*disk, &log_dir)?;
         let stores_dir = dir.join("stores");
         let mut report = RecoveryReport::default();
-        let mut branches: HashMap<String, Arc<Branch>> = HashMap::new();
-        let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::new();
-        let mut writers: HashMap<Tp, PartWriter> = HashMap::new();
+        let mut branches: HashMap<String, Arc<Branch>> = HashMap::default();
+        let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::default();
+        let mut writers: HashMap<Tp, PartWriter> = HashMap::default();
         let mut next_seq = 0u64;
         let cache = FileCache::new(cfg.max_open_files, disk.clone());
 
@@ -788,7 +790,7 @@ impl Storage {
                     file: cache.adopt(path.clone(), true, scan.file),
                     allocated: AtomicU64::new(scan.valid_len),
                     len: AtomicU64::new(scan.valid_len),
-                    tps: Mutex::new(HashMap::new()),
+                    tps: Mutex::new(HashMap::default()),
                     marks: Mutex::new(Vec::new()),
                     end_seq: AtomicU64::new(0),
                 });
@@ -828,7 +830,7 @@ impl Storage {
             dir: log_dir,
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
-            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::new() }),
+            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::default() }),
             files: cache,
             preallocate: AtomicBool::new(true),
             tip: RwLock::new(super::tip::Tip::new(cfg.tip.clone())),
@@ -1175,7 +1177,7 @@ impl Storage {
             path,
             allocated: AtomicU64::new(FILE_HEADER_BYTES),
             len: AtomicU64::new(FILE_HEADER_BYTES),
-            tps: Mutex::new(HashMap::new()),
+            tps: Mutex::new(HashMap::default()),
             marks: Mutex::new(Vec::new()),
             end_seq: AtomicU64::new(0),
         });
@@ -1426,7 +1428,7 @@ impl Storage {
     ) -> Result<(Vec<(Tp, i64)>, usize), StorageError> {
         let _maintenance = self.maintenance.lock().expect("maintenance lock");
         let branches: Vec<Arc<Branch>> = self.branches.read().expect("branches lock").values().cloned().collect();
-        let mut advanced: HashMap<Tp, i64> = HashMap::new();
+        let mut advanced: HashMap<Tp, i64> = HashMap::default();
         for branch in &branches {
             let segs = branch.segs.read().expect("branch lock").clone();
             // Partitions are looked up after the segments are: any frame in
@@ -1434,7 +1436,7 @@ impl Storage {
             let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().filter(|p| Arc::ptr_eq(&p.branch, branch)).cloned().collect();
             let sealed = segs.split_last().map_or(&[][..], |(_, sealed)| sealed);
             // Per tp: its shares of sealed segments, oldest first.
-            let mut shares: HashMap<Tp, Vec<SegTp>> = HashMap::new();
+            let mut shares: HashMap<Tp, Vec<SegTp>> = HashMap::default();
             for seg in sealed {
                 for (tp, s) in seg.tps.lock().expect("segment tps lock").iter() {
                     shares.entry(*tp).or_default().push(*s);
@@ -1518,7 +1520,7 @@ impl Storage {
             // read that finds its segment gone looks again and finds no
             // entry for it. (Dead segments need not be a prefix: a live tp
             // can keep an older one.)
-            let dead_seqs: std::collections::HashSet<u64> = dead.iter().map(|d| d.base_seq).collect();
+            let dead_seqs: crate::storage::hashing::HashSet<u64> = dead.iter().map(|d| d.base_seq).collect();
             self.trim_index(branch, |seg| dead_seqs.contains(&seg));
             branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
             for seg in dead {
@@ -1760,12 +1762,12 @@ fn open_stores(
     found.sort();
     let Some(windows) = windows else {
         if found.is_empty() {
-            return Ok((Vec::new(), HashMap::new(), 0));
+            return Ok((Vec::new(), HashMap::default(), 0));
         }
         return Err(StorageError::Catalog(format!("{} holds subtree stores but no catalog of them was given", dir.display())));
     };
     let mut live = std::collections::BTreeSet::new();
-    let mut compacted_to: HashMap<String, u64> = HashMap::new();
+    let mut compacted_to: HashMap<String, u64> = HashMap::default();
     let mut next_window = 0;
     for w in windows {
         next_window = next_window.max(w.window + 1);
@@ -1897,7 +1899,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let specs = vec![spec(1, 0, "b"), spec(2, 0, "b"), spec(3, 0, "b")];
             let cfg = StorageConfig { segment_bytes: 8 << 20, index_interval_bytes: interval, tip: crate::storage::tip::TipConfig { bytes: 0, ..Default::default() }, ..StorageConfig::default() };
-            let mut want: HashMap<Tp, Vec<(i64, Vec<u8>)>> = HashMap::new();
+            let mut want: HashMap<Tp, Vec<(i64, Vec<u8>)>> = HashMap::default();
             {
                 let s = Storage::open(dir.path(), cfg.clone(), specs.clone(), true).unwrap();
                 for (i, &(t, n, len)) in pattern.iter().enumerate() {

@@ -8,6 +8,7 @@
 
 pub mod disk;
 pub mod files;
+pub mod hashing;
 pub mod log;
 pub mod merge;
 pub mod segment;

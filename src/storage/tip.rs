@@ -25,7 +25,9 @@
 //!
 //! Synchronous, single-writer; the caller serialises (a lock in `Storage`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::storage::hashing::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
@@ -251,7 +253,7 @@ impl Tip {
     pub fn with_block_size(cfg: TipConfig, size: usize) -> Tip {
         assert!(size > 0, "index blocks hold at least one entry");
         let max = cfg.max_blocks;
-        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max, size }, branches: Vec::new(), branch_ids: HashMap::new(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0), merged: AtomicU64::new(0) }
+        Tip { cfg, ring: VecDeque::new(), used: 0, pool: Pool { blocks: Vec::new(), free: Vec::new(), max, size }, branches: Vec::new(), branch_ids: HashMap::default(), arena: BytesMut::new(), spent: VecDeque::new(), hits: AtomicU64::new(0), misses: AtomicU64::new(0), visited: AtomicU64::new(0), merged: AtomicU64::new(0) }
     }
 
     /// Switches the lookup (benchmarks compare both on one ring).
@@ -629,7 +631,7 @@ mod tests {
             let lookup = if scan { Lookup::Scan } else { Lookup::Index };
             // Blocks of 1 to 8 entries: the walk crosses block boundaries.
             let mut tip = Tip::with_block_size(TipConfig { bytes: ring, max_blocks: blocks, lookup }, block);
-            let mut next: HashMap<Tp, i64> = HashMap::new();
+            let mut next: HashMap<Tp, i64> = HashMap::default();
             let mut all: Vec<Pushed> = Vec::new();
             for (seq, (t, p, n, len)) in appends.into_iter().enumerate() {
                 let tp = tp(t, p);

@@ -134,8 +134,8 @@ impl Storage {
         // 2. The plan, from each live topic's bytes in those segments.
         let parts = self.parts.read().expect("parts lock").clone();
         let log_start = |tp: &Tp| parts.get(tp).map(|p| p.st.read().expect("partition lock").log_start);
-        let mut names: HashMap<TopicId, Option<String>> = HashMap::new();
-        let mut volume: HashMap<String, u64> = HashMap::new();
+        let mut names: HashMap<TopicId, Option<String>> = HashMap::default();
+        let mut volume: HashMap<String, u64> = HashMap::default();
         for (_, _, seg, _, _) in &due {
             for (tp, share) in seg.tps.lock().expect("segment tps lock").iter() {
                 let name = names.entry(tp.topic).or_insert_with(|| name_of(&tp.topic)).clone();

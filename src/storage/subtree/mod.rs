@@ -10,7 +10,7 @@ pub mod report;
 pub mod split;
 pub mod store;
 
-use std::collections::HashMap;
+use crate::storage::hashing::HashMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -70,7 +70,7 @@ impl Step {
 /// headers only) and the stores `windows` lists. For `split-report`; the
 /// broker must not be writing meanwhile.
 pub fn volumes(dir: &Path, windows: &[WindowRecord]) -> Result<HashMap<TopicId, u64>, String> {
-    let mut out: HashMap<TopicId, u64> = HashMap::new();
+    let mut out: HashMap<TopicId, u64> = HashMap::default();
     let log = dir.join("log");
     let branches = std::fs::read_dir(&log).map_err(|e| format!("{}: {e}", log.display()))?;
     for b in branches {

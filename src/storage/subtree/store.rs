@@ -46,7 +46,7 @@
 //! becomes part of the log only when the catalog lists it. Opening checks
 //! both checksums and every count against the bytes present.
 
-use std::collections::HashMap;
+use crate::storage::hashing::HashMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -131,8 +131,8 @@ impl StoreWriter {
             path: path.to_owned(),
             file: io::BufWriter::with_capacity(64 * 1024, file),
             pos: FILE_HEADER_BYTES,
-            tps: HashMap::new(),
-            since_entry: HashMap::new(),
+            tps: HashMap::default(),
+            since_entry: HashMap::default(),
             marks: Vec::new(),
             first_seq: None,
             end_seq: 0,
@@ -345,7 +345,7 @@ fn parse_index(b: &[u8], frames_end: u64) -> Result<(HashMap<Tp, StoreTp>, Vec<(
     if count > (b.len() - at) / (TP_BYTES + ENTRY_BYTES) {
         return Err("tp count exceeds the index");
     }
-    let mut tps = HashMap::with_capacity(count);
+    let mut tps = HashMap::with_capacity_and_hasher(count, Default::default());
     for _ in 0..count {
         let t = take(&mut at, TP_BYTES)?;
         let tp = Tp { topic: t[0..16].try_into().unwrap(), partition: u32_(&t[16..20]) as i32 };
