@@ -454,7 +454,7 @@ fn hardening_cost(dir: &Path, baseline: &Path, secs: f64, scale: u64) {
     }
 }
 
-fn drive(addr: SocketAddr, secs: f64) {
+fn drive(addr: SocketAddr, secs: f64, acks: i16) {
     create_topic(addr, "bench.drive", 4);
     let payloads = payloads(100);
     let values: Vec<&[u8]> = payloads.iter().take(10).map(|p| &p[..]).collect();
@@ -462,7 +462,7 @@ fn drive(addr: SocketAddr, secs: f64) {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..4)
         .map(|p| {
-let frame = produce_frame("bench.drive", p, 1, &batch);
+let frame = produce_frame("bench.drive", p, acks, &batch);
             std::thread::spawn(move || pipeline(addr, &frame, 32, deadline))
         })
         .collect();
@@ -943,11 +943,13 @@ fn main() {
         return;
     }
     // For profiling a broker started elsewhere (under valgrind, say):
-    // pipelined produce (acks=1, 10 x 100 B) on 4 connections for SECS.
+    // pipelined produce (10 x 100 B, acks=1 unless ACKS) on 4 connections
+    // for SECS: `--drive ADDR SECS [ACKS]`.
     if let Some(i) = std::env::args().position(|a| a == "--drive") {
         let addr: SocketAddr = std::env::args().nth(i + 1).expect("--drive ADDR SECS").parse().expect("an address");
         let secs: f64 = std::env::args().nth(i + 2).and_then(|s| s.parse().ok()).unwrap_or(10.0);
-        drive(addr, secs);
+        let acks: i16 = std::env::args().nth(i + 3).and_then(|s| s.parse().ok()).unwrap_or(1);
+        drive(addr, secs, acks);
         return;
     }
     if let Some(i) = std::env::args().position(|a| a == "--baseline") {

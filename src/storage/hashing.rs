@@ -4,15 +4,14 @@
 //! in a round, the segments retention deletes), so the order of its file
 //! operations follows their iteration order. With std's `RandomState`
 //! that order changes from run to run, and a simulated disk that draws a
-//! fault per operation would not replay a seed. [`Seeded`] keys SipHash
-//! with a per-process random seed, as `RandomState` does (so names chosen
-//! by clients cannot be made to collide), unless the current thread asked
-//! for a fixed one ([`fix_seed_on_this_thread`], the simulator).
+//! fault per operation would not replay a seed. [`Seeded`] is std's
+//! `RandomState` (random keys, so names chosen by clients cannot be made to
+//! collide) unless the current thread asked for a fixed seed
+//! ([`fix_seed_on_this_thread`], the simulator).
 
 use std::cell::Cell;
-use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::OnceLock;
 
 pub type HashMap<K, V> = std::collections::HashMap<K, V, Seeded>;
 pub type HashSet<T> = std::collections::HashSet<T, Seeded>;
@@ -27,25 +26,36 @@ pub fn fix_seed_on_this_thread(seed: u64) {
     FIXED.with(|f| f.set(Some(seed)));
 }
 
-fn process_seed() -> u64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().build_hasher().finish())
-}
+/// `RandomState` (random SipHash keys per map, as std's maps), or a fixed
+/// seed written ahead of every key (a simulation on this thread).
+#[derive(Debug, Clone)]
+pub struct Seeded(Keys);
 
-#[derive(Debug, Clone, Copy)]
-pub struct Seeded(u64);
+#[derive(Debug, Clone)]
+enum Keys {
+    Random(RandomState),
+    Fixed(u64),
+}
 
 impl Default for Seeded {
     fn default() -> Self {
-        Seeded(FIXED.with(|f| f.get()).unwrap_or_else(process_seed))
+        Seeded(match FIXED.with(|f| f.get()) {
+            Some(seed) => Keys::Fixed(seed),
+            None => Keys::Random(RandomState::new()),
+        })
     }
 }
 
 impl BuildHasher for Seeded {
     type Hasher = DefaultHasher;
     fn build_hasher(&self) -> DefaultHasher {
-        let mut h = DefaultHasher::new();
-        h.write_u64(self.0);
-        h
+        match &self.0 {
+            Keys::Random(r) => r.build_hasher(),
+            Keys::Fixed(seed) => {
+                let mut h = DefaultHasher::new();
+                h.write_u64(*seed);
+                h
+            }
+        }
     }
 }

@@ -750,10 +750,22 @@ impl Storage {
                 sync_dir(&*disk, &branch.dir)?;
             }
             let count = files.len();
+            let mut lens = Vec::with_capacity(count);
+            for (_, path) in &files {
+                lens.push(disk.open(path, Mode::Read).and_then(|f| f.len()).map_err(io_err(path))?);
+            }
+            // The active segment is the last one holding frames: segments
+            // after it hold none (a roll whose first frame never came, or a
+            // roll that failed after creating its file, which a crash can
+            // bring back). Only a roll that synced the segment before it
+            // creates the next one, so a segment followed by frames is
+            // whole, and one followed by empty segments alone may end in
+            // unsynced writes, as the active one may.
+            let active = lens.iter().rposition(|&l| l > FILE_HEADER_BYTES).unwrap_or(count.saturating_sub(1));
             let mut segs = Vec::with_capacity(count);
             for (i, (_, path)) in files.into_iter().enumerate() {
-                let is_active = i + 1 == count;
-                let len = disk.open(&path, Mode::Read).and_then(|f| f.len()).map_err(io_err(&path))?;
+                let is_active = i >= active;
+                let len = lens[i];
                 if len < FILE_HEADER_BYTES && is_active {
                     // Crashed between creating the file and syncing its header.
                     tracing::warn!(path = %path.display(), "removing segment with torn header");
@@ -2045,6 +2057,35 @@ mod tests {
         disk.crash_losing_everything_unsynced();
         let s = Storage::open(data, cfg, vec![spec(1, 0, "x")], false).unwrap();
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 6, 6)), "the synced batches survive the crash");
+    }
+
+    /// Found by the simulator (seed 454671): a roll that failed after
+    /// creating its file (out of space writing its header) leaves the
+    /// segment before it active, and a crash can bring the removed file
+    /// back. That segment's unsynced tail then sits before an empty one;
+    /// it is cut like the active segment's, not refused as sealed damage.
+    #[test]
+    fn a_torn_tail_before_empty_segments_is_cut_not_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+            append_n(&s, tp(1, 0), 10, 0);
+            s.sync().unwrap();
+        }
+        let seg = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().next().unwrap().unwrap().path();
+        let len = std::fs::metadata(&seg).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 3).unwrap();
+        let empty = dir.path().join("log/t.br").join(seg_file_name(1_000));
+        segment::create(&RealDisk, &empty, &FileHeader { base_seq: 1_000, created_ms: 0 }).unwrap();
+        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 18, 18)));
+        assert!(s.recovery_report().truncated_bytes > 0);
+        // Appends go on in the empty segment, and survive a restart.
+        append_n(&s, tp(1, 0), 1, 0);
+        s.sync().unwrap();
+        drop(s);
+        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 20, 20)));
     }
 
     #[test]
