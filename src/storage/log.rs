@@ -2059,6 +2059,17 @@ mod tests {
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 6, 6)), "the synced batches survive the crash");
     }
 
+    /// Ten 2-record batches in branch `t`, synced: the segment and its length.
+    fn ten_batches_synced(dir: &Path) -> (PathBuf, u64) {
+        let s = Storage::open(dir, StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+        append_n(&s, tp(1, 0), 10, 0);
+        s.sync().unwrap();
+        drop(s);
+        let seg = std::fs::read_dir(dir.join("log/t.br")).unwrap().next().unwrap().unwrap().path();
+        let len = std::fs::metadata(&seg).unwrap().len();
+        (seg, len)
+    }
+
     /// Found by the simulator (seed 454671): a roll that failed after
     /// creating its file (out of space writing its header) leaves the
     /// segment before it active, and a crash can bring the removed file
@@ -2067,13 +2078,7 @@ mod tests {
     #[test]
     fn a_torn_tail_before_empty_segments_is_cut_not_refused() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
-            append_n(&s, tp(1, 0), 10, 0);
-            s.sync().unwrap();
-        }
-        let seg = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().next().unwrap().unwrap().path();
-        let len = std::fs::metadata(&seg).unwrap().len();
+        let (seg, len) = ten_batches_synced(dir.path());
         std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 3).unwrap();
         let empty = dir.path().join("log/t.br").join(seg_file_name(1_000));
         segment::create(&RealDisk, &empty, &FileHeader { base_seq: 1_000, created_ms: 0 }).unwrap();
@@ -2092,13 +2097,7 @@ mod tests {
     fn torn_and_corrupt_tails_are_truncated() {
         for damage in ["truncate", "flip"] {
             let dir = tempfile::tempdir().unwrap();
-            {
-                let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
-                append_n(&s, tp(1, 0), 10, 0);
-                s.sync().unwrap();
-            }
-            let seg = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().next().unwrap().unwrap().path();
-            let len = std::fs::metadata(&seg).unwrap().len();
+            let (seg, len) = ten_batches_synced(dir.path());
             let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
             if damage == "truncate" {
                 f.set_len(len - 3).unwrap();
