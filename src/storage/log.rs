@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::disk::{Disk, FileRef, Mode, RealDisk};
+use super::disk::{Disk, FileRef, RealDisk};
 use super::files::{self, CachedFile, FileCache};
 use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
@@ -752,7 +752,7 @@ impl Storage {
             let count = files.len();
             let mut lens = Vec::with_capacity(count);
             for (_, path) in &files {
-                lens.push(disk.open(path, Mode::Read).and_then(|f| f.len()).map_err(io_err(path))?);
+                lens.push(disk.file_len(path).map_err(io_err(path))?);
             }
             // The active segment is the last one holding frames: segments
             // after it hold none (a roll whose first frame never came, or a

@@ -50,6 +50,8 @@ pub trait Disk: Send + Sync + fmt::Debug {
     /// The names in `dir`, in no particular order.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     fn exists(&self, path: &Path) -> bool;
+    /// A file's length, without opening it.
+    fn file_len(&self, path: &Path) -> io::Result<u64>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the names in `dir` (creations, removals, renames) durable.
@@ -178,6 +180,9 @@ impl Disk for RealDisk {
     }
     fn exists(&self, path: &Path) -> bool {
         path.exists()
+    }
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(std::fs::metadata(path)?.len())
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)

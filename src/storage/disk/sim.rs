@@ -364,6 +364,15 @@ impl Disk for SimDisk {
         self.state().names.contains_key(path)
     }
 
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        let s = self.state();
+        match s.names.get(path) {
+            Some(Node::File(ino)) => Ok(s.inodes[ino].data.len() as u64),
+            Some(Node::Dir) => Err(io::Error::new(io::ErrorKind::IsADirectory, format!("{} is a directory", path.display()))),
+            None => Err(not_found(path)),
+        }
+    }
+
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut s = self.state();
         match s.names.get(path) {
