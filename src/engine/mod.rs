@@ -286,7 +286,6 @@ pub struct ProducerStats {
     pub refused: std::sync::atomic::AtomicU64,
 }
 
-const CLEAN_MARKER: &str = "CLEAN_SHUTDOWN";
 
 impl Engine {
     /// Opens the data directory: catalog, then storage recovery.
@@ -294,8 +293,7 @@ impl Engine {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| StorageError::Io { path: cfg.data_dir.display().to_string(), source: e })?;
         let catalog = Catalog::open(&cfg.data_dir.join("catalog"))?;
         let cluster_id = catalog.cluster_id(|| short_id(&uuid::Uuid::new_v4()))?;
-        let marker = cfg.data_dir.join(CLEAN_MARKER);
-        let clean = marker.exists();
+        let clean = Storage::stopped_cleanly(&cfg.data_dir, &cfg.storage);
         let records = catalog.topics()?;
         let log_starts = catalog.log_starts()?;
         let mut specs = Vec::new();
@@ -324,10 +322,7 @@ impl Engine {
         tracing::info!(clean, segments = r.segments, frames = r.frames, bytes = r.bytes,
             deep_scanned_bytes = r.deep_scanned_bytes, truncated_bytes = r.truncated_bytes,
             elapsed_ms = r.elapsed_ms as u64, topics = topics.len(), "storage recovered");
-        if clean {
-            std::fs::remove_file(&marker).map_err(|e| StorageError::Io { path: marker.display().to_string(), source: e })?;
-            sync_dir(&cfg.data_dir)?;
-        }
+        storage.clear_clean_marker()?;
         let (producers, txn_state) = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock(), cfg.producer_id_expiration_ms);
         let any_txns = Arc::new(std::sync::atomic::AtomicBool::new(!txn_state.is_empty()));
         let txns = Arc::new(RwLock::new(txn_state));
@@ -819,14 +814,8 @@ impl Engine {
         for t in threads {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
-        let synced = self.storage.sync().is_ok() && self.catalog.flush().is_ok();
-        if synced {
-            let marker = self.cfg.data_dir.join(CLEAN_MARKER);
-            if std::fs::write(&marker, b"clean\n").is_ok() {
-                let _ = sync_dir(&self.cfg.data_dir);
-            }
-        }
-        tracing::info!(clean = synced, "engine stopped");
+        let clean = self.storage.sync().is_ok() && self.catalog.flush().is_ok() && self.storage.mark_clean().is_ok();
+        tracing::info!(clean, "engine stopped");
     }
 }
 
@@ -842,9 +831,6 @@ fn short_id(u: &uuid::Uuid) -> String {
     s
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StorageError> {
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::Io { path: dir.display().to_string(), source: e })
-}
 
 /// The idempotent-producer snapshot in the data directory.
 const PRODUCER_SNAPSHOT: &str = "producers.snapshot";
@@ -952,7 +938,7 @@ mod tests {
         drop(engine);
 
         // Unclean reopen (no marker): the persisted log start holds.
-        std::fs::remove_file(dir.path().join(CLEAN_MARKER)).unwrap();
+        std::fs::remove_file(dir.path().join(storage::log::CLEAN_MARKER)).unwrap();
         let engine = Engine::open(cfg, clock_at(&now)).unwrap();
         let topic = engine.topic("ret.topic").unwrap();
         assert_eq!(engine.offsets(&topic.tp(0)), Some((log_start, 100, 100)));
@@ -982,7 +968,7 @@ mod tests {
         assert_eq!(engine.offsets(&topic.tp(0)), Some((0, 1, 1)), "nothing written after the panic");
         // Shutdown still completes, and is not clean.
         engine.shutdown().await;
-        assert!(!dir.path().join(CLEAN_MARKER).exists());
+        assert!(!dir.path().join(storage::log::CLEAN_MARKER).exists());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

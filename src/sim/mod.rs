@@ -197,7 +197,7 @@ pub fn run(seed: u64, cfg: SimConfig) -> Result<Outcome, Failure> {
     let mut sim = Sim::new(seed, cfg.plant);
     sim.trace = cfg.trace;
     let result = (|| {
-        sim.open(false)?;
+        sim.open()?;
         for step in 0..cfg.steps {
             sim.step = step;
             sim.act()?;
@@ -300,11 +300,14 @@ impl Sim {
     /// would trust pages that a failed fsync left in the page cache but not
     /// on disk (Linux's fsync error semantics): no storage engine survives
     /// that, so the simulator does not ask it to.
-    fn open(&mut self, clean: bool) -> Check {
+    /// The previous stop was clean when its marker is there (as the engine
+    /// decides); an open that trusted it removes it before anything else.
+    fn open(&mut self) -> Check {
         let dir = Path::new(DIR);
         let mut attempt = 0;
         let storage = loop {
-            match Storage::open_with(dir, self.cfg.clone(), self.specs(), clean, Some(&self.catalog.windows)) {
+            let clean = Storage::stopped_cleanly(dir, &self.cfg);
+            match Storage::open_with(dir, self.cfg.clone(), self.specs(), clean, Some(&self.catalog.windows)).and_then(|s| s.clear_clean_marker().map(|_| s)) {
                 Ok(s) => break s,
                 Err(e) if attempt == 0 && self.faulty() => {
                     attempt += 1;
@@ -678,10 +681,12 @@ impl Sim {
     }
 
     fn clean_restart(&mut self) -> Check {
-        // A clean shutdown syncs first (the engine's drain).
+        // A clean shutdown syncs first (the engine's drain), then marks
+        // the stop clean; without the mark the next open scans deep.
         if let Err(e) = self.storage().sync() {
             return self.poisoned(e);
         }
+        let _ = self.storage().mark_clean();
         for t in self.topics.values_mut() {
             for m in &mut t.parts {
                 for b in m.batches.iter_mut().filter(|b| matches!(b.state, State::Flushed(_))) {
@@ -691,14 +696,14 @@ impl Sim {
         }
         self.out.restarts += 1;
         self.storage = None;
-        self.open(true)
+        self.open()
     }
 
     fn crash(&mut self) -> Check {
         self.out.crashes += 1;
         self.storage = None;
         self.disk.crash();
-        self.open(false)
+        self.open()
     }
 
     /// The invariants that hold between any two steps.

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::disk::{Disk, FileRef, RealDisk};
+use super::disk::{Disk, FileRef, Mode, RealDisk};
 use super::files::{self, CachedFile, FileCache};
 use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
@@ -63,6 +63,10 @@ const MAX_READ_CHUNK: usize = 64 * 1024 * 1024;
 const WALK_MIN_CHUNK: usize = 4096;
 /// Returned batches smaller than this are copied out of their read buffer.
 const SMALL_COPY: usize = 64 * 1024;
+
+/// The clean-shutdown marker in the data directory (see
+/// [`Storage::mark_clean`]).
+pub const CLEAN_MARKER: &str = "CLEAN_SHUTDOWN";
 
 /// Spacing of a segment's stream index marks (see [`Segment::mark`]).
 const STREAM_MARK_BYTES: u64 = 64 * 1024;
@@ -559,7 +563,10 @@ impl ReadPool {
 pub struct Storage {
     read_pool: Arc<ReadPool>,
     ahead_bytes: Arc<AtomicU64>,
+    /// The log directory (`<data>/log`).
     dir: PathBuf,
+    /// The data directory (where the clean-shutdown marker lives).
+    data_dir: PathBuf,
     cfg: StorageConfig,
     branches: RwLock<HashMap<String, Arc<Branch>>>,
     parts: RwLock<HashMap<Tp, Arc<Partition>>>,
@@ -840,6 +847,7 @@ impl Storage {
             read_pool: Arc::default(),
             ahead_bytes: Arc::default(),
             dir: log_dir,
+            data_dir: dir.to_owned(),
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
             writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::default() }),
@@ -858,6 +866,37 @@ impl Storage {
             unsynced: AtomicU64::new(0),
             dirty: Mutex::default(),
         })
+    }
+
+    /// Whether the previous run over `dir` stopped cleanly: its
+    /// [`Storage::mark_clean`] is there, so every segment was synced and an
+    /// open need only walk frame headers.
+    pub fn stopped_cleanly(dir: &Path, cfg: &StorageConfig) -> bool {
+        cfg.disk.exists(&dir.join(CLEAN_MARKER))
+    }
+
+    /// After an open that trusted the marker: removed (durably), so a crash
+    /// of this run is never taken for a clean stop.
+    pub fn clear_clean_marker(&self) -> Result<(), StorageError> {
+        let marker = self.data_dir.join(CLEAN_MARKER);
+        if !self.cfg.disk.exists(&marker) {
+            return Ok(());
+        }
+        self.cfg.disk.remove_file(&marker).map_err(io_err(&marker))?;
+        sync_dir(&*self.cfg.disk, &self.data_dir)
+    }
+
+    /// The last step of a clean stop, after the last sync: the marker that
+    /// lets the next open skip the deep scan. Refused when poisoned.
+    pub fn mark_clean(&self) -> Result<(), StorageError> {
+        self.check_poison()?;
+        let marker = self.data_dir.join(CLEAN_MARKER);
+        let disk = &*self.cfg.disk;
+        if !disk.exists(&marker) {
+            let f = disk.open(&marker, Mode::CreateNew).map_err(open_err(&marker))?;
+            f.write_all_at(b"clean\n", 0).and_then(|_| f.sync_all()).map_err(io_err(&marker))?;
+        }
+        sync_dir(disk, &self.data_dir)
     }
 
     /// The descriptor cache, for metrics.
