@@ -78,16 +78,9 @@ pub enum BatchError {
     Inflate(#[from] super::compression::InflateError),
 }
 
-/// Compression codec from the low attribute bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    None,
-    Gzip,
-    Snappy,
-    Lz4,
-    Zstd,
-    Unknown(u8),
-}
+/// The codec of a batch (its low attribute bits); it lives with the
+/// codecs, which know nothing of batches.
+pub use super::compression::Compression;
 
 /// A checked view over the header of one batch. Cheap to copy; holds no bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

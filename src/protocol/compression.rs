@@ -15,7 +15,16 @@
 
 use std::io::Read;
 
-use super::batch::Compression;
+/// A Kafka compression codec (a batch's low attribute bits name one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+    Unknown(u8),
+}
 
 /// Largest zstd window (log2 bytes) a batch may need to inflate.
 const ZSTD_WINDOW_LOG_MAX: u32 = 24;
