@@ -1,12 +1,14 @@
-//! The branch logs: append, read, roll, retention and recovery.
+//! The branch logs: append, read, roll and retention. Recovery at start-up
+//! is in `log/recover.rs`, compaction into subtree stores in
+//! `log/compact.rs`, subtree stream reads in `log/stream.rs`.
 //!
 //! # Ownership
 //!
 //! One writer thread (the engine's) calls the write side: [`Storage::append`]
 //! stages frames in a per-branch buffer, [`Storage::flush`] writes each
 //! branch's buffer with one positioned write and publishes the new log end
-//! offsets, [`Storage::sync`] (called from the syncer thread) makes dirty
-//! segments durable, and [`Storage::publish_hw`] lets readers see what is
+//! offsets, [`Storage::sync`] (called from the syncer thread) makes the
+//! segments written since the last sync durable, and [`Storage::publish_hw`] lets readers see what is
 //! durable. Readers on any thread take a short read lock to find where to
 //! start, then read files with positioned reads and no lock held.
 //!
@@ -50,8 +52,10 @@ use super::{TopicId, Tp};
 use crate::protocol::batch;
 
 mod compact;
+mod recover;
 mod stream;
 pub use compact::{CompactConfig, Compacted};
+pub use recover::CLEAN_MARKER;
 pub use stream::StreamRead;
 
 /// Bounds on one positioned read on the read path: about the bytes the
@@ -63,10 +67,6 @@ const MAX_READ_CHUNK: usize = 64 * 1024 * 1024;
 const WALK_MIN_CHUNK: usize = 4096;
 /// Returned batches smaller than this are copied out of their read buffer.
 const SMALL_COPY: usize = 64 * 1024;
-
-/// The clean-shutdown marker in the data directory (see
-/// [`Storage::mark_clean`]).
-pub const CLEAN_MARKER: &str = "CLEAN_SHUTDOWN";
 
 /// Spacing of a segment's stream index marks (see [`Segment::mark`]).
 const STREAM_MARK_BYTES: u64 = 64 * 1024;
@@ -663,242 +663,6 @@ fn seg_file_name(base_seq: u64) -> String {
 }
 
 impl Storage {
-    /// Opens the branch logs under `dir`, recovering each one.
-    ///
-    /// `clean` says the previous run shut down cleanly (every segment was
-    /// synced): then only frame headers are walked. Otherwise the active
-    /// segment of each branch is deep-scanned and a torn or corrupt tail is
-    /// truncated at the last valid frame. Frames of topics not in `specs`
-    /// (deleted topics) are skipped.
-    pub fn open(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool) -> Result<Storage, StorageError> {
-        Storage::open_with(dir, cfg, specs, clean, None)
-    }
-
-    /// [`Storage::open`] with the compaction windows the catalog records.
-    /// With `None` (no catalog), a data directory holding stores is refused
-    /// rather than guessed at.
-    pub fn open_with(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool, windows: Option<&[WindowRecord]>) -> Result<Storage, StorageError> {
-        let started = Instant::now();
-        let log_dir = dir.join("log");
-        let disk = cfg.disk.clone();
-        disk.create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
-        // The log directory's name, and the names of the branch directories
-        // in it, durable before anything is written under them: a run that
-        // stopped (or failed) between creating one and syncing it left it
-        // there, not durable, and segments must not go into it so.
-        sync_dir(&*disk, dir)?;
-        sync_dir(&*disk, &log_dir)?;
-        let stores_dir = dir.join("stores");
-        let mut report = RecoveryReport::default();
-        let mut branches: HashMap<String, Arc<Branch>> = HashMap::default();
-        let mut parts: HashMap<Tp, Arc<Partition>> = HashMap::default();
-        let mut writers: HashMap<Tp, PartWriter> = HashMap::default();
-        let mut next_seq = 0u64;
-        let cache = FileCache::new(cfg.max_open_files, disk.clone());
-
-        let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
-            branches
-                .entry(name.to_owned())
-                .or_insert_with(|| {
-                    let dir = log_dir.join(branch_dir_name(name));
-                    // A directory found at start-up is durable: its parent
-                    // was synced above.
-                    Arc::new(Branch { dir_synced: AtomicBool::new(disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
-                })
-                .clone()
-        };
-        for spec in &specs {
-            let branch = storage_branch(&mut branches, &spec.branch);
-            let part = Arc::new(Partition {
-                tp: spec.tp,
-                branch,
-                st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
-                ahead: Mutex::new(None),
-            });
-            writers.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
-            parts.insert(spec.tp, part);
-        }
-
-        // The stores first: they hold each tp's oldest batches.
-        let (stores, compacted_to, next_window) = open_stores(&*disk, &stores_dir, windows, &mut writers, &mut report, &cache)?;
-        for st in &stores {
-            next_seq = next_seq.max(st.store.end_seq);
-        }
-
-        let mut entries = disk.list(&log_dir).map_err(io_err(&log_dir))?;
-        entries.sort();
-        let total_branches = entries.len();
-        let mut last_progress = Instant::now();
-        for (done, entry) in entries.into_iter().enumerate() {
-            // Progress for operators watching a long recovery.
-            if last_progress.elapsed() >= Duration::from_secs(2) {
-                last_progress = Instant::now();
-                tracing::info!(branches_done = done, branches = total_branches, segments = report.segments, bytes = report.bytes, elapsed_ms = started.elapsed().as_millis() as u64, "recovering branch logs");
-            }
-            let Some(branch_name) = entry.strip_suffix(".br") else { continue };
-            let branch = storage_branch(&mut branches, branch_name);
-            let mut files: Vec<(u64, PathBuf)> = Vec::new();
-            for fname in disk.list(&branch.dir).map_err(io_err(&branch.dir))? {
-                if let Some(seq) = fname.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
-                    files.push((seq, branch.dir.join(fname)));
-                }
-            }
-            files.sort();
-            // Replaced by stores (the catalog says so) but not yet deleted
-            // when the broker stopped.
-            let replaced_below = compacted_to.get(branch_name).copied().unwrap_or(0);
-            let before = files.len();
-            for (_, path) in files.iter().filter(|(seq, _)| *seq < replaced_below) {
-                tracing::info!(path = %path.display(), "deleting segment replaced by subtree stores");
-                disk.remove_file(path).map_err(io_err(path))?;
-            }
-            files.retain(|(seq, _)| *seq >= replaced_below);
-            if files.len() < before {
-                sync_dir(&*disk, &branch.dir)?;
-            }
-            let count = files.len();
-            let mut lens = Vec::with_capacity(count);
-            for (_, path) in &files {
-                lens.push(disk.file_len(path).map_err(io_err(path))?);
-            }
-            // The active segment is the last one holding frames: segments
-            // after it hold none (a roll whose first frame never came, or a
-            // roll that failed after creating its file, which a crash can
-            // bring back). Only a roll that synced the segment before it
-            // creates the next one, so a segment followed by frames is
-            // whole, and one followed by empty segments alone may end in
-            // unsynced writes, as the active one may.
-            let active = lens.iter().rposition(|&l| l > FILE_HEADER_BYTES).unwrap_or(count.saturating_sub(1));
-            let mut segs = Vec::with_capacity(count);
-            for (i, (_, path)) in files.into_iter().enumerate() {
-                let is_active = i >= active;
-                let len = lens[i];
-                if len < FILE_HEADER_BYTES && is_active {
-                    // Crashed between creating the file and syncing its header.
-                    tracing::warn!(path = %path.display(), "removing segment with torn header");
-                    disk.remove_file(&path).map_err(io_err(&path))?;
-                    continue;
-                }
-                let deep = !clean && is_active;
-                let scan = segment::scan(&*disk, &path, deep)?;
-                report.segments += 1;
-                if deep {
-                    report.deep_scanned_bytes += scan.valid_len;
-                }
-                if scan.valid_len < scan.file_len && !is_active {
-                    // Sealed segments were fsynced whole when they rolled:
-                    // damage there is a disk problem, and cutting it would
-                    // silently drop acked offsets in the middle of a log.
-                    return Err(StorageError::CorruptSealed { path: path.display().to_string(), valid: scan.valid_len, len: scan.file_len });
-                }
-                let mut scan = scan;
-                if scan.valid_len < scan.file_len && cfg.planted == Some(Planted::KeepTornTail) {
-                    scan.valid_len = scan.file_len;
-                }
-                if scan.valid_len < scan.file_len {
-                    tracing::warn!(path = %path.display(), valid = scan.valid_len, found = scan.file_len,
-                        "truncating torn or corrupt segment tail");
-                    report.truncated_bytes += scan.file_len - scan.valid_len;
-                    scan.file.set_len(scan.valid_len).map_err(io_err(&path))?;
-                    scan.file.sync_all().map_err(io_err(&path))?;
-                }
-                let seg = Arc::new(Segment {
-                    base_seq: scan.header.base_seq,
-                    created_ms: scan.header.created_ms,
-                    path: path.clone(),
-                    file: cache.adopt(path.clone(), true, scan.file),
-                    allocated: AtomicU64::new(scan.valid_len),
-                    len: AtomicU64::new(scan.valid_len),
-                    tps: Mutex::new(HashMap::default()),
-                    marks: Mutex::new(Vec::new()),
-                    end_seq: AtomicU64::new(0),
-                });
-                next_seq = next_seq.max(seg.base_seq);
-                for (pos, fh) in &scan.frames {
-                    next_seq = next_seq.max(fh.seq + 1);
-                    seg.mark(fh.seq, *pos);
-                    report.frames += 1;
-                    report.bytes += fh.frame_len as u64;
-                    let tp = Tp { topic: fh.topic_id, partition: fh.partition };
-                    seg.note(tp, fh.last_offset(), fh.frame_len as u64, fh.max_timestamp);
-                    if let Some(w) = writers.get_mut(&tp) {
-                        let entry = w.index_entry(&seg, *pos, fh, &cfg);
-                        let mut st = w.part.st.write().expect("partition lock");
-                        if let Some(e) = entry {
-                            st.index.push_back(e);
-                        }
-                        w.next_offset = w.next_offset.max(fh.last_offset() + 1);
-                        st.leo = w.next_offset;
-                        st.hw = w.next_offset;
-                        // Frames below a persisted log start stay indexed;
-                        // the log start itself may only rise to the first
-                        // surviving batch.
-                        if st.index.len() == 1 && entry.is_some() && st.stored.is_empty() {
-                            st.log_start = st.log_start.max(fh.base_offset);
-                        }
-                    }
-                }
-                segs.push(seg);
-            }
-            *branch.segs.write().expect("branch lock") = segs;
-        }
-        report.elapsed_ms = started.elapsed().as_millis();
-        Ok(Storage {
-            read_pool: Arc::default(),
-            ahead_bytes: Arc::default(),
-            dir: log_dir,
-            data_dir: dir.to_owned(),
-            branches: RwLock::new(branches),
-            parts: RwLock::new(parts),
-            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::default() }),
-            files: cache,
-            preallocate: AtomicBool::new(true),
-            tip: RwLock::new(super::tip::Tip::new(cfg.tip.clone())),
-            cfg,
-            poisoned: Mutex::new(None),
-            report,
-            visible_seq: AtomicU64::new(next_seq),
-            stores: RwLock::new(stores),
-            stores_dir,
-            maintenance: Mutex::new(Maintenance { next_window }),
-            read_stats: ReadStats::default(),
-            compaction_stats: CompactionStats::default(),
-            unsynced: AtomicU64::new(0),
-            dirty: Mutex::default(),
-        })
-    }
-
-    /// Whether the previous run over `dir` stopped cleanly: its
-    /// [`Storage::mark_clean`] is there, so every segment was synced and an
-    /// open need only walk frame headers.
-    pub fn stopped_cleanly(dir: &Path, cfg: &StorageConfig) -> bool {
-        cfg.disk.exists(&dir.join(CLEAN_MARKER))
-    }
-
-    /// After an open that trusted the marker: removed (durably), so a crash
-    /// of this run is never taken for a clean stop.
-    pub fn clear_clean_marker(&self) -> Result<(), StorageError> {
-        let marker = self.data_dir.join(CLEAN_MARKER);
-        if !self.cfg.disk.exists(&marker) {
-            return Ok(());
-        }
-        self.cfg.disk.remove_file(&marker).map_err(io_err(&marker))?;
-        sync_dir(&*self.cfg.disk, &self.data_dir)
-    }
-
-    /// The last step of a clean stop, after the last sync: the marker that
-    /// lets the next open skip the deep scan. Refused when poisoned.
-    pub fn mark_clean(&self) -> Result<(), StorageError> {
-        self.check_poison()?;
-        let marker = self.data_dir.join(CLEAN_MARKER);
-        let disk = &*self.cfg.disk;
-        if !disk.exists(&marker) {
-            let f = disk.open(&marker, Mode::CreateNew).map_err(open_err(&marker))?;
-            f.write_all_at(b"clean\n", 0).and_then(|_| f.sync_all()).map_err(io_err(&marker))?;
-        }
-        sync_dir(disk, &self.data_dir)
-    }
-
     /// The descriptor cache, for metrics.
     pub fn file_cache(&self) -> &FileCache {
         &self.files
@@ -1789,79 +1553,6 @@ impl<'a> Frames<'a> {
             self.at = 0;
         }
     }
-}
-
-/// Opens the stores the catalog lists (`windows`), deletes every other file
-/// in `dir` (stores of a compaction that never switched, or that retention
-/// dropped), and hands each tp its stores. Returns the stores, per branch
-/// the sequence number below which its segments are replaced, and the next
-/// window number.
-#[allow(clippy::type_complexity)]
-fn open_stores(
-    disk: &dyn Disk,
-    dir: &Path,
-    windows: Option<&[WindowRecord]>,
-    writers: &mut HashMap<Tp, PartWriter>,
-    report: &mut RecoveryReport,
-    files: &Arc<FileCache>,
-) -> Result<(Vec<Arc<StoreFile>>, HashMap<String, u64>, u64), StorageError> {
-    let mut found: Vec<(String, PathBuf)> = match disk.list(dir) {
-        Ok(names) => names.into_iter().map(|n| (n.clone(), dir.join(n))).collect(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(io_err(dir)(e)),
-    };
-    found.sort();
-    let Some(windows) = windows else {
-        if found.is_empty() {
-            return Ok((Vec::new(), HashMap::default(), 0));
-        }
-        return Err(StorageError::Catalog(format!("{} holds subtree stores but no catalog of them was given", dir.display())));
-    };
-    let mut live = std::collections::BTreeSet::new();
-    let mut compacted_to: HashMap<String, u64> = HashMap::default();
-    let mut next_window = 0;
-    for w in windows {
-        next_window = next_window.max(w.window + 1);
-        for (branch, seq) in &w.compacted_to {
-            let e = compacted_to.entry(branch.clone()).or_default();
-            *e = (*e).max(*seq);
-        }
-        live.extend(w.stores.iter().filter(|s| s.live).map(|s| (w.window, s.store)));
-    }
-    let mut removed = false;
-    for (name, path) in &found {
-        if !store::parse_file_name(name).is_some_and(|k| live.contains(&k)) {
-            tracing::info!(path = %path.display(), "deleting store file the catalog does not list (an unfinished compaction or a dropped store)");
-            disk.remove_file(path).map_err(io_err(path))?;
-            removed = true;
-        }
-    }
-    if removed {
-        sync_dir(disk, dir)?;
-    }
-    let mut stores = Vec::with_capacity(live.len());
-    for (window, n) in live {
-        // A listed store that is missing or damaged is lost data: refuse to
-        // start rather than serve a log with a hole.
-        let store = Store::open(disk, &dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
-        let file = Arc::new(StoreFile::new(store, files, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch))));
-        for (tp, share) in &file.store.tps {
-            let Some(w) = writers.get_mut(tp) else { continue };
-            let mut st = w.part.st.write().expect("partition lock");
-            if st.stored.is_empty() {
-                // The log start may only rise to the first surviving batch.
-                st.log_start = st.log_start.max(share.first_offset);
-            }
-            st.stored.push(file.clone());
-            w.next_offset = w.next_offset.max(share.last_offset + 1);
-            st.leo = w.next_offset;
-            st.hw = w.next_offset;
-        }
-        report.stores += 1;
-        report.bytes += file.store.file_len;
-        stores.push(file);
-    }
-    Ok((stores, compacted_to, next_window))
 }
 
 fn part_bytes(segs: &[Arc<Segment>], tp: &Tp, log_start: i64) -> u64 {
