@@ -157,7 +157,7 @@ fn generate(dir: &Path, names: &[String], a: &Args, rng: &mut Rng) -> Vec<u64> {
         }
     }
     plan.sort_unstable();
-    let s = Storage::open(dir, storage_cfg(), specs(names), true).unwrap();
+    let (s, mut w) = Storage::open(dir, storage_cfg(), specs(names), true).unwrap();
     let mut bytes = vec![0u64; names.len()];
     for (i, &(_, t, rest)) in plan.iter().enumerate() {
         let b: &[u8] = if rest == 0 {
@@ -166,10 +166,10 @@ fn generate(dir: &Path, names: &[String], a: &Args, rng: &mut Rng) -> Vec<u64> {
             let n = (rest as usize / RECORD).clamp(1, BATCH_RECORDS);
             small.entry(rest as usize).or_insert_with(|| make_batch(n, (rest as usize / n).saturating_sub(12).max(1)))
         };
-        s.append(tp_of(t as usize), b, 0, false).unwrap();
+        w.append(tp_of(t as usize), b, 0, false).unwrap();
         bytes[t as usize] += (b.len() + canopy::storage::segment::FRAME_HEADER_BYTES) as u64;
         if i % 2048 == 0 {
-            let f = s.flush().unwrap();
+            let f = w.flush().unwrap();
             s.publish_hw(&f);
         }
     }
@@ -178,11 +178,11 @@ fn generate(dir: &Path, names: &[String], a: &Args, rng: &mut Rng) -> Vec<u64> {
     let mut sealed = std::collections::HashSet::new();
     for (t, n) in names.iter().enumerate() {
         if sealed.insert(branch_of(n).to_owned()) {
-            s.append(tp_of(t), &tiny, 7_200_000, false).unwrap();
+            w.append(tp_of(t), &tiny, 7_200_000, false).unwrap();
             bytes[t] += (tiny.len() + canopy::storage::segment::FRAME_HEADER_BYTES) as u64;
         }
     }
-    let f = s.flush().unwrap();
+    let f = w.flush().unwrap();
     s.sync().unwrap();
     s.publish_hw(&f);
     bytes
@@ -296,13 +296,13 @@ fn main() {
     };
     let mut results = Vec::new();
     {
-        let s = Storage::open(&base, storage_cfg(), specs(&names), true).unwrap();
+        let (s, _w) = Storage::open(&base, storage_cfg(), specs(&names), true).unwrap();
         results.push(measure("branch logs", &base, &s, split::by_key(&topics, |n| branch_of(n).to_owned()), 0.0, &names, small));
     }
     for (label, strategy) in [("prefix3", Strategy::Prefix3), ("adaptive", Strategy::Adaptive(budget))] {
         let dir = a.dir.join(label);
         copy_dir(&base, &dir);
-        let s = Storage::open_with(&dir, storage_cfg(), specs(&names), true, Some(&[][..])).unwrap();
+        let (s, _w) = Storage::open_with(&dir, storage_cfg(), specs(&names), true, Some(&[][..])).unwrap();
         let started = Instant::now();
         let cfg = CompactConfig { lag_ms: 0, strategy, max_bytes: u64::MAX };
         let done = s.compact(10_800_000, &cfg, name_of, &mut |_| true, |_| Ok(())).unwrap().expect("segments due");

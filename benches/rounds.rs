@@ -32,19 +32,19 @@ fn rounds(idle: u64, secs: f64) -> (f64, Duration) {
     let mut specs: Vec<PartitionSpec> = (0..idle).map(|i| PartitionSpec { tp: tp(i + 1), branch: format!("idle{i}.b"), log_start: 0 }).collect();
     specs.push(PartitionSpec { tp: tp(0), branch: "hot.b".into(), log_start: 0 });
     let cfg = StorageConfig { max_open_files: 1024, ..StorageConfig::default() };
-    let s = Storage::open(dir.path(), cfg, specs, false).expect("open storage");
+    let (s, mut w) = Storage::open(dir.path(), cfg, specs, false).expect("open storage");
     let value = [7u8; 100];
     let one = batch::build(&[NewRecord { value: Some(&value), ..Default::default() }], 0);
     let setup = Instant::now();
     for i in 0..idle {
-        s.append(tp(i + 1), &one, 0, false).expect("append");
+        w.append(tp(i + 1), &one, 0, false).expect("append");
         if i % 1000 == 999 {
-            let f = s.flush().expect("flush");
+            let f = w.flush().expect("flush");
             s.sync().expect("sync");
             s.publish_hw(&f);
         }
     }
-    let f = s.flush().expect("flush");
+    let f = w.flush().expect("flush");
     s.sync().expect("sync");
     s.publish_hw(&f);
     let setup = setup.elapsed();
@@ -52,8 +52,8 @@ fn rounds(idle: u64, secs: f64) -> (f64, Duration) {
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < secs {
         for _ in 0..100 {
-            s.append(tp(0), &one, 0, false).expect("append");
-            let f = s.flush().expect("flush");
+            w.append(tp(0), &one, 0, false).expect("append");
+            let f = w.flush().expect("flush");
             s.sync().expect("sync");
             s.publish_hw(&f);
         }

@@ -317,7 +317,7 @@ impl Engine {
             topics.insert(record.name.clone(), Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(cfg.probe.traffic.clone())) }));
         }
         let windows = catalog.windows()?;
-        let storage = Arc::new(Storage::open_with(&cfg.data_dir, cfg.storage.clone(), specs, clean, Some(&windows))?);
+        let (storage, log_writer) = Storage::open_with(&cfg.data_dir, cfg.storage.clone(), specs, clean, Some(&windows))?;
         let r = storage.recovery_report();
         tracing::info!(clean, segments = r.segments, frames = r.frames, bytes = r.bytes,
             deep_scanned_bytes = r.deep_scanned_bytes, truncated_bytes = r.truncated_bytes,
@@ -333,19 +333,18 @@ impl Engine {
         let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
         let mut threads = Vec::new();
         {
-            let storage = storage.clone();
-            let clock = clock.clone();
-            let waiters = waiters.clone();
-            let policy = cfg.flush;
-            let producer_expiry = cfg.producer_id_expiration_ms;
-            let snapshot = cfg.data_dir.join(PRODUCER_SNAPSHOT);
-            let stats = producer_stats.clone();
-            let txns = txns.clone();
-            let any = any_txns.clone();
+            let setup = writer::Setup {
+                clock: clock.clone(),
+                waiters: waiters.clone(),
+                policy: cfg.flush,
+                snapshot: cfg.data_dir.join(PRODUCER_SNAPSHOT),
+                producer_expiry_ms: cfg.producer_id_expiration_ms,
+            };
+            let shared = Shared { txns: txns.clone(), any_txns: any_txns.clone(), stats: producer_stats.clone() };
             threads.push(
                 std::thread::Builder::new()
                     .name("canopy-writer".into())
-                    .spawn(move || Writer::new(storage, clock, waiters, policy, sync_tx, producers, Shared { txns, any_txns: any, stats }, snapshot, producer_expiry).run(rx))
+                    .spawn(move || Writer::new(log_writer, setup, sync_tx, producers, shared).run(rx))
                     .expect("spawn writer thread"),
             );
         }
@@ -509,7 +508,7 @@ impl Engine {
         self.catalog.flush()?;
         self.topics.write().expect("topics lock").remove(name);
         self.by_id.write().expect("topics lock").remove(&topic.id());
-        self.storage.remove_topic(&topic.id());
+        self.storage.remove_topic(&topic.id(), topic.partitions());
         self.txns.write().expect("txns lock").remove_topic(&topic.id());
         tracing::info!(topic = name, "topic deleted");
         Ok(())

@@ -8,8 +8,8 @@
 //! ```
 //!
 //! The writer owns the idempotent-producer state (so the sequence check and
-//! the append it allows are one step) and is the only caller of storage's
-//! write side. A round takes whatever is queued (up to [`MAX_ROUND`]), so
+//! the append it allows are one step) and the log's write side
+//! ([`LogWriter`]), which nothing else can reach. A round takes whatever is queued (up to [`MAX_ROUND`]), so
 //! many appends share one flush and one fsync.
 //!
 //! # Failure
@@ -32,7 +32,7 @@ use super::validate::Validated;
 use super::waiters::Waiters;
 use super::{probe, txns, AppendResult, Clock, FlushPolicy, ProducerStats};
 use crate::protocol::batch::{self, Marker};
-use crate::storage::log::Flushed;
+use crate::storage::log::{Flushed, LogWriter};
 use crate::storage::{Storage, StorageError, Tp};
 
 /// Most commands taken in one round: bounds the latency of the first.
@@ -104,15 +104,23 @@ pub(super) struct Shared {
     pub stats: Arc<ProducerStats>,
 }
 
+/// How the writer runs: the clock, whom it wakes, when it answers, and its
+/// producer state's file and expiry.
+pub(super) struct Setup {
+    pub clock: Clock,
+    pub waiters: Arc<Waiters>,
+    pub policy: FlushPolicy,
+    pub snapshot: PathBuf,
+    pub producer_expiry_ms: i64,
+}
+
 pub(super) struct Writer {
-    storage: Arc<Storage>,
-    clock: Clock,
-    waiters: Arc<Waiters>,
-    policy: FlushPolicy,
+    /// The log's write side, owned by this thread alone.
+    log: LogWriter,
+    setup: Setup,
     sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
     producers: producers::Producers,
     shared: Shared,
-    producer_expiry_ms: i64,
     expired_at: i64,
     snapshots: Snapshots,
     /// This round's answers: after the flush (acks=1), after the sync (acks=all).
@@ -128,33 +136,10 @@ enum Flow {
 }
 
 impl Writer {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        storage: Arc<Storage>,
-        clock: Clock,
-        waiters: Arc<Waiters>,
-        policy: FlushPolicy,
-        sync_tx: std::sync::mpsc::SyncSender<SyncJob>,
-        producers: producers::Producers,
-        shared: Shared,
-        snapshot: PathBuf,
-        producer_expiry_ms: i64,
-    ) -> Writer {
-        let now = clock();
-        Writer {
-            storage,
-            clock,
-            waiters,
-            policy,
-            sync_tx,
-            producers,
-            shared,
-            producer_expiry_ms,
-            expired_at: now,
-            snapshots: Snapshots::start(snapshot, now),
-            written: Vec::new(),
-            durable: Vec::new(),
-        }
+    pub(super) fn new(log: LogWriter, setup: Setup, sync_tx: std::sync::mpsc::SyncSender<SyncJob>, producers: producers::Producers, shared: Shared) -> Writer {
+        let now = (setup.clock)();
+        let snapshots = Snapshots::start(setup.snapshot.clone(), now);
+        Writer { log, setup, sync_tx, producers, shared, expired_at: now, snapshots, written: Vec::new(), durable: Vec::new() }
     }
 
     /// The thread's body: a round per wake-up until shutdown.
@@ -187,7 +172,7 @@ impl Writer {
     /// answered is refused (a shutdown in it still completes).
     fn panicked(&mut self, panic: &(dyn std::any::Any + Send), round: &mut Vec<WriteCmd>) -> Flow {
         let why = format!("the writer thread panicked: {}", panic_message(panic));
-        let e = self.storage.poison_with(why.clone());
+        let e = self.log.storage().poison_with(why.clone());
         tracing::error!(error = %e, "write path stopped");
         for (reply, _) in self.written.drain(..).chain(self.durable.drain(..)) {
             let _ = reply.send(Err(AppendFailure::Storage(why.clone())));
@@ -205,7 +190,7 @@ impl Writer {
     }
 
     fn round(&mut self, round: &mut Vec<WriteCmd>) -> Flow {
-        let now = (self.clock)();
+        let now = (self.setup.clock)();
         let mut shutdown = None;
         // Taken one at a time from the end, so that after a panic the
         // commands not yet handled are still in `round`, to be answered.
@@ -224,9 +209,9 @@ impl Writer {
         let moved = self.flush();
         let stopping = shutdown.is_some();
         if stopping {
-            self.snapshots.last(&self.producers, &self.shared.txns, &self.storage);
+            self.snapshots.last(&self.producers, &self.shared.txns, self.log.storage());
         } else {
-            self.snapshots.maybe(now, &self.producers, &self.shared.txns, &self.storage);
+            self.snapshots.maybe(now, &self.producers, &self.shared.txns, self.log.storage());
         }
         self.answer(moved, shutdown);
         if stopping {
@@ -255,7 +240,7 @@ impl Writer {
                 producers::Check::Duplicate { base_offset, last_offset } => {
                     self.shared.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(producer_id = ids.producer_id, sequence = ids.base_sequence, base_offset, "retried batch answered with its first offsets");
-                    let log_start = self.storage.offsets(&tp).map_or(-1, |o| o.0);
+                    let log_start = self.log.storage().offsets(&tp).map_or(-1, |o| o.0);
                     let r = result.get_or_insert(AppendResult { base_offset, last_offset, log_append_time: -1, log_start });
                     r.last_offset = last_offset;
                     continue;
@@ -267,7 +252,7 @@ impl Writer {
                     return;
                 }
             }
-            let a = match self.storage.append(tp, b, now, log_append_time) {
+            let a = match self.log.append(tp, b, now, log_append_time) {
                 Ok(a) => a,
                 Err(e) => {
                     let _ = reply.send(Err(storage_failure(e)));
@@ -297,7 +282,7 @@ impl Writer {
 
     fn marker(&mut self, tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply, now: i64) {
         let b = batch::control_batch(marker, producer_id, epoch, 0, now);
-        match self.storage.append(tp, &b, now, false) {
+        match self.log.append(tp, &b, now, false) {
             Ok(a) => {
                 self.snapshots.appended += b.len() as u64;
                 self.producers.fence(tp, producer_id, epoch, now);
@@ -321,7 +306,7 @@ impl Writer {
                 t.close_partition(producer_id, tp);
                 // Not the published end: this round's appends are not
                 // flushed yet.
-                self.storage.next_offset(tp).unwrap_or(-1)
+                self.log.next_offset(tp).unwrap_or(-1)
             })
             .collect();
         drop(t);
@@ -330,14 +315,14 @@ impl Writer {
 
     fn expire(&mut self, now: i64) {
         if now - self.expired_at >= 60_000 {
-            self.snapshots.dirty |= self.producers.expire(now, self.producer_expiry_ms) > 0;
+            self.snapshots.dirty |= self.producers.expire(now, self.setup.producer_expiry_ms) > 0;
             self.expired_at = now;
         }
     }
 
     /// Writes the round; a failure refuses every answer the round holds.
     fn flush(&mut self) -> Flushed {
-        match self.storage.flush() {
+        match self.log.flush() {
             Ok(m) => m,
             Err(e) => {
                 let msg = e.to_string();
@@ -354,7 +339,7 @@ impl Writer {
     fn answer(&mut self, moved: Flushed, shutdown: Option<oneshot::Sender<()>>) {
         let written = std::mem::take(&mut self.written);
         let durable = std::mem::take(&mut self.durable);
-        match self.policy {
+        match self.setup.policy {
             FlushPolicy::Always => {
                 for (reply, r) in written {
                     let _ = reply.send(Ok(r));
@@ -365,8 +350,8 @@ impl Writer {
                 }
             }
             FlushPolicy::Interval(_) | FlushPolicy::Never => {
-                self.storage.publish_hw(&moved);
-                self.waiters.wake(&moved.moved);
+                self.log.storage().publish_hw(&moved);
+                self.setup.waiters.wake(&moved.moved);
                 for (reply, r) in written.into_iter().chain(durable) {
                     let _ = reply.send(Ok(r));
                 }

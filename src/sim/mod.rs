@@ -55,7 +55,7 @@ use crate::storage::disk::Disk;
 use crate::storage::subtree::split::Strategy;
 use crate::storage::subtree::{store, WindowRecord};
 use crate::storage::tip::{Pick, TipConfig};
-use crate::storage::{CompactConfig, Flushed, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
+use crate::storage::{CompactConfig, Flushed, LogWriter, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
 
 /// A bug to plant, to show the simulator finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,7 +179,8 @@ struct Sim {
     faults: Faults,
     cfg: StorageConfig,
     plant: Option<Plant>,
-    storage: Option<Storage>,
+    /// The open storage and its writer.
+    storage: Option<(Arc<Storage>, LogWriter)>,
     topics: BTreeMap<TopicId, MTopic>,
     catalog: Catalog,
     now_ms: i64,
@@ -273,7 +274,11 @@ impl Sim {
     }
 
     fn storage(&self) -> &Storage {
-        self.storage.as_ref().expect("storage open")
+        &self.storage.as_ref().expect("storage open").0
+    }
+
+    fn writer(&mut self) -> &mut LogWriter {
+        &mut self.storage.as_mut().expect("storage open").1
     }
 
     fn specs(&self) -> Vec<PartitionSpec> {
@@ -307,7 +312,7 @@ impl Sim {
         let mut attempt = 0;
         let storage = loop {
             let clean = Storage::stopped_cleanly(dir, &self.cfg);
-            match Storage::open_with(dir, self.cfg.clone(), self.specs(), clean, Some(&self.catalog.windows)).and_then(|s| s.clear_clean_marker().map(|_| s)) {
+            match Storage::open_with(dir, self.cfg.clone(), self.specs(), clean, Some(&self.catalog.windows)).and_then(|s| s.0.clear_clean_marker().map(|_| s)) {
                 Ok(s) => break s,
                 Err(e) if attempt == 0 && self.faulty() => {
                     attempt += 1;
@@ -428,7 +433,7 @@ impl Sim {
 
     fn delete_topic(&mut self) -> Check {
         let Some(id) = self.pick_topic() else { return Ok(()) };
-        self.storage().remove_topic(&id);
+        self.storage().remove_topic(&id, self.topics[&id].parts.len() as i32);
         self.topics.remove(&id);
         Ok(())
     }
@@ -459,7 +464,8 @@ impl Sim {
         let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
         let mut bytes = batch::build(&records, self.now_ms);
         let expected = self.mtp(&tp).next_offset();
-        match self.storage().append(tp, &bytes, self.now_ms, false) {
+        let now = self.now_ms;
+        match self.writer().append(tp, &bytes, now, false) {
             Ok(a) => {
                 ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
                 ensure(a.last_offset == expected + n as i64 - 1, || format!("{tp:?}: {n} records end at {}", a.last_offset))?;
@@ -487,7 +493,7 @@ impl Sim {
     }
 
     fn flush(&mut self) -> Check {
-        match self.storage().flush() {
+        match self.writer().flush() {
             Ok(f) => {
                 let n = self.next_flush;
                 self.next_flush += 1;

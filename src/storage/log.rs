@@ -4,13 +4,18 @@
 //!
 //! # Ownership
 //!
-//! One writer thread (the engine's) calls the write side: [`Storage::append`]
-//! stages frames in a per-branch buffer, [`Storage::flush`] writes each
-//! branch's buffer with one positioned write and publishes the new log end
-//! offsets, [`Storage::sync`] (called from the syncer thread) makes the
-//! segments written since the last sync durable, and [`Storage::publish_hw`] lets readers see what is
-//! durable. Readers on any thread take a short read lock to find where to
-//! start, then read files with positioned reads and no lock held.
+//! [`Storage::open`] returns the shared [`Storage`] and its one
+//! [`LogWriter`] (`log/writer.rs`), which the engine's writer thread owns:
+//! [`LogWriter::append`] stages frames in a per-branch buffer,
+//! [`LogWriter::flush`] writes each branch's buffer with one positioned
+//! write and publishes the new log end offsets. What only the writer
+//! changes (sequence numbers, next offsets, staged buffers) is behind its
+//! `&mut self`, no lock. [`Storage::sync`] (called from the syncer thread)
+//! makes the segments written since the last sync durable, and
+//! [`Storage::publish_hw`] lets readers see what is durable. Readers on
+//! any thread take a short read lock to find where to start, then read
+//! files with positioned reads and no lock held. Retention and compaction
+//! run on the maintenance thread, one at a time, against the shared side.
 //!
 //! # Invariants
 //!
@@ -54,9 +59,12 @@ use crate::protocol::batch;
 mod compact;
 mod recover;
 mod stream;
+mod writer;
 pub use compact::{CompactConfig, Compacted};
 pub use recover::CLEAN_MARKER;
 pub use stream::StreamRead;
+pub use writer::LogWriter;
+use writer::PartWriter;
 
 /// Bounds on one positioned read on the read path: about the bytes the
 /// caller wants, so one fetch is usually one read.
@@ -456,6 +464,8 @@ struct Partition {
     st: RwLock<PartState>,
     /// Batches read ahead for the consumer that is streaming this tp.
     ahead: Mutex<Option<Ahead>>,
+    /// Its topic was deleted: the writer refuses appends to it.
+    deleted: AtomicBool,
 }
 
 /// One read done before it was asked for: a consumer catching up on a tp
@@ -478,30 +488,6 @@ impl Drop for Ahead {
 
 /// Bytes all read-ahead slots may hold together.
 const READ_AHEAD_MAX_BYTES: u64 = 256 * 1024 * 1024;
-
-/// Writer-side bookkeeping of one tp (only the writer touches it).
-struct PartWriter {
-    part: Arc<Partition>,
-    next_offset: i64,
-    max_ts: i64,
-    last_entry: Option<(u64, u64)>,
-    bytes_since_entry: u64,
-}
-
-struct Staged {
-    seg: Arc<Segment>,
-    /// The segment's file, held open from staging to the write.
-    file: FileRef,
-    start: u64,
-    buf: Vec<u8>,
-    published: Vec<(Arc<Partition>, i64, Option<IndexEntry>)>,
-}
-
-struct Writer {
-    next_seq: u64,
-    parts: HashMap<Tp, PartWriter>,
-    staged: HashMap<String, Staged>,
-}
 
 /// Read buffers are reused: fresh anonymous memory costs a page fault per
 /// page on these machines (and zeroing it a pass), while a reused buffer is
@@ -570,11 +556,12 @@ pub struct Storage {
     cfg: StorageConfig,
     branches: RwLock<HashMap<String, Arc<Branch>>>,
     parts: RwLock<HashMap<Tp, Arc<Partition>>>,
-    writer: Mutex<Writer>,
+    /// Partitions of deleted topics the writer has yet to forget (see
+    /// `writer`), and whether there are any.
+    removed: Mutex<Vec<Tp>>,
+    removed_pending: AtomicBool,
     /// Every segment and store file is opened through it.
     files: Arc<FileCache>,
-    /// Whether the filesystem reserves space ahead of writes (fallocate).
-    preallocate: AtomicBool,
     /// The newest batches in memory (see `tip`); the writer adds to it
     /// while it holds `writer`, reads take the read lock only.
     tip: RwLock<super::tip::Tip>,
@@ -694,145 +681,30 @@ impl Storage {
             branch,
             st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
             ahead: Mutex::new(None),
+            deleted: AtomicBool::new(false),
         });
-        let mut w = self.writer.lock().expect("writer lock");
-        w.parts.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
+        // The writer adopts it at its first append (see `writer`).
         self.parts.write().expect("parts lock").insert(spec.tp, part);
     }
 
-    /// Forgets every partition of a topic. Its frames stay in shared segments
-    /// until retention deletes those files; nothing can read them meanwhile.
-    pub fn remove_topic(&self, topic: &TopicId) {
-        let mut w = self.writer.lock().expect("writer lock");
-        w.parts.retain(|tp, _| &tp.topic != topic);
-        for staged in w.staged.values_mut() {
-            staged.published.retain(|(p, _, _)| &p.tp.topic != topic);
-        }
-        self.parts.write().expect("parts lock").retain(|tp, _| &tp.topic != topic);
-    }
-
-    /// Stages one validated batch for `tp`: assigns its offsets, patches
-    /// `baseOffset` (and the timestamps for LogAppendTime) and frames it.
-    /// Nothing is visible to readers until [`Storage::flush`].
-    pub fn append(&self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
-        let mut guard = self.writer.lock().expect("writer lock");
-        let w = &mut *guard;
-        self.check_poison()?;
-        let pw = w.parts.get_mut(&tp).ok_or(StorageError::UnknownPartition)?;
-        let branch_name = branch_key(&pw.part.branch);
-        let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
-
-        let mut staged = match w.staged.remove(&branch_name) {
-            Some(s) => s,
-            None => {
-                // Out of descriptors or disk space here, nothing of this
-                // batch is staged: the append fails, storage carries on.
-                let (seg, file) = self.active_segment(&pw.part.branch, w.next_seq, now_ms).map_err(|e| self.poison_unless_exhausted(e))?;
-                let start = seg.len.load(Ordering::Acquire);
-                Staged { seg, file, start, buf: Vec::new(), published: Vec::new() }
-            }
-        };
-        // Roll first if this frame would overfill the active segment.
-        let seg_len = staged.start + staged.buf.len() as u64;
-        let too_big = seg_len > FILE_HEADER_BYTES && seg_len + frame_len > self.cfg.segment_bytes;
-        let too_old = seg_len > FILE_HEADER_BYTES && now_ms - staged.seg.created_ms >= self.cfg.segment_ms;
-        if too_big || too_old {
-            let sealed = self
-                .write_staged(&mut staged)
-                .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
-                .map(|_| self.sealed(&staged))
-                .and_then(|_| self.roll(&pw.part.branch, w.next_seq, now_ms));
-            // Frames written above are published with the next flush.
-            let published = std::mem::take(&mut staged.published);
-            match sealed {
-                Ok((seg, file)) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: Vec::new(), published },
-                Err(e) => {
-                    // The sealed segment's frames are written and synced;
-                    // a roll that ran out of resources is tried again by
-                    // the next append.
-                    staged.published = published;
-                    w.staged.insert(branch_name, staged);
-                    return Err(self.poison_unless_exhausted(e));
+    /// Forgets the partitions `0..partitions` of a topic: appends to them
+    /// are refused from now on, and the writer drops its state of them at
+    /// its next flush. Their frames stay in shared segments until retention
+    /// deletes those files; nothing can read them meanwhile.
+    pub fn remove_topic(&self, topic: &TopicId, partitions: i32) {
+        let mut gone = Vec::new();
+        {
+            let mut parts = self.parts.write().expect("parts lock");
+            for p in 0..partitions {
+                let tp = Tp { topic: *topic, partition: p };
+                if let Some(part) = parts.remove(&tp) {
+                    part.deleted.store(true, Ordering::Release);
+                    gone.push(tp);
                 }
             }
         }
-        // Disk space for the frame is reserved before it is given offsets:
-        // a full disk fails this append, not a write whose ack is pending.
-        let pos = staged.start + staged.buf.len() as u64;
-        if let Err(e) = self.reserve(&staged, pos + frame_len) {
-            w.staged.insert(branch_name, staged);
-            return Err(e);
-        }
-
-        let seq = w.next_seq;
-        w.next_seq += 1;
-        let base_offset = pw.next_offset;
-        let fh = segment::encode_frame(
-            &mut staged.buf,
-            seq,
-            &tp.topic,
-            tp.partition,
-            base_offset,
-            log_append_time.then_some(now_ms),
-            batch,
-        );
-        let entry = pw.index_entry(&staged.seg, pos, &fh, &self.cfg);
-        if self.cfg.tip.bytes > 0 {
-            let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
-            let key = tip_key(&pw.part.branch);
-            self.tip.write().expect("tip lock").push(seq, tp, key, base_offset, fh.last_offset(), &staged.buf[at..]);
-        }
-        staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
-        staged.seg.mark(seq, pos);
-        pw.next_offset = fh.last_offset() + 1;
-        staged.published.push((pw.part.clone(), pw.next_offset, entry));
-        let log_start = pw.part.st.read().expect("partition lock").log_start;
-        w.staged.insert(branch_name, staged);
-        Ok(Appended { base_offset, last_offset: fh.last_offset(), seq, log_start })
-    }
-
-    /// Writes every staged frame (one positioned write per branch) and
-    /// publishes the new log end offsets. Returns what moved, for
-    /// [`Storage::publish_hw`].
-    pub fn flush(&self) -> Result<Flushed, StorageError> {
-        let mut guard = self.writer.lock().expect("writer lock");
-        let w = &mut *guard;
-        let mut moved = Vec::new();
-        let seq_end = w.next_seq;
-        if let Err(e) = self.check_poison() {
-            w.staged.clear();
-            return Err(e);
-        }
-        for (_, mut staged) in w.staged.drain() {
-            if let Err(e) = self.write_staged(&mut staged) {
-                return Err(self.poison(e));
-            }
-            for (part, leo, entry) in staged.published {
-                let mut st = part.st.write().expect("partition lock");
-                if let Some(e) = entry {
-                    st.index.push_back(e);
-                }
-                debug_assert!(leo >= st.leo);
-                st.leo = leo;
-                moved.push((part.tp, leo));
-            }
-        }
-        Ok(Flushed { moved, seq_end })
-    }
-
-    fn write_staged(&self, staged: &mut Staged) -> Result<(), StorageError> {
-        if staged.buf.is_empty() {
-            return Ok(());
-        }
-        staged.file.write_all_at(&staged.buf, staged.start).map_err(io_err(&staged.seg.path))?;
-        staged.start += staged.buf.len() as u64;
-        self.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
-        staged.buf.clear();
-        if staged.seg.file.wrote(&staged.file, self.cfg.hold_until_sync) {
-            self.dirty.lock().expect("dirty list lock").push(staged.seg.clone());
-        }
-        staged.seg.len.store(staged.start, Ordering::Release);
-        Ok(())
+        self.removed.lock().expect("removed lock").extend(gone);
+        self.removed_pending.store(true, Ordering::Release);
     }
 
     fn check_poison(&self) -> Result<(), StorageError> {
@@ -842,52 +714,11 @@ impl Storage {
         }
     }
 
-    /// A segment just sealed (written whole and synced): nothing holds its
-    /// file any more, and the disk reserved past its end is given back.
-    fn sealed(&self, staged: &Staged) {
-        let seg = &staged.seg;
-        let end = staged.start;
-        seg.file.settled();
-        let reserved = seg.allocated.load(Ordering::Acquire);
-        if reserved > end {
-            staged.file.release(end, reserved - end);
-            seg.allocated.store(end, Ordering::Release);
-        }
-    }
-
     /// Poisons for anything but running out of resources before a write.
     fn poison_unless_exhausted(&self, e: StorageError) -> StorageError {
         match e {
             StorageError::Exhausted { .. } => e,
             e => self.poison(e),
-        }
-    }
-
-    /// Reserves disk space for the segment up to `end` (fallocate, keeping
-    /// the file's size), ahead in steps that grow with the segment, so a
-    /// full disk shows here rather than in a write. Filesystems without it
-    /// are written as before.
-    fn reserve(&self, staged: &Staged, end: u64) -> Result<(), StorageError> {
-        let seg = &staged.seg;
-        if end <= seg.allocated.load(Ordering::Acquire) || !self.preallocate.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        // Ahead by about what the segment holds (4 KiB to 16 MiB): a small
-        // segment reserves little, a busy one is not reserved per batch.
-        let step = (end - FILE_HEADER_BYTES).clamp(4 << 10, 16 << 20);
-        let to = (end + step).min(self.cfg.segment_bytes.max(end));
-        let from = seg.allocated.load(Ordering::Acquire);
-        match staged.file.reserve(from, to - from) {
-            Ok(true) => {
-                seg.allocated.store(to, Ordering::Release);
-                Ok(())
-            }
-            Ok(false) => {
-                tracing::info!(path = %seg.path.display(), "the filesystem cannot reserve space ahead (fallocate); a full disk will show at write time");
-                self.preallocate.store(false, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => Err(open_err(&seg.path)(e)),
         }
     }
 
@@ -953,62 +784,9 @@ impl Storage {
         self.visible_seq.fetch_max(flushed.seq_end, Ordering::AcqRel);
     }
 
-    /// The branch's active segment and its file, open.
-    fn active_segment(&self, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, FileRef), StorageError> {
-        let last = branch.segs.read().expect("branch lock").last().cloned();
-        match last {
-            Some(seg) => {
-                let file = seg.file.get().map_err(open_err(&seg.path))?;
-                Ok((seg, file))
-            }
-            None => self.roll(branch, next_seq, now_ms),
-        }
-    }
-
-    /// Creates the branch's next segment. Running out of descriptors or
-    /// disk space here fails with `Exhausted` and leaves nothing behind.
-    fn roll(&self, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, FileRef), StorageError> {
-        let disk = &*self.cfg.disk;
-        if !branch.dir_synced.load(Ordering::Acquire) {
-            disk.create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
-            sync_dir(disk, &self.dir)?;
-            branch.dir_synced.store(true, Ordering::Release);
-        }
-        let path = branch.dir.join(seg_file_name(base_seq));
-        let file = match segment::create(disk, &path, &FileHeader { base_seq, created_ms: now_ms }) {
-            Ok(f) => f,
-            Err(segment::SegmentError::Io { source, .. }) => return Err(open_err(&path)(source)),
-            Err(e) => return Err(e.into()),
-        };
-        if let Err(e) = sync_dir(disk, &branch.dir) {
-            drop(file);
-            let _ = disk.remove_file(&path);
-            return Err(e);
-        }
-        let seg = Arc::new(Segment {
-            base_seq,
-            created_ms: now_ms,
-            file: self.files.adopt(path.clone(), true, file.clone()),
-            path,
-            allocated: AtomicU64::new(FILE_HEADER_BYTES),
-            len: AtomicU64::new(FILE_HEADER_BYTES),
-            tps: Mutex::new(HashMap::default()),
-            marks: Mutex::new(Vec::new()),
-            end_seq: AtomicU64::new(0),
-        });
-        branch.segs.write().expect("branch lock").push(seg.clone());
-        Ok((seg, file))
-    }
-
     /// Every tp storage holds.
     pub fn tps(&self) -> Vec<Tp> {
         self.parts.read().expect("parts lock").keys().copied().collect()
-    }
-
-    /// The offset the next append to `tp` gets: past every batch appended,
-    /// flushed or not (the published log end lags until the flush).
-    pub fn next_offset(&self, tp: &Tp) -> Option<i64> {
-        self.writer.lock().expect("writer lock").parts.get(tp).map(|w| w.next_offset)
     }
 
     /// Offsets of a tp: (log start, high watermark, log end).
@@ -1586,24 +1364,6 @@ fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
     disk.sync_dir(dir).map_err(open_err(dir))
 }
 
-impl PartWriter {
-    /// Decides whether the batch at `pos` gets an index entry.
-    fn index_entry(&mut self, seg: &Segment, pos: u64, fh: &FrameHeader, cfg: &StorageConfig) -> Option<IndexEntry> {
-        let new_segment = self.last_entry.is_none_or(|(s, _)| s != seg.base_seq);
-        let far = self.last_entry.is_some_and(|(_, p)| pos.saturating_sub(p) > MAX_SCAN_GAP);
-        let entry = if new_segment || far || self.bytes_since_entry >= cfg.index_interval_bytes {
-            self.last_entry = Some((seg.base_seq, pos));
-            self.bytes_since_entry = 0;
-            Some(IndexEntry { offset: fh.base_offset, seq: fh.seq, seg: seg.base_seq, pos, max_ts_before: self.max_ts })
-        } else {
-            None
-        };
-        self.bytes_since_entry += fh.frame_len as u64;
-        self.max_ts = self.max_ts.max(fh.max_timestamp);
-        entry
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1617,13 +1377,13 @@ mod tests {
         PartitionSpec { tp: tp(n, p), branch: branch.into(), log_start: 0 }
     }
 
-    fn append_n(s: &Storage, t: Tp, n: usize, ts: i64) {
+    fn append_n(w: &mut LogWriter, t: Tp, n: usize, ts: i64) {
         for i in 0..n {
             let b = make_batch(&[format!("v{i}").as_bytes(), b"x"], ts + i as i64 * 10);
-            s.append(t, &b, 0, false).unwrap();
+            w.append(t, &b, 0, false).unwrap();
         }
-        let moved = s.flush().unwrap();
-        s.publish_hw(&moved);
+        let moved = w.flush().unwrap();
+        w.storage().publish_hw(&moved);
     }
 
     proptest::proptest! {
@@ -1643,27 +1403,27 @@ mod tests {
             let cfg = StorageConfig { segment_bytes: 8 << 20, index_interval_bytes: interval, tip: crate::storage::tip::TipConfig { bytes: 0, ..Default::default() }, ..StorageConfig::default() };
             let mut want: HashMap<Tp, Vec<(i64, Vec<u8>)>> = HashMap::default();
             {
-                let s = Storage::open(dir.path(), cfg.clone(), specs.clone(), true).unwrap();
+                let (s, mut w) = Storage::open(dir.path(), cfg.clone(), specs.clone(), true).unwrap();
                 for (i, &(t, n, len)) in pattern.iter().enumerate() {
                     // Topic 3 is sparse: one batch in twenty appends, at most.
                     let t = if t == 2 && i % 20 != 0 { 1 } else { t };
                     let vals: Vec<Vec<u8>> = (0..n).map(|k| vec![b'a' + (k % 26) as u8; len]).collect();
                     let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
                     let mut b = make_batch(&refs, i as i64);
-                    let a = s.append(tp(t + 1, 0), &b, 0, false).unwrap();
+                    let a = w.append(tp(t + 1, 0), &b, 0, false).unwrap();
                     batch::set_base_offset(&mut b, a.base_offset);
                     want.entry(tp(t + 1, 0)).or_default().push((a.base_offset, b));
                     if i % 7 == 0 {
-                        let f = s.flush().unwrap();
+                        let f = w.flush().unwrap();
                         s.publish_hw(&f);
                     }
                 }
-                let f = s.flush().unwrap();
+                let f = w.flush().unwrap();
                 s.publish_hw(&f);
                 s.sync().unwrap();
                 check_guided(&s, &want, max)?;
             }
-            let s = Storage::open(dir.path(), cfg, specs, true).unwrap();
+            let (s, _w) = Storage::open(dir.path(), cfg, specs, true).unwrap();
             check_guided(&s, &want, max)?;
         }
     }
@@ -1710,10 +1470,10 @@ mod tests {
     #[test]
     fn append_read_interleaved_topics() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "a.b"), spec(2, 0, "a.b")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "a.b"), spec(2, 0, "a.b")], true).unwrap();
         for _ in 0..50 {
-            append_n(&s, tp(1, 0), 1, 0);
-            append_n(&s, tp(2, 0), 2, 0);
+            append_n(&mut w, tp(1, 0), 1, 0);
+            append_n(&mut w, tp(2, 0), 2, 0);
         }
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 100, 100)));
         assert_eq!(s.offsets(&tp(2, 0)), Some((0, 200, 200)));
@@ -1729,10 +1489,10 @@ mod tests {
     #[test]
     fn unpublished_hw_hides_data() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
         let b = make_batch(&[b"a"], 0);
-        s.append(tp(1, 0), &b, 0, false).unwrap();
-        let moved = s.flush().unwrap();
+        w.append(tp(1, 0), &b, 0, false).unwrap();
+        let moved = w.flush().unwrap();
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 0, 1)));
         assert!(s.read(&tp(1, 0), 0, 100, true).unwrap().records.is_empty());
         s.sync().unwrap();
@@ -1745,23 +1505,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { segment_bytes: 4096, ..Default::default() };
         {
-            let s = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "x"), spec(1, 1, "x")], false).unwrap();
+            let (s, mut w) = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "x"), spec(1, 1, "x")], false).unwrap();
             for _ in 0..40 {
-                append_n(&s, tp(1, 0), 3, 0);
-                append_n(&s, tp(1, 1), 1, 0);
+                append_n(&mut w, tp(1, 0), 3, 0);
+                append_n(&mut w, tp(1, 1), 1, 0);
             }
             s.sync().unwrap();
             assert!(s.segment_count() > 3);
         }
         // Each reopen appends one more 2-record batch to partition 1.
         for (round, clean) in [true, false].into_iter().enumerate() {
-            let s = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "x"), spec(1, 1, "x")], clean).unwrap();
+            let (s, mut w) = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "x"), spec(1, 1, "x")], clean).unwrap();
             let p1 = 80 + 2 * round as i64;
             assert_eq!(s.offsets(&tp(1, 0)), Some((0, 240, 240)));
             assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1, p1)));
             let r = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap();
             assert_eq!(offsets_of(&r.concat()), (0..120).map(|i| i * 2).collect::<Vec<_>>());
-            append_n(&s, tp(1, 1), 1, 0);
+            append_n(&mut w, tp(1, 1), 1, 0);
             s.sync().unwrap();
             assert_eq!(s.offsets(&tp(1, 1)), Some((0, p1 + 2, p1 + 2)));
         }
@@ -1780,19 +1540,19 @@ mod tests {
         // An earlier run made the branch's directory and stopped before
         // syncing it.
         disk.create_dir_all(&data.join("log").join("x.br")).unwrap();
-        let s = Storage::open(data, cfg.clone(), vec![spec(1, 0, "x")], false).unwrap();
-        append_n(&s, tp(1, 0), 3, 0);
+        let (s, mut w) = Storage::open(data, cfg.clone(), vec![spec(1, 0, "x")], false).unwrap();
+        append_n(&mut w, tp(1, 0), 3, 0);
         s.sync().unwrap();
         drop(s);
         disk.crash_losing_everything_unsynced();
-        let s = Storage::open(data, cfg, vec![spec(1, 0, "x")], false).unwrap();
+        let (s, _w) = Storage::open(data, cfg, vec![spec(1, 0, "x")], false).unwrap();
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 6, 6)), "the synced batches survive the crash");
     }
 
     /// Ten 2-record batches in branch `t`, synced: the segment and its length.
     fn ten_batches_synced(dir: &Path) -> (PathBuf, u64) {
-        let s = Storage::open(dir, StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
-        append_n(&s, tp(1, 0), 10, 0);
+        let (s, mut w) = Storage::open(dir, StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+        append_n(&mut w, tp(1, 0), 10, 0);
         s.sync().unwrap();
         drop(s);
         let seg = std::fs::read_dir(dir.join("log/t.br")).unwrap().next().unwrap().unwrap().path();
@@ -1812,14 +1572,14 @@ mod tests {
         std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 3).unwrap();
         let empty = dir.path().join("log/t.br").join(seg_file_name(1_000));
         segment::create(&RealDisk, &empty, &FileHeader { base_seq: 1_000, created_ms: 0 }).unwrap();
-        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 18, 18)));
         assert!(s.recovery_report().truncated_bytes > 0);
         // Appends go on in the empty segment, and survive a restart.
-        append_n(&s, tp(1, 0), 1, 0);
+        append_n(&mut w, tp(1, 0), 1, 0);
         s.sync().unwrap();
         drop(s);
-        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+        let (s, _w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 20, 20)));
     }
 
@@ -1834,7 +1594,7 @@ mod tests {
             } else {
                 std::os::unix::fs::FileExt::write_all_at(&f, &[0xff], len - 5).unwrap();
             }
-            let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
+            let (s, _w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], false).unwrap();
             assert_eq!(s.offsets(&tp(1, 0)), Some((0, 18, 18)), "{damage}");
             assert!(s.recovery_report().truncated_bytes > 0);
             let r = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap();
@@ -1846,8 +1606,8 @@ mod tests {
     fn time_index_finds_records() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { index_interval_bytes: 1, ..Default::default() };
-        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
-        append_n(&s, tp(1, 0), 10, 1000); // batch i: ts 1000+10i, 1001+10i
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
+        append_n(&mut w, tp(1, 0), 10, 1000); // batch i: ts 1000+10i, 1001+10i
         assert_eq!(s.offset_for_timestamp(&tp(1, 0), 0).unwrap(), Some((0, 1000)));
         assert_eq!(s.offset_for_timestamp(&tp(1, 0), 1001).unwrap(), Some((1, 1001)));
         assert_eq!(s.offset_for_timestamp(&tp(1, 0), 1015).unwrap(), Some((4, 1020)));
@@ -1858,10 +1618,10 @@ mod tests {
     fn retention_advances_start_and_deletes_shared_segments() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
-        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b"), spec(2, 0, "b")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b"), spec(2, 0, "b")], true).unwrap();
         for _ in 0..30 {
-            append_n(&s, tp(1, 0), 1, 0);
-            append_n(&s, tp(2, 0), 1, 0);
+            append_n(&mut w, tp(1, 0), 1, 0);
+            append_n(&mut w, tp(2, 0), 1, 0);
         }
         let before = s.segment_count();
         // Only topic 1 has a retention: its start advances, segments stay
@@ -1877,7 +1637,7 @@ mod tests {
         assert!(matches!(s.read(&tp(1, 0), 0, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
         assert!(!s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().is_empty());
         // Once topic 2 is gone, the sealed segments can go.
-        s.remove_topic(&[2; 16]);
+        s.remove_topic(&[2; 16], 1);
         let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
         assert_eq!(deleted, before - 1);
         assert_eq!(s.segment_count(), 1);
@@ -1890,12 +1650,12 @@ mod tests {
     fn retention_of_a_middle_segment_trims_its_index_entries() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
-        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b"), spec(2, 0, "b")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b"), spec(2, 0, "b")], true).unwrap();
         // Topic 2 (kept forever) only in the first segment; topic 1 old
         // (timestamps 0..) through several segments, then new.
-        append_n(&s, tp(2, 0), 1, 0);
-        append_n(&s, tp(1, 0), 40, 0);
-        append_n(&s, tp(1, 0), 20, 900_000);
+        append_n(&mut w, tp(2, 0), 1, 0);
+        append_n(&mut w, tp(1, 0), 40, 0);
+        append_n(&mut w, tp(1, 0), 20, 900_000);
         assert!(s.segment_count() >= 4);
         let policy = |t: &Tp| if t.topic == [1; 16] { RetentionPolicy { retention_ms: Some(200_000), retention_bytes: None } } else { RetentionPolicy::default() };
         let (adv, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
@@ -1916,8 +1676,8 @@ mod tests {
     fn retention_bytes_keeps_the_newest_data() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
-        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b")], true).unwrap();
-        append_n(&s, tp(1, 0), 60, 0);
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "b")], true).unwrap();
+        append_n(&mut w, tp(1, 0), 60, 0);
         let segs = s.segment_count();
         let policy = |_: &Tp| RetentionPolicy { retention_ms: None, retention_bytes: Some(4096) };
         let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(())).unwrap();
@@ -1938,11 +1698,11 @@ mod tests {
     fn segments_roll_by_age() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { segment_ms: 1000, ..Default::default() };
-        let s = Storage::open(dir.path(), cfg, vec![spec(1, 0, "a")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "a")], true).unwrap();
         for (i, now) in [0i64, 500, 999, 1000, 1500, 2100].iter().enumerate() {
             let b = make_batch(&[format!("v{i}").as_bytes()], *now);
-            s.append(tp(1, 0), &b, *now, false).unwrap();
-            let moved = s.flush().unwrap();
+            w.append(tp(1, 0), &b, *now, false).unwrap();
+            let moved = w.flush().unwrap();
             s.publish_hw(&moved);
         }
         // Segments created at 0, 1000 and 2100.
@@ -1953,10 +1713,10 @@ mod tests {
     #[test]
     fn log_append_time_rewrites_timestamps_and_keeps_crc_valid() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
         let b = make_batch(&[b"a", b"b"], 5);
-        s.append(tp(1, 0), &b, 777_000, true).unwrap();
-        let moved = s.flush().unwrap();
+        w.append(tp(1, 0), &b, 777_000, true).unwrap();
+        let moved = w.flush().unwrap();
         s.publish_hw(&moved);
         let stored = s.read(&tp(1, 0), 0, usize::MAX, true).unwrap().concat();
         let h = batch::validate(&stored, 1 << 20).unwrap();
@@ -1970,8 +1730,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = StorageConfig { segment_bytes: 2048, ..Default::default() };
         {
-            let s = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "t")], false).unwrap();
-            append_n(&s, tp(1, 0), 40, 0);
+            let (s, mut w) = Storage::open(dir.path(), cfg.clone(), vec![spec(1, 0, "t")], false).unwrap();
+            append_n(&mut w, tp(1, 0), 40, 0);
             s.sync().unwrap();
             assert!(s.segment_count() > 2);
         }
@@ -1990,10 +1750,10 @@ mod tests {
     #[test]
     fn reads_between_high_watermark_and_log_end_are_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
         let b = make_batch(&[b"a", b"b"], 0);
-        s.append(tp(1, 0), &b, 0, false).unwrap();
-        s.flush().unwrap(); // written, not yet published as durable
+        w.append(tp(1, 0), &b, 0, false).unwrap();
+        w.flush().unwrap(); // written, not yet published as durable
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 0, 2)));
         assert!(s.read(&tp(1, 0), 1, 100, true).unwrap().is_empty());
         assert!(s.read(&tp(1, 0), 2, 100, true).unwrap().is_empty());

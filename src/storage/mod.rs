@@ -16,7 +16,7 @@ pub mod subtree;
 pub mod tip;
 
 pub use log::{
-    CompactConfig, Compacted, Appended, Flushed, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
+    CompactConfig, Compacted, Appended, Flushed, LogWriter, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
     StorageConfig, StorageError,
 };
 

@@ -374,10 +374,10 @@ mod tests {
     }
 
     /// Publishes and syncs everything, so sealed segments are due.
-    fn settle(s: &Storage) {
-        let f = s.flush().unwrap();
-        s.sync().unwrap();
-        s.publish_hw(&f);
+    fn settle(w: &mut LogWriter) {
+        let f = w.flush().unwrap();
+        w.storage().sync().unwrap();
+        w.storage().publish_hw(&f);
     }
 
     /// Runs one window, recording it in `catalog` as the engine would.
@@ -499,24 +499,24 @@ mod tests {
             let catalog = RefCell::new(Vec::new());
             let mut rows = Vec::new();
             {
-                let s = open_with(dir.path(), tip, None).unwrap();
+                let (s, mut w) = open_with(dir.path(), tip, None).unwrap();
                 let mut at = 0;
                 for (strategy, cut) in &splits {
                     let to = at + cut.index(appends.len() - at + 1);
-                    let mut more = fill(&s, &appends[at..to], 2);
+                    let mut more = fill(&mut w, &appends[at..to], 2);
                     // Sequence numbers continue across fills.
                     rows.append(&mut more);
                     at = to;
-                    settle(&s);
+                    settle(&mut w);
                     compact(&s, *strategy, &catalog, &|_| false).unwrap();
                     check_reads(&s, &rows, max)?;
                 }
-                rows.extend(fill(&s, &appends[at..], 2));
-                settle(&s);
+                rows.extend(fill(&mut w, &appends[at..], 2));
+                settle(&mut w);
                 check_reads(&s, &rows, max)?;
                 check_files(dir.path(), &s, &catalog.borrow())?;
             }
-            let s = open_with(dir.path(), tip, Some(&catalog.borrow())).unwrap();
+            let (s, _w) = open_with(dir.path(), tip, Some(&catalog.borrow())).unwrap();
             check_reads(&s, &rows, max)?;
             check_files(dir.path(), &s, &catalog.borrow())?;
             // Without the catalog, a directory with stores is refused.
@@ -541,24 +541,24 @@ mod tests {
                 let rows;
                 let crashed;
                 {
-                    let s = open_with(dir.path(), 0, None).unwrap();
+                    let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
                     let half = appends.len() / 2;
-                    let mut first = fill(&s, &appends[..half], 2);
-                    settle(&s);
+                    let mut first = fill(&mut w, &appends[..half], 2);
+                    settle(&mut w);
                     if earlier {
                         // A window before, so stores exist on both sides of the crash.
                         compact(&s, strategy, &catalog, &|_| false).unwrap();
                     }
-                    first.extend(fill(&s, &appends[half..], 2));
+                    first.extend(fill(&mut w, &appends[half..], 2));
                     rows = first;
-                    settle(&s);
+                    settle(&mut w);
                     let r = compact(&s, strategy, &catalog, &|at| at == step);
                     // Nothing due (the second half sealed no segment) is a
                     // run without a step to stop at.
                     crashed = matches!(r, Err(StorageError::Stopped(_)));
                     prop_assert!(crashed || matches!(r, Ok(None)), "{:?}: {:?}", step, r.map(|c| c.map(|c| c.segments)));
                 }
-                let s = open_with(dir.path(), 0, Some(&catalog.borrow())).unwrap();
+                let (s, _w) = open_with(dir.path(), 0, Some(&catalog.borrow())).unwrap();
                 check_reads(&s, &rows, 1 << 20)?;
                 check_files(dir.path(), &s, &catalog.borrow())?;
                 let again = compact(&s, strategy, &catalog, &|_| false).unwrap();
@@ -575,18 +575,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rows;
         {
-            let s = open_with(dir.path(), 0, None).unwrap();
+            let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
             let appends: Vec<(usize, u8, usize, usize)> = (0..60).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
-            rows = fill(&s, &appends, 1);
-            settle(&s);
+            rows = fill(&mut w, &appends, 1);
+            settle(&mut w);
             let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| true, |_| Err("disk full".into()));
             assert!(matches!(r, Err(StorageError::Catalog(_))), "{r:?}");
             // Nothing more is acknowledged; reads still work.
-            assert!(matches!(s.append(tp(0, 0), &rows[0].3, 0, false), Err(StorageError::Poisoned(_))));
+            assert!(matches!(w.append(tp(0, 0), &rows[0].3, 0, false), Err(StorageError::Poisoned(_))));
             assert_eq!(s.read(&rows[0].1, rows[0].2, 1, true).unwrap().records[0].as_ref(), &rows[0].3[..]);
         }
         // The catalog never listed the window: its files go, the segments serve.
-        let s = open_with(dir.path(), 0, Some(&[])).unwrap();
+        let (s, _w) = open_with(dir.path(), 0, Some(&[])).unwrap();
         assert_eq!(s.store_count(), 0);
         assert_eq!(std::fs::read_dir(dir.path().join("stores")).unwrap().count(), 0);
         check_reads(&s, &rows, 1 << 20).unwrap();
@@ -595,10 +595,10 @@ mod tests {
     #[test]
     fn a_cancelled_compaction_switches_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let s = open_with(dir.path(), 0, None).unwrap();
+        let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
         let appends: Vec<(usize, u8, usize, usize)> = (0..200).map(|i| (i % 3, (i % 2) as u8, 3, 3000)).collect();
-        let rows = fill(&s, &appends, 1);
-        settle(&s);
+        let rows = fill(&mut w, &appends, 1);
+        settle(&mut w);
         let catalog = RefCell::new(Vec::new());
         let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| false, |w| {
             catalog.borrow_mut().push(w.clone());
@@ -617,10 +617,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let catalog = RefCell::new(Vec::new());
         {
-            let s = open_with(dir.path(), 0, None).unwrap();
+            let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
             let appends: Vec<(usize, u8, usize, usize)> = (0..60).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
-            fill(&s, &appends, 1);
-            settle(&s);
+            fill(&mut w, &appends, 1);
+            settle(&mut w);
             assert!(compact(&s, Strategy::Prefix3, &catalog, &|_| false).unwrap().is_some());
         }
         let w = catalog.borrow()[0].clone();
@@ -638,10 +638,10 @@ mod tests {
     fn retention_deletes_whole_stores_and_the_catalog_forgets_them_first() {
         let dir = tempfile::tempdir().unwrap();
         let catalog = RefCell::new(Vec::new());
-        let s = open_with(dir.path(), 0, None).unwrap();
+        let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
         let appends: Vec<(usize, u8, usize, usize)> = (0..90).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
-        let rows = fill(&s, &appends, 1);
-        settle(&s);
+        let rows = fill(&mut w, &appends, 1);
+        settle(&mut w);
         let done = compact(&s, Strategy::Adaptive(Budget { max_stores: Some(1000), min_store_bytes: 0 }), &catalog, &|_| false).unwrap().unwrap();
         assert!(done.window.stores.iter().filter(|s| s.live).count() >= 6);
         let stores_before = s.store_count();

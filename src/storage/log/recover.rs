@@ -21,14 +21,16 @@ impl Storage {
     /// segment of each branch is deep-scanned and a torn or corrupt tail is
     /// truncated at the last valid frame. Frames of topics not in `specs`
     /// (deleted topics) are skipped.
-    pub fn open(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool) -> Result<Storage, StorageError> {
+    ///
+    /// Returns the shared storage and its one writer (see `writer`).
+    pub fn open(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool) -> Result<(Arc<Storage>, LogWriter), StorageError> {
         Storage::open_with(dir, cfg, specs, clean, None)
     }
 
     /// [`Storage::open`] with the compaction windows the catalog records.
     /// With `None` (no catalog), a data directory holding stores is refused
     /// rather than guessed at.
-    pub fn open_with(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool, windows: Option<&[WindowRecord]>) -> Result<Storage, StorageError> {
+    pub fn open_with(dir: &Path, cfg: StorageConfig, specs: Vec<PartitionSpec>, clean: bool, windows: Option<&[WindowRecord]>) -> Result<(Arc<Storage>, LogWriter), StorageError> {
         let started = Instant::now();
         let log_dir = dir.join("log");
         let disk = cfg.disk.clone();
@@ -65,8 +67,9 @@ impl Storage {
                 branch,
                 st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
                 ahead: Mutex::new(None),
+                deleted: AtomicBool::new(false),
             });
-            writers.insert(spec.tp, PartWriter { part: part.clone(), next_offset: spec.log_start, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 });
+            writers.insert(spec.tp, PartWriter::new(part.clone(), spec.log_start));
             parts.insert(spec.tp, part);
         }
 
@@ -194,16 +197,16 @@ impl Storage {
             *branch.segs.write().expect("branch lock") = segs;
         }
         report.elapsed_ms = started.elapsed().as_millis();
-        Ok(Storage {
+        let storage = Arc::new(Storage {
             read_pool: Arc::default(),
             ahead_bytes: Arc::default(),
             dir: log_dir,
             data_dir: dir.to_owned(),
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
-            writer: Mutex::new(Writer { next_seq, parts: writers, staged: HashMap::default() }),
+            removed: Mutex::default(),
+            removed_pending: AtomicBool::new(false),
             files: cache,
-            preallocate: AtomicBool::new(true),
             tip: RwLock::new(crate::storage::tip::Tip::new(cfg.tip.clone())),
             cfg,
             poisoned: Mutex::new(None),
@@ -216,7 +219,9 @@ impl Storage {
             compaction_stats: CompactionStats::default(),
             unsynced: AtomicU64::new(0),
             dirty: Mutex::default(),
-        })
+        });
+        let writer = LogWriter::new(storage.clone(), next_seq, writers);
+        Ok((storage, writer))
     }
 
     /// Whether the previous run over `dir` stopped cleanly: its

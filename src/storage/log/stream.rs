@@ -299,12 +299,12 @@ pub(super) mod tests {
         Tp { topic: [branch as u8 * 10 + topic; 16], partition: 0 }
     }
 
-    fn open(dir: &Path, tip: usize) -> Storage {
+    fn open(dir: &Path, tip: usize) -> (Arc<Storage>, LogWriter) {
         open_with(dir, tip, None).unwrap()
     }
 
     /// Three branches of two topics each, 4 KiB segments.
-    pub(crate) fn open_with(dir: &Path, tip: usize, windows: Option<&[WindowRecord]>) -> Result<Storage, StorageError> {
+    pub(crate) fn open_with(dir: &Path, tip: usize, windows: Option<&[WindowRecord]>) -> Result<(Arc<Storage>, LogWriter), StorageError> {
         let specs = (0..3).flat_map(|b| (0..2).map(move |t| PartitionSpec { tp: tp(b, t), branch: BRANCHES[b].into(), log_start: 0 })).collect();
         let cfg = StorageConfig { segment_bytes: 4096, tip: TipConfig { bytes: tip, max_blocks: 64, lookup: Lookup::Index }, ..StorageConfig::default() };
         Storage::open_with(dir, cfg, specs, true, windows)
@@ -315,18 +315,18 @@ pub(super) mod tests {
 
     /// Appends a batch of `n` records of `len` bytes to (branch, topic) for
     /// each of `appends`, publishing after every `publish_every`-th.
-    pub(crate) fn fill(s: &Storage, appends: &[(usize, u8, usize, usize)], publish_every: usize) -> Vec<Row> {
+    pub(crate) fn fill(w: &mut LogWriter, appends: &[(usize, u8, usize, usize)], publish_every: usize) -> Vec<Row> {
         let mut rows = Vec::new();
         for (i, &(b, t, n, len)) in appends.iter().enumerate() {
             let vals: Vec<Vec<u8>> = (0..n).map(|k| vec![b'a' + (k as u8); len]).collect();
             let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
             let mut batch = make_batch(&refs, i as i64);
-            let a = s.append(tp(b, t), &batch, 0, false).unwrap();
+            let a = w.append(tp(b, t), &batch, 0, false).unwrap();
             batch::set_base_offset(&mut batch, a.base_offset);
             rows.push((a.seq, tp(b, t), a.base_offset, batch));
             if i % publish_every == 0 {
-                let f = s.flush().unwrap();
-                s.publish_hw(&f);
+                let f = w.flush().unwrap();
+                w.storage().publish_hw(&f);
             }
         }
         rows
@@ -391,8 +391,8 @@ pub(super) mod tests {
             let dir = tempfile::tempdir().unwrap();
             let rows;
             {
-                let s = open(dir.path(), tip);
-                rows = fill(&s, &appends, 3);
+                let (s, mut w) = open(dir.path(), tip);
+                rows = fill(&mut w, &appends, 3);
                 // Unpublished appends are never served.
                 let end = s.visible_seq();
                 for (branches, from, keep, stop, (sb, st), max) in &queries {
@@ -402,11 +402,11 @@ pub(super) mod tests {
                     let cut = stop_point(&rows, branches, from, stop, tp(*sb, *st), end);
                     prop_assert_eq!(got, expected(&rows, branches, from, *keep, cut, *max));
                 }
-                let f = s.flush().unwrap();
+                let f = w.flush().unwrap();
                 s.publish_hw(&f);
                 s.sync().unwrap();
             }
-            let s = open(dir.path(), tip);
+            let (s, _w) = open(dir.path(), tip);
             prop_assert_eq!(s.visible_seq(), rows.len() as u64);
             for (branches, from, keep, stop, (sb, st), max) in &queries {
                 let from = from.index(rows.len() + 1) as u64;
@@ -433,9 +433,9 @@ pub(super) mod tests {
             max in 1usize..3000,
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let s = open(dir.path(), tip);
-            let rows = fill(&s, &appends, usize::MAX);
-            let f = s.flush().unwrap();
+            let (s, mut w) = open(dir.path(), tip);
+            let rows = fill(&mut w, &appends, usize::MAX);
+            let f = w.flush().unwrap();
             s.publish_hw(&f);
             let names: Vec<String> = branches.iter().map(|&b| BRANCHES[b].to_owned()).collect();
             let mut got: Vec<Row> = Vec::new();

@@ -1,0 +1,380 @@
+//! The log writer: the one owner of the write side of the branch logs.
+//!
+//! [`Storage::open`] hands back the shared [`Storage`] (what readers, the
+//! syncer, retention and compaction use) and a [`LogWriter`], which the
+//! engine's writer thread owns. Everything only the writer changes lives
+//! here, behind `&mut self` and no lock: the stream sequence counter, each
+//! tp's next offset and index spacing, the per-branch staged buffers with
+//! their segment handles, and the choice to preallocate.
+//!
+//! ```text
+//!  append ──► staged (per branch) ──flush──► one positioned write per branch
+//!                                              ├─ segment length, tp index, log end published
+//!                                              └─ segment onto the dirty list ──► Storage::sync (syncer)
+//! ```
+//!
+//! Registry changes made elsewhere reach the writer without a lock on its
+//! path: a partition added by [`Storage::add_partition`] is adopted the
+//! first time it is appended to, and a deleted topic's partitions are
+//! marked deleted (refused from the next append) and queued for the
+//! writer to forget at its next flush.
+
+use super::*;
+
+/// Writer-side bookkeeping of one tp.
+pub(super) struct PartWriter {
+    pub(super) part: Arc<Partition>,
+    pub(super) next_offset: i64,
+    pub(super) max_ts: i64,
+    pub(super) last_entry: Option<(u64, u64)>,
+    pub(super) bytes_since_entry: u64,
+}
+
+impl PartWriter {
+    /// A partition nothing has been written to in this run.
+    pub(super) fn new(part: Arc<Partition>, next_offset: i64) -> PartWriter {
+        PartWriter { part, next_offset, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 }
+    }
+
+    /// Decides whether the batch at `pos` gets an index entry.
+    pub(super) fn index_entry(&mut self, seg: &Segment, pos: u64, fh: &FrameHeader, cfg: &StorageConfig) -> Option<IndexEntry> {
+        let new_segment = self.last_entry.is_none_or(|(s, _)| s != seg.base_seq);
+        let far = self.last_entry.is_some_and(|(_, p)| pos.saturating_sub(p) > MAX_SCAN_GAP);
+        let entry = if new_segment || far || self.bytes_since_entry >= cfg.index_interval_bytes {
+            self.last_entry = Some((seg.base_seq, pos));
+            self.bytes_since_entry = 0;
+            Some(IndexEntry { offset: fh.base_offset, seq: fh.seq, seg: seg.base_seq, pos, max_ts_before: self.max_ts })
+        } else {
+            None
+        };
+        self.bytes_since_entry += fh.frame_len as u64;
+        self.max_ts = self.max_ts.max(fh.max_timestamp);
+        entry
+    }
+}
+
+/// One branch's frames staged since the last flush.
+struct Staged {
+    seg: Arc<Segment>,
+    /// The segment's file, held open from staging to the write.
+    file: FileRef,
+    start: u64,
+    buf: Vec<u8>,
+    /// Per appended batch: its partition, the log end after it, and its
+    /// index entry if it gets one; published by the flush.
+    published: Vec<(Arc<Partition>, i64, Option<IndexEntry>)>,
+}
+
+pub struct LogWriter {
+    log: Arc<Storage>,
+    next_seq: u64,
+    parts: HashMap<Tp, PartWriter>,
+    /// By branch directory name.
+    staged: HashMap<String, Staged>,
+    /// Whether the filesystem reserves space ahead of writes (fallocate).
+    preallocate: bool,
+}
+
+impl LogWriter {
+    pub(super) fn new(log: Arc<Storage>, next_seq: u64, parts: HashMap<Tp, PartWriter>) -> LogWriter {
+        LogWriter { log, next_seq, parts, staged: HashMap::default(), preallocate: true }
+    }
+
+    /// The storage this writer writes to.
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.log
+    }
+
+    /// Stages one validated batch for `tp`: assigns its offsets, patches
+    /// `baseOffset` (and the timestamps for LogAppendTime) and frames it.
+    /// Nothing is visible to readers until [`LogWriter::flush`].
+    pub fn append(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
+        let LogWriter { log, next_seq, parts, staged: all_staged, preallocate } = self;
+        let log = &**log;
+        log.check_poison()?;
+        let pw = part(parts, log, tp)?;
+        let branch_name = branch_key(&pw.part.branch);
+        let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
+
+        let mut staged = match all_staged.remove(&branch_name) {
+            Some(s) => s,
+            None => {
+                // Out of descriptors or disk space here, nothing of this
+                // batch is staged: the append fails, storage carries on.
+                let (seg, file) = active_segment(log, &pw.part.branch, *next_seq, now_ms).map_err(|e| log.poison_unless_exhausted(e))?;
+                let start = seg.len.load(Ordering::Acquire);
+                Staged { seg, file, start, buf: Vec::new(), published: Vec::new() }
+            }
+        };
+        // Roll first if this frame would overfill the active segment.
+        let seg_len = staged.start + staged.buf.len() as u64;
+        let too_big = seg_len > FILE_HEADER_BYTES && seg_len + frame_len > log.cfg.segment_bytes;
+        let too_old = seg_len > FILE_HEADER_BYTES && now_ms - staged.seg.created_ms >= log.cfg.segment_ms;
+        if too_big || too_old {
+            let sealed = write_staged(log, &mut staged)
+                .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
+                .map(|_| sealed(&staged))
+                .and_then(|_| roll(log, &pw.part.branch, *next_seq, now_ms));
+            // Frames written above are published with the next flush.
+            let published = std::mem::take(&mut staged.published);
+            match sealed {
+                Ok((seg, file)) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: Vec::new(), published },
+                Err(e) => {
+                    // The sealed segment's frames are written and synced;
+                    // a roll that ran out of resources is tried again by
+                    // the next append.
+                    staged.published = published;
+                    all_staged.insert(branch_name, staged);
+                    return Err(log.poison_unless_exhausted(e));
+                }
+            }
+        }
+        // Disk space for the frame is reserved before it is given offsets:
+        // a full disk fails this append, not a write whose ack is pending.
+        let pos = staged.start + staged.buf.len() as u64;
+        if let Err(e) = reserve(log, preallocate, &staged, pos + frame_len) {
+            all_staged.insert(branch_name, staged);
+            return Err(e);
+        }
+
+        let seq = *next_seq;
+        *next_seq += 1;
+        let base_offset = pw.next_offset;
+        let fh = segment::encode_frame(&mut staged.buf, seq, &tp.topic, tp.partition, base_offset, log_append_time.then_some(now_ms), batch);
+        let entry = pw.index_entry(&staged.seg, pos, &fh, &log.cfg);
+        if log.cfg.tip.bytes > 0 {
+            let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
+            let key = tip_key(&pw.part.branch);
+            log.tip.write().expect("tip lock").push(seq, tp, key, base_offset, fh.last_offset(), &staged.buf[at..]);
+        }
+        staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
+        staged.seg.mark(seq, pos);
+        pw.next_offset = fh.last_offset() + 1;
+        staged.published.push((pw.part.clone(), pw.next_offset, entry));
+        let log_start = pw.part.st.read().expect("partition lock").log_start;
+        all_staged.insert(branch_name, staged);
+        Ok(Appended { base_offset, last_offset: fh.last_offset(), seq, log_start })
+    }
+
+    /// Writes every staged frame (one positioned write per branch) and
+    /// publishes the new log end offsets. Returns what moved, for
+    /// [`Storage::publish_hw`].
+    pub fn flush(&mut self) -> Result<Flushed, StorageError> {
+        self.forget_deleted();
+        let log = &*self.log;
+        let mut moved = Vec::new();
+        let seq_end = self.next_seq;
+        if let Err(e) = log.check_poison() {
+            self.staged.clear();
+            return Err(e);
+        }
+        for (_, mut staged) in self.staged.drain() {
+            if let Err(e) = write_staged(log, &mut staged) {
+                return Err(log.poison(e));
+            }
+            for (part, leo, entry) in staged.published {
+                if part.deleted.load(Ordering::Acquire) {
+                    continue;
+                }
+                let mut st = part.st.write().expect("partition lock");
+                if let Some(e) = entry {
+                    st.index.push_back(e);
+                }
+                debug_assert!(leo >= st.leo);
+                st.leo = leo;
+                moved.push((part.tp, leo));
+            }
+        }
+        Ok(Flushed { moved, seq_end })
+    }
+
+    /// Drops the writer's state of partitions deleted since the last flush
+    /// (their frames stay in the segments until retention deletes those).
+    fn forget_deleted(&mut self) {
+        if !self.log.removed_pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let removed = std::mem::take(&mut *self.log.removed.lock().expect("removed lock"));
+        for tp in removed {
+            self.parts.remove(&tp);
+        }
+    }
+
+    /// The offset the next append to `tp` gets: past every batch appended,
+    /// flushed or not (the published log end lags until the flush).
+    pub fn next_offset(&self, tp: &Tp) -> Option<i64> {
+        match self.parts.get(tp) {
+            Some(pw) if !pw.part.deleted.load(Ordering::Acquire) => Some(pw.next_offset),
+            Some(_) => None,
+            None => self.log.offsets(tp).map(|(_, _, leo)| leo),
+        }
+    }
+}
+
+/// The writer's side of `tp`: adopted from the registry the first time (a
+/// partition added since the open), refused once deleted.
+fn part<'p>(parts: &'p mut HashMap<Tp, PartWriter>, log: &Storage, tp: Tp) -> Result<&'p mut PartWriter, StorageError> {
+    if parts.get(&tp).is_some_and(|pw| pw.part.deleted.load(Ordering::Acquire)) {
+        parts.remove(&tp);
+    }
+    if !parts.contains_key(&tp) {
+        let part = log.parts.read().expect("parts lock").get(&tp).cloned().ok_or(StorageError::UnknownPartition)?;
+        // Nothing was appended to it yet: its end is where it starts.
+        let leo = part.st.read().expect("partition lock").leo;
+        parts.insert(tp, PartWriter::new(part, leo));
+    }
+    Ok(parts.get_mut(&tp).expect("inserted above"))
+}
+
+fn write_staged(log: &Storage, staged: &mut Staged) -> Result<(), StorageError> {
+    if staged.buf.is_empty() {
+        return Ok(());
+    }
+    staged.file.write_all_at(&staged.buf, staged.start).map_err(io_err(&staged.seg.path))?;
+    staged.start += staged.buf.len() as u64;
+    log.unsynced.fetch_add(staged.buf.len() as u64, Ordering::Relaxed);
+    staged.buf.clear();
+    if staged.seg.file.wrote(&staged.file, log.cfg.hold_until_sync) {
+        log.dirty.lock().expect("dirty list lock").push(staged.seg.clone());
+    }
+    staged.seg.len.store(staged.start, Ordering::Release);
+    Ok(())
+}
+
+/// A segment just sealed (written whole and synced): nothing holds its
+/// file any more, and the disk reserved past its end is given back.
+fn sealed(staged: &Staged) {
+    let seg = &staged.seg;
+    let end = staged.start;
+    seg.file.settled();
+    let reserved = seg.allocated.load(Ordering::Acquire);
+    if reserved > end {
+        staged.file.release(end, reserved - end);
+        seg.allocated.store(end, Ordering::Release);
+    }
+}
+
+/// Reserves disk space for the segment up to `end` (fallocate, keeping
+/// the file's size), ahead in steps that grow with the segment, so a full
+/// disk shows here rather than in a write. Filesystems without it are
+/// written as before (`preallocate` turns false for good).
+fn reserve(log: &Storage, preallocate: &mut bool, staged: &Staged, end: u64) -> Result<(), StorageError> {
+    let seg = &staged.seg;
+    if end <= seg.allocated.load(Ordering::Acquire) || !*preallocate {
+        return Ok(());
+    }
+    // Ahead by about what the segment holds (4 KiB to 16 MiB): a small
+    // segment reserves little, a busy one is not reserved per batch.
+    let step = (end - FILE_HEADER_BYTES).clamp(4 << 10, 16 << 20);
+    let to = (end + step).min(log.cfg.segment_bytes.max(end));
+    let from = seg.allocated.load(Ordering::Acquire);
+    match staged.file.reserve(from, to - from) {
+        Ok(true) => {
+            seg.allocated.store(to, Ordering::Release);
+            Ok(())
+        }
+        Ok(false) => {
+            tracing::info!(path = %seg.path.display(), "the filesystem cannot reserve space ahead (fallocate); a full disk will show at write time");
+            *preallocate = false;
+            Ok(())
+        }
+        Err(e) => Err(open_err(&seg.path)(e)),
+    }
+}
+
+/// The branch's active segment and its file, open.
+fn active_segment(log: &Storage, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, FileRef), StorageError> {
+    let last = branch.segs.read().expect("branch lock").last().cloned();
+    match last {
+        Some(seg) => {
+            let file = seg.file.get().map_err(open_err(&seg.path))?;
+            Ok((seg, file))
+        }
+        None => roll(log, branch, next_seq, now_ms),
+    }
+}
+
+/// Creates the branch's next segment. Running out of descriptors or disk
+/// space here fails with `Exhausted` and leaves nothing behind.
+fn roll(log: &Storage, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Result<(Arc<Segment>, FileRef), StorageError> {
+    let disk = &*log.cfg.disk;
+    if !branch.dir_synced.load(Ordering::Acquire) {
+        disk.create_dir_all(&branch.dir).map_err(open_err(&branch.dir))?;
+        sync_dir(disk, &log.dir)?;
+        branch.dir_synced.store(true, Ordering::Release);
+    }
+    let path = branch.dir.join(seg_file_name(base_seq));
+    let file = match segment::create(disk, &path, &FileHeader { base_seq, created_ms: now_ms }) {
+        Ok(f) => f,
+        Err(segment::SegmentError::Io { source, .. }) => return Err(open_err(&path)(source)),
+        Err(e) => return Err(e.into()),
+    };
+    if let Err(e) = sync_dir(disk, &branch.dir) {
+        drop(file);
+        let _ = disk.remove_file(&path);
+        return Err(e);
+    }
+    let seg = Arc::new(Segment {
+        base_seq,
+        created_ms: now_ms,
+        file: log.files.adopt(path.clone(), true, file.clone()),
+        path,
+        allocated: AtomicU64::new(FILE_HEADER_BYTES),
+        len: AtomicU64::new(FILE_HEADER_BYTES),
+        tps: Mutex::new(HashMap::default()),
+        marks: Mutex::new(Vec::new()),
+        end_seq: AtomicU64::new(0),
+    });
+    branch.segs.write().expect("branch lock").push(seg.clone());
+    Ok((seg, file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::batch::tests::make_batch;
+
+    fn tp(n: u8, p: i32) -> Tp {
+        Tp { topic: [n; 16], partition: p }
+    }
+
+    #[test]
+    fn partitions_added_after_the_open_are_adopted_at_their_first_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![], true).unwrap();
+        assert!(matches!(w.append(tp(1, 0), &make_batch(&[b"a"], 0), 0, false), Err(StorageError::UnknownPartition)));
+        s.add_partition(PartitionSpec { tp: tp(1, 0), branch: "a.b".into(), log_start: 7 });
+        assert_eq!(w.next_offset(&tp(1, 0)), Some(7));
+        let a = w.append(tp(1, 0), &make_batch(&[b"a", b"b"], 0), 0, false).unwrap();
+        assert_eq!((a.base_offset, a.last_offset, a.log_start), (7, 8, 7));
+        assert_eq!(w.next_offset(&tp(1, 0)), Some(9));
+        let f = w.flush().unwrap();
+        assert_eq!(f.moved, vec![(tp(1, 0), 9)]);
+        s.publish_hw(&f);
+        assert_eq!(s.offsets(&tp(1, 0)), Some((7, 9, 9)));
+    }
+
+    #[test]
+    fn a_topic_deleted_between_append_and_flush_is_neither_published_nor_appended_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let specs = vec![
+            PartitionSpec { tp: tp(1, 0), branch: "a".into(), log_start: 0 },
+            PartitionSpec { tp: tp(1, 1), branch: "a".into(), log_start: 0 },
+            PartitionSpec { tp: tp(2, 0), branch: "a".into(), log_start: 0 },
+        ];
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), specs, true).unwrap();
+        for t in [tp(1, 0), tp(1, 1), tp(2, 0)] {
+            w.append(t, &make_batch(&[b"x"], 0), 0, false).unwrap();
+        }
+        s.remove_topic(&[1; 16], 2);
+        // Refused at once, before the writer's next flush.
+        assert!(matches!(w.append(tp(1, 1), &make_batch(&[b"y"], 0), 0, false), Err(StorageError::UnknownPartition)));
+        assert_eq!(w.next_offset(&tp(1, 0)), None);
+        let f = w.flush().unwrap();
+        assert_eq!(f.moved, vec![(tp(2, 0), 1)]);
+        assert!(w.parts.get(&tp(1, 0)).is_none() && w.parts.get(&tp(1, 1)).is_none(), "the writer forgot the deleted partitions");
+        assert!(s.offsets(&tp(1, 0)).is_none());
+        // The survivor goes on from where it was.
+        assert_eq!(w.append(tp(2, 0), &make_batch(&[b"z"], 0), 0, false).unwrap().base_offset, 1);
+    }
+}
