@@ -8,6 +8,7 @@ pub mod kafka;
 pub mod limits;
 pub mod meta;
 pub mod metrics;
+pub mod probe;
 pub mod protocol;
 pub mod rest;
 pub mod server;

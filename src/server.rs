@@ -60,7 +60,7 @@ pub async fn start_with_clock(cfg: Config, clock: Clock) -> anyhow::Result<Runni
     // The admin listener has limits of its own: a crowd of scrapers or idle
     // connections cannot hold it (or the broker's descriptors).
     let admin_cfg = rest::listener::ListenerConfig { max_connections: cfg.admin_max_connections, idle_timeout: Duration::from_secs(10), ..Default::default() };
-    let admin = tokio::spawn(rest::listener::serve(admin_listener, metrics::router(health.clone(), metrics_slot.clone()), admin_cfg, Arc::new(metrics::ConnectionStats::default()), stop_rx.clone()));
+    let admin = tokio::spawn(rest::listener::serve(admin_listener, metrics::router(health.clone(), metrics_slot.clone()), admin_cfg, Arc::new(crate::probe::ConnectionStats::default()), stop_rx.clone()));
     match open(cfg, clock, stop, stop_rx, health, metrics_slot, admin_addr, admin).await {
         Ok(r) => Ok(r),
         Err((e, stop, admin)) => {
@@ -225,56 +225,15 @@ async fn compaction_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::
     }
 }
 
-/// Cleans up groups without members, every `retention_ms / 10` (1 s to
-/// 10 min, Kafka's `offsets.retention.check.interval.ms`). An idle group
-/// with no committed offsets is forgotten (nothing of it is worth keeping,
-/// so join attempts that never come back cannot pile up groups). Offsets of
-/// a group empty for `retention_ms` (Kafka's `offsets.retention.minutes`)
-/// whose newest commit is that old are removed, and the group with them.
+/// Runs the coordinator's offset expiry every `retention_ms / 10` (1 s to
+/// 10 min, Kafka's `offsets.retention.check.interval.ms`); see
+/// [`Coordinator::expire_offsets`].
 async fn offset_expiry_loop(coordinator: Coordinator, retention_ms: i64, mut stop: watch::Receiver<bool>) {
     let every = Duration::from_millis((retention_ms as u64 / 10).clamp(1000, 600_000));
     let mut tick = interval_after_first(every);
     while next_tick(&mut tick, &mut stop).await {
-        let engine = coordinator.engine().clone();
-        let cutoff = engine.now_ms() - retention_ms;
-        let idle = coordinator.idle_groups().await;
-        let e = engine.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            let catalog = e.catalog();
-            let (mut forget, mut expired) = (Vec::new(), Vec::new());
-            let mut expiring = false;
-            for g in idle {
-                let rows = catalog.group_offsets(&g.id)?;
-                if rows.is_empty() {
-                    forget.push((g.id, g.commits));
-                } else if g.empty_since_ms < cutoff && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff) {
-                    // Row by row, compare-and-delete: a commit that lands
-                    // meanwhile survives (and the group with it, through
-                    // its commit count).
-                    expiring = true;
-                    if !catalog.expire_offsets(&g.id, cutoff)? {
-                        expired.push((g.id, g.commits));
-                    }
-                }
-            }
-            if expiring {
-                catalog.flush()?;
-            }
-            Ok::<_, crate::meta::MetaError>((forget, expired))
-        })
-        .await;
-        match outcome {
-            Ok(Ok((mut forget, expired))) => {
-                for (group, _) in &expired {
-                    tracing::info!(group = %group, "expired the committed offsets of an empty group");
-                }
-                forget.extend(expired);
-                if !forget.is_empty() {
-                    coordinator.forget_idle(forget).await;
-                }
-            }
-            Ok(Err(err)) => tracing::error!(error = %err, "offset expiry failed"),
-            Err(err) => tracing::error!(error = %err, "offset expiry task panicked"),
+        if let Err(err) = coordinator.expire_offsets(retention_ms).await {
+            tracing::error!(error = %err, "offset expiry failed");
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use kafka_protocol::messages::ApiKey;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts};
 
-use crate::metrics::ConnectionStats;
+use crate::probe::ConnectionStats;
 
 /// Error codes counted per API: Kafka's are from -1 (UNKNOWN_SERVER_ERROR)
 /// to below this.

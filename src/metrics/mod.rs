@@ -10,7 +10,7 @@
 
 mod scrape;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -24,31 +24,6 @@ pub use scrape::{Limits, Metrics};
 #[derive(Default)]
 pub struct Health {
     pub ready: AtomicBool,
-}
-
-/// Counts a listener keeps.
-#[derive(Debug, Default)]
-pub struct ConnectionStats {
-    pub accepted: AtomicU64,
-    pub rejected: AtomicU64,
-    pub open: AtomicU64,
-}
-
-impl ConnectionStats {
-    /// An accepted connection, open until the guard drops.
-    pub fn opened(&self) -> OpenConnection<'_> {
-        self.accepted.fetch_add(1, Ordering::Relaxed);
-        self.open.fetch_add(1, Ordering::Relaxed);
-        OpenConnection(self)
-    }
-}
-
-pub struct OpenConnection<'a>(&'a ConnectionStats);
-
-impl Drop for OpenConnection<'_> {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Set once the engine is open; until then `/metrics` shows only the

@@ -20,7 +20,8 @@ use crate::engine::Engine;
 use crate::kafka::probe::KafkaProbe;
 use crate::rest::Bridge;
 
-use super::{ConnectionStats, Health};
+use super::Health;
+use crate::probe::ConnectionStats;
 
 pub struct Metrics {
     registry: Registry,
@@ -221,15 +222,12 @@ impl Metrics {
             f.gauge("canopy_log_end_offset", "Log end offset, by partition (summed per branch when aggregated)", &labels, *leo);
         }
         // Group lag: high watermark minus the committed offset.
-        let catalog = self.engine.catalog();
         let mut lag: BTreeMap<(String, &str, String), f64> = BTreeMap::new();
-        for g in catalog.offset_groups().unwrap_or_default() {
-            for (topic, p, rec) in catalog.group_offsets(&g).unwrap_or_default() {
-                let Some((name, hw)) = hw_of.get_key_value(&(topic.as_str(), p)).map(|((n, _), hw)| (*n, *hw)) else { continue };
-                let l = label[name].as_str();
-                let key = (g.clone(), l, if aggregated { "*".to_owned() } else { p.to_string() });
-                *lag.entry(key).or_default() += (hw - rec.offset).max(0) as f64;
-            }
+        for (g, topic, p, offset) in crate::kafka::coordinator::offsets::all_committed(self.engine.catalog()) {
+            let Some((name, hw)) = hw_of.get_key_value(&(topic.as_str(), p)).map(|((n, _), hw)| (*n, *hw)) else { continue };
+            let l = label[name].as_str();
+            let key = (g, l, if aggregated { "*".to_owned() } else { p.to_string() });
+            *lag.entry(key).or_default() += (hw - offset).max(0) as f64;
         }
         for ((g, l, p), v) in lag {
             f.gauge("canopy_consumer_group_lag", "Records between a group's committed offset and the high watermark", &[("group", g), ("topic", l.to_owned()), ("partition", p)], v);

@@ -63,7 +63,7 @@ impl std::fmt::Debug for ListenerConfig {
     }
 }
 
-pub use crate::metrics::ConnectionStats;
+pub use crate::probe::ConnectionStats;
 
 /// Loads a PEM certificate chain and private key into a TLS server
 /// configuration offering h2 and HTTP/1.1.

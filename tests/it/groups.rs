@@ -4,7 +4,8 @@
 //! without LeaveGroup is expired after its session timeout; cooperative-
 //! sticky moves only what a joiner needs; a static member restarts without
 //! a rebalance; a regex subscription picks up a topic created later;
-//! offsets of empty groups expire after the retention.
+//! offsets of empty groups expire after the retention; deleted groups and
+//! offsets stay deleted.
 
 use crate::common;
 
@@ -809,6 +810,69 @@ async fn offsets_of_empty_groups_expire_after_the_retention() {
     let groups: ListGroupsResponse = common::call(&mut sock, 16, 2, next(), &ListGroupsRequest::default()).await;
     let names: Vec<String> = groups.groups.iter().map(|g| g.group_id.0.to_string()).collect();
     assert!(!names.contains(&"old".to_string()) && names.contains(&"fresh".to_string()), "{names:?}");
+    drop(sock);
+    broker.shutdown().await;
+}
+
+/// Deleting through the coordinator: librdkafka's DeleteGroups removes an
+/// empty group and its offsets, refuses a group with a member, and
+/// OffsetDelete removes one partition's offset and keeps the other; the
+/// removals are durable (a restart brings nothing back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_groups_and_offsets_stay_deleted_across_a_restart() {
+    use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+    use kafka_protocol::messages::offset_delete_request::{OffsetDeleteRequestPartition, OffsetDeleteRequestTopic};
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::{GroupId, OffsetCommitRequest, OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest, OffsetFetchResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let s = |v: &str| StrBytes::from_string(v.to_owned());
+    let commit = |group: &str| {
+        OffsetCommitRequest::default().with_group_id(GroupId(s(group))).with_generation_id_or_member_epoch(-1).with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(TopicName(s(TOPIC)))
+            .with_partitions((0..2).map(|p| OffsetCommitRequestPartition::default().with_partition_index(p).with_committed_offset(40 + p as i64)).collect())])
+    };
+    let fetch = |group: &str| {
+        OffsetFetchRequest::default().with_group_id(GroupId(s(group))).with_topics(Some(vec![OffsetFetchRequestTopic::default().with_name(TopicName(s(TOPIC))).with_partition_indexes(vec![0, 1])]))
+    };
+    let committed = |r: &OffsetFetchResponse| r.topics[0].partitions.iter().map(|p| p.committed_offset).collect::<Vec<_>>();
+    {
+        let broker = common::start(group_args(dir.path())).await;
+        let addr = broker.kafka_addr;
+        create_shared_topic(addr).await;
+        let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+        for (i, g) in ["gone", "kept"].into_iter().enumerate() {
+            let r: OffsetCommitResponse = common::call(&mut sock, 8, 2, i as i32, &commit(g)).await;
+            assert!(r.topics[0].partitions.iter().all(|p| p.error_code == 0));
+        }
+        // A group with a live member is refused, and keeps its offsets.
+        let member = Arc::new(group_consumer(addr, "busy", 0));
+        tokio::task::block_in_place(|| wait_for_assignment(&[member.clone()], &[PARTITIONS as usize]));
+        let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+        let results = admin.delete_groups(&["gone", "busy"], &AdminOptions::new()).await.unwrap();
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(matches!(&results[1], Err((g, rdkafka::types::RDKafkaErrorCode::NonEmptyGroup)) if g == "busy"), "{:?}", results[1]);
+        drop(member);
+
+        let req = OffsetDeleteRequest::default().with_group_id(GroupId(s("kept"))).with_topics(vec![OffsetDeleteRequestTopic::default()
+            .with_name(TopicName(s(TOPIC)))
+            .with_partitions(vec![OffsetDeleteRequestPartition::default().with_partition_index(1)])]);
+        let r: OffsetDeleteResponse = common::call(&mut sock, 47, 0, 10, &req).await;
+        assert_eq!((r.error_code, r.topics[0].partitions[0].error_code), (0, 0));
+        let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, 11, &fetch("gone")).await;
+        assert_eq!(committed(&r), vec![-1, -1]);
+        let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, 12, &fetch("kept")).await;
+        assert_eq!(committed(&r), vec![40, -1]);
+        drop(sock);
+        broker.shutdown().await;
+    }
+    let broker = common::start(group_args(dir.path())).await;
+    let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+    let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, 1, &fetch("gone")).await;
+    assert_eq!(committed(&r), vec![-1, -1], "a deleted group's offsets came back");
+    let r: OffsetFetchResponse = common::call(&mut sock, 9, 1, 2, &fetch("kept")).await;
+    assert_eq!(committed(&r), vec![40, -1], "a deleted offset came back");
     drop(sock);
     broker.shutdown().await;
 }

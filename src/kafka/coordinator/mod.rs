@@ -4,12 +4,14 @@
 //! rebalance completes; the task sleeps until the earliest group deadline
 //! (session expiry, join or sync timeout), so timers need no polling.
 //!
-//! Committed offsets live in the sled catalog. Commits go through one
-//! committer thread that writes every commit queued so far and flushes the
-//! catalog once for all of them, so concurrent commits share one flush and
-//! each is answered only after it is durable.
+//! Committed offsets live in the sled catalog and belong to the
+//! coordinator alone (`offsets.rs`): every change to them goes through its
+//! keeper thread, which flushes the catalog once for whatever is queued, so
+//! concurrent commits share one flush and each is answered only after it
+//! is durable.
 
 pub mod group;
+pub mod offsets;
 pub mod transactions;
 
 use std::cmp::Reverse;
@@ -65,8 +67,6 @@ enum Cmd {
     Forget { groups: Vec<(String, u64)>, reply: oneshot::Sender<()> },
 }
 
-type Commit = (Vec<(String, String, i32, OffsetRecord)>, oneshot::Sender<Result<(), String>>);
-
 /// A group without members or pending member ids, as the cleanup pass
 /// sees it.
 #[derive(Debug, Clone)]
@@ -80,7 +80,7 @@ pub struct IdleGroup {
 #[derive(Clone)]
 pub struct Coordinator {
     tx: mpsc::Sender<Cmd>,
-    commits: mpsc::Sender<Commit>,
+    offsets: mpsc::Sender<offsets::Job>,
     engine: Arc<Engine>,
 }
 
@@ -105,9 +105,9 @@ impl Coordinator {
         tokio::spawn(run(rx, groups, cfg, clock, stop));
         {
             let engine = engine.clone();
-            std::thread::Builder::new().name("canopy-committer".into()).spawn(move || committer(crx, engine)).expect("spawn the offset committer thread");
+            std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
-        Coordinator { tx, commits: ctx, engine }
+        Coordinator { tx, offsets: ctx, engine }
     }
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Option<T> {
@@ -149,29 +149,73 @@ impl Coordinator {
         self.ask(|reply| Cmd::Describe { groups, reply }).await.unwrap_or_default()
     }
 
-    /// Forgets empty groups; the caller removes their offsets.
+    /// Deletes empty groups and their committed offsets; per group, 0 or
+    /// the error Kafka answers.
     pub async fn delete(&self, groups: Vec<String>) -> Vec<i16> {
         let n = groups.len();
-        self.ask(|reply| Cmd::Delete { groups, reply }).await.unwrap_or_else(|| vec![kafka_protocol::ResponseError::CoordinatorNotAvailable.code(); n])
+        let mut codes = self.ask(|reply| Cmd::Delete { groups: groups.clone(), reply }).await.unwrap_or_else(|| vec![kafka_protocol::ResponseError::CoordinatorNotAvailable.code(); n]);
+        // Queued together, so the keeper removes them all under one flush.
+        let mut pending = Vec::new();
+        for (i, group) in groups.into_iter().enumerate() {
+            if codes.get(i) == Some(&0) {
+                let (reply, rx) = oneshot::channel();
+                let queued = self.offsets.send((offsets::Change::Remove { group, only: None }, reply)).await.is_ok();
+                pending.push((i, queued.then_some(rx)));
+            }
+        }
+        for (i, rx) in pending {
+            let removed = match rx {
+                Some(rx) => matches!(rx.await, Ok(Ok(_))),
+                None => false,
+            };
+            if !removed {
+                codes[i] = kafka_protocol::ResponseError::KafkaStorageError.code();
+            }
+        }
+        codes
     }
 
     /// Groups with no members and no pending member ids, with when they
     /// last had members.
-    pub async fn idle_groups(&self) -> Vec<IdleGroup> {
+    async fn idle_groups(&self) -> Vec<IdleGroup> {
         self.ask(|reply| Cmd::Idle { reply }).await.unwrap_or_default()
     }
 
-    /// Forgets groups that are still idle and have had no commit since
-    /// [`Coordinator::idle_groups`] listed them (their offsets are the
-    /// caller's).
-    pub async fn forget_idle(&self, groups: Vec<(String, u64)>) {
-        self.ask(|reply| Cmd::Forget { groups, reply }).await;
+    /// One offset-expiry pass: idle groups without committed offsets are
+    /// forgotten (nothing of them is worth keeping, so join attempts that
+    /// never come back cannot pile up groups); the offsets of a group empty
+    /// for `retention_ms` (Kafka's `offsets.retention.minutes`) whose newest
+    /// commit is that old are removed, and the group with them. Returns how
+    /// many groups' offsets expired.
+    pub async fn expire_offsets(&self, retention_ms: i64) -> Result<usize, String> {
+        let idle = self.idle_groups().await;
+        let cutoff_ms = self.engine.now_ms() - retention_ms;
+        let applied = self.change(offsets::Change::Expire { idle, cutoff_ms }).await?;
+        if !applied.forget.is_empty() {
+            self.ask(|reply| Cmd::Forget { groups: applied.forget, reply }).await;
+        }
+        Ok(applied.expired)
     }
 
     /// Writes committed offsets and returns once they are durable.
-    pub async fn store_offsets(&self, rows: Vec<(String, String, i32, OffsetRecord)>) -> Result<(), String> {
+    pub async fn store_offsets(&self, rows: Vec<offsets::Row>) -> Result<(), String> {
+        self.change(offsets::Change::Commit(rows)).await.map(drop)
+    }
+
+    /// Removes some of a group's committed offsets (OffsetDelete), durably.
+    pub async fn delete_offsets(&self, group: String, partitions: Vec<(String, i32)>) -> Result<(), String> {
+        self.change(offsets::Change::Remove { group, only: Some(partitions) }).await.map(drop)
+    }
+
+    /// A group's committed offsets: (topic, partition, record). Every
+    /// change answered before is seen.
+    pub fn committed(&self, group: &str) -> Result<Vec<(String, i32, OffsetRecord)>, crate::meta::MetaError> {
+        self.engine.catalog().group_offsets(group)
+    }
+
+    async fn change(&self, change: offsets::Change) -> Result<offsets::Applied, String> {
         let (reply, rx) = oneshot::channel();
-        self.commits.send((rows, reply)).await.map_err(|_| "coordinator stopped".to_string())?;
+        self.offsets.send((change, reply)).await.map_err(|_| "coordinator stopped".to_string())?;
         rx.await.map_err(|_| "coordinator stopped".to_string())?
     }
 
@@ -405,25 +449,6 @@ fn describe(g: Option<&Group>, id: String) -> GroupDescription {
             })
             .collect(),
         protocol,
-    }
-}
-
-/// Writes every queued commit, flushes the catalog once, answers them all.
-/// A thread of its own (not a task plus `spawn_blocking` per flush): the
-/// flush blocks anyway, and each handoff between threads costs more CPU
-/// than the commit itself at low concurrency.
-fn committer(mut rx: mpsc::Receiver<Commit>, engine: Arc<Engine>) {
-    while let Some(first) = rx.blocking_recv() {
-        let mut batch = vec![first];
-        while let Ok(c) = rx.try_recv() {
-            batch.push(c);
-        }
-        let rows: Vec<_> = batch.iter().flat_map(|(r, _)| r.iter().cloned()).collect();
-        let catalog = engine.catalog();
-        let result = catalog.put_offsets(&rows).and_then(|_| catalog.flush()).map_err(|e| e.to_string());
-        for (_, reply) in batch {
-            let _ = reply.send(result.clone());
-        }
     }
 }
 

@@ -1,9 +1,9 @@
-//! DeleteGroups: only groups without members; their offsets go too.
+//! DeleteGroups: only groups without members; their committed offsets go
+//! too (the coordinator removes both).
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 pub use kafka_protocol::messages::{DeleteGroupsRequest as Request, DeleteGroupsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
-use kafka_protocol::ResponseError;
 
 use crate::kafka::Broker;
 
@@ -13,24 +13,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     // Kafka deletes each distinct group once (`distinct`).
     let names = super::first_occurrences(req.groups_names, |g| g.0.clone());
     let ids: Vec<String> = names.iter().map(|g| g.0.to_string()).collect();
-    let codes = broker.coordinator.delete(ids.clone()).await;
-    let engine = broker.engine.clone();
-    let removed: Vec<String> = ids.iter().zip(&codes).filter(|(_, c)| **c == 0).map(|(g, _)| g.clone()).collect();
-    let stored = tokio::task::spawn_blocking(move || {
-        for g in &removed {
-            engine.catalog().remove_offsets(g, None)?;
-        }
-        engine.catalog().flush()
-    })
-    .await
-    .ok()?;
-    let results = names
-        .into_iter()
-        .zip(codes)
-        .map(|(g, c)| {
-            let c = if c == 0 && stored.is_err() { ResponseError::KafkaStorageError.code() } else { c };
-            DeletableGroupResult::default().with_group_id(g).with_error_code(c)
-        })
-        .collect();
+    let codes = broker.coordinator.delete(ids).await;
+    let results = names.into_iter().zip(codes).map(|(g, c)| DeletableGroupResult::default().with_group_id(g).with_error_code(c)).collect();
     Some(Response::default().with_results(results))
 }

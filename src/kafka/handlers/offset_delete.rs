@@ -47,9 +47,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             OffsetDeleteResponseTopic::default().with_name(t.name).with_partitions(partitions)
         })
         .collect();
-    let engine = broker.engine.clone();
-    let ok = tokio::task::spawn_blocking(move || engine.catalog().remove_offsets(&group, Some(&remove)).and_then(|_| engine.catalog().flush())).await.ok()?;
-    if ok.is_err() {
+    if broker.coordinator.delete_offsets(group, remove).await.is_err() {
         return Some(Response::default().with_error_code(ResponseError::KafkaStorageError.code()));
     }
     Some(Response::default().with_topics(topics))

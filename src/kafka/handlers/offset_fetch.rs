@@ -24,7 +24,7 @@ type Part = (i32, i64, i32, Option<String>, i16);
 /// (topic, partitions) for a group; `unstable`: partitions with offsets
 /// waiting in an open transaction.
 fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSet<(String, i32)>>) -> Result<Vec<(String, Vec<Part>)>, i16> {
-    let rows = broker.engine.catalog().group_offsets(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
+    let rows = broker.coordinator.committed(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
     let mut by_topic: HashMap<String, HashMap<i32, OffsetRecord>> = HashMap::new();
     for (t, p, r) in rows {
         by_topic.entry(t).or_default().insert(p, r);
