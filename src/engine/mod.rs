@@ -37,7 +37,7 @@ mod waiters;
 mod writer;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -290,7 +290,7 @@ pub struct ProducerStats {
 impl Engine {
     /// Opens the data directory: catalog, then storage recovery.
     pub fn open(cfg: EngineConfig, clock: Clock) -> Result<Arc<Engine>, EngineError> {
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| StorageError::Io { path: cfg.data_dir.display().to_string(), source: e })?;
+        Storage::create_data_dir(&cfg.data_dir, &cfg.storage)?;
         let catalog = Catalog::open(&cfg.data_dir.join("catalog"))?;
         let cluster_id = catalog.cluster_id(|| short_id(&uuid::Uuid::new_v4()))?;
         let clean = Storage::stopped_cleanly(&cfg.data_dir, &cfg.storage);
@@ -323,7 +323,7 @@ impl Engine {
             deep_scanned_bytes = r.deep_scanned_bytes, truncated_bytes = r.truncated_bytes,
             elapsed_ms = r.elapsed_ms as u64, topics = topics.len(), "storage recovered");
         storage.clear_clean_marker()?;
-        let (producers, txn_state) = restore_producers(&cfg.data_dir.join(PRODUCER_SNAPSHOT), &storage, clock(), cfg.producer_id_expiration_ms);
+        let (producers, txn_state) = restore_producers(&storage, clock(), cfg.producer_id_expiration_ms);
         let any_txns = Arc::new(std::sync::atomic::AtomicBool::new(!txn_state.is_empty()));
         let txns = Arc::new(RwLock::new(txn_state));
 
@@ -337,7 +337,6 @@ impl Engine {
                 clock: clock.clone(),
                 waiters: waiters.clone(),
                 policy: cfg.flush,
-                snapshot: cfg.data_dir.join(PRODUCER_SNAPSHOT),
                 producer_expiry_ms: cfg.producer_id_expiration_ms,
             };
             let shared = Shared { txns: txns.clone(), any_txns: any_txns.clone(), stats: producer_stats.clone() };
@@ -831,7 +830,7 @@ fn short_id(u: &uuid::Uuid) -> String {
 }
 
 
-/// The idempotent-producer snapshot in the data directory.
+/// The idempotent-producer snapshot: a state file storage keeps.
 const PRODUCER_SNAPSHOT: &str = "producers.snapshot";
 
 /// Producer state at startup: the snapshot (if any and readable), minus
@@ -840,13 +839,14 @@ const PRODUCER_SNAPSHOT: &str = "producers.snapshot";
 /// Without any snapshot (a data directory from before snapshots, or an
 /// unreadable one) only the last `expiry_ms` of each log is replayed, by
 /// its time index: older producers would have expired anyway.
-fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64) -> (producers::Producers, txns::Txns) {
+fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (producers::Producers, txns::Txns) {
     let started = std::time::Instant::now();
-    let (mut state, mut txns, covered) = match producers::Producers::load_snapshot(path) {
+    let loaded = storage.get_state(PRODUCER_SNAPSHOT).map_err(|e| e.to_string()).and_then(|raw| raw.map(|r| producers::Producers::decode_snapshot(&r)).transpose());
+    let (mut state, mut txns, covered) = match loaded {
         Ok(Some((state, txns, covered))) => (state, txns, Some(covered)),
         Ok(None) => (Default::default(), Default::default(), None),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable producer snapshot; rebuilding from the recent log");
+            tracing::warn!(file = PRODUCER_SNAPSHOT, error = %e, "ignoring an unreadable producer snapshot; rebuilding from the recent log");
             (Default::default(), Default::default(), None)
         }
     };
@@ -879,7 +879,7 @@ fn restore_producers(path: &Path, storage: &Storage, now_ms: i64, expiry_ms: i64
     }
     tracing::info!(producers = state.len(), replayed_batches = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "producer state restored");
     // So a crash soon after this start does not replay the same again.
-    snapshot_producers(&state, &txns, storage, path);
+    snapshot_producers(&state, &txns, storage);
     (state, txns)
 }
 
@@ -889,9 +889,15 @@ fn log_ends(storage: &Storage) -> Vec<(Tp, i64)> {
 }
 
 /// Writes the producer snapshot covering every tp's current log end.
-fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage, path: &Path) {
-    if let Err(e) = state.write_snapshot(&txns.to_snapshot(), path, &log_ends(storage)) {
-        tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed");
+fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage) {
+    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &log_ends(storage)));
+}
+
+/// A failed snapshot costs a longer replay at the next start, nothing
+/// more: logged, not fatal.
+fn write_snapshot(storage: &Storage, snapshot: &[u8]) {
+    if let Err(e) = storage.put_state(PRODUCER_SNAPSHOT, snapshot) {
+        tracing::warn!(file = PRODUCER_SNAPSHOT, error = %e, "writing the producer snapshot failed");
     }
 }
 

@@ -5,19 +5,18 @@
 //! append are one step: a retried batch is answered with the offsets it got
 //! the first time and is not written again.
 //!
-//! The state survives restarts through a snapshot file (written at clean
-//! shutdown and periodically, see [`Producers::write_snapshot`]) plus a
+//! The state survives restarts through a snapshot (encoded here, kept by
+//! storage as a state file at clean shutdown and periodically, see
+//! [`Producers::encode_snapshot`]) plus a
 //! replay of the batches appended after it ([`Producers::replay`]). A
 //! snapshot taken before a crash may remember batches whose bytes never
 //! became durable; [`Producers::drop_beyond`] forgets every remembered batch
 //! past the recovered log end, so a retry of a lost batch is written again
 //! rather than answered with offsets that no longer exist.
 //!
-//! Single-threaded, no clock of its own; only the snapshot functions do I/O.
+//! Single-threaded, no clock of its own, no I/O.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -287,9 +286,8 @@ impl Producers {
         Ok(seen)
     }
 
-    /// Writes the state, and for every tp the log end it covers, to `path`
-    /// (a temporary file fsynced, then renamed over the old snapshot).
-    pub fn write_snapshot(&self, txns: &[(Tp, TpTxns)], path: &Path, covered: &[(Tp, i64)]) -> std::io::Result<()> {
+    /// The state, and for every tp the log end it covers, as a snapshot.
+    pub fn encode_snapshot(&self, txns: &[(Tp, TpTxns)], covered: &[(Tp, i64)]) -> Vec<u8> {
         let file = SnapshotFile {
             version: SNAPSHOT_VERSION,
             entries: self
@@ -308,23 +306,12 @@ impl Producers {
             covered: covered.iter().map(|(tp, end)| (crate::meta::hex(&tp.topic), tp.partition, *end)).collect(),
             txns: txns.iter().map(|(tp, t)| (crate::meta::hex(&tp.topic), tp.partition, t.clone())).collect(),
         };
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        serde_json::to_writer(&mut f, &file).map_err(std::io::Error::other)?;
-        f.flush()?;
-        f.sync_data()?;
-        std::fs::rename(&tmp, path)
+        serde_json::to_vec(&file).expect("a snapshot of plain data encodes")
     }
 
-    /// Reads a snapshot: the state and the log end it covers per tp. None
-    /// if there is no snapshot.
-    pub fn load_snapshot(path: &Path) -> Result<Option<Loaded>, String> {
-        let raw = match std::fs::read(path) {
-            Ok(raw) => raw,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.to_string()),
-        };
-        let file: SnapshotFile = serde_json::from_slice(&raw).map_err(|e| e.to_string())?;
+    /// Decodes a snapshot: the state and the log end it covers per tp.
+    pub fn decode_snapshot(raw: &[u8]) -> Result<Loaded, String> {
+        let file: SnapshotFile = serde_json::from_slice(raw).map_err(|e| e.to_string())?;
         if file.version != SNAPSHOT_VERSION {
             return Err(format!("unknown snapshot version {}", file.version));
         }
@@ -344,7 +331,7 @@ impl Producers {
         for (topic, partition, t) in file.txns {
             txns.push((tp(&topic, partition)?, t));
         }
-        Ok(Some((p, Txns::from_snapshot(txns), covered)))
+        Ok((p, Txns::from_snapshot(txns), covered))
     }
 }
 
@@ -429,9 +416,6 @@ mod tests {
 
     #[test]
     fn snapshots_round_trip_and_drop_what_the_log_lost() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("producers.snapshot");
-        assert!(Producers::load_snapshot(&path).unwrap().is_none());
         let mut p = Producers::default();
         let mut next = 0;
         for i in 0..3 {
@@ -439,8 +423,8 @@ mod tests {
         }
         let mut txns = Txns::default();
         txns.on_batch(tp(), 1000, 2, 3);
-        p.write_snapshot(&txns.to_snapshot(), &path, &[(tp(), next)]).unwrap();
-        let (mut q, t, covered) = Producers::load_snapshot(&path).unwrap().unwrap();
+        let snap = p.encode_snapshot(&txns.to_snapshot(), &[(tp(), next)]);
+        let (mut q, t, covered) = Producers::decode_snapshot(&snap).unwrap();
         assert_eq!(t.first_unstable(&tp()), Some(3));
         assert_eq!(covered[&tp()], 12);
         assert_eq!(q.check(tp(), ids(2, 4, 4)), Check::Duplicate { base_offset: 4, last_offset: 7 });
@@ -451,8 +435,7 @@ mod tests {
         assert_eq!(q.check(tp(), ids(2, 8, 4)), Check::Append);
         q.drop_beyond(|_| None);
         assert!(q.is_empty());
-        std::fs::write(&path, b"{not json").unwrap();
-        assert!(Producers::load_snapshot(&path).is_err());
+        assert!(Producers::decode_snapshot(b"{not json").is_err());
         assert_eq!(crate::meta::unhex(&crate::meta::hex(&[0xab; 16])), Some([0xab; 16]));
         assert_eq!(crate::meta::unhex("zz"), None);
     }

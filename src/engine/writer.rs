@@ -21,7 +21,6 @@
 //! completes. An I/O failure poisons storage the same way from inside it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -104,13 +103,12 @@ pub(super) struct Shared {
     pub stats: Arc<ProducerStats>,
 }
 
-/// How the writer runs: the clock, whom it wakes, when it answers, and its
-/// producer state's file and expiry.
+/// How the writer runs: the clock, whom it wakes, when it answers, and
+/// when producer state expires.
 pub(super) struct Setup {
     pub clock: Clock,
     pub waiters: Arc<Waiters>,
     pub policy: FlushPolicy,
-    pub snapshot: PathBuf,
     pub producer_expiry_ms: i64,
 }
 
@@ -138,7 +136,7 @@ enum Flow {
 impl Writer {
     pub(super) fn new(log: LogWriter, setup: Setup, sync_tx: std::sync::mpsc::SyncSender<SyncJob>, producers: producers::Producers, shared: Shared) -> Writer {
         let now = (setup.clock)();
-        let snapshots = Snapshots::start(setup.snapshot.clone(), now);
+        let snapshots = Snapshots::start(log.storage().clone(), now);
         Writer { log, setup, sync_tx, producers, shared, expired_at: now, snapshots, written: Vec::new(), durable: Vec::new() }
     }
 
@@ -394,7 +392,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// so the JSON and the fsync do not hold up appends; one at a time (a
 /// snapshot due while one is being written waits for the next turn).
 struct Snapshots {
-    path: PathBuf,
     tx: Option<std::sync::mpsc::SyncSender<Snap>>,
     thread: Option<std::thread::JoinHandle<()>>,
     at: i64,
@@ -407,26 +404,20 @@ struct Snapshots {
 type Snap = (producers::Producers, Vec<(Tp, txns::TpTxns)>, Vec<(Tp, i64)>);
 
 impl Snapshots {
-    fn start(path: PathBuf, now: i64) -> Snapshots {
+    fn start(storage: Arc<Storage>, now: i64) -> Snapshots {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Snap>(1);
-        let thread = {
-            let path = path.clone();
-            std::thread::Builder::new()
-                .name("canopy-producer-snapshot".into())
-                .spawn(move || {
-                    for (state, txns, covered) in rx {
-                        // A failed snapshot costs a longer replay at the next
-                        // start, nothing more: logged, not fatal.
-                        match catch_unwind(AssertUnwindSafe(|| state.write_snapshot(&txns, &path, &covered))) {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "writing the producer snapshot failed"),
-                            Err(p) => tracing::error!(path = %path.display(), panic = %panic_message(&*p), "writing the producer snapshot panicked"),
-                        }
+        let thread = std::thread::Builder::new()
+            .name("canopy-producer-snapshot".into())
+            .spawn(move || {
+                for (state, txns, covered) in rx {
+                    match catch_unwind(AssertUnwindSafe(|| super::write_snapshot(&storage, &state.encode_snapshot(&txns, &covered)))) {
+                        Ok(()) => {}
+                        Err(p) => tracing::error!(panic = %panic_message(&*p), "writing the producer snapshot panicked"),
                     }
-                })
-                .expect("spawn the producer snapshot thread")
-        };
-        Snapshots { path, tx: Some(tx), thread: Some(thread), at: now, dirty: false, appended: 0 }
+                }
+            })
+            .expect("spawn the producer snapshot thread");
+        Snapshots { tx: Some(tx), thread: Some(thread), at: now, dirty: false, appended: 0 }
     }
 
     /// After the flush, so every batch the snapshot remembers is in the
@@ -453,7 +444,7 @@ impl Snapshots {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        super::snapshot_producers(producers, &txns.read().expect("txns lock"), storage, &self.path);
+        super::snapshot_producers(producers, &txns.read().expect("txns lock"), storage);
     }
 }
 

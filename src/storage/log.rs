@@ -58,6 +58,7 @@ use crate::protocol::batch;
 
 mod compact;
 mod recover;
+mod state;
 mod stream;
 mod writer;
 pub use compact::{CompactConfig, Compacted};
@@ -1544,6 +1545,25 @@ mod tests {
         append_n(&mut w, tp(1, 0), 3, 0);
         s.sync().unwrap();
         drop(s);
+        disk.crash_losing_everything_unsynced();
+        let (s, _w) = Storage::open(data, cfg, vec![spec(1, 0, "x")], false).unwrap();
+        assert_eq!(s.offsets(&tp(1, 0)), Some((0, 6, 6)), "the synced batches survive the crash");
+    }
+
+    /// A regression: on the first start, the data directory (and any
+    /// parent created with it) was made by the engine and its name never
+    /// synced, so a crash soon after lost the directory and everything
+    /// acknowledged under it. Storage now creates it, durably.
+    #[test]
+    fn a_data_directory_created_by_the_first_start_survives_a_crash() {
+        use crate::storage::disk::sim::{Faults, SimDisk};
+        let disk = SimDisk::new(2, Faults::default());
+        let data = Path::new("/srv/canopy/data");
+        let cfg = StorageConfig { disk: Arc::new(disk.clone()), ..Default::default() };
+        let (s, mut w) = Storage::open(data, cfg.clone(), vec![spec(1, 0, "x")], false).unwrap();
+        append_n(&mut w, tp(1, 0), 3, 0);
+        s.sync().unwrap();
+        drop((s, w));
         disk.crash_losing_everything_unsynced();
         let (s, _w) = Storage::open(data, cfg, vec![spec(1, 0, "x")], false).unwrap();
         assert_eq!(s.offsets(&tp(1, 0)), Some((0, 6, 6)), "the synced batches survive the crash");

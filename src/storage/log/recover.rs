@@ -34,6 +34,7 @@ impl Storage {
         let started = Instant::now();
         let log_dir = dir.join("log");
         let disk = cfg.disk.clone();
+        Storage::create_data_dir(dir, &cfg)?;
         disk.create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
         // The log directory's name, and the names of the branch directories
         // in it, durable before anything is written under them: a run that
@@ -222,6 +223,34 @@ impl Storage {
         });
         let writer = LogWriter::new(storage.clone(), next_seq, writers);
         Ok((storage, writer))
+    }
+
+    /// Creates the data directory if it is not there (the first start),
+    /// with any missing parents, and makes their names durable: a crash
+    /// right after must not take the directory, and every acknowledged
+    /// batch under it, away. Nothing to do when it exists.
+    pub fn create_data_dir(dir: &Path, cfg: &StorageConfig) -> Result<(), StorageError> {
+        let disk = &*cfg.disk;
+        let mut missing = Vec::new();
+        let mut at = dir;
+        while !disk.exists(at) {
+            missing.push(at);
+            match at.parent() {
+                Some(p) if !p.as_os_str().is_empty() => at = p,
+                _ => break,
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        disk.create_dir_all(dir).map_err(open_err(dir))?;
+        // Outermost first: each name is durable in a parent that is.
+        for d in missing.into_iter().rev() {
+            if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(disk, parent)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the previous run over `dir` stopped cleanly: its
