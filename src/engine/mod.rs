@@ -184,6 +184,14 @@ pub enum EngineError {
     ProducerRefused(producers::Refusal),
 }
 
+/// A topic to create (see [`Engine::create_topics`]).
+#[derive(Debug, Clone)]
+pub struct NewTopic {
+    pub name: String,
+    pub partitions: i32,
+    pub configs: BTreeMap<String, String>,
+}
+
 /// A topic as the engine knows it.
 #[derive(Debug, Clone)]
 pub struct Topic {
@@ -427,46 +435,66 @@ impl Engine {
     }
 
     /// Creates a topic; returns after the catalog is durable. Blocking.
-    pub fn create_topic(
-        &self,
-        name: &str,
-        partitions: i32,
-        configs: BTreeMap<String, String>,
-        validate_only: bool,
-    ) -> Result<Arc<Topic>, EngineError> {
-        topics::validate_name(name)?;
-        if partitions < 1 || partitions > self.cfg.max_partitions_per_topic {
-            return Err(EngineError::InvalidPartitions(partitions));
-        }
-        let config = TopicConfig::parse(&configs, &self.cfg.topic_defaults)?;
+    pub fn create_topic(&self, name: &str, partitions: i32, configs: BTreeMap<String, String>, validate_only: bool) -> Result<Arc<Topic>, EngineError> {
+        let new = NewTopic { name: name.to_owned(), partitions, configs };
+        self.create_topics(vec![new], validate_only).pop().expect("one answer per topic")
+    }
+
+    /// Creates topics together: one answer each, in order; the catalog is
+    /// flushed once for all of them (a CreateTopics request naming a
+    /// thousand topics costs one fsync, not a thousand). A name given
+    /// twice is created once; the second answer is `TopicExists`. Blocking.
+    pub fn create_topics(&self, new: Vec<NewTopic>, validate_only: bool) -> Vec<Result<Arc<Topic>, EngineError>> {
         let _admin = self.admin.lock().expect("admin lock");
-        if self.topic(name).is_some() {
-            return Err(EngineError::TopicExists);
-        }
-        let count = self.topics.read().expect("topics lock").len();
-        if count >= self.cfg.max_topics {
-            return Err(EngineError::TooManyTopics(self.cfg.max_topics));
-        }
-        let record = TopicRecord {
-            name: name.to_owned(),
-            id: *uuid::Uuid::new_v4().as_bytes(),
-            partitions,
-            configs,
-            created_ms: self.now_ms(),
-        };
-        let topic = Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(self.cfg.probe.traffic.clone())) });
+        let mut count = self.topics.read().expect("topics lock").len();
+        let mut names = std::collections::HashSet::new();
+        let mut out: Vec<Result<Arc<Topic>, EngineError>> = new
+            .into_iter()
+            .map(|t| {
+                topics::validate_name(&t.name)?;
+                if t.partitions < 1 || t.partitions > self.cfg.max_partitions_per_topic {
+                    return Err(EngineError::InvalidPartitions(t.partitions));
+                }
+                let config = TopicConfig::parse(&t.configs, &self.cfg.topic_defaults)?;
+                if self.topic(&t.name).is_some() || !names.insert(t.name.clone()) {
+                    return Err(EngineError::TopicExists);
+                }
+                if count >= self.cfg.max_topics {
+                    return Err(EngineError::TooManyTopics(self.cfg.max_topics));
+                }
+                count += 1;
+                let record = TopicRecord { id: *uuid::Uuid::new_v4().as_bytes(), name: t.name, partitions: t.partitions, configs: t.configs, created_ms: self.now_ms() };
+                Ok(Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(self.cfg.probe.traffic.clone())) }))
+            })
+            .collect();
         if validate_only {
-            return Ok(topic);
+            return out;
         }
-        self.catalog.put_topic(&topic.record)?;
-        self.catalog.flush()?;
-        for p in 0..partitions {
-            self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
+        for r in out.iter_mut() {
+            if let Ok(topic) = r {
+                if let Err(e) = self.catalog.put_topic(&topic.record) {
+                    *r = Err(e.into());
+                }
+            }
         }
-        self.topics.write().expect("topics lock").insert(name.to_owned(), topic.clone());
-        self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
-        tracing::info!(topic = name, partitions, "topic created");
-        Ok(topic)
+        if let Err(e) = self.catalog.flush() {
+            // Nothing is created that the catalog may not remember.
+            let why = e.to_string();
+            for r in out.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(EngineError::Storage(StorageError::Catalog(why.clone())));
+            }
+            return out;
+        }
+        for topic in out.iter().flatten() {
+            let name = topic.name();
+            for p in 0..topic.partitions() {
+                self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
+            }
+            self.topics.write().expect("topics lock").insert(name.to_owned(), topic.clone());
+            self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
+            tracing::info!(topic = name, partitions = topic.partitions(), "topic created");
+        }
+        out
     }
 
     /// What one request may auto-create (`max_auto_create_per_request`).
@@ -883,14 +911,18 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
     (state, txns)
 }
 
-/// Every tp's current log end: what a snapshot taken now covers.
-fn log_ends(storage: &Storage) -> Vec<(Tp, i64)> {
-    storage.tps().into_iter().filter_map(|tp| storage.offsets(&tp).map(|o| (tp, o.2))).collect()
+/// The log end of every tp that holds anything: what a snapshot taken now
+/// covers. An empty tp is left out (a restart replays a tp the snapshot
+/// does not list from its log start, which for a tp empty now is where
+/// anything appended later begins), so a million idle topics do not make
+/// every snapshot a million lines. Also returns how many tps were walked.
+fn log_ends(storage: &Storage) -> (Vec<(Tp, i64)>, usize) {
+    storage.nonempty_log_ends()
 }
 
 /// Writes the producer snapshot covering every tp's current log end.
 fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage) {
-    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &log_ends(storage)));
+    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &log_ends(storage).0));
 }
 
 /// A failed snapshot costs a longer replay at the next start, nothing

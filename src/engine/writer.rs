@@ -43,6 +43,11 @@ pub(super) const MAX_ROUND: usize = 4096;
 /// of each tp.
 const PRODUCER_SNAPSHOT_EVERY_MS: i64 = 30_000;
 const PRODUCER_SNAPSHOT_EVERY_BYTES: u64 = 128 << 20;
+/// A snapshot lists every tp's log end (collected on the writer thread,
+/// about 100 B of JSON each): the byte trigger grows by this much per tp
+/// the last snapshot covered, so with a million topics snapshots cost a
+/// few percent of the bytes appended, not a multiple of them.
+const PRODUCER_SNAPSHOT_BYTES_PER_TP: u64 = 4 << 10;
 
 /// When an append is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,6 +404,11 @@ struct Snapshots {
     dirty: bool,
     /// Bytes appended since the last snapshot.
     appended: u64,
+    /// Tps the last snapshot walked (every tp storage holds).
+    covered: u64,
+    /// The thread is writing one: none is built meanwhile (building one
+    /// walks every tp on the writer thread).
+    busy: Arc<AtomicBool>,
 }
 
 type Snap = (producers::Producers, Vec<(Tp, txns::TpTxns)>, Vec<(Tp, i64)>);
@@ -406,33 +416,48 @@ type Snap = (producers::Producers, Vec<(Tp, txns::TpTxns)>, Vec<(Tp, i64)>);
 impl Snapshots {
     fn start(storage: Arc<Storage>, now: i64) -> Snapshots {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Snap>(1);
-        let thread = std::thread::Builder::new()
-            .name("canopy-producer-snapshot".into())
-            .spawn(move || {
-                for (state, txns, covered) in rx {
-                    match catch_unwind(AssertUnwindSafe(|| super::write_snapshot(&storage, &state.encode_snapshot(&txns, &covered)))) {
-                        Ok(()) => {}
-                        Err(p) => tracing::error!(panic = %panic_message(&*p), "writing the producer snapshot panicked"),
+        let busy = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let busy = busy.clone();
+            std::thread::Builder::new()
+                .name("canopy-producer-snapshot".into())
+                .spawn(move || {
+                    for (state, txns, covered) in rx {
+                        match catch_unwind(AssertUnwindSafe(|| super::write_snapshot(&storage, &state.encode_snapshot(&txns, &covered)))) {
+                            Ok(()) => {}
+                            Err(p) => tracing::error!(panic = %panic_message(&*p), "writing the producer snapshot panicked"),
+                        }
+                        busy.store(false, Ordering::Release);
                     }
-                }
-            })
-            .expect("spawn the producer snapshot thread");
-        Snapshots { tx: Some(tx), thread: Some(thread), at: now, dirty: false, appended: 0 }
+                })
+                .expect("spawn the producer snapshot thread")
+        };
+        Snapshots { tx: Some(tx), thread: Some(thread), at: now, dirty: false, appended: 0, covered: 0, busy }
     }
 
     /// After the flush, so every batch the snapshot remembers is in the
     /// files.
     fn maybe(&mut self, now: i64, producers: &producers::Producers, txns: &RwLock<txns::Txns>, storage: &Storage) {
         let moved_on = self.dirty || self.appended > 0;
-        if !(moved_on && (now - self.at >= PRODUCER_SNAPSHOT_EVERY_MS || self.appended >= PRODUCER_SNAPSHOT_EVERY_BYTES)) {
+        let every_bytes = PRODUCER_SNAPSHOT_EVERY_BYTES.max(self.covered.saturating_mul(PRODUCER_SNAPSHOT_BYTES_PER_TP));
+        if !(moved_on && (now - self.at >= PRODUCER_SNAPSHOT_EVERY_MS || self.appended >= every_bytes)) {
             return;
         }
         let Some(tx) = &self.tx else { return };
+        if self.busy.load(Ordering::Acquire) {
+            return;
+        }
         let t = txns.read().expect("txns lock").to_snapshot();
-        if tx.try_send((producers.clone(), t, super::log_ends(storage))).is_ok() {
+        let (ends, walked) = super::log_ends(storage);
+        let covered = walked as u64;
+        self.busy.store(true, Ordering::Release);
+        if tx.try_send((producers.clone(), t, ends)).is_ok() {
             self.at = now;
             self.dirty = false;
             self.appended = 0;
+            self.covered = covered;
+        } else {
+            self.busy.store(false, Ordering::Release);
         }
     }
 

@@ -790,6 +790,21 @@ impl Storage {
         self.parts.read().expect("parts lock").keys().copied().collect()
     }
 
+    /// Every tp's published log end, for the tps that hold anything (log
+    /// end past log start), under one read lock; and how many tps there
+    /// are.
+    pub fn nonempty_log_ends(&self) -> (Vec<(Tp, i64)>, usize) {
+        let parts = self.parts.read().expect("parts lock");
+        let ends = parts
+            .iter()
+            .filter_map(|(tp, p)| {
+                let st = p.st.read().expect("partition lock");
+                (st.leo > st.log_start).then_some((*tp, st.leo))
+            })
+            .collect();
+        (ends, parts.len())
+    }
+
     /// Offsets of a tp: (log start, high watermark, log end).
     pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned()?;

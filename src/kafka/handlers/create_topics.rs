@@ -7,7 +7,7 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::str_bytes;
-use crate::engine::EngineError;
+use crate::engine::{EngineError, NewTopic};
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 7 };
@@ -18,32 +18,39 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         // As Kafka's controller: a name given twice is not created, and
         // gets one answer, INVALID_REQUEST.
         let twice = super::repeated(req.topics.iter().map(|t| t.name.0.clone()));
-        super::first_occurrences(req.topics, |t| t.name.0.clone())
+        let fail = |r: CreatableTopicResult, code: i16, msg: String| r.with_error_code(code).with_error_message(Some(str_bytes(msg)));
+        // Refused here, or handed to the engine (all together: one catalog
+        // flush for the request).
+        let mut answers: Vec<(CreatableTopicResult, Option<usize>)> = Vec::new();
+        let mut new = Vec::new();
+        for t in super::first_occurrences(req.topics, |t| t.name.0.clone()) {
+            let r = CreatableTopicResult::default().with_name(t.name.clone()).with_num_partitions(-1).with_replication_factor(-1);
+            if twice.contains(&t.name.0) {
+                answers.push((fail(r, ResponseError::InvalidRequest.code(), "Duplicate topic name.".into()), None));
+                continue;
+            }
+            if t.replication_factor > 1 {
+                answers.push((fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1) on a single-node broker".into()), None));
+                continue;
+            }
+            let partitions = if !t.assignments.is_empty() {
+                t.assignments.len() as i32
+            } else if t.num_partitions == -1 {
+                engine.config().num_partitions
+            } else {
+                t.num_partitions
+            };
+            let configs: BTreeMap<String, String> = t.configs.iter().filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string()))).collect();
+            answers.push((r, Some(new.len())));
+            new.push(NewTopic { name: super::name(&t.name).to_owned(), partitions, configs });
+        }
+        let names: Vec<String> = new.iter().map(|t| t.name.clone()).collect();
+        let mut created: Vec<Option<Result<_, EngineError>>> = engine.create_topics(new, req.validate_only).into_iter().map(Some).collect();
+        answers
             .into_iter()
-            .map(|t| {
-                let name = super::name(&t.name).to_owned();
-                let mut r = CreatableTopicResult::default().with_name(t.name.clone()).with_num_partitions(-1).with_replication_factor(-1);
-                let fail = |r: CreatableTopicResult, code: i16, msg: String| r.with_error_code(code).with_error_message(Some(str_bytes(msg)));
-                if twice.contains(&t.name.0) {
-                    return fail(r, ResponseError::InvalidRequest.code(), "Duplicate topic name.".into());
-                }
-                if t.replication_factor > 1 {
-                    return fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1) on a single-node broker".into());
-                }
-                let partitions = if !t.assignments.is_empty() {
-                    t.assignments.len() as i32
-                } else if t.num_partitions == -1 {
-                    engine.config().num_partitions
-                } else {
-                    t.num_partitions
-                };
-                let mut configs = BTreeMap::new();
-                for c in &t.configs {
-                    if let Some(v) = &c.value {
-                        configs.insert(c.name.to_string(), v.to_string());
-                    }
-                }
-                match engine.create_topic(&name, partitions, configs, req.validate_only) {
+            .map(|(mut r, slot)| {
+                let Some(i) = slot else { return r };
+                match created[i].take().expect("one answer per topic") {
                     Ok(topic) => {
                         if version >= 5 {
                             r = r.with_num_partitions(topic.partitions()).with_replication_factor(1).with_configs(Some(
@@ -62,7 +69,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                         }
                         r
                     }
-                    Err(e @ EngineError::TopicExists) => fail(r, errors::code(&e), format!("topic {name} already exists")),
+                    Err(e @ EngineError::TopicExists) => fail(r, errors::code(&e), format!("topic {} already exists", names[i])),
                     Err(e) => {
                         let code = errors::code(&e);
                         fail(r, code, e.to_string())
