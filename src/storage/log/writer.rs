@@ -69,8 +69,9 @@ pub struct LogWriter {
     log: Arc<Storage>,
     next_seq: u64,
     parts: HashMap<Tp, PartWriter>,
-    /// By branch directory name.
-    staged: HashMap<String, Staged>,
+    /// By branch (its address, as the tip keys it: branches live as long
+    /// as storage).
+    staged: HashMap<u64, Staged>,
     /// Whether the filesystem reserves space ahead of writes (fallocate).
     preallocate: bool,
 }
@@ -93,7 +94,7 @@ impl LogWriter {
         let log = &**log;
         log.check_poison()?;
         let pw = part(parts, log, tp)?;
-        let branch_name = branch_key(&pw.part.branch);
+        let branch_name = tip_key(&pw.part.branch);
         let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
 
         let mut staged = match all_staged.remove(&branch_name) {
@@ -144,8 +145,7 @@ impl LogWriter {
         let entry = pw.index_entry(&staged.seg, pos, &fh, &log.cfg);
         if log.cfg.tip.bytes > 0 {
             let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
-            let key = tip_key(&pw.part.branch);
-            log.tip.write().expect("tip lock").push(seq, tp, key, base_offset, fh.last_offset(), &staged.buf[at..]);
+            log.tip.write().expect("tip lock").push(seq, tp, branch_name, base_offset, fh.last_offset(), &staged.buf[at..]);
         }
         staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
         staged.seg.mark(seq, pos);
@@ -212,18 +212,23 @@ impl LogWriter {
 }
 
 /// The writer's side of `tp`: adopted from the registry the first time (a
-/// partition added since the open), refused once deleted.
+/// partition added since the open), refused once deleted. One hash lookup
+/// on the hot path.
 fn part<'p>(parts: &'p mut HashMap<Tp, PartWriter>, log: &Storage, tp: Tp) -> Result<&'p mut PartWriter, StorageError> {
-    if parts.get(&tp).is_some_and(|pw| pw.part.deleted.load(Ordering::Acquire)) {
-        parts.remove(&tp);
+    use std::collections::hash_map::Entry;
+    match parts.entry(tp) {
+        Entry::Occupied(e) if e.get().part.deleted.load(Ordering::Acquire) => {
+            e.remove();
+            Err(StorageError::UnknownPartition)
+        }
+        Entry::Occupied(e) => Ok(e.into_mut()),
+        Entry::Vacant(v) => {
+            let part = log.parts.read().expect("parts lock").get(&tp).cloned().ok_or(StorageError::UnknownPartition)?;
+            // Nothing was appended to it yet: its end is where it starts.
+            let leo = part.st.read().expect("partition lock").leo;
+            Ok(v.insert(PartWriter::new(part, leo)))
+        }
     }
-    if !parts.contains_key(&tp) {
-        let part = log.parts.read().expect("parts lock").get(&tp).cloned().ok_or(StorageError::UnknownPartition)?;
-        // Nothing was appended to it yet: its end is where it starts.
-        let leo = part.st.read().expect("partition lock").leo;
-        parts.insert(tp, PartWriter::new(part, leo));
-    }
-    Ok(parts.get_mut(&tp).expect("inserted above"))
 }
 
 fn write_staged(log: &Storage, staged: &mut Staged) -> Result<(), StorageError> {
