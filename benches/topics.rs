@@ -5,6 +5,7 @@
 //! cargo bench --bench topics                       # 1,000,000 topics in 10,000 branches
 //! cargo bench --bench topics -- --topics 100000 --branches 1000
 //! cargo bench --bench topics -- --data-mib 10240   # with 10 GiB of data for the restarts
+//! cargo bench --bench topics -- --dir DIR          # keep the data directory in DIR
 //! ```
 //!
 //! Topics are named `tenant<b>.svc.t<i>` (branch `tenant<b>.svc`), one
@@ -38,10 +39,12 @@ struct Args {
     branches: usize,
     data_mib: u64,
     secs: f64,
+    /// Keep the data directory here (for profiling restarts afterwards).
+    dir: Option<std::path::PathBuf>,
 }
 
 fn args() -> Args {
-    let mut a = Args { topics: 1_000_000, branches: 10_000, data_mib: 0, secs: 5.0 };
+    let mut a = Args { topics: 1_000_000, branches: 10_000, data_mib: 0, secs: 5.0, dir: None };
     let v: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < v.len() {
@@ -51,6 +54,7 @@ fn args() -> Args {
             "--branches" => a.branches = next(i).parse().expect("--branches N"),
             "--data-mib" => a.data_mib = next(i).parse().expect("--data-mib N"),
             "--secs" => a.secs = next(i).parse().expect("--secs S"),
+            "--dir" => a.dir = Some(next(i).into()),
             "--bench" => {
                 i += 1;
                 continue;
@@ -165,11 +169,23 @@ fn produce_frame(topic: &str, batch: &Bytes) -> Vec<u8> {
     common::request_frame(ApiKey::Produce as i16, 9, 0, &body)
 }
 
+/// Writes back and drops the page cache (best effort: it needs root), so
+/// every run starts from the same state: writes into page-cache pages
+/// that must first be reclaimed cost several times those into free ones,
+/// and the runs before would otherwise tax the runs after.
+fn settle_page_cache() -> bool {
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok()
+}
+
 /// Pipelined produce of ten 100 B records per request on 4 connections
 /// (64 in flight each) for `secs`: (records/s, broker CPU s per GB).
 fn produce_rate(b: &Broker, topic: &str, secs: f64) -> (f64, f64) {
     let batch = records(10, 100);
     let frame = produce_frame(topic, &batch);
+    if !settle_page_cache() {
+        eprintln!("could not drop the page cache (not root?): runs may tax the ones after");
+    }
     let pid = b.child.id();
     let cpu0 = cpu_secs(pid);
     let t0 = Instant::now();
@@ -263,7 +279,7 @@ fn scrape(admin: SocketAddr) -> (usize, f64) {
 fn main() {
     let a = args();
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
+    let data = a.dir.clone().unwrap_or_else(|| dir.path().join("data"));
     let (b, _) = spawn(&data);
     let pid = b.child.id();
     let mut c = connect(b.kafka);

@@ -184,6 +184,37 @@ pub enum EngineError {
     ProducerRefused(producers::Refusal),
 }
 
+/// A topic in the engine's by-name index, ordered and found by its own
+/// name.
+#[derive(Debug, Clone)]
+struct ByName(Arc<Topic>);
+
+impl std::borrow::Borrow<str> for ByName {
+    fn borrow(&self) -> &str {
+        &self.0.record.name
+    }
+}
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.record.name == other.0.record.name
+    }
+}
+
+impl Eq for ByName {}
+
+impl PartialOrd for ByName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.record.name.cmp(&other.0.record.name)
+    }
+}
+
 /// A topic to create (see [`Engine::create_topics`]).
 #[derive(Debug, Clone)]
 pub struct NewTopic {
@@ -258,8 +289,9 @@ pub struct Engine {
     cfg: EngineConfig,
     catalog: Catalog,
     storage: Arc<Storage>,
-    /// Sorted by name: a subtree's topics are one range of it.
-    topics: RwLock<BTreeMap<String, Arc<Topic>>>,
+    /// Sorted by name: a subtree's topics are one range of it. Keyed by
+    /// the name the topic holds (no second copy per topic).
+    topics: RwLock<std::collections::BTreeSet<ByName>>,
     /// The same topics by id (frames and retention know topics by id).
     by_id: RwLock<HashMap<[u8; 16], Arc<Topic>>>,
     /// Serialises topic creation, deletion and partition changes.
@@ -377,7 +409,7 @@ impl Engine {
             catalog,
             storage,
             by_id: RwLock::new(topics.values().map(|t| (t.id(), t.clone())).collect()),
-            topics: RwLock::new(topics.into_iter().collect()),
+            topics: RwLock::new(topics.into_values().map(ByName).collect()),
             admin: Mutex::new(()),
             writer: tx,
             waiters,
@@ -423,11 +455,11 @@ impl Engine {
     }
 
     pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
-        self.topics.read().expect("topics lock").get(name).cloned()
+        self.topics.read().expect("topics lock").get(name).map(|t| t.0.clone())
     }
 
     pub fn topics(&self) -> Vec<Arc<Topic>> {
-        self.topics.read().expect("topics lock").values().cloned().collect()
+        self.topics.read().expect("topics lock").iter().map(|t| t.0.clone()).collect()
     }
 
     pub fn topic_by_id(&self, id: &[u8; 16]) -> Option<Arc<Topic>> {
@@ -490,7 +522,7 @@ impl Engine {
             for p in 0..topic.partitions() {
                 self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
             }
-            self.topics.write().expect("topics lock").insert(name.to_owned(), topic.clone());
+            self.topics.write().expect("topics lock").insert(ByName(topic.clone()));
             self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
             tracing::info!(topic = name, partitions = topic.partitions(), "topic created");
         }
@@ -560,7 +592,7 @@ impl Engine {
             self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
         }
         let updated = Arc::new(Topic { record, config: topic.config.clone(), traffic: topic.traffic.clone() });
-        self.topics.write().expect("topics lock").insert(name.to_owned(), updated.clone());
+        self.topics.write().expect("topics lock").replace(ByName(updated.clone()));
         self.by_id.write().expect("topics lock").insert(updated.id(), updated);
         Ok(())
     }

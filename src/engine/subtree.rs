@@ -117,7 +117,7 @@ impl Engine {
         // map, however many topics there are.
         let topics = self.topics.read().expect("topics lock");
         let below = format!("{p}.");
-        let exists = topics.contains_key(p) || topics.range::<str, _>((std::ops::Bound::Included(below.as_str()), std::ops::Bound::Unbounded)).next().is_some_and(|(t, _)| t.starts_with(&below));
+        let exists = topics.contains(p.as_str()) || topics.range::<str, _>((std::ops::Bound::Included(below.as_str()), std::ops::Bound::Unbounded)).next().is_some_and(|t| t.0.name().starts_with(&below));
         exists.then_some(s)
     }
 

@@ -149,11 +149,17 @@ pub fn hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The catalog's page cache (sled's `cache_capacity`).
+const CACHE_BYTES: u64 = 64 << 20;
+
 impl Catalog {
     pub fn open(dir: &Path) -> Result<Catalog, MetaError> {
         // No background flusher: every change is followed by an explicit flush,
         // and a lingering flusher thread would hold the lock after close.
-        let db = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).open()?;
+        // sled keeps pages in memory up to its cache capacity (1 GiB by
+        // default); the catalog is read at start and rarely after, so a
+        // small cache bounds its memory whatever the topic count.
+        let db = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).cache_capacity(CACHE_BYTES).open()?;
         let next: i64 = match db.get(NEXT_PRODUCER_ID)? {
             Some(raw) => decode(NEXT_PRODUCER_ID, &raw)?,
             None => 1,
