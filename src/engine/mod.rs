@@ -673,6 +673,12 @@ impl Engine {
         self.storage.offsets(tp)
     }
 
+    /// Every partition's (log start, high watermark, log end), in one walk
+    /// (for metrics: a million lookups cost far more).
+    pub fn visit_offsets(&self, f: impl FnMut(&Tp, i64, i64, i64)) {
+        self.storage.visit_offsets(f)
+    }
+
     /// ListOffsets by timestamp. Does file I/O.
     pub fn offset_for_timestamp(&self, tp: &Tp, ts: i64) -> Result<Option<(i64, i64)>, EngineError> {
         Ok(self.storage.offset_for_timestamp(tp, ts)?)

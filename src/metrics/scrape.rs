@@ -178,30 +178,30 @@ impl Metrics {
     fn partitions(&self, f: &mut Families) {
         let topics = self.engine.topics();
         let names: Vec<&str> = topics.iter().map(|t| t.name()).collect();
-        let label = topic_labels(&names, self.topic_label_limit);
+        let labels = topic_labels(&names, self.topic_label_limit);
         let aggregated = topics.len() > self.topic_label_limit;
         f.gauge("canopy_topics", "Topics", &[], topics.len() as f64);
         f.gauge("canopy_partitions", "Partitions of all topics", &[], topics.iter().map(|t| t.partitions() as f64).sum());
-        // (label, partition) -> (log start, high watermark, log end)
-        let mut offsets: BTreeMap<(&str, String), [f64; 3]> = BTreeMap::new();
-        let mut traffic: BTreeMap<&str, [f64; 3]> = BTreeMap::new();
-        let mut hw_of: HashMap<(&str, i32), i64> = HashMap::new();
+        // (label, partition; None: all of them) -> (log start, high watermark, log end)
+        let mut offsets: BTreeMap<(Label<'_>, Option<i32>), [f64; 3]> = BTreeMap::new();
+        let mut traffic: BTreeMap<Label<'_>, [f64; 3]> = BTreeMap::new();
+        let mut label_of: HashMap<[u8; 16], Label<'_>> = HashMap::with_capacity(topics.len());
         for t in &topics {
-            let l = label[t.name()].as_str();
+            let l = labels.of(t.name());
+            label_of.insert(t.id(), l);
             let tr = &t.traffic.topic;
             let row = [tr.records_in.load(Ordering::Relaxed) as f64, tr.bytes_in.load(Ordering::Relaxed) as f64, tr.bytes_out.load(Ordering::Relaxed) as f64];
             let e = traffic.entry(l).or_default();
             (0..3).for_each(|i| e[i] += row[i]);
-            for p in 0..t.partitions() {
-                let Some((ls, hw, leo)) = self.engine.offsets(&t.tp(p)) else { continue };
-                hw_of.insert((t.name(), p), hw);
-                let key = (l, if aggregated { "*".to_owned() } else { p.to_string() });
-                let e = offsets.entry(key).or_default();
-                e[0] += ls as f64;
-                e[1] += hw as f64;
-                e[2] += leo as f64;
-            }
         }
+        // One walk over storage's partitions, not a lookup per partition.
+        self.engine.visit_offsets(|tp, ls, hw, leo| {
+            let Some(&l) = label_of.get(&tp.topic) else { return };
+            let e = offsets.entry((l, (!aggregated).then_some(tp.partition))).or_default();
+            e[0] += ls as f64;
+            e[1] += hw as f64;
+            e[2] += leo as f64;
+        });
         // The broker's totals, kept apart so a deleted topic does not take
         // its share with it (a counter must never go back).
         let total = &self.engine.config().probe.traffic;
@@ -216,21 +216,22 @@ impl Metrics {
             f.counter("canopy_topic_bytes_out_total", "Record batch bytes fetched, by topic (or branch)", &labels, *bo);
         }
         for ((l, p), [ls, hw, leo]) in &offsets {
-            let labels = [("topic", l.to_string()), ("partition", p.clone())];
+            let labels = [("topic", l.to_string()), ("partition", p.map_or_else(|| "*".to_owned(), |p| p.to_string()))];
             f.gauge("canopy_log_start_offset", "First offset kept, by partition (summed per branch when aggregated)", &labels, *ls);
             f.gauge("canopy_high_watermark", "High watermark, by partition (summed per branch when aggregated)", &labels, *hw);
             f.gauge("canopy_log_end_offset", "Log end offset, by partition (summed per branch when aggregated)", &labels, *leo);
         }
         // Group lag: high watermark minus the committed offset.
-        let mut lag: BTreeMap<(String, &str, String), f64> = BTreeMap::new();
+        // Looked up per committed offset, not collected for every tp.
+        let mut lag: BTreeMap<(String, String, Option<i32>), f64> = BTreeMap::new();
         for (g, topic, p, offset) in crate::kafka::coordinator::offsets::all_committed(self.engine.catalog()) {
-            let Some((name, hw)) = hw_of.get_key_value(&(topic.as_str(), p)).map(|((n, _), hw)| (*n, *hw)) else { continue };
-            let l = label[name].as_str();
-            let key = (g, l, if aggregated { "*".to_owned() } else { p.to_string() });
-            *lag.entry(key).or_default() += (hw - offset).max(0) as f64;
+            let Some(t) = self.engine.topic(&topic) else { continue };
+            let Some((_, hw, _)) = self.engine.offsets(&t.tp(p)) else { continue };
+            *lag.entry((g, labels.of(t.name()).to_string(), (!aggregated).then_some(p))).or_default() += (hw - offset).max(0) as f64;
         }
         for ((g, l, p), v) in lag {
-            f.gauge("canopy_consumer_group_lag", "Records between a group's committed offset and the high watermark", &[("group", g), ("topic", l.to_owned()), ("partition", p)], v);
+            let p = p.map_or_else(|| "*".to_owned(), |p| p.to_string());
+            f.gauge("canopy_consumer_group_lag", "Records between a group's committed offset and the high watermark", &[("group", g), ("topic", l), ("partition", p)], v);
         }
     }
 
@@ -348,28 +349,79 @@ impl Families {
 /// The label of each topic: itself while there are at most `limit`
 /// topics; else its branch (`a.b.*` for `a.b.c`), cut to shorter
 /// prefixes until at most `limit` labels remain (`*` at the end: all).
-pub fn topic_labels<'a>(names: &[&'a str], limit: usize) -> HashMap<&'a str, String> {
+/// How a topic is labelled in metrics: by its name, or, past the label
+/// limit, by the first segments of its name (shared with its siblings), or
+/// all together. Borrowed from the name: labelling a million topics
+/// allocates nothing per topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Label<'a> {
+    Name(&'a str),
+    /// Rendered `<prefix>.*`.
+    Prefix(&'a str),
+    All,
+}
+
+impl std::fmt::Display for Label<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Label::Name(n) => f.write_str(n),
+            Label::Prefix(p) => write!(f, "{p}.*"),
+            Label::All => f.write_str("*"),
+        }
+    }
+}
+
+impl PartialEq<&str> for Label<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        self.to_string() == *other
+    }
+}
+
+/// The labels of a set of topics: each its own name, or past the limit
+/// the first few segments of each name (one depth for all, the deepest
+/// that stays within the limit), or one label for all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labels {
+    Own,
+    Prefix(usize),
+    All,
+}
+
+impl Labels {
+    /// The label of `name` (one of the topics the labels were chosen for).
+    pub fn of<'a>(&self, name: &'a str) -> Label<'a> {
+        match *self {
+            Labels::Own => Label::Name(name),
+            Labels::Prefix(depth) => prefix(name, depth),
+            Labels::All => Label::All,
+        }
+    }
+}
+
+/// The first `depth` segments of `name` (never all of them), else all.
+fn prefix(name: &str, depth: usize) -> Label<'_> {
+    match name.match_indices('.').nth(depth.saturating_sub(1)) {
+        Some((dot, _)) if depth > 0 => Label::Prefix(&name[..dot]),
+        _ => Label::All,
+    }
+}
+
+pub fn topic_labels(names: &[&str], limit: usize) -> Labels {
     if names.len() <= limit {
-        return names.iter().map(|n| (*n, (*n).to_owned())).collect();
+        return Labels::Own;
     }
-    let segments = |n: &str| n.split('.').count();
-    let deepest = names.iter().map(|n| segments(n)).max().unwrap_or(1);
-    let at = |n: &str, depth: usize| -> String {
-        let keep = depth.min(segments(n) - 1);
-        if keep == 0 {
-            "*".to_owned()
-        } else {
-            let cut: Vec<&str> = n.split('.').take(keep).collect();
-            format!("{}.*", cut.join("."))
-        }
-    };
+    let deepest = names.iter().map(|n| n.bytes().filter(|&b| b == b'.').count() + 1).max().unwrap_or(1);
     for depth in (1..deepest).rev() {
-        let distinct: HashSet<String> = names.iter().map(|n| at(n, depth)).collect();
-        if distinct.len() <= limit {
-            return names.iter().map(|n| (*n, at(n, depth))).collect();
+        let mut distinct: HashSet<Label<'_>> = HashSet::new();
+        // Stops counting once past the limit.
+        if names.iter().all(|n| {
+            distinct.insert(prefix(n, depth));
+            distinct.len() <= limit
+        }) {
+            return Labels::Prefix(depth);
         }
     }
-    names.iter().map(|n| (*n, "*".to_owned())).collect()
+    Labels::All
 }
 
 #[cfg(test)]
@@ -380,16 +432,16 @@ mod tests {
     fn topics_are_their_own_label_until_the_limit_then_their_branch() {
         let names = ["app.codestore.commits", "app.codestore.pushes", "app.web.clicks", "solo"];
         let own = topic_labels(&names, 4);
-        assert_eq!(own["app.web.clicks"], "app.web.clicks");
+        assert_eq!(own.of("app.web.clicks"), "app.web.clicks");
         let branch = topic_labels(&names, 3);
-        assert_eq!(branch["app.codestore.commits"], "app.codestore.*");
-        assert_eq!(branch["app.web.clicks"], "app.web.*");
-        assert_eq!(branch["solo"], "*");
+        assert_eq!(branch.of("app.codestore.commits"), "app.codestore.*");
+        assert_eq!(branch.of("app.web.clicks"), "app.web.*");
+        assert_eq!(branch.of("solo"), "*");
         let top = topic_labels(&names, 2);
-        assert_eq!(top["app.codestore.commits"], "app.*");
-        assert_eq!(top["solo"], "*");
+        assert_eq!(top.of("app.codestore.commits"), "app.*");
+        assert_eq!(top.of("solo"), "*");
         let all = topic_labels(&names, 1);
-        assert!(all.values().all(|l| l == "*"));
+        assert!(names.iter().all(|n| all.of(n) == "*"));
     }
 
     #[test]
@@ -397,6 +449,6 @@ mod tests {
         let names: Vec<String> = (0..100_000).map(|i| format!("t{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let l = topic_labels(&refs, 1000);
-        assert_eq!(l.values().collect::<HashSet<_>>().len(), 1);
+        assert_eq!(refs.iter().map(|n| l.of(n)).collect::<HashSet<_>>().len(), 1);
     }
 }

@@ -807,6 +807,15 @@ impl Storage {
         (ends, parts.len())
     }
 
+    /// Calls `f` with every tp's (log start, high watermark, log end),
+    /// under one read lock of the registry.
+    pub fn visit_offsets(&self, mut f: impl FnMut(&Tp, i64, i64, i64)) {
+        for (tp, p) in self.parts.read().expect("parts lock").iter() {
+            let st = p.st.read().expect("partition lock");
+            f(tp, st.log_start, st.hw, st.leo);
+        }
+    }
+
     /// Offsets of a tp: (log start, high watermark, log end).
     pub fn offsets(&self, tp: &Tp) -> Option<(i64, i64, i64)> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
