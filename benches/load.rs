@@ -291,7 +291,7 @@ fn metrics_cost_broker_bound(dir: &Path, secs: f64) {
             let workers: Vec<_> = (0..CONNS)
                 .map(|p| {
                     let (addr, req) = (broker.kafka, request(p));
-                    std::thread::spawn(move || pipeline(addr, &req, WINDOW, deadline))
+                    std::thread::spawn(move || common::pipeline(addr, &req, WINDOW, deadline))
                 })
                 .collect();
             let done: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
@@ -328,48 +328,6 @@ fn produce_frame(topic: &str, partition: i32, acks: i16, batch: &bytes::Bytes) -
     common::request_frame(0, 9, partition, &body)
 }
 
-/// Sends `req` on one connection, keeping `window` in flight, until
-/// `deadline`; then waits for what is outstanding. Every response must
-/// carry error code 0. Returns the requests answered.
-fn pipeline(addr: SocketAddr, req: &[u8], window: usize, deadline: Instant) -> u64 {
-    use kafka_protocol::messages::{ProduceResponse, ResponseHeader};
-    use kafka_protocol::protocol::Decodable;
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_nodelay(true).unwrap();
-    let burst = req.repeat(window);
-    s.write_all(&burst).unwrap();
-    let (mut sent, mut done) = (window as u64, 0u64);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut have = 0;
-    while done < sent {
-        let n = s.read(&mut buf[have..]).unwrap();
-        assert!(n > 0, "the broker closed the connection");
-        have += n;
-        let (mut pos, mut answered) = (0, 0);
-        while have - pos >= 4 {
-            let len = i32::from_be_bytes(buf[pos..pos + 4].try_into().unwrap()) as usize;
-            if have - pos - 4 < len {
-                break;
-            }
-            let mut frame = bytes::Bytes::copy_from_slice(&buf[pos + 4..pos + 4 + len]);
-            ResponseHeader::decode(&mut frame, 1).unwrap();
-            let r = ProduceResponse::decode(&mut frame, 9).unwrap();
-            let code = r.responses[0].partition_responses[0].error_code;
-            assert_eq!(code, 0, "produce answered error {code}");
-            pos += 4 + len;
-            answered += 1;
-        }
-        buf.copy_within(pos..have, 0);
-        have -= pos;
-        done += answered;
-        if answered > 0 && Instant::now() < deadline {
-            s.write_all(&burst[..answered as usize * req.len()]).unwrap();
-            sent += answered;
-        }
-    }
-    done
-}
 
 /// What the hardening costs (issue 19): the current build against a
 /// baseline build (`--baseline BIN`, the broker before the memory budget,
@@ -407,7 +365,7 @@ fn hardening_cost(dir: &Path, baseline: &Path, secs: f64, scale: u64) {
                 let workers: Vec<_> = (0..CONNS)
                     .map(|p| {
                         let (addr, req) = (broker.kafka, request(p, acks));
-                        std::thread::spawn(move || pipeline(addr, &req, 32, deadline))
+                        std::thread::spawn(move || common::pipeline(addr, &req, 32, deadline))
                     })
                     .collect();
                 let done: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
@@ -463,7 +421,7 @@ fn drive(addr: SocketAddr, secs: f64, acks: i16) {
     let workers: Vec<_> = (0..4)
         .map(|p| {
 let frame = produce_frame("bench.drive", p, acks, &batch);
-            std::thread::spawn(move || pipeline(addr, &frame, 32, deadline))
+            std::thread::spawn(move || common::pipeline(addr, &frame, 32, deadline))
         })
         .collect();
     let done: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();

@@ -194,7 +194,7 @@ fn produce_rate(b: &Broker, topic: &str, secs: f64) -> (f64, f64) {
         .map(|_| {
             let frame = frame.clone();
             let addr = b.kafka;
-            std::thread::spawn(move || pipeline(addr, &frame, 64, deadline))
+            std::thread::spawn(move || common::pipeline(addr, &frame, 64, deadline))
         })
         .collect();
     let requests: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
@@ -212,42 +212,6 @@ fn best_of_two(b: &Broker, topic: &str, secs: f64) -> (f64, f64) {
     if x.0 >= y.0 { x } else { y }
 }
 
-/// Keeps `window` copies of `req` in flight until `deadline`; every answer
-/// must carry error code 0. Returns the requests answered.
-fn pipeline(addr: SocketAddr, req: &[u8], window: usize, deadline: Instant) -> u64 {
-    let mut s = connect(addr);
-    let burst = req.repeat(window);
-    s.write_all(&burst).unwrap();
-    let (mut sent, mut done) = (window as u64, 0u64);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut have = 0;
-    while done < sent {
-        let n = s.read(&mut buf[have..]).unwrap();
-        assert!(n > 0, "the broker closed the connection");
-        have += n;
-        let (mut pos, mut answered) = (0, 0);
-        while have - pos >= 4 {
-            let len = i32::from_be_bytes(buf[pos..pos + 4].try_into().unwrap()) as usize;
-            if have - pos - 4 < len {
-                break;
-            }
-            let mut frame = Bytes::copy_from_slice(&buf[pos + 4..pos + 4 + len]);
-            ResponseHeader::decode(&mut frame, 1).unwrap();
-            let r = ProduceResponse::decode(&mut frame, 9).unwrap();
-            assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
-            pos += 4 + len;
-            answered += 1;
-        }
-        buf.copy_within(pos..have, 0);
-        have -= pos;
-        done += answered;
-        if answered > 0 && Instant::now() < deadline {
-            s.write_all(&burst[..answered as usize * req.len()]).unwrap();
-            sent += answered;
-        }
-    }
-    done
-}
 
 /// Writes about `mib` MiB of 1 KiB records spread over the first topics
 /// (a hundred topics, each in its own branch), acks=1.

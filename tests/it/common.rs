@@ -312,3 +312,47 @@ pub fn encode<T: kafka_protocol::protocol::Encodable>(m: &T, version: i16) -> Ve
     b.to_vec()
 }
 
+/// Sends `req` on one connection, keeping `window` in flight, until
+/// `deadline`; then waits for what is outstanding. Every response must
+/// carry error code 0 (ProduceRequest v9 frames). Returns the requests
+/// answered. For the load tools under `benches/`.
+pub fn pipeline(addr: SocketAddr, req: &[u8], window: usize, deadline: std::time::Instant) -> u64 {
+    use kafka_protocol::messages::{ProduceResponse, ResponseHeader};
+    use kafka_protocol::protocol::Decodable;
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let burst = req.repeat(window);
+    s.write_all(&burst).unwrap();
+    let (mut sent, mut done) = (window as u64, 0u64);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut have = 0;
+    while done < sent {
+        let n = s.read(&mut buf[have..]).unwrap();
+        assert!(n > 0, "the broker closed the connection");
+        have += n;
+        let (mut pos, mut answered) = (0, 0);
+        while have - pos >= 4 {
+            let len = i32::from_be_bytes(buf[pos..pos + 4].try_into().unwrap()) as usize;
+            if have - pos - 4 < len {
+                break;
+            }
+            let mut frame = bytes::Bytes::copy_from_slice(&buf[pos + 4..pos + 4 + len]);
+            ResponseHeader::decode(&mut frame, 1).unwrap();
+            let r = ProduceResponse::decode(&mut frame, 9).unwrap();
+            let code = r.responses[0].partition_responses[0].error_code;
+            assert_eq!(code, 0, "produce answered error {code}");
+            pos += 4 + len;
+            answered += 1;
+        }
+        buf.copy_within(pos..have, 0);
+        have -= pos;
+        done += answered;
+        if answered > 0 && std::time::Instant::now() < deadline {
+            s.write_all(&burst[..answered as usize * req.len()]).unwrap();
+            sent += answered;
+        }
+    }
+    done
+}
+
