@@ -949,18 +949,9 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
     (state, txns)
 }
 
-/// The log end of every tp that holds anything: what a snapshot taken now
-/// covers. An empty tp is left out (a restart replays a tp the snapshot
-/// does not list from its log start, which for a tp empty now is where
-/// anything appended later begins), so a million idle topics do not make
-/// every snapshot a million lines. Also returns how many tps were walked.
-fn log_ends(storage: &Storage) -> (Vec<(Tp, i64)>, usize) {
-    storage.nonempty_log_ends()
-}
-
 /// Writes the producer snapshot covering every tp's current log end.
 fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage) {
-    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &log_ends(storage).0));
+    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &storage.nonempty_log_ends().0));
 }
 
 /// A failed snapshot costs a longer replay at the next start, nothing

@@ -448,7 +448,7 @@ impl Snapshots {
             return;
         }
         let t = txns.read().expect("txns lock").to_snapshot();
-        let (ends, walked) = super::log_ends(storage);
+        let (ends, walked) = storage.nonempty_log_ends();
         let covered = walked as u64;
         self.busy.store(true, Ordering::Release);
         if tx.try_send((producers.clone(), t, ends)).is_ok() {

@@ -371,6 +371,7 @@ impl std::fmt::Display for Label<'_> {
     }
 }
 
+#[cfg(test)]
 impl PartialEq<&str> for Label<'_> {
     fn eq(&self, other: &&str) -> bool {
         self.to_string() == *other

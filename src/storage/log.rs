@@ -295,6 +295,14 @@ impl Segment {
     }
 }
 
+impl Branch {
+    /// A branch whose directory is `dir`. A directory already there is
+    /// durable: opening storage syncs the log directory first.
+    fn new(dir: PathBuf, disk: &dyn Disk) -> Arc<Branch> {
+        Arc::new(Branch { dir_synced: AtomicBool::new(disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
+    }
+}
+
 struct Branch {
     dir: PathBuf,
     /// The branch's directory exists and its entry in the log directory is
@@ -456,6 +464,20 @@ impl PartState {
     fn bytes(&self, tp: &Tp, segs: &[Arc<Segment>]) -> u64 {
         let stored: u64 = self.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= self.log_start).map(|t| t.bytes).sum();
         stored + part_bytes(segs, tp, self.log_start)
+    }
+}
+
+impl Partition {
+    /// A partition with nothing indexed yet: empty from its log start.
+    fn new(spec: &PartitionSpec, branch: Arc<Branch>) -> Arc<Partition> {
+        let start = spec.log_start;
+        Arc::new(Partition {
+            tp: spec.tp,
+            branch,
+            st: RwLock::new(PartState { log_start: start, leo: start, hw: start, index: VecDeque::new(), stored: Vec::new() }),
+            ahead: Mutex::new(None),
+            deleted: AtomicBool::new(false),
+        })
     }
 }
 
@@ -673,19 +695,10 @@ impl Storage {
             let mut branches = self.branches.write().expect("branches lock");
             branches
                 .entry(spec.branch.clone())
-                .or_insert_with(|| {
-                    let dir = self.dir.join(branch_dir_name(&spec.branch));
-                    Arc::new(Branch { dir_synced: AtomicBool::new(self.cfg.disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
-                })
+                .or_insert_with(|| Branch::new(self.dir.join(branch_dir_name(&spec.branch)), &*self.cfg.disk))
                 .clone()
         };
-        let part = Arc::new(Partition {
-            tp: spec.tp,
-            branch,
-            st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
-            ahead: Mutex::new(None),
-            deleted: AtomicBool::new(false),
-        });
+        let part = Partition::new(&spec, branch);
         // The writer adopts it at its first append (see `writer`).
         self.parts.write().expect("parts lock").insert(spec.tp, part);
     }
@@ -794,7 +807,10 @@ impl Storage {
 
     /// Every tp's published log end, for the tps that hold anything (log
     /// end past log start), under one read lock; and how many tps there
-    /// are.
+    /// are. What a producer snapshot covers: a restart replays a tp the
+    /// snapshot does not list from its log start, which for a tp empty now
+    /// is where anything appended later begins, so a million idle topics
+    /// do not make every snapshot a million lines.
     pub fn nonempty_log_ends(&self) -> (Vec<(Tp, i64)>, usize) {
         let parts = self.parts.read().expect("parts lock");
         let ends = parts

@@ -53,23 +53,12 @@ impl Storage {
         let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
             branches
                 .entry(name.to_owned())
-                .or_insert_with(|| {
-                    let dir = log_dir.join(branch_dir_name(name));
-                    // A directory found at start-up is durable: its parent
-                    // was synced above.
-                    Arc::new(Branch { dir_synced: AtomicBool::new(disk.exists(&dir)), dir, segs: RwLock::new(Vec::new()) })
-                })
+                .or_insert_with(|| Branch::new(log_dir.join(branch_dir_name(name)), &*disk))
                 .clone()
         };
         for spec in &specs {
             let branch = storage_branch(&mut branches, &spec.branch);
-            let part = Arc::new(Partition {
-                tp: spec.tp,
-                branch,
-                st: RwLock::new(PartState { log_start: spec.log_start, leo: spec.log_start, hw: spec.log_start, index: VecDeque::new(), stored: Vec::new() }),
-                ahead: Mutex::new(None),
-                deleted: AtomicBool::new(false),
-            });
+            let part = Partition::new(spec, branch);
             writers.insert(spec.tp, PartWriter::new(part.clone(), spec.log_start));
             parts.insert(spec.tp, part);
         }
