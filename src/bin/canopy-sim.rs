@@ -56,6 +56,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let (mut runs, mut steps_done, mut faults, mut crashes, mut acked) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut indexed, mut walked) = (0u64, 0u64);
     for seed in range {
         match sim::run(seed, cfg) {
             Ok(o) => {
@@ -64,6 +65,8 @@ fn main() -> ExitCode {
                 faults += o.disk.faults;
                 crashes += o.crashes;
                 acked += o.acked;
+                indexed += o.indexed_segments;
+                walked += o.walked_segments;
             }
             Err(f) => {
                 println!("{f}");
@@ -79,7 +82,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults injected, {:.1} s",
+        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults injected, {indexed} segments recovered from index files and {walked} by walking, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     if plant.is_some() {

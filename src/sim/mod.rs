@@ -104,6 +104,9 @@ pub struct Outcome {
     pub compactions: u64,
     pub retentions: u64,
     pub poisoned: u64,
+    /// Segments recovery opened by their index file, and by walking.
+    pub indexed_segments: u64,
+    pub walked_segments: u64,
     pub disk: SimStats,
 }
 
@@ -326,6 +329,9 @@ impl Sim {
             }
         };
         self.disk.set_faults(self.faults);
+        let r = storage.0.recovery_report();
+        self.out.indexed_segments += r.indexed_segments as u64;
+        self.out.walked_segments += (r.segments - r.indexed_segments) as u64;
         self.storage = Some(storage);
         self.unsynced.clear();
         self.after_recovery()
@@ -361,11 +367,15 @@ impl Sim {
 
     fn check_files(&self) -> Check {
         let s = self.storage();
-        let log: Vec<PathBuf> = self.disk.files_under(&Path::new(DIR).join("log"));
+        let (log, indexes): (Vec<PathBuf>, Vec<PathBuf>) = self.disk.files_under(&Path::new(DIR).join("log")).into_iter().partition(|f| f.extension().is_none_or(|x| x != "idx"));
         for f in &log {
             let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let in_branch = f.parent().and_then(|p| p.file_name()).is_some_and(|d| d.to_string_lossy().ends_with(".br"));
             ensure(in_branch && name.ends_with(".seg"), || format!("unaccounted file {}", f.display()))?;
+        }
+        // A segment's index file lives and dies with its segment.
+        for f in &indexes {
+            ensure(log.contains(&f.with_extension("seg")), || format!("index file {} without its segment", f.display()))?;
         }
         ensure(log.len() == s.segment_count(), || format!("{} segment files on disk, {} segments in storage", log.len(), s.segment_count()))?;
         let mut listed: Vec<String> = self.catalog.windows.iter().flat_map(|w| w.stores.iter().filter(|st| st.live).map(move |st| store::file_name(w.window, st.store))).collect();
@@ -748,12 +758,16 @@ mod tests {
                     total.disk.faults += o.disk.faults;
                     total.poisoned += o.poisoned;
                     total.compactions += o.compactions;
+                    total.indexed_segments += o.indexed_segments;
+                    total.walked_segments += o.walked_segments;
                 }
                 Err(f) => panic!("{f}"),
             }
         }
-        // The workload did what it is for.
+        // The workload did what it is for: recovery both read index files
+        // and walked segments without one.
         assert!(total.acked > 5_000 && total.crashes > 300 && total.disk.faults > 50 && total.compactions > 20, "{total:?}");
+        assert!(total.indexed_segments > 1_000 && total.walked_segments > 1_000, "{total:?}");
     }
 
     /// The simulator is only as good as the bugs it finds: each planted one

@@ -35,7 +35,8 @@
 //! back in the file. A read therefore scans at most about `MAX_SCAN_GAP`
 //! bytes of other topics' frames before it reaches its own. Each entry also
 //! carries the largest timestamp seen before it, which makes it a time index.
-//! Indexes are rebuilt by recovery; persisting them is future work.
+//! Each segment's share of the indexes is kept in an index file beside it
+//! (`log/seg_index.rs`), so recovery reads them instead of walking frames.
 
 use std::collections::VecDeque;
 
@@ -48,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::disk::{Disk, FileRef, Mode, RealDisk};
+use super::disk::{Disk, DiskFile, FileRef, Mode, RealDisk};
 use super::files::{self, CachedFile, FileCache};
 use super::segment::{self, FileHeader, FrameHeader, FILE_HEADER_BYTES, FRAME_HEADER_BYTES, MAX_SCAN_GAP};
 use super::subtree::store::{self, Entry as StoreEntry, Store, StoreError, StoreTp};
@@ -58,6 +59,7 @@ use crate::protocol::batch;
 
 mod compact;
 mod recover;
+mod seg_index;
 mod state;
 mod stream;
 mod writer;
@@ -209,6 +211,8 @@ pub struct RecoveryReport {
     pub stores: usize,
     pub frames: u64,
     pub bytes: u64,
+    /// Segments whose index file was read (the rest were walked).
+    pub indexed_segments: usize,
     pub deep_scanned_bytes: u64,
     pub truncated_bytes: u64,
     pub elapsed_ms: u128,
@@ -227,6 +231,9 @@ struct SegTp {
     last_offset: i64,
     bytes: u64,
     max_ts: i64,
+    /// Bytes of the tp's frames from its last index entry in the segment
+    /// on (what spaces its next entry).
+    since_entry: u64,
 }
 
 struct Segment {
@@ -241,12 +248,24 @@ struct Segment {
     /// Bytes readers may read: only whole, written frames lie below it.
     len: AtomicU64,
     tps: Mutex<HashMap<Tp, SegTp>>,
+    marks: Mutex<Marks>,
+    /// One past the largest sequence number staged into this segment.
+    end_seq: AtomicU64,
+    /// The covered length of the segment's index file on disk (0: none;
+    /// see `log/seg_index.rs`).
+    indexed: AtomicU64,
+}
+
+/// A segment's stream marks and its last frame.
+#[derive(Default)]
+struct Marks {
     /// Sparse stream index: (sequence number, position) of a frame every
     /// `STREAM_MARK_BYTES`, so a subtree read finds where a sequence number
     /// starts without walking the segment from its head.
-    marks: Mutex<Vec<(u64, u64)>>,
-    /// One past the largest sequence number staged into this segment.
-    end_seq: AtomicU64,
+    sparse: Vec<(u64, u64)>,
+    /// The last frame staged, for the index file's check of its segment.
+    last: Option<seg_index::LastFrame>,
+    frames: u64,
 }
 
 impl ReadResult {
@@ -268,30 +287,66 @@ impl ReadResult {
 }
 
 impl Segment {
+    /// A segment whose frames end at `len` (none yet: the file header's
+    /// length); marks and shares are noted as frames are found or staged.
+    fn new(header: FileHeader, path: PathBuf, file: CachedFile, len: u64) -> Segment {
+        Segment {
+            base_seq: header.base_seq,
+            created_ms: header.created_ms,
+            path,
+            file,
+            allocated: AtomicU64::new(len),
+            len: AtomicU64::new(len),
+            tps: Mutex::new(HashMap::default()),
+            marks: Mutex::default(),
+            end_seq: AtomicU64::new(0),
+            indexed: AtomicU64::new(0),
+        }
+    }
+
     /// Records the frame at `pos` in the stream index if the last mark is
     /// far enough back (frames arrive in sequence order).
-    fn mark(&self, seq: u64, pos: u64) {
+    fn mark(&self, seq: u64, pos: u64, crc: u32) {
         self.end_seq.fetch_max(seq + 1, Ordering::AcqRel);
         let mut marks = self.marks.lock().expect("segment marks lock");
-        if marks.last().is_none_or(|&(_, p)| pos >= p + STREAM_MARK_BYTES) {
-            marks.push((seq, pos));
+        if marks.sparse.last().is_none_or(|&(_, p)| pos >= p + STREAM_MARK_BYTES) {
+            marks.sparse.push((seq, pos));
         }
+        marks.last = Some(seg_index::LastFrame { pos, seq, crc });
+        marks.frames += 1;
     }
 
     /// Where to start walking for the first frame with sequence `seq` or
     /// later: the last mark at or before it, else the first frame.
     fn mark_for(&self, seq: u64) -> u64 {
-        let marks = self.marks.lock().expect("segment marks lock");
+        let marks = &self.marks.lock().expect("segment marks lock").sparse;
         let i = marks.partition_point(|&(s, _)| s <= seq);
         if i == 0 { FILE_HEADER_BYTES } else { marks[i - 1].1 }
     }
 
-    fn note(&self, tp: Tp, last_offset: i64, bytes: u64, max_ts: i64) {
+    /// Deletes the segment's index file, then the segment. Neither is
+    /// durable until the branch directory is synced; recovery removes an
+    /// index file a crash left without its segment.
+    fn remove_files(&self, disk: &dyn Disk) -> Result<(), StorageError> {
+        let ix = seg_index::index_path(&self.path);
+        for path in [&ix, &self.path] {
+            match disk.remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(path)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes a frame of `tp` (`entry`: it got an index entry).
+    fn note(&self, tp: Tp, last_offset: i64, bytes: u64, max_ts: i64, entry: bool) {
         let mut tps = self.tps.lock().expect("segment tps lock");
-        let e = tps.entry(tp).or_insert(SegTp { last_offset, bytes: 0, max_ts });
+        let e = tps.entry(tp).or_insert(SegTp { last_offset, bytes: 0, max_ts, since_entry: 0 });
         e.last_offset = e.last_offset.max(last_offset);
         e.bytes += bytes;
         e.max_ts = e.max_ts.max(max_ts);
+        e.since_entry = if entry { bytes } else { e.since_entry + bytes };
     }
 }
 
@@ -1087,7 +1142,7 @@ impl Storage {
                         .stored
                         .iter()
                         .filter_map(|s| s.store.tps.get(&tp))
-                        .map(|t| SegTp { last_offset: t.last_offset, bytes: t.bytes, max_ts: t.max_ts })
+                        .map(|t| SegTp { last_offset: t.last_offset, bytes: t.bytes, max_ts: t.max_ts, since_entry: 0 })
                         .collect();
                     (st.log_start, st.hw, st.bytes(&tp, &segs), stored)
                 };
@@ -1162,7 +1217,7 @@ impl Storage {
             for seg in dead {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
                 seg.file.retire();
-                self.cfg.disk.remove_file(&seg.path).map_err(io_err(&seg.path))?;
+                seg.remove_files(&*self.cfg.disk)?;
                 deleted += 1;
             }
             sync_dir(&*self.cfg.disk, &branch.dir)?;
@@ -1797,7 +1852,7 @@ mod tests {
             s.sync().unwrap();
             assert!(s.segment_count() > 2);
         }
-        let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log/t.br")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "seg")).collect();
         segs.sort();
         let first = &segs[0];
         let len = std::fs::metadata(first).unwrap().len();

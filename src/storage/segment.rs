@@ -227,19 +227,31 @@ pub struct Scan {
 /// headers are read (one positioned read each) and lengths are checked.
 /// Either way the walk stops at the first frame that does not verify.
 pub fn scan(disk: &dyn Disk, path: &Path, deep: bool) -> Result<Scan, SegmentError> {
+    let (header, file, file_len) = open(disk, path)?;
+    scan_from(path, header, file, file_len, deep, FILE_HEADER_BYTES, None)
+}
+
+/// Opens a segment for recovery (read and write: a torn tail is cut) and
+/// decodes its file header. Returns the header, the file and its length.
+pub fn open(disk: &dyn Disk, path: &Path) -> Result<(FileHeader, FileRef, u64), SegmentError> {
     let io = |source| SegmentError::Io { path: path.display().to_string(), source };
     let file = disk.open(path, Mode::Write).map_err(io)?;
     let file_len = file.len().map_err(io)?;
     let mut hb = [0u8; FILE_HEADER_BYTES as usize];
     let n = read_full_at(&*file, &mut hb, 0).map_err(io)?;
     let header = decode_file_header(&hb[..n], path)?;
+    Ok((header, file, file_len))
+}
+
+/// [`scan`] of an opened segment from the frame at `from`, which follows
+/// the frame with sequence number `last_seq` (`None`: the first frame).
+pub fn scan_from(path: &Path, header: FileHeader, file: FileRef, file_len: u64, deep: bool, from: u64, last_seq: Option<u64>) -> Result<Scan, SegmentError> {
+    let io = |source| SegmentError::Io { path: path.display().to_string(), source };
     let mut frames = Vec::new();
-    let mut pos = FILE_HEADER_BYTES;
-    let mut last_seq = None;
+    let mut pos = from.max(FILE_HEADER_BYTES);
+    let mut last_seq = last_seq;
     if deep {
-        let mut reader = io::BufReader::with_capacity(1 << 20, Reader::new(&*file, 0));
-        let mut skip = [0u8; FILE_HEADER_BYTES as usize];
-        reader.read_exact(&mut skip).map_err(io)?;
+        let mut reader = io::BufReader::with_capacity(1 << 20, Reader::new(&*file, pos));
         let mut body = Vec::new();
         loop {
             let mut h = [0u8; FRAME_HEADER_BYTES];

@@ -303,11 +303,7 @@ impl Storage {
         let mut dirs = Vec::new();
         for (_, b, seg, _, _) in &due {
             seg.file.retire();
-            match disk.remove_file(&seg.path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&seg.path)(e)),
-            }
+            seg.remove_files(disk)?;
             if !dirs.contains(b) {
                 dirs.push(*b);
             }
@@ -472,6 +468,10 @@ mod tests {
             let below = catalog.iter().flat_map(|w| w.compacted_to.iter()).filter(|(n, _)| n == b).map(|(_, s)| *s).max().unwrap_or(0);
             for e in std::fs::read_dir(&d).into_iter().flatten() {
                 let name = e.unwrap().file_name().to_string_lossy().into_owned();
+                if let Some(stem) = name.strip_suffix(".idx") {
+                    prop_assert!(d.join(format!("{stem}.seg")).exists(), "index file {} without its segment", name);
+                    continue;
+                }
                 let seq: u64 = name.strip_suffix(".seg").unwrap().parse().unwrap();
                 prop_assert!(seq >= below, "{} below {} survived in {}", name, below, b);
                 segs_on_disk += 1;

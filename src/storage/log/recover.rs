@@ -1,6 +1,8 @@
 //! Recovery: opening the branch logs and the subtree stores at start-up,
-//! and the clean-shutdown marker that lets a clean restart walk frame
-//! headers only instead of deep-scanning each branch's active segment.
+//! and the clean-shutdown marker that lets a clean restart trust each
+//! branch's active segment instead of deep-scanning it. Each segment's
+//! index file (`seg_index.rs`) says what it holds; only frames past what
+//! it covers are walked.
 //!
 //! The stores come first (they hold each tp's oldest batches), then every
 //! branch's segments in order. A torn or corrupt tail of an active segment
@@ -49,6 +51,7 @@ impl Storage {
         let mut writers: HashMap<Tp, PartWriter> = HashMap::default();
         let mut next_seq = 0u64;
         let cache = FileCache::new(cfg.max_open_files, disk.clone());
+        let mut unindexed: Vec<(Arc<Segment>, bool)> = Vec::new();
 
         let storage_branch = |branches: &mut HashMap<String, Arc<Branch>>, name: &str| -> Arc<Branch> {
             branches
@@ -82,9 +85,12 @@ impl Storage {
             let Some(branch_name) = entry.strip_suffix(".br") else { continue };
             let branch = storage_branch(&mut branches, branch_name);
             let mut files: Vec<(u64, PathBuf)> = Vec::new();
+            let mut index_files: Vec<(u64, PathBuf)> = Vec::new();
             for fname in disk.list(&branch.dir).map_err(io_err(&branch.dir))? {
                 if let Some(seq) = fname.strip_suffix(".seg").and_then(|s| s.parse::<u64>().ok()) {
                     files.push((seq, branch.dir.join(fname)));
+                } else if let Some(seq) = fname.strip_suffix(".idx").and_then(|s| s.parse::<u64>().ok()) {
+                    index_files.push((seq, branch.dir.join(fname)));
                 }
             }
             files.sort();
@@ -124,10 +130,18 @@ impl Storage {
                     continue;
                 }
                 let deep = !clean && is_active;
-                let scan = segment::scan(&*disk, &path, deep)?;
+                let (header, file, file_len) = segment::open(&*disk, &path)?;
+                // What the segment's index file describes is taken from it;
+                // only what lies past it is walked (deep-scanned after a
+                // crash, if the segment is the active one).
+                let index = seg_index::load(&*disk, &path, &header, &*file, file_len);
+                let from = index.as_ref().map_or(FILE_HEADER_BYTES, |ix| ix.covered_len);
+                let last_seq = index.as_ref().and_then(|ix| ix.last).map(|l| l.seq);
+                let scan = segment::scan_from(&path, header, file, file_len, deep, from, last_seq)?;
                 report.segments += 1;
+                report.indexed_segments += index.is_some() as usize;
                 if deep {
-                    report.deep_scanned_bytes += scan.valid_len;
+                    report.deep_scanned_bytes += scan.valid_len - from;
                 }
                 if scan.valid_len < scan.file_len && !is_active {
                     // Sealed segments were fsynced whole when they rolled:
@@ -146,43 +160,52 @@ impl Storage {
                     scan.file.set_len(scan.valid_len).map_err(io_err(&path))?;
                     scan.file.sync_all().map_err(io_err(&path))?;
                 }
-                let seg = Arc::new(Segment {
-                    base_seq: scan.header.base_seq,
-                    created_ms: scan.header.created_ms,
-                    path: path.clone(),
-                    file: cache.adopt(path.clone(), true, scan.file),
-                    allocated: AtomicU64::new(scan.valid_len),
-                    len: AtomicU64::new(scan.valid_len),
-                    tps: Mutex::new(HashMap::default()),
-                    marks: Mutex::new(Vec::new()),
-                    end_seq: AtomicU64::new(0),
-                });
+                let seg = Arc::new(Segment::new(scan.header, path.clone(), cache.adopt(path.clone(), true, scan.file), scan.valid_len));
                 next_seq = next_seq.max(seg.base_seq);
+                if let Some(ix) = &index {
+                    next_seq = next_seq.max(ix.end_seq);
+                    apply_index(&seg, ix, &mut writers, &mut report);
+                }
                 for (pos, fh) in &scan.frames {
                     next_seq = next_seq.max(fh.seq + 1);
-                    seg.mark(fh.seq, *pos);
+                    seg.mark(fh.seq, *pos, fh.crc);
                     report.frames += 1;
                     report.bytes += fh.frame_len as u64;
                     let tp = Tp { topic: fh.topic_id, partition: fh.partition };
-                    seg.note(tp, fh.last_offset(), fh.frame_len as u64, fh.max_timestamp);
-                    if let Some(w) = writers.get_mut(&tp) {
-                        let entry = w.index_entry(&seg, *pos, fh, &cfg);
-                        let mut st = w.part.st.write().expect("partition lock");
-                        if let Some(e) = entry {
-                            st.index.push_back(e);
-                        }
-                        w.next_offset = w.next_offset.max(fh.last_offset() + 1);
-                        st.leo = w.next_offset;
-                        st.hw = w.next_offset;
-                        // Frames below a persisted log start stay indexed;
-                        // the log start itself may only rise to the first
-                        // surviving batch.
-                        if st.index.len() == 1 && entry.is_some() && st.stored.is_empty() {
-                            st.log_start = st.log_start.max(fh.base_offset);
-                        }
+                    let Some(w) = writers.get_mut(&tp) else {
+                        // A deleted topic's frame: counted, not indexed.
+                        seg.note(tp, fh.last_offset(), fh.frame_len as u64, fh.max_timestamp, false);
+                        continue;
+                    };
+                    let entry = w.index_entry(&seg, *pos, fh, &cfg);
+                    seg.note(tp, fh.last_offset(), fh.frame_len as u64, fh.max_timestamp, entry.is_some());
+                    let mut st = w.part.st.write().expect("partition lock");
+                    if let Some(e) = entry {
+                        st.index.push_back(e);
+                    }
+                    w.next_offset = w.next_offset.max(fh.last_offset() + 1);
+                    st.leo = w.next_offset;
+                    st.hw = w.next_offset;
+                    // Frames below a persisted log start stay indexed;
+                    // the log start itself may only rise to the first
+                    // surviving batch.
+                    if st.index.len() == 1 && entry.is_some() && st.stored.is_empty() {
+                        st.log_start = st.log_start.max(fh.base_offset);
                     }
                 }
+                if index.is_none_or(|ix| ix.covered_len < scan.valid_len) {
+                    unindexed.push((seg.clone(), is_active));
+                } else {
+                    seg.indexed.store(scan.valid_len, Ordering::Release);
+                }
                 segs.push(seg);
+            }
+            // Index files whose segment is gone (deleted by retention or
+            // compaction, or just now) go too.
+            for (seq, path) in &index_files {
+                if !segs.iter().any(|s: &Arc<Segment>| s.base_seq == *seq) {
+                    disk.remove_file(path).map_err(io_err(path))?;
+                }
             }
             *branch.segs.write().expect("branch lock") = segs;
         }
@@ -210,6 +233,14 @@ impl Storage {
             unsynced: AtomicU64::new(0),
             dirty: Mutex::default(),
         });
+        // Sealed segments walked for want of an index file get one now,
+        // so the next start reads it (active ones get theirs at a clean
+        // stop).
+        for (seg, active) in unindexed {
+            if !active {
+                storage.write_seg_index(&seg, &[]);
+            }
+        }
         let writer = LogWriter::new(storage.clone(), next_seq, writers);
         Ok((storage, writer))
     }
@@ -264,6 +295,7 @@ impl Storage {
     /// lets the next open skip the deep scan. Refused when poisoned.
     pub fn mark_clean(&self) -> Result<(), StorageError> {
         self.check_poison()?;
+        self.write_seg_indexes();
         let marker = self.data_dir.join(CLEAN_MARKER);
         let disk = &*self.cfg.disk;
         if !disk.exists(&marker) {
@@ -271,6 +303,39 @@ impl Storage {
             f.write_all_at(b"clean\n", 0).and_then(|_| f.sync_all()).map_err(io_err(&marker))?;
         }
         sync_dir(disk, &self.data_dir)
+    }
+}
+
+/// Takes what a segment's index file says: the segment's shares, marks
+/// and last frame, and per tp its entries, log end and writer state, as
+/// walking the frames it covers would have found them.
+fn apply_index(seg: &Segment, ix: &seg_index::SegIndex, writers: &mut HashMap<Tp, PartWriter>, report: &mut RecoveryReport) {
+    seg.end_seq.fetch_max(ix.end_seq, Ordering::AcqRel);
+    {
+        let mut m = seg.marks.lock().expect("segment marks lock");
+        m.sparse.clone_from(&ix.marks);
+        m.last = ix.last;
+        m.frames = ix.frames;
+    }
+    report.frames += ix.frames;
+    let mut shares = seg.tps.lock().expect("segment tps lock");
+    for t in &ix.tps {
+        shares.insert(t.tp, SegTp { last_offset: t.last_offset, bytes: t.bytes, max_ts: t.max_ts, since_entry: t.since_entry });
+        report.bytes += t.bytes;
+        let Some(w) = writers.get_mut(&t.tp) else { continue };
+        let part = w.part.clone();
+        let mut st = part.st.write().expect("partition lock");
+        if let Some(first) = t.entries.first() {
+            // As in the walk: the log start may only rise to the first
+            // surviving batch.
+            if st.index.is_empty() && st.stored.is_empty() {
+                st.log_start = st.log_start.max(first.offset);
+            }
+        }
+        st.index.extend(t.entries.iter().copied());
+        w.restore(seg.base_seq, t);
+        st.leo = w.next_offset;
+        st.hw = w.next_offset;
     }
 }
 

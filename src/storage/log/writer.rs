@@ -36,6 +36,18 @@ impl PartWriter {
         PartWriter { part, next_offset, max_ts: i64::MIN, last_entry: None, bytes_since_entry: 0 }
     }
 
+    /// The state walking a segment's frames of this tp would leave, from
+    /// the segment's index file instead.
+    pub(super) fn restore(&mut self, seg: u64, t: &seg_index::TpIndex) {
+        if let Some(last) = t.entries.last() {
+            self.last_entry = Some((seg, last.pos));
+            self.bytes_since_entry = t.since_entry;
+        }
+        let before = t.entries.iter().map(|e| e.max_ts_before).max().unwrap_or(i64::MIN);
+        self.max_ts = self.max_ts.max(t.max_ts).max(before);
+        self.next_offset = self.next_offset.max(t.last_offset + 1);
+    }
+
     /// Decides whether the batch at `pos` gets an index entry.
     pub(super) fn index_entry(&mut self, seg: &Segment, pos: u64, fh: &FrameHeader, cfg: &StorageConfig) -> Option<IndexEntry> {
         let new_segment = self.last_entry.is_none_or(|(s, _)| s != seg.base_seq);
@@ -114,7 +126,7 @@ impl LogWriter {
         if too_big || too_old {
             let sealed = write_staged(log, &mut staged)
                 .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
-                .map(|_| sealed(&staged))
+                .map(|_| sealed(log, &staged))
                 .and_then(|_| roll(log, &pw.part.branch, *next_seq, now_ms));
             // Frames written above are published with the next flush.
             let published = std::mem::take(&mut staged.published);
@@ -147,8 +159,8 @@ impl LogWriter {
             let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
             log.tip.write().expect("tip lock").push(seq, tp, branch_name, base_offset, fh.last_offset(), &staged.buf[at..]);
         }
-        staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp);
-        staged.seg.mark(seq, pos);
+        staged.seg.note(tp, fh.last_offset(), frame_len, fh.max_timestamp, entry.is_some());
+        staged.seg.mark(seq, pos, fh.crc);
         pw.next_offset = fh.last_offset() + 1;
         staged.published.push((pw.part.clone(), pw.next_offset, entry));
         let log_start = pw.part.st.read().expect("partition lock").log_start;
@@ -247,8 +259,11 @@ fn write_staged(log: &Storage, staged: &mut Staged) -> Result<(), StorageError> 
 }
 
 /// A segment just sealed (written whole and synced): nothing holds its
-/// file any more, and the disk reserved past its end is given back.
-fn sealed(staged: &Staged) {
+/// file any more, the disk reserved past its end is given back, and its
+/// index file is written. All before the next segment exists: until then
+/// retention and compaction do not take it (they take sealed segments
+/// only), so none deletes it while its index is being written.
+fn sealed(log: &Storage, staged: &Staged) {
     let seg = &staged.seg;
     let end = staged.start;
     seg.file.settled();
@@ -257,6 +272,7 @@ fn sealed(staged: &Staged) {
         staged.file.release(end, reserved - end);
         seg.allocated.store(end, Ordering::Release);
     }
+    log.write_seg_index(seg, &staged.published);
 }
 
 /// Reserves disk space for the segment up to `end` (fallocate, keeping
@@ -319,17 +335,8 @@ fn roll(log: &Storage, branch: &Arc<Branch>, base_seq: u64, now_ms: i64) -> Resu
         let _ = disk.remove_file(&path);
         return Err(e);
     }
-    let seg = Arc::new(Segment {
-        base_seq,
-        created_ms: now_ms,
-        file: log.files.adopt(path.clone(), true, file.clone()),
-        path,
-        allocated: AtomicU64::new(FILE_HEADER_BYTES),
-        len: AtomicU64::new(FILE_HEADER_BYTES),
-        tps: Mutex::new(HashMap::default()),
-        marks: Mutex::new(Vec::new()),
-        end_seq: AtomicU64::new(0),
-    });
+    let cached = log.files.adopt(path.clone(), true, file.clone());
+    let seg = Arc::new(Segment::new(FileHeader { base_seq, created_ms: now_ms }, path, cached, FILE_HEADER_BYTES));
     branch.segs.write().expect("branch lock").push(seg.clone());
     Ok((seg, file))
 }
