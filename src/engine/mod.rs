@@ -334,10 +334,11 @@ impl Engine {
         let catalog = Catalog::open(&cfg.data_dir.join("catalog"))?;
         let cluster_id = catalog.cluster_id(|| short_id(&uuid::Uuid::new_v4()))?;
         let clean = Storage::stopped_cleanly(&cfg.data_dir, &cfg.storage);
+        // In name order: the catalog keys topics by name.
         let records = catalog.topics()?;
         let log_starts = catalog.log_starts()?;
-        let mut specs = Vec::new();
-        let mut topics = HashMap::new();
+        let mut specs = Vec::with_capacity(records.len());
+        let mut topics = Vec::with_capacity(records.len());
         // Topics created before max.message.bytes had a ceiling keep their
         // setting, capped at it.
         let uncapped = TopicDefaults { max_message_bytes_limit: i32::MAX, ..cfg.topic_defaults.clone() };
@@ -354,7 +355,7 @@ impl Engine {
                     log_start: log_starts.get(&(record.id, p)).copied().unwrap_or(0),
                 });
             }
-            topics.insert(record.name.clone(), Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(cfg.probe.traffic.clone())) }));
+            topics.push(Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(cfg.probe.traffic.clone())) }));
         }
         let windows = catalog.windows()?;
         let (storage, log_writer) = Storage::open_with(&cfg.data_dir, cfg.storage.clone(), specs, clean, Some(&windows))?;
@@ -408,8 +409,13 @@ impl Engine {
             cfg,
             catalog,
             storage,
-            by_id: RwLock::new(topics.values().map(|t| (t.id(), t.clone())).collect()),
-            topics: RwLock::new(topics.into_values().map(ByName).collect()),
+            by_id: RwLock::new({
+                let mut by_id = HashMap::with_capacity(topics.len());
+                by_id.extend(topics.iter().map(|t| (t.id(), t.clone())));
+                by_id
+            }),
+            // Already in name order: the sort only checks it.
+            topics: RwLock::new(topics.into_iter().map(ByName).collect()),
             admin: Mutex::new(()),
             writer: tx,
             waiters,
@@ -919,7 +925,19 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
     state.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
     txns.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
     let mut replayed = 0;
-    for tp in storage.tps() {
+    // Only tps holding data have batches to replay, and only those the
+    // snapshot covered can have come back shorter than it saw: with a
+    // million idle topics, most are neither.
+    let mut tps: Vec<Tp> = storage.nonempty_log_ends().0.into_iter().map(|(tp, _)| tp).collect();
+    if let Some(c) = &covered {
+        tps.extend(c.keys().copied());
+    }
+    tps.sort_unstable();
+    tps.dedup();
+    for tp in tps {
+        if storage.offsets(&tp).is_none() {
+            continue;
+        }
         let from = match &covered {
             // The log came back shorter than the snapshot saw (a machine
             // crash lost a tail it covered): what the snapshot says of this
