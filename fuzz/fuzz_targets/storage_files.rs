@@ -1,7 +1,9 @@
-//! Segment and subtree store files opened from damaged bytes: recovery's
-//! scan (shallow and deep) of a segment, and a store's open and frame
-//! check. The first byte picks which; the rest is the file, on the
-//! simulated disk (in memory: no file system in the loop).
+//! Segment, segment index and subtree store files opened from damaged
+//! bytes: recovery's scan (shallow and deep) of a segment, the decoding of
+//! a segment's index file (whatever decodes encodes back to the same
+//! bytes), and a store's open and frame check. The first byte picks which;
+//! the rest is the file, on the simulated disk (in memory: no file system
+//! in the loop).
 #![no_main]
 
 use std::path::Path;
@@ -17,13 +19,23 @@ fuzz_target!(|data: &[u8]| {
     let disk = SimDisk::new(0, Faults::default());
     let path = Path::new("/00000000000000000000.seg");
     disk.open(path, Mode::CreateNew).and_then(|f| f.write_all_at(file, 0)).expect("write the file");
-    if pick % 2 == 0 {
-        for deep in [false, true] {
-            if let Ok(scan) = segment::scan(&disk, path, deep) {
-                assert!(scan.valid_len <= scan.file_len);
+    match pick % 3 {
+        0 => {
+            for deep in [false, true] {
+                if let Ok(scan) = segment::scan(&disk, path, deep) {
+                    assert!(scan.valid_len <= scan.file_len);
+                }
             }
         }
-    } else if let Ok(store) = Store::open(&disk, path) {
-        let _ = store.verify_frames(&disk);
+        1 => {
+            if let Ok(store) = Store::open(&disk, path) {
+                let _ = store.verify_frames(&disk);
+            }
+        }
+        _ => {
+            if let Ok(again) = canopy::storage::log::reencode_index_file(file) {
+                assert_eq!(again, file, "an index file decodes to what encodes back to it");
+            }
+        }
     }
 });

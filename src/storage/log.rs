@@ -65,6 +65,7 @@ mod stream;
 mod writer;
 pub use compact::{CompactConfig, Compacted};
 pub use recover::CLEAN_MARKER;
+pub use seg_index::reencode as reencode_index_file;
 pub use stream::StreamRead;
 pub use writer::LogWriter;
 use writer::PartWriter;
