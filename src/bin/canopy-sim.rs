@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let (mut runs, mut steps_done, mut faults, mut crashes, mut acked) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut indexed, mut walked) = (0u64, 0u64);
+    let (mut indexed, mut walked, mut idempotent, mut answers) = (0u64, 0u64, 0u64, 0u64);
     for seed in range {
         match sim::run(seed, cfg) {
             Ok(o) => {
@@ -67,6 +67,8 @@ fn main() -> ExitCode {
                 acked += o.acked;
                 indexed += o.indexed_segments;
                 walked += o.walked_segments;
+                idempotent += o.idempotent_appends;
+                answers += o.producer_answers;
             }
             Err(f) => {
                 println!("{f}");
@@ -82,7 +84,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults injected, {indexed} segments recovered from index files and {walked} by walking, {:.1} s",
+        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults injected, {idempotent} idempotent batches appended and {answers} answered to their producers, {indexed} segments recovered from index files and {walked} by walking, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     if plant.is_some() {

@@ -35,6 +35,7 @@ pub mod txns;
 mod validate;
 mod waiters;
 mod writer;
+pub(crate) use writer::admit;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -364,7 +365,7 @@ impl Engine {
             deep_scanned_bytes = r.deep_scanned_bytes, truncated_bytes = r.truncated_bytes,
             elapsed_ms = r.elapsed_ms as u64, topics = topics.len(), "storage recovered");
         storage.clear_clean_marker()?;
-        let (producers, txn_state) = restore_producers(&storage, clock(), cfg.producer_id_expiration_ms);
+        let (producers, txn_state) = restore_producers(&storage, clock(), cfg.producer_id_expiration_ms)?;
         let any_txns = Arc::new(std::sync::atomic::AtomicBool::new(!txn_state.is_empty()));
         let txns = Arc::new(RwLock::new(txn_state));
 
@@ -911,7 +912,7 @@ const PRODUCER_SNAPSHOT: &str = "producers.snapshot";
 /// Without any snapshot (a data directory from before snapshots, or an
 /// unreadable one) only the last `expiry_ms` of each log is replayed, by
 /// its time index: older producers would have expired anyway.
-fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (producers::Producers, txns::Txns) {
+pub(crate) fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> Result<(producers::Producers, txns::Txns), EngineError> {
     let started = std::time::Instant::now();
     let loaded = storage.get_state(PRODUCER_SNAPSHOT).map_err(|e| e.to_string()).and_then(|raw| raw.map(|r| producers::Producers::decode_snapshot(&r)).transpose());
     let (mut state, mut txns, covered) = match loaded {
@@ -925,6 +926,8 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
     state.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
     txns.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
     let mut replayed = 0;
+    // Whether the log came back shorter than the snapshot on disk covered.
+    let mut truncated = false;
     // Only tps holding data have batches to replay, and only those the
     // snapshot covered can have come back shorter than it saw: with a
     // million idle topics, most are neither.
@@ -935,9 +938,7 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
     tps.sort_unstable();
     tps.dedup();
     for tp in tps {
-        if storage.offsets(&tp).is_none() {
-            continue;
-        }
+        let Some((log_start, _, _)) = storage.offsets(&tp) else { continue };
         let from = match &covered {
             // The log came back shorter than the snapshot saw (a machine
             // crash lost a tail it covered): what the snapshot says of this
@@ -945,9 +946,20 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
             // transaction), so the tp is rebuilt from its log start.
             Some(c) if c.get(&tp).is_some_and(|&end| storage.offsets(&tp).is_some_and(|o| o.2 < end)) => {
                 tracing::warn!(topic = %crate::meta::hex(&tp.topic), partition = tp.partition, "log shorter than the producer snapshot covered; replaying the partition from its start");
+                truncated = true;
                 state.forget_tp(&tp);
                 txns.forget_tp(&tp);
                 0
+            }
+            // Retention took batches after what the snapshot covered: a
+            // producer's last batch may be among them, and the snapshot's
+            // older state would refuse its next one as out of order. Its
+            // producers are rebuilt from what the log holds; one whose
+            // batches are all gone is taken from wherever it goes on, as
+            // Kafka does (found by the simulator).
+            Some(c) if c.get(&tp).is_some_and(|&end| end < log_start) => {
+                state.forget_tp(&tp);
+                log_start
             }
             Some(c) => c.get(&tp).copied().unwrap_or(0),
             None => match storage.offset_for_timestamp(&tp, now_ms.saturating_sub(expiry_ms)) {
@@ -956,20 +968,54 @@ fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) -> (produce
                 Err(_) => 0,
             },
         };
-        match state.replay(&mut txns, storage, tp, from, now_ms) {
-            Ok(n) => replayed += n,
-            Err(e) => tracing::warn!(error = %e, "replaying producer state failed for a partition"),
-        }
+        // A partition whose batches cannot be read back has producer state
+        // that cannot be trusted: a retry of a batch it holds would be
+        // written twice. The start fails instead (found by the simulator:
+        // one read error at start-up used to cost a duplicate).
+        replayed += state.replay(&mut txns, storage, tp, from, now_ms).inspect_err(|e| {
+            tracing::error!(topic = %crate::meta::hex(&tp.topic), partition = tp.partition, error = %e, "replaying producer state failed; not starting without it");
+        })?;
     }
     tracing::info!(producers = state.len(), replayed_batches = replayed, elapsed_ms = started.elapsed().as_millis() as u64, "producer state restored");
     // So a crash soon after this start does not replay the same again.
-    snapshot_producers(&state, &txns, storage);
-    (state, txns)
+    // After a truncation this one must land: the snapshot on disk speaks of
+    // batches the log lost, and once new batches fill those offsets again
+    // a later start could not tell (found by the simulator: a retry was
+    // answered with the offsets of a lost batch).
+    let snapshot = state.encode_snapshot(&txns.to_snapshot(), &covered_ends(&state, storage).0);
+    match storage.put_state(PRODUCER_SNAPSHOT, &snapshot) {
+        Ok(()) => {}
+        Err(e) if truncated => {
+            tracing::error!(file = PRODUCER_SNAPSHOT, error = %e, "replacing a producer snapshot the log no longer matches failed; not starting with it in place");
+            return Err(e.into());
+        }
+        Err(e) => tracing::warn!(file = PRODUCER_SNAPSHOT, error = %e, "writing the producer snapshot failed"),
+    }
+    Ok((state, txns))
 }
 
 /// Writes the producer snapshot covering every tp's current log end.
-fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage) {
-    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &storage.nonempty_log_ends().0));
+pub(crate) fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns, storage: &Storage) {
+    write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &covered_ends(state, storage).0));
+}
+
+/// The log ends a producer snapshot covers: every tp holding data, and
+/// every tp a producer has state in even if retention emptied it (so a
+/// restore knows how far the snapshot's knowledge of it went). With the
+/// number of tps walked, for the snapshot cadence.
+pub(crate) fn covered_ends(state: &producers::Producers, storage: &Storage) -> (Vec<(Tp, i64)>, usize) {
+    let (mut ends, walked) = storage.nonempty_log_ends();
+    let held: std::collections::BTreeSet<Tp> = ends.iter().map(|(tp, _)| *tp).collect();
+    for tp in state.tps() {
+        if !held.contains(&tp) {
+            if let Some((_, _, leo)) = storage.offsets(&tp) {
+                ends.push((tp, leo));
+            }
+        }
+    }
+    ends.sort_unstable();
+    ends.dedup();
+    (ends, walked)
 }
 
 /// A failed snapshot costs a longer replay at the next start, nothing

@@ -88,6 +88,11 @@ pub struct BatchIds {
 }
 
 impl BatchIds {
+    /// The producer fields of a batch's header.
+    pub fn of(h: &crate::protocol::batch::BatchHeader) -> BatchIds {
+        BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) }
+    }
+
     fn last_seq(&self) -> i32 {
         // Sequences wrap at i32::MAX, as in Kafka.
         let last = self.base_sequence as i64 + self.count as i64 - 1;
@@ -145,6 +150,12 @@ impl Producers {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The tps some producer has state in (once each, in no order).
+    pub fn tps(&self) -> impl Iterator<Item = Tp> + '_ {
+        let mut seen = std::collections::HashSet::new();
+        self.entries.keys().map(|(_, tp)| *tp).filter(move |tp| seen.insert(*tp))
     }
 
     /// Decides about one batch for `tp`.
@@ -271,8 +282,7 @@ impl Producers {
                         }
                         continue;
                     }
-                    let ids = BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) };
-                    self.record(tp, ids, h.base_offset, last, now_ms);
+                    self.record(tp, BatchIds::of(&h), h.base_offset, last, now_ms);
                     if h.is_transactional() {
                         txns.on_batch(tp, h.producer_id, h.producer_epoch, h.base_offset);
                     }

@@ -40,7 +40,7 @@ impl Checked {
         Checked {
             start: range.start as u32,
             end: range.end as u32,
-            ids: BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) },
+            ids: BatchIds::of(h),
             transactional: h.is_transactional(),
             records: h.records_count,
         }

@@ -231,14 +231,7 @@ impl Writer {
         let mut result: Option<AppendResult> = None;
         for (b, checked) in records.batches() {
             let ids = checked.ids;
-            let mut check = self.producers.check(tp, ids);
-            // A new transactional batch only for a partition its transaction
-            // added (checked here, where markers are written, so no marker
-            // can slip in between).
-            if check == producers::Check::Append && checked.transactional && !self.shared.txns.read().expect("txns lock").admits(ids.producer_id, ids.epoch, &tp) {
-                check = producers::Check::Refuse(Refusal::NotInTransaction);
-            }
-            match check {
+            match admit(&self.producers, &self.shared.txns, tp, ids, checked.transactional) {
                 producers::Check::Append => {}
                 producers::Check::Duplicate { base_offset, last_offset } => {
                     self.shared.stats.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -366,6 +359,19 @@ impl Writer {
     }
 }
 
+/// The writer's decision about one batch: the idempotent-producer check,
+/// then, for a new transactional batch, whether its transaction added the
+/// partition (checked here, where markers are written, so no marker can
+/// slip in between). An `Append` is followed by the append and
+/// [`producers::Producers::record`]. The simulator decides with it too.
+pub(crate) fn admit(producers: &producers::Producers, txns: &RwLock<txns::Txns>, tp: Tp, ids: producers::BatchIds, transactional: bool) -> producers::Check {
+    let check = producers.check(tp, ids);
+    if check == producers::Check::Append && transactional && !txns.read().expect("txns lock").admits(ids.producer_id, ids.epoch, &tp) {
+        return producers::Check::Refuse(Refusal::NotInTransaction);
+    }
+    check
+}
+
 fn storage_failure(e: StorageError) -> AppendFailure {
     match e {
         StorageError::UnknownPartition => AppendFailure::UnknownPartition,
@@ -448,7 +454,7 @@ impl Snapshots {
             return;
         }
         let t = txns.read().expect("txns lock").to_snapshot();
-        let (ends, walked) = storage.nonempty_log_ends();
+        let (ends, walked) = super::covered_ends(producers, storage);
         let covered = walked as u64;
         self.busy.store(true, Ordering::Release);
         if tx.try_send((producers.clone(), t, ends)).is_ok() {

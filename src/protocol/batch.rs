@@ -491,6 +491,15 @@ pub fn build(records: &[NewRecord<'_>], timestamp: i64) -> Vec<u8> {
     out
 }
 
+/// Makes `buf` (a whole batch, as [`build`] returns it) an idempotent
+/// producer's: its producer id, epoch and base sequence set, sealed again.
+pub fn set_producer(buf: &mut [u8], producer_id: i64, epoch: i16, base_sequence: i32) {
+    buf[OFF_PRODUCER_ID..OFF_PRODUCER_ID + 8].copy_from_slice(&producer_id.to_be_bytes());
+    buf[OFF_PRODUCER_EPOCH..OFF_PRODUCER_EPOCH + 2].copy_from_slice(&epoch.to_be_bytes());
+    buf[OFF_BASE_SEQUENCE..OFF_BASE_SEQUENCE + 4].copy_from_slice(&base_sequence.to_be_bytes());
+    seal(buf);
+}
+
 /// Fills in batchLength and the CRC-32C of the whole batch in `buf` (a
 /// [`NewBatch::header`] followed by its records).
 pub fn seal(buf: &mut [u8]) {

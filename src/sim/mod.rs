@@ -38,11 +38,24 @@
 //! (acknowledging before the flush). `canopy-sim --plant <bug>` reports the
 //! first seed that finds it.
 //!
-//! Not yet simulated (the storage-core issue goes on): the engine itself
-//! (idempotent and transactional produce, fetch, subtree streams through
-//! the engine), the catalog's own failures, and concurrency between the
-//! writer, syncer and compactor threads (storage is driven from one thread
-//! here, in the order the engine's threads would call it).
+//! # Idempotent producers
+//!
+//! Two producer ids send batches to random tps with sequence numbers, at
+//! most five in flight per tp, and now and then (always with five
+//! unanswered) send every batch in flight again, as a client does after a
+//! lost connection or a restart. Each batch goes through the writer's own
+//! decision ([`crate::engine::admit`]) over the engine's producer state,
+//! which every open restores with the engine's own code (the snapshot,
+//! cut to what the log kept, then a replay), and which is snapshotted
+//! after flushes and at clean stops as the engine does. Checked: a batch
+//! the log holds is never appended again; its retry is answered with the
+//! offsets it was first written at; the next batch in sequence is
+//! appended, never refused.
+//!
+//! Not yet simulated (the storage-core issue goes on): the writer and
+//! syncer threads themselves (the driver calls storage, and the writer's
+//! decision, in the order they would), transactions, fetch and subtree
+//! streams through the engine, and the catalog's own failures.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -104,6 +117,10 @@ pub struct Outcome {
     pub compactions: u64,
     pub retentions: u64,
     pub poisoned: u64,
+    /// Batches idempotent producers appended, and answers they got (an
+    /// ack, or a retry answered with the offsets first written).
+    pub idempotent_appends: u64,
+    pub producer_answers: u64,
     /// Segments recovery opened by their index file, and by walking.
     pub indexed_segments: u64,
     pub walked_segments: u64,
@@ -141,7 +158,37 @@ struct MBatch {
     /// As storage must return it (base offset patched).
     bytes: Vec<u8>,
     state: State,
+    /// An idempotent producer's batch: (producer id, base sequence).
+    ids: Option<(i64, i32)>,
 }
+
+/// An idempotent producer's batches to one tp, as its client sees them.
+#[derive(Debug, Clone, Default)]
+struct Client {
+    next_seq: i32,
+    /// Sent and not yet acknowledged, oldest first (at most
+    /// `MAX_IN_FLIGHT`, as Kafka's clients keep them): each is sent again
+    /// by a retry, with the same sequence number and bytes.
+    in_flight: Vec<Sent>,
+    /// The connection broke (a restart, a crash, or an error answer): the
+    /// batches in flight are sent again, in order, before any new one.
+    resend: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Sent {
+    seq: i32,
+    /// As the client sent it (base offset 0).
+    bytes: Vec<u8>,
+}
+
+/// The producer ids the simulated idempotent clients use.
+const PRODUCER_IDS: [i64; 2] = [1_000, 1_001];
+/// Kafka's clients keep at most five batches in flight per partition with
+/// idempotence on (and the engine remembers five per producer and tp).
+const MAX_IN_FLIGHT: usize = 5;
+/// Producer state is kept this long without use (the engine's default).
+const PRODUCER_EXPIRY_MS: i64 = 7 * 24 * 3600 * 1000;
 
 #[derive(Debug, Clone)]
 struct MTp {
@@ -191,6 +238,11 @@ struct Sim {
     unsynced: Vec<(u64, Flushed)>,
     next_flush: u64,
     next_topic: u64,
+    /// The engine's idempotent-producer state, restored at each open as the
+    /// engine restores it (snapshot, then a replay of the log).
+    producers: crate::engine::producers::Producers,
+    txns: std::sync::RwLock<crate::engine::txns::Txns>,
+    clients: BTreeMap<(i64, Tp), Client>,
     out: Outcome,
     step: usize,
     trace: bool,
@@ -270,6 +322,9 @@ impl Sim {
             unsynced: Vec::new(),
             next_flush: 0,
             next_topic: 0,
+            producers: Default::default(),
+            txns: Default::default(),
+            clients: BTreeMap::new(),
             out: Outcome::default(),
             step: 0,
             trace: false,
@@ -313,9 +368,16 @@ impl Sim {
     fn open(&mut self) -> Check {
         let dir = Path::new(DIR);
         let mut attempt = 0;
-        let storage = loop {
+        // Storage, then the engine's producer state (the snapshot, cut to
+        // what the log kept, then the log after it replayed): a start
+        // fails if either does.
+        let (storage, producers, txns) = loop {
             let clean = Storage::stopped_cleanly(dir, &self.cfg);
-            match Storage::open_with(dir, self.cfg.clone(), self.specs(), clean, Some(&self.catalog.windows)).and_then(|s| s.0.clear_clean_marker().map(|_| s)) {
+            let opened = Storage::open_with(dir, self.cfg.clone(), self.specs(), clean, Some(&self.catalog.windows))
+                .and_then(|s| s.0.clear_clean_marker().map(|_| s))
+                .map_err(|e| e.to_string())
+                .and_then(|s| crate::engine::restore_producers(&s.0, self.now_ms, PRODUCER_EXPIRY_MS).map(|(p, t)| (s, p, t)).map_err(|e| format!("restoring producer state: {e}")));
+            match opened {
                 Ok(s) => break s,
                 Err(e) if attempt == 0 && self.faulty() => {
                     attempt += 1;
@@ -333,7 +395,13 @@ impl Sim {
         self.out.indexed_segments += r.indexed_segments as u64;
         self.out.walked_segments += (r.segments - r.indexed_segments) as u64;
         self.storage = Some(storage);
+        self.producers = producers;
+        self.txns = std::sync::RwLock::new(txns);
         self.unsynced.clear();
+        // Every client's connection broke: what it has in flight goes again.
+        for c in self.clients.values_mut() {
+            c.resend = true;
+        }
         self.after_recovery()
     }
 
@@ -394,7 +462,8 @@ impl Sim {
             let what = match roll {
                 0..=3 => "create topic",
                 4 => "delete topic",
-                5..=44 => "append",
+                5..=29 => "append",
+                30..=44 => "idempotent append",
                 45..=59 => "flush",
                 60..=71 => "sync",
                 72..=80 => "read",
@@ -409,7 +478,8 @@ impl Sim {
         match roll {
             0..=3 => self.create_topic(),
             4 => self.delete_topic(),
-            5..=44 => self.append(),
+            5..=29 => self.append(),
+            30..=44 => self.idempotent_append(),
             45..=59 => self.flush(),
             60..=71 => self.sync(),
             72..=80 => self.read(),
@@ -445,6 +515,7 @@ impl Sim {
         let Some(id) = self.pick_topic() else { return Ok(()) };
         self.storage().remove_topic(&id, self.topics[&id].parts.len() as i32);
         self.topics.remove(&id);
+        self.clients.retain(|(_, tp), _| tp.topic != id);
         Ok(())
     }
 
@@ -481,7 +552,7 @@ impl Sim {
                 ensure(a.last_offset == expected + n as i64 - 1, || format!("{tp:?}: {n} records end at {}", a.last_offset))?;
                 batch::set_base_offset(&mut bytes, a.base_offset);
                 let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
-                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state });
+                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, ids: None });
                 self.out.appends += 1;
                 Ok(())
             }
@@ -489,6 +560,128 @@ impl Sim {
             Err(StorageError::Exhausted { .. }) => Ok(()),
             Err(e) => self.poisoned(e),
         }
+    }
+
+    /// An idempotent producer sends its next batch to a tp, or (now and
+    /// then, and always with `MAX_IN_FLIGHT` unanswered) sends every batch
+    /// in flight again, in order, as a client does after a lost connection
+    /// or a broker restart.
+    fn idempotent_append(&mut self) -> Check {
+        let Some(tp) = self.pick_tp() else { return self.create_topic() };
+        let pid = PRODUCER_IDS[self.rng.below(PRODUCER_IDS.len() as u64) as usize];
+        let client = self.clients.entry((pid, tp)).or_default().clone();
+        let retry = !client.in_flight.is_empty() && (client.resend || client.in_flight.len() >= MAX_IN_FLIGHT || self.rng.below(3) == 0);
+        self.clients.get_mut(&(pid, tp)).expect("client").resend = false;
+        let sends = if retry {
+            client.in_flight
+        } else {
+            let n = 1 + self.rng.below(4) as usize;
+            let values: Vec<Vec<u8>> = (0..n).map(|_| (0..self.rng.below(200)).map(|_| self.rng.next_u64() as u8).collect()).collect();
+            let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
+            let mut bytes = batch::build(&records, self.now_ms);
+            batch::set_producer(&mut bytes, pid, 0, client.next_seq);
+            let sent = Sent { seq: client.next_seq, bytes };
+            let c = self.clients.get_mut(&(pid, tp)).expect("client");
+            c.next_seq += n as i32;
+            c.in_flight.push(sent.clone());
+            vec![sent]
+        };
+        for sent in sends {
+            if !self.send_idempotent(tp, pid, sent)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One idempotent batch through the writer's decision
+    /// ([`crate::engine::admit`]), checked against the model: a batch the
+    /// log holds is answered with its offsets, never appended again; the
+    /// next one in sequence is appended. False: stop sending (storage
+    /// refused this one).
+    fn send_idempotent(&mut self, tp: Tp, pid: i64, sent: Sent) -> Result<bool, String> {
+        use crate::engine::producers::{BatchIds, Check as Decision};
+        let header = batch::BatchHeader::parse(&sent.bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?;
+        let ids = BatchIds::of(&header);
+        let log_start = self.mtp(&tp).log_start;
+        // The log's copy of this batch, if it holds one (retention may have
+        // taken it since: then the engine cannot know it, and any answer
+        // is one Kafka could give).
+        let held = self.mtp(&tp).batches.iter().find(|b| b.ids == Some((pid, sent.seq))).map(|b| (b.base, b.last, b.state));
+        let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, false);
+        if self.trace {
+            eprintln!("  producer {pid} sequence {} ({} records) to {}/{}: {decision:?}, the log holds it at {held:?}", sent.seq, ids.count, tp.topic[15], tp.partition);
+        }
+        match (decision, held) {
+            (_, Some((_, last, _))) if last < log_start => {
+                self.answered(pid, tp, sent.seq);
+                Ok(true)
+            }
+            (Decision::Duplicate { base_offset, last_offset }, Some((base, last, state))) => {
+                ensure((base_offset, last_offset) == (base, last), || format!("{tp:?}: producer {pid} sequence {} retried: answered with offsets {base_offset}..{last_offset}, the log holds it at {base}..{last}", sent.seq))?;
+                if state == State::Acked {
+                    self.answered(pid, tp, sent.seq);
+                }
+                Ok(true)
+            }
+            (Decision::Append, Some((base, ..))) => Err(format!("{tp:?}: producer {pid} sequence {} retried and appended again; the log holds it at offset {base}", sent.seq)),
+            (Decision::Append, None) => {
+                let mut bytes = sent.bytes.clone();
+                let expected = self.mtp(&tp).next_offset();
+                let now = self.now_ms;
+                match self.writer().append(tp, &bytes, now, false) {
+                    Ok(a) => {
+                        ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
+                        self.producers.record(tp, ids, a.base_offset, a.last_offset, now);
+                        batch::set_base_offset(&mut bytes, a.base_offset);
+                        self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state: State::Staged, ids: Some((pid, sent.seq)) });
+                        self.out.appends += 1;
+                        self.out.idempotent_appends += 1;
+                        Ok(true)
+                    }
+                    Err(StorageError::Exhausted { .. }) => {
+                        self.clients.get_mut(&(pid, tp)).expect("client").resend = true;
+                        Ok(false)
+                    }
+                    Err(e) => self.poisoned(e).map(|_| false),
+                }
+            }
+            (Decision::Duplicate { base_offset, .. }, None) => Err(format!("{tp:?}: producer {pid} sequence {} answered as a retry of offset {base_offset}, which the log does not hold", sent.seq)),
+            // A batch sent after one the log lost (a restart dropped it
+            // unflushed) is out of order; the client sends the lost one
+            // again first, as Kafka's clients do on that error.
+            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.lost_before(pid, tp, sent.seq) => Ok(false),
+            // A lost batch whose successor the log took anyway: the engine
+            // had no state of this producer here (a crash took it with the
+            // batch), and took the successor from where it was, as Kafka
+            // does. The client is told this one is out of order and gives
+            // it up; it was never acknowledged.
+            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.held_after(pid, tp, sent.seq) => {
+                self.answered(pid, tp, sent.seq);
+                Ok(true)
+            }
+            (Decision::Refuse(why), _) => Err(format!("{tp:?}: producer {pid} sequence {} refused: {why:?} (held: {held:?})", sent.seq)),
+        }
+    }
+
+    /// Whether a batch in flight before `seq` is not in the log.
+    fn lost_before(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
+        let earlier: Vec<i32> = self.clients.get(&(pid, tp)).map(|c| c.in_flight.iter().map(|s| s.seq).filter(|&s| s < seq).collect()).unwrap_or_default();
+        let m = self.mtp(&tp);
+        earlier.iter().any(|&s| !m.batches.iter().any(|b| b.ids == Some((pid, s))))
+    }
+
+    /// Whether the log holds a later batch of this producer than `seq`.
+    fn held_after(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
+        self.mtp(&tp).batches.iter().any(|b| b.ids.is_some_and(|(p, s)| p == pid && s > seq))
+    }
+
+    /// The client has its answer for `seq`: no longer in flight.
+    fn answered(&mut self, pid: i64, tp: Tp, seq: i32) {
+        if let Some(c) = self.clients.get_mut(&(pid, tp)) {
+            c.in_flight.retain(|s| s.seq != seq);
+        }
+        self.out.producer_answers += 1;
     }
 
     /// Storage refused for good: the operator restarts the machine (a power
@@ -515,6 +708,11 @@ impl Sim {
                     }
                 }
                 self.unsynced.push((n, f));
+                // The engine snapshots producer state after a flush when one
+                // is due (every 30 s or so).
+                if self.rng.below(4) == 0 {
+                    crate::engine::snapshot_producers(&self.producers, &self.txns.read().expect("txns lock"), self.storage());
+                }
                 Ok(())
             }
             Err(e) => self.poisoned(e),
@@ -530,15 +728,22 @@ impl Sim {
                 for (_, f) in std::mem::take(&mut self.unsynced) {
                     self.storage().publish_hw(&f);
                 }
-                for t in self.topics.values_mut() {
-                    for m in &mut t.parts {
+                let mut answered = Vec::new();
+                for (id, t) in self.topics.iter_mut() {
+                    for (p, m) in t.parts.iter_mut().enumerate() {
                         for b in &mut m.batches {
                             if matches!(b.state, State::Flushed(n) if n < upto) {
                                 b.state = State::Acked;
                                 self.out.acked += 1;
+                                if let Some((pid, seq)) = b.ids {
+                                    answered.push((pid, Tp { topic: *id, partition: p as i32 }, seq));
+                                }
                             }
                         }
                     }
+                }
+                for (pid, tp, seq) in answered {
+                    self.answered(pid, tp, seq);
                 }
                 Ok(())
             }
@@ -702,6 +907,8 @@ impl Sim {
         if let Err(e) = self.storage().sync() {
             return self.poisoned(e);
         }
+        // The writer's last snapshot, then the marker.
+        crate::engine::snapshot_producers(&self.producers, &self.txns.read().expect("txns lock"), self.storage());
         let _ = self.storage().mark_clean();
         for t in self.topics.values_mut() {
             for m in &mut t.parts {
@@ -760,6 +967,8 @@ mod tests {
                     total.compactions += o.compactions;
                     total.indexed_segments += o.indexed_segments;
                     total.walked_segments += o.walked_segments;
+                    total.idempotent_appends += o.idempotent_appends;
+                    total.producer_answers += o.producer_answers;
                 }
                 Err(f) => panic!("{f}"),
             }
@@ -768,6 +977,9 @@ mod tests {
         // and walked segments without one.
         assert!(total.acked > 5_000 && total.crashes > 300 && total.disk.faults > 50 && total.compactions > 20, "{total:?}");
         assert!(total.indexed_segments > 1_000 && total.walked_segments > 1_000, "{total:?}");
+        // Idempotent producers appended, and had answers: acks, and
+        // retries answered with the offsets first written.
+        assert!(total.idempotent_appends > 1_000 && total.producer_answers > 1_000, "{total:?}");
     }
 
     /// The simulator is only as good as the bugs it finds: each planted one

@@ -180,7 +180,12 @@ impl LogWriter {
             self.staged.clear();
             return Err(e);
         }
-        for (_, mut staged) in self.staged.drain() {
+        // In segment order, not the map's: it is keyed by address, and the
+        // order of writes must not depend on where the allocator put a
+        // branch (the simulator replays a seed's faults by write order).
+        let mut round: Vec<Staged> = self.staged.drain().map(|(_, s)| s).collect();
+        round.sort_unstable_by_key(|s| s.seg.base_seq);
+        for mut staged in round {
             if let Err(e) = write_staged(log, &mut staged) {
                 return Err(log.poison(e));
             }
