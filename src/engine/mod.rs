@@ -923,8 +923,19 @@ pub(crate) fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) 
             (Default::default(), Default::default(), None)
         }
     };
-    state.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
-    txns.drop_beyond(|tp| storage.offsets(tp).map(|o| o.2));
+    // What the snapshot knows of a tp ends at the log end it covered (a
+    // producer's batch recorded past it was not yet written when it was
+    // taken: the replay from there finds it if it was written after), and
+    // at the log end now (a crash may have lost the rest). Found by the
+    // simulator: past either, a retry was answered with a lost batch's
+    // offsets, or a batch recorded twice pushed a retried one out of the
+    // window.
+    let known = |tp: &Tp| {
+        let leo = storage.offsets(tp)?.2;
+        Some(covered.as_ref().and_then(|c| c.get(tp)).map_or(leo, |&end| end.min(leo)))
+    };
+    state.drop_beyond(known);
+    txns.drop_beyond(known);
     let mut replayed = 0;
     // Whether the log came back shorter than the snapshot on disk covered.
     let mut truncated = false;

@@ -210,7 +210,14 @@ impl Producers {
             e.batches.clear();
             e.complete = ids.base_sequence == 0;
         }
-        e.batches.push_back(Cached { first_seq: ids.base_sequence, last_seq: ids.last_seq(), base_offset, last_offset });
+        let cached = Cached { first_seq: ids.base_sequence, last_seq: ids.last_seq(), base_offset, last_offset };
+        // The same batch twice (a replay over state that already had it)
+        // must not push an older one out of the window.
+        if e.batches.contains(&cached) {
+            e.last_used_ms = now_ms;
+            return;
+        }
+        e.batches.push_back(cached);
         if e.batches.len() > WINDOW {
             e.batches.pop_front();
         }

@@ -255,6 +255,10 @@ struct Segment {
     /// The covered length of the segment's index file on disk (0: none;
     /// see `log/seg_index.rs`).
     indexed: AtomicU64,
+    /// The partitions' indexes hold every entry of the frames below this
+    /// length (a flush publishes them with its write; frames a roll wrote
+    /// wait for the next flush).
+    published_len: AtomicU64,
 }
 
 /// A segment's stream marks and its last frame.
@@ -302,6 +306,7 @@ impl Segment {
             marks: Mutex::default(),
             end_seq: AtomicU64::new(0),
             indexed: AtomicU64::new(0),
+            published_len: AtomicU64::new(len),
         }
     }
 

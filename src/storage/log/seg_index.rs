@@ -417,17 +417,22 @@ impl Storage {
     /// Writes the index file of each branch's active segment (the last
     /// step of a clean stop, after the last sync).
     ///
-    /// Only active segments: their frames are written by a flush, which
-    /// publishes their index entries in the same step, so the partitions'
-    /// indexes describe every frame written. A segment sealed since the
-    /// last flush has frames whose entries are not published yet; its
-    /// file was written when it was sealed (with those entries), and if
-    /// that failed it is walked at the next start.
+    /// Only what the partitions' indexes fully describe: a segment whose
+    /// frames were all written by flushes, which publish the entries with
+    /// the write. Frames a roll wrote (sealing the segment before, or
+    /// failing to create the next and leaving this one active) have their
+    /// entries published only by the next flush: a segment holding such
+    /// frames is walked at the next start instead (a sealed one got its
+    /// file when it was sealed, with those entries). The simulator found
+    /// both: an index written from the published entries alone said a tp
+    /// had none there, and reads found nothing below the high watermark.
     pub(super) fn write_seg_indexes(&self) {
         let branches: Vec<Arc<Branch>> = self.branches.read().expect("branches lock").values().cloned().collect();
         for b in branches {
             let active = b.segs.read().expect("branch lock").last().cloned();
-            if let Some(seg) = active.filter(|s| s.indexed.load(Ordering::Acquire) != s.len.load(Ordering::Acquire)) {
+            let Some(seg) = active else { continue };
+            let len = seg.len.load(Ordering::Acquire);
+            if seg.indexed.load(Ordering::Acquire) != len && seg.published_len.load(Ordering::Acquire) == len {
                 self.write_seg_index(&seg, &[]);
             }
         }

@@ -201,6 +201,7 @@ impl LogWriter {
                 st.leo = leo;
                 moved.push((part.tp, leo));
             }
+            staged.seg.published_len.store(staged.start, Ordering::Release);
         }
         Ok(Flushed { moved, seq_end })
     }
