@@ -196,6 +196,11 @@ impl CachedFile {
         was_clean
     }
 
+    /// Whether the file was retired (is being deleted).
+    pub fn retired(&self) -> bool {
+        self.held.lock().expect("held file lock").retired
+    }
+
     /// Whether writes are waiting for a sync.
     pub fn unsynced(&self) -> bool {
         self.held.lock().expect("held file lock").unsynced

@@ -90,6 +90,11 @@ pub struct StorageConfig {
     /// Roll the active segment of a branch once it is this old.
     pub segment_ms: i64,
     pub index_interval_bytes: u64,
+    /// An active segment's index file is written again (by the syncer,
+    /// once the frames it covers are synced) each time the segment grew
+    /// this much: what a crash makes recovery deep-scan is bounded by it
+    /// (see `log/seg_index.rs`).
+    pub index_checkpoint_bytes: u64,
     pub tip: super::tip::TipConfig,
     /// Segment and store files kept open at most (see `files`).
     pub max_open_files: usize,
@@ -119,7 +124,7 @@ pub enum Planted {
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, disk: RealDisk::shared(), planted: None }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, index_checkpoint_bytes: 64 << 20, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, disk: RealDisk::shared(), planted: None }
     }
 }
 
@@ -253,8 +258,13 @@ struct Segment {
     /// One past the largest sequence number staged into this segment.
     end_seq: AtomicU64,
     /// The covered length of the segment's index file on disk (0: none;
-    /// see `log/seg_index.rs`).
-    indexed: AtomicU64,
+    /// see `log/seg_index.rs`); held while the file is written, so the
+    /// writer (at a seal) and the syncer (a checkpoint) never write it at
+    /// once, and a shorter one never replaces a longer one.
+    indexed: Mutex<u64>,
+    /// The covered length of the last checkpoint of its index queued for
+    /// the syncer.
+    checkpoint_queued: AtomicU64,
     /// The partitions' indexes hold every entry of the frames below this
     /// length (a flush publishes them with its write; frames a roll wrote
     /// wait for the next flush).
@@ -305,7 +315,8 @@ impl Segment {
             tps: Mutex::new(HashMap::default()),
             marks: Mutex::default(),
             end_seq: AtomicU64::new(0),
-            indexed: AtomicU64::new(0),
+            indexed: Mutex::new(0),
+            checkpoint_queued: AtomicU64::new(0),
             published_len: AtomicU64::new(len),
         }
     }
@@ -673,6 +684,9 @@ pub struct Storage {
     /// The segments written since the last sync began: what it syncs, so
     /// a sync costs the segments written, not the segments that exist.
     dirty: Mutex<Vec<Arc<Segment>>>,
+    /// Active segments' index files captured after a flush, for the next
+    /// sync to write once their frames are durable.
+    checkpoints: Mutex<Vec<(Arc<Segment>, seg_index::SegIndex)>>,
 }
 
 /// What the maintenance lock guards.
@@ -824,6 +838,11 @@ impl Storage {
     /// Returns the bytes written since the previous sync.
     pub fn sync(&self) -> Result<u64, StorageError> {
         self.check_poison()?;
+        // Before the dirty list: every checkpoint queued by now describes
+        // frames written before this sync began, which it makes durable
+        // (their segment is on the list, or a sync since their write
+        // already covered them; syncs do not overlap: one syncer).
+        let checkpoints = std::mem::take(&mut *self.checkpoints.lock().expect("checkpoints lock"));
         let bytes = self.unsynced.swap(0, Ordering::AcqRel);
         let segs = std::mem::take(&mut *self.dirty.lock().expect("dirty list lock"));
         for seg in segs {
@@ -839,6 +858,7 @@ impl Storage {
             }
             seg.file.synced(number);
         }
+        self.write_checkpoints(checkpoints);
         Ok(bytes)
     }
 

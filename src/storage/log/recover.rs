@@ -196,7 +196,7 @@ impl Storage {
                 if index.is_none_or(|ix| ix.covered_len < scan.valid_len) {
                     unindexed.push((seg.clone(), is_active));
                 } else {
-                    seg.indexed.store(scan.valid_len, Ordering::Release);
+                    *seg.indexed.lock().expect("segment index lock") = scan.valid_len;
                 }
                 segs.push(seg);
             }
@@ -232,6 +232,7 @@ impl Storage {
             compaction_stats: CompactionStats::default(),
             unsynced: AtomicU64::new(0),
             dirty: Mutex::default(),
+            checkpoints: Mutex::default(),
         });
         // Sealed segments walked for want of an index file get one now,
         // so the next start reads it (active ones get theirs at a clean

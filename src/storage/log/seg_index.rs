@@ -15,6 +15,10 @@
 //!   the writer before it creates the next one, so retention and
 //!   compaction, which take only sealed segments, never delete a segment
 //!   whose index is still being written;
+//! - for an active segment, each time it grew by `index_checkpoint_bytes`
+//!   (64 MiB by default): captured by the writer after the flush that
+//!   wrote it, written by the next sync after its fsyncs, so what a crash
+//!   leaves to deep-scan is bounded;
 //! - at a clean stop, after the last sync, for each branch's active
 //!   segment;
 //! - at recovery, for a sealed segment found without one.
@@ -396,8 +400,16 @@ impl Storage {
     /// A failure is logged and costs a walk at the next start, nothing
     /// more.
     pub(super) fn write_seg_index(&self, seg: &Segment, pending: &[(Arc<Partition>, i64, Option<IndexEntry>)]) {
-        let Some(ix) = self.seg_index(seg, pending) else { return };
-        if seg.indexed.load(Ordering::Acquire) == ix.covered_len {
+        if let Some(ix) = self.seg_index(seg, pending) {
+            self.write_index_file(seg, &ix);
+        }
+    }
+
+    /// Writes `ix` as `seg`'s index file unless the one there covers as
+    /// much already.
+    fn write_index_file(&self, seg: &Segment, ix: &SegIndex) {
+        let mut indexed = seg.indexed.lock().expect("segment index lock");
+        if *indexed >= ix.covered_len {
             return;
         }
         let disk = &*self.cfg.disk;
@@ -409,7 +421,7 @@ impl Storage {
             disk.open(&path, Mode::CreateNew)?.write_all_at(&ix.encode(), 0)
         })();
         match written {
-            Ok(()) => seg.indexed.store(ix.covered_len, Ordering::Release),
+            Ok(()) => *indexed = ix.covered_len,
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "writing a segment index file failed; the next start walks the segment"),
         }
     }
@@ -432,8 +444,40 @@ impl Storage {
             let active = b.segs.read().expect("branch lock").last().cloned();
             let Some(seg) = active else { continue };
             let len = seg.len.load(Ordering::Acquire);
-            if seg.indexed.load(Ordering::Acquire) != len && seg.published_len.load(Ordering::Acquire) == len {
+            if seg.published_len.load(Ordering::Acquire) == len {
                 self.write_seg_index(&seg, &[]);
+            }
+        }
+    }
+
+    /// After a flush published `seg`'s entries up to its length: if it grew
+    /// by the checkpoint spacing since the last checkpoint, its index as it
+    /// stands is queued for the next sync, which writes it once the frames
+    /// are durable (the writer's thread does the capture, where nothing is
+    /// staged into the segment; the syncer the file).
+    pub(super) fn checkpoint(&self, seg: &Arc<Segment>) {
+        let len = seg.len.load(Ordering::Acquire);
+        if len < seg.checkpoint_queued.load(Ordering::Acquire) + self.cfg.index_checkpoint_bytes || seg.published_len.load(Ordering::Acquire) != len {
+            return;
+        }
+        if let Some(ix) = self.seg_index(seg, &[]) {
+            seg.checkpoint_queued.store(len, Ordering::Release);
+            self.checkpoints.lock().expect("checkpoints lock").push((seg.clone(), ix));
+        }
+    }
+
+    /// Writes the checkpoints a sync took, after its fsyncs. Under the
+    /// maintenance lock, so retention or compaction cannot delete a
+    /// segment while its file is written (a retired one is skipped);
+    /// while they run, the checkpoints are dropped (the next ones come).
+    pub(super) fn write_checkpoints(&self, checkpoints: Vec<(Arc<Segment>, SegIndex)>) {
+        if checkpoints.is_empty() {
+            return;
+        }
+        let Ok(_maintenance) = self.maintenance.try_lock() else { return };
+        for (seg, ix) in checkpoints {
+            if !seg.file.retired() {
+                self.write_index_file(&seg, &ix);
             }
         }
     }
@@ -623,7 +667,7 @@ mod tests {
                 .iter()
                 .map(|&(n, p, b)| PartitionSpec { tp: Tp { topic: [n; 16], partition: p }, branch: b.into(), log_start: 0 })
                 .collect();
-            let cfg = StorageConfig { segment_bytes: 3000, index_interval_bytes: interval, ..StorageConfig::default() };
+            let cfg = StorageConfig { segment_bytes: 3000, index_interval_bytes: interval, index_checkpoint_bytes: 700, ..StorageConfig::default() };
             let (mut s, mut w) = Storage::open(dir.path(), cfg.clone(), specs.clone(), true).unwrap();
             for (r, round) in rounds.iter().enumerate() {
                 for (i, &(t, n, len)) in round.iter().enumerate() {
@@ -662,6 +706,41 @@ mod tests {
                 s.clear_clean_marker().unwrap();
             }
         }
+    }
+
+    /// The active segment's index file is written again as it grows, once
+    /// its frames are synced: after a crash, recovery deep-scans only what
+    /// lies past the last one, not the whole segment.
+    #[test]
+    fn a_crash_deep_scans_only_past_the_last_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { index_checkpoint_bytes: 4096, ..StorageConfig::default() };
+        let tp = Tp { topic: [1; 16], partition: 0 };
+        let specs = vec![PartitionSpec { tp, branch: "a.x".into(), log_start: 0 }];
+        let total = {
+            let (s, mut w) = Storage::open(dir.path(), cfg.clone(), specs.clone(), true).unwrap();
+            for round in 0..20 {
+                for i in 0..10 {
+                    w.append(tp, &make_batch(&[&[b'a' + (i % 26) as u8; 400][..]], round), 0, false).unwrap();
+                }
+                let f = w.flush().unwrap();
+                s.sync().unwrap();
+                s.publish_hw(&f);
+            }
+            // One more round written and never synced.
+            w.append(tp, &make_batch(&[b"last"], 99), 0, false).unwrap();
+            let f = w.flush().unwrap();
+            s.publish_hw(&f);
+            assert_eq!(s.segment_count(), 1);
+            s.offsets(&tp).unwrap().2
+        };
+        // No clean stop: the next open deep-scans the active segment.
+        let (s, _w) = Storage::open(dir.path(), cfg, specs, false).unwrap();
+        let r = s.recovery_report().clone();
+        assert_eq!((r.indexed_segments, r.segments), (1, 1), "{r:?}");
+        assert!(r.bytes > 80_000, "{r:?}");
+        assert!(r.deep_scanned_bytes > 0 && r.deep_scanned_bytes < 2 * 4096, "deep-scanned {} of {} bytes", r.deep_scanned_bytes, r.bytes);
+        assert_eq!(s.offsets(&tp).unwrap().2, total, "everything written is recovered");
     }
 
     proptest::proptest! {

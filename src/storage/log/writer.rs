@@ -202,6 +202,7 @@ impl LogWriter {
                 moved.push((part.tp, leo));
             }
             staged.seg.published_len.store(staged.start, Ordering::Release);
+            log.checkpoint(&staged.seg);
         }
         Ok(Flushed { moved, seq_end })
     }
