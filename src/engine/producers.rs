@@ -152,10 +152,10 @@ impl Producers {
         self.entries.is_empty()
     }
 
-    /// The tps some producer has state in (once each, in no order).
+    /// The tps some producer has state in: once per producer there, in no
+    /// order.
     pub fn tps(&self) -> impl Iterator<Item = Tp> + '_ {
-        let mut seen = std::collections::HashSet::new();
-        self.entries.keys().map(|(_, tp)| *tp).filter(move |tp| seen.insert(*tp))
+        self.entries.keys().map(|(_, tp)| *tp)
     }
 
     /// Decides about one batch for `tp`.
@@ -304,12 +304,17 @@ impl Producers {
     }
 
     /// The state, and for every tp the log end it covers, as a snapshot.
+    /// The same state always encodes to the same bytes (entries in
+    /// producer and tp order), whatever order the maps hold them in.
     pub fn encode_snapshot(&self, txns: &[(Tp, TpTxns)], covered: &[(Tp, i64)]) -> Vec<u8> {
+        let mut entries: Vec<_> = self.entries.iter().collect();
+        entries.sort_unstable_by_key(|(key, _)| **key);
+        let mut txns: Vec<&(Tp, TpTxns)> = txns.iter().collect();
+        txns.sort_unstable_by_key(|(tp, _)| *tp);
         let file = SnapshotFile {
             version: SNAPSHOT_VERSION,
-            entries: self
-                .entries
-                .iter()
+            entries: entries
+                .into_iter()
                 .map(|((pid, tp), e)| SnapEntry {
                     producer_id: *pid,
                     topic: crate::meta::hex(&tp.topic),

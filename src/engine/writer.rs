@@ -429,7 +429,7 @@ impl Snapshots {
                 .name("canopy-producer-snapshot".into())
                 .spawn(move || {
                     for (state, txns, covered) in rx {
-                        match catch_unwind(AssertUnwindSafe(|| super::write_snapshot(&storage, &state.encode_snapshot(&txns, &covered)))) {
+                        match catch_unwind(AssertUnwindSafe(|| super::restore::write_snapshot(&storage, &state.encode_snapshot(&txns, &covered)))) {
                             Ok(()) => {}
                             Err(p) => tracing::error!(panic = %panic_message(&*p), "writing the producer snapshot panicked"),
                         }

@@ -545,22 +545,30 @@ impl Sim {
             })
             .collect();
         let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
-        let mut bytes = batch::build(&records, self.now_ms);
+        let bytes = batch::build(&records, self.now_ms);
+        let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
+        self.append_batch(tp, bytes, state, None).map(drop)
+    }
+
+    /// Appends `bytes` to `tp`, checks that its offsets follow the model's,
+    /// and adds it to the model as `state`. `None`: storage was out of
+    /// descriptors or space and staged nothing, or it refused for good and
+    /// the machine was power-cycled.
+    fn append_batch(&mut self, tp: Tp, mut bytes: Vec<u8>, state: State, ids: Option<(i64, i32)>) -> Result<Option<crate::storage::Appended>, String> {
         let expected = self.mtp(&tp).next_offset();
+        let records = batch::BatchHeader::parse(&bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?.last_offset_delta as i64 + 1;
         let now = self.now_ms;
         match self.writer().append(tp, &bytes, now, false) {
             Ok(a) => {
                 ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
-                ensure(a.last_offset == expected + n as i64 - 1, || format!("{tp:?}: {n} records end at {}", a.last_offset))?;
+                ensure(a.last_offset == expected + records - 1, || format!("{tp:?}: {records} records end at {}", a.last_offset))?;
                 batch::set_base_offset(&mut bytes, a.base_offset);
-                let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
-                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, ids: None });
+                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, ids });
                 self.out.appends += 1;
-                Ok(())
+                Ok(Some(a))
             }
-            // Out of descriptors or space before anything was staged.
-            Err(StorageError::Exhausted { .. }) => Ok(()),
-            Err(e) => self.poisoned(e),
+            Err(StorageError::Exhausted { .. }) => Ok(None),
+            Err(e) => self.poisoned(e).map(|_| None),
         }
     }
 
@@ -627,27 +635,21 @@ impl Sim {
                 Ok(true)
             }
             (Decision::Append, Some((base, ..))) => Err(format!("{tp:?}: producer {pid} sequence {} retried and appended again; the log holds it at offset {base}", sent.seq)),
-            (Decision::Append, None) => {
-                let mut bytes = sent.bytes.clone();
-                let expected = self.mtp(&tp).next_offset();
-                let now = self.now_ms;
-                match self.writer().append(tp, &bytes, now, false) {
-                    Ok(a) => {
-                        ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
-                        self.producers.record(tp, ids, a.base_offset, a.last_offset, now);
-                        batch::set_base_offset(&mut bytes, a.base_offset);
-                        self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state: State::Staged, ids: Some((pid, sent.seq)) });
-                        self.out.appends += 1;
-                        self.out.idempotent_appends += 1;
-                        Ok(true)
-                    }
-                    Err(StorageError::Exhausted { .. }) => {
-                        self.clients.get_mut(&(pid, tp)).expect("client").resend = true;
-                        Ok(false)
-                    }
-                    Err(e) => self.poisoned(e).map(|_| false),
+            (Decision::Append, None) => match self.append_batch(tp, sent.bytes, State::Staged, Some((pid, sent.seq)))? {
+                Some(a) => {
+                    self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
+                    self.out.idempotent_appends += 1;
+                    Ok(true)
                 }
-            }
+                // The client got an error: it sends what it has in flight
+                // again (after a power cycle every client does).
+                None => {
+                    if let Some(c) = self.clients.get_mut(&(pid, tp)) {
+                        c.resend = true;
+                    }
+                    Ok(false)
+                }
+            },
             (Decision::Duplicate { base_offset, .. }, None) => Err(format!("{tp:?}: producer {pid} sequence {} answered as a retry of offset {base_offset}, which the log does not hold", sent.seq)),
             // A batch sent after one the log lost (a restart dropped it
             // unflushed) is out of order; the client sends the lost one

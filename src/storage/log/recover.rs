@@ -203,7 +203,8 @@ impl Storage {
             // Index files whose segment is gone (deleted by retention or
             // compaction, or just now) go too.
             for (seq, path) in &index_files {
-                if !segs.iter().any(|s: &Arc<Segment>| s.base_seq == *seq) {
+                // `segs` is in base sequence order.
+                if segs.binary_search_by_key(seq, |s: &Arc<Segment>| s.base_seq).is_err() {
                     disk.remove_file(path).map_err(io_err(path))?;
                 }
             }

@@ -375,11 +375,13 @@ impl Storage {
                 tps.push(TpIndex { tp, last_offset: s.last_offset, bytes: s.bytes, max_ts: s.max_ts, since_entry: s.since_entry, entries });
             }
         }
-        let at: HashMap<Tp, usize> = tps.iter().enumerate().map(|(i, t)| (t.tp, i)).collect();
-        for (part, _, e) in pending {
-            if let (Some(e), Some(&i)) = (e, at.get(&part.tp)) {
-                if e.seg == base && !part.deleted.load(Ordering::Acquire) {
-                    tps[i].entries.push(*e);
+        if !pending.is_empty() {
+            let at: HashMap<Tp, usize> = tps.iter().enumerate().map(|(i, t)| (t.tp, i)).collect();
+            for (part, _, e) in pending {
+                if let (Some(e), Some(&i)) = (e, at.get(&part.tp)) {
+                    if e.seg == base && !part.deleted.load(Ordering::Acquire) {
+                        tps[i].entries.push(*e);
+                    }
                 }
             }
         }
@@ -414,7 +416,7 @@ impl Storage {
         }
         let disk = &*self.cfg.disk;
         let path = index_path(&seg.path);
-            let written = (|| -> io::Result<()> {
+        let written = (|| -> io::Result<()> {
             if disk.exists(&path) {
                 disk.remove_file(&path)?;
             }
