@@ -125,6 +125,9 @@ pub struct SimStats {
     pub lost_writes: u64,
     pub writes: u64,
     pub syncs: u64,
+    /// A digest of every operation in order (its kind, path and position),
+    /// so two runs of a seed can be compared: equal digests, same run.
+    pub history: u64,
 }
 
 impl State {
@@ -135,6 +138,14 @@ impl State {
         let hit = self.rng().chance(per_million);
         self.stats.faults += hit as u64;
         hit
+    }
+    /// Folds an operation into [`SimStats::history`] (FNV-1a).
+    fn note(&mut self, op: &str, path: &Path, arg: u64) {
+        let mut h = if self.stats.history == 0 { 0xcbf2_9ce4_8422_2325 } else { self.stats.history };
+        for b in op.bytes().chain(path.as_os_str().as_encoded_bytes().iter().copied()).chain(arg.to_le_bytes()) {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.stats.history = h;
     }
     fn log(&mut self, path: &Path, op: DirOp) {
         let parent = path.parent().unwrap_or(Path::new("")).to_owned();
@@ -205,6 +216,7 @@ impl SimDisk {
         let s = &mut *guard;
         s.generation += 1;
         s.stats.crashes += 1;
+        s.note("crash", Path::new("/"), worst as u64);
         // Names: a prefix of each directory's changes.
         let dir_ops = std::mem::take(&mut s.dir_ops);
         for (_, ops) in dir_ops {
@@ -298,6 +310,7 @@ impl Disk for SimDisk {
     fn open(&self, path: &Path, mode: Mode) -> io::Result<FileRef> {
         let mut guard = self.state();
         let s = &mut *guard;
+        s.note("open", path, mode as u64);
         let emfile = s.faults.emfile;
         if s.fault(emfile) {
             return Err(errno(rustix::io::Errno::MFILE));
@@ -328,6 +341,7 @@ impl Disk for SimDisk {
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.state();
+        s.note("mkdir", dir, 0);
         let mut missing = Vec::new();
         for a in dir.ancestors() {
             if a.as_os_str().is_empty() {
@@ -347,7 +361,8 @@ impl Disk for SimDisk {
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let s = self.state();
+        let mut s = self.state();
+        s.note("list", dir, 0);
         if s.names.get(dir) != Some(&Node::Dir) {
             return Err(not_found(dir));
         }
@@ -365,7 +380,8 @@ impl Disk for SimDisk {
     }
 
     fn file_len(&self, path: &Path) -> io::Result<u64> {
-        let s = self.state();
+        let mut s = self.state();
+        s.note("file_len", path, 0);
         match s.names.get(path) {
             Some(Node::File(ino)) => Ok(s.inodes[ino].data.len() as u64),
             Some(Node::Dir) => Err(io::Error::new(io::ErrorKind::IsADirectory, format!("{} is a directory", path.display()))),
@@ -375,6 +391,7 @@ impl Disk for SimDisk {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut s = self.state();
+        s.note("remove", path, 0);
         match s.names.get(path) {
             Some(Node::File(_)) => {
                 s.names.remove(path);
@@ -388,6 +405,8 @@ impl Disk for SimDisk {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut s = self.state();
+        s.note("rename", from, 0);
+        s.note("to", to, 0);
         let Some(node @ Node::File(_)) = s.names.get(from).copied() else { return Err(not_found(from)) };
         if !SimDisk::parent_exists(&s, to) {
             return Err(not_found(to));
@@ -411,6 +430,7 @@ impl Disk for SimDisk {
             return Err(not_found(dir));
         }
         s.stats.syncs += 1;
+        s.note("sync_dir", dir, 0);
         let sync_eio = s.faults.sync_eio;
         if s.fault(sync_eio) {
             return Err(errno(rustix::io::Errno::IO));
@@ -466,6 +486,7 @@ impl SimFile {
         let mut guard = self.live()?;
         let s = &mut *guard;
         s.stats.syncs += 1;
+        s.note("sync", &self.path, 0);
         let sync_eio = s.faults.sync_eio;
         let failed = s.fault(sync_eio);
         let inode = s.inodes.get_mut(&self.ino).expect("live inode");
@@ -496,6 +517,7 @@ impl SimFile {
 impl DiskFile for SimFile {
     fn read_at(&self, buf: &mut [u8], pos: u64) -> io::Result<usize> {
         let mut s = self.live()?;
+        s.note("read", &self.path, pos);
         let read_eio = s.faults.read_eio;
         if s.fault(read_eio) {
             return Err(errno(rustix::io::Errno::IO));
@@ -512,6 +534,7 @@ impl DiskFile for SimFile {
         let mut guard = self.live()?;
         let s = &mut *guard;
         s.stats.writes += 1;
+        s.note("write", &self.path, pos);
         let (eio, nospc) = (s.faults.write_eio, s.faults.nospc);
         let err = if s.fault(eio) {
             Some(rustix::io::Errno::IO)
@@ -542,6 +565,7 @@ impl DiskFile for SimFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.writable()?;
         let mut s = self.live()?;
+        s.note("set_len", &self.path, len);
         let inode = s.inodes.get_mut(&self.ino).expect("live inode");
         inode.data.resize(len as usize, 0);
         inode.pending.push(Pending::SetLen(len));
@@ -559,6 +583,7 @@ impl DiskFile for SimFile {
     fn reserve(&self, _pos: u64, _len: u64) -> io::Result<bool> {
         self.writable()?;
         let mut s = self.live()?;
+        s.note("reserve", &self.path, _pos);
         let nospc = s.faults.nospc;
         if s.fault(nospc) {
             return Err(errno(rustix::io::Errno::NOSPC));

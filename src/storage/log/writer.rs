@@ -180,11 +180,13 @@ impl LogWriter {
             self.staged.clear();
             return Err(e);
         }
-        // In segment order, not the map's: it is keyed by address, and the
-        // order of writes must not depend on where the allocator put a
-        // branch (the simulator replays a seed's faults by write order).
+        // In segment order (base sequence, then path: two branches' active
+        // segments can start at the same one), not the map's: it is keyed
+        // by address, and the order of writes must not depend on where the
+        // allocator put a branch (the simulator replays a seed's faults by
+        // write order).
         let mut round: Vec<Staged> = self.staged.drain().map(|(_, s)| s).collect();
-        round.sort_unstable_by_key(|s| s.seg.base_seq);
+        round.sort_unstable_by(|a, b| (a.seg.base_seq, &a.seg.path).cmp(&(b.seg.base_seq, &b.seg.path)));
         for mut staged in round {
             if let Err(e) = write_staged(log, &mut staged) {
                 return Err(log.poison(e));
