@@ -254,6 +254,22 @@ pub fn str_bytes(s: impl Into<String>) -> kafka_protocol::protocol::StrBytes {
 mod tests {
     use super::*;
 
+    /// The guard's tables are generated from these declarations
+    /// (`src/protocol/guard/generate.py`): a handler whose range changed
+    /// without regenerating them fails here.
+    #[test]
+    fn the_guard_covers_exactly_the_declared_versions() {
+        let mut declared: Vec<(i16, i16, i16)> = supported()
+            .into_iter()
+            .map(|(key, v)| if key == ApiKey::Produce { (key, produce::DECODED) } else { (key, v) })
+            .map(|(key, v)| (key as i16, v.min, v.max))
+            .collect();
+        let mut guarded: Vec<(i16, i16, i16)> = guard::guarded_apis().map(|(key, _, min, max)| (key, min, max)).collect();
+        declared.sort_unstable();
+        guarded.sort_unstable();
+        assert_eq!(guarded, declared, "run python3 src/protocol/guard/generate.py");
+    }
+
     #[test]
     fn declared_ranges_lie_within_the_codec() {
         for (key, ours, req, resp) in codec_ranges() {
