@@ -148,6 +148,8 @@ settings! {
     response_write_timeout_ms: u64 = "30000", "CANOPY_RESPONSE_WRITE_TIMEOUT_MS", "response-write-timeout-ms";
     "Longest a graceful shutdown waits for clients to finish their requests, in milliseconds; then their connections are dropped"
     shutdown_timeout_ms: u64 = "30000", "CANOPY_SHUTDOWN_TIMEOUT_MS", "shutdown-timeout-ms";
+    "Synced segment bytes left in the page cache, the newest; older pages are dropped, and so are pages read from below them: new writes reuse the pages the oldest free, instead of memory touched for the first time, which on a VM that gives free memory back to its host costs more than the rest of a produced byte (-1: keep everything cached, as Kafka does)"
+    page_cache_bytes: i64 = "1073741824", "CANOPY_PAGE_CACHE_BYTES", "page-cache-bytes";
     "Segment and store files kept open at most; the least recently used are closed (0: a share of the descriptor limit left after the connection limits)"
     max_open_files: usize = "0", "CANOPY_MAX_OPEN_FILES", "max-open-files";
     "Threads that inflate, recompress and check heavy produced batches and REST bodies, off the async workers (0: one per core)"
@@ -430,6 +432,7 @@ impl Config {
             tip: crate::storage::tip::TipConfig { bytes: self.tip_bytes, max_blocks: self.tip_index_blocks, lookup: self.tip_lookup.parse().expect("validated") },
             max_open_files: self.max_open_files(),
             hold_until_sync: self.flush.0 != FlushPolicy::Never,
+            page_cache_bytes: if self.page_cache_bytes < 0 { u64::MAX } else { self.page_cache_bytes as u64 },
             ..StorageConfig::default()
         };
         e.flush = self.flush.0;

@@ -238,57 +238,43 @@ pub fn with_records(buf: &[u8], records: &[u8], codec: Compression) -> Vec<u8> {
 }
 
 /// Walks `count` records; returns the smallest and largest timestamp delta.
+/// On the produce path for every record (about 20 ns of a 100 B record's
+/// cost), so the fields are read through a cursor, not re-sliced.
 fn walk_records(mut rest: &[u8], count: i32) -> Result<(i64, i64), BatchError> {
     let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
     for index in 0..count {
         let bad = |why| BatchError::BadRecord { index, why };
         let (len, n) = varint(rest).ok_or(bad("length"))?;
         let len = usize::try_from(len).map_err(|_| bad("negative length"))?;
-        let rec = rest.get(n..n + len).ok_or(bad("length past the end of the batch"))?;
+        let rec = rest[n..].get(..len).ok_or(bad("length past the end of the batch"))?;
         rest = &rest[n + len..];
-        // attributes, timestamp delta, offset delta, key, value, headers.
-        let mut p = 1usize;
         if rec.is_empty() {
             return Err(bad("empty"));
         }
-        let mut field = |what| -> Result<i64, BatchError> {
-            let (v, n) = varint(rec.get(p..).unwrap_or(&[])).ok_or(bad(what))?;
-            p += n;
-            Ok(v)
-        };
-        let ts = field("timestamp delta")?;
+        // attributes (one byte), timestamp delta, offset delta, key, value,
+        // headers.
+        let mut c = Cursor { rec, p: 1 };
+        let ts = c.varint().ok_or(bad("timestamp delta"))?;
         min_ts = min_ts.min(ts);
         max_ts = max_ts.max(ts);
-        if field("offset delta")? != index as i64 {
+        if c.varint().ok_or(bad("offset delta"))? != index as i64 {
             return Err(bad("offset delta out of sequence"));
         }
-        let bytes = |what, p: &mut usize| -> Result<(), BatchError> {
-            let (len, n) = varint(rec.get(*p..).unwrap_or(&[])).ok_or(bad(what))?;
-            *p += n;
-            if len >= 0 {
-                *p = p.checked_add(len as usize).filter(|&e| e <= rec.len()).ok_or(bad(what))?;
-            } else if len != -1 {
-                return Err(bad(what));
-            }
-            Ok(())
-        };
-        bytes("key", &mut p)?;
-        bytes("value", &mut p)?;
-        let (headers, n) = varint(rec.get(p..).unwrap_or(&[])).ok_or(bad("header count"))?;
-        p += n;
+        c.nullable_bytes().ok_or(bad("key"))?;
+        c.nullable_bytes().ok_or(bad("value"))?;
+        let headers = c.varint().ok_or(bad("header count"))?;
         if headers < 0 || headers as usize > rec.len() {
             return Err(bad("header count"));
         }
         for _ in 0..headers {
-            let (klen, n) = varint(rec.get(p..).unwrap_or(&[])).ok_or(bad("header key"))?;
-            p += n;
+            let klen = c.varint().ok_or(bad("header key"))?;
             if klen < 0 {
                 return Err(bad("header key"));
             }
-            p = p.checked_add(klen as usize).filter(|&e| e <= rec.len()).ok_or(bad("header key"))?;
-            bytes("header value", &mut p)?;
+            c.skip(klen as usize).ok_or(bad("header key"))?;
+            c.nullable_bytes().ok_or(bad("header value"))?;
         }
-        if p != rec.len() {
+        if c.p != rec.len() {
             return Err(bad("bytes left over"));
         }
     }
@@ -534,8 +520,50 @@ pub fn marker_of(buf: &[u8], header: &BatchHeader) -> Option<Marker> {
     }
 }
 
+/// Fields of one record, read in order.
+struct Cursor<'a> {
+    rec: &'a [u8],
+    p: usize,
+}
+
+impl Cursor<'_> {
+    #[inline(always)]
+    fn varint(&mut self) -> Option<i64> {
+        let (v, n) = varint(self.rec.get(self.p..)?)?;
+        self.p += n;
+        Some(v)
+    }
+
+    #[inline(always)]
+    fn skip(&mut self, n: usize) -> Option<()> {
+        self.p = self.p.checked_add(n).filter(|&e| e <= self.rec.len())?;
+        Some(())
+    }
+
+    /// A varint length, then that many bytes; -1 is null.
+    #[inline(always)]
+    fn nullable_bytes(&mut self) -> Option<()> {
+        match self.varint()? {
+            -1 => Some(()),
+            len if len >= 0 => self.skip(len as usize),
+            _ => None,
+        }
+    }
+}
+
 /// Decodes a zig-zag varint (as used inside records). Returns value and bytes used.
+#[inline]
 pub fn varint(buf: &[u8]) -> Option<(i64, usize)> {
+    // Most deltas and short lengths take one byte.
+    if let Some(&b) = buf.first() {
+        if b & 0x80 == 0 {
+            return Some((((b >> 1) as i64) ^ -((b & 1) as i64), 1));
+        }
+    }
+    varint_multi(buf)
+}
+
+fn varint_multi(buf: &[u8]) -> Option<(i64, usize)> {
     let mut raw: u64 = 0;
     for (i, b) in buf.iter().take(10).enumerate() {
         raw |= ((b & 0x7f) as u64) << (7 * i);
@@ -733,6 +761,104 @@ pub(crate) mod tests {
         let mut bad = two.clone();
         bad.truncate(two.len() - 1);
         assert!(split(&bad).any(|r| r.is_err()));
+    }
+
+    /// The record walk as it was before the cursor (the oracle the
+        /// faster one must agree with, error for error).
+    fn reference_walk(mut rest: &[u8], count: i32) -> Result<(i64, i64), BatchError> {
+        let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
+        for index in 0..count {
+            let bad = |why| BatchError::BadRecord { index, why };
+            let (len, n) = reference_varint(rest).ok_or(bad("length"))?;
+            let len = usize::try_from(len).map_err(|_| bad("negative length"))?;
+            let rec = rest.get(n..n + len).ok_or(bad("length past the end of the batch"))?;
+            rest = &rest[n + len..];
+            // attributes, timestamp delta, offset delta, key, value, headers.
+            let mut p = 1usize;
+            if rec.is_empty() {
+                return Err(bad("empty"));
+            }
+            let mut field = |what| -> Result<i64, BatchError> {
+                let (v, n) = reference_varint(rec.get(p..).unwrap_or(&[])).ok_or(bad(what))?;
+                p += n;
+                Ok(v)
+            };
+            let ts = field("timestamp delta")?;
+            min_ts = min_ts.min(ts);
+            max_ts = max_ts.max(ts);
+            if field("offset delta")? != index as i64 {
+                return Err(bad("offset delta out of sequence"));
+            }
+            let bytes = |what, p: &mut usize| -> Result<(), BatchError> {
+                let (len, n) = reference_varint(rec.get(*p..).unwrap_or(&[])).ok_or(bad(what))?;
+                *p += n;
+                if len >= 0 {
+                    *p = p.checked_add(len as usize).filter(|&e| e <= rec.len()).ok_or(bad(what))?;
+                } else if len != -1 {
+                    return Err(bad(what));
+                }
+                Ok(())
+            };
+            bytes("key", &mut p)?;
+            bytes("value", &mut p)?;
+            let (headers, n) = reference_varint(rec.get(p..).unwrap_or(&[])).ok_or(bad("header count"))?;
+            p += n;
+            if headers < 0 || headers as usize > rec.len() {
+                return Err(bad("header count"));
+            }
+            for _ in 0..headers {
+                let (klen, n) = reference_varint(rec.get(p..).unwrap_or(&[])).ok_or(bad("header key"))?;
+                p += n;
+                if klen < 0 {
+                    return Err(bad("header key"));
+                }
+                p = p.checked_add(klen as usize).filter(|&e| e <= rec.len()).ok_or(bad("header key"))?;
+                bytes("header value", &mut p)?;
+            }
+            if p != rec.len() {
+                return Err(bad("bytes left over"));
+            }
+        }
+        if !rest.is_empty() {
+            return Err(BatchError::BadRecord { index: count, why: "bytes after the last record" });
+        }
+        Ok((min_ts, max_ts))
+    }
+
+    fn reference_varint(buf: &[u8]) -> Option<(i64, usize)> {
+        let mut raw: u64 = 0;
+        for (i, b) in buf.iter().take(10).enumerate() {
+            raw |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                let value = ((raw >> 1) as i64) ^ -((raw & 1) as i64);
+                return Some((value, i + 1));
+            }
+        }
+        None
+    }
+
+    /// Every byte of a records section changed to values at varint and
+    /// length edges, whole and cut short: the walk returns what the plain
+    /// walk before it returned, error for error.
+    #[test]
+    fn the_record_walk_agrees_with_its_reference() {
+        let b = make_batch(&[b"alpha", b"", &[7u8; 200], b"gamma"], 42);
+        let good = &b[HEADER_BYTES..];
+        for i in 0..good.len() {
+            let o = good[i];
+            for byte in [0, 1, 2, 3, 0x7e, 0x7f, 0x80, 0x81, 0xfe, 0xff, o.wrapping_add(1), o.wrapping_sub(1), o.wrapping_add(2), o.wrapping_sub(2)] {
+                let mut records = good.to_vec();
+                records[i] = byte;
+                for cut in [0, 1, records.len() - i] {
+                    let r = &records[..records.len() - cut];
+                    for count in 3..=5 {
+                        assert_eq!(walk_records(r, count), reference_walk(r, count), "byte {i} = {byte:#x}, cut {cut}, count {count}");
+                    }
+                    let v = &r[i.min(r.len())..];
+                    assert_eq!(varint(v), reference_varint(v));
+                }
+            }
+        }
     }
 
     proptest::proptest! {

@@ -304,6 +304,8 @@ impl Sim {
             tip: TipConfig { bytes: [0, 8 << 10, 1 << 20][rng.below(3) as usize], ..TipConfig::default() },
             max_open_files: [2, 4, 64][rng.below(3) as usize],
             hold_until_sync: rng.below(4) != 0,
+            // No page cache in the simulation; the window's bookkeeping runs.
+            page_cache_bytes: 16 << 10,
             disk: Arc::new(disk.clone()),
             planted: match plant {
                 Some(Plant::Storage(p)) => Some(p),

@@ -82,6 +82,8 @@ const SMALL_COPY: usize = 64 * 1024;
 
 /// Spacing of a segment's stream index marks (see [`Segment::mark`]).
 const STREAM_MARK_BYTES: u64 = 64 * 1024;
+/// The page size the page cache drops whole (see `Storage::drop_synced`).
+const PAGE_BYTES: u64 = 4096;
 
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -103,6 +105,16 @@ pub struct StorageConfig {
     /// until that sync, so the sync never opens a file. Without per-round
     /// syncs (`never`) nothing is held.
     pub hold_until_sync: bool,
+    /// Synced segment bytes left in the page cache, the newest; older
+    /// pages are dropped (`posix_fadvise(DONTNEED)`), and so are pages
+    /// read from below that window. Memory the page cache would otherwise
+    /// grow into costs more to touch the first time than everything else a
+    /// produced byte costs, on a VM whose free memory goes back to its host
+    /// (docs/benchmarks.md: 2.4 s/GB written into pages never touched
+    /// before, 0.1 s/GB into pages just freed); within the window, new
+    /// writes reuse the pages the oldest ones free. `u64::MAX`: keep all,
+    /// as Kafka does.
+    pub page_cache_bytes: u64,
     /// Every file operation goes through it (see `disk`).
     pub disk: Arc<dyn Disk>,
     /// A bug to plant, for the simulator's proof that it finds each one
@@ -124,7 +136,7 @@ pub enum Planted {
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, index_checkpoint_bytes: 64 << 20, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, disk: RealDisk::shared(), planted: None }
+        StorageConfig { segment_bytes: 1 << 30, segment_ms: 7 * 24 * 3600 * 1000, index_interval_bytes: 4096, index_checkpoint_bytes: 64 << 20, tip: Default::default(), max_open_files: 4096, hold_until_sync: true, page_cache_bytes: 1 << 30, disk: RealDisk::shared(), planted: None }
     }
 }
 
@@ -269,6 +281,11 @@ struct Segment {
     /// length (a flush publishes them with its write; frames a roll wrote
     /// wait for the next flush).
     published_len: AtomicU64,
+    /// The page-cache window holds the synced pages below this
+    /// (see [`StorageConfig::page_cache_bytes`]) ...
+    cache_noted: AtomicU64,
+    /// ... and the page cache was told it may drop those below this.
+    cache_dropped: AtomicU64,
 }
 
 /// A segment's stream marks and its last frame.
@@ -318,6 +335,8 @@ impl Segment {
             indexed: Mutex::new(0),
             checkpoint_queued: AtomicU64::new(0),
             published_len: AtomicU64::new(len),
+            cache_noted: AtomicU64::new(0),
+            cache_dropped: AtomicU64::new(0),
         }
     }
 
@@ -687,6 +706,18 @@ pub struct Storage {
     /// Active segments' index files captured after a flush, for the next
     /// sync to write once their frames are durable.
     checkpoints: Mutex<Vec<(Arc<Segment>, seg_index::SegIndex)>>,
+    /// Synced segment pages still in the page cache, oldest first.
+    cached: Mutex<CacheWindow>,
+    /// Bytes the page cache was told to drop, written and read.
+    pub(crate) cache_dropped_bytes: AtomicU64,
+}
+
+/// Synced page ranges `(segment, from, to)` left in the page cache, oldest
+/// first, and their total.
+#[derive(Default)]
+struct CacheWindow {
+    ranges: std::collections::VecDeque<(Arc<Segment>, u64, u64)>,
+    bytes: u64,
 }
 
 /// What the maintenance lock guards.
@@ -848,11 +879,19 @@ impl Storage {
         for seg in segs {
             // The writer held the file it wrote; the hold ends here.
             let Some((held, number)) = seg.file.to_sync() else { continue };
+            // What was written before the sync is what it makes durable.
+            let written = seg.len.load(Ordering::Acquire);
             let synced = match held {
-                _ if self.cfg.planted == Some(Planted::SkipFsync) => Ok(()),
-                Some(f) => f.sync_data(),
-                None => seg.file.get().and_then(|f| f.sync_data()),
-            };
+                Some(f) => Ok(f),
+                None => seg.file.get(),
+            }
+            .and_then(|f| {
+                if self.cfg.planted != Some(Planted::SkipFsync) {
+                    f.sync_data()?;
+                }
+                self.drop_synced(&seg, written);
+                Ok(())
+            });
             if let Err(e) = synced {
                 return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
             }
@@ -860,6 +899,35 @@ impl Storage {
         }
         self.write_checkpoints(checkpoints);
         Ok(bytes)
+    }
+
+    /// `seg`'s whole pages below `synced` are durable (so clean): they
+    /// join the page-cache window, and the oldest pages beyond its size are
+    /// dropped. The partial last page stays out: it will be written again.
+    fn drop_synced(&self, seg: &Arc<Segment>, synced: u64) {
+        let window = self.cfg.page_cache_bytes;
+        if window == u64::MAX {
+            return;
+        }
+        let to = synced & !(PAGE_BYTES - 1);
+        // The writer (at a seal) and the syncer may both get here.
+        let from = seg.cache_noted.fetch_max(to, Ordering::AcqRel);
+        if to <= from {
+            return;
+        }
+        let mut w = self.cached.lock().expect("page cache window lock");
+        w.ranges.push_back((seg.clone(), from, to));
+        w.bytes += to - from;
+        while w.bytes > window {
+            let Some((s, from, to)) = w.ranges.pop_front() else { break };
+            w.bytes -= to - from;
+            s.cache_dropped.fetch_max(to, Ordering::AcqRel);
+            // A segment retention deleted since has no pages left to drop.
+            if let Ok(f) = s.file.get() {
+                f.drop_cache(from, to - from);
+                self.cache_dropped_bytes.fetch_add(to - from, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Lets readers see offsets up to each given end (after they are durable,
@@ -1309,6 +1377,9 @@ trait FrameFile: Send + Sync {
     fn path(&self) -> &Path;
     /// Frames lie below this position.
     fn frames_end(&self) -> u64;
+    /// Pages below this lie outside the page-cache window: once read,
+    /// they need not stay cached.
+    fn read_once_below(&self) -> u64;
 }
 
 impl FrameFile for Segment {
@@ -1321,6 +1392,9 @@ impl FrameFile for Segment {
     fn frames_end(&self) -> u64 {
         self.len.load(Ordering::Acquire)
     }
+    fn read_once_below(&self) -> u64 {
+        self.cache_dropped.load(Ordering::Acquire)
+    }
 }
 
 impl FrameFile for StoreFile {
@@ -1332,6 +1406,12 @@ impl FrameFile for StoreFile {
     }
     fn frames_end(&self) -> u64 {
         self.store.frames_end
+    }
+    fn read_once_below(&self) -> u64 {
+        // Stores hold what compaction moved out of old segments: as old
+        // as the window's oldest, or older. (Their own writes are not
+        // windowed: see docs/benchmarks.md.)
+        u64::MAX
     }
 }
 
@@ -1444,7 +1524,18 @@ impl<'a> Frames<'a> {
             }
             let want = want.max(need).min((end - start) as usize);
             let mut raw = self.storage.read_pool.take(want);
-            let got = segment::read_full_at(&*seg.file()?, &mut raw.buf[..want], start)?;
+            let file = seg.file()?;
+            let got = segment::read_full_at(&*file, &mut raw.buf[..want], start)?;
+            if self.storage.cfg.page_cache_bytes != u64::MAX {
+                // What was older than the page-cache window is read into
+                // our buffer now: its whole pages need not stay cached.
+                let from = (start + PAGE_BYTES - 1) & !(PAGE_BYTES - 1);
+                let to = (start + got as u64).min(seg.read_once_below()) & !(PAGE_BYTES - 1);
+                if to > from {
+                    file.drop_cache(from, to - from);
+                    self.storage.cache_dropped_bytes.fetch_add(to - from, Ordering::Relaxed);
+                }
+            }
             if got < need {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path().display())));
             }
@@ -1608,6 +1699,47 @@ mod tests {
         assert_eq!(offsets_of(&r.concat()), vec![6]);
         assert!(matches!(s.read(&tp(2, 0), 201, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
         assert!(s.read(&tp(2, 0), 200, 10, true).unwrap().records.is_empty());
+    }
+
+    /// Synced pages beyond the window are dropped, oldest first, once
+    /// each; so are pages read from below it; a window of `u64::MAX`
+    /// drops nothing; and the data reads back whole either way.
+    #[test]
+    fn the_page_cache_window_drops_the_oldest_synced_pages() {
+        for window in [16 << 10, u64::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = StorageConfig { page_cache_bytes: window, tip: crate::storage::tip::TipConfig { bytes: 0, ..Default::default() }, ..StorageConfig::default() };
+            let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
+            let value = vec![7u8; 1000];
+            let mut written = 0;
+            for round in 0..64 {
+                let b = make_batch(&[&value], 0);
+                w.append(tp(1, 0), &b, round, false).unwrap();
+                written += (FRAME_HEADER_BYTES + b.len()) as u64;
+                let moved = w.flush().unwrap();
+                s.sync().unwrap();
+                s.publish_hw(&moved);
+            }
+            let dropped = s.cache_dropped_bytes.load(Ordering::Relaxed);
+            if window == u64::MAX {
+                assert_eq!(dropped, 0);
+            } else {
+                // All but the window and the partial last page, in pages.
+                let synced = (FILE_HEADER_BYTES + written) & !(PAGE_BYTES - 1);
+                let cached = synced - dropped;
+                assert!(cached <= window && cached + PAGE_BYTES > window, "{cached} bytes left cached of {synced}");
+                assert_eq!(dropped % PAGE_BYTES, 0);
+            }
+            // Reading it all back: pages below the window are read once.
+            let r = s.read(&tp(1, 0), 0, 1 << 20, true).unwrap();
+            assert_eq!(offsets_of(&r.concat()), (0..64).collect::<Vec<_>>());
+            let after = s.cache_dropped_bytes.load(Ordering::Relaxed);
+            if window == u64::MAX {
+                assert_eq!(after, 0);
+            } else {
+                assert!(after > dropped, "pages read from below the window are dropped too");
+            }
+        }
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub trait DiskFile: Send + Sync + fmt::Debug {
     fn reserve(&self, pos: u64, len: u64) -> io::Result<bool>;
     /// Gives back space reserved past the length (`[pos, pos + len)`).
     fn release(&self, pos: u64, len: u64);
+    /// `[pos, pos + len)` is written and synced and need not stay in
+    /// memory: the page cache may drop it (a reader reads it from the disk
+    /// again). A hint: nothing is lost whatever it does.
+    fn drop_cache(&self, pos: u64, len: u64);
 
     /// Fills `buf` from `pos`, or fails with `UnexpectedEof`.
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
@@ -224,5 +228,9 @@ impl DiskFile for File {
     fn release(&self, pos: u64, len: u64) {
         let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
         let _ = rustix::fs::fallocate(self, flags, pos, len);
+    }
+    fn drop_cache(&self, pos: u64, len: u64) {
+        // Only clean pages go; a hint the kernel may ignore.
+        let _ = rustix::fs::fadvise(self, pos, std::num::NonZeroU64::new(len), rustix::fs::Advice::DontNeed);
     }
 }

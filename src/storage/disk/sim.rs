@@ -592,6 +592,9 @@ impl DiskFile for SimFile {
     }
 
     fn release(&self, _pos: u64, _len: u64) {}
+
+    // The simulated disk has no page cache: reads always see the bytes.
+    fn drop_cache(&self, _pos: u64, _len: u64) {}
 }
 
 #[cfg(test)]

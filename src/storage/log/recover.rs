@@ -234,6 +234,8 @@ impl Storage {
             unsynced: AtomicU64::new(0),
             dirty: Mutex::default(),
             checkpoints: Mutex::default(),
+            cached: Mutex::default(),
+            cache_dropped_bytes: AtomicU64::new(0),
         });
         // Sealed segments walked for want of an index file get one now,
         // so the next start reads it (active ones get theirs at a clean

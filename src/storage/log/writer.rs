@@ -74,7 +74,7 @@ struct Staged {
     buf: Vec<u8>,
     /// Per appended batch: its partition, the log end after it, and its
     /// index entry if it gets one; published by the flush.
-    published: Vec<(Arc<Partition>, i64, Option<IndexEntry>)>,
+    published: Published,
 }
 
 pub struct LogWriter {
@@ -84,13 +84,50 @@ pub struct LogWriter {
     /// By branch (its address, as the tip keys it: branches live as long
     /// as storage).
     staged: HashMap<u64, Staged>,
+    /// Staging buffers of earlier rounds, emptied, for the next ones: a
+    /// buffer grown afresh each round is memory touched afresh each round
+    /// (page faults, and on a VM the host's) and copied as it doubles.
+    spare: Spare,
     /// Whether the filesystem reserves space ahead of writes (fallocate).
     preallocate: bool,
 }
 
+/// Emptied staging buffers, bounded in count and in bytes.
+#[derive(Default)]
+struct Spare {
+    bufs: Vec<(Vec<u8>, Published)>,
+    bytes: usize,
+}
+
+type Published = Vec<(Arc<Partition>, i64, Option<IndexEntry>)>;
+
+impl Spare {
+    const MAX_BUFFERS: usize = 64;
+    const MAX_BYTES: usize = 256 << 20;
+
+    fn take(&mut self) -> (Vec<u8>, Published) {
+        match self.bufs.pop() {
+            Some((buf, published)) => {
+                self.bytes -= buf.capacity();
+                (buf, published)
+            }
+            None => Default::default(),
+        }
+    }
+
+    fn give(&mut self, mut buf: Vec<u8>, mut published: Published) {
+        if self.bufs.len() < Self::MAX_BUFFERS && self.bytes + buf.capacity() <= Self::MAX_BYTES {
+            buf.clear();
+            published.clear();
+            self.bytes += buf.capacity();
+            self.bufs.push((buf, published));
+        }
+    }
+}
+
 impl LogWriter {
     pub(super) fn new(log: Arc<Storage>, next_seq: u64, parts: HashMap<Tp, PartWriter>) -> LogWriter {
-        LogWriter { log, next_seq, parts, staged: HashMap::default(), preallocate: true }
+        LogWriter { log, next_seq, parts, staged: HashMap::default(), spare: Spare::default(), preallocate: true }
     }
 
     /// The storage this writer writes to.
@@ -102,7 +139,7 @@ impl LogWriter {
     /// `baseOffset` (and the timestamps for LogAppendTime) and frames it.
     /// Nothing is visible to readers until [`LogWriter::flush`].
     pub fn append(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
-        let LogWriter { log, next_seq, parts, staged: all_staged, preallocate } = self;
+        let LogWriter { log, next_seq, parts, staged: all_staged, spare, preallocate } = self;
         let log = &**log;
         log.check_poison()?;
         let pw = part(parts, log, tp)?;
@@ -116,7 +153,8 @@ impl LogWriter {
                 // batch is staged: the append fails, storage carries on.
                 let (seg, file) = active_segment(log, &pw.part.branch, *next_seq, now_ms).map_err(|e| log.poison_unless_exhausted(e))?;
                 let start = seg.len.load(Ordering::Acquire);
-                Staged { seg, file, start, buf: Vec::new(), published: Vec::new() }
+                let (buf, published) = spare.take();
+                Staged { seg, file, start, buf, published }
             }
         };
         // Roll first if this frame would overfill the active segment.
@@ -126,12 +164,14 @@ impl LogWriter {
         if too_big || too_old {
             let sealed = write_staged(log, &mut staged)
                 .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
+                .map(|_| log.drop_synced(&staged.seg, staged.start))
                 .map(|_| sealed(log, &staged))
                 .and_then(|_| roll(log, &pw.part.branch, *next_seq, now_ms));
             // Frames written above are published with the next flush.
             let published = std::mem::take(&mut staged.published);
             match sealed {
-                Ok((seg, file)) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: Vec::new(), published },
+                // The sealed segment's buffer is written and empty.
+                Ok((seg, file)) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: std::mem::take(&mut staged.buf), published },
                 Err(e) => {
                     // The sealed segment's frames are written and synced;
                     // a roll that ran out of resources is tried again by
@@ -191,7 +231,7 @@ impl LogWriter {
             if let Err(e) = write_staged(log, &mut staged) {
                 return Err(log.poison(e));
             }
-            for (part, leo, entry) in staged.published {
+            for (part, leo, entry) in staged.published.drain(..) {
                 if part.deleted.load(Ordering::Acquire) {
                     continue;
                 }
@@ -205,6 +245,7 @@ impl LogWriter {
             }
             staged.seg.published_len.store(staged.start, Ordering::Release);
             log.checkpoint(&staged.seg);
+            self.spare.give(staged.buf, staged.published);
         }
         Ok(Flushed { moved, seq_end })
     }
