@@ -12,8 +12,9 @@
 //! produced batches: reading them from a loopback socket, CRC-32C over
 //! them (the batch checksum a broker must verify), one copy (into the
 //! tip), and writing them into the page cache of a segment file with an
-//! fdatasync every 16 MiB, the synced pages dropped as the broker drops
-//! them, and kept as Kafka keeps them.
+//! fdatasync every 16 MiB, each synced range dropped at once (the broker
+//! keeps a window of them, so this is the cheapest its writes can be), and
+//! every page kept, as Kafka keeps them.
 //!
 //! **The broker**: librdkafka's own `rdkafka_performance` (built here from
 //! the librdkafka sources the `rdkafka-sys` crate vendors, against the

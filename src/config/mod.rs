@@ -336,6 +336,9 @@ impl Config {
         if self.tip_bytes > 0 && self.tip_index_blocks == 0 {
             return bad("tip_index_blocks", "must be at least 1 while the tip is on");
         }
+        if self.page_cache_bytes < -1 {
+            return bad("page_cache_bytes", "must be -1 (keep every page) or more");
+        }
         if self.compaction_lag_ms < -1 {
             return bad("compaction_lag_ms", "must be -1 or more");
         }
@@ -432,7 +435,7 @@ impl Config {
             tip: crate::storage::tip::TipConfig { bytes: self.tip_bytes, max_blocks: self.tip_index_blocks, lookup: self.tip_lookup.parse().expect("validated") },
             max_open_files: self.max_open_files(),
             hold_until_sync: self.flush.0 != FlushPolicy::Never,
-            page_cache_bytes: if self.page_cache_bytes < 0 { u64::MAX } else { self.page_cache_bytes as u64 },
+            page_cache_bytes: u64::try_from(self.page_cache_bytes).unwrap_or(u64::MAX),
             ..StorageConfig::default()
         };
         e.flush = self.flush.0;

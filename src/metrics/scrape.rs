@@ -249,6 +249,9 @@ impl Metrics {
         let r = s.read_stats();
         f.counter("canopy_disk_read_scanned_bytes_total", "Bytes read from log and store files by fetches (tip hits excluded)", &[], r.scanned.load(Ordering::Relaxed) as f64);
         f.counter("canopy_disk_read_delivered_bytes_total", "Bytes those disk reads returned (scanned / delivered is the read amplification)", &[], r.delivered.load(Ordering::Relaxed) as f64);
+        let (held, dropped) = s.page_cache_window();
+        f.gauge("canopy_page_cache_window_bytes", "Synced segment bytes the page-cache window leaves cached (page_cache_bytes bounds it)", &[], held as f64);
+        f.counter("canopy_page_cache_dropped_bytes_total", "Segment bytes the page cache was told it may drop: synced past the window, or read from below it", &[], dropped as f64);
         let c = s.compaction_stats();
         f.gauge("canopy_compaction_lag_seconds", "How long the oldest sealed segment not yet compacted has waited past its lag", &[], c.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0);
         f.counter("canopy_compaction_windows_total", "Compaction windows completed", &[], c.windows.load(Ordering::Relaxed) as f64);

@@ -130,6 +130,12 @@ impl FileCache {
         Some(f)
     }
 
+    /// The file if the cache has it open, leaving its place in the
+    /// eviction order as it is.
+    fn peek(&self, id: u64) -> Option<FileRef> {
+        self.state.lock().expect("file cache lock").open.get(&id).map(|(f, _)| f.clone())
+    }
+
     fn forget(&self, id: u64) {
         let mut s = self.state.lock().expect("file cache lock");
         if let Some((_, at)) = s.open.remove(&id) {
@@ -178,6 +184,21 @@ impl CachedFile {
         let file = self.cache.disk.open(&self.path, if self.write { Mode::Write } else { Mode::Read })?;
         self.cache.reopens.fetch_add(1, Ordering::Relaxed);
         Ok(self.cache.insert(self.id, file))
+    }
+
+    /// The file if it is open now (held, or in the cache), without opening
+    /// it or counting as a use; `None` once retired.
+    pub fn if_open(&self) -> Option<FileRef> {
+        {
+            let h = self.held.lock().expect("held file lock");
+            if h.retired {
+                return None;
+            }
+            if let Some(f) = &h.file {
+                return Some(f.clone());
+            }
+        }
+        self.cache.peek(self.id)
     }
 }
 

@@ -335,8 +335,10 @@ impl Segment {
             indexed: Mutex::new(0),
             checkpoint_queued: AtomicU64::new(0),
             published_len: AtomicU64::new(len),
-            cache_noted: AtomicU64::new(0),
-            cache_dropped: AtomicU64::new(0),
+            // What a segment holds when opened (recovered, or a new file's
+            // header) is older than anything the window will hold.
+            cache_noted: AtomicU64::new(len & !(PAGE_BYTES - 1)),
+            cache_dropped: AtomicU64::new(len & !(PAGE_BYTES - 1)),
         }
     }
 
@@ -709,14 +711,16 @@ pub struct Storage {
     /// Synced segment pages still in the page cache, oldest first.
     cached: Mutex<CacheWindow>,
     /// Bytes the page cache was told to drop, written and read.
-    pub(crate) cache_dropped_bytes: AtomicU64,
+    cache_dropped_bytes: AtomicU64,
 }
 
 /// Synced page ranges `(segment, from, to)` left in the page cache, oldest
-/// first, and their total.
+/// first, and their total. Weak: a segment retention or compaction
+/// deletes is not kept alive (its file open, its disk space taken) by the
+/// window; its ranges count until they come out.
 #[derive(Default)]
 struct CacheWindow {
-    ranges: std::collections::VecDeque<(Arc<Segment>, u64, u64)>,
+    ranges: std::collections::VecDeque<(std::sync::Weak<Segment>, u64, u64)>,
     bytes: u64,
 }
 
@@ -882,48 +886,69 @@ impl Storage {
             // What was written before the sync is what it makes durable.
             let written = seg.len.load(Ordering::Acquire);
             let synced = match held {
-                Some(f) => Ok(f),
-                None => seg.file.get(),
-            }
-            .and_then(|f| {
-                if self.cfg.planted != Some(Planted::SkipFsync) {
-                    f.sync_data()?;
-                }
-                self.drop_synced(&seg, written);
-                Ok(())
-            });
+                _ if self.cfg.planted == Some(Planted::SkipFsync) => Ok(()),
+                Some(f) => f.sync_data(),
+                None => seg.file.get().and_then(|f| f.sync_data()),
+            };
             if let Err(e) = synced {
                 return Err(self.poison(StorageError::Poisoned(format!("fdatasync of {} failed: {e}", seg.path.display()))));
             }
             seg.file.synced(number);
+            self.note_synced(&seg, written);
         }
+        self.trim_cache_window();
         self.write_checkpoints(checkpoints);
         Ok(bytes)
     }
 
     /// `seg`'s whole pages below `synced` are durable (so clean): they
-    /// join the page-cache window, and the oldest pages beyond its size are
-    /// dropped. The partial last page stays out: it will be written again.
-    fn drop_synced(&self, seg: &Arc<Segment>, synced: u64) {
+    /// join the page-cache window, to be dropped when it passes them
+    /// ([`Storage::trim_cache_window`]). The partial last page stays out:
+    /// it will be written again.
+    fn note_synced(&self, seg: &Arc<Segment>, synced: u64) {
+        if self.cfg.page_cache_bytes == u64::MAX {
+            return;
+        }
+        let to = synced & !(PAGE_BYTES - 1);
+        // The writer (at a seal) and the syncer may both get here: under
+        // the lock, so one segment's ranges enter in order.
+        let mut w = self.cached.lock().expect("page cache window lock");
+        let from = seg.cache_noted.fetch_max(to, Ordering::AcqRel);
+        if to > from {
+            w.ranges.push_back((Arc::downgrade(seg), from, to));
+            w.bytes += to - from;
+        }
+    }
+
+    /// The page-cache window: synced bytes it holds now, and bytes the
+    /// page cache was told it may drop so far (written and read).
+    pub fn page_cache_window(&self) -> (u64, u64) {
+        (self.cached.lock().expect("page cache window lock").bytes, self.cache_dropped_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Drops the oldest synced pages beyond the window's size (the
+    /// syncer's work: an fadvise per range, none under the lock). A
+    /// segment deleted since, or whose file the descriptor cache closed,
+    /// is skipped: its pages went with it, or are left to the kernel
+    /// (it is a hint; nothing is opened for it).
+    fn trim_cache_window(&self) {
         let window = self.cfg.page_cache_bytes;
         if window == u64::MAX {
             return;
         }
-        let to = synced & !(PAGE_BYTES - 1);
-        // The writer (at a seal) and the syncer may both get here.
-        let from = seg.cache_noted.fetch_max(to, Ordering::AcqRel);
-        if to <= from {
-            return;
+        let mut out = Vec::new();
+        {
+            let mut w = self.cached.lock().expect("page cache window lock");
+            while w.bytes > window {
+                let Some(r) = w.ranges.pop_front() else { break };
+                w.bytes -= r.2 - r.1;
+                out.push(r);
+            }
         }
-        let mut w = self.cached.lock().expect("page cache window lock");
-        w.ranges.push_back((seg.clone(), from, to));
-        w.bytes += to - from;
-        while w.bytes > window {
-            let Some((s, from, to)) = w.ranges.pop_front() else { break };
-            w.bytes -= to - from;
-            s.cache_dropped.fetch_max(to, Ordering::AcqRel);
-            // A segment retention deleted since has no pages left to drop.
-            if let Ok(f) = s.file.get() {
+        for (seg, from, to) in out {
+            let Some(seg) = seg.upgrade() else { continue };
+            seg.cache_dropped.fetch_max(to, Ordering::AcqRel);
+            if let Some(f) = seg.file.if_open() {
                 f.drop_cache(from, to - from);
                 self.cache_dropped_bytes.fetch_add(to - from, Ordering::Relaxed);
             }
@@ -1408,10 +1433,10 @@ impl FrameFile for StoreFile {
         self.store.frames_end
     }
     fn read_once_below(&self) -> u64 {
-        // Stores hold what compaction moved out of old segments: as old
-        // as the window's oldest, or older. (Their own writes are not
-        // windowed: see docs/benchmarks.md.)
-        u64::MAX
+        // Stores are not windowed: compaction picks segments by age, not
+        // by bytes, so a store may hold batches as recent as the window's,
+        // and its pages are left to the kernel as Kafka leaves its own.
+        0
     }
 }
 
@@ -1740,6 +1765,33 @@ mod tests {
                 assert!(after > dropped, "pages read from below the window are dropped too");
             }
         }
+    }
+
+    /// A segment retention deletes while the page-cache window still lists
+    /// its pages is not kept alive by the window: its file is closed and
+    /// its disk space given back.
+    #[test]
+    fn the_page_cache_window_keeps_no_deleted_segment_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { segment_bytes: 8192, page_cache_bytes: 1 << 30, ..StorageConfig::default() };
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
+        let value = vec![7u8; 1000];
+        for round in 0..40 {
+            w.append(tp(1, 0), &make_batch(&[&value], 0), round, false).unwrap();
+            let moved = w.flush().unwrap();
+            s.sync().unwrap();
+            s.publish_hw(&moved);
+        }
+        assert!(s.page_cache_window().0 > 8192, "the window lists the sealed segments' pages");
+        let policy = |_: &Tp| RetentionPolicy { retention_ms: Some(1), retention_bytes: None };
+        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        assert!(deleted > 2, "{deleted} segments deleted");
+        let open_deleted = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.starts_with(dir.path()) && t.to_string_lossy().ends_with(" (deleted)"))
+            .count();
+        assert_eq!(open_deleted, 0, "deleted segment files still open");
     }
 
     #[test]

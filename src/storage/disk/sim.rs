@@ -125,6 +125,10 @@ pub struct SimStats {
     pub lost_writes: u64,
     pub writes: u64,
     pub syncs: u64,
+    /// Page-cache drops asked for over bytes not yet durable: storage may
+    /// only drop what a sync made durable (on Linux the kernel would skip
+    /// such pages; here it is a broken promise, and the simulator fails).
+    pub unsynced_drops: u64,
     /// A digest of every operation in order (its kind, path and position),
     /// so two runs of a seed can be compared: equal digests, same run.
     pub history: u64,
@@ -594,7 +598,20 @@ impl DiskFile for SimFile {
     fn release(&self, _pos: u64, _len: u64) {}
 
     // The simulated disk has no page cache: reads always see the bytes.
-    fn drop_cache(&self, _pos: u64, _len: u64) {}
+    // What is checked is storage's promise to drop only durable bytes.
+    fn drop_cache(&self, pos: u64, len: u64) {
+        let Ok(mut guard) = self.live() else { return };
+        let s = &mut *guard;
+        s.note("drop_cache", &self.path, pos);
+        let end = pos + len;
+        let overlaps = s.inodes[&self.ino].pending.iter().any(|p| match p {
+            Pending::Write { pos: at, bytes } => *at < end && pos < at + bytes.len() as u64,
+            Pending::SetLen(_) => false,
+        });
+        if overlaps {
+            s.stats.unsynced_drops += 1;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -164,7 +164,7 @@ impl LogWriter {
         if too_big || too_old {
             let sealed = write_staged(log, &mut staged)
                 .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
-                .map(|_| log.drop_synced(&staged.seg, staged.start))
+                .map(|_| log.note_synced(&staged.seg, staged.start))
                 .map(|_| sealed(log, &staged))
                 .and_then(|_| roll(log, &pw.part.branch, *next_seq, now_ms));
             // Frames written above are published with the next flush.
