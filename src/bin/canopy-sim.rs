@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let (mut runs, mut steps_done, mut faults, mut crashes, mut acked) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut indexed, mut walked, mut idempotent, mut answers) = (0u64, 0u64, 0u64, 0u64);
+    let (mut indexed, mut walked, mut idempotent, mut answers, mut catalog) = (0u64, 0u64, 0u64, 0u64, 0u64);
     // Every seed's disk history folded together: two processes that ran the
     // same seeds print the same digest, or a seed did not replay exactly.
     let mut digest = 0u64;
@@ -72,6 +72,7 @@ fn main() -> ExitCode {
                 walked += o.walked_segments;
                 idempotent += o.idempotent_appends;
                 answers += o.producer_answers;
+                catalog += o.catalog_faults;
                 digest = digest.rotate_left(7) ^ o.disk.history;
             }
             Err(f) => {
@@ -88,7 +89,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults injected, {idempotent} idempotent batches appended and {answers} answered to their producers, {indexed} segments recovered from index files and {walked} by walking, history digest {digest:016x}, {:.1} s",
+        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults and {catalog} catalog failures injected, {idempotent} idempotent batches appended and {answers} answered to their producers, {indexed} segments recovered from index files and {walked} by walking, history digest {digest:016x}, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     if plant.is_some() {

@@ -53,10 +53,18 @@
 //! offsets it was first written at; the next batch in sequence is
 //! appended, never refused.
 //!
+//! # The catalog's failures
+//!
+//! On a faulty disk, one catalog write in eight fails (log starts after
+//! retention, stores retention drops, a compaction window): lost, or
+//! durable and reported as failed all the same (sled flushed, then
+//! erred). Storage cannot tell the two apart; it stops, the machine is
+//! power-cycled, and recovery must agree with whatever the catalog holds.
+//!
 //! Not yet simulated (the storage-core issue goes on): the writer and
 //! syncer threads themselves (the driver calls storage, and the writer's
-//! decision, in the order they would), transactions, fetch and subtree
-//! streams through the engine, and the catalog's own failures.
+//! decision, in the order they would), transactions, and fetch and
+//! subtree streams through the engine.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -122,6 +130,8 @@ pub struct Outcome {
     /// ack, or a retry answered with the offsets first written).
     pub idempotent_appends: u64,
     pub producer_answers: u64,
+    /// Catalog writes that failed (lost, or durable and reported failed).
+    pub catalog_faults: u64,
     /// Segments recovery opened by their index file, and by walking.
     pub indexed_segments: u64,
     pub walked_segments: u64,
@@ -218,6 +228,33 @@ struct MTopic {
 #[derive(Debug, Default, Clone)]
 struct Catalog {
     windows: Vec<WindowRecord>,
+}
+
+/// One catalog write's fate (see `Sim::catalog_write`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CatalogWrite {
+    Taken,
+    /// Not durable, and reported as failed.
+    Lost,
+    /// Durable, and reported as failed all the same.
+    TakenButFailed,
+}
+
+impl CatalogWrite {
+    /// Runs `take` (the catalog keeps the write) unless the write is
+    /// lost; answers as the catalog would.
+    fn apply(self, trace: bool, what: &str, take: impl FnOnce()) -> Result<(), String> {
+        if self != CatalogWrite::Lost {
+            take();
+        }
+        if trace && self != CatalogWrite::Taken {
+            eprintln!("  the catalog fails writing {what}: {self:?}");
+        }
+        match self {
+            CatalogWrite::Taken => Ok(()),
+            _ => Err(format!("simulated catalog failure ({self:?})")),
+        }
+    }
 }
 
 const DIR: &str = "/data";
@@ -848,22 +885,29 @@ impl Sim {
         Ok(())
     }
 
+    /// How the catalog answers the next write: on a faulty disk, now and
+    /// then it fails, before the write was durable or after (sled flushed,
+    /// then reported an error): storage cannot tell the two apart.
+    fn catalog_write(&mut self) -> CatalogWrite {
+        if !self.faulty() || self.rng.below(8) != 0 {
+            return CatalogWrite::Taken;
+        }
+        self.out.catalog_faults += 1;
+        [CatalogWrite::Lost, CatalogWrite::TakenButFailed][self.rng.below(2) as usize]
+    }
+
     fn retention(&mut self) -> Check {
         self.out.retentions += 1;
         let policies: BTreeMap<TopicId, Option<i64>> = self.topics.iter().map(|(id, t)| (*id, t.retention_ms)).collect();
         let mut persisted: Vec<(Tp, i64)> = Vec::new();
         let mut dropped: Vec<(u64, u32)> = Vec::new();
+        let (starts_write, stores_write) = (self.catalog_write(), self.catalog_write());
+        let trace = self.trace;
         let r = self.storage().enforce_retention(
             self.now_ms,
             |tp| RetentionPolicy { retention_ms: policies.get(&tp.topic).copied().flatten(), retention_bytes: None },
-            |starts| {
-                persisted.extend_from_slice(starts);
-                Ok(())
-            },
-            |keys| {
-                dropped.extend_from_slice(keys);
-                Ok(())
-            },
+            |starts| starts_write.apply(trace, "log starts", || persisted.extend_from_slice(starts)),
+            |keys| stores_write.apply(trace, "dropped stores", || dropped.extend_from_slice(keys)),
         );
         // The catalog took what storage handed it, whatever came next.
         for (tp, start) in persisted {
@@ -889,10 +933,8 @@ impl Sim {
         let names: BTreeMap<TopicId, String> = self.topics.iter().map(|(id, t)| (*id, t.name.clone())).collect();
         let cfg = CompactConfig { lag_ms: 1_000, strategy: Strategy::Adaptive(Default::default()), max_bytes: 1 << 20 };
         let mut record = None;
-        let r = self.storage().compact(self.now_ms, &cfg, |id| names.get(id).cloned(), &mut |_| true, |w| {
-            record = Some(w.clone());
-            Ok(())
-        });
+        let (window_write, trace) = (self.catalog_write(), self.trace);
+        let r = self.storage().compact(self.now_ms, &cfg, |id| names.get(id).cloned(), &mut |_| true, |w| window_write.apply(trace, "a compaction window", || record = Some(w.clone())));
         if let Some(w) = record {
             self.catalog.windows.push(w);
         }
