@@ -764,7 +764,7 @@ pub(crate) mod tests {
     }
 
     /// The record walk as it was before the cursor (the oracle the
-        /// faster one must agree with, error for error).
+    /// faster one must agree with, error for error).
     fn reference_walk(mut rest: &[u8], count: i32) -> Result<(i64, i64), BatchError> {
         let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
         for index in 0..count {
