@@ -58,6 +58,7 @@ use super::{TopicId, Tp};
 use crate::protocol::batch;
 
 mod compact;
+mod page_cache;
 mod recover;
 mod seg_index;
 mod state;
@@ -82,8 +83,6 @@ const SMALL_COPY: usize = 64 * 1024;
 
 /// Spacing of a segment's stream index marks (see [`Segment::mark`]).
 const STREAM_MARK_BYTES: u64 = 64 * 1024;
-/// The page size the page cache drops whole (see `Storage::drop_synced`).
-const PAGE_BYTES: u64 = 4096;
 
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -337,8 +336,8 @@ impl Segment {
             published_len: AtomicU64::new(len),
             // What a segment holds when opened (recovered, or a new file's
             // header) is older than anything the window will hold.
-            cache_noted: AtomicU64::new(len & !(PAGE_BYTES - 1)),
-            cache_dropped: AtomicU64::new(len & !(PAGE_BYTES - 1)),
+            cache_noted: AtomicU64::new(page_cache::page_floor(len)),
+            cache_dropped: AtomicU64::new(page_cache::page_floor(len)),
         }
     }
 
@@ -709,19 +708,9 @@ pub struct Storage {
     /// sync to write once their frames are durable.
     checkpoints: Mutex<Vec<(Arc<Segment>, seg_index::SegIndex)>>,
     /// Synced segment pages still in the page cache, oldest first.
-    cached: Mutex<CacheWindow>,
+    cached: Mutex<page_cache::CacheWindow>,
     /// Bytes the page cache was told to drop, written and read.
     cache_dropped_bytes: AtomicU64,
-}
-
-/// Synced page ranges `(segment, from, to)` left in the page cache, oldest
-/// first, and their total. Weak: a segment retention or compaction
-/// deletes is not kept alive (its file open, its disk space taken) by the
-/// window; its ranges count until they come out.
-#[derive(Default)]
-struct CacheWindow {
-    ranges: std::collections::VecDeque<(std::sync::Weak<Segment>, u64, u64)>,
-    bytes: u64,
 }
 
 /// What the maintenance lock guards.
@@ -899,60 +888,6 @@ impl Storage {
         self.trim_cache_window();
         self.write_checkpoints(checkpoints);
         Ok(bytes)
-    }
-
-    /// `seg`'s whole pages below `synced` are durable (so clean): they
-    /// join the page-cache window, to be dropped when it passes them
-    /// ([`Storage::trim_cache_window`]). The partial last page stays out:
-    /// it will be written again.
-    fn note_synced(&self, seg: &Arc<Segment>, synced: u64) {
-        if self.cfg.page_cache_bytes == u64::MAX {
-            return;
-        }
-        let to = synced & !(PAGE_BYTES - 1);
-        // The writer (at a seal) and the syncer may both get here: under
-        // the lock, so one segment's ranges enter in order.
-        let mut w = self.cached.lock().expect("page cache window lock");
-        let from = seg.cache_noted.fetch_max(to, Ordering::AcqRel);
-        if to > from {
-            w.ranges.push_back((Arc::downgrade(seg), from, to));
-            w.bytes += to - from;
-        }
-    }
-
-    /// The page-cache window: synced bytes it holds now, and bytes the
-    /// page cache was told it may drop so far (written and read).
-    pub fn page_cache_window(&self) -> (u64, u64) {
-        (self.cached.lock().expect("page cache window lock").bytes, self.cache_dropped_bytes.load(Ordering::Relaxed))
-    }
-
-    /// Drops the oldest synced pages beyond the window's size (the
-    /// syncer's work: an fadvise per range, none under the lock). A
-    /// segment deleted since, or whose file the descriptor cache closed,
-    /// is skipped: its pages went with it, or are left to the kernel
-    /// (it is a hint; nothing is opened for it).
-    fn trim_cache_window(&self) {
-        let window = self.cfg.page_cache_bytes;
-        if window == u64::MAX {
-            return;
-        }
-        let mut out = Vec::new();
-        {
-            let mut w = self.cached.lock().expect("page cache window lock");
-            while w.bytes > window {
-                let Some(r) = w.ranges.pop_front() else { break };
-                w.bytes -= r.2 - r.1;
-                out.push(r);
-            }
-        }
-        for (seg, from, to) in out {
-            let Some(seg) = seg.upgrade() else { continue };
-            seg.cache_dropped.fetch_max(to, Ordering::AcqRel);
-            if let Some(f) = seg.file.if_open() {
-                f.drop_cache(from, to - from);
-                self.cache_dropped_bytes.fetch_add(to - from, Ordering::Relaxed);
-            }
-        }
     }
 
     /// Lets readers see offsets up to each given end (after they are durable,
@@ -1551,16 +1486,7 @@ impl<'a> Frames<'a> {
             let mut raw = self.storage.read_pool.take(want);
             let file = seg.file()?;
             let got = segment::read_full_at(&*file, &mut raw.buf[..want], start)?;
-            if self.storage.cfg.page_cache_bytes != u64::MAX {
-                // What was older than the page-cache window is read into
-                // our buffer now: its whole pages need not stay cached.
-                let from = (start + PAGE_BYTES - 1) & !(PAGE_BYTES - 1);
-                let to = (start + got as u64).min(seg.read_once_below()) & !(PAGE_BYTES - 1);
-                if to > from {
-                    file.drop_cache(from, to - from);
-                    self.storage.cache_dropped_bytes.fetch_add(to - from, Ordering::Relaxed);
-                }
-            }
+            self.storage.read_once(&file, start, start + got as u64, seg.read_once_below());
             if got < need {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} is shorter than its published length", seg.path().display())));
             }
@@ -1609,11 +1535,11 @@ mod tests {
     use super::*;
     use crate::protocol::batch::tests::make_batch;
 
-    fn tp(n: u8, p: i32) -> Tp {
+    pub(super) fn tp(n: u8, p: i32) -> Tp {
         Tp { topic: [n; 16], partition: p }
     }
 
-    fn spec(n: u8, p: i32, branch: &str) -> PartitionSpec {
+    pub(super) fn spec(n: u8, p: i32, branch: &str) -> PartitionSpec {
         PartitionSpec { tp: tp(n, p), branch: branch.into(), log_start: 0 }
     }
 
@@ -1703,7 +1629,7 @@ mod tests {
         Ok(())
     }
 
-    fn offsets_of(records: &Bytes) -> Vec<i64> {
+    pub(super) fn offsets_of(records: &Bytes) -> Vec<i64> {
         batch::split(records).map(|b| batch::BatchHeader::parse(b.unwrap()).unwrap().base_offset).collect()
     }
 
@@ -1724,74 +1650,6 @@ mod tests {
         assert_eq!(offsets_of(&r.concat()), vec![6]);
         assert!(matches!(s.read(&tp(2, 0), 201, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
         assert!(s.read(&tp(2, 0), 200, 10, true).unwrap().records.is_empty());
-    }
-
-    /// Synced pages beyond the window are dropped, oldest first, once
-    /// each; so are pages read from below it; a window of `u64::MAX`
-    /// drops nothing; and the data reads back whole either way.
-    #[test]
-    fn the_page_cache_window_drops_the_oldest_synced_pages() {
-        for window in [16 << 10, u64::MAX] {
-            let dir = tempfile::tempdir().unwrap();
-            let cfg = StorageConfig { page_cache_bytes: window, tip: crate::storage::tip::TipConfig { bytes: 0, ..Default::default() }, ..StorageConfig::default() };
-            let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
-            let value = vec![7u8; 1000];
-            let mut written = 0;
-            for round in 0..64 {
-                let b = make_batch(&[&value], 0);
-                w.append(tp(1, 0), &b, round, false).unwrap();
-                written += (FRAME_HEADER_BYTES + b.len()) as u64;
-                let moved = w.flush().unwrap();
-                s.sync().unwrap();
-                s.publish_hw(&moved);
-            }
-            let dropped = s.cache_dropped_bytes.load(Ordering::Relaxed);
-            if window == u64::MAX {
-                assert_eq!(dropped, 0);
-            } else {
-                // All but the window and the partial last page, in pages.
-                let synced = (FILE_HEADER_BYTES + written) & !(PAGE_BYTES - 1);
-                let cached = synced - dropped;
-                assert!(cached <= window && cached + PAGE_BYTES > window, "{cached} bytes left cached of {synced}");
-                assert_eq!(dropped % PAGE_BYTES, 0);
-            }
-            // Reading it all back: pages below the window are read once.
-            let r = s.read(&tp(1, 0), 0, 1 << 20, true).unwrap();
-            assert_eq!(offsets_of(&r.concat()), (0..64).collect::<Vec<_>>());
-            let after = s.cache_dropped_bytes.load(Ordering::Relaxed);
-            if window == u64::MAX {
-                assert_eq!(after, 0);
-            } else {
-                assert!(after > dropped, "pages read from below the window are dropped too");
-            }
-        }
-    }
-
-    /// A segment retention deletes while the page-cache window still lists
-    /// its pages is not kept alive by the window: its file is closed and
-    /// its disk space given back.
-    #[test]
-    fn the_page_cache_window_keeps_no_deleted_segment_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = StorageConfig { segment_bytes: 8192, page_cache_bytes: 1 << 30, ..StorageConfig::default() };
-        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
-        let value = vec![7u8; 1000];
-        for round in 0..40 {
-            w.append(tp(1, 0), &make_batch(&[&value], 0), round, false).unwrap();
-            let moved = w.flush().unwrap();
-            s.sync().unwrap();
-            s.publish_hw(&moved);
-        }
-        assert!(s.page_cache_window().0 > 8192, "the window lists the sealed segments' pages");
-        let policy = |_: &Tp| RetentionPolicy { retention_ms: Some(1), retention_bytes: None };
-        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
-        assert!(deleted > 2, "{deleted} segments deleted");
-        let open_deleted = std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|t| t.starts_with(dir.path()) && t.to_string_lossy().ends_with(" (deleted)"))
-            .count();
-        assert_eq!(open_deleted, 0, "deleted segment files still open");
     }
 
     #[test]

@@ -54,7 +54,7 @@
 //! crate was generated from (4.1.0), for exactly the APIs and versions the
 //! Kafka handlers declare. A handler whose range changes fails
 //! `kafka::handlers::tests::the_guard_covers_exactly_the_declared_versions`
-//! until the tables are regenerated; the tests in `tests.rs` run every
+//! until the tables are regenerated; the tests in `tests/` run every
 //! covered version of every request against the crate's encoder and
 //! decoder, so a table that drifts from the crate fails there.
 
