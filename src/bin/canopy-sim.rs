@@ -55,25 +55,16 @@ fn main() -> ExitCode {
         println!("{found} of {n} seeds find the planted bug ({:.1} s)", started.elapsed().as_secs_f64());
         return ExitCode::SUCCESS;
     }
-    let (mut runs, mut steps_done, mut faults, mut crashes, mut acked) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut indexed, mut walked, mut idempotent, mut answers, mut catalog) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    // Every seed's disk history folded together: two processes that ran the
-    // same seeds print the same digest, or a seed did not replay exactly.
-    let mut digest = 0u64;
+    let mut runs = 0u64;
+    // Every seed's disk history folded together (`Outcome::add`): two
+    // processes that ran the same seeds print the same digest, or a seed
+    // did not replay exactly.
+    let mut total = sim::Outcome::default();
     for seed in range {
         match sim::run(seed, cfg) {
             Ok(o) => {
                 runs += 1;
-                steps_done += o.steps as u64;
-                faults += o.disk.faults;
-                crashes += o.crashes;
-                acked += o.acked;
-                indexed += o.indexed_segments;
-                walked += o.walked_segments;
-                idempotent += o.idempotent_appends;
-                answers += o.producer_answers;
-                catalog += o.catalog_faults;
-                digest = digest.rotate_left(7) ^ o.disk.history;
+                total.add(&o);
             }
             Err(f) => {
                 println!("{f}");
@@ -88,8 +79,10 @@ fn main() -> ExitCode {
             eprintln!("{runs} seeds, {:.0} s", started.elapsed().as_secs_f64());
         }
     }
+    let t = &total;
     println!(
-        "{runs} seeds passed: {steps_done} steps, {acked} batches acknowledged, {crashes} crashes, {faults} disk faults and {catalog} catalog failures injected, {idempotent} idempotent batches appended and {answers} answered to their producers, {indexed} segments recovered from index files and {walked} by walking, history digest {digest:016x}, {:.1} s",
+        "{runs} seeds passed: {} steps, {} batches acknowledged, {} crashes, {} disk faults and {} catalog failures injected, {} idempotent batches appended and {} answered to their producers, {} transactional batches appended, {} transactions committed and {} aborted, {} batches refused to a transaction, {} segments recovered from index files and {} by walking, history digest {:016x}, {:.1} s",
+        t.steps, t.acked, t.crashes, t.disk.faults, t.catalog_faults, t.idempotent_appends, t.producer_answers, t.txn_batches, t.txn_commits, t.txn_aborts, t.txn_refusals, t.indexed_segments, t.walked_segments, t.disk.history,
         started.elapsed().as_secs_f64()
     );
     if plant.is_some() {

@@ -486,6 +486,13 @@ pub fn set_producer(buf: &mut [u8], producer_id: i64, epoch: i16, base_sequence:
     seal(buf);
 }
 
+/// [`set_producer`], and marks the batch transactional.
+pub fn set_transactional(buf: &mut [u8], producer_id: i64, epoch: i16, base_sequence: i32) {
+    let attributes = i16::from_be_bytes([buf[OFF_ATTRIBUTES], buf[OFF_ATTRIBUTES + 1]]) | ATTR_TRANSACTIONAL;
+    buf[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+    set_producer(buf, producer_id, epoch, base_sequence);
+}
+
 /// Fills in batchLength and the CRC-32C of the whole batch in `buf` (a
 /// [`NewBatch::header`] followed by its records).
 pub fn seal(buf: &mut [u8]) {

@@ -9,7 +9,7 @@
 //! The seed picks the configuration (segment size, descriptor cache, tip,
 //! whether the disk is faulty) and then, step by step, one of: create or
 //! delete a topic, append a batch, send an idempotent producer's batch (or
-//! resend those in flight), flush, sync and acknowledge, read a
+//! resend those in flight), take a transactional producer's next step, flush, sync and acknowledge, read a
 //! partition, enforce retention, compact, restart cleanly, or crash. The
 //! driver plays the engine's part: a batch is acknowledged only after the
 //! flush that wrote it and the sync after that flush, as the engine does
@@ -61,17 +61,36 @@
 //! erred). Storage cannot tell the two apart; it stops, the machine is
 //! power-cycled, and recovery must agree with whatever the catalog holds.
 //!
+//! # Transactions
+//!
+//! A transactional producer begins transactions over one to three
+//! partitions, sends batches in them, and commits (only once every batch
+//! it sent is acknowledged, as Kafka's producer waits for its sends) or
+//! aborts. Its coordinator is played as the engine's plays it: partitions
+//! added before their batches, each closed and its log end noted at the
+//! decision, markers after; at every start, over the transaction state the
+//! engine restored (snapshot and replay), a decided transaction is
+//! finished where it is still open, an undecided one aborted with the
+//! epoch bumped, and one the logs hold open that no record names aborted
+//! too. Checked after every step, for every partition: each batch of an
+//! open transaction lies at or past the last stable offset, each batch of
+//! an aborted one is reported aborted (a read_committed consumer drops
+//! it) and each committed one is not, and the stable offset waits only
+//! for a transaction the model holds open. Batches sent to a partition the
+//! transaction did not add, or with an epoch the coordinator fenced, must
+//! not be appended.
+//!
 //! Not yet simulated (the storage-core issue goes on): the writer and
 //! syncer threads themselves (the driver calls storage, and the writer's
-//! decision, in the order they would), transactions, and fetch and
-//! subtree streams through the engine.
+//! decision, in the order they would), and fetch and subtree streams
+//! through the engine.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::protocol::batch;
+use crate::protocol::batch::{self, Marker};
 use crate::storage::disk::sim::{Faults, Rng, SimDisk, SimStats};
 use crate::storage::disk::Disk;
 use crate::storage::subtree::split::Strategy;
@@ -132,10 +151,49 @@ pub struct Outcome {
     pub producer_answers: u64,
     /// Catalog writes that failed (lost, or durable and reported failed).
     pub catalog_faults: u64,
+    /// Transactional batches appended; transactions ended with every
+    /// marker acknowledged (committed, aborted); transactional batches
+    /// refused as they must be (a partition not added, a fenced epoch).
+    pub txn_batches: u64,
+    pub txn_commits: u64,
+    pub txn_aborts: u64,
+    pub txn_refusals: u64,
     /// Segments recovery opened by their index file, and by walking.
     pub indexed_segments: u64,
     pub walked_segments: u64,
     pub disk: SimStats,
+}
+
+impl Outcome {
+    /// Adds another run's counts to these (the disk's digests fold in
+    /// order, so the same seeds in the same order give the same digest).
+    pub fn add(&mut self, o: &Outcome) {
+        self.steps += o.steps;
+        self.appends += o.appends;
+        self.acked += o.acked;
+        self.crashes += o.crashes;
+        self.restarts += o.restarts;
+        self.compactions += o.compactions;
+        self.retentions += o.retentions;
+        self.poisoned += o.poisoned;
+        self.idempotent_appends += o.idempotent_appends;
+        self.producer_answers += o.producer_answers;
+        self.catalog_faults += o.catalog_faults;
+        self.txn_batches += o.txn_batches;
+        self.txn_commits += o.txn_commits;
+        self.txn_aborts += o.txn_aborts;
+        self.txn_refusals += o.txn_refusals;
+        self.indexed_segments += o.indexed_segments;
+        self.walked_segments += o.walked_segments;
+        self.disk.faults += o.disk.faults;
+        self.disk.crashes += o.disk.crashes;
+        self.disk.torn_writes += o.disk.torn_writes;
+        self.disk.lost_writes += o.disk.lost_writes;
+        self.disk.writes += o.disk.writes;
+        self.disk.syncs += o.disk.syncs;
+        self.disk.unsynced_drops += o.disk.unsynced_drops;
+        self.disk.history = self.disk.history.rotate_left(7) ^ o.disk.history;
+    }
 }
 
 /// A broken invariant: the seed, the step, what.
@@ -169,8 +227,19 @@ struct MBatch {
     /// As storage must return it (base offset patched).
     bytes: Vec<u8>,
     state: State,
-    /// An idempotent producer's batch: (producer id, base sequence).
-    ids: Option<(i64, i32)>,
+    kind: Kind,
+}
+
+/// Who wrote a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Plain,
+    /// An idempotent producer's: (producer id, base sequence).
+    Idempotent(i64, i32),
+    /// The transactional producer's data.
+    TxnData,
+    /// A transaction marker of the transactional producer.
+    TxnMarker(Marker),
 }
 
 /// An idempotent producer's batches to one tp, as its client sees them.
@@ -200,6 +269,37 @@ const PRODUCER_IDS: [i64; 2] = [1_000, 1_001];
 const MAX_IN_FLIGHT: usize = 5;
 /// Producer state is kept this long without use (the engine's default).
 const PRODUCER_EXPIRY_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// The transactional producer's id.
+const TXN_PRODUCER: i64 = 2_000;
+
+/// The transactional producer, and its transaction coordinator's record
+/// (durable when written, as the engine's catalog row is). The coordinator
+/// is played as the engine's plays it (`kafka::coordinator::transactions`):
+/// partitions added before their batches, each partition closed and its log
+/// end noted when the transaction is decided, markers after, and at a
+/// restart a decided transaction finished where its partitions are still
+/// open, an undecided one aborted with the epoch bumped, and one the logs
+/// hold open but the record does not name aborted the same way.
+#[derive(Debug, Clone, Default)]
+struct Transactor {
+    epoch: i16,
+    /// The next sequence number per tp at this epoch.
+    seqs: BTreeMap<Tp, i32>,
+    /// The transaction under way, until its markers are acknowledged.
+    current: Option<Txn>,
+}
+
+#[derive(Debug, Clone)]
+struct Txn {
+    /// Partitions the coordinator added, in order.
+    tps: Vec<Tp>,
+    /// Data batches sent: (tp, base offset).
+    sent: Vec<(Tp, i64)>,
+    /// Decided (PrepareCommit or PrepareAbort), with each partition's log
+    /// end when it was closed.
+    decided: Option<(Marker, BTreeMap<Tp, i64>)>,
+}
 
 #[derive(Debug, Clone)]
 struct MTp {
@@ -281,6 +381,10 @@ struct Sim {
     producers: crate::engine::producers::Producers,
     txns: std::sync::RwLock<crate::engine::txns::Txns>,
     clients: BTreeMap<(i64, Tp), Client>,
+    transactor: Transactor,
+    /// Opens so far: an action that may crash and reopen storage midway
+    /// (any append) stops when this moved.
+    opens: u64,
     out: Outcome,
     step: usize,
     trace: bool,
@@ -368,6 +472,8 @@ impl Sim {
             producers: Default::default(),
             txns: Default::default(),
             clients: BTreeMap::new(),
+            transactor: Transactor::default(),
+            opens: 0,
             out: Outcome::default(),
             step: 0,
             trace: false,
@@ -441,11 +547,13 @@ impl Sim {
         self.producers = producers;
         self.txns = std::sync::RwLock::new(txns);
         self.unsynced.clear();
+        self.opens += 1;
         // Every client's connection broke: what it has in flight goes again.
         for c in self.clients.values_mut() {
             c.resend = true;
         }
-        self.after_recovery()
+        self.after_recovery()?;
+        self.recover_txns()
     }
 
     fn faulty(&self) -> bool {
@@ -505,7 +613,8 @@ impl Sim {
             let what = match roll {
                 0..=3 => "create topic",
                 4 => "delete topic",
-                5..=29 => "append",
+                5..=21 => "append",
+                22..=29 => "transaction",
                 30..=44 => "idempotent append",
                 45..=59 => "flush",
                 60..=71 => "sync",
@@ -521,7 +630,8 @@ impl Sim {
         match roll {
             0..=3 => self.create_topic(),
             4 => self.delete_topic(),
-            5..=29 => self.append(),
+            5..=21 => self.append(),
+            22..=29 => self.transact(),
             30..=44 => self.idempotent_append(),
             45..=59 => self.flush(),
             60..=71 => self.sync(),
@@ -559,6 +669,8 @@ impl Sim {
         self.storage().remove_topic(&id, self.topics[&id].parts.len() as i32);
         self.topics.remove(&id);
         self.clients.retain(|(_, tp), _| tp.topic != id);
+        self.txns.write().expect("txns lock").remove_topic(&id);
+        self.transactor.seqs.retain(|tp, _| tp.topic != id);
         Ok(())
     }
 
@@ -588,14 +700,14 @@ impl Sim {
         let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
         let bytes = batch::build(&records, self.now_ms);
         let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
-        self.append_batch(tp, bytes, state, None).map(drop)
+        self.append_batch(tp, bytes, state, Kind::Plain).map(drop)
     }
 
     /// Appends `bytes` to `tp`, checks that its offsets follow the model's,
     /// and adds it to the model as `state`. `None`: storage was out of
     /// descriptors or space and staged nothing, or it refused for good and
     /// the machine was power-cycled.
-    fn append_batch(&mut self, tp: Tp, mut bytes: Vec<u8>, state: State, ids: Option<(i64, i32)>) -> Result<Option<crate::storage::Appended>, String> {
+    fn append_batch(&mut self, tp: Tp, mut bytes: Vec<u8>, state: State, kind: Kind) -> Result<Option<crate::storage::Appended>, String> {
         let expected = self.mtp(&tp).next_offset();
         let records = batch::BatchHeader::parse(&bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?.last_offset_delta as i64 + 1;
         let now = self.now_ms;
@@ -604,7 +716,7 @@ impl Sim {
                 ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
                 ensure(a.last_offset == expected + records - 1, || format!("{tp:?}: {records} records end at {}", a.last_offset))?;
                 batch::set_base_offset(&mut bytes, a.base_offset);
-                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, ids });
+                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, kind });
                 self.out.appends += 1;
                 Ok(Some(a))
             }
@@ -658,7 +770,7 @@ impl Sim {
         // The log's copy of this batch, if it holds one (retention may have
         // taken it since: then the engine cannot know it, and any answer
         // is one Kafka could give).
-        let held = self.mtp(&tp).batches.iter().find(|b| b.ids == Some((pid, sent.seq))).map(|b| (b.base, b.last, b.state));
+        let held = self.mtp(&tp).batches.iter().find(|b| b.kind == Kind::Idempotent(pid, sent.seq)).map(|b| (b.base, b.last, b.state));
         let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, false);
         if self.trace {
             eprintln!("  producer {pid} sequence {} ({} records) to {}/{}: {decision:?}, the log holds it at {held:?}", sent.seq, ids.count, tp.topic[15], tp.partition);
@@ -676,7 +788,7 @@ impl Sim {
                 Ok(true)
             }
             (Decision::Append, Some((base, ..))) => Err(format!("{tp:?}: producer {pid} sequence {} retried and appended again; the log holds it at offset {base}", sent.seq)),
-            (Decision::Append, None) => match self.append_batch(tp, sent.bytes, State::Staged, Some((pid, sent.seq)))? {
+            (Decision::Append, None) => match self.append_batch(tp, sent.bytes, State::Staged, Kind::Idempotent(pid, sent.seq))? {
                 Some(a) => {
                     self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
                     self.out.idempotent_appends += 1;
@@ -713,12 +825,12 @@ impl Sim {
     fn lost_before(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
         let earlier: Vec<i32> = self.clients.get(&(pid, tp)).map(|c| c.in_flight.iter().map(|s| s.seq).filter(|&s| s < seq).collect()).unwrap_or_default();
         let m = self.mtp(&tp);
-        earlier.iter().any(|&s| !m.batches.iter().any(|b| b.ids == Some((pid, s))))
+        earlier.iter().any(|&s| !m.batches.iter().any(|b| b.kind == Kind::Idempotent(pid, s)))
     }
 
     /// Whether the log holds a later batch of this producer than `seq`.
     fn held_after(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
-        self.mtp(&tp).batches.iter().any(|b| b.ids.is_some_and(|(p, s)| p == pid && s > seq))
+        self.mtp(&tp).batches.iter().any(|b| matches!(b.kind, Kind::Idempotent(p, s) if p == pid && s > seq))
     }
 
     /// The client has its answer for `seq`: no longer in flight.
@@ -727,6 +839,287 @@ impl Sim {
             c.in_flight.retain(|s| s.seq != seq);
         }
         self.out.producer_answers += 1;
+    }
+
+    /// The transactional producer's next step: begin a transaction (the
+    /// coordinator adds one to three partitions), send a batch in it, send
+    /// one it must not be able to (to a partition it did not add, or with
+    /// an epoch already fenced), or end it; a decided transaction whose
+    /// markers are not all written gets them first (the coordinator's retry).
+    fn transact(&mut self) -> Check {
+        let Some(txn) = self.transactor.current.clone() else { return self.begin_txn() };
+        if let Some((marker, ends)) = txn.decided {
+            let missing: Vec<Tp> = ends.iter().filter(|(tp, end)| self.topics.contains_key(&tp.topic) && !self.has_marker(tp, **end)).map(|(tp, _)| *tp).collect();
+            return self.write_markers(marker, &missing).map(drop);
+        }
+        let live: Vec<Tp> = txn.tps.iter().copied().filter(|tp| self.topics.contains_key(&tp.topic)).collect();
+        match self.rng.below(10) {
+            0..=5 if !live.is_empty() => {
+                let tp = live[self.rng.below(live.len() as u64) as usize];
+                self.send_txn(tp)
+            }
+            6 => match self.pick_tp() {
+                Some(tp) if !txn.tps.contains(&tp) => self.send_refused(tp, self.transactor.epoch, "to a partition its transaction did not add"),
+                _ => Ok(()),
+            },
+            7 if self.transactor.epoch > 0 && !live.is_empty() => {
+                let tp = live[self.rng.below(live.len() as u64) as usize];
+                self.send_refused(tp, self.transactor.epoch - 1, "with a fenced epoch")
+            }
+            _ => {
+                // Kafka's producer waits for every send before it commits;
+                // one still unacknowledged (or lost) makes this an abort.
+                let all_acked = txn.sent.iter().all(|(tp, base)| self.topics.get(&tp.topic).is_none_or(|t| t.parts[tp.partition as usize].batches.iter().any(|b| b.base == *base && b.state == State::Acked)));
+                let marker = if all_acked && self.rng.below(3) != 0 { Marker::Commit } else { Marker::Abort };
+                self.end_txn(marker, false)
+            }
+        }
+    }
+
+    fn begin_txn(&mut self) -> Check {
+        let mut tps = Vec::new();
+        for _ in 0..1 + self.rng.below(3) {
+            if let Some(tp) = self.pick_tp() {
+                if !tps.contains(&tp) {
+                    tps.push(tp);
+                }
+            }
+        }
+        if tps.is_empty() {
+            return self.create_topic();
+        }
+        let mut t = self.txns.write().expect("txns lock");
+        for tp in &tps {
+            t.add_partition(TXN_PRODUCER, self.transactor.epoch, *tp);
+        }
+        drop(t);
+        if self.trace {
+            eprintln!("  transaction begins at epoch {} on {:?}", self.transactor.epoch, tps.iter().map(|tp| (tp.topic[15], tp.partition)).collect::<Vec<_>>());
+        }
+        self.transactor.current = Some(Txn { tps, sent: Vec::new(), decided: None });
+        Ok(())
+    }
+
+    /// A transactional batch builder: `n` random records with the
+    /// producer's ids.
+    fn txn_batch(&mut self, tp: Tp, epoch: i16) -> Vec<u8> {
+        let n = 1 + self.rng.below(3) as usize;
+        let values: Vec<Vec<u8>> = (0..n).map(|_| (0..self.rng.below(150)).map(|_| self.rng.next_u64() as u8).collect()).collect();
+        let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
+        let mut bytes = batch::build(&records, self.now_ms);
+        let seq = self.transactor.seqs.get(&tp).copied().unwrap_or(0);
+        batch::set_transactional(&mut bytes, TXN_PRODUCER, epoch, seq);
+        bytes
+    }
+
+    /// One batch of the transaction under way, through the writer's
+    /// decision, which must take it.
+    fn send_txn(&mut self, tp: Tp) -> Check {
+        let epoch = self.transactor.epoch;
+        let bytes = self.txn_batch(tp, epoch);
+        let ids = crate::engine::producers::BatchIds::of(&batch::BatchHeader::parse(&bytes).map_err(|e| format!("a transactional batch does not parse: {e:?}"))?);
+        let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, true);
+        if self.trace {
+            eprintln!("  transactional batch, sequence {} to {}/{}: {decision:?}", ids.base_sequence, tp.topic[15], tp.partition);
+        }
+        ensure(decision == crate::engine::producers::Check::Append, || format!("{tp:?}: the transaction's batch (epoch {epoch}, sequence {}) was not admitted: {decision:?}", ids.base_sequence))?;
+        let opens = self.opens;
+        match self.append_batch(tp, bytes, State::Staged, Kind::TxnData)? {
+            Some(a) => {
+                self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
+                self.txns.write().expect("txns lock").on_batch(tp, TXN_PRODUCER, epoch, a.base_offset);
+                *self.transactor.seqs.entry(tp).or_default() += ids.count;
+                if let Some(t) = &mut self.transactor.current {
+                    t.sent.push((tp, a.base_offset));
+                }
+                self.out.txn_batches += 1;
+                Ok(())
+            }
+            // Refused: the client aborts (unless storage was reopened, and
+            // the coordinator's recovery ended the transaction already).
+            None if self.opens == opens => self.end_txn(Marker::Abort, false),
+            None => Ok(()),
+        }
+    }
+
+    /// A transactional batch the writer must not append.
+    fn send_refused(&mut self, tp: Tp, epoch: i16, why: &str) -> Check {
+        let bytes = self.txn_batch(tp, epoch);
+        let ids = crate::engine::producers::BatchIds::of(&batch::BatchHeader::parse(&bytes).map_err(|e| format!("a transactional batch does not parse: {e:?}"))?);
+        let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, true);
+        if self.trace {
+            eprintln!("  transactional batch {why}, epoch {epoch} to {}/{}: {decision:?}", tp.topic[15], tp.partition);
+        }
+        // A batch with the same ids as one written is answered as its retry
+        // (Kafka's idempotence): nothing is appended either way.
+        ensure(decision != crate::engine::producers::Check::Append, || format!("{tp:?}: a transactional batch {why} (epoch {epoch}) was admitted"))?;
+        self.out.txn_refusals += 1;
+        Ok(())
+    }
+
+    /// The coordinator decides: each partition closed (no batch of the
+    /// transaction after this) with its log end noted, the decision made
+    /// durable, then the markers. `bump`: the epoch moves on first (an
+    /// abort the coordinator makes on its own).
+    fn end_txn(&mut self, marker: Marker, bump: bool) -> Check {
+        let Some(txn) = self.transactor.current.clone() else { return Ok(()) };
+        let live: Vec<Tp> = txn.tps.iter().copied().filter(|tp| self.topics.contains_key(&tp.topic)).collect();
+        let mut ends = BTreeMap::new();
+        for tp in &live {
+            self.txns.write().expect("txns lock").close_partition(TXN_PRODUCER, tp);
+            let end = self.writer().next_offset(tp).ok_or_else(|| format!("{tp:?} unknown to the writer"))?;
+            ends.insert(*tp, end);
+        }
+        if bump {
+            self.bump_epoch(self.transactor.epoch);
+        }
+        if self.trace {
+            eprintln!("  transaction decided: {marker:?} at epoch {}, partition ends {:?}", self.transactor.epoch, ends.iter().map(|(tp, e)| (tp.topic[15], tp.partition, *e)).collect::<Vec<_>>());
+        }
+        self.transactor.current = Some(Txn { decided: Some((marker, ends)), ..txn });
+        self.write_markers(marker, &live).map(drop)
+    }
+
+    fn bump_epoch(&mut self, from: i16) {
+        self.transactor.epoch = from + 1;
+        self.transactor.seqs.clear();
+    }
+
+    /// Appends `marker` to each of `tps` at the producer's epoch, as the
+    /// writer does. False: storage refused one (and may have been
+    /// reopened; then the coordinator's recovery took over).
+    fn write_markers(&mut self, marker: Marker, tps: &[Tp]) -> Result<bool, String> {
+        let epoch = self.transactor.epoch;
+        let opens = self.opens;
+        for tp in tps {
+            let b = batch::control_batch(marker, TXN_PRODUCER, epoch, 0, self.now_ms);
+            match self.append_batch(*tp, b, State::Staged, Kind::TxnMarker(marker))? {
+                Some(a) => {
+                    self.producers.fence(*tp, TXN_PRODUCER, epoch, self.now_ms);
+                    self.txns.write().expect("txns lock").on_marker(*tp, TXN_PRODUCER, marker, a.base_offset);
+                }
+                None => return Ok(false),
+            }
+            if self.opens != opens {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether `tp` holds a marker of the transactional producer at or
+    /// past `end` (the one ending the transaction decided at `end`).
+    fn has_marker(&self, tp: &Tp, end: i64) -> bool {
+        self.topics[&tp.topic].parts[tp.partition as usize].batches.iter().any(|b| b.base >= end && matches!(b.kind, Kind::TxnMarker(_)))
+    }
+
+    /// After a sync: a decided transaction whose every marker is
+    /// acknowledged is complete.
+    fn complete_txn(&mut self) {
+        let Some(Txn { decided: Some((marker, ends)), .. }) = &self.transactor.current else { return };
+        let done = ends.iter().all(|(tp, end)| {
+            let Some(t) = self.topics.get(&tp.topic) else { return true };
+            t.parts[tp.partition as usize].batches.iter().any(|b| b.base >= *end && matches!(b.kind, Kind::TxnMarker(_)) && b.state == State::Acked)
+        });
+        if done {
+            match marker {
+                Marker::Commit => self.out.txn_commits += 1,
+                Marker::Abort => self.out.txn_aborts += 1,
+            }
+            self.transactor.current = None;
+        }
+    }
+
+    /// The coordinator's start-up, over the producer state the engine
+    /// restored: a decided transaction gets markers where it is still open
+    /// below its decision's log end; an undecided one is aborted with the
+    /// epoch bumped; a transaction the logs hold open that no record names
+    /// (its beginning was lost) is aborted, its producer fenced.
+    fn recover_txns(&mut self) -> Check {
+        let opens = self.opens;
+        match self.transactor.current.clone() {
+            Some(Txn { decided: Some((marker, ends)), .. }) => {
+                let open = self.txns.read().expect("txns lock").ongoing();
+                let tps: Vec<Tp> = ends.iter().filter(|(tp, end)| self.topics.contains_key(&tp.topic) && open.iter().any(|(t, o)| t == *tp && o.producer_id == TXN_PRODUCER && o.first_offset < **end)).map(|(tp, _)| *tp).collect();
+                if self.trace {
+                    eprintln!("  recovery finishes a decided transaction ({marker:?}) on {} partitions", tps.len());
+                }
+                self.write_markers(marker, &tps)?;
+            }
+            Some(_) => {
+                if self.trace {
+                    eprintln!("  recovery aborts the transaction under way");
+                }
+                self.end_txn(Marker::Abort, true)?;
+            }
+            None => {}
+        }
+        if self.opens != opens {
+            return Ok(());
+        }
+        let dangling: Vec<(Tp, crate::engine::txns::OpenTxn)> = self.txns.read().expect("txns lock").ongoing().into_iter().filter(|(tp, o)| o.producer_id == TXN_PRODUCER && self.topics.contains_key(&tp.topic)).collect();
+        if dangling.is_empty() {
+            return Ok(());
+        }
+        // Only the transaction under way can be open, and recovery just
+        // ended it (or its markers were refused: the next step retries).
+        if self.transactor.current.as_ref().is_some_and(|t| t.decided.is_some()) {
+            return Ok(());
+        }
+        let from = dangling.iter().map(|(_, o)| o.epoch).max().unwrap_or(0).max(self.transactor.epoch);
+        self.bump_epoch(from);
+        if self.trace {
+            eprintln!("  recovery aborts {} partitions left open in the logs, epoch now {}", dangling.len(), self.transactor.epoch);
+        }
+        let tps: Vec<Tp> = dangling.iter().map(|(tp, _)| *tp).collect();
+        self.write_markers(Marker::Abort, &tps).map(drop)
+    }
+
+    /// The engine's transaction state against the model, for every tp: a
+    /// batch of an open transaction lies at or past the last stable
+    /// offset; a batch of an aborted one is reported aborted (a
+    /// read_committed consumer drops it), a committed one is not; and with
+    /// no transaction open the stable offset does not wait.
+    fn check_txns(&self) -> Check {
+        let t = self.txns.read().expect("txns lock");
+        for (id, topic) in &self.topics {
+            for (p, m) in topic.parts.iter().enumerate() {
+                let tp = Tp { topic: *id, partition: p as i32 };
+                // The model's view: each data batch's fate.
+                let mut open: Vec<usize> = Vec::new();
+                let mut fate: Vec<Option<Marker>> = vec![None; m.batches.len()];
+                for (i, b) in m.batches.iter().enumerate() {
+                    match b.kind {
+                        Kind::TxnData => open.push(i),
+                        Kind::TxnMarker(marker) => {
+                            for j in open.drain(..) {
+                                fate[j] = Some(marker);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let first_unstable = t.first_unstable(&tp);
+                for (i, b) in m.batches.iter().enumerate().filter(|(_, b)| b.kind == Kind::TxnData && b.last >= m.log_start) {
+                    match fate[i] {
+                        None => ensure(first_unstable.is_some_and(|f| f <= b.base), || {
+                            let kinds: Vec<(i64, Kind, State)> = m.batches.iter().map(|b| (b.base, b.kind, b.state)).collect();
+                            format!("{tp:?}: open transactional batch at {} below the stable offset ({first_unstable:?}); log start {}, the model's batches {kinds:?}", b.base, m.log_start)
+                        })?,
+                        Some(marker) => {
+                            let aborted = t.is_aborted(&tp, TXN_PRODUCER, b.base);
+                            ensure(aborted == (marker == Marker::Abort), || format!("{tp:?}: transactional batch at {} ended by {marker:?} but reported {}", b.base, if aborted { "aborted" } else { "not aborted" }))?;
+                        }
+                    }
+                }
+                // The stable offset waits for an open transaction only.
+                if let Some(f) = first_unstable {
+                    let kafka_first = open.first().map(|&i| m.batches[i].base);
+                    ensure(kafka_first.is_some_and(|k| f >= k), || format!("{tp:?}: stable offset held at {f}, the model's oldest open transaction starts at {kafka_first:?}"))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Storage refused for good: the operator restarts the machine (a power
@@ -780,7 +1173,7 @@ impl Sim {
                             if matches!(b.state, State::Flushed(n) if n < upto) {
                                 b.state = State::Acked;
                                 self.out.acked += 1;
-                                if let Some((pid, seq)) = b.ids {
+                                if let Kind::Idempotent(pid, seq) = b.kind {
                                     answered.push((pid, Tp { topic: *id, partition: p as i32 }, seq));
                                 }
                             }
@@ -790,6 +1183,7 @@ impl Sim {
                 for (pid, tp, seq) in answered {
                     self.answered(pid, tp, seq);
                 }
+                self.complete_txn();
                 Ok(())
             }
             Err(e) => self.poisoned(e),
@@ -923,6 +1317,13 @@ impl Sim {
                 }
             }
         }
+        // The engine forgets aborted transactions below the new log starts.
+        if let Ok((starts, _)) = &r {
+            let mut t = self.txns.write().expect("txns lock");
+            for (tp, start) in starts {
+                t.trim(tp, *start);
+            }
+        }
         match r {
             Ok(_) => Ok(()),
             Err(e) => self.poisoned(e),
@@ -952,8 +1353,17 @@ impl Sim {
     }
 
     fn clean_restart(&mut self) -> Check {
-        // A clean shutdown syncs first (the engine's drain), then marks
-        // the stop clean; without the mark the next open scans deep.
+        // A clean shutdown writes its last round and syncs first (the
+        // engine's drain), then marks the stop clean; without the mark the
+        // next open scans deep. The producer snapshot comes after the
+        // flush, as the writer's last one does: taken before it, it would
+        // speak of batches (a marker closing a transaction) that the
+        // restart then loses.
+        let opens = self.opens;
+        self.flush()?;
+        if self.opens != opens {
+            return Ok(());
+        }
         if let Err(e) = self.storage().sync() {
             return self.poisoned(e);
         }
@@ -993,6 +1403,7 @@ impl Sim {
             ensure(hw <= model_end, || format!("{tp:?}: high watermark {hw} past everything appended ({model_end})"))?;
             ensure(leo <= model_end, || format!("{tp:?}: log end {leo} past everything appended ({model_end})"))?;
         }
+        self.check_txns()?;
         // One partition read whole per step keeps the cost linear.
         if let Some(tp) = self.pick_tp() {
             self.read_all(tp)?;
@@ -1010,18 +1421,7 @@ mod tests {
         let mut total = Outcome::default();
         for seed in 0..300 {
             match run(seed, SimConfig::default()) {
-                Ok(o) => {
-                    total.appends += o.appends;
-                    total.crashes += o.crashes;
-                    total.acked += o.acked;
-                    total.disk.faults += o.disk.faults;
-                    total.poisoned += o.poisoned;
-                    total.compactions += o.compactions;
-                    total.indexed_segments += o.indexed_segments;
-                    total.walked_segments += o.walked_segments;
-                    total.idempotent_appends += o.idempotent_appends;
-                    total.producer_answers += o.producer_answers;
-                }
+                Ok(o) => total.add(&o),
                 Err(f) => panic!("{f}"),
             }
         }
@@ -1032,6 +1432,9 @@ mod tests {
         // Idempotent producers appended, and had answers: acks, and
         // retries answered with the offsets first written.
         assert!(total.idempotent_appends > 1_000 && total.producer_answers > 1_000, "{total:?}");
+        // Transactions committed and aborted, and batches a transaction
+        // must not write were refused.
+        assert!(total.txn_batches > 500 && total.txn_commits > 50 && total.txn_aborts > 50 && total.txn_refusals > 50, "{total:?}");
     }
 
     /// The simulator is only as good as the bugs it finds: each planted one
@@ -1053,7 +1456,7 @@ mod tests {
     /// the code they fixed.
     #[test]
     fn seeds_that_found_bugs_pass() {
-        for seed in [737, 454_671, 215, 262, 389, 1_540, 3_929, 7_439, 4_003_701, 4_302_959] {
+        for seed in [737, 454_671, 215, 262, 389, 1_540, 3_929, 7_439, 4_003_701, 4_302_959, 249] {
             if let Err(f) = run(seed, SimConfig::default()) {
                 panic!("{f}");
             }
