@@ -9,12 +9,13 @@
 //! The seed picks the configuration (segment size, descriptor cache, tip,
 //! whether the disk is faulty) and then, step by step, one of: create or
 //! delete a topic, append a batch, send an idempotent producer's batch (or
-//! resend those in flight), take a transactional producer's next step, flush, sync and acknowledge, read a
-//! partition, enforce retention, compact, restart cleanly, or crash. The
-//! driver plays the engine's part: a batch is acknowledged only after the
-//! flush that wrote it and the sync after that flush, as the engine does
-//! for acks=all; the catalog (topics, log starts, compaction windows) is
-//! modelled as durable when written, as the engine's sled flush makes it.
+//! resend those in flight), take a transactional producer's next step,
+//! flush, sync and acknowledge, read a partition, enforce retention,
+//! compact, restart cleanly, or crash. The driver plays the engine's
+//! part: a batch is acknowledged only after the flush that wrote it and
+//! the sync after that flush, as the engine does for acks=all; the
+//! catalog (topics, log starts, compaction windows) is modelled as
+//! durable when written, as the engine's sled flush makes it.
 //!
 //! # What is checked, after every step
 //!
