@@ -237,8 +237,9 @@ enum Kind {
     Plain,
     /// An idempotent producer's: (producer id, base sequence).
     Idempotent(i64, i32),
-    /// The transactional producer's data.
-    TxnData,
+    /// The transactional producer's data: its epoch, base sequence and
+    /// record count.
+    TxnData(i16, i32, i32),
     /// A transaction marker of the transactional producer.
     TxnMarker(Marker),
 }
@@ -871,8 +872,12 @@ impl Sim {
                 // Kafka's producer waits for every send before it commits;
                 // one still unacknowledged (or lost) makes this an abort.
                 let all_acked = txn.sent.iter().all(|(tp, base)| self.topics.get(&tp.topic).is_none_or(|t| t.parts[tp.partition as usize].batches.iter().any(|b| b.base == *base && b.state == State::Acked)));
-                let marker = if all_acked && self.rng.below(3) != 0 { Marker::Commit } else { Marker::Abort };
-                self.end_txn(marker, false)
+                match (all_acked, self.rng.below(4)) {
+                    (_, 0) => self.end_txn(Marker::Abort, false),
+                    (true, _) => self.end_txn(Marker::Commit, false),
+                    // Waiting for its sends.
+                    (false, _) => Ok(()),
+                }
             }
         }
     }
@@ -923,9 +928,15 @@ impl Sim {
         if self.trace {
             eprintln!("  transactional batch, sequence {} to {}/{}: {decision:?}", ids.base_sequence, tp.topic[15], tp.partition);
         }
+        if decision == crate::engine::producers::Check::Refuse(crate::engine::producers::Refusal::OutOfOrder) && self.txn_batch_lost(tp, epoch, ids.base_sequence) {
+            // A crash took a batch it sent earlier in this epoch: its
+            // sequence no longer follows. Told so, the client aborts and
+            // bumps its epoch (KIP-360), as Kafka's does.
+            return self.end_txn(Marker::Abort, true);
+        }
         ensure(decision == crate::engine::producers::Check::Append, || format!("{tp:?}: the transaction's batch (epoch {epoch}, sequence {}) was not admitted: {decision:?}", ids.base_sequence))?;
         let opens = self.opens;
-        match self.append_batch(tp, bytes, State::Staged, Kind::TxnData)? {
+        match self.append_batch(tp, bytes, State::Staged, Kind::TxnData(epoch, ids.base_sequence, ids.count))? {
             Some(a) => {
                 self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
                 self.txns.write().expect("txns lock").on_batch(tp, TXN_PRODUCER, epoch, a.base_offset);
@@ -941,6 +952,21 @@ impl Sim {
             None if self.opens == opens => self.end_txn(Marker::Abort, false),
             None => Ok(()),
         }
+    }
+
+    /// Whether a transactional batch sent to `tp` before `seq` in `epoch`
+    /// is not in the log (a crash took it before it was durable).
+    fn txn_batch_lost(&self, tp: Tp, epoch: i16, seq: i32) -> bool {
+        let next = self.topics[&tp.topic].parts[tp.partition as usize]
+            .batches
+            .iter()
+            .filter_map(|b| match b.kind {
+                Kind::TxnData(e, s, n) if e == epoch => Some(s + n),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        next != seq
     }
 
     /// A transactional batch the writer must not append.
@@ -1091,7 +1117,7 @@ impl Sim {
                 let mut fate: Vec<Option<Marker>> = vec![None; m.batches.len()];
                 for (i, b) in m.batches.iter().enumerate() {
                     match b.kind {
-                        Kind::TxnData => open.push(i),
+                        Kind::TxnData(..) => open.push(i),
                         Kind::TxnMarker(marker) => {
                             for j in open.drain(..) {
                                 fate[j] = Some(marker);
@@ -1101,7 +1127,7 @@ impl Sim {
                     }
                 }
                 let first_unstable = t.first_unstable(&tp);
-                for (i, b) in m.batches.iter().enumerate().filter(|(_, b)| b.kind == Kind::TxnData && b.last >= m.log_start) {
+                for (i, b) in m.batches.iter().enumerate().filter(|(_, b)| matches!(b.kind, Kind::TxnData(..)) && b.last >= m.log_start) {
                     match fate[i] {
                         None => ensure(first_unstable.is_some_and(|f| f <= b.base), || {
                             let kinds: Vec<(i64, Kind, State)> = m.batches.iter().map(|b| (b.base, b.kind, b.state)).collect();
