@@ -81,10 +81,22 @@
 //! transaction did not add, or with an epoch the coordinator fenced, must
 //! not be appended.
 //!
+//! # The writer inside maintenance
+//!
+//! The engine's writer and syncer do not wait for retention or
+//! compaction, so half of those calls run a few appends, perhaps a flush
+//! and perhaps a sync (and the publishing after it) at a point inside
+//! them: between retention's plan and its changes or before it drops
+//! stores, and at one of compaction's steps (before the copy, after it,
+//! after the stores are synced, between the catalog's window and the
+//! readers' switch, at the end). A switch that installed the segment list
+//! it copied at the start, losing the segments rolled meanwhile, fails
+//! seed 4 (planted by hand, checked).
+//!
 //! Not yet simulated (the storage-core issue goes on): the writer and
 //! syncer threads themselves (the driver calls storage, and the writer's
-//! decision, in the order they would), and fetch and subtree streams
-//! through the engine.
+//! decision, in an order they could, interleaved only at those points),
+//! and fetch and subtree streams through the engine.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -95,7 +107,7 @@ use crate::protocol::batch::{self, Marker};
 use crate::storage::disk::sim::{Faults, Rng, SimDisk, SimStats};
 use crate::storage::disk::Disk;
 use crate::storage::subtree::split::Strategy;
-use crate::storage::subtree::{store, WindowRecord};
+use crate::storage::subtree::{store, Step, WindowRecord};
 use crate::storage::tip::{Pick, TipConfig};
 use crate::storage::{CompactConfig, Flushed, LogWriter, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
 
@@ -159,6 +171,9 @@ pub struct Outcome {
     pub txn_commits: u64,
     pub txn_aborts: u64,
     pub txn_refusals: u64,
+    /// Retention and compaction calls inside which the writer appended,
+    /// flushed or synced.
+    pub interleaved: u64,
     /// Segments recovery opened by their index file, and by walking.
     pub indexed_segments: u64,
     pub walked_segments: u64,
@@ -184,6 +199,7 @@ impl Outcome {
         self.txn_commits += o.txn_commits;
         self.txn_aborts += o.txn_aborts;
         self.txn_refusals += o.txn_refusals;
+        self.interleaved += o.interleaved;
         self.indexed_segments += o.indexed_segments;
         self.walked_segments += o.walked_segments;
         self.disk.faults += o.disk.faults;
@@ -255,6 +271,58 @@ struct Client {
     /// The connection broke (a restart, a crash, or an error answer): the
     /// batches in flight are sent again, in order, before any new one.
     resend: bool,
+}
+
+/// Writer and syncer work done inside a retention or compaction call:
+/// the engine's threads do not wait for the maintenance thread, so the
+/// simulator runs theirs at a point inside it. The batches are made
+/// before (the driver's randomness is not reachable from there).
+#[derive(Default)]
+struct Interleaved {
+    batches: Vec<(Tp, Vec<u8>)>,
+    flush: bool,
+    sync: bool,
+    appended: Vec<(Tp, Vec<u8>, crate::storage::Appended)>,
+    flushed: Option<Flushed>,
+    synced: bool,
+    failed: Option<StorageError>,
+}
+
+impl Interleaved {
+    /// Appends, flushes and syncs (then publishes, as the syncer does);
+    /// stops at the first failure. Runs once.
+    fn run(&mut self, storage: &Storage, writer: &mut LogWriter, unsynced: &[(u64, Flushed)], now: i64) {
+        for (tp, bytes) in std::mem::take(&mut self.batches) {
+            match writer.append(tp, &bytes, now, false) {
+                Ok(a) => self.appended.push((tp, bytes, a)),
+                Err(StorageError::Exhausted { .. }) => {}
+                Err(e) => {
+                    self.failed = Some(e);
+                    return;
+                }
+            }
+        }
+        if std::mem::take(&mut self.flush) {
+            match writer.flush() {
+                Ok(f) => self.flushed = Some(f),
+                Err(e) => {
+                    self.failed = Some(e);
+                    return;
+                }
+            }
+        }
+        if std::mem::take(&mut self.sync) {
+            match storage.sync() {
+                Ok(_) => {
+                    for f in unsynced.iter().map(|(_, f)| f).chain(self.flushed.as_ref()) {
+                        storage.publish_hw(f);
+                    }
+                    self.synced = true;
+                }
+                Err(e) => self.failed = Some(e),
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -692,6 +760,13 @@ impl Sim {
 
     fn append(&mut self) -> Check {
         let Some(tp) = self.pick_tp() else { return self.create_topic() };
+        let bytes = self.plain_batch();
+        let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
+        self.append_batch(tp, bytes, state, Kind::Plain).map(drop)
+    }
+
+    /// One to four random records.
+    fn plain_batch(&mut self) -> Vec<u8> {
         let n = 1 + self.rng.below(4) as usize;
         let values: Vec<Vec<u8>> = (0..n)
             .map(|_| {
@@ -700,31 +775,36 @@ impl Sim {
             })
             .collect();
         let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
-        let bytes = batch::build(&records, self.now_ms);
-        let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
-        self.append_batch(tp, bytes, state, Kind::Plain).map(drop)
+        batch::build(&records, self.now_ms)
     }
 
     /// Appends `bytes` to `tp`, checks that its offsets follow the model's,
     /// and adds it to the model as `state`. `None`: storage was out of
     /// descriptors or space and staged nothing, or it refused for good and
     /// the machine was power-cycled.
-    fn append_batch(&mut self, tp: Tp, mut bytes: Vec<u8>, state: State, kind: Kind) -> Result<Option<crate::storage::Appended>, String> {
-        let expected = self.mtp(&tp).next_offset();
-        let records = batch::BatchHeader::parse(&bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?.last_offset_delta as i64 + 1;
+    fn append_batch(&mut self, tp: Tp, bytes: Vec<u8>, state: State, kind: Kind) -> Result<Option<crate::storage::Appended>, String> {
         let now = self.now_ms;
         match self.writer().append(tp, &bytes, now, false) {
             Ok(a) => {
-                ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
-                ensure(a.last_offset == expected + records - 1, || format!("{tp:?}: {records} records end at {}", a.last_offset))?;
-                batch::set_base_offset(&mut bytes, a.base_offset);
-                self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, kind });
-                self.out.appends += 1;
+                self.appended(tp, bytes, &a, state, kind)?;
                 Ok(Some(a))
             }
             Err(StorageError::Exhausted { .. }) => Ok(None),
             Err(e) => self.poisoned(e).map(|_| None),
         }
+    }
+
+    /// The model after an append: its offsets follow the model's, and it
+    /// joins the model as `state`.
+    fn appended(&mut self, tp: Tp, mut bytes: Vec<u8>, a: &crate::storage::Appended, state: State, kind: Kind) -> Check {
+        let expected = self.mtp(&tp).next_offset();
+        let records = batch::BatchHeader::parse(&bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?.last_offset_delta as i64 + 1;
+        ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
+        ensure(a.last_offset == expected + records - 1, || format!("{tp:?}: {records} records end at {}", a.last_offset))?;
+        batch::set_base_offset(&mut bytes, a.base_offset);
+        self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, kind });
+        self.out.appends += 1;
+        Ok(())
     }
 
     /// An idempotent producer sends its next batch to a tp, or (now and
@@ -1163,16 +1243,7 @@ impl Sim {
     fn flush(&mut self) -> Check {
         match self.writer().flush() {
             Ok(f) => {
-                let n = self.next_flush;
-                self.next_flush += 1;
-                for t in self.topics.values_mut() {
-                    for m in &mut t.parts {
-                        for b in m.batches.iter_mut().filter(|b| b.state == State::Staged) {
-                            b.state = State::Flushed(n);
-                        }
-                    }
-                }
-                self.unsynced.push((n, f));
+                self.flushed(f);
                 // The engine snapshots producer state after a flush when one
                 // is due (every 30 s or so).
                 if self.rng.below(4) == 0 {
@@ -1184,37 +1255,58 @@ impl Sim {
         }
     }
 
+    /// The model after a flush: everything staged is written by it.
+    fn flushed(&mut self, f: Flushed) {
+        let n = self.next_flush;
+        self.next_flush += 1;
+        for t in self.topics.values_mut() {
+            for m in &mut t.parts {
+                for b in m.batches.iter_mut().filter(|b| b.state == State::Staged) {
+                    b.state = State::Flushed(n);
+                }
+            }
+        }
+        self.unsynced.push((n, f));
+    }
+
     /// Syncs, then publishes and acknowledges what the flushes before it
     /// wrote (the engine's syncer).
     fn sync(&mut self) -> Check {
-        let upto = self.next_flush;
         match self.storage().sync() {
             Ok(_) => {
-                for (_, f) in std::mem::take(&mut self.unsynced) {
-                    self.storage().publish_hw(&f);
+                for (_, f) in &self.unsynced {
+                    self.storage().publish_hw(f);
                 }
-                let mut answered = Vec::new();
-                for (id, t) in self.topics.iter_mut() {
-                    for (p, m) in t.parts.iter_mut().enumerate() {
-                        for b in &mut m.batches {
-                            if matches!(b.state, State::Flushed(n) if n < upto) {
-                                b.state = State::Acked;
-                                self.out.acked += 1;
-                                if let Kind::Idempotent(pid, seq) = b.kind {
-                                    answered.push((pid, Tp { topic: *id, partition: p as i32 }, seq));
-                                }
-                            }
-                        }
-                    }
-                }
-                for (pid, tp, seq) in answered {
-                    self.answered(pid, tp, seq);
-                }
-                self.complete_txn();
+                self.synced();
                 Ok(())
             }
             Err(e) => self.poisoned(e),
         }
+    }
+
+    /// The model after a sync (and the publishing of every flush before
+    /// it): what those flushes wrote is acknowledged.
+    fn synced(&mut self) {
+        let upto = self.next_flush;
+        self.unsynced.clear();
+        let mut answered = Vec::new();
+        for (id, t) in self.topics.iter_mut() {
+            for (p, m) in t.parts.iter_mut().enumerate() {
+                for b in &mut m.batches {
+                    if matches!(b.state, State::Flushed(n) if n < upto) {
+                        b.state = State::Acked;
+                        self.out.acked += 1;
+                        if let Kind::Idempotent(pid, seq) = b.kind {
+                            answered.push((pid, Tp { topic: *id, partition: p as i32 }, seq));
+                        }
+                    }
+                }
+            }
+        }
+        for (pid, tp, seq) in answered {
+            self.answered(pid, tp, seq);
+        }
+        self.complete_txn();
     }
 
     fn read(&mut self) -> Check {
@@ -1324,12 +1416,31 @@ impl Sim {
         let mut dropped: Vec<(u64, u32)> = Vec::new();
         let (starts_write, stores_write) = (self.catalog_write(), self.catalog_write());
         let trace = self.trace;
-        let r = self.storage().enforce_retention(
-            self.now_ms,
+        // The writer and syncer go on meanwhile: between retention's plan
+        // and its changes, or before it drops stores.
+        let mut work = self.interleaved_work();
+        let at_drop = self.rng.below(2) == 0;
+        let (now, unsynced) = (self.now_ms, self.unsynced.clone());
+        let (storage, writer) = self.storage.as_mut().expect("storage open");
+        let storage = storage.clone();
+        let interleave = std::cell::RefCell::new(|at: bool| {
+            if let (true, Some(w)) = (at, work.as_mut()) {
+                w.run(&storage, writer, &unsynced, now);
+            }
+        });
+        let r = storage.enforce_retention(
+            now,
             |tp| RetentionPolicy { retention_ms: policies.get(&tp.topic).copied().flatten(), retention_bytes: None },
-            |starts| starts_write.apply(trace, "log starts", || persisted.extend_from_slice(starts)),
-            |keys| stores_write.apply(trace, "dropped stores", || dropped.extend_from_slice(keys)),
+            |starts| {
+                (interleave.borrow_mut())(!at_drop);
+                starts_write.apply(trace, "log starts", || persisted.extend_from_slice(starts))
+            },
+            |keys| {
+                (interleave.borrow_mut())(at_drop);
+                stores_write.apply(trace, "dropped stores", || dropped.extend_from_slice(keys))
+            },
         );
+        drop(interleave);
         // The catalog took what storage handed it, whatever came next.
         for (tp, start) in persisted {
             if self.topics.contains_key(&tp.topic) {
@@ -1351,7 +1462,14 @@ impl Sim {
                 t.trim(tp, *start);
             }
         }
+        let opens = self.opens;
+        if let Some(w) = work {
+            self.absorb(w)?;
+        }
         match r {
+            // The interleaved work failed and the machine was restarted:
+            // what retention answered no longer matters.
+            _ if self.opens != opens => Ok(()),
             Ok(_) => Ok(()),
             Err(e) => self.poisoned(e),
         }
@@ -1362,12 +1480,42 @@ impl Sim {
         let cfg = CompactConfig { lag_ms: 1_000, strategy: Strategy::Adaptive(Default::default()), max_bytes: 1 << 20 };
         let mut record = None;
         let (window_write, trace) = (self.catalog_write(), self.trace);
-        let r = self.storage().compact(self.now_ms, &cfg, |id| names.get(id).cloned(), &mut |_| true, |w| window_write.apply(trace, "a compaction window", || record = Some(w.clone())));
+        // The writer and syncer go on meanwhile, at one of compaction's
+        // steps (between its catalog write and the readers' switch, say).
+        let work = std::cell::RefCell::new(self.interleaved_work());
+        let at = Step::ALL[self.rng.below(Step::ALL.len() as u64) as usize];
+        let (now, unsynced) = (self.now_ms, self.unsynced.clone());
+        let (storage, writer) = self.storage.as_mut().expect("storage open");
+        let storage = storage.clone();
+        let writer = std::cell::RefCell::new(writer);
+        let r = storage.compact_until(
+            now,
+            &cfg,
+            |id| names.get(id).cloned(),
+            &mut |_| true,
+            |w| window_write.apply(trace, "a compaction window", || record = Some(w.clone())),
+            &|step| {
+                if step == at {
+                    if let Some(w) = work.borrow_mut().as_mut() {
+                        w.run(&storage, &mut writer.borrow_mut(), &unsynced, now);
+                    }
+                }
+                false
+            },
+        );
+        drop(writer);
         if let Some(w) = record {
             self.catalog.windows.push(w);
         }
         if self.trace {
             eprintln!("  compaction: {:?}", r.as_ref().map(|c| c.as_ref().map(|c| (c.window.window, c.segments))));
+        }
+        let opens = self.opens;
+        if let Some(w) = work.into_inner() {
+            self.absorb(w)?;
+        }
+        if self.opens != opens {
+            return Ok(());
         }
         match r {
             Ok(Some(_)) => {
@@ -1376,6 +1524,47 @@ impl Sim {
             }
             Ok(None) => Ok(()),
             Err(e) => self.poisoned(e),
+        }
+    }
+
+    /// Now and then, writer and syncer work to run inside a maintenance
+    /// call: a few appends, then perhaps a flush, then perhaps a sync.
+    fn interleaved_work(&mut self) -> Option<Interleaved> {
+        if self.rng.below(2) == 0 {
+            return None;
+        }
+        let mut batches = Vec::new();
+        for _ in 0..self.rng.below(4) {
+            if let Some(tp) = self.pick_tp() {
+                let b = self.plain_batch();
+                batches.push((tp, b));
+            }
+        }
+        let flush = self.rng.below(2) == 0;
+        let sync = flush && self.rng.below(2) == 0;
+        Some(Interleaved { batches, flush, sync, ..Interleaved::default() })
+    }
+
+    /// The model after work done inside a maintenance call.
+    fn absorb(&mut self, w: Interleaved) -> Check {
+        if self.trace {
+            eprintln!("  meanwhile: {} appends, flushed {}, synced {}, failed {:?}", w.appended.len(), w.flushed.is_some(), w.synced, w.failed.as_ref().map(|e| e.to_string()));
+        }
+        if !w.appended.is_empty() || w.flushed.is_some() {
+            self.out.interleaved += 1;
+        }
+        for (tp, bytes, a) in w.appended {
+            self.appended(tp, bytes, &a, State::Staged, Kind::Plain)?;
+        }
+        if let Some(f) = w.flushed {
+            self.flushed(f);
+        }
+        if w.synced {
+            self.synced();
+        }
+        match w.failed {
+            Some(e) => self.poisoned(e),
+            None => Ok(()),
         }
     }
 
@@ -1462,6 +1651,8 @@ mod tests {
         // Transactions committed and aborted, and batches a transaction
         // must not write were refused.
         assert!(total.txn_batches > 500 && total.txn_commits > 50 && total.txn_aborts > 50 && total.txn_refusals > 50, "{total:?}");
+        // The writer worked inside retention and compaction calls.
+        assert!(total.interleaved > 100, "{total:?}");
     }
 
     /// The simulator is only as good as the bugs it finds: each planted one
