@@ -302,10 +302,10 @@ fn main() {
     for (label, strategy) in [("prefix3", Strategy::Prefix3), ("adaptive", Strategy::Adaptive(budget))] {
         let dir = a.dir.join(label);
         copy_dir(&base, &dir);
-        let (s, _w) = Storage::open_with(&dir, storage_cfg(), specs(&names), true, Some(&[][..])).unwrap();
+        let (s, mut w) = Storage::open_with(&dir, storage_cfg(), specs(&names), true, Some(&[][..])).unwrap();
         let started = Instant::now();
         let cfg = CompactConfig { lag_ms: 0, strategy, max_bytes: u64::MAX };
-        let done = s.compact(10_800_000, &cfg, name_of, &mut |_| true, |_| Ok(())).unwrap().expect("segments due");
+        let done = s.compact(10_800_000, &cfg, name_of, &mut |_| true, |_| Ok(()), &mut |sw| w.apply(sw)).unwrap().expect("segments due");
         let compact_s = started.elapsed().as_secs_f64();
         eprintln!("{label}: compacted {} segments, {} MiB into {} stores in {compact_s:.1} s", done.segments, mib(done.bytes_in), s.store_count());
         results.push(measure(label, &dir, &s, done.plan, compact_s, &names, small));

@@ -800,10 +800,16 @@ impl Engine {
     /// segments, never the writer's active one.
     pub fn enforce_retention(&self) -> Result<usize, EngineError> {
         let policy = self.retention_policy();
-        let (starts, deleted) = self.storage.enforce_retention(self.now_ms(), policy, |starts| {
-            let rows: Vec<_> = starts.iter().map(|(tp, s)| (tp.topic, tp.partition, *s)).collect();
-            self.catalog.put_log_starts(&rows).map_err(|e| e.to_string())
-        }, |stores| self.catalog.drop_stores(stores).map_err(|e| e.to_string()))?;
+        let (starts, deleted) = self.storage.enforce_retention(
+            self.now_ms(),
+            policy,
+            |starts| {
+                let rows: Vec<_> = starts.iter().map(|(tp, s)| (tp.topic, tp.partition, *s)).collect();
+                self.catalog.put_log_starts(&rows).map_err(|e| e.to_string())
+            },
+            |stores| self.catalog.drop_stores(stores).map_err(|e| e.to_string()),
+            &mut |sw| self.switch(sw),
+        )?;
         if self.any_txns.load(std::sync::atomic::Ordering::Acquire) && !starts.is_empty() {
             let mut txns = self.txns.write().expect("txns lock");
             for (tp, start) in &starts {
@@ -846,11 +852,22 @@ impl Engine {
             !stopping.load(std::sync::atomic::Ordering::Acquire)
         };
         let name_of = |id: &[u8; 16]| self.topic_by_id(id).map(|t| t.record.name.clone());
-        match self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string())) {
+        match self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()), &mut |sw| self.switch(sw)) {
             // Cancelled by shutdown: nothing was switched.
             Err(StorageError::Stopped(_)) if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) => Ok(None),
             r => Ok(r?),
         }
+    }
+
+    /// Hands a switch maintenance prepared to the writer thread and waits
+    /// until it is applied (the writer alone changes the log's structure;
+    /// see `storage::log::switch`). Blocking: from the maintenance
+    /// threads, never from async code.
+    fn switch(&self, sw: storage::Switch) -> Result<(), StorageError> {
+        let (reply, rx) = oneshot::channel();
+        let gone = || StorageError::Stopped("the writer thread has stopped".into());
+        self.writer.blocking_send(WriteCmd::Switch { switch: sw, reply }).map_err(|_| gone())?;
+        rx.blocking_recv().map_err(|_| gone())?
     }
 
     /// Makes a running compaction give up at its next MiB (nothing is
@@ -937,7 +954,10 @@ mod tests {
         }
         assert_eq!(engine.offsets(&topic.tp(0)), Some((0, 100, 100)));
         now.store(1_000_000 + 60_000, Ordering::SeqCst);
-        engine.enforce_retention().unwrap();
+        // Off the runtime, as the server runs it: retention waits for the
+        // writer thread to apply its switches.
+        let e = engine.clone();
+        tokio::task::spawn_blocking(move || e.enforce_retention()).await.unwrap().unwrap();
         let (log_start, hw, leo) = engine.offsets(&topic.tp(0)).unwrap();
         assert!(log_start > 0 && log_start < 100, "log start {log_start}");
         assert_eq!((hw, leo), (100, 100));

@@ -225,7 +225,7 @@ mod tests {
 
         /// Retention with A's batches all expired.
         fn retention(&mut self) {
-            let (moved, _) = self.storage.enforce_retention(10_000_000, |tp| RetentionPolicy { retention_ms: (*tp == A).then_some(1), retention_bytes: None }, |_| Ok(()), |_| Ok(())).unwrap();
+            let (moved, _) = self.storage.enforce_retention(10_000_000, |tp| RetentionPolicy { retention_ms: (*tp == A).then_some(1), retention_bytes: None }, |_| Ok(()), |_| Ok(()), &mut |sw| self.log.apply(sw)).unwrap();
             for (tp, start) in moved {
                 if tp == A {
                     self.log_start = start;

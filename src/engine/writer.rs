@@ -31,7 +31,7 @@ use super::validate::Validated;
 use super::waiters::Waiters;
 use super::{probe, txns, AppendResult, Clock, FlushPolicy, ProducerStats};
 use crate::protocol::batch::{self, Marker};
-use crate::storage::log::{Flushed, LogWriter};
+use crate::storage::log::{Flushed, LogWriter, Switch};
 use crate::storage::{Storage, StorageError, Tp};
 
 /// Most commands taken in one round: bounds the latency of the first.
@@ -88,6 +88,9 @@ pub(super) enum WriteCmd {
     /// batches for these tps; answers each tp's log end (-1: gone), taken
     /// in order with the appends, so every batch admitted lies below it.
     CloseTxn { producer_id: i64, tps: Vec<Tp>, reply: oneshot::Sender<Vec<i64>> },
+    /// A change to the log's structure that retention or compaction
+    /// prepared (see `storage::log::switch`); answered once applied.
+    Switch { switch: Switch, reply: oneshot::Sender<Result<(), StorageError>> },
     Shutdown(oneshot::Sender<()>),
     /// Panics on the writer thread (tests of the poison path).
     #[cfg(test)]
@@ -203,6 +206,9 @@ impl Writer {
                 WriteCmd::Append(a) => self.append(a, now),
                 WriteCmd::Marker { tp, producer_id, epoch, marker, reply } => self.marker(tp, producer_id, epoch, marker, reply, now),
                 WriteCmd::CloseTxn { producer_id, tps, reply } => self.close_txn(producer_id, &tps, reply),
+                WriteCmd::Switch { switch, reply } => {
+                    let _ = reply.send(self.log.apply(switch));
+                }
                 WriteCmd::Shutdown(done) => shutdown = Some(done),
                 #[cfg(test)]
                 WriteCmd::Panic => panic!("a planted panic"),
@@ -384,6 +390,9 @@ fn refuse(cmd: WriteCmd, why: &str) {
     match cmd {
         WriteCmd::Append(Append { reply, .. }) | WriteCmd::Marker { reply, .. } => {
             let _ = reply.send(Err(AppendFailure::Storage(why.to_owned())));
+        }
+        WriteCmd::Switch { reply, .. } => {
+            let _ = reply.send(Err(StorageError::Poisoned(why.to_owned())));
         }
         // Dropping the reply tells the caller the writer is gone.
         WriteCmd::CloseTxn { .. } => {}

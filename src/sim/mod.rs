@@ -1423,11 +1423,13 @@ impl Sim {
         let (now, unsynced) = (self.now_ms, self.unsynced.clone());
         let (storage, writer) = self.storage.as_mut().expect("storage open");
         let storage = storage.clone();
-        let interleave = std::cell::RefCell::new(|at: bool| {
+        let writer = std::cell::RefCell::new(writer);
+        let interleave = |at: bool| {
             if let (true, Some(w)) = (at, work.as_mut()) {
-                w.run(&storage, writer, &unsynced, now);
+                w.run(&storage, &mut writer.borrow_mut(), &unsynced, now);
             }
-        });
+        };
+        let interleave = std::cell::RefCell::new(interleave);
         let r = storage.enforce_retention(
             now,
             |tp| RetentionPolicy { retention_ms: policies.get(&tp.topic).copied().flatten(), retention_bytes: None },
@@ -1439,6 +1441,7 @@ impl Sim {
                 (interleave.borrow_mut())(at_drop);
                 stores_write.apply(trace, "dropped stores", || dropped.extend_from_slice(keys))
             },
+            &mut |sw| writer.borrow_mut().apply(sw),
         );
         drop(interleave);
         // The catalog took what storage handed it, whatever came next.
@@ -1494,7 +1497,8 @@ impl Sim {
             |id| names.get(id).cloned(),
             &mut |_| true,
             |w| window_write.apply(trace, "a compaction window", || record = Some(w.clone())),
-            &|step| {
+            &mut |sw| writer.borrow_mut().apply(sw),
+            &mut |step| {
                 if step == at {
                     if let Some(w) = work.borrow_mut().as_mut() {
                         w.run(&storage, &mut writer.borrow_mut(), &unsynced, now);

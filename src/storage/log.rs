@@ -63,11 +63,14 @@ mod recover;
 mod seg_index;
 mod state;
 mod stream;
+mod switch;
 mod writer;
 pub use compact::{CompactConfig, Compacted};
 pub use recover::CLEAN_MARKER;
 pub use seg_index::reencode as reencode_index_file;
 pub use stream::StreamRead;
+pub use switch::{Apply, Switch};
+use switch::Change;
 pub use writer::LogWriter;
 use writer::PartWriter;
 
@@ -1170,6 +1173,7 @@ impl Storage {
         policy: impl Fn(&Tp) -> RetentionPolicy,
         persist: impl FnOnce(&[(Tp, i64)]) -> Result<(), String>,
         drop_stores: impl FnOnce(&[(u64, u32)]) -> Result<(), String>,
+        apply: Apply<'_>,
     ) -> Result<(Vec<(Tp, i64)>, usize), StorageError> {
         let _maintenance = self.maintenance.lock().expect("maintenance lock");
         let branches: Vec<Arc<Branch>> = self.branches.read().expect("branches lock").values().cloned().collect();
@@ -1223,15 +1227,9 @@ impl Storage {
         let advanced: Vec<(Tp, i64)> = advanced.into_iter().collect();
         if !advanced.is_empty() {
             persist(&advanced).map_err(|e| StorageError::Poisoned(format!("persisting log start offsets: {e}")))?;
-            let parts = self.parts.read().expect("parts lock");
-            for (tp, start) in &advanced {
-                if let Some(part) = parts.get(tp) {
-                    let mut st = part.st.write().expect("partition lock");
-                    st.log_start = st.log_start.max(*start);
-                }
-            }
+            apply(Switch(Change::LogStarts(advanced.clone())))?;
         }
-        let deleted = self.delete_dead_segments(&branches)? + self.delete_dead_stores(drop_stores)?;
+        let deleted = self.delete_dead_segments(&branches, apply)? + self.delete_dead_stores(drop_stores, apply)?;
         Ok((advanced, deleted))
     }
 
@@ -1244,31 +1242,28 @@ impl Storage {
         })
     }
 
-    fn delete_dead_segments(&self, branches: &[Arc<Branch>]) -> Result<usize, StorageError> {
-        let mut deleted = 0;
+    /// Sealed segments nothing retained lives in: out of their branches
+    /// (the writer's switch), then off the disk.
+    fn delete_dead_segments(&self, branches: &[Arc<Branch>], apply: Apply<'_>) -> Result<usize, StorageError> {
+        let mut dead: Vec<(Arc<Branch>, Vec<Arc<Segment>>)> = Vec::new();
         for branch in branches {
-            let dead: Vec<Arc<Segment>> = {
-                let segs = branch.segs.read().expect("branch lock");
-                // After the segments (see enforce_retention): a partition
-                // missing here was really deleted.
-                let Some((_, sealed)) = segs.split_last() else { continue };
-                sealed
-                    .iter()
-                    .filter(|seg| self.all_dead(seg.tps.lock().expect("segment tps lock").iter().map(|(tp, s)| (tp, s.last_offset))))
-                    .cloned()
-                    .collect()
-            };
-            if dead.is_empty() {
-                continue;
+            let segs = branch.segs.read().expect("branch lock");
+            // After the segments (see enforce_retention): a partition
+            // missing here was really deleted. (Dead segments need not be
+            // a prefix: a live tp can keep an older one.)
+            let Some((_, sealed)) = segs.split_last() else { continue };
+            let d: Vec<Arc<Segment>> = sealed.iter().filter(|seg| self.all_dead(seg.tps.lock().expect("segment tps lock").iter().map(|(tp, s)| (tp, s.last_offset)))).cloned().collect();
+            if !d.is_empty() {
+                dead.push((branch.clone(), d));
             }
-            // Index entries go before the segments leave the branch, so a
-            // read that finds its segment gone looks again and finds no
-            // entry for it. (Dead segments need not be a prefix: a live tp
-            // can keep an older one.)
-            let dead_seqs: crate::storage::hashing::HashSet<u64> = dead.iter().map(|d| d.base_seq).collect();
-            self.trim_index(branch, |seg| dead_seqs.contains(&seg));
-            branch.segs.write().expect("branch lock").retain(|s| !dead.iter().any(|d| d.base_seq == s.base_seq));
-            for seg in dead {
+        }
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        apply(Switch(Change::DropSegments(dead.clone())))?;
+        let mut deleted = 0;
+        for (branch, segs) in dead {
+            for seg in segs {
                 tracing::info!(path = %seg.path.display(), "deleting segment past retention");
                 seg.file.retire();
                 seg.remove_files(&*self.cfg.disk)?;
@@ -1293,7 +1288,7 @@ impl Storage {
 
     /// Deletes whole stores nothing retained lives in: out of the catalog
     /// first, then out of the tps, then the file.
-    fn delete_dead_stores(&self, drop_stores: impl FnOnce(&[(u64, u32)]) -> Result<(), String>) -> Result<usize, StorageError> {
+    fn delete_dead_stores(&self, drop_stores: impl FnOnce(&[(u64, u32)]) -> Result<(), String>, apply: Apply<'_>) -> Result<usize, StorageError> {
         let dead: Vec<Arc<StoreFile>> = {
             let stores = self.stores.read().expect("stores lock");
             stores.iter().filter(|s| self.all_dead(s.store.tps.iter().map(|(tp, t)| (tp, t.last_offset)))).cloned().collect()
@@ -1303,12 +1298,7 @@ impl Storage {
         }
         let keys: Vec<(u64, u32)> = dead.iter().map(|s| (s.store.window, s.store.store)).collect();
         drop_stores(&keys).map_err(|e| StorageError::Poisoned(format!("removing stores from the catalog: {e}")))?;
-        let parts: Vec<Arc<Partition>> = self.parts.read().expect("parts lock").values().cloned().collect();
-        for part in parts {
-            let mut st = part.st.write().expect("partition lock");
-            st.stored.retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
-        }
-        self.stores.write().expect("stores lock").retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
+        apply(Switch(Change::DropStores(dead.clone())))?;
         for s in &dead {
             tracing::info!(path = %s.store.path.display(), "deleting store past retention");
             s.file.retire();
@@ -1813,7 +1803,7 @@ mod tests {
         // while topic 2 still needs them.
         let policy = |t: &Tp| if t.topic == [1; 16] { RetentionPolicy { retention_ms: Some(1), retention_bytes: None } } else { RetentionPolicy::default() };
         let mut persisted = Vec::new();
-        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |a| { persisted.extend_from_slice(a); Ok(()) }, |_| Ok(())).unwrap();
+        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |a| { persisted.extend_from_slice(a); Ok(()) }, |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert_eq!(adv.len(), 1);
         assert_eq!(persisted, adv);
         assert_eq!(deleted, 0);
@@ -1823,7 +1813,7 @@ mod tests {
         assert!(!s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().is_empty());
         // Once topic 2 is gone, the sealed segments can go.
         s.remove_topic(&[2; 16], 1);
-        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert_eq!(deleted, before - 1);
         assert_eq!(s.segment_count(), 1);
     }
@@ -1843,7 +1833,7 @@ mod tests {
         append_n(&mut w, tp(1, 0), 20, 900_000);
         assert!(s.segment_count() >= 4);
         let policy = |t: &Tp| if t.topic == [1; 16] { RetentionPolicy { retention_ms: Some(200_000), retention_bytes: None } } else { RetentionPolicy::default() };
-        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        let (adv, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert_eq!(adv.len(), 1);
         assert!(deleted >= 1, "the middle segments die");
         let (start, hw, _) = s.offsets(&tp(1, 0)).unwrap();
@@ -1865,7 +1855,7 @@ mod tests {
         append_n(&mut w, tp(1, 0), 60, 0);
         let segs = s.segment_count();
         let policy = |_: &Tp| RetentionPolicy { retention_ms: None, retention_bytes: Some(4096) };
-        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert_eq!(adv.len(), 1);
         assert!(deleted > 0 && deleted < segs);
         let (start, hw, end) = s.offsets(&tp(1, 0)).unwrap();
@@ -1875,7 +1865,7 @@ mod tests {
         assert!(r.len() >= 4096 - 2048, "kept {} bytes", r.len());
         assert_eq!(offsets_of(&r.concat())[0], start);
         // Running it again changes nothing.
-        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        let (adv, deleted) = s.enforce_retention(0, policy, |_| Ok(()), |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert!(adv.is_empty() && deleted == 0);
     }
 

@@ -16,8 +16,8 @@ pub mod subtree;
 pub mod tip;
 
 pub use log::{
-    CompactConfig, Compacted, Appended, Flushed, LogWriter, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
-    StorageConfig, StorageError,
+    Apply, CompactConfig, Compacted, Appended, Flushed, LogWriter, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
+    StorageConfig, StorageError, Switch,
 };
 
 /// A topic's UUID; frames carry it so a re-created topic never sees the

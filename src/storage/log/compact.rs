@@ -71,12 +71,14 @@ impl Storage {
         name_of: impl Fn(&TopicId) -> Option<String>,
         throttle: &mut dyn FnMut(u64) -> bool,
         persist: impl FnOnce(&WindowRecord) -> Result<(), String>,
+        apply: Apply<'_>,
     ) -> Result<Option<Compacted>, StorageError> {
-        self.compact_until(now_ms, cfg, name_of, throttle, persist, &|_| false)
+        self.compact_until(now_ms, cfg, name_of, throttle, persist, apply, &mut |_| false)
     }
 
     /// [`Storage::compact`] that stops (as a crash would) at the first step
     /// `stop_at` says yes to, returning `StorageError::Stopped`.
+    #[allow(clippy::too_many_arguments)]
     pub fn compact_until(
         &self,
         now_ms: i64,
@@ -84,9 +86,10 @@ impl Storage {
         name_of: impl Fn(&TopicId) -> Option<String>,
         throttle: &mut dyn FnMut(u64) -> bool,
         persist: impl FnOnce(&WindowRecord) -> Result<(), String>,
-        stop_at: &dyn Fn(Step) -> bool,
+        apply: Apply<'_>,
+        stop_at: &mut dyn FnMut(Step) -> bool,
     ) -> Result<Option<Compacted>, StorageError> {
-        let stop = |step: Step| if stop_at(step) { Err(StorageError::Stopped(format!("{step:?}"))) } else { Ok(()) };
+        let mut stop = |step: Step| if stop_at(step) { Err(StorageError::Stopped(format!("{step:?}"))) } else { Ok(()) };
         let mut maintenance = self.maintenance.lock().expect("maintenance lock");
         self.check_poison()?;
         let visible = self.visible_seq();
@@ -279,24 +282,13 @@ impl Storage {
         }
         stop(Step::Switched)?;
 
-        // 6. Readers move to the stores; the segments go.
-        {
-            let mut stores = self.stores.write().expect("stores lock");
-            let first_live: HashMap<&str, u64> = compacted_to.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-            for (name, branch) in &branches {
-                let Some(&first_live) = first_live.get(name.as_str()) else { continue };
-                // Per tp at once: its new stores in, its entries into the
-                // replaced segments out, so a reader sees one or the other.
-                for part in parts.values().filter(|p| Arc::ptr_eq(&p.branch, branch)) {
-                    let mut st = part.st.write().expect("partition lock");
-                    st.stored.extend(opened.iter().filter(|s| s.store.tps.contains_key(&part.tp)).cloned());
-                    while st.index.front().is_some_and(|e| e.seg < first_live) {
-                        st.index.pop_front();
-                    }
-                }
-                branch.segs.write().expect("branch lock").retain(|s| s.base_seq >= first_live);
-            }
-            stores.extend(opened.iter().cloned());
+        // 6. Readers move to the stores (the writer's switch); the
+        // segments go. A switch that fails leaves the window listed and
+        // its segments in place: storage stops, and recovery takes the
+        // catalog's window as the switch.
+        let first_live: Vec<(Arc<Branch>, u64)> = compacted_to.iter().filter_map(|(n, s)| branches.iter().find(|(b, _)| b == n).map(|(_, b)| (b.clone(), *s))).collect();
+        if let Err(e) = apply(Switch(Change::Compacted { opened, first_live })) {
+            return Err(self.poison(StorageError::Poisoned(format!("switching readers to compaction window {window}: {e}"))));
         }
         let bytes_in: u64 = due.iter().map(|d| d.2.len.load(Ordering::Acquire)).sum();
         let bytes_out: u64 = written.iter().map(|w| w.3).sum();
@@ -377,11 +369,20 @@ mod tests {
     }
 
     /// Runs one window, recording it in `catalog` as the engine would.
-    fn compact(s: &Storage, strategy: Strategy, catalog: &RefCell<Vec<WindowRecord>>, stop_at: &dyn Fn(Step) -> bool) -> Result<Option<Compacted>, StorageError> {
-        s.compact_until(1, &cfg(strategy), name_of, &mut |_| true, |w| {
-            catalog.borrow_mut().push(w.clone());
-            Ok(())
-        }, stop_at)
+    fn compact(w: &mut LogWriter, strategy: Strategy, catalog: &RefCell<Vec<WindowRecord>>, stop_at: &mut dyn FnMut(Step) -> bool) -> Result<Option<Compacted>, StorageError> {
+        let s = w.storage().clone();
+        s.compact_until(
+            1,
+            &cfg(strategy),
+            name_of,
+            &mut |_| true,
+            |record| {
+                catalog.borrow_mut().push(record.clone());
+                Ok(())
+            },
+            &mut |sw| w.apply(sw),
+            stop_at,
+        )
     }
 
     /// A row without its bytes (a checksum of them instead), so a failure
@@ -508,7 +509,7 @@ mod tests {
                     rows.append(&mut more);
                     at = to;
                     settle(&mut w);
-                    compact(&s, *strategy, &catalog, &|_| false).unwrap();
+                    compact(&mut w, *strategy, &catalog, &mut |_| false).unwrap();
                     check_reads(&s, &rows, max)?;
                 }
                 rows.extend(fill(&mut w, &appends[at..], 2));
@@ -541,27 +542,27 @@ mod tests {
                 let rows;
                 let crashed;
                 {
-                    let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
+                    let (_s, mut w) = open_with(dir.path(), 0, None).unwrap();
                     let half = appends.len() / 2;
                     let mut first = fill(&mut w, &appends[..half], 2);
                     settle(&mut w);
                     if earlier {
                         // A window before, so stores exist on both sides of the crash.
-                        compact(&s, strategy, &catalog, &|_| false).unwrap();
+                        compact(&mut w, strategy, &catalog, &mut |_| false).unwrap();
                     }
                     first.extend(fill(&mut w, &appends[half..], 2));
                     rows = first;
                     settle(&mut w);
-                    let r = compact(&s, strategy, &catalog, &|at| at == step);
+                    let r = compact(&mut w, strategy, &catalog, &mut |at| at == step);
                     // Nothing due (the second half sealed no segment) is a
                     // run without a step to stop at.
                     crashed = matches!(r, Err(StorageError::Stopped(_)));
                     prop_assert!(crashed || matches!(r, Ok(None)), "{:?}: {:?}", step, r.map(|c| c.map(|c| c.segments)));
                 }
-                let (s, _w) = open_with(dir.path(), 0, Some(&catalog.borrow())).unwrap();
+                let (s, mut w) = open_with(dir.path(), 0, Some(&catalog.borrow())).unwrap();
                 check_reads(&s, &rows, 1 << 20)?;
                 check_files(dir.path(), &s, &catalog.borrow())?;
-                let again = compact(&s, strategy, &catalog, &|_| false).unwrap();
+                let again = compact(&mut w, strategy, &catalog, &mut |_| false).unwrap();
                 // Only a crash before the switch leaves segments due.
                 prop_assert_eq!(again.is_some(), crashed && matches!(step, Step::Start | Step::Written | Step::Synced), "{:?}", step);
                 check_reads(&s, &rows, 1 << 20)?;
@@ -579,7 +580,7 @@ mod tests {
             let appends: Vec<(usize, u8, usize, usize)> = (0..60).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
             rows = fill(&mut w, &appends, 1);
             settle(&mut w);
-            let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| true, |_| Err("disk full".into()));
+            let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| true, |_| Err("disk full".into()), &mut |sw| w.apply(sw));
             assert!(matches!(r, Err(StorageError::Catalog(_))), "{r:?}");
             // Nothing more is acknowledged; reads still work.
             assert!(matches!(w.append(tp(0, 0), &rows[0].3, 0, false), Err(StorageError::Poisoned(_))));
@@ -600,16 +601,23 @@ mod tests {
         let rows = fill(&mut w, &appends, 1);
         settle(&mut w);
         let catalog = RefCell::new(Vec::new());
-        let r = s.compact(1, &cfg(Strategy::Prefix3), name_of, &mut |_| false, |w| {
-            catalog.borrow_mut().push(w.clone());
-            Ok(())
-        });
+        let r = s.compact(
+            1,
+            &cfg(Strategy::Prefix3),
+            name_of,
+            &mut |_| false,
+            |record| {
+                catalog.borrow_mut().push(record.clone());
+                Ok(())
+            },
+            &mut |sw| w.apply(sw),
+        );
         assert!(matches!(r, Err(StorageError::Stopped(_))), "{r:?}");
         assert!(catalog.borrow().is_empty());
         assert_eq!(s.store_count(), 0);
         assert_eq!(std::fs::read_dir(dir.path().join("stores")).unwrap().count(), 0, "temporary files removed");
         check_reads(&s, &rows, 1 << 20).unwrap();
-        assert!(compact(&s, Strategy::Prefix3, &catalog, &|_| false).unwrap().is_some());
+        assert!(compact(&mut w, Strategy::Prefix3, &catalog, &mut |_| false).unwrap().is_some());
     }
 
     #[test]
@@ -617,11 +625,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let catalog = RefCell::new(Vec::new());
         {
-            let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
+            let (_s, mut w) = open_with(dir.path(), 0, None).unwrap();
             let appends: Vec<(usize, u8, usize, usize)> = (0..60).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
             fill(&mut w, &appends, 1);
             settle(&mut w);
-            assert!(compact(&s, Strategy::Prefix3, &catalog, &|_| false).unwrap().is_some());
+            assert!(compact(&mut w, Strategy::Prefix3, &catalog, &mut |_| false).unwrap().is_some());
         }
         let w = catalog.borrow()[0].clone();
         let path = dir.path().join("stores").join(store::file_name(w.window, w.stores.iter().find(|s| s.live).unwrap().store));
@@ -642,7 +650,7 @@ mod tests {
         let appends: Vec<(usize, u8, usize, usize)> = (0..90).map(|i| (i % 3, (i % 2) as u8, 2, 300)).collect();
         let rows = fill(&mut w, &appends, 1);
         settle(&mut w);
-        let done = compact(&s, Strategy::Adaptive(Budget { max_stores: Some(1000), min_store_bytes: 0 }), &catalog, &|_| false).unwrap().unwrap();
+        let done = compact(&mut w, Strategy::Adaptive(Budget { max_stores: Some(1000), min_store_bytes: 0 }), &catalog, &mut |_| false).unwrap().unwrap();
         assert!(done.window.stores.iter().filter(|s| s.live).count() >= 6);
         let stores_before = s.store_count();
         // Expire everything of topic (0, 0): batch timestamps are their append index.
@@ -657,7 +665,7 @@ mod tests {
                 }
                 dropped.borrow_mut().extend_from_slice(gone);
                 Ok(())
-            })
+            }, &mut |sw| w.apply(sw))
             .unwrap();
         assert!(starts.iter().any(|(t, _)| *t == victim));
         assert_eq!(dropped.borrow().len(), 1, "the victim's own store");

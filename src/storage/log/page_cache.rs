@@ -181,7 +181,7 @@ mod tests {
         }
         assert!(s.page_cache_window().0 > 8192, "the window lists the sealed segments' pages");
         let policy = |_: &Tp| RetentionPolicy { retention_ms: Some(1), retention_bytes: None };
-        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(())).unwrap();
+        let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert!(deleted > 2, "{deleted} segments deleted");
         let open_deleted = std::fs::read_dir("/proc/self/fd")
             .unwrap()

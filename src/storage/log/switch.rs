@@ -1,0 +1,111 @@
+//! Switches: changes to what readers see of the log that maintenance
+//! prepares and only the writer applies.
+//!
+//! Retention and compaction do their slow work on the maintenance thread:
+//! retention decides which log starts rise and which files nothing retained
+//! lives in, compaction copies segments into stores and records the window
+//! in the catalog. What then changes for readers (a log start, a branch's
+//! segment list, a tp's index and stores, the store list) is a [`Switch`]
+//! handed to the writer, which applies it between two of its commands
+//! ([`LogWriter::apply`]). So every change to the log's structure, the
+//! writer's rolls and flushes and maintenance's switches alike, is made by
+//! one thread, in one order; maintenance deletes the files only after the
+//! writer has switched readers away from them.
+//!
+//! ```text
+//!  maintenance: plan / copy ─► catalog ─► Switch ──► writer: apply ──► maintenance: delete files
+//! ```
+
+use std::fmt;
+
+use super::*;
+
+/// A change prepared by maintenance for the writer to apply.
+pub struct Switch(pub(super) Change);
+
+pub(super) enum Change {
+    /// Retention: log starts rise (already durable in the catalog).
+    LogStarts(Vec<(Tp, i64)>),
+    /// Retention: sealed segments nothing retained lives in leave their
+    /// branches, their index entries first.
+    DropSegments(Vec<(Arc<Branch>, Vec<Arc<Segment>>)>),
+    /// Retention: stores nothing retained lives in leave the tps and the
+    /// store list (already out of the catalog).
+    DropStores(Vec<Arc<StoreFile>>),
+    /// Compaction: the window's stores in and, per branch, the segments
+    /// below its first live one out (the window is durable in the
+    /// catalog).
+    Compacted { opened: Vec<Arc<StoreFile>>, first_live: Vec<(Arc<Branch>, u64)> },
+}
+
+impl fmt::Debug for Switch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Change::LogStarts(starts) => write!(f, "Switch::LogStarts({} tps)", starts.len()),
+            Change::DropSegments(d) => write!(f, "Switch::DropSegments({} segments)", d.iter().map(|(_, s)| s.len()).sum::<usize>()),
+            Change::DropStores(d) => write!(f, "Switch::DropStores({} stores)", d.len()),
+            Change::Compacted { opened, first_live } => write!(f, "Switch::Compacted({} stores, {} branches)", opened.len(), first_live.len()),
+        }
+    }
+}
+
+/// How maintenance hands a switch to the writer and waits until it is
+/// applied: the engine sends it to its writer thread; a caller that owns
+/// the [`LogWriter`] (tests, tools, the simulator) applies it directly.
+pub type Apply<'a> = &'a mut dyn FnMut(Switch) -> Result<(), StorageError>;
+
+impl LogWriter {
+    /// Applies a switch maintenance prepared. Cheap: a few lock
+    /// acquisitions per tp and branch it names, no I/O.
+    pub fn apply(&mut self, sw: Switch) -> Result<(), StorageError> {
+        let log = self.storage().clone();
+        match sw.0 {
+            Change::LogStarts(starts) => {
+                let parts = log.parts.read().expect("parts lock");
+                for (tp, start) in &starts {
+                    if let Some(part) = parts.get(tp) {
+                        let mut st = part.st.write().expect("partition lock");
+                        st.log_start = st.log_start.max(*start);
+                    }
+                }
+            }
+            Change::DropSegments(dead) => {
+                for (branch, segs) in dead {
+                    // Index entries go before the segments leave the
+                    // branch, so a read that finds its segment gone looks
+                    // again and finds no entry for it.
+                    let gone: crate::storage::hashing::HashSet<u64> = segs.iter().map(|s| s.base_seq).collect();
+                    log.trim_index(&branch, |seg| gone.contains(&seg));
+                    branch.segs.write().expect("branch lock").retain(|s| !gone.contains(&s.base_seq));
+                }
+            }
+            Change::DropStores(dead) => {
+                let parts: Vec<Arc<Partition>> = log.parts.read().expect("parts lock").values().cloned().collect();
+                for part in parts {
+                    let mut st = part.st.write().expect("partition lock");
+                    st.stored.retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
+                }
+                log.stores.write().expect("stores lock").retain(|s| !dead.iter().any(|d| Arc::ptr_eq(d, s)));
+            }
+            Change::Compacted { opened, first_live } => {
+                let parts: Vec<Arc<Partition>> = log.parts.read().expect("parts lock").values().cloned().collect();
+                let mut stores = log.stores.write().expect("stores lock");
+                for (branch, first_live) in &first_live {
+                    // Per tp at once: its new stores in, its entries into
+                    // the replaced segments out, so a reader sees one or
+                    // the other.
+                    for part in parts.iter().filter(|p| Arc::ptr_eq(&p.branch, branch)) {
+                        let mut st = part.st.write().expect("partition lock");
+                        st.stored.extend(opened.iter().filter(|s| s.store.tps.contains_key(&part.tp)).cloned());
+                        while st.index.front().is_some_and(|e| e.seg < *first_live) {
+                            st.index.pop_front();
+                        }
+                    }
+                    branch.segs.write().expect("branch lock").retain(|s| s.base_seq >= *first_live);
+                }
+                stores.extend(opened);
+            }
+        }
+        Ok(())
+    }
+}
