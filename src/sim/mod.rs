@@ -736,7 +736,10 @@ impl Sim {
 
     fn delete_topic(&mut self) -> Check {
         let Some(id) = self.pick_topic() else { return Ok(()) };
-        self.storage().remove_topic(&id, self.topics[&id].parts.len() as i32);
+        let partitions = self.topics[&id].parts.len() as i32;
+        if let Err(e) = self.writer().apply(crate::storage::Switch::remove_topic(id, partitions)) {
+            return Err(format!("deleting a topic failed: {e}"));
+        }
         self.topics.remove(&id);
         self.clients.retain(|(_, tp), _| tp.topic != id);
         self.txns.write().expect("txns lock").remove_topic(&id);

@@ -15,7 +15,10 @@
 //! [`Storage::publish_hw`] lets readers see what is durable. Readers on
 //! any thread take a short read lock to find where to start, then read
 //! files with positioned reads and no lock held. Retention and compaction
-//! run on the maintenance thread, one at a time, against the shared side.
+//! do their work on the maintenance thread, one at a time, and hand what
+//! changes for readers (log starts, segment lists, stores) to the writer
+//! as a [`Switch`] (`log/switch.rs`); a topic's deletion is a switch too.
+//! So the writer makes every change to the log's structure.
 //!
 //! # Invariants
 //!
@@ -676,10 +679,6 @@ pub struct Storage {
     cfg: StorageConfig,
     branches: RwLock<HashMap<String, Arc<Branch>>>,
     parts: RwLock<HashMap<Tp, Arc<Partition>>>,
-    /// Partitions of deleted topics the writer has yet to forget (see
-    /// `writer`), and whether there are any.
-    removed: Mutex<Vec<Tp>>,
-    removed_pending: AtomicBool,
     /// Every segment and store file is opened through it.
     files: Arc<FileCache>,
     /// The newest batches in memory (see `tip`); the writer adds to it
@@ -805,24 +804,22 @@ impl Storage {
         self.parts.write().expect("parts lock").insert(spec.tp, part);
     }
 
-    /// Forgets the partitions `0..partitions` of a topic: appends to them
-    /// are refused from now on, and the writer drops its state of them at
-    /// its next flush. Their frames stay in shared segments until retention
-    /// deletes those files; nothing can read them meanwhile.
-    pub fn remove_topic(&self, topic: &TopicId, partitions: i32) {
+    /// Forgets the partitions `0..partitions` of a topic (the writer's
+    /// part of a topic's deletion, [`Switch::remove_topic`]): readers no
+    /// longer find them, and an append already holding one is refused.
+    /// Their frames stay in shared segments until retention deletes those
+    /// files; nothing can read them meanwhile. Returns the tps removed.
+    fn remove_topic(&self, topic: &TopicId, partitions: i32) -> Vec<Tp> {
         let mut gone = Vec::new();
-        {
-            let mut parts = self.parts.write().expect("parts lock");
-            for p in 0..partitions {
-                let tp = Tp { topic: *topic, partition: p };
-                if let Some(part) = parts.remove(&tp) {
-                    part.deleted.store(true, Ordering::Release);
-                    gone.push(tp);
-                }
+        let mut parts = self.parts.write().expect("parts lock");
+        for p in 0..partitions {
+            let tp = Tp { topic: *topic, partition: p };
+            if let Some(part) = parts.remove(&tp) {
+                part.deleted.store(true, Ordering::Release);
+                gone.push(tp);
             }
         }
-        self.removed.lock().expect("removed lock").extend(gone);
-        self.removed_pending.store(true, Ordering::Release);
+        gone
     }
 
     fn check_poison(&self) -> Result<(), StorageError> {
@@ -1812,7 +1809,7 @@ mod tests {
         assert!(matches!(s.read(&tp(1, 0), 0, 10, true), Err(ReadError::OffsetOutOfRange { .. })));
         assert!(!s.read(&tp(2, 0), 0, usize::MAX, true).unwrap().is_empty());
         // Once topic 2 is gone, the sealed segments can go.
-        s.remove_topic(&[2; 16], 1);
+        w.apply(Switch::remove_topic([2; 16], 1)).unwrap();
         let (_, deleted) = s.enforce_retention(1_000_000, policy, |_| Ok(()), |_| Ok(()), &mut |sw| w.apply(sw)).unwrap();
         assert_eq!(deleted, before - 1);
         assert_eq!(s.segment_count(), 1);

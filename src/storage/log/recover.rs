@@ -218,8 +218,6 @@ impl Storage {
             data_dir: dir.to_owned(),
             branches: RwLock::new(branches),
             parts: RwLock::new(parts),
-            removed: Mutex::default(),
-            removed_pending: AtomicBool::new(false),
             files: cache,
             tip: RwLock::new(crate::storage::tip::Tip::new(cfg.tip.clone())),
             cfg,

@@ -15,6 +15,9 @@
 //! ```text
 //!  maintenance: plan / copy ─► catalog ─► Switch ──► writer: apply ──► maintenance: delete files
 //! ```
+//!
+//! A topic's deletion is a switch too: its partitions leave the registry
+//! and the writer's state in one step of the writer.
 
 use std::fmt;
 
@@ -36,6 +39,18 @@ pub(super) enum Change {
     /// below its first live one out (the window is durable in the
     /// catalog).
     Compacted { opened: Vec<Arc<StoreFile>>, first_live: Vec<(Arc<Branch>, u64)> },
+    /// A topic's deletion: its partitions leave the registry and the
+    /// writer's state.
+    RemoveTopic { topic: TopicId, partitions: i32 },
+}
+
+impl Switch {
+    /// Deletes partitions `0..partitions` of `topic`: appends to them are
+    /// refused from now on, readers no longer find them. Their frames stay
+    /// in shared segments until retention deletes those files.
+    pub fn remove_topic(topic: TopicId, partitions: i32) -> Switch {
+        Switch(Change::RemoveTopic { topic, partitions })
+    }
 }
 
 impl fmt::Debug for Switch {
@@ -45,6 +60,7 @@ impl fmt::Debug for Switch {
             Change::DropSegments(d) => write!(f, "Switch::DropSegments({} segments)", d.iter().map(|(_, s)| s.len()).sum::<usize>()),
             Change::DropStores(d) => write!(f, "Switch::DropStores({} stores)", d.len()),
             Change::Compacted { opened, first_live } => write!(f, "Switch::Compacted({} stores, {} branches)", opened.len(), first_live.len()),
+            Change::RemoveTopic { partitions, .. } => write!(f, "Switch::RemoveTopic({partitions} partitions)"),
         }
     }
 }
@@ -104,6 +120,10 @@ impl LogWriter {
                     branch.segs.write().expect("branch lock").retain(|s| s.base_seq >= *first_live);
                 }
                 stores.extend(opened);
+            }
+            Change::RemoveTopic { topic, partitions } => {
+                let gone = log.remove_topic(&topic, partitions);
+                self.forget(&gone);
             }
         }
         Ok(())

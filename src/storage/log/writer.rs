@@ -15,9 +15,9 @@
 //!
 //! Registry changes made elsewhere reach the writer without a lock on its
 //! path: a partition added by [`Storage::add_partition`] is adopted the
-//! first time it is appended to, and a deleted topic's partitions are
-//! marked deleted (refused from the next append) and queued for the
-//! writer to forget at its next flush.
+//! first time it is appended to. A topic's deletion, like retention's
+//! and compaction's changes, is a switch the writer applies itself
+//! (`log/switch.rs`).
 
 use super::*;
 
@@ -212,7 +212,6 @@ impl LogWriter {
     /// publishes the new log end offsets. Returns what moved, for
     /// [`Storage::publish_hw`].
     pub fn flush(&mut self) -> Result<Flushed, StorageError> {
-        self.forget_deleted();
         let log = &*self.log;
         let mut moved = Vec::new();
         let seq_end = self.next_seq;
@@ -250,15 +249,11 @@ impl LogWriter {
         Ok(Flushed { moved, seq_end })
     }
 
-    /// Drops the writer's state of partitions deleted since the last flush
-    /// (their frames stay in the segments until retention deletes those).
-    fn forget_deleted(&mut self) {
-        if !self.log.removed_pending.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let removed = std::mem::take(&mut *self.log.removed.lock().expect("removed lock"));
-        for tp in removed {
-            self.parts.remove(&tp);
+    /// Drops the writer's state of deleted partitions (their frames stay
+    /// in the segments until retention deletes those).
+    pub(super) fn forget(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            self.parts.remove(tp);
         }
     }
 
@@ -428,7 +423,7 @@ mod tests {
         for t in [tp(1, 0), tp(1, 1), tp(2, 0)] {
             w.append(t, &make_batch(&[b"x"], 0), 0, false).unwrap();
         }
-        s.remove_topic(&[1; 16], 2);
+        w.apply(Switch::remove_topic([1; 16], 2)).unwrap();
         // Refused at once, before the writer's next flush.
         assert!(matches!(w.append(tp(1, 1), &make_batch(&[b"y"], 0), 0, false), Err(StorageError::UnknownPartition)));
         assert_eq!(w.next_offset(&tp(1, 0)), None);
