@@ -2,15 +2,17 @@
 //!
 //! ```text
 //!  submit ──► WriteCmd (bounded queue) ──► Writer (one round: every queued command)
-//!                                            ├─ append / marker / close_txn, one method each
+//!                                            ├─ append / marker / close_txn / switch, one method each
 //!                                            ├─ producer expiry, storage flush, producer snapshot
 //!                                            └─ acks=1 answered; acks=all ──► syncer: sync, publish, answer
 //! ```
 //!
 //! The writer owns the idempotent-producer state (so the sequence check and
 //! the append it allows are one step) and the log's write side
-//! ([`LogWriter`]), which nothing else can reach. A round takes whatever is queued (up to [`MAX_ROUND`]), so
-//! many appends share one flush and one fsync.
+//! ([`LogWriter`]), which nothing else can reach: retention, compaction
+//! and topic deletion send it their switches (`storage::log::switch`). A
+//! round takes whatever is queued (up to [`MAX_ROUND`]), so many appends
+//! share one flush and one fsync.
 //!
 //! # Failure
 //!
