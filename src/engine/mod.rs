@@ -996,6 +996,16 @@ mod tests {
         }
         assert!(engine.poisoned().is_some_and(|why| why.contains("the writer thread panicked: a planted panic")));
         assert_eq!(engine.offsets(&topic.tp(0)), Some((0, 1, 1)), "nothing written after the panic");
+        // Maintenance and deletion still reach the writer with their
+        // switches, and are answered: nothing waits for ever.
+        let e = engine.clone();
+        tokio::task::spawn_blocking(move || {
+            e.enforce_retention().unwrap();
+            e.delete_topic("p.topic").unwrap();
+        })
+        .await
+        .unwrap();
+        assert!(engine.topic("p.topic").is_none() && engine.offsets(&topic.tp(0)).is_none());
         // Shutdown still completes, and is not clean.
         engine.shutdown().await;
         assert!(!dir.path().join(storage::log::CLEAN_MARKER).exists());
