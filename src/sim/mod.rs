@@ -1446,7 +1446,6 @@ impl Sim {
             },
             &mut |sw| writer.borrow_mut().apply(sw),
         );
-        drop(interleave);
         // The catalog took what storage handed it, whatever came next.
         for (tp, start) in persisted {
             if self.topics.contains_key(&tp.topic) {
@@ -1510,7 +1509,6 @@ impl Sim {
                 false
             },
         );
-        drop(writer);
         if let Some(w) = record {
             self.catalog.windows.push(w);
         }

@@ -429,7 +429,7 @@ mod tests {
         assert_eq!(w.next_offset(&tp(1, 0)), None);
         let f = w.flush().unwrap();
         assert_eq!(f.moved, vec![(tp(2, 0), 1)]);
-        assert!(w.parts.get(&tp(1, 0)).is_none() && w.parts.get(&tp(1, 1)).is_none(), "the writer forgot the deleted partitions");
+        assert!(!w.parts.contains_key(&tp(1, 0)) && !w.parts.contains_key(&tp(1, 1)), "the writer forgot the deleted partitions");
         assert!(s.offsets(&tp(1, 0)).is_none());
         // The survivor goes on from where it was.
         assert_eq!(w.append(tp(2, 0), &make_batch(&[b"z"], 0), 0, false).unwrap().base_offset, 1);
