@@ -111,6 +111,13 @@ use crate::storage::subtree::{store, Step, WindowRecord};
 use crate::storage::tip::{Pick, TipConfig};
 use crate::storage::{CompactConfig, Flushed, LogWriter, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
 
+mod interleave;
+mod producers;
+mod txns;
+
+use producers::Client;
+use txns::Transactor;
+
 /// A bug to plant, to show the simulator finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plant {
@@ -260,116 +267,8 @@ enum Kind {
     TxnMarker(Marker),
 }
 
-/// An idempotent producer's batches to one tp, as its client sees them.
-#[derive(Debug, Clone, Default)]
-struct Client {
-    next_seq: i32,
-    /// Sent and not yet acknowledged, oldest first (at most
-    /// `MAX_IN_FLIGHT`, as Kafka's clients keep them): each is sent again
-    /// by a retry, with the same sequence number and bytes.
-    in_flight: Vec<Sent>,
-    /// The connection broke (a restart, a crash, or an error answer): the
-    /// batches in flight are sent again, in order, before any new one.
-    resend: bool,
-}
-
-/// Writer and syncer work done inside a retention or compaction call:
-/// the engine's threads do not wait for the maintenance thread, so the
-/// simulator runs theirs at a point inside it. The batches are made
-/// before (the driver's randomness is not reachable from there).
-#[derive(Default)]
-struct Interleaved {
-    batches: Vec<(Tp, Vec<u8>)>,
-    flush: bool,
-    sync: bool,
-    appended: Vec<(Tp, Vec<u8>, crate::storage::Appended)>,
-    flushed: Option<Flushed>,
-    synced: bool,
-    failed: Option<StorageError>,
-}
-
-impl Interleaved {
-    /// Appends, flushes and syncs (then publishes, as the syncer does);
-    /// stops at the first failure. Runs once.
-    fn run(&mut self, storage: &Storage, writer: &mut LogWriter, unsynced: &[(u64, Flushed)], now: i64) {
-        for (tp, bytes) in std::mem::take(&mut self.batches) {
-            match writer.append(tp, &bytes, now, false) {
-                Ok(a) => self.appended.push((tp, bytes, a)),
-                Err(StorageError::Exhausted { .. }) => {}
-                Err(e) => {
-                    self.failed = Some(e);
-                    return;
-                }
-            }
-        }
-        if std::mem::take(&mut self.flush) {
-            match writer.flush() {
-                Ok(f) => self.flushed = Some(f),
-                Err(e) => {
-                    self.failed = Some(e);
-                    return;
-                }
-            }
-        }
-        if std::mem::take(&mut self.sync) {
-            match storage.sync() {
-                Ok(_) => {
-                    for f in unsynced.iter().map(|(_, f)| f).chain(self.flushed.as_ref()) {
-                        storage.publish_hw(f);
-                    }
-                    self.synced = true;
-                }
-                Err(e) => self.failed = Some(e),
-            }
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Sent {
-    seq: i32,
-    /// As the client sent it (base offset 0).
-    bytes: Vec<u8>,
-}
-
-/// The producer ids the simulated idempotent clients use.
-const PRODUCER_IDS: [i64; 2] = [1_000, 1_001];
-/// Kafka's clients keep at most five batches in flight per partition with
-/// idempotence on (and the engine remembers five per producer and tp).
-const MAX_IN_FLIGHT: usize = 5;
 /// Producer state is kept this long without use (the engine's default).
 const PRODUCER_EXPIRY_MS: i64 = 7 * 24 * 3600 * 1000;
-
-/// The transactional producer's id.
-const TXN_PRODUCER: i64 = 2_000;
-
-/// The transactional producer, and its transaction coordinator's record
-/// (durable when written, as the engine's catalog row is). The coordinator
-/// is played as the engine's plays it (`kafka::coordinator::transactions`):
-/// partitions added before their batches, each partition closed and its log
-/// end noted when the transaction is decided, markers after, and at a
-/// restart a decided transaction finished where its partitions are still
-/// open, an undecided one aborted with the epoch bumped, and one the logs
-/// hold open but the record does not name aborted the same way.
-#[derive(Debug, Clone, Default)]
-struct Transactor {
-    epoch: i16,
-    /// The next sequence number per tp at this epoch.
-    seqs: BTreeMap<Tp, i32>,
-    /// The transaction under way, until its markers are acknowledged.
-    current: Option<Txn>,
-}
-
-#[derive(Debug, Clone)]
-struct Txn {
-    /// Partitions the coordinator added, in order.
-    tps: Vec<Tp>,
-    /// Data batches sent: (tp, base offset).
-    sent: Vec<(Tp, i64)>,
-    /// Decided (PrepareCommit or PrepareAbort), with each partition's log
-    /// end when it was closed.
-    decided: Option<(Marker, BTreeMap<Tp, i64>)>,
-}
 
 #[derive(Debug, Clone)]
 struct MTp {
@@ -810,428 +709,6 @@ impl Sim {
         Ok(())
     }
 
-    /// An idempotent producer sends its next batch to a tp, or (now and
-    /// then, and always with `MAX_IN_FLIGHT` unanswered) sends every batch
-    /// in flight again, in order, as a client does after a lost connection
-    /// or a broker restart.
-    fn idempotent_append(&mut self) -> Check {
-        let Some(tp) = self.pick_tp() else { return self.create_topic() };
-        let pid = PRODUCER_IDS[self.rng.below(PRODUCER_IDS.len() as u64) as usize];
-        let client = self.clients.entry((pid, tp)).or_default().clone();
-        let retry = !client.in_flight.is_empty() && (client.resend || client.in_flight.len() >= MAX_IN_FLIGHT || self.rng.below(3) == 0);
-        self.clients.get_mut(&(pid, tp)).expect("client").resend = false;
-        let sends = if retry {
-            client.in_flight
-        } else {
-            let n = 1 + self.rng.below(4) as usize;
-            let values: Vec<Vec<u8>> = (0..n).map(|_| (0..self.rng.below(200)).map(|_| self.rng.next_u64() as u8).collect()).collect();
-            let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
-            let mut bytes = batch::build(&records, self.now_ms);
-            batch::set_producer(&mut bytes, pid, 0, client.next_seq);
-            let sent = Sent { seq: client.next_seq, bytes };
-            let c = self.clients.get_mut(&(pid, tp)).expect("client");
-            c.next_seq += n as i32;
-            c.in_flight.push(sent.clone());
-            vec![sent]
-        };
-        for sent in sends {
-            if !self.send_idempotent(tp, pid, sent)? {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// One idempotent batch through the writer's decision
-    /// ([`crate::engine::admit`]), checked against the model: a batch the
-    /// log holds is answered with its offsets, never appended again; the
-    /// next one in sequence is appended. False: stop sending (storage
-    /// refused this one).
-    fn send_idempotent(&mut self, tp: Tp, pid: i64, sent: Sent) -> Result<bool, String> {
-        use crate::engine::producers::{BatchIds, Check as Decision};
-        let header = batch::BatchHeader::parse(&sent.bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?;
-        let ids = BatchIds::of(&header);
-        let log_start = self.mtp(&tp).log_start;
-        // The log's copy of this batch, if it holds one (retention may have
-        // taken it since: then the engine cannot know it, and any answer
-        // is one Kafka could give).
-        let held = self.mtp(&tp).batches.iter().find(|b| b.kind == Kind::Idempotent(pid, sent.seq)).map(|b| (b.base, b.last, b.state));
-        let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, false);
-        if self.trace {
-            eprintln!("  producer {pid} sequence {} ({} records) to {}/{}: {decision:?}, the log holds it at {held:?}", sent.seq, ids.count, tp.topic[15], tp.partition);
-        }
-        match (decision, held) {
-            (_, Some((_, last, _))) if last < log_start => {
-                self.answered(pid, tp, sent.seq);
-                Ok(true)
-            }
-            (Decision::Duplicate { base_offset, last_offset }, Some((base, last, state))) => {
-                ensure((base_offset, last_offset) == (base, last), || format!("{tp:?}: producer {pid} sequence {} retried: answered with offsets {base_offset}..{last_offset}, the log holds it at {base}..{last}", sent.seq))?;
-                if state == State::Acked {
-                    self.answered(pid, tp, sent.seq);
-                }
-                Ok(true)
-            }
-            (Decision::Append, Some((base, ..))) => Err(format!("{tp:?}: producer {pid} sequence {} retried and appended again; the log holds it at offset {base}", sent.seq)),
-            (Decision::Append, None) => match self.append_batch(tp, sent.bytes, State::Staged, Kind::Idempotent(pid, sent.seq))? {
-                Some(a) => {
-                    self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
-                    self.out.idempotent_appends += 1;
-                    Ok(true)
-                }
-                // The client got an error: it sends what it has in flight
-                // again (after a power cycle every client does).
-                None => {
-                    if let Some(c) = self.clients.get_mut(&(pid, tp)) {
-                        c.resend = true;
-                    }
-                    Ok(false)
-                }
-            },
-            (Decision::Duplicate { base_offset, .. }, None) => Err(format!("{tp:?}: producer {pid} sequence {} answered as a retry of offset {base_offset}, which the log does not hold", sent.seq)),
-            // A batch sent after one the log lost (a restart dropped it
-            // unflushed) is out of order; the client sends the lost one
-            // again first, as Kafka's clients do on that error.
-            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.lost_before(pid, tp, sent.seq) => Ok(false),
-            // A lost batch whose successor the log took anyway: the engine
-            // had no state of this producer here (a crash took it with the
-            // batch), and took the successor from where it was, as Kafka
-            // does. The client is told this one is out of order and gives
-            // it up; it was never acknowledged.
-            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.held_after(pid, tp, sent.seq) => {
-                self.answered(pid, tp, sent.seq);
-                Ok(true)
-            }
-            (Decision::Refuse(why), _) => Err(format!("{tp:?}: producer {pid} sequence {} refused: {why:?} (held: {held:?})", sent.seq)),
-        }
-    }
-
-    /// Whether a batch in flight before `seq` is not in the log.
-    fn lost_before(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
-        let earlier: Vec<i32> = self.clients.get(&(pid, tp)).map(|c| c.in_flight.iter().map(|s| s.seq).filter(|&s| s < seq).collect()).unwrap_or_default();
-        let m = self.mtp(&tp);
-        earlier.iter().any(|&s| !m.batches.iter().any(|b| b.kind == Kind::Idempotent(pid, s)))
-    }
-
-    /// Whether the log holds a later batch of this producer than `seq`.
-    fn held_after(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
-        self.mtp(&tp).batches.iter().any(|b| matches!(b.kind, Kind::Idempotent(p, s) if p == pid && s > seq))
-    }
-
-    /// The client has its answer for `seq`: no longer in flight.
-    fn answered(&mut self, pid: i64, tp: Tp, seq: i32) {
-        if let Some(c) = self.clients.get_mut(&(pid, tp)) {
-            c.in_flight.retain(|s| s.seq != seq);
-        }
-        self.out.producer_answers += 1;
-    }
-
-    /// The transactional producer's next step: begin a transaction (the
-    /// coordinator adds one to three partitions), send a batch in it, send
-    /// one it must not be able to (to a partition it did not add, or with
-    /// an epoch already fenced), or end it; a decided transaction whose
-    /// markers are not all written gets them first (the coordinator's retry).
-    fn transact(&mut self) -> Check {
-        let Some(txn) = self.transactor.current.clone() else { return self.begin_txn() };
-        if let Some((marker, ends)) = txn.decided {
-            let missing: Vec<Tp> = ends.iter().filter(|(tp, end)| self.topics.contains_key(&tp.topic) && !self.has_marker(tp, **end)).map(|(tp, _)| *tp).collect();
-            return self.write_markers(marker, &missing).map(drop);
-        }
-        let live: Vec<Tp> = txn.tps.iter().copied().filter(|tp| self.topics.contains_key(&tp.topic)).collect();
-        match self.rng.below(10) {
-            0..=5 if !live.is_empty() => {
-                let tp = live[self.rng.below(live.len() as u64) as usize];
-                self.send_txn(tp)
-            }
-            6 => match self.pick_tp() {
-                Some(tp) if !txn.tps.contains(&tp) => self.send_refused(tp, self.transactor.epoch, "to a partition its transaction did not add"),
-                _ => Ok(()),
-            },
-            7 if self.transactor.epoch > 0 && !live.is_empty() => {
-                let tp = live[self.rng.below(live.len() as u64) as usize];
-                self.send_refused(tp, self.transactor.epoch - 1, "with a fenced epoch")
-            }
-            _ => {
-                // Kafka's producer waits for every send before it commits;
-                // one still unacknowledged (or lost) makes this an abort.
-                let all_acked = txn.sent.iter().all(|(tp, base)| self.topics.get(&tp.topic).is_none_or(|t| t.parts[tp.partition as usize].batches.iter().any(|b| b.base == *base && b.state == State::Acked)));
-                match (all_acked, self.rng.below(4)) {
-                    (_, 0) => self.end_txn(Marker::Abort, false),
-                    (true, _) => self.end_txn(Marker::Commit, false),
-                    // Waiting for its sends.
-                    (false, _) => Ok(()),
-                }
-            }
-        }
-    }
-
-    fn begin_txn(&mut self) -> Check {
-        let mut tps = Vec::new();
-        for _ in 0..1 + self.rng.below(3) {
-            if let Some(tp) = self.pick_tp() {
-                if !tps.contains(&tp) {
-                    tps.push(tp);
-                }
-            }
-        }
-        if tps.is_empty() {
-            return self.create_topic();
-        }
-        let mut t = self.txns.write().expect("txns lock");
-        for tp in &tps {
-            t.add_partition(TXN_PRODUCER, self.transactor.epoch, *tp);
-        }
-        drop(t);
-        if self.trace {
-            eprintln!("  transaction begins at epoch {} on {:?}", self.transactor.epoch, tps.iter().map(|tp| (tp.topic[15], tp.partition)).collect::<Vec<_>>());
-        }
-        self.transactor.current = Some(Txn { tps, sent: Vec::new(), decided: None });
-        Ok(())
-    }
-
-    /// A transactional batch builder: `n` random records with the
-    /// producer's ids.
-    fn txn_batch(&mut self, tp: Tp, epoch: i16) -> Vec<u8> {
-        let n = 1 + self.rng.below(3) as usize;
-        let values: Vec<Vec<u8>> = (0..n).map(|_| (0..self.rng.below(150)).map(|_| self.rng.next_u64() as u8).collect()).collect();
-        let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
-        let mut bytes = batch::build(&records, self.now_ms);
-        let seq = self.transactor.seqs.get(&tp).copied().unwrap_or(0);
-        batch::set_transactional(&mut bytes, TXN_PRODUCER, epoch, seq);
-        bytes
-    }
-
-    /// One batch of the transaction under way, through the writer's
-    /// decision, which must take it.
-    fn send_txn(&mut self, tp: Tp) -> Check {
-        let epoch = self.transactor.epoch;
-        let bytes = self.txn_batch(tp, epoch);
-        let ids = crate::engine::producers::BatchIds::of(&batch::BatchHeader::parse(&bytes).map_err(|e| format!("a transactional batch does not parse: {e:?}"))?);
-        let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, true);
-        if self.trace {
-            eprintln!("  transactional batch, sequence {} to {}/{}: {decision:?}", ids.base_sequence, tp.topic[15], tp.partition);
-        }
-        if decision == crate::engine::producers::Check::Refuse(crate::engine::producers::Refusal::OutOfOrder) && self.txn_batch_lost(tp, epoch, ids.base_sequence) {
-            // A crash took a batch it sent earlier in this epoch: its
-            // sequence no longer follows. Told so, the client aborts and
-            // bumps its epoch (KIP-360), as Kafka's does.
-            return self.end_txn(Marker::Abort, true);
-        }
-        ensure(decision == crate::engine::producers::Check::Append, || format!("{tp:?}: the transaction's batch (epoch {epoch}, sequence {}) was not admitted: {decision:?}", ids.base_sequence))?;
-        let opens = self.opens;
-        match self.append_batch(tp, bytes, State::Staged, Kind::TxnData(epoch, ids.base_sequence, ids.count))? {
-            Some(a) => {
-                self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
-                self.txns.write().expect("txns lock").on_batch(tp, TXN_PRODUCER, epoch, a.base_offset);
-                *self.transactor.seqs.entry(tp).or_default() += ids.count;
-                if let Some(t) = &mut self.transactor.current {
-                    t.sent.push((tp, a.base_offset));
-                }
-                self.out.txn_batches += 1;
-                Ok(())
-            }
-            // Refused: the client aborts (unless storage was reopened, and
-            // the coordinator's recovery ended the transaction already).
-            None if self.opens == opens => self.end_txn(Marker::Abort, false),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether a transactional batch sent to `tp` before `seq` in `epoch`
-    /// is not in the log (a crash took it before it was durable).
-    fn txn_batch_lost(&self, tp: Tp, epoch: i16, seq: i32) -> bool {
-        let next = self.topics[&tp.topic].parts[tp.partition as usize]
-            .batches
-            .iter()
-            .filter_map(|b| match b.kind {
-                Kind::TxnData(e, s, n) if e == epoch => Some(s + n),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        next != seq
-    }
-
-    /// A transactional batch the writer must not append.
-    fn send_refused(&mut self, tp: Tp, epoch: i16, why: &str) -> Check {
-        let bytes = self.txn_batch(tp, epoch);
-        let ids = crate::engine::producers::BatchIds::of(&batch::BatchHeader::parse(&bytes).map_err(|e| format!("a transactional batch does not parse: {e:?}"))?);
-        let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, true);
-        if self.trace {
-            eprintln!("  transactional batch {why}, epoch {epoch} to {}/{}: {decision:?}", tp.topic[15], tp.partition);
-        }
-        // A batch with the same ids as one written is answered as its retry
-        // (Kafka's idempotence): nothing is appended either way.
-        ensure(decision != crate::engine::producers::Check::Append, || format!("{tp:?}: a transactional batch {why} (epoch {epoch}) was admitted"))?;
-        self.out.txn_refusals += 1;
-        Ok(())
-    }
-
-    /// The coordinator decides: each partition closed (no batch of the
-    /// transaction after this) with its log end noted, the decision made
-    /// durable, then the markers. `bump`: the epoch moves on first (an
-    /// abort the coordinator makes on its own).
-    fn end_txn(&mut self, marker: Marker, bump: bool) -> Check {
-        let Some(txn) = self.transactor.current.clone() else { return Ok(()) };
-        let live: Vec<Tp> = txn.tps.iter().copied().filter(|tp| self.topics.contains_key(&tp.topic)).collect();
-        let mut ends = BTreeMap::new();
-        for tp in &live {
-            self.txns.write().expect("txns lock").close_partition(TXN_PRODUCER, tp);
-            let end = self.writer().next_offset(tp).ok_or_else(|| format!("{tp:?} unknown to the writer"))?;
-            ends.insert(*tp, end);
-        }
-        if bump {
-            self.bump_epoch(self.transactor.epoch);
-        }
-        if self.trace {
-            eprintln!("  transaction decided: {marker:?} at epoch {}, partition ends {:?}", self.transactor.epoch, ends.iter().map(|(tp, e)| (tp.topic[15], tp.partition, *e)).collect::<Vec<_>>());
-        }
-        self.transactor.current = Some(Txn { decided: Some((marker, ends)), ..txn });
-        self.write_markers(marker, &live).map(drop)
-    }
-
-    fn bump_epoch(&mut self, from: i16) {
-        self.transactor.epoch = from + 1;
-        self.transactor.seqs.clear();
-    }
-
-    /// Appends `marker` to each of `tps` at the producer's epoch, as the
-    /// writer does. False: storage refused one (and may have been
-    /// reopened; then the coordinator's recovery took over).
-    fn write_markers(&mut self, marker: Marker, tps: &[Tp]) -> Result<bool, String> {
-        let epoch = self.transactor.epoch;
-        let opens = self.opens;
-        for tp in tps {
-            let b = batch::control_batch(marker, TXN_PRODUCER, epoch, 0, self.now_ms);
-            match self.append_batch(*tp, b, State::Staged, Kind::TxnMarker(marker))? {
-                Some(a) => {
-                    self.producers.fence(*tp, TXN_PRODUCER, epoch, self.now_ms);
-                    self.txns.write().expect("txns lock").on_marker(*tp, TXN_PRODUCER, marker, a.base_offset);
-                }
-                None => return Ok(false),
-            }
-            if self.opens != opens {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Whether `tp` holds a marker of the transactional producer at or
-    /// past `end` (the one ending the transaction decided at `end`).
-    fn has_marker(&self, tp: &Tp, end: i64) -> bool {
-        self.topics[&tp.topic].parts[tp.partition as usize].batches.iter().any(|b| b.base >= end && matches!(b.kind, Kind::TxnMarker(_)))
-    }
-
-    /// After a sync: a decided transaction whose every marker is
-    /// acknowledged is complete.
-    fn complete_txn(&mut self) {
-        let Some(Txn { decided: Some((marker, ends)), .. }) = &self.transactor.current else { return };
-        let done = ends.iter().all(|(tp, end)| {
-            let Some(t) = self.topics.get(&tp.topic) else { return true };
-            t.parts[tp.partition as usize].batches.iter().any(|b| b.base >= *end && matches!(b.kind, Kind::TxnMarker(_)) && b.state == State::Acked)
-        });
-        if done {
-            match marker {
-                Marker::Commit => self.out.txn_commits += 1,
-                Marker::Abort => self.out.txn_aborts += 1,
-            }
-            self.transactor.current = None;
-        }
-    }
-
-    /// The coordinator's start-up, over the producer state the engine
-    /// restored: a decided transaction gets markers where it is still open
-    /// below its decision's log end; an undecided one is aborted with the
-    /// epoch bumped; a transaction the logs hold open that no record names
-    /// (its beginning was lost) is aborted, its producer fenced.
-    fn recover_txns(&mut self) -> Check {
-        let opens = self.opens;
-        match self.transactor.current.clone() {
-            Some(Txn { decided: Some((marker, ends)), .. }) => {
-                let open = self.txns.read().expect("txns lock").ongoing();
-                let tps: Vec<Tp> = ends.iter().filter(|(tp, end)| self.topics.contains_key(&tp.topic) && open.iter().any(|(t, o)| t == *tp && o.producer_id == TXN_PRODUCER && o.first_offset < **end)).map(|(tp, _)| *tp).collect();
-                if self.trace {
-                    eprintln!("  recovery finishes a decided transaction ({marker:?}) on {} partitions", tps.len());
-                }
-                self.write_markers(marker, &tps)?;
-            }
-            Some(_) => {
-                if self.trace {
-                    eprintln!("  recovery aborts the transaction under way");
-                }
-                self.end_txn(Marker::Abort, true)?;
-            }
-            None => {}
-        }
-        if self.opens != opens {
-            return Ok(());
-        }
-        let dangling: Vec<(Tp, crate::engine::txns::OpenTxn)> = self.txns.read().expect("txns lock").ongoing().into_iter().filter(|(tp, o)| o.producer_id == TXN_PRODUCER && self.topics.contains_key(&tp.topic)).collect();
-        if dangling.is_empty() {
-            return Ok(());
-        }
-        // Only the transaction under way can be open, and recovery just
-        // ended it (or its markers were refused: the next step retries).
-        if self.transactor.current.as_ref().is_some_and(|t| t.decided.is_some()) {
-            return Ok(());
-        }
-        let from = dangling.iter().map(|(_, o)| o.epoch).max().unwrap_or(0).max(self.transactor.epoch);
-        self.bump_epoch(from);
-        if self.trace {
-            eprintln!("  recovery aborts {} partitions left open in the logs, epoch now {}", dangling.len(), self.transactor.epoch);
-        }
-        let tps: Vec<Tp> = dangling.iter().map(|(tp, _)| *tp).collect();
-        self.write_markers(Marker::Abort, &tps).map(drop)
-    }
-
-    /// The engine's transaction state against the model, for every tp: a
-    /// batch of an open transaction lies at or past the last stable
-    /// offset; a batch of an aborted one is reported aborted (a
-    /// read_committed consumer drops it), a committed one is not; and with
-    /// no transaction open the stable offset does not wait.
-    fn check_txns(&self) -> Check {
-        let t = self.txns.read().expect("txns lock");
-        for (id, topic) in &self.topics {
-            for (p, m) in topic.parts.iter().enumerate() {
-                let tp = Tp { topic: *id, partition: p as i32 };
-                // The model's view: each data batch's fate.
-                let mut open: Vec<usize> = Vec::new();
-                let mut fate: Vec<Option<Marker>> = vec![None; m.batches.len()];
-                for (i, b) in m.batches.iter().enumerate() {
-                    match b.kind {
-                        Kind::TxnData(..) => open.push(i),
-                        Kind::TxnMarker(marker) => {
-                            for j in open.drain(..) {
-                                fate[j] = Some(marker);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                let first_unstable = t.first_unstable(&tp);
-                for (i, b) in m.batches.iter().enumerate().filter(|(_, b)| matches!(b.kind, Kind::TxnData(..)) && b.last >= m.log_start) {
-                    match fate[i] {
-                        None => ensure(first_unstable.is_some_and(|f| f <= b.base), || {
-                            let kinds: Vec<(i64, Kind, State)> = m.batches.iter().map(|b| (b.base, b.kind, b.state)).collect();
-                            format!("{tp:?}: open transactional batch at {} below the stable offset ({first_unstable:?}); log start {}, the model's batches {kinds:?}", b.base, m.log_start)
-                        })?,
-                        Some(marker) => {
-                            let aborted = t.is_aborted(&tp, TXN_PRODUCER, b.base);
-                            ensure(aborted == (marker == Marker::Abort), || format!("{tp:?}: transactional batch at {} ended by {marker:?} but reported {}", b.base, if aborted { "aborted" } else { "not aborted" }))?;
-                        }
-                    }
-                }
-                // The stable offset waits for an open transaction only.
-                if let Some(f) = first_unstable {
-                    let kafka_first = open.first().map(|&i| m.batches[i].base);
-                    ensure(kafka_first.is_some_and(|k| f >= k), || format!("{tp:?}: stable offset held at {f}, the model's oldest open transaction starts at {kafka_first:?}"))?;
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Storage refused for good: the operator restarts the machine (a power
     /// cycle, for the reason `open` gives).
     fn poisoned(&mut self, e: StorageError) -> Check {
@@ -1421,27 +898,26 @@ impl Sim {
         let trace = self.trace;
         // The writer and syncer go on meanwhile: between retention's plan
         // and its changes, or before it drops stores.
-        let mut work = self.interleaved_work();
+        let work = std::cell::RefCell::new(self.interleaved_work());
         let at_drop = self.rng.below(2) == 0;
         let (now, unsynced) = (self.now_ms, self.unsynced.clone());
         let (storage, writer) = self.storage.as_mut().expect("storage open");
         let storage = storage.clone();
         let writer = std::cell::RefCell::new(writer);
         let interleave = |at: bool| {
-            if let (true, Some(w)) = (at, work.as_mut()) {
+            if let (true, Some(w)) = (at, work.borrow_mut().as_mut()) {
                 w.run(&storage, &mut writer.borrow_mut(), &unsynced, now);
             }
         };
-        let interleave = std::cell::RefCell::new(interleave);
         let r = storage.enforce_retention(
             now,
             |tp| RetentionPolicy { retention_ms: policies.get(&tp.topic).copied().flatten(), retention_bytes: None },
             |starts| {
-                (interleave.borrow_mut())(!at_drop);
+                interleave(!at_drop);
                 starts_write.apply(trace, "log starts", || persisted.extend_from_slice(starts))
             },
             |keys| {
-                (interleave.borrow_mut())(at_drop);
+                interleave(at_drop);
                 stores_write.apply(trace, "dropped stores", || dropped.extend_from_slice(keys))
             },
             &mut |sw| writer.borrow_mut().apply(sw),
@@ -1468,7 +944,7 @@ impl Sim {
             }
         }
         let opens = self.opens;
-        if let Some(w) = work {
+        if let Some(w) = work.into_inner() {
             self.absorb(w)?;
         }
         match r {
@@ -1529,47 +1005,6 @@ impl Sim {
             }
             Ok(None) => Ok(()),
             Err(e) => self.poisoned(e),
-        }
-    }
-
-    /// Now and then, writer and syncer work to run inside a maintenance
-    /// call: a few appends, then perhaps a flush, then perhaps a sync.
-    fn interleaved_work(&mut self) -> Option<Interleaved> {
-        if self.rng.below(2) == 0 {
-            return None;
-        }
-        let mut batches = Vec::new();
-        for _ in 0..self.rng.below(4) {
-            if let Some(tp) = self.pick_tp() {
-                let b = self.plain_batch();
-                batches.push((tp, b));
-            }
-        }
-        let flush = self.rng.below(2) == 0;
-        let sync = flush && self.rng.below(2) == 0;
-        Some(Interleaved { batches, flush, sync, ..Interleaved::default() })
-    }
-
-    /// The model after work done inside a maintenance call.
-    fn absorb(&mut self, w: Interleaved) -> Check {
-        if self.trace {
-            eprintln!("  meanwhile: {} appends, flushed {}, synced {}, failed {:?}", w.appended.len(), w.flushed.is_some(), w.synced, w.failed.as_ref().map(|e| e.to_string()));
-        }
-        if !w.appended.is_empty() || w.flushed.is_some() {
-            self.out.interleaved += 1;
-        }
-        for (tp, bytes, a) in w.appended {
-            self.appended(tp, bytes, &a, State::Staged, Kind::Plain)?;
-        }
-        if let Some(f) = w.flushed {
-            self.flushed(f);
-        }
-        if w.synced {
-            self.synced();
-        }
-        match w.failed {
-            Some(e) => self.poisoned(e),
-            None => Ok(()),
         }
     }
 
@@ -1634,76 +1069,4 @@ impl Sim {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_few_hundred_seeds_keep_every_invariant() {
-        let mut total = Outcome::default();
-        for seed in 0..300 {
-            match run(seed, SimConfig::default()) {
-                Ok(o) => total.add(&o),
-                Err(f) => panic!("{f}"),
-            }
-        }
-        // The workload did what it is for: recovery both read index files
-        // and walked segments without one.
-        assert!(total.acked > 5_000 && total.crashes > 300 && total.disk.faults > 50 && total.compactions > 20, "{total:?}");
-        assert!(total.indexed_segments > 1_000 && total.walked_segments > 1_000, "{total:?}");
-        // Idempotent producers appended, and had answers: acks, and
-        // retries answered with the offsets first written.
-        assert!(total.idempotent_appends > 1_000 && total.producer_answers > 1_000, "{total:?}");
-        // Transactions committed and aborted, and batches a transaction
-        // must not write were refused.
-        assert!(total.txn_batches > 500 && total.txn_commits > 50 && total.txn_aborts > 50 && total.txn_refusals > 50, "{total:?}");
-        // The writer worked inside retention and compaction calls.
-        assert!(total.interleaved > 100, "{total:?}");
-    }
-
-    /// The simulator is only as good as the bugs it finds: each planted one
-    /// within the first 100 seeds (of 1,000 seeds, 975 find a skipped fsync,
-    /// 998 an ack before the flush, 661 a kept torn tail, 64 the retention
-    /// off-by-one, first at seed 41; see docs/simulator.md).
-    #[test]
-    fn each_planted_bug_is_found_within_100_seeds() {
-        for (name, plant) in Plant::ALL {
-            let found = (0..100).find(|&seed| run(seed, SimConfig { plant: Some(plant), ..SimConfig::default() }).is_err());
-            assert!(found.is_some(), "{name} was not found in 100 seeds");
-        }
-    }
-
-    /// Seeds that once found real bugs (docs/simulator.md), with the
-    /// workload of the commit that found them; they pass now. The
-    /// workload has changed since for some, so each is only a cheap
-    /// extra run, not a proof; the bugs' own regression tests are beside
-    /// the code they fixed.
-    #[test]
-    fn seeds_that_found_bugs_pass() {
-        for seed in [737, 454_671, 215, 262, 389, 1_540, 3_929, 7_439, 4_003_701, 4_302_959, 249] {
-            if let Err(f) = run(seed, SimConfig::default()) {
-                panic!("{f}");
-            }
-        }
-    }
-
-    /// Each seed run twice, the second time on another thread after other
-    /// allocations (so nothing lands at the same address), performs the
-    /// same disk operations in the same order: a seed replays exactly.
-    /// Seed 20 did not while the subtree merge ordered its branches by
-    /// address.
-    #[test]
-    fn a_seed_replays_exactly() {
-        for seed in 0..60 {
-            let a = run(seed, SimConfig::default());
-            let b = std::thread::spawn(move || {
-                let noise: Vec<Box<[u8]>> = (0..4096).map(|i| vec![0u8; 16 + i % 512].into_boxed_slice()).collect();
-                let b = run(seed, SimConfig::default());
-                drop(noise);
-                b
-            })
-            .join()
-            .expect("the second run");
-            assert_eq!(format!("{a:?}"), format!("{b:?}"), "seed {seed} did not replay");
-        }
-    }
-}
+mod tests;
