@@ -14,3 +14,4 @@ pub mod rest;
 pub mod server;
 pub mod sim;
 pub mod storage;
+pub mod tls;

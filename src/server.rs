@@ -24,7 +24,10 @@ use crate::kafka::{self, Broker, KafkaConfig};
 use crate::metrics::{self, Health};
 
 pub struct Running {
+    /// The first Kafka listener's address.
     pub kafka_addr: SocketAddr,
+    /// Every Kafka listener: its name and bound address.
+    pub kafka_listeners: Vec<(String, SocketAddr)>,
     pub admin_addr: SocketAddr,
     /// The REST bridge's address, if it listens.
     pub rest_addr: Option<SocketAddr>,
@@ -95,6 +98,7 @@ async fn open(
 /// What `serve_all` started, before it is a `Running`.
 struct Started {
     kafka_addr: SocketAddr,
+    kafka_listeners: Vec<(String, SocketAddr)>,
     rest_addr: Option<SocketAddr>,
     engine: Arc<Engine>,
     kafka: JoinHandle<()>,
@@ -106,8 +110,8 @@ struct Started {
 
 impl Started {
     fn finish(self, admin_addr: SocketAddr, health: Arc<Health>, stop: watch::Sender<bool>, admin: JoinHandle<()>) -> Running {
-        let Started { kafka_addr, rest_addr, engine, kafka, rest, background, compactor, expiry } = self;
-        Running { kafka_addr, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry }
+        let Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry } = self;
+        Running { kafka_addr, kafka_listeners, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry }
     }
 }
 
@@ -118,8 +122,14 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     tracing::info!(data_dir = %cfg.data_dir.display(), "recovering storage");
     let engine = tokio::task::spawn_blocking(move || Engine::open(engine_cfg, engine_clock)).await?.context("opening the data directory")?;
 
-    let kafka_listener = TcpListener::bind(cfg.kafka_listener).await.with_context(|| format!("binding kafka_listener {}", cfg.kafka_listener))?;
-    let kafka_addr = kafka_listener.local_addr()?;
+    let specs = cfg.kafka_listeners().map_err(|e| anyhow::anyhow!("listeners: {e}"))?;
+    let mut bound = Vec::new();
+    for spec in specs {
+        let l = TcpListener::bind(&spec.bind).await.with_context(|| format!("binding listener {} on {}", spec.name, spec.bind))?;
+        let addr = l.local_addr()?;
+        bound.push((spec, l, addr));
+    }
+    let kafka_addr = bound[0].2;
     let rest_listener = match cfg.rest_listener.as_str() {
         "" => None,
         addr => Some(TcpListener::bind(addr).await.with_context(|| format!("binding rest_listener {addr}"))?),
@@ -130,15 +140,46 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         "" => crate::auth::Principals::default(),
         path => crate::auth::Principals::load(std::path::Path::new(path)).map_err(|e| anyhow::anyhow!("principals_file: {e}"))?,
     });
-    let (host, port) = if cfg.advertised_listener.is_empty() {
-        (kafka_addr.ip().to_string(), kafka_addr.port() as i32)
-    } else {
-        kafka::advertised(&cfg.advertised_listener, kafka_addr)
+    let tls = match cfg.kafka_tls() {
+        Some(files) if bound.iter().any(|(s, _, _)| s.protocol.tls()) => Some(crate::tls::Reloading::load(files).context("the Kafka listeners' TLS files")?),
+        _ => None,
     };
-    let broker = broker(cfg, engine.clone(), (host, port), clock, stop_rx.clone()).await?;
+    let mechanisms = cfg.sasl_mechanisms().map_err(|e| anyhow::anyhow!("sasl_enabled_mechanisms: {e}"))?;
+    let listeners: Vec<(Arc<kafka::listener::Listener>, TcpListener, SocketAddr)> = bound
+        .into_iter()
+        .map(|(spec, l, addr)| {
+            let (advertised_host, advertised_port) = spec.advertised.clone().unwrap_or_else(|| (addr.ip().to_string(), addr.port() as i32));
+            // An advertised port of 0 (a test binding port 0) is the bound one.
+            let advertised_port = if advertised_port == 0 { addr.port() as i32 } else { advertised_port };
+            let listener = kafka::listener::Listener {
+                tls: spec.protocol.tls().then(|| tls.clone().expect("checked by the config")),
+                mechanisms: if spec.protocol.sasl() { mechanisms.clone() } else { Vec::new() },
+                name: spec.name,
+                protocol: spec.protocol,
+                advertised_host,
+                advertised_port,
+            };
+            (Arc::new(listener), l, addr)
+        })
+        .collect();
+    let first = &listeners[0].0;
+    let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), clock, stop_rx.clone()).await?;
     let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
     let kafka_probe = broker.probe.clone();
-    let kafka = tokio::spawn(kafka::serve(kafka_listener, broker, stop_rx.clone()));
+    let kafka_listeners: Vec<(String, SocketAddr)> = listeners.iter().map(|(l, _, a)| (l.name.clone(), *a)).collect();
+    let limit = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections));
+    let mut serving = Vec::new();
+    for (spec, l, addr) in listeners {
+        tracing::info!(listener = %spec.name, protocol = spec.protocol.name(), %addr, advertised = %format!("{}:{}", spec.advertised_host, spec.advertised_port), "Kafka listener");
+        serving.push(tokio::spawn(kafka::serve(l, spec, broker.clone(), limit.clone(), stop_rx.clone())));
+    }
+    let reload_every = Duration::from_millis(cfg.ssl_reload_check_ms);
+    serving.push(tokio::spawn(crate::tls::watch(tls.into_iter().collect(), reload_every, stop_rx.clone())));
+    let kafka = tokio::spawn(async move {
+        for s in serving {
+            let _ = s.await;
+        }
+    });
     let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone())));
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics };
@@ -146,7 +187,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
-    Ok(Started { kafka_addr, rest_addr, engine, kafka, rest, background, compactor, expiry })
+    Ok(Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry })
 }
 
 /// The Kafka side of a broker over an open engine: the group and
@@ -154,6 +195,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
 /// settings, advertising `advertised` (host, port). The fuzz target
 /// drives requests through one of these without a socket.
 pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32), clock: Clock, stop_rx: watch::Receiver<bool>) -> anyhow::Result<Arc<Broker>> {
+    let users = Arc::new(crate::auth::users::UserStore::load(engine.catalog()).context("loading SCRAM credentials")?);
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
@@ -174,7 +216,12 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
             connections_max_idle: Duration::from_millis(cfg.connections_max_idle_ms),
             response_write_timeout: Duration::from_millis(cfg.response_write_timeout_ms),
             shutdown_timeout: Duration::from_millis(cfg.shutdown_timeout_ms),
+            connections_max_reauth_ms: cfg.connections_max_reauth_ms,
+            failed_authentication_delay: Duration::from_millis(cfg.connection_failed_authentication_delay_ms),
+            sasl_max_receive_bytes: cfg.sasl_max_receive_bytes.min(cfg.max_request_bytes),
+            super_users: cfg.super_user_list().map_err(|e| anyhow::anyhow!("super_users: {e}"))?,
         },
+        users,
         budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
     }))

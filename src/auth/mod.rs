@@ -19,10 +19,39 @@
 //! and the digests compared in constant time. Topic patterns are globs
 //! where `*` matches any run of characters (`app.*`, `*.commits`, `*`).
 
+pub mod sasl;
+pub mod scram;
+pub mod users;
+
 use std::collections::HashMap;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
+
+/// Who a Kafka connection acts as (Kafka's `KafkaPrincipal`): `User:alice`
+/// after SASL, `User:CN=...` from a client certificate, `User:ANONYMOUS`
+/// otherwise. ACLs name principals this way.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KafkaPrincipal {
+    pub kind: String,
+    pub name: String,
+}
+
+impl KafkaPrincipal {
+    pub fn user(name: impl Into<String>) -> KafkaPrincipal {
+        KafkaPrincipal { kind: "User".into(), name: name.into() }
+    }
+
+    pub fn anonymous() -> KafkaPrincipal {
+        KafkaPrincipal::user("ANONYMOUS")
+    }
+}
+
+impl std::fmt::Display for KafkaPrincipal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.kind, self.name)
+    }
+}
 
 /// A credential as a listener received it.
 #[derive(Debug, Clone, PartialEq, Eq)]

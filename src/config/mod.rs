@@ -124,6 +124,32 @@ settings! {
     metrics_topic_label_limit: usize = "1000", "CANOPY_METRICS_TOPIC_LABEL_LIMIT", "metrics-topic-label-limit";
     "HOST:PORT given to clients in Metadata (empty: the bound Kafka address)"
     advertised_listener: String = "", "CANOPY_ADVERTISED_LISTENER", "advertised-listener";
+    "Kafka listeners, NAME://HOST:PORT separated by commas (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, or names mapped in listener_security_protocol_map); empty: one PLAINTEXT listener on kafka_listener"
+    listeners: String = "", "CANOPY_LISTENERS", "listeners";
+    "Addresses given to clients per listener, NAME://HOST:PORT separated by commas; a listener not named advertises the address it bound"
+    advertised_listeners: String = "", "CANOPY_ADVERTISED_LISTENERS", "advertised-listeners";
+    "Security protocol of each custom listener name, NAME:PROTOCOL separated by commas"
+    listener_security_protocol_map: String = "", "CANOPY_LISTENER_SECURITY_PROTOCOL_MAP", "listener-security-protocol-map";
+    "PEM certificate chain of the SSL and SASL_SSL listeners"
+    ssl_cert_file: String = "", "CANOPY_SSL_CERT_FILE", "ssl-cert-file";
+    "PEM private key of the SSL and SASL_SSL listeners"
+    ssl_key_file: String = "", "CANOPY_SSL_KEY_FILE", "ssl-key-file";
+    "Client certificates on SSL listeners: none, requested or required (ssl.client.auth); the principal is the certificate's subject"
+    ssl_client_auth: String = "none", "CANOPY_SSL_CLIENT_AUTH", "ssl-client-auth";
+    "PEM certificates that client certificates must chain to"
+    ssl_ca_file: String = "", "CANOPY_SSL_CA_FILE", "ssl-ca-file";
+    "How often the TLS files are checked for changes (they also reload on SIGHUP), in milliseconds"
+    ssl_reload_check_ms: u64 = "10000", "CANOPY_SSL_RELOAD_CHECK_MS", "ssl-reload-check-ms";
+    "SASL mechanisms offered on SASL listeners, separated by commas: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN"
+    sasl_enabled_mechanisms: String = "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "CANOPY_SASL_ENABLED_MECHANISMS", "sasl-enabled-mechanisms";
+    "Longest a SASL session lasts before the client must re-authenticate, in milliseconds (connections.max.reauth.ms; 0: for ever)"
+    connections_max_reauth_ms: i64 = "0", "CANOPY_CONNECTIONS_MAX_REAUTH_MS", "connections-max-reauth-ms";
+    "A failed authentication is answered this much later, then its connection closed, in milliseconds (connection.failed.authentication.delay.ms)"
+    connection_failed_authentication_delay_ms: u64 = "100", "CANOPY_CONNECTION_FAILED_AUTHENTICATION_DELAY_MS", "connection-failed-authentication-delay-ms";
+    "Largest request before authentication on a SASL listener, in bytes (sasl.server.max.receive.size; max_request_bytes if smaller)"
+    sasl_max_receive_bytes: usize = "524288", "CANOPY_SASL_MAX_RECEIVE_BYTES", "sasl-max-receive-bytes";
+    "Principals allowed everything, separated by semicolons (super.users: User:admin;User:ops); today they alone may describe and alter SCRAM credentials"
+    super_users: String = "", "CANOPY_SUPER_USERS", "super-users";
     "Log output format: text or json (filter with RUST_LOG)"
     log_format: LogFormat = "text", "CANOPY_LOG_FORMAT", "log-format";
     "Flush policy: always (acks=all waits for fsync), interval:<ms>, never"
@@ -390,7 +416,93 @@ impl Config {
                 _ => return bad("advertised_listener", "must be HOST:PORT"),
             }
         }
+        let listeners = match self.kafka_listeners() {
+            Ok(l) => l,
+            Err(why) => return bad("listeners", &why),
+        };
+        if listeners.iter().any(|l| l.protocol.tls()) && (self.ssl_cert_file.is_empty() || self.ssl_key_file.is_empty()) {
+            return bad("ssl_cert_file", "an SSL or SASL_SSL listener needs ssl_cert_file and ssl_key_file");
+        }
+        match self.ssl_client_auth.parse::<crate::tls::ClientAuth>() {
+            Err(why) => return bad("ssl_client_auth", &why),
+            Ok(crate::tls::ClientAuth::None) => {}
+            Ok(_) if self.ssl_ca_file.is_empty() => return bad("ssl_ca_file", "client certificates (ssl_client_auth) need the CA file they chain to"),
+            Ok(_) => {}
+        }
+        if self.ssl_reload_check_ms < 100 {
+            return bad("ssl_reload_check_ms", "must be at least 100");
+        }
+        match self.sasl_mechanisms() {
+            Err(why) => return bad("sasl_enabled_mechanisms", &why),
+            Ok(m) if m.is_empty() && listeners.iter().any(|l| l.protocol.sasl()) => return bad("sasl_enabled_mechanisms", "a SASL listener needs at least one mechanism"),
+            Ok(_) => {}
+        }
+        if self.connections_max_reauth_ms < 0 {
+            return bad("connections_max_reauth_ms", "must be 0 (no re-authentication) or more");
+        }
+        if let Err(why) = self.super_user_list() {
+            return bad("super_users", &why);
+        }
+        if self.sasl_max_receive_bytes < 1024 {
+            return bad("sasl_max_receive_bytes", "must be at least 1024");
+        }
         Ok(())
+    }
+
+    /// The Kafka listeners: `listeners`, or else one PLAINTEXT listener on
+    /// `kafka_listener` advertising `advertised_listener`.
+    pub fn kafka_listeners(&self) -> Result<Vec<crate::kafka::listener::ListenerSpec>, String> {
+        if self.listeners.is_empty() {
+            if !self.advertised_listeners.is_empty() {
+                return Err("advertised_listeners needs listeners".into());
+            }
+            let advertised = match self.advertised_listener.rsplit_once(':') {
+                Some((h, p)) => Some((h.to_owned(), p.parse().map_err(|_| "advertised_listener must be HOST:PORT".to_owned())?)),
+                None => None,
+            };
+            let protocol = crate::kafka::listener::SecurityProtocol::Plaintext;
+            return Ok(vec![crate::kafka::listener::ListenerSpec { name: "PLAINTEXT".into(), protocol, bind: self.kafka_listener.to_string(), advertised }]);
+        }
+        crate::kafka::listener::parse(&self.listeners, &self.advertised_listeners, &self.listener_security_protocol_map)
+    }
+
+    /// `super_users` as principals.
+    pub fn super_user_list(&self) -> Result<Vec<crate::auth::KafkaPrincipal>, String> {
+        self.super_users
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|p| match p.split_once(':') {
+                Some((kind, name)) if !kind.is_empty() && !name.is_empty() => Ok(crate::auth::KafkaPrincipal { kind: kind.to_owned(), name: name.to_owned() }),
+                _ => Err(format!("{p:?} is not TYPE:NAME (User:admin)")),
+            })
+            .collect()
+    }
+
+    /// The SASL mechanisms offered, in the configured order.
+    pub fn sasl_mechanisms(&self) -> Result<Vec<crate::auth::sasl::SaslMechanism>, String> {
+        let mut out = Vec::new();
+        for name in self.sasl_enabled_mechanisms.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let m = crate::auth::sasl::SaslMechanism::from_name(name).ok_or_else(|| format!("{name:?} is not one of SCRAM-SHA-512, SCRAM-SHA-256, PLAIN"))?;
+            if !out.contains(&m) {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The TLS files of the SSL listeners, if any listener uses TLS.
+    pub fn kafka_tls(&self) -> Option<crate::tls::TlsFiles> {
+        if self.ssl_cert_file.is_empty() {
+            return None;
+        }
+        Some(crate::tls::TlsFiles {
+            cert: self.ssl_cert_file.clone().into(),
+            key: self.ssl_key_file.clone().into(),
+            client_auth: self.ssl_client_auth.parse().unwrap_or(crate::tls::ClientAuth::None),
+            client_ca: (!self.ssl_ca_file.is_empty()).then(|| self.ssl_ca_file.clone().into()),
+            alpn: Vec::new(),
+        })
     }
 
     /// The REST bridge's settings (loads the TLS files when configured).

@@ -41,19 +41,21 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::handlers::{self, Route};
+use super::listener::Listener;
 use super::probe::Closed;
+use super::session::Session;
 use super::Broker;
+use crate::auth::KafkaPrincipal;
 use crate::limits::{ConnectionBytes, Held, FREE_PER_CONNECTION};
 use crate::protocol::{frame, header};
 
@@ -107,6 +109,10 @@ struct RequestCtx {
     client_id: String,
     order: std::sync::Mutex<Option<ProduceTicket>>,
     ending: Ending,
+    session: Arc<Session>,
+    /// Set by a handler whose answer is the connection's last (a failed
+    /// authentication): the writer closes once it is written.
+    last_reply: Arc<AtomicBool>,
 }
 
 /// Why the connection ends, decided once by whoever sees it first (the
@@ -117,6 +123,32 @@ type Ending = Arc<std::sync::OnceLock<Closed>>;
 /// handler then answers `None`).
 pub fn closing(why: Closed) {
     let _ = REQUEST.try_with(|c| c.ending.set(why));
+}
+
+/// Marks the running request's answer as the connection's last: it is
+/// written, then the connection closes, for `why`.
+pub fn close_after_reply(why: Closed) {
+    let _ = REQUEST.try_with(|c| {
+        let _ = c.ending.set(why);
+        c.last_reply.store(true, Ordering::Release);
+    });
+}
+
+/// The running request's connection: its listener, principal and SASL
+/// state. Outside a connection (the fuzz target), an anonymous plaintext
+/// session.
+pub fn session() -> Arc<Session> {
+    static DETACHED: std::sync::LazyLock<Arc<Session>> = std::sync::LazyLock::new(|| Arc::new(Session::detached()));
+    REQUEST.try_with(|c| c.session.clone()).unwrap_or_else(|_| DETACHED.clone())
+}
+
+/// The address clients of the running request's listener are given
+/// (Metadata, FindCoordinator, DescribeCluster): each listener advertises
+/// its own, as in Kafka. Outside a connection, the broker's first.
+pub fn advertised(broker: &Broker) -> (String, i32) {
+    REQUEST
+        .try_with(|c| (c.session.listener.advertised_host.clone(), c.session.listener.advertised_port))
+        .unwrap_or_else(|_| (broker.cfg.advertised_host.clone(), broker.cfg.advertised_port))
 }
 
 /// Held by a running Produce until it has handed its batches to the writer;
@@ -184,16 +216,85 @@ impl Order {
     }
 }
 
-pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) -> io::Result<()> {
+/// A stream the connection loop can split into halves it reads and
+/// writes from two tasks. Plain TCP splits for free; TLS shares its state
+/// between the halves.
+pub trait Halves: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    type Read: AsyncRead + Unpin + Send + 'static;
+    type Write: AsyncWrite + Unpin + Send + 'static;
+    fn halves(self) -> (Self::Read, Self::Write);
+}
+
+impl Halves for TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+impl Halves for tokio_rustls::server::TlsStream<TcpStream> {
+    type Read = tokio::io::ReadHalf<Self>;
+    type Write = tokio::io::WriteHalf<Self>;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
+/// Serves one accepted connection of `listener`: the TLS handshake if the
+/// listener has TLS, SASL authentication if it has SASL, then requests.
+pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, listener: Arc<Listener>, shutdown: watch::Receiver<bool>) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    let (mut rd, wr) = stream.into_split();
+    let Some(tls) = listener.tls.clone() else {
+        let session = Arc::new(Session::new(listener, peer, KafkaPrincipal::anonymous()));
+        return serve(stream, peer, broker, session, shutdown).await;
+    };
+    // The handshake is bounded like an idle connection: a client that
+    // opens a socket and says nothing holds a descriptor only so long.
+    let stream = match tokio::time::timeout(broker.cfg.connections_max_idle.min(std::time::Duration::from_secs(30)), tls.acceptor().accept(stream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, listener = %listener.name, error = %e, "TLS handshake failed");
+            broker.probe.closed(Closed::TlsHandshake);
+            return Ok(());
+        }
+        Err(_) => {
+            tracing::debug!(%peer, listener = %listener.name, "TLS handshake timed out");
+            broker.probe.closed(Closed::TlsHandshake);
+            return Ok(());
+        }
+    };
+    // A verified client certificate names the principal (Kafka's default
+    // principal builder: the subject's distinguished name).
+    let principal = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| crate::tls::subject_dn(c))
+        .map(KafkaPrincipal::user)
+        .unwrap_or_else(KafkaPrincipal::anonymous);
+    let session = Arc::new(Session::new(listener, peer, principal));
+    serve(stream, peer, broker, session, shutdown).await
+}
+
+async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, session: Arc<Session>, mut shutdown: watch::Receiver<bool>) -> io::Result<()> {
+    let ending: Ending = Default::default();
+    let last_reply = Arc::new(AtomicBool::new(false));
+    let mut buf = BytesMut::with_capacity(READ_MIN);
+    if session.needs_authentication() {
+        let first = FirstAuthentication { broker: &broker, session: &session, peer, ending: &ending, last_reply: &last_reply };
+        if let Err(why) = first.run(&mut stream, &mut buf, &mut shutdown).await {
+            broker.probe.closed(why);
+            return Ok(());
+        }
+    }
+    let (mut rd, wr) = stream.halves();
     let (tx, rx) = mpsc::channel::<Queued>(broker.cfg.max_in_flight_per_connection.max(1));
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let ending: Ending = Default::default();
-    let mut writer = tokio::spawn(write_loop(wr, rx, broker.clone(), in_flight.clone(), peer, ending.clone()));
+    let mut writer = tokio::spawn(write_loop(wr, rx, broker.clone(), in_flight.clone(), peer, ending.clone(), last_reply.clone()));
     let max = broker.cfg.max_request_bytes;
     let conn_bytes = Arc::new(ConnectionBytes::default());
-    let mut buf = BytesMut::with_capacity(READ_MIN);
     let mut order = Order::default();
     // The budget's hold for the frame at the head of `buf`, once its length
     // is known, and when its body must be in.
@@ -253,7 +354,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
             let charge = Charge { conn: conn_bytes.clone(), len, _held: held };
             let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
             let _ = frame.split_to(frame::LENGTH_BYTES);
-            match dispatch(&broker, peer, frame, &mut order, &ending) {
+            match dispatch(&broker, peer, frame, &mut order, &ending, &session, &last_reply) {
                 Ok((task, parks, written)) => {
                     in_flight.fetch_add(1, Ordering::AcqRel);
                     if tx.send(Queued { task, parks, written, charge }).await.is_err() {
@@ -316,7 +417,129 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, mut s
 
 /// Parses the header and starts the handler, to run once the requests
 /// before it allow. `Err` closes the connection, for that reason.
-fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order, ending: &Ending) -> Result<(JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>), Closed> {
+/// A SASL listener's connection before it has authenticated: requests
+/// are read and answered one at a time, and only ApiVersions,
+/// SaslHandshake and SaslAuthenticate are served (anything else closes
+/// the connection, as in Kafka). Frames are bounded by
+/// `sasl_max_receive_bytes` and charged to the memory budget; each must
+/// arrive within the idle limit. After a version 0 handshake the tokens
+/// come and go without Kafka headers.
+struct FirstAuthentication<'a> {
+    broker: &'a Arc<Broker>,
+    session: &'a Arc<Session>,
+    peer: SocketAddr,
+    ending: &'a Ending,
+    last_reply: &'a Arc<AtomicBool>,
+}
+
+impl FirstAuthentication<'_> {
+    async fn run<S: AsyncRead + AsyncWrite + Unpin>(&self, stream: &mut S, buf: &mut BytesMut, shutdown: &mut watch::Receiver<bool>) -> Result<(), Closed> {
+        use kafka_protocol::messages::ApiKey;
+        let (broker, peer) = (self.broker, self.peer);
+        let write_timeout = broker.cfg.response_write_timeout;
+        while self.session.needs_authentication() {
+            let raw = self.session.expects_raw_token();
+            let (frame, _held) = self.next_frame(stream, buf, raw, shutdown).await?;
+            if raw {
+                let token = self.session.token(frame.to_vec(), broker.users.clone(), &broker.engine, broker.cfg.connections_max_reauth_ms, &broker.probe).await;
+                let reply = match token {
+                    super::session::Token::Continue(t) => t,
+                    super::session::Token::Done { reply, .. } => reply,
+                    // Before SaslAuthenticate there was no way to say why:
+                    // the connection closes.
+                    super::session::Token::Failed { .. } => {
+                        tokio::time::sleep(broker.cfg.failed_authentication_delay).await;
+                        return Err(Closed::AuthFailed);
+                    }
+                };
+                let mut out = Vec::with_capacity(4 + reply.len());
+                out.extend_from_slice(&(reply.len() as i32).to_be_bytes());
+                out.extend_from_slice(&reply);
+                tokio::time::timeout(write_timeout, stream.write_all(&out)).await.map_err(|_| Closed::WriteTimeout)?.map_err(|_| Closed::Client)?;
+                continue;
+            }
+            let h = header::parse(&frame).map_err(|e| {
+                tracing::warn!(%peer, error = %e, "closing connection: bad request header");
+                Closed::BadHeader
+            })?;
+            if !matches!(h.api_key, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate) {
+                tracing::info!(%peer, listener = %self.session.listener.name, api = ?h.api_key, "closing connection: a request before SASL authentication");
+                return Err(Closed::Unauthenticated);
+            }
+            let fut = match handlers::route(broker, &h, frame.slice(h.len..)) {
+                Route::Run(fut) => fut,
+                Route::Close(why, reason) => {
+                    tracing::warn!(%peer, api = ?h.api_key, version = h.api_version, reason = %why, "closing connection");
+                    return Err(reason);
+                }
+            };
+            let ctx = RequestCtx {
+                peer,
+                client_id: h.client_id.clone().unwrap_or_default(),
+                order: std::sync::Mutex::new(None),
+                ending: self.ending.clone(),
+                session: self.session.clone(),
+                last_reply: self.last_reply.clone(),
+            };
+            let started = std::time::Instant::now();
+            let parts = REQUEST.scope(ctx, fut).await.ok_or(Closed::BadBody)?;
+            broker.probe.answered(h.api_key, h.api_version, started);
+            for part in &parts {
+                tokio::time::timeout(write_timeout, stream.write_all(part)).await.map_err(|_| Closed::WriteTimeout)?.map_err(|_| Closed::Client)?;
+            }
+            tokio::time::timeout(write_timeout, stream.flush()).await.map_err(|_| Closed::WriteTimeout)?.map_err(|_| Closed::Client)?;
+            if self.last_reply.load(Ordering::Acquire) {
+                return Err(self.ending.get().copied().unwrap_or(Closed::AuthFailed));
+            }
+        }
+        Ok(())
+    }
+
+    /// The next whole frame (a raw token if `raw`), without its length, and
+    /// the budget it holds.
+    async fn next_frame<S: AsyncRead + Unpin>(&self, stream: &mut S, buf: &mut BytesMut, raw: bool, shutdown: &mut watch::Receiver<bool>) -> Result<(Bytes, Held), Closed> {
+        let max = self.broker.cfg.sasl_max_receive_bytes;
+        let idle = self.broker.cfg.connections_max_idle;
+        let mut held: Option<Held> = None;
+        loop {
+            let peeked = if raw { frame::peek_token_length(buf, max) } else { frame::peek_length(buf, max) };
+            match peeked {
+                Ok(Some(len)) => {
+                    if held.is_none() {
+                        held = Some(tokio::select! {
+                            h = self.broker.budget.acquire(len) => h,
+                            _ = shutdown.changed() => return Err(Closed::Shutdown),
+                        });
+                    }
+                    if buf.len() >= frame::LENGTH_BYTES + len {
+                        let mut f = buf.split_to(frame::LENGTH_BYTES + len).freeze();
+                        let _ = f.split_to(frame::LENGTH_BYTES);
+                        return Ok((f, held.expect("acquired above")));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer, error = %e, "closing connection: bad frame before authentication");
+                    return Err(Closed::BadFrame);
+                }
+            }
+            if buf.capacity() - buf.len() < READ_MIN {
+                buf.reserve(READ_MIN);
+            }
+            tokio::select! {
+                n = tokio::time::timeout(idle, stream.read_buf(buf)) => match n {
+                    Ok(Ok(0)) | Ok(Err(_)) => return Err(Closed::Client),
+                    Ok(Ok(_)) => {}
+                    Err(_) => return Err(Closed::Idle),
+                },
+                _ = shutdown.changed() => return Err(Closed::Shutdown),
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order, ending: &Ending, session: &Arc<Session>, last_reply: &Arc<AtomicBool>) -> Result<(JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>), Closed> {
     let h = match header::parse(&frame) {
         Ok(h) => h,
         Err(e) => {
@@ -324,12 +547,25 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
             return Err(Closed::BadHeader);
         }
     };
+    // An expired SASL session may only re-authenticate (KIP-368).
+    use kafka_protocol::messages::ApiKey;
+    if !matches!(h.api_key, ApiKey::SaslHandshake | ApiKey::SaslAuthenticate) && session.expired(std::time::Instant::now()) {
+        tracing::info!(%peer, listener = %session.listener.name, principal = %session.principal(), api = ?h.api_key, "closing connection: its SASL session expired");
+        return Err(Closed::SessionExpired);
+    }
     let body = frame.slice(h.len..);
     match handlers::route(broker, &h, body) {
         Route::Run(fut) => {
             let is_produce = h.api_key == kafka_protocol::messages::ApiKey::Produce;
             let (wait, written, ticket) = order.next(is_produce);
-            let ctx = RequestCtx { peer, client_id: h.client_id.clone().unwrap_or_default(), order: std::sync::Mutex::new(ticket), ending: ending.clone() };
+            let ctx = RequestCtx {
+                peer,
+                client_id: h.client_id.clone().unwrap_or_default(),
+                order: std::sync::Mutex::new(ticket),
+                ending: ending.clone(),
+                session: session.clone(),
+                last_reply: last_reply.clone(),
+            };
             let (probe, api, version) = (broker.probe.clone(), h.api_key, h.api_version);
             let span = tracing::debug_span!("request", api = ?api, version, correlation_id = h.correlation_id, %peer);
             let started = std::time::Instant::now();
@@ -346,7 +582,6 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
                 probe.answered(api, version, started);
                 reply
             };
-            use kafka_protocol::messages::ApiKey;
             let parks = matches!(api, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup);
             Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), parks, written))
         }
@@ -358,8 +593,8 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
     }
 }
 
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: Arc<Broker>, in_flight: Arc<AtomicUsize>, peer: SocketAddr, ending: Ending) -> io::Result<()> {
-    let result = write_responses(wr, &mut rx, &broker, &in_flight, peer, &ending).await;
+async fn write_loop<W: AsyncWrite + Unpin>(wr: W, mut rx: mpsc::Receiver<Queued>, broker: Arc<Broker>, in_flight: Arc<AtomicUsize>, peer: SocketAddr, ending: Ending, last_reply: Arc<AtomicBool>) -> io::Result<()> {
+    let result = write_responses(wr, &mut rx, &broker, &in_flight, peer, &ending, &last_reply).await;
     // Whatever is still queued will not be answered: stop it (a request
     // waiting for its turn would not run anyway; one running is cut short)
     // and give its bytes back.
@@ -371,7 +606,7 @@ async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Queued>, broker: 
     result
 }
 
-async fn write_responses(wr: OwnedWriteHalf, rx: &mut mpsc::Receiver<Queued>, broker: &Broker, in_flight: &AtomicUsize, peer: SocketAddr, ending: &Ending) -> io::Result<()> {
+async fn write_responses<W: AsyncWrite + Unpin>(wr: W, rx: &mut mpsc::Receiver<Queued>, broker: &Broker, in_flight: &AtomicUsize, peer: SocketAddr, ending: &Ending, last_reply: &AtomicBool) -> io::Result<()> {
     let timeout = broker.cfg.response_write_timeout;
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
     let timed_out = |what: &str| {
@@ -404,8 +639,14 @@ async fn write_responses(wr: OwnedWriteHalf, rx: &mut mpsc::Receiver<Queued>, br
                 tokio::time::timeout(timeout, wr.write_all(chunk)).await.map_err(|_| timed_out("response"))??;
             }
         }
-        if rx.is_empty() {
+        let last = last_reply.load(Ordering::Acquire);
+        if rx.is_empty() || last {
             tokio::time::timeout(timeout, wr.flush()).await.map_err(|_| timed_out("flush"))??;
+        }
+        if last {
+            // The answer was the connection's last (a failed
+            // authentication): nothing queued behind it runs.
+            break;
         }
         drop(parts);
         drop(charge);

@@ -9,6 +9,8 @@ pub mod conn;
 pub mod coordinator;
 pub mod errors;
 pub mod handlers;
+pub mod listener;
+pub mod session;
 pub mod probe;
 
 use std::net::SocketAddr;
@@ -44,6 +46,15 @@ pub struct KafkaConfig {
     pub response_write_timeout: Duration,
     /// How long shutdown waits for connections to finish their requests.
     pub shutdown_timeout: Duration,
+    /// A SASL session lasts this long, then must re-authenticate (0: for
+    /// ever).
+    pub connections_max_reauth_ms: i64,
+    /// A failed authentication is answered this much later.
+    pub failed_authentication_delay: Duration,
+    /// Largest frame before authentication on a SASL listener.
+    pub sasl_max_receive_bytes: usize,
+    /// Principals allowed everything (`super_users`).
+    pub super_users: Vec<crate::auth::KafkaPrincipal>,
 }
 
 /// What every handler can reach.
@@ -60,13 +71,15 @@ pub struct Broker {
     pub budget: Arc<crate::limits::MemoryBudget>,
     /// Connections per source address.
     pub per_ip: Arc<crate::limits::PerIp>,
+    /// SCRAM credentials: what SASL checks passwords against.
+    pub users: Arc<crate::auth::users::UserStore>,
 }
 
-/// Accepts connections until `shutdown` turns true, then waits for open
-/// connections to finish their in-flight requests, at most
-/// `shutdown_timeout`; the rest are dropped.
-pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
-    let limit = Arc::new(Semaphore::new(broker.cfg.max_connections));
+/// Accepts connections on `listener` until `shutdown` turns true, then
+/// waits for open connections to finish their in-flight requests, at most
+/// `shutdown_timeout`; the rest are dropped. `limit` is shared by every
+/// listener (`max_connections` is broker-wide).
+pub async fn serve(listener: TcpListener, spec: Arc<listener::Listener>, broker: Arc<Broker>, limit: Arc<Semaphore>, mut shutdown: watch::Receiver<bool>) {
     let mut tasks = tokio::task::JoinSet::new();
     let mut backoff = Duration::from_millis(5);
     loop {
@@ -93,9 +106,10 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut shutdown: wat
                 let broker = broker.clone();
                 let shutdown = shutdown.clone();
                 let probe = broker.probe.clone();
+                let spec = spec.clone();
                 tasks.spawn(async move {
                     let open = probe.connections.opened();
-                    if let Err(e) = conn::run(stream, peer, broker, shutdown).await {
+                    if let Err(e) = conn::run(stream, peer, broker, spec, shutdown).await {
                         tracing::debug!(%peer, error = %e, "connection closed with error");
                     }
                     drop(open);

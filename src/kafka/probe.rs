@@ -60,10 +60,35 @@ pub enum Closed {
     /// More connections from the address than max_connections_per_ip.
     PerIp,
     Shutdown,
+    /// The TLS handshake failed or took longer than the idle limit.
+    TlsHandshake,
+    /// A request other than ApiVersions or SASL before authentication on
+    /// a SASL listener, or a SASL request out of turn.
+    Unauthenticated,
+    /// SASL authentication failed (after the failure delay and answer).
+    AuthFailed,
+    /// A request after the SASL session expired that is not a
+    /// re-authentication.
+    SessionExpired,
 }
 
 impl Closed {
-    pub const ALL: [Closed; 10] = [Closed::Client, Closed::BadFrame, Closed::BadHeader, Closed::BadBody, Closed::Unsupported, Closed::Idle, Closed::WriteTimeout, Closed::SlowRequest, Closed::PerIp, Closed::Shutdown];
+    pub const ALL: [Closed; 14] = [
+        Closed::Client,
+        Closed::BadFrame,
+        Closed::BadHeader,
+        Closed::BadBody,
+        Closed::Unsupported,
+        Closed::Idle,
+        Closed::WriteTimeout,
+        Closed::SlowRequest,
+        Closed::PerIp,
+        Closed::Shutdown,
+        Closed::TlsHandshake,
+        Closed::Unauthenticated,
+        Closed::AuthFailed,
+        Closed::SessionExpired,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -77,6 +102,10 @@ impl Closed {
             Closed::SlowRequest => "slow_request",
             Closed::PerIp => "per_ip_limit",
             Closed::Shutdown => "shutdown",
+            Closed::TlsHandshake => "tls_handshake",
+            Closed::Unauthenticated => "unauthenticated",
+            Closed::AuthFailed => "authentication_failed",
+            Closed::SessionExpired => "session_expired",
         }
     }
 }
@@ -89,6 +118,9 @@ pub struct KafkaProbe {
     pub connections: ConnectionStats,
     /// Connections closed, by `Closed` (in `Closed::ALL` order).
     closed: [AtomicU64; Closed::ALL.len()],
+    /// Authentications by (listener, mechanism, outcome): one update per
+    /// authentication, not per request, so a small map under a lock.
+    auth: std::sync::Mutex<std::collections::BTreeMap<(String, &'static str, &'static str), u64>>,
 }
 
 impl KafkaProbe {
@@ -108,7 +140,7 @@ impl KafkaProbe {
                 errors: (0..=ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
             });
         }
-        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default() }
+        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default(), auth: Default::default() }
     }
 
     fn slot(&self, key: ApiKey) -> Option<&ApiSlot> {
@@ -149,6 +181,17 @@ impl KafkaProbe {
     /// (reason, connections closed for it), every reason, zeros included.
     pub fn closed_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         Closed::ALL.iter().zip(&self.closed).map(|(c, n)| (c.label(), n.load(Ordering::Relaxed)))
+    }
+
+    /// An authentication through `listener` with `mechanism` ended:
+    /// `outcome` is `success`, `failure` or `reauthentication`.
+    pub fn authenticated(&self, listener: &str, mechanism: &'static str, outcome: &'static str) {
+        *self.auth.lock().expect("auth counter lock").entry((listener.to_owned(), mechanism, outcome)).or_default() += 1;
+    }
+
+    /// ((listener, mechanism, outcome), count) of every authentication seen.
+    pub fn auth_counts(&self) -> Vec<((String, &'static str, &'static str), u64)> {
+        self.auth.lock().expect("auth counter lock").iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
 
     pub fn slots(&self) -> impl Iterator<Item = &ApiSlot> {

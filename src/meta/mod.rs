@@ -13,6 +13,7 @@
 //! next_producer_id                → v1 JSON i64 (InitProducerId hands out ids from here)
 //! txn/<transactional id>          → v1 JSON TxnRecord (the transaction coordinator's state of it)
 //! window/<window, 20 digits>      → v1 JSON WindowRecord (a compaction window: replaced segments, split plan, stores)
+//! scram/<user>                    → v1 JSON {mechanism → ScramCredential} (salt, iterations, stored and server keys)
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -429,6 +430,29 @@ impl Catalog {
     pub fn remove_txn(&self, id: &str) -> Result<(), MetaError> {
         self.db.remove(format!("txn/{id}").as_bytes())?;
         Ok(())
+    }
+
+    /// Replaces a user's SCRAM credentials (none: removes the user), durably.
+    pub fn put_scram_user(&self, user: &str, creds: &BTreeMap<crate::auth::scram::Mechanism, crate::auth::scram::Credential>) -> Result<(), MetaError> {
+        let key = format!("scram/{user}");
+        if creds.is_empty() {
+            self.db.remove(key.as_bytes())?;
+        } else {
+            self.db.insert(key.as_bytes(), encode(creds))?;
+        }
+        self.flush()
+    }
+
+    /// Every user's SCRAM credentials.
+    pub fn scram_users(&self) -> Result<Vec<(String, BTreeMap<crate::auth::scram::Mechanism, crate::auth::scram::Credential>)>, MetaError> {
+        self.db
+            .scan_prefix(b"scram/")
+            .map(|kv| {
+                let (k, v) = kv?;
+                let user = String::from_utf8_lossy(&k[6..]).into_owned();
+                Ok((user, decode(&k, &v)?))
+            })
+            .collect()
     }
 
     /// Every transactional id's state.

@@ -120,6 +120,14 @@ impl Metrics {
         for (reason, n) in self.kafka.closed_counts() {
             f.counter("canopy_kafka_connections_closed_total", "Kafka connections ended, by reason (client: the client closed it)", &[("reason", reason.to_owned())], n as f64);
         }
+        for ((listener, mechanism, outcome), n) in self.kafka.auth_counts() {
+            f.counter(
+                "canopy_kafka_authentications_total",
+                "SASL authentications on the Kafka listeners, by listener, mechanism and outcome (success, failure, reauthentication)",
+                &[("listener", listener), ("mechanism", mechanism.to_owned()), ("outcome", outcome.to_owned())],
+                n as f64,
+            );
+        }
     }
 
     /// Each limit with what uses it now.

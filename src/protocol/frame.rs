@@ -32,6 +32,17 @@ pub fn check(buf: &[u8], max_request_bytes: usize) -> Result<Option<usize>, Fram
 /// Reads and checks the length prefix alone, so the caller can size its
 /// read buffer before the body arrives.
 pub fn peek_length(buf: &[u8], max_request_bytes: usize) -> Result<Option<usize>, FrameError> {
+    match peek_token_length(buf, max_request_bytes)? {
+        // api key, api version, correlation id, client id length.
+        Some(len) if len < 10 => Err(FrameError::TooShort(len)),
+        other => Ok(other),
+    }
+}
+
+/// The length prefix of a raw SASL token (after a version 0
+/// SaslHandshake): no header follows, so any length up to the limit is a
+/// frame, even 0.
+pub fn peek_token_length(buf: &[u8], max_request_bytes: usize) -> Result<Option<usize>, FrameError> {
     if buf.len() < LENGTH_BYTES {
         return Ok(None);
     }
@@ -42,10 +53,6 @@ pub fn peek_length(buf: &[u8], max_request_bytes: usize) -> Result<Option<usize>
     let len = len as usize;
     if len > max_request_bytes {
         return Err(FrameError::TooLarge { size: len, limit: max_request_bytes });
-    }
-    // api key, api version, correlation id, client id length.
-    if len < 10 {
-        return Err(FrameError::TooShort(len));
     }
     Ok(Some(len))
 }

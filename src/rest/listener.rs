@@ -68,24 +68,13 @@ pub use crate::probe::ConnectionStats;
 /// Loads a PEM certificate chain and private key into a TLS server
 /// configuration offering h2 and HTTP/1.1.
 pub fn tls_config(cert_file: &std::path::Path, key_file: &std::path::Path) -> anyhow::Result<Arc<tokio_rustls::rustls::ServerConfig>> {
-    use anyhow::Context;
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert_file)
-        .with_context(|| format!("reading {}", cert_file.display()))?
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("parsing the certificates in {}", cert_file.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", cert_file.display());
-    let key = PrivateKeyDer::from_pem_file(key_file).with_context(|| format!("reading the private key in {}", key_file.display()))?;
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let mut cfg = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .context("the TLS certificate and key do not fit together")?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    crate::tls::server_config(&crate::tls::TlsFiles {
+        cert: cert_file.into(),
+        key: key_file.into(),
+        client_auth: crate::tls::ClientAuth::None,
+        client_ca: None,
+        alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+    })
 }
 
 /// Serves `app` on `listener` until `shutdown`; then stops accepting and

@@ -214,7 +214,7 @@ pub fn request_frame(key: i16, version: i16, id: i32, body: &[u8]) -> Vec<u8> {
 
 /// One request on a raw connection and its decoded response (the response
 /// header in the version the API uses).
-pub async fn call<Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut tokio::net::TcpStream, key: i16, version: i16, id: i32, req: &Req) -> Resp {
+pub async fn call<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin, Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(sock: &mut S, key: i16, version: i16, id: i32, req: &Req) -> Resp {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut body = bytes::BytesMut::new();
     req.encode(&mut body, version).unwrap();

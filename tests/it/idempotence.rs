@@ -100,7 +100,7 @@ async fn sequences_and_epochs_on_the_wire() {
 
     let b = |seq: i32, values: &[&[u8]]| common::producer_batch(pid, 0, seq, values);
     async fn send(sock: &mut tokio::net::TcpStream, n: i32, batch: bytes::Bytes) -> (i16, i64) {
-        outcome(&common::call::<_, ProduceResponse>(sock, 0, 8, n, &produce("idem.wire", batch)).await)
+        outcome(&common::call::<_, _, ProduceResponse>(sock, 0, 8, n, &produce("idem.wire", batch)).await)
     }
     assert_eq!(send(&mut sock, next_id(), b(0, &[b"a", b"b", b"c"])).await, (0, 0));
     // The retry: answered with the first offsets, not written again.

@@ -20,6 +20,7 @@ mod recovery;
 mod rest;
 mod rest_limits;
 mod rest_scale;
+mod security;
 mod subtree;
 mod tip;
 mod transactions;

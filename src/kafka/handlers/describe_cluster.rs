@@ -10,10 +10,8 @@ use crate::kafka::{Broker, NODE_ID};
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
 
 pub async fn handle(broker: &Broker, _req: Request, _version: i16) -> Option<Response> {
-    let b = DescribeClusterBroker::default()
-        .with_broker_id(NODE_ID.into())
-        .with_host(str_bytes(broker.cfg.advertised_host.clone()))
-        .with_port(broker.cfg.advertised_port);
+    let (host, port) = crate::kafka::conn::advertised(broker);
+    let b = DescribeClusterBroker::default().with_broker_id(NODE_ID.into()).with_host(str_bytes(host)).with_port(port);
     Some(
         Response::default()
             .with_cluster_id(str_bytes(broker.engine.cluster_id()))

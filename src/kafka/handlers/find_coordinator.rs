@@ -13,8 +13,8 @@ use crate::kafka::{Broker, NODE_ID};
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 6 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
-    let host = str_bytes(broker.cfg.advertised_host.clone());
-    let port = broker.cfg.advertised_port;
+    let (host, port) = crate::kafka::conn::advertised(broker);
+    let host = str_bytes(host);
     if version >= 4 {
         let coordinators = req
             .coordinator_keys

@@ -166,10 +166,8 @@ impl IntoReply for Option<Answer> {
 async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
     let engine = broker.engine.clone();
     let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version)).await.ok()?;
-    let broker_entry = MetadataResponseBroker::default()
-        .with_node_id(NODE_ID.into())
-        .with_host(str_bytes(broker.cfg.advertised_host.clone()))
-        .with_port(broker.cfg.advertised_port);
+    let (host, port) = crate::kafka::conn::advertised(broker);
+    let broker_entry = MetadataResponseBroker::default().with_node_id(NODE_ID.into()).with_host(str_bytes(host)).with_port(port);
     let mut resp = Response::default().with_brokers(vec![broker_entry]);
     if version >= 2 {
         resp = resp.with_cluster_id(Some(str_bytes(broker.engine.cluster_id())));

@@ -6,6 +6,7 @@
 
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_user_scram_credentials;
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
@@ -15,6 +16,7 @@ pub mod describe_groups;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_transactions;
+pub mod describe_user_scram_credentials;
 pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
@@ -31,6 +33,8 @@ pub mod offset_delete;
 pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
+pub mod sasl_authenticate;
+pub mod sasl_handshake;
 pub mod sync_group;
 pub mod txn_offset_commit;
 
@@ -235,6 +239,10 @@ apis! {
     TxnOffsetCommit => txn_offset_commit,
     DescribeTransactions => describe_transactions,
     ListTransactions => list_transactions,
+    SaslHandshake => sasl_handshake,
+    SaslAuthenticate => sasl_authenticate,
+    DescribeUserScramCredentials => describe_user_scram_credentials,
+    AlterUserScramCredentials => alter_user_scram_credentials,
 }
 
 /// Turns a topic name from the wire into a `&str`.

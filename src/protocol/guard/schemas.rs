@@ -63,6 +63,24 @@ pub(super) static APIS: &[Api] = &[
         &describe_transactions::REQUEST,
     ),
     api(66, "ListTransactions", 0, 1, 0, &list_transactions::REQUEST),
+    api(17, "SaslHandshake", 0, 1, NEVER, &sasl_handshake::REQUEST),
+    api(36, "SaslAuthenticate", 0, 2, 2, &sasl_authenticate::REQUEST),
+    api(
+        50,
+        "DescribeUserScramCredentials",
+        0,
+        0,
+        0,
+        &describe_user_scram_credentials::REQUEST,
+    ),
+    api(
+        51,
+        "AlterUserScramCredentials",
+        0,
+        0,
+        0,
+        &alter_user_scram_credentials::REQUEST,
+    ),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -671,6 +689,51 @@ pub(super) mod list_transactions {
             f("state_filters", STRS, 0, 1),
             f("producer_id_filters", I64S, 0, 1),
             f("duration_filter", I64, 1, 1),
+        ],
+    );
+}
+
+pub(super) mod sasl_handshake {
+    use super::*;
+    pub(super) static REQUEST: Schema = s("SaslHandshakeRequest", &[f("mechanism", STR, 0, 1)]);
+}
+
+pub(super) mod sasl_authenticate {
+    use super::*;
+    pub(super) static REQUEST: Schema =
+        s("SaslAuthenticateRequest", &[f("auth_bytes", BYTES, 0, 2)]);
+}
+
+pub(super) mod describe_user_scram_credentials {
+    use super::*;
+    static USER_NAME: Schema = s("UserName", &[f("name", STR, 0, 0)]);
+    pub(super) static REQUEST: Schema = s(
+        "DescribeUserScramCredentialsRequest",
+        &[f("users", nstructs(&USER_NAME), 0, 0)],
+    );
+}
+
+pub(super) mod alter_user_scram_credentials {
+    use super::*;
+    static SCRAM_CREDENTIAL_DELETION: Schema = s(
+        "ScramCredentialDeletion",
+        &[f("name", STR, 0, 0), f("mechanism", I8, 0, 0)],
+    );
+    static SCRAM_CREDENTIAL_UPSERTION: Schema = s(
+        "ScramCredentialUpsertion",
+        &[
+            f("name", STR, 0, 0),
+            f("mechanism", I8, 0, 0),
+            f("iterations", I32, 0, 0),
+            f("salt", BYTES, 0, 0),
+            f("salted_password", BYTES, 0, 0),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "AlterUserScramCredentialsRequest",
+        &[
+            f("deletions", structs(&SCRAM_CREDENTIAL_DELETION), 0, 0),
+            f("upsertions", structs(&SCRAM_CREDENTIAL_UPSERTION), 0, 0),
         ],
     );
 }

@@ -113,6 +113,8 @@ fn every_case() -> Vec<Case> {
         case!(DeleteRecordsRequest, delete_records),
         case!(SaslHandshakeRequest, sasl_handshake, never_flexible),
         case!(SaslAuthenticateRequest, sasl_authenticate),
+        case!(DescribeUserScramCredentialsRequest, describe_user_scram_credentials),
+        case!(AlterUserScramCredentialsRequest, alter_user_scram_credentials),
     ]
 }
 

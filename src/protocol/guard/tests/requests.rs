@@ -588,3 +588,20 @@ pub(super) fn sasl_authenticate(_v: i16) -> km::SaslAuthenticateRequest {
     km::SaslAuthenticateRequest::default()
         .with_auth_bytes(Bytes::from_static(b"\x00user\x00password"))
 }
+
+pub(super) fn describe_user_scram_credentials(_v: i16) -> km::DescribeUserScramCredentialsRequest {
+    use km::describe_user_scram_credentials_request::UserName;
+    km::DescribeUserScramCredentialsRequest::default().with_users(Some(vec![UserName::default().with_name(st("alice")), UserName::default().with_name(st("bob"))]))
+}
+
+pub(super) fn alter_user_scram_credentials(_v: i16) -> km::AlterUserScramCredentialsRequest {
+    use km::alter_user_scram_credentials_request::{ScramCredentialDeletion, ScramCredentialUpsertion};
+    km::AlterUserScramCredentialsRequest::default()
+        .with_deletions(vec![ScramCredentialDeletion::default().with_name(st("bob")).with_mechanism(1)])
+        .with_upsertions(vec![ScramCredentialUpsertion::default()
+            .with_name(st("alice"))
+            .with_mechanism(2)
+            .with_iterations(8192)
+            .with_salt(Bytes::from_static(b"salt"))
+            .with_salted_password(Bytes::from(vec![7u8; 64]))])
+}
