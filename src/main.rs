@@ -20,6 +20,53 @@ enum Command {
     /// directory (stop the broker first) or a CSV of `topic,bytes`: prints
     /// the four numbers side by side and writes an HTML page of both plans.
     SplitReport(SplitReportArgs),
+    /// Set a user's SCRAM password in a stopped broker's data directory
+    /// (how the first users, and the super users' own credentials, are
+    /// made; later ones can be made with AlterUserScramCredentials).
+    User(UserArgs),
+}
+
+#[derive(clap::Args)]
+struct UserArgs {
+    /// The broker's data directory (the broker must not be running on it).
+    #[arg(long)]
+    data_dir: std::path::PathBuf,
+    /// The user name (the principal is `User:<name>`).
+    #[arg(long)]
+    name: String,
+    /// A file holding the password (its first line); `-` reads standard
+    /// input. Never given on the command line, where `ps` shows it.
+    #[arg(long)]
+    password_file: String,
+    /// SCRAM mechanisms to store a credential for (PLAIN checks against
+    /// the strongest).
+    #[arg(long, value_delimiter = ',', default_value = "SCRAM-SHA-256,SCRAM-SHA-512")]
+    mechanisms: Vec<String>,
+    /// PBKDF2 iterations (Kafka accepts 4096 to 16384).
+    #[arg(long, default_value_t = 8192)]
+    iterations: u32,
+}
+
+fn set_user(a: UserArgs) -> Result<(), String> {
+    use canopy::auth::scram::{Mechanism, MAX_ITERATIONS, MIN_ITERATIONS};
+    let mechanisms = a.mechanisms.iter().map(|m| Mechanism::from_name(m.trim()).ok_or_else(|| format!("{m:?} is not SCRAM-SHA-256 or SCRAM-SHA-512"))).collect::<Result<Vec<_>, _>>()?;
+    if !(MIN_ITERATIONS..=MAX_ITERATIONS).contains(&a.iterations) {
+        return Err(format!("--iterations must be between {MIN_ITERATIONS} and {MAX_ITERATIONS}"));
+    }
+    let text = if a.password_file == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_line(&mut s).map_err(|e| format!("reading the password: {e}"))?;
+        s
+    } else {
+        std::fs::read_to_string(&a.password_file).map_err(|e| format!("{}: {e}", a.password_file))?
+    };
+    let password = text.lines().next().unwrap_or("");
+    if password.is_empty() {
+        return Err("the password is empty".into());
+    }
+    canopy::auth::users::set_password(&a.data_dir, &a.name, password.as_bytes(), &mechanisms, a.iterations)?;
+    eprintln!("set {} credentials of User:{}", mechanisms.iter().map(|m| m.name()).collect::<Vec<_>>().join(" and "), a.name);
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -97,6 +144,15 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Serve(a)) => a,
+        Some(Command::User(a)) => {
+            return match set_user(a) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("canopy user: {e}");
+                    std::process::ExitCode::from(2)
+                }
+            };
+        }
         Some(Command::SplitReport(a)) => {
             return match split_report(a) {
                 Ok(()) => std::process::ExitCode::SUCCESS,

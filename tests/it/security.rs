@@ -599,3 +599,85 @@ async fn scram_credentials_are_managed_through_the_admin_api() {
     assert_eq!(authenticate(&mut s, b"\0carol\0c2").await.error_code, 0);
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_user_subcommand_makes_credentials_that_sasl_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let data = dir.path().join("data");
+    std::fs::write(dir.path().join("pw"), "from-the-cli\n").unwrap();
+    let bin = env!("CARGO_BIN_EXE_canopy");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(bin).args(["user", "--data-dir"]).arg(&data).args(["--name", "ops", "--password-file"]).arg(dir.path().join("pw")).args(extra).output().unwrap()
+    };
+    let out = run(&["--mechanisms", "SCRAM-SHA-512"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["--iterations", "100"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("between 4096 and 16384"));
+    let broker = common::start(sasl_args(dir.path(), &pki)).await;
+    // The running broker holds the catalog: the subcommand says so.
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(2), "a running broker's catalog is not written");
+    let addr = listener(&broker, "SASL_PLAINTEXT");
+    tokio::task::spawn_blocking(move || produce_consume_commit(&sasl(addr, "SASL_PLAINTEXT", "SCRAM-SHA-512", "ops", "from-the-cli", ""), "cli.user", 3)).await.unwrap();
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_certificate_is_served_to_new_connections_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = pki(dir.path());
+    let mut args = common::args(&dir.path().join("data"));
+    args.listeners = Some("SSL://127.0.0.1:0".into());
+    args.ssl_cert_file = Some(first.server_cert.clone());
+    args.ssl_key_file = Some(first.server_key.clone());
+    args.ssl_reload_check_ms = Some(100);
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let mut old = tls_client(&first, None, addr).await;
+    // A new CA and certificate, written over the same files (the key
+    // first: a moment with a new key and the old certificate must not
+    // replace the working configuration).
+    let second_dir = dir.path().join("second");
+    std::fs::create_dir(&second_dir).unwrap();
+    let second = pki(&second_dir);
+    std::fs::copy(&second.server_key, &first.server_key).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let still = tls_client(&first, None, addr).await;
+    drop(still);
+    std::fs::copy(&second.server_cert, &first.server_cert).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let trusted_second = Pki { ca: second.ca.clone(), server_cert: String::new(), server_key: String::new() };
+        if let Ok(mut s) = try_tls_client(&trusted_second, addr).await {
+            assert!(metadata_works_tls(&mut s).await);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the new certificate was not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Clients of the old CA no longer connect; the open connection goes on.
+    assert!(try_tls_client(&first, addr).await.is_err());
+    assert!(metadata_works_tls(&mut old).await);
+    broker.shutdown().await;
+}
+
+async fn try_tls_client(pki: &Pki, addr: SocketAddr) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    use rustls_pki_types::pem::PemObject;
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(&pki.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth();
+    let sock = TcpStream::connect(addr).await?;
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, sock).await
+}
+
+async fn metadata_works_tls(sock: &mut tokio_rustls::client::TlsStream<TcpStream>) -> bool {
+    let r: MetadataResponse = common::call(sock, 3, 12, 9, &MetadataRequest::default().with_topics(Some(vec![]))).await;
+    r.brokers.len() == 1
+}
