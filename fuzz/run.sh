@@ -16,7 +16,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 secs=${1:?usage: fuzz/run.sh SECONDS [target ...]}
 shift
-targets=${*:-request batch consumer_protocol storage_files rest_body}
+targets=${*:-request batch consumer_protocol storage_files rest_body sasl}
 sanitizer=${SANITIZER:-none}
 cd "$here"
 mkdir -p "$here/target"

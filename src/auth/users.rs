@@ -89,6 +89,12 @@ impl UserStore {
         UserStore { users: RwLock::new(Arc::new(users)), writing: Mutex::new(()), decoy: scram::random_bytes(32), decoy_credential }
     }
 
+    /// A store of `(user, password)` with credentials for every mechanism,
+    /// held in memory only (tests, the fuzz target, the benchmark).
+    pub fn in_memory(users: &[(&str, &[u8])]) -> UserStore {
+        UserStore::from_users(users.iter().map(|(u, p)| (u.to_string(), Mechanism::ALL.into_iter().map(|m| (m, Credential::from_password(m, p, scram::MIN_ITERATIONS))).collect())).collect())
+    }
+
     pub fn load(catalog: &Catalog) -> Result<UserStore, MetaError> {
         Ok(UserStore::from_users(catalog.scram_users()?.into_iter().collect()))
     }
