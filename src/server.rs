@@ -140,10 +140,13 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         "" => crate::auth::Principals::default(),
         path => crate::auth::Principals::load(std::path::Path::new(path)).map_err(|e| anyhow::anyhow!("principals_file: {e}"))?,
     });
-    let tls = match cfg.kafka_tls() {
-        Some(files) if bound.iter().any(|(s, _, _)| s.protocol.tls()) => Some(crate::tls::Reloading::load(files).context("the Kafka listeners' TLS files")?),
-        _ => None,
-    };
+    // One TLS configuration per listener that has TLS (they differ in
+    // whether they ask for client certificates).
+    let mut tls = std::collections::HashMap::new();
+    for (spec, _, _) in bound.iter().filter(|(s, _, _)| s.protocol.tls()) {
+        let files = cfg.kafka_tls(&spec.name).context("a TLS listener needs ssl_cert_file")?;
+        tls.insert(spec.name.clone(), crate::tls::Reloading::load(files).with_context(|| format!("the TLS files of listener {}", spec.name))?);
+    }
     let mechanisms = cfg.sasl_mechanisms().map_err(|e| anyhow::anyhow!("sasl_enabled_mechanisms: {e}"))?;
     let listeners: Vec<(Arc<kafka::listener::Listener>, TcpListener, SocketAddr)> = bound
         .into_iter()
@@ -152,7 +155,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             // An advertised port of 0 (a test binding port 0) is the bound one.
             let advertised_port = if advertised_port == 0 { addr.port() as i32 } else { advertised_port };
             let listener = kafka::listener::Listener {
-                tls: spec.protocol.tls().then(|| tls.clone().expect("checked by the config")),
+                tls: tls.get(&spec.name).cloned(),
                 mechanisms: if spec.protocol.sasl() { mechanisms.clone() } else { Vec::new() },
                 name: spec.name,
                 protocol: spec.protocol,
@@ -174,7 +177,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         serving.push(tokio::spawn(kafka::serve(l, spec, broker.clone(), limit.clone(), stop_rx.clone())));
     }
     let reload_every = Duration::from_millis(cfg.ssl_reload_check_ms);
-    serving.push(tokio::spawn(crate::tls::watch(tls.into_iter().collect(), reload_every, stop_rx.clone())));
+    serving.push(tokio::spawn(crate::tls::watch(tls.into_values().collect(), reload_every, stop_rx.clone())));
     let kafka = tokio::spawn(async move {
         for s in serving {
             let _ = s.await;

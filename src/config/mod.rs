@@ -136,6 +136,8 @@ settings! {
     ssl_key_file: String = "", "CANOPY_SSL_KEY_FILE", "ssl-key-file";
     "Client certificates on SSL listeners: none, requested or required (ssl.client.auth); the principal is the certificate's subject"
     ssl_client_auth: String = "none", "CANOPY_SSL_CLIENT_AUTH", "ssl-client-auth";
+    "Client certificates per listener, NAME:none|requested|required separated by commas (listener.name.<name>.ssl.client.auth); listeners not named use ssl_client_auth"
+    listener_ssl_client_auth: String = "", "CANOPY_LISTENER_SSL_CLIENT_AUTH", "listener-ssl-client-auth";
     "PEM certificates that client certificates must chain to"
     ssl_ca_file: String = "", "CANOPY_SSL_CA_FILE", "ssl-ca-file";
     "How often the TLS files are checked for changes (they also reload on SIGHUP), in milliseconds"
@@ -423,11 +425,22 @@ impl Config {
         if listeners.iter().any(|l| l.protocol.tls()) && (self.ssl_cert_file.is_empty() || self.ssl_key_file.is_empty()) {
             return bad("ssl_cert_file", "an SSL or SASL_SSL listener needs ssl_cert_file and ssl_key_file");
         }
-        match self.ssl_client_auth.parse::<crate::tls::ClientAuth>() {
-            Err(why) => return bad("ssl_client_auth", &why),
-            Ok(crate::tls::ClientAuth::None) => {}
-            Ok(_) if self.ssl_ca_file.is_empty() => return bad("ssl_ca_file", "client certificates (ssl_client_auth) need the CA file they chain to"),
-            Ok(_) => {}
+        if let Err(why) = self.ssl_client_auth.parse::<crate::tls::ClientAuth>() {
+            return bad("ssl_client_auth", &why);
+        }
+        for l in listeners.iter().filter(|l| l.protocol.tls()) {
+            match self.client_auth_of(&l.name) {
+                Err(why) => return bad("listener_ssl_client_auth", &why),
+                Ok(crate::tls::ClientAuth::None) => {}
+                Ok(_) if self.ssl_ca_file.is_empty() => return bad("ssl_ca_file", "client certificates (ssl_client_auth) need the CA file they chain to"),
+                Ok(_) => {}
+            }
+        }
+        for entry in self.listener_ssl_client_auth.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let name = entry.split_once(':').map(|(n, _)| n.trim().to_ascii_uppercase()).unwrap_or_default();
+            if !listeners.iter().any(|l| l.name == name && l.protocol.tls()) {
+                return bad("listener_ssl_client_auth", &format!("{entry:?} does not name an SSL or SASL_SSL listener"));
+            }
         }
         if self.ssl_reload_check_ms < 100 {
             return bad("ssl_reload_check_ms", "must be at least 100");
@@ -491,15 +504,27 @@ impl Config {
         Ok(out)
     }
 
-    /// The TLS files of the SSL listeners, if any listener uses TLS.
-    pub fn kafka_tls(&self) -> Option<crate::tls::TlsFiles> {
+    /// Whether listener `name` asks for client certificates.
+    pub fn client_auth_of(&self, name: &str) -> Result<crate::tls::ClientAuth, String> {
+        for entry in self.listener_ssl_client_auth.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (n, auth) = entry.split_once(':').ok_or_else(|| format!("{entry:?} is not NAME:none|requested|required"))?;
+            if n.trim().eq_ignore_ascii_case(name) {
+                return auth.trim().parse();
+            }
+        }
+        self.ssl_client_auth.parse()
+    }
+
+    /// The TLS files of the SSL listener `name`, if the certificate is
+    /// configured.
+    pub fn kafka_tls(&self, name: &str) -> Option<crate::tls::TlsFiles> {
         if self.ssl_cert_file.is_empty() {
             return None;
         }
         Some(crate::tls::TlsFiles {
             cert: self.ssl_cert_file.clone().into(),
             key: self.ssl_key_file.clone().into(),
-            client_auth: self.ssl_client_auth.parse().unwrap_or(crate::tls::ClientAuth::None),
+            client_auth: self.client_auth_of(name).unwrap_or(crate::tls::ClientAuth::None),
             client_ca: (!self.ssl_ca_file.is_empty()).then(|| self.ssl_ca_file.clone().into()),
             alpn: Vec::new(),
         })
@@ -662,5 +687,32 @@ mod tests {
         std::fs::write(&path, "flush = \"sometimes\"\n").unwrap();
         assert!(Config::load(&cli.serve).unwrap_err().to_string().contains("flush"));
         assert!(Cli::try_parse_from(["canopy", "--kafka-listener", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn security_settings_are_checked_together() {
+        let load = |flags: &[&str]| {
+            let mut argv = vec!["canopy"];
+            argv.extend_from_slice(flags);
+            Config::load(&Cli::try_parse_from(argv).unwrap().serve)
+        };
+        let err = |flags: &[&str]| load(flags).unwrap_err().to_string();
+        assert!(err(&["--listeners", "SSL://127.0.0.1:0"]).contains("ssl_cert_file"));
+        let tls = ["--ssl-cert-file", "c.pem", "--ssl-key-file", "k.pem"];
+        let with = |extra: &[&'static str]| [&["--listeners", "SSL://127.0.0.1:0,SASL_SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0"][..], &tls[..], extra].concat();
+        assert!(err(&with(&["--ssl-client-auth", "required"])).contains("ssl_ca_file"));
+        assert!(err(&with(&["--ssl-client-auth", "sometimes"])).contains("ssl_client_auth"));
+        assert!(err(&with(&["--listener-ssl-client-auth", "PLAINTEXT:required", "--ssl-ca-file", "ca.pem"])).contains("listener_ssl_client_auth"));
+        assert!(err(&with(&["--sasl-enabled-mechanisms", "GSSAPI"])).contains("sasl_enabled_mechanisms"));
+        assert!(err(&with(&["--super-users", "admin"])).contains("super_users"));
+        assert!(err(&["--advertised-listeners", "PLAINTEXT://h:1"]).contains("listeners"));
+        let c = load(&with(&["--listener-ssl-client-auth", "ssl:required", "--ssl-ca-file", "ca.pem", "--super-users", "User:admin; User:CN=ops,O=x"])).unwrap();
+        assert_eq!(c.client_auth_of("SSL"), Ok(crate::tls::ClientAuth::Required));
+        assert_eq!(c.client_auth_of("SASL_SSL"), Ok(crate::tls::ClientAuth::None));
+        assert_eq!(c.super_user_list().unwrap().iter().map(|p| p.to_string()).collect::<Vec<_>>(), ["User:admin", "User:CN=ops,O=x"]);
+        // Without `listeners`, the one plaintext listener of before.
+        let c = load(&["--advertised-listener", "broker:19092"]).unwrap();
+        let l = c.kafka_listeners().unwrap();
+        assert_eq!((l.len(), l[0].name.as_str(), &l[0].advertised), (1, "PLAINTEXT", &Some(("broker".to_owned(), 19092))));
     }
 }
