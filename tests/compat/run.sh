@@ -69,11 +69,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Three free loopback ports: bind port 0, read the port, close. All are
+# Five free loopback ports: bind port 0, read the port, close. All are
 # held open together so they differ.
-read -r kport aport rport < <("$PYTHON" -c '
+read -r kport aport rport sport tport < <("$PYTHON" -c '
 import socket
-s = [socket.socket() for _ in range(3)]
+s = [socket.socket() for _ in range(5)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*(x.getsockname()[1] for x in s))
 for x in s: x.close()
@@ -83,10 +83,50 @@ ADMIN=127.0.0.1:$aport
 REST=http://127.0.0.1:$rport
 export BOOTSTRAP REST
 
-echo "compat: starting $broker (kafka $BOOTSTRAP, admin $ADMIN, data $work/data)"
+# Security: the broker also listens with SASL_SSL (SCRAM and PLAIN) and
+# with SSL requiring client certificates. A CA, a server certificate for
+# 127.0.0.1 and a client certificate (CN=writer,O=canopy) from openssl;
+# users made with `canopy user` before the broker starts.
+if ! command -v openssl >/dev/null; then
+    echo "compat: openssl not found (needed for the TLS certificates)" >&2
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+pki=$work/pki
+mkdir -p "$pki"
+(
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=canopy compat CA" -keyout ca.key -out ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile server.ext -out server.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/O=canopy/CN=writer" -keyout client.key -out client.csr
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile client.ext -out client.pem
+) >"$work/pki.log" 2>&1 || { echo "compat: making certificates failed:" >&2; cat "$work/pki.log" >&2; echo "0 passed, 1 failed"; exit 1; }
+SASL_BOOTSTRAP=127.0.0.1:$sport
+SSL_BOOTSTRAP=127.0.0.1:$tport
+CA_PEM=$pki/ca.pem
+CLIENT_CERT=$pki/client.pem
+CLIENT_KEY=$pki/client.key
+SASL_USER=alice
+SASL_PASSWORD=alice-secret
+ADMIN_USER=admin
+ADMIN_PASSWORD=admin-secret
+export SASL_BOOTSTRAP SSL_BOOTSTRAP CA_PEM CLIENT_CERT CLIENT_KEY SASL_USER SASL_PASSWORD ADMIN_USER ADMIN_PASSWORD
+for u in "$SASL_USER:$SASL_PASSWORD" "$ADMIN_USER:$ADMIN_PASSWORD"; do
+    printf '%s\n' "${u#*:}" | "$broker" user --data-dir "$work/data" --name "${u%%:*}" --password-file - \
+        || { echo "compat: canopy user failed" >&2; echo "0 passed, 1 failed"; exit 1; }
+done
+
+echo "compat: starting $broker (kafka $BOOTSTRAP, SASL_SSL $SASL_BOOTSTRAP, SSL $SSL_BOOTSTRAP, admin $ADMIN, data $work/data)"
 RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --data-dir "$work/data" \
     --kafka-listener "$BOOTSTRAP" \
+    --listeners "PLAINTEXT://$BOOTSTRAP,SASL_SSL://$SASL_BOOTSTRAP,SSL://$SSL_BOOTSTRAP" \
+    --ssl-cert-file "$pki/server.pem" --ssl-key-file "$pki/server.key" --ssl-ca-file "$CA_PEM" \
+    --listener-ssl-client-auth SSL:required \
+    --super-users "User:$ADMIN_USER" \
     --admin-listener "$ADMIN" \
     --rest-listener "127.0.0.1:$rport" \
     --auto-create-topics true \

@@ -8,6 +8,9 @@
 //! authentications at once (open sessions last until they re-authenticate).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
 pub use kafka_protocol::messages::{AlterUserScramCredentialsRequest as Request, AlterUserScramCredentialsResponse as Response};
@@ -15,12 +18,33 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError as E;
 
 use super::describe_user_scram_credentials::may_manage_credentials;
-use super::str_bytes;
+use super::{str_bytes, IntoReply, Route};
+use crate::protocol::guard;
+use crate::protocol::header::RequestHeader;
 use crate::auth::scram::{self, Credential, Mechanism};
 use crate::auth::users::{AlterError, Alteration};
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
+
+/// librdkafka (2.12, what confluent-kafka ships) ends this request with its
+/// empty tag buffer twice: the request writer adds one, and so does the
+/// flexible-version framing. Kafka ignores bytes after a body; the guard
+/// refuses them, so exactly this quirk is read in place: a body that does
+/// not pass whole, but passes without one trailing zero byte.
+pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<Route> {
+    let limits = super::guard_limits(broker);
+    let (&last, trimmed) = body.split_last()?;
+    if last != 0 || h.api_version != 0 || body.len() > super::INLINE_DECODE_BYTES {
+        return None;
+    }
+    if guard::check_request_body(h.api_key as i16, h.api_version, body, &limits).is_ok() {
+        return None;
+    }
+    let req: Request = super::decode(&limits, h, body.slice(..trimmed.len())).ok()?;
+    let (broker, id, version) = (broker.clone(), h.correlation_id, h.api_version);
+    Some(Route::Run(Box::pin(async move { handle(&broker, req, version).await.into_reply(id, version) })))
+}
 
 /// A user's answer: no error, or (code, message).
 type Verdict = Option<(i16, String)>;

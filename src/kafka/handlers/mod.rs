@@ -242,7 +242,7 @@ apis! {
     SaslHandshake => sasl_handshake,
     SaslAuthenticate => sasl_authenticate,
     DescribeUserScramCredentials => describe_user_scram_credentials,
-    AlterUserScramCredentials => alter_user_scram_credentials,
+    AlterUserScramCredentials => alter_user_scram_credentials + special,
 }
 
 /// Turns a topic name from the wire into a `&str`.

@@ -369,3 +369,106 @@ def test_subtree_stream_in_arrival_order(bootstrap):
         assert last < tp.offset <= end
     finally:
         consumer.close()
+
+
+# ---- security: SASL_SSL with SCRAM and PLAIN, SSL with client certificates --
+
+def secure_config(security, how):
+    if how == "ssl-cert":
+        return {"bootstrap.servers": security["ssl_bootstrap"], "security.protocol": "SSL",
+                "ssl.ca.location": security["ca_pem"], "ssl.certificate.location": security["client_cert"],
+                "ssl.key.location": security["client_key"]}
+    return {"bootstrap.servers": security["sasl_bootstrap"], "security.protocol": "SASL_SSL",
+            "ssl.ca.location": security["ca_pem"], "sasl.mechanisms": how,
+            "sasl.username": security["sasl_user"], "sasl.password": security["sasl_password"]}
+
+
+@pytest.mark.parametrize("how", ["SCRAM-SHA-512", "PLAIN", "ssl-cert"])
+def test_secured_listeners_produce_consume_and_commit(security, how):
+    from conftest import secure_round_trip
+    cfg = secure_config(security, how)
+    topic = unique_topic("confluent_secure_" + how.replace("-", "_").lower())
+
+    def produce_all(values):
+        p = Producer({**cfg, "acks": "all", "linger.ms": 5})
+        errors = []
+        for v in values:
+            p.produce(topic, value=v, on_delivery=lambda err, msg: err and errors.append(err))
+        assert p.flush(60) == 0 and not errors, errors
+
+    def read_group(n):
+        c = Consumer({**cfg, "group.id": topic + ".g", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        c.subscribe([topic])
+        got, deadline = [], time.monotonic() + 60
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+            m = c.poll(0.5)
+            if m is not None:
+                assert m.error() is None, m.error()
+                got.append(m.value())
+        c.commit(asynchronous=False)
+        committed = c.committed([TopicPartition(topic, p) for p in range(N_PARTITIONS)], timeout=10)
+        assert sum(max(tp.offset, 0) for tp in committed) == n, committed
+        c.close()
+        return got
+
+    secure_round_trip(produce_all, read_group)
+
+
+def test_wrong_password_fails_with_an_authentication_error(security):
+    errors = []
+    c = Consumer({**secure_config(security, "SCRAM-SHA-512"), "sasl.password": "not-it", "group.id": "x",
+                  "error_cb": lambda e: errors.append(e)})
+    deadline = time.monotonic() + 30
+    while not any(e.code() == KafkaError._AUTHENTICATION for e in errors):
+        assert time.monotonic() < deadline, errors
+        c.poll(0.2)
+    assert any("invalid credentials" in e.str() for e in errors), [e.str() for e in errors]
+    c.close()
+
+
+def test_scram_credentials_created_described_rotated_and_deleted(security):
+    from confluent_kafka.admin import (ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
+                                       UserScramCredentialUpsertion)
+    admin = AdminClient({**secure_config(security, "SCRAM-SHA-512"), "sasl.username": security["admin_user"],
+                         "sasl.password": security["admin_password"]})
+    user = "rotated-" + unique_topic("u").rsplit(".", 1)[1]
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+
+    def upsert(password):
+        futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password.encode())])
+        futures[user].result(timeout=30)
+
+    def can_login(password):
+        errors = []
+        p = Producer({**secure_config(security, "SCRAM-SHA-512"), "sasl.username": user, "sasl.password": password,
+                      "error_cb": lambda e: errors.append(e)})
+        md = None
+        try:
+            md = p.list_topics(timeout=10)
+        except KafkaException:
+            pass
+        return md is not None and not any(e.code() == KafkaError._AUTHENTICATION for e in errors)
+
+    upsert("first-password")
+    described = admin.describe_user_scram_credentials([user])[user].result(timeout=30)
+    assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] == [(ScramMechanism.SCRAM_SHA_512, 8192)]
+    assert can_login("first-password")
+    upsert("second-password")
+    assert can_login("second-password") and not can_login("first-password")
+    # Iterations under Kafka's minimum are refused.
+    weak = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+        user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 100), b"x")])
+    with pytest.raises(KafkaException) as e:
+        weak[user].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.UNACCEPTABLE_CREDENTIAL
+    # A user who is not a super user may not alter credentials.
+    plain_admin = AdminClient(secure_config(security, "SCRAM-SHA-512"))
+    denied = plain_admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, b"taken-over")])
+    with pytest.raises(KafkaException) as e:
+        denied[user].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    assert can_login("second-password")
+    deleted = admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)])
+    deleted[user].result(timeout=30)
+    assert not can_login("second-password")

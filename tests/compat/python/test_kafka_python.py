@@ -248,3 +248,60 @@ def test_subtree_stream_in_arrival_order(bootstrap):
         producer.close(timeout=10)
         if consumer is not None:
             consumer.close()
+
+
+# ---- security: SASL_SSL with SCRAM and PLAIN, SSL with client certificates --
+
+def secure_config(security, how):
+    if how == "ssl-cert":
+        return dict(bootstrap_servers=security["ssl_bootstrap"], security_protocol="SSL",
+                    ssl_cafile=security["ca_pem"], ssl_certfile=security["client_cert"],
+                    ssl_keyfile=security["client_key"])
+    return dict(bootstrap_servers=security["sasl_bootstrap"], security_protocol="SASL_SSL",
+                ssl_cafile=security["ca_pem"], sasl_mechanism=how,
+                sasl_plain_username=security["sasl_user"], sasl_plain_password=security["sasl_password"])
+
+
+@pytest.mark.parametrize("how", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "ssl-cert"])
+def test_secured_listeners_produce_consume_and_commit(security, how):
+    from conftest import secure_round_trip
+    cfg = secure_config(security, how)
+    topic = unique_topic("kafka_python_secure_" + how.replace("-", "_").lower())
+
+    def produce_all(values):
+        p = KafkaProducer(acks="all", linger_ms=5, request_timeout_ms=20000, **cfg)
+        try:
+            futures = [p.send(topic, value=v) for v in values]
+            p.flush(timeout=60)
+            for f in futures:
+                f.get(timeout=30)
+        finally:
+            p.close(timeout=10)
+
+    def read_group(n):
+        c = KafkaConsumer(topic, group_id=topic + ".g", auto_offset_reset="earliest", enable_auto_commit=False, **cfg)
+        try:
+            got, deadline = [], time.monotonic() + 60
+            while len(got) < n:
+                assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+                for recs in c.poll(timeout_ms=500).values():
+                    got.extend(r.value for r in recs)
+            c.commit()
+            assert sum(c.committed(TopicPartition(topic, p)) or 0 for p in range(N_PARTITIONS)) == n
+            return got
+        finally:
+            c.close(autocommit=False)
+
+    secure_round_trip(produce_all, read_group)
+
+
+def test_wrong_password_is_refused(security, caplog):
+    """kafka-python reports a refused bootstrap as a timeout; the reason it
+    logs is the broker's SASL_AUTHENTICATION_FAILED answer."""
+    from kafka.errors import KafkaError as KE
+    cfg = secure_config(security, "SCRAM-SHA-512")
+    cfg["sasl_plain_password"] = "not-it"
+    with pytest.raises(KE):
+        KafkaProducer(request_timeout_ms=5000, max_block_ms=5000, **cfg).partitions_for("anything")
+    assert any("SaslAuthenticationFailedError" in r.getMessage() and "invalid credentials" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
