@@ -251,6 +251,21 @@ fn saslname(s: &str) -> Result<String, ScramError> {
     Ok(out)
 }
 
+/// Does the client's final message carry this exchange's nonce? RFC 5802
+/// asks for exactly the server's nonce. librdkafka before 2.6.1 (Debian
+/// 12's 2.0.2 under kcat, Ubuntu's 2.3.0) sends its own nonce in front of
+/// it once more (librdkafka PR 4895; Kafka 3.8.1 to 3.9 accepted that
+/// with `endsWith`). That form is accepted too, and only it: it still
+/// holds the whole fresh server nonce, so a final message from another
+/// exchange cannot be replayed, and the proof covers what was sent.
+fn nonce_echoed(got: &str, nonce: &str, client_first_bare: &str) -> bool {
+    if got == nonce {
+        return true;
+    }
+    let client_nonce = client_first_bare.split(',').find_map(|a| a.strip_prefix("r=")).unwrap_or("");
+    !client_nonce.is_empty() && got.strip_prefix(client_nonce) == Some(nonce)
+}
+
 /// A printable nonce (RFC 5802: printable ASCII but `,`).
 fn valid_nonce(n: &str) -> bool {
     !n.is_empty() && n.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b',')
@@ -344,7 +359,7 @@ impl ScramServer {
             return Err(ScramError::ChannelBinding);
         }
         let got_nonce = attrs.next().and_then(|a| a.strip_prefix("r=")).ok_or(ScramError::Malformed("no nonce"))?;
-        if got_nonce != nonce {
+        if !nonce_echoed(got_nonce, nonce, client_first_bare) {
             return Err(ScramError::Nonce);
         }
         let proof = b64.decode(proof).map_err(|_| ScramError::Malformed("proof is not base64"))?;
@@ -393,6 +408,12 @@ pub mod client {
 
         /// Answers the server's first message: client-final.
         pub fn last(&mut self, server_first: &[u8]) -> Result<Vec<u8>, ScramError> {
+            self.last_sending(server_first, |n| n.to_owned())
+        }
+
+        /// [`ScramClient::last`], sending `echo(server nonce)` as the nonce
+        /// (what old librdkafka did, or a tampered one).
+        pub fn last_sending(&mut self, server_first: &[u8], echo: impl Fn(&str) -> String) -> Result<Vec<u8>, ScramError> {
             let sf = std::str::from_utf8(server_first).map_err(|_| ScramError::Malformed("not UTF-8"))?;
             let mut nonce = None;
             let mut salt = None;
@@ -410,7 +431,7 @@ pub mod client {
                 return Err(ScramError::Nonce);
             }
             self.salted = self.mech.salted_password(&self.password, &salt, iterations);
-            let without_proof = format!("c=biws,r={nonce}");
+            let without_proof = format!("c=biws,r={}", echo(&nonce));
             self.auth_message = format!("{},{sf},{without_proof}", self.client_first_bare);
             let client_key = self.mech.mac(&self.salted, &[b"Client Key"]);
             let stored = self.mech.hash(&client_key);
@@ -540,6 +561,27 @@ mod tests {
         let mut again = ScramServer::new(mech);
         let Step::Continue(_) = again.step(&client.first(), |_| Some(cred.clone()), b"d").unwrap() else { panic!() };
         assert_eq!(again.step(&last, |_| None, b"d"), Err(ScramError::Nonce));
+    }
+
+    /// librdkafka before 2.6.1 repeats its nonce in front of the server's:
+    /// the exchange passes with that form, and with no other.
+    #[test]
+    fn old_librdkafkas_doubled_nonce_is_accepted_and_nothing_looser() {
+        let mech = Mechanism::Sha512;
+        let cred = Credential::from_password(mech, b"pw", 4096);
+        let run = |double: &dyn Fn(&str, &str) -> String| {
+            let mut server = ScramServer::new(mech);
+            let mut client = ScramClient::new(mech, "alice", b"pw");
+            let Step::Continue(first) = server.step(&client.first(), |_| Some(cred.clone()), b"d").unwrap() else { panic!() };
+            let client_nonce = client.nonce.clone();
+            let last = client.last_sending(&first, |server_nonce| double(&client_nonce, server_nonce)).unwrap();
+            server.step(&last, |_| None, b"d")
+        };
+        assert!(matches!(run(&|_, s| s.to_owned()), Ok(Step::Done { .. })));
+        assert!(matches!(run(&|c, s| format!("{c}{s}")), Ok(Step::Done { .. })), "librdkafka < 2.6.1");
+        assert_eq!(run(&|c, s| format!("{c}{c}{s}")), Err(ScramError::Nonce));
+        assert_eq!(run(&|_, s| format!("x{s}")), Err(ScramError::Nonce), "any prefix is not enough");
+        assert_eq!(run(&|_, s| s[..s.len() - 1].to_owned()), Err(ScramError::Nonce));
     }
 
     #[test]

@@ -12,7 +12,11 @@
 #   kafkajs          tests/compat/node/compat.test.js            (node --test)
 #   kcat             tests/compat/kcat.sh
 #
-# then stops the broker with SIGTERM and checks that it exits 0. A client that
+# The broker also serves SASL_SSL (SCRAM-SHA-512/256, PLAIN; users made with
+# `canopy user` first) and SSL with required client certificates (from
+# openssl); each client test also runs over those (SASL_BOOTSTRAP,
+# SSL_BOOTSTRAP, CA_PEM, CLIENT_CERT, CLIENT_KEY, SASL_USER, ... in the
+# environment). Then the broker is stopped with SIGTERM and must exit 0. A client that
 # is not installed is a failure, never a skip. Prints `N passed, N failed` as
 # its last line and exits non-zero if anything failed.
 #

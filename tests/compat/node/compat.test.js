@@ -20,7 +20,10 @@
 //     (checked record by record against the acks) and commits as it goes;
 //     two members share a topic, one leaves (LeaveGroup) and the other takes
 //     over from its commits with nothing consumed twice; admin.fetchOffsets,
-//     describeGroups, listGroups, deleteGroups.
+//     describeGroups, listGroups, deleteGroups;
+//   * security: produce, a group consumer and its commits over SASL_SSL with
+//     SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN, and over SSL with a client
+//     certificate; a wrong password is refused.
 'use strict'
 
 const { test, after } = require('node:test')
@@ -382,4 +385,61 @@ test('an ordered subtree stream (<prefix>.__all) through a kafkajs group consume
   const [{ high }] = await admin.fetchTopicOffsets(stream)
   const c = BigInt(committed.partitions[0].offset)
   assert.ok(c > offsets[offsets.length - 1] && c <= BigInt(high), `committed ${c}, last ${offsets[offsets.length - 1]}, end ${high}`)
+})
+
+// ---- security: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) and mutual TLS
+
+const fs = require('node:fs')
+const secured = how => {
+  const env = process.env
+  assert.ok(env.SASL_BOOTSTRAP && env.SSL_BOOTSTRAP && env.CA_PEM, 'the secured listeners are not set (run via tests/compat/run.sh)')
+  const ca = [fs.readFileSync(env.CA_PEM, 'utf8')]
+  const common = { clientId: `compat-kafkajs-${how}`, logLevel: logLevel.NOTHING, connectionTimeout: 10000, requestTimeout: 30000, retry: { retries: 2 } }
+  if (how === 'ssl-cert') {
+    return new Kafka({ ...common, brokers: [env.SSL_BOOTSTRAP], ssl: { ca, cert: fs.readFileSync(env.CLIENT_CERT, 'utf8'), key: fs.readFileSync(env.CLIENT_KEY, 'utf8') } })
+  }
+  return new Kafka({ ...common, brokers: [env.SASL_BOOTSTRAP], ssl: { ca }, sasl: { mechanism: how, username: env.SASL_USER, password: how === 'wrong' ? 'not-it' : env.SASL_PASSWORD } })
+}
+
+for (const how of ['scram-sha-512', 'scram-sha-256', 'plain', 'ssl-cert']) {
+  test(`over ${how}: produce, consume in a group and commit`, { timeout: 120000 }, async () => {
+    const client = secured(how)
+    const topic = `compat.kafkajs_secure_${how.replace(/-/g, '_')}.${Date.now()}`
+    const values = Array.from({ length: 300 }, (_, i) => `secure-${String(i).padStart(4, '0')}`)
+    const p = client.producer({ createPartitioner: Partitioners.DefaultPartitioner, allowAutoTopicCreation: true })
+    await p.connect()
+    try {
+      for (let i = 0; i < values.length; i += 100) {
+        await p.send({ topic, acks: -1, messages: values.slice(i, i + 100).map(value => ({ value })) })
+      }
+    } finally {
+      await p.disconnect()
+    }
+    const groupId = `${topic}.g`
+    const got = []
+    const c = client.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 500, maxWaitTimeInMs: 100 })
+    await c.connect()
+    try {
+      await c.subscribe({ topic, fromBeginning: true })
+      await c.run({ eachMessage: async ({ message }) => { got.push(message.value.toString()) } })
+      await waitFor(() => got.length >= values.length, `${values.length} records over ${how} (have ${got.length})`)
+    } finally {
+      await c.disconnect()
+    }
+    assert.deepEqual(got.slice().sort(), values)
+    const a = client.admin()
+    await a.connect()
+    try {
+      const [committed] = await a.fetchOffsets({ groupId, topics: [topic] })
+      assert.equal(committed.partitions.reduce((n, p) => n + Math.max(Number(p.offset), 0), 0), values.length)
+    } finally {
+      await a.disconnect()
+    }
+  })
+}
+
+test('a wrong password fails with SASL_AUTHENTICATION_FAILED', { timeout: 60000 }, async () => {
+  const wrong = new Kafka({ clientId: 'compat-kafkajs-wrong', logLevel: logLevel.NOTHING, brokers: [process.env.SASL_BOOTSTRAP], ssl: { ca: [fs.readFileSync(process.env.CA_PEM, 'utf8')] }, sasl: { mechanism: 'scram-sha-512', username: process.env.SASL_USER, password: 'not-it' }, retry: { retries: 0 } })
+  const p = wrong.producer()
+  await assert.rejects(p.connect(), e => /SASL SCRAM SHA512 authentication failed|invalid credentials/i.test(`${e.message} ${e.cause || ''}`) || e.type === 'SASL_AUTHENTICATION_FAILED', 'expected an authentication failure')
 })

@@ -9,7 +9,10 @@ from its commits (conftest.group_scenario), then list_consumer_groups,
 describe_consumer_groups, list_consumer_group_offsets and
 delete_consumer_groups; and transactions: a committed transaction with a
 group's offsets, an aborted one, read_committed / read_uncommitted readers,
-and a zombie fenced by a newer producer of the same transactional.id.
+and a zombie fenced by a newer producer of the same transactional.id; and
+security: a group over SASL_SSL (SCRAM-SHA-512, PLAIN) and mutual TLS, a
+wrong password, SCRAM credentials created, described, rotated and deleted
+through the AdminClient by a super user and refused to anyone else.
 
 The assign()-only consumer still needs a group.id (librdkafka insists); it
 never subscribes or commits, so that group is never touched.

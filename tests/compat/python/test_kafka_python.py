@@ -7,7 +7,8 @@ beginning/end offsets (ListOffsets) and metadata; and consumer groups: two
 subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then the admin API's view of the
 group (list_groups, describe_groups, list_group_offsets through the
-multi-group OffsetFetch, delete_groups).
+multi-group OffsetFetch, delete_groups); and security: a group over SASL_SSL
+(SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) and mutual TLS, and a wrong password.
 """
 import time
 
