@@ -34,6 +34,10 @@ use std::time::Instant;
 
 #[path = "../tests/it/common.rs"]
 mod common;
+#[path = "support/perf_tool.rs"]
+mod perf_tool;
+
+use perf_tool::perf_tool;
 
 use common::ChildBroker as Broker;
 
@@ -130,49 +134,6 @@ fn floor(dir: &Path) -> Vec<(&'static str, f64)> {
 
 fn drop_file(path: &Path) {
     let _ = std::fs::remove_file(path);
-}
-
-/// `rdkafka_performance`, built once into target/.
-fn perf_tool() -> PathBuf {
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/rdkafka_performance");
-    if out.exists() {
-        return out;
-    }
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-    let lib = find(&target, "librdkafka.a", |p| p.to_string_lossy().contains("rdkafka-sys")).expect("librdkafka.a under target/ (cargo builds it with the rdkafka crate)");
-    let zstd = find(&target, "libzstd.a", |_| true).expect("libzstd.a under target/");
-    let home = std::env::var("CARGO_HOME").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cargo"));
-    let src = find(&home.join("registry/src"), "rdkafka_performance.c", |p| p.to_string_lossy().contains("rdkafka-sys")).expect("librdkafka's sources in the cargo registry");
-    let root = src.parent().unwrap().parent().unwrap();
-    let built = lib.parent().unwrap();
-    let status = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg(format!("-I{}", root.join("src").display()))
-        .arg(format!("-I{}", built.display()))
-        .arg(&lib)
-        .arg(&zstd)
-        .args(["-lpthread", "-lm", "-ldl", "-lrt", "-lz"])
-        .status()
-        .expect("cc");
-    assert!(status.success(), "building rdkafka_performance failed");
-    out
-}
-
-fn find(dir: &Path, name: &str, want: impl Fn(&Path) -> bool + Copy) -> Option<PathBuf> {
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let p = e.path();
-        if p.file_name().is_some_and(|n| n == name) && want(&p) {
-            return Some(p);
-        }
-        if e.file_type().ok()?.is_dir() {
-            if let Some(f) = find(&p, name, want) {
-                return Some(f);
-            }
-        }
-    }
-    None
 }
 
 /// One broker: (broker CPU s/GB of values, records/s) of a first run on

@@ -1,0 +1,280 @@
+//! What security costs: produce and consume over PLAINTEXT, SASL_PLAINTEXT
+//! with SCRAM-SHA-512 and SASL_SSL with SCRAM-SHA-512, in one run against
+//! one broker, and authentications per second.
+//!
+//! ```text
+//! cargo bench --bench security                          # 3 runs of 5M records per listener
+//! cargo bench --bench security -- --runs 1 --records 2000000 --auth-secs 5
+//! ```
+//!
+//! **Throughput**: librdkafka's `rdkafka_performance` produces `--records`
+//! 100-byte records (acks=1, one partition) through each listener of a
+//! release broker child, then reads them back; per arm, records/s, MB/s,
+//! the broker's utime+stime per GB of record values, and the client's
+//! (`getrusage` of this process's finished children) per GB. The arms
+//! alternate within each run, each on its own topic.
+//!
+//! **Where TLS's time goes**: the cipher alone, measured on this thread
+//! with ring: AES-256-GCM sealing 16 KiB records (what TLS 1.3 with
+//! rustls's preferred suite does to every byte), in CPU s/GB, beside the
+//! broker's extra s/GB over SASL_SSL.
+//!
+//! **Authentications per second**: two client threads open connections to
+//! each SASL listener and authenticate (SCRAM-SHA-512 and PLAIN) for
+//! `--auth-secs`; per arm, authentications/s and the broker's CPU ms per
+//! authentication. Both sides run PBKDF2 with 4096 iterations (SCRAM: the
+//! client; PLAIN: the broker), so on 2 cores the client's half weighs on
+//! the rate: the broker's CPU per authentication is the number to read.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[path = "../tests/it/common.rs"]
+mod common;
+#[path = "support/perf_tool.rs"]
+mod perf_tool;
+
+use canopy::auth::scram::{client::ScramClient, Mechanism};
+use tokio_rustls::rustls;
+use common::ChildBroker as Broker;
+
+fn process_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+}
+
+/// CPU seconds of this process's finished children (the load tool).
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage writes into the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+fn thread_cpu() -> f64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    s.split_whitespace().next().unwrap().parse::<f64>().unwrap() / 1e9
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+struct Arm {
+    name: &'static str,
+    addr: String,
+    props: Vec<String>,
+}
+
+/// (records/s, broker s/GB, client s/GB) of one produce or consume.
+fn perf_run(perf: &Path, pid: u32, arm: &Arm, topic: &str, records: u64, produce: bool) -> (f64, f64, f64) {
+    let mut cmd = Command::new(perf);
+    if produce {
+        cmd.args(["-P", "-t", topic, "-p", "0", "-s", "100", "-c", &records.to_string(), "-X", "acks=1", "-X", "linger.ms=5"]);
+    } else {
+        cmd.args(["-C", "-t", topic, "-p", "0", "-o", "beginning", "-c", &records.to_string()]);
+    }
+    cmd.args(["-b", &arm.addr, "-q"]);
+    for p in &arm.props {
+        cmd.args(["-X", p]);
+    }
+    let (c0, k0, t0) = (process_cpu(pid), children_cpu(), Instant::now());
+    let st = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().expect("rdkafka_performance");
+    assert!(st.success(), "rdkafka_performance failed on {}", arm.name);
+    let (c1, k1, secs) = (process_cpu(pid), children_cpu(), t0.elapsed().as_secs_f64());
+    let gb = records as f64 * 100.0 / 1e9;
+    (records as f64 / secs, (c1 - c0) / gb, (k1 - k0) / gb)
+}
+
+/// One authentication on a fresh connection; the TLS client if given.
+fn authenticate(addr: SocketAddr, mechanism: &str, tls: Option<&std::sync::Arc<rustls::ClientConfig>>) {
+    let sock = TcpStream::connect(addr).unwrap();
+    sock.set_nodelay(true).unwrap();
+    match tls {
+        None => exchange(sock, mechanism),
+        Some(cfg) => {
+            let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+            exchange(rustls::StreamOwned::new(conn, sock), mechanism)
+        }
+    }
+}
+
+fn call<S: Read + Write, Req: kafka_protocol::protocol::Encodable, Resp: kafka_protocol::protocol::Decodable>(s: &mut S, key: i16, version: i16, req: &Req) -> Resp {
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body, version).unwrap();
+    s.write_all(&common::request_frame(key, version, 1, &body)).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut b = vec![0u8; i32::from_be_bytes(len) as usize];
+    s.read_exact(&mut b).unwrap();
+    let mut b = bytes::Bytes::from(b);
+    let hv = kafka_protocol::messages::ApiKey::try_from(key).unwrap().response_header_version(version);
+    let _ = <kafka_protocol::messages::ResponseHeader as kafka_protocol::protocol::Decodable>::decode(&mut b, hv).unwrap();
+    Resp::decode(&mut b, version).unwrap()
+}
+
+fn exchange<S: Read + Write>(mut s: S, mechanism: &str) {
+    use kafka_protocol::messages::*;
+    let h: SaslHandshakeResponse = call(&mut s, 17, 1, &SaslHandshakeRequest::default().with_mechanism(kafka_protocol::protocol::StrBytes::from_string(mechanism.into())));
+    assert_eq!(h.error_code, 0);
+    let auth = |s: &mut S, t: Vec<u8>| -> SaslAuthenticateResponse { call(s, 36, 2, &SaslAuthenticateRequest::default().with_auth_bytes(t.into())) };
+    if mechanism == "PLAIN" {
+        assert_eq!(auth(&mut s, b"\0bench\0bench-password".to_vec()).error_code, 0);
+        return;
+    }
+    let mut c = ScramClient::new(Mechanism::Sha512, "bench", b"bench-password");
+    let first = auth(&mut s, c.first());
+    assert_eq!(first.error_code, 0);
+    let done = auth(&mut s, c.last(&first.auth_bytes).unwrap());
+    assert_eq!(done.error_code, 0);
+    assert!(c.verify(&done.auth_bytes));
+}
+
+/// (authentications/s, broker CPU ms per authentication).
+fn auth_rate(pid: u32, addr: SocketAddr, mechanism: &'static str, tls: Option<std::sync::Arc<rustls::ClientConfig>>, secs: f64) -> (f64, f64) {
+    let (c0, t0) = (process_cpu(pid), Instant::now());
+    let until = t0 + Duration::from_secs_f64(secs);
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let tls = tls.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    authenticate(addr, mechanism, tls.as_ref());
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let n: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let (c1, el) = (process_cpu(pid), t0.elapsed().as_secs_f64());
+    (n as f64 / el, (c1 - c0) * 1000.0 / n as f64)
+}
+
+/// AES-256-GCM sealing in 16 KiB records, CPU s/GB of this thread.
+fn cipher_floor() -> f64 {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).unwrap());
+    let mut rec = vec![0x5au8; 16 << 10];
+    let n = (1e9 / rec.len() as f64) as u64;
+    let t0 = thread_cpu();
+    for i in 0..n {
+        let mut nonce = [0u8; 12];
+        nonce[4..].copy_from_slice(&i.to_be_bytes());
+        let _tag = key.seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut rec).unwrap();
+    }
+    thread_cpu() - t0
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let opt = |name: &str| args.iter().position(|a| a == name).map(|i| args[i + 1].clone());
+    let runs: usize = opt("--runs").map_or(3, |v| v.parse().unwrap());
+    let records: u64 = opt("--records").map_or(5_000_000, |v| v.parse().unwrap());
+    let auth_secs: f64 = opt("--auth-secs").map_or(10.0, |v| v.parse().unwrap());
+
+    let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+    let data = dir.path().join("data");
+    // A CA and a server certificate for 127.0.0.1.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Distinct names: a certificate whose issuer is its own subject reads
+    // as self-signed.
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "canopy bench CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut server_params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    server_params.distinguished_name.push(rcgen::DnType::CommonName, "canopy bench broker");
+    let server = server_params.signed_by(&key, &ca, &ca_key).unwrap();
+    let (ca_pem, cert_pem, key_pem) = (dir.path().join("ca.pem"), dir.path().join("server.pem"), dir.path().join("server.key"));
+    std::fs::write(&ca_pem, ca.pem()).unwrap();
+    std::fs::write(&cert_pem, server.pem()).unwrap();
+    std::fs::write(&key_pem, key.serialize_pem()).unwrap();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_canopy"));
+    std::fs::write(dir.path().join("pw"), "bench-password\n").unwrap();
+    let st = Command::new(&bin).args(["user", "--data-dir"]).arg(&data).args(["--name", "bench", "--iterations", "4096", "--password-file"]).arg(dir.path().join("pw")).status().unwrap();
+    assert!(st.success());
+
+    let ports = free_ports(3);
+    let (plain, sasl, sasl_ssl) = (format!("127.0.0.1:{}", ports[0]), format!("127.0.0.1:{}", ports[1]), format!("127.0.0.1:{}", ports[2]));
+    let listeners = format!("PLAINTEXT://{plain},SASL_PLAINTEXT://{sasl},SASL_SSL://{sasl_ssl}");
+    let broker = Broker::spawn_binary(
+        &bin,
+        &[],
+        &data,
+        &["--listeners", &listeners, "--ssl-cert-file", cert_pem.to_str().unwrap(), "--ssl-key-file", key_pem.to_str().unwrap(), "--flush", "always", "--kafka-listener", &plain],
+    );
+    let pid = broker.child.id();
+    let perf = perf_tool::perf_tool();
+    let scram = |addr: &str, tls: bool| {
+        let mut p = vec!["sasl.mechanisms=SCRAM-SHA-512".to_owned(), "sasl.username=bench".to_owned(), "sasl.password=bench-password".to_owned()];
+        p.push(format!("security.protocol={}", if tls { "SASL_SSL" } else { "SASL_PLAINTEXT" }));
+        if tls {
+            p.push(format!("ssl.ca.location={}", ca_pem.display()));
+        }
+        Arm { name: if tls { "SASL_SSL, SCRAM-SHA-512" } else { "SASL_PLAINTEXT, SCRAM-SHA-512" }, addr: addr.to_owned(), props: p }
+    };
+    let arms = [Arm { name: "PLAINTEXT", addr: plain.clone(), props: vec![] }, scram(&sasl, false), scram(&sasl_ssl, true)];
+    for arm in &arms {
+        // Topics are auto-created by a short first run on each listener.
+        perf_run(&perf, pid, arm, &format!("warm-{}", arm.addr.replace([':', '.'], "-")), 1000, true);
+    }
+    // [arm][produce, consume] -> (rates, broker s/GB, client s/GB)
+    let mut got = vec![[(Vec::new(), Vec::new(), Vec::new()), (Vec::new(), Vec::new(), Vec::new())]; arms.len()];
+    for r in 0..runs {
+        for (i, arm) in arms.iter().enumerate() {
+            let topic = format!("bench-{r}-{i}");
+            for (k, produce) in [true, false].into_iter().enumerate() {
+                let (rate, broker_cost, client_cost) = perf_run(&perf, pid, arm, &topic, records, produce);
+                eprintln!("run {r}: {} {}: {rate:.0} records/s, broker {broker_cost:.2} s/GB, client {client_cost:.2} s/GB", arm.name, if produce { "produce" } else { "consume" });
+                got[i][k].0.push(rate);
+                got[i][k].1.push(broker_cost);
+                got[i][k].2.push(client_cost);
+            }
+        }
+    }
+    println!("## Throughput ({runs} runs of {records} records of 100 bytes per listener, medians)\n");
+    println!("| listener | direction | records/s | MB/s | vs PLAINTEXT | broker CPU s/GB | client CPU s/GB |\n| --- | --- | --- | --- | --- | --- | --- |");
+    let base: Vec<f64> = (0..2).map(|k| median(&mut got[0][k].0.clone())).collect();
+    for (i, arm) in arms.iter().enumerate() {
+        for (k, dir) in ["produce", "consume"].into_iter().enumerate() {
+            let (rate, b, c) = (median(&mut got[i][k].0), median(&mut got[i][k].1), median(&mut got[i][k].2));
+            println!("| {} | {dir} | {rate:.0} | {:.1} | {:.2} | {b:.2} | {c:.2} |", arm.name, rate * 100.0 / 1e6, rate / base[k]);
+        }
+    }
+    let floor = cipher_floor();
+    println!("\nAES-256-GCM alone, 16 KiB records, this thread: {floor:.2} CPU s/GB\n");
+
+    let tls_client = {
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(rustls_pki_types::CertificateDer::from_pem_file(&ca_pem).unwrap()).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        std::sync::Arc::new(rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth())
+    };
+    println!("## Authentications ({auth_secs} s each, two client threads, a new connection each)\n\n| listener | mechanism | authentications/s | broker CPU ms each |\n| --- | --- | --- | --- |");
+    for (name, addr, mech, tls) in [
+        ("SASL_PLAINTEXT", &sasl, "SCRAM-SHA-512", None),
+        ("SASL_PLAINTEXT", &sasl, "PLAIN", None),
+        ("SASL_SSL", &sasl_ssl, "SCRAM-SHA-512", Some(tls_client.clone())),
+    ] {
+        let (rate, ms) = auth_rate(pid, addr.parse().unwrap(), mech, tls, auth_secs);
+        println!("| {name} | {mech} | {rate:.0} | {ms:.2} |");
+    }
+    drop(broker);
+}
