@@ -199,6 +199,8 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
 /// drives requests through one of these without a socket.
 pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32), clock: Clock, stop_rx: watch::Receiver<bool>) -> anyhow::Result<Arc<Broker>> {
     let users = Arc::new(crate::auth::users::UserStore::load(engine.catalog()).context("loading SCRAM credentials")?);
+    let super_users = cfg.super_user_list().map_err(|e| anyhow::anyhow!("super_users: {e}"))?;
+    let authorizer = Arc::new(crate::auth::acl::Authorizer::load(engine.catalog(), cfg.authorizer_enabled, super_users, cfg.allow_everyone_if_no_acl_found).context("loading ACLs")?);
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
@@ -222,9 +224,9 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
             connections_max_reauth_ms: cfg.connections_max_reauth_ms,
             failed_authentication_delay: Duration::from_millis(cfg.connection_failed_authentication_delay_ms),
             sasl_max_receive_bytes: cfg.sasl_max_receive_bytes.min(cfg.max_request_bytes),
-            super_users: cfg.super_user_list().map_err(|e| anyhow::anyhow!("super_users: {e}"))?,
         },
         users,
+        authorizer,
         budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
     }))

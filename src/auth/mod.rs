@@ -19,6 +19,7 @@
 //! and the digests compared in constant time. Topic patterns are globs
 //! where `*` matches any run of characters (`app.*`, `*.commits`, `*`).
 
+pub mod acl;
 pub mod sasl;
 pub mod scram;
 pub mod users;

@@ -150,7 +150,11 @@ settings! {
     connection_failed_authentication_delay_ms: u64 = "100", "CANOPY_CONNECTION_FAILED_AUTHENTICATION_DELAY_MS", "connection-failed-authentication-delay-ms";
     "Largest request before authentication on a SASL listener, in bytes (sasl.server.max.receive.size; max_request_bytes if smaller)"
     sasl_max_receive_bytes: usize = "524288", "CANOPY_SASL_MAX_RECEIVE_BYTES", "sasl-max-receive-bytes";
-    "Principals allowed everything, separated by semicolons (super.users: User:admin;User:ops); today they alone may describe and alter SCRAM credentials"
+    "Check every request against ACLs (Kafka's StandardAuthorizer); off: every principal may do everything, but only super users manage SCRAM credentials"
+    authorizer_enabled: bool = "false", "CANOPY_AUTHORIZER_ENABLED", "authorizer-enabled";
+    "With the authorizer: a resource no ACL names is open to everyone (allow.everyone.if.no.acl.found)"
+    allow_everyone_if_no_acl_found: bool = "false", "CANOPY_ALLOW_EVERYONE_IF_NO_ACL_FOUND", "allow-everyone-if-no-acl-found";
+    "Principals allowed everything, separated by semicolons (super.users: User:admin;User:ops)"
     super_users: String = "", "CANOPY_SUPER_USERS", "super-users";
     "Log output format: text or json (filter with RUST_LOG)"
     log_format: LogFormat = "text", "CANOPY_LOG_FORMAT", "log-format";

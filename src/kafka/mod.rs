@@ -5,6 +5,7 @@
 //! `handlers/mod.rs` for how version ranges are declared and ApiVersions is
 //! derived from them.
 
+pub mod authz;
 pub mod conn;
 pub mod coordinator;
 pub mod errors;
@@ -53,8 +54,6 @@ pub struct KafkaConfig {
     pub failed_authentication_delay: Duration,
     /// Largest frame before authentication on a SASL listener.
     pub sasl_max_receive_bytes: usize,
-    /// Principals allowed everything (`super_users`).
-    pub super_users: Vec<crate::auth::KafkaPrincipal>,
 }
 
 /// What every handler can reach.
@@ -73,6 +72,8 @@ pub struct Broker {
     pub per_ip: Arc<crate::limits::PerIp>,
     /// SCRAM credentials: what SASL checks passwords against.
     pub users: Arc<crate::auth::users::UserStore>,
+    /// ACLs, and whether requests are checked against them.
+    pub authorizer: Arc<crate::auth::acl::Authorizer>,
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true, then

@@ -121,6 +121,9 @@ pub struct KafkaProbe {
     /// Authentications by (listener, mechanism, outcome): one update per
     /// authentication, not per request, so a small map under a lock.
     auth: std::sync::Mutex<std::collections::BTreeMap<(String, &'static str, &'static str), u64>>,
+    /// Authorization refusals, by resource type (topic, group, cluster,
+    /// transactional id).
+    denied: [AtomicU64; 4],
 }
 
 impl KafkaProbe {
@@ -140,7 +143,7 @@ impl KafkaProbe {
                 errors: (0..=ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
             });
         }
-        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default(), auth: Default::default() }
+        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default(), auth: Default::default(), denied: Default::default() }
     }
 
     fn slot(&self, key: ApiKey) -> Option<&ApiSlot> {
@@ -187,6 +190,16 @@ impl KafkaProbe {
     /// `outcome` is `success`, `failure` or `reauthentication`.
     pub fn authenticated(&self, listener: &str, mechanism: &'static str, outcome: &'static str) {
         *self.auth.lock().expect("auth counter lock").entry((listener.to_owned(), mechanism, outcome)).or_default() += 1;
+    }
+
+    /// A request was refused by the authorizer.
+    pub fn denied(&self, rt: crate::auth::acl::ResourceType) {
+        self.denied[rt as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (resource type, refusals) for every resource type.
+    pub fn denied_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        ["topic", "group", "cluster", "transactional_id"].into_iter().zip(&self.denied).map(|(n, c)| (n, c.load(Ordering::Relaxed)))
     }
 
     /// ((listener, mechanism, outcome), count) of every authentication seen.

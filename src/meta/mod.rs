@@ -14,6 +14,7 @@
 //! txn/<transactional id>          → v1 JSON TxnRecord (the transaction coordinator's state of it)
 //! window/<window, 20 digits>      → v1 JSON WindowRecord (a compaction window: replaced segments, split plan, stores)
 //! scram/<user>                    → v1 JSON {mechanism → ScramCredential} (salt, iterations, stored and server keys)
+//! acl/<type>\0<pattern>\0<name>\0<principal>\0<host>\0<op>\0<perm> → v1 JSON Acl
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -441,6 +442,33 @@ impl Catalog {
             self.db.insert(key.as_bytes(), encode(creds))?;
         }
         self.flush()
+    }
+
+    /// Writes (`Some`) or removes (`None`) ACLs under their keys, durably.
+    pub fn put_acls(&self, changes: &[(String, Option<&crate::auth::acl::Acl>)]) -> Result<(), MetaError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (key, acl) in changes {
+            match acl {
+                Some(a) => batch.insert(key.as_bytes(), encode(a)),
+                None => batch.remove(key.as_bytes()),
+            }
+        }
+        self.db.apply_batch(batch)?;
+        self.flush()
+    }
+
+    /// Every ACL.
+    pub fn acls(&self) -> Result<Vec<crate::auth::acl::Acl>, MetaError> {
+        self.db
+            .scan_prefix(b"acl/")
+            .map(|kv| {
+                let (k, v) = kv?;
+                decode(&k, &v)
+            })
+            .collect()
     }
 
     /// Every user's SCRAM credentials.

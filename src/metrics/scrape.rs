@@ -120,6 +120,9 @@ impl Metrics {
         for (reason, n) in self.kafka.closed_counts() {
             f.counter("canopy_kafka_connections_closed_total", "Kafka connections ended, by reason (client: the client closed it)", &[("reason", reason.to_owned())], n as f64);
         }
+        for (rt, n) in self.kafka.denied_counts() {
+            f.counter("canopy_kafka_authorization_denied_total", "Kafka requests (or parts of them) the authorizer refused, by resource type", &[("resource_type", rt.to_owned())], n as f64);
+        }
         for ((listener, mechanism, outcome), n) in self.kafka.auth_counts() {
             f.counter(
                 "canopy_kafka_authentications_total",

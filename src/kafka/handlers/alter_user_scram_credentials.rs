@@ -17,11 +17,12 @@ pub use kafka_protocol::messages::{AlterUserScramCredentialsRequest as Request, 
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError as E;
 
-use super::describe_user_scram_credentials::may_manage_credentials;
 use super::{str_bytes, IntoReply, Route};
 use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
+use crate::auth::acl::Operation;
 use crate::auth::scram::{self, Credential, Mechanism};
+use crate::kafka::authz::Check;
 use crate::auth::users::{AlterError, Alteration};
 use crate::kafka::Broker;
 
@@ -75,7 +76,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             }
         }
     };
-    let allowed = may_manage_credentials(broker);
+    let allowed = Check::current(broker).credentials(Operation::Alter);
     for d in &req.deletions {
         let user = d.name.as_str();
         note(user, check(user, d.mechanism, &mut seen).map(|mechanism| Alteration::Delete { user: user.to_owned(), mechanism }));
@@ -96,7 +97,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     }
     if !allowed {
         for (_, verdict) in changes.values_mut() {
-            *verdict = Some((E::ClusterAuthorizationFailed.code(), "Only super users may alter SCRAM credentials".into()));
+            *verdict = Some((E::ClusterAuthorizationFailed.code(), "Cluster authorization failed.".into()));
         }
     }
     // Only users whose every change is valid are applied.

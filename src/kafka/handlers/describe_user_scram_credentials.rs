@@ -3,8 +3,8 @@
 //! names none (a null or an empty list); a name asked twice is answered DUPLICATE_RESOURCE, an
 //! unknown one RESOURCE_NOT_FOUND, as Kafka does.
 //!
-//! Until the authorizer lands, only `super_users` may describe or alter
-//! credentials (Kafka asks for DESCRIBE / ALTER on the cluster).
+//! DESCRIBE on the cluster, as Kafka asks; without the authorizer, only
+//! `super_users` (see `authz::Check::credentials`).
 
 use kafka_protocol::messages::describe_user_scram_credentials_response::{CredentialInfo, DescribeUserScramCredentialsResult};
 pub use kafka_protocol::messages::{DescribeUserScramCredentialsRequest as Request, DescribeUserScramCredentialsResponse as Response};
@@ -12,19 +12,15 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError as E;
 
 use super::{repeated, str_bytes};
-use crate::kafka::{conn, Broker};
+use crate::auth::acl::Operation;
+use crate::kafka::authz::Check;
+use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
 
-/// May the running request's principal manage credentials?
-pub fn may_manage_credentials(broker: &Broker) -> bool {
-    let principal = conn::session().principal();
-    broker.cfg.super_users.iter().any(|s| *s == *principal)
-}
-
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    if !may_manage_credentials(broker) {
-        return Some(Response::default().with_error_code(E::ClusterAuthorizationFailed.code()).with_error_message(Some(str_bytes("Only super users may describe SCRAM credentials"))));
+    if !Check::current(broker).credentials(Operation::Describe) {
+        return Some(Response::default().with_error_code(E::ClusterAuthorizationFailed.code()).with_error_message(Some(str_bytes("Cluster authorization failed."))));
     }
     // No list, or an empty one, describes every user (as Kafka does).
     let names: Option<Vec<String>> = req.users.filter(|u| !u.is_empty()).map(|u| u.into_iter().map(|n| n.name.to_string()).collect());

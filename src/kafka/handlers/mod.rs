@@ -8,11 +8,14 @@ pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod alter_user_scram_credentials;
 pub mod api_versions;
+pub mod create_acls;
 pub mod create_partitions;
 pub mod create_topics;
+pub mod delete_acls;
 pub mod delete_groups;
 pub mod delete_topics;
 pub mod describe_groups;
+pub mod describe_acls;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_transactions;
@@ -243,6 +246,9 @@ apis! {
     SaslAuthenticate => sasl_authenticate,
     DescribeUserScramCredentials => describe_user_scram_credentials,
     AlterUserScramCredentials => alter_user_scram_credentials + special,
+    DescribeAcls => describe_acls,
+    CreateAcls => create_acls,
+    DeleteAcls => delete_acls,
 }
 
 /// Turns a topic name from the wire into a `&str`.

@@ -81,6 +81,9 @@ pub(super) static APIS: &[Api] = &[
         0,
         &alter_user_scram_credentials::REQUEST,
     ),
+    api(29, "DescribeAcls", 1, 3, 2, &describe_acls::REQUEST),
+    api(30, "CreateAcls", 1, 3, 2, &create_acls::REQUEST),
+    api(31, "DeleteAcls", 1, 3, 2, &delete_acls::REQUEST),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -735,6 +738,62 @@ pub(super) mod alter_user_scram_credentials {
             f("deletions", structs(&SCRAM_CREDENTIAL_DELETION), 0, 0),
             f("upsertions", structs(&SCRAM_CREDENTIAL_UPSERTION), 0, 0),
         ],
+    );
+}
+
+pub(super) mod describe_acls {
+    use super::*;
+    pub(super) static REQUEST: Schema = s(
+        "DescribeAclsRequest",
+        &[
+            f("resource_type_filter", I8, 1, 3),
+            f("resource_name_filter", NSTR, 1, 3),
+            f("pattern_type_filter", I8, 1, 3),
+            f("principal_filter", NSTR, 1, 3),
+            f("host_filter", NSTR, 1, 3),
+            f("operation", I8, 1, 3),
+            f("permission_type", I8, 1, 3),
+        ],
+    );
+}
+
+pub(super) mod create_acls {
+    use super::*;
+    static ACL_CREATION: Schema = s(
+        "AclCreation",
+        &[
+            f("resource_type", I8, 1, 3),
+            f("resource_name", STR, 1, 3),
+            f("resource_pattern_type", I8, 1, 3),
+            f("principal", STR, 1, 3),
+            f("host", STR, 1, 3),
+            f("operation", I8, 1, 3),
+            f("permission_type", I8, 1, 3),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "CreateAclsRequest",
+        &[f("creations", structs(&ACL_CREATION), 1, 3)],
+    );
+}
+
+pub(super) mod delete_acls {
+    use super::*;
+    static DELETE_ACLS_FILTER: Schema = s(
+        "DeleteAclsFilter",
+        &[
+            f("resource_type_filter", I8, 1, 3),
+            f("resource_name_filter", NSTR, 1, 3),
+            f("pattern_type_filter", I8, 1, 3),
+            f("principal_filter", NSTR, 1, 3),
+            f("host_filter", NSTR, 1, 3),
+            f("operation", I8, 1, 3),
+            f("permission_type", I8, 1, 3),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "DeleteAclsRequest",
+        &[f("filters", structs(&DELETE_ACLS_FILTER), 1, 3)],
     );
 }
 

@@ -115,6 +115,9 @@ fn every_case() -> Vec<Case> {
         case!(SaslAuthenticateRequest, sasl_authenticate),
         case!(DescribeUserScramCredentialsRequest, describe_user_scram_credentials),
         case!(AlterUserScramCredentialsRequest, alter_user_scram_credentials),
+        case!(DescribeAclsRequest, describe_acls),
+        case!(CreateAclsRequest, create_acls),
+        case!(DeleteAclsRequest, delete_acls),
     ]
 }
 

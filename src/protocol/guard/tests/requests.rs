@@ -605,3 +605,24 @@ pub(super) fn alter_user_scram_credentials(_v: i16) -> km::AlterUserScramCredent
             .with_salt(Bytes::from_static(b"salt"))
             .with_salted_password(Bytes::from(vec![7u8; 64]))])
 }
+
+pub(super) fn describe_acls(_v: i16) -> km::DescribeAclsRequest {
+    km::DescribeAclsRequest::default().with_resource_type_filter(2).with_resource_name_filter(Some(st("app."))).with_pattern_type_filter(4).with_principal_filter(Some(st("User:alice"))).with_operation(1).with_permission_type(1)
+}
+
+pub(super) fn create_acls(_v: i16) -> km::CreateAclsRequest {
+    use km::create_acls_request::AclCreation;
+    km::CreateAclsRequest::default().with_creations(vec![AclCreation::default()
+        .with_resource_type(2)
+        .with_resource_name(st("app.codestore."))
+        .with_resource_pattern_type(4)
+        .with_principal(st("User:alice"))
+        .with_host(st("*"))
+        .with_operation(4)
+        .with_permission_type(3)])
+}
+
+pub(super) fn delete_acls(_v: i16) -> km::DeleteAclsRequest {
+    use km::delete_acls_request::DeleteAclsFilter;
+    km::DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default().with_resource_type_filter(1).with_pattern_type_filter(1).with_operation(1).with_permission_type(1)])
+}

@@ -1,0 +1,63 @@
+//! The authorizer as handlers ask it: who the running request's
+//! connection is, checked against the ACLs, every refusal counted by
+//! resource type. A [`Check`] is taken on the request's task and may be
+//! moved into blocking work with the request.
+
+use std::sync::Arc;
+
+use crate::auth::acl::{Authorizer, Operation, Request, ResourceType, CLUSTER_NAME};
+use crate::auth::KafkaPrincipal;
+use crate::kafka::{conn, probe::KafkaProbe, Broker};
+
+#[derive(Clone)]
+pub struct Check {
+    authorizer: Arc<Authorizer>,
+    principal: Arc<KafkaPrincipal>,
+    host: String,
+    probe: Arc<KafkaProbe>,
+}
+
+impl Check {
+    /// The running request's principal and host.
+    pub fn current(broker: &Broker) -> Check {
+        let session = conn::session();
+        Check { authorizer: broker.authorizer.clone(), principal: session.principal(), host: session.peer.ip().to_string(), probe: broker.probe.clone() }
+    }
+
+    pub fn allows(&self, operation: Operation, resource_type: ResourceType, name: &str) -> bool {
+        let ok = self.authorizer.authorize(&Request { principal: &self.principal, host: &self.host, operation, resource_type, name });
+        if !ok {
+            self.probe.denied(resource_type);
+            tracing::debug!(principal = %self.principal, host = %self.host, ?operation, ?resource_type, name, "denied");
+        }
+        ok
+    }
+
+    pub fn topic(&self, operation: Operation, name: &str) -> bool {
+        self.allows(operation, ResourceType::Topic, name)
+    }
+
+    pub fn cluster(&self, operation: Operation) -> bool {
+        self.allows(operation, ResourceType::Cluster, CLUSTER_NAME)
+    }
+
+    pub fn group(&self, operation: Operation, name: &str) -> bool {
+        self.allows(operation, ResourceType::Group, name)
+    }
+
+    pub fn transactional_id(&self, operation: Operation, name: &str) -> bool {
+        self.allows(operation, ResourceType::TransactionalId, name)
+    }
+
+    /// May this principal manage SCRAM credentials? With the authorizer,
+    /// as Kafka asks (`operation` on the cluster); without it, super users
+    /// only (Kafka would let anyone: a broker reachable on a plaintext
+    /// port must not let anyone take over a SASL user).
+    pub fn credentials(&self, operation: Operation) -> bool {
+        if self.authorizer.enabled() {
+            self.cluster(operation)
+        } else {
+            self.authorizer.is_super_user(&self.principal)
+        }
+    }
+}
