@@ -287,6 +287,25 @@ impl Authorizer {
         allowed || (!any && self.allow_if_no_acl)
     }
 
+    /// May the principal do `operation` on some resource of the type
+    /// (Kafka's `authorizeByResourceType`: how an idempotent producer with
+    /// WRITE on any topic gets IDEMPOTENT_WRITE)? An ALLOW for it on any
+    /// pattern counts, unless a DENY covers every name of the type.
+    pub fn authorize_any(&self, principal: &KafkaPrincipal, host: &str, operation: Operation, resource_type: ResourceType) -> bool {
+        if !self.enabled || self.is_super_user(principal) {
+            return true;
+        }
+        let ix = self.snapshot();
+        let (who, wildcard) = (principal.to_string(), format!("{}:*", principal.kind));
+        let applies = |a: &Acl| a.resource_type == resource_type && (a.principal == who || a.principal == wildcard) && (a.host == "*" || a.host == host) && (a.operation == operation || a.operation == Operation::All);
+        let denied_everywhere = ix.all.iter().any(|a| applies(a) && a.permission == Permission::Deny && (a.name == "*" && a.pattern == PatternType::Literal));
+        if denied_everywhere {
+            return false;
+        }
+        let none_of_type = !ix.all.iter().any(|a| a.resource_type == resource_type);
+        (none_of_type && self.allow_if_no_acl) || ix.all.iter().any(|a| applies(a) && a.permission == Permission::Allow)
+    }
+
     /// The ACLs a filter matches.
     pub fn describe(&self, f: &Filter) -> Vec<Acl> {
         self.snapshot().all.iter().filter(|a| f.matches(a)).cloned().collect()

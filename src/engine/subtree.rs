@@ -135,7 +135,13 @@ impl Engine {
     /// Reads the subtree stream from virtual offset `offset`, up to about
     /// `max_bytes` of re-encoded batches (at least one with `min_one`).
     /// Does file I/O.
-    pub fn read_subtree(&self, s: &Subtree, offset: i64, max_bytes: usize, min_one: bool, read_committed: bool) -> Result<SubtreeRead, EngineError> {
+    ///
+    /// `may_read` says which topics' records the reader may have: the
+    /// others are passed over inside the merge like control batches, so no
+    /// stream carries a sibling's data to a reader who may not read it.
+    /// It is asked once per topic per read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_subtree(&self, s: &Subtree, offset: i64, max_bytes: usize, min_one: bool, read_committed: bool, may_read: &dyn Fn(&str) -> bool) -> Result<SubtreeRead, EngineError> {
         let branches = self.subtree_branches(s);
         let (log_start, hw) = self.subtree_offsets(s);
         if offset < log_start || offset > hw {
@@ -148,7 +154,7 @@ impl Engine {
         let txns = self.any_txns.load(std::sync::atomic::Ordering::Acquire).then(|| self.txns.clone());
         let read = {
             let mut pick = |seq: u64, tp: &Tp, last_offset: i64, bytes: &[u8]| -> Pick {
-                let topic = topics.entry(tp.topic).or_insert_with(|| self.topic_by_id(&tp.topic).filter(|t| s.contains(t.name())));
+                let topic = topics.entry(tp.topic).or_insert_with(|| self.topic_by_id(&tp.topic).filter(|t| s.contains(t.name()) && may_read(t.name())));
                 if topic.is_none() {
                     return Pick::Skip;
                 }

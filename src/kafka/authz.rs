@@ -33,6 +33,12 @@ impl Check {
         ok
     }
 
+    /// May the principal do `operation` on some topic? (See
+    /// `Authorizer::authorize_any`.)
+    pub fn any_topic(&self, operation: Operation) -> bool {
+        self.authorizer.authorize_any(&self.principal, &self.host, operation, ResourceType::Topic)
+    }
+
     pub fn topic(&self, operation: Operation, name: &str) -> bool {
         self.allows(operation, ResourceType::Topic, name)
     }
@@ -60,4 +66,15 @@ impl Check {
             self.authorizer.is_super_user(&self.principal)
         }
     }
+}
+
+/// Is the running request refused `operation` on group `name`? (False
+/// without the authorizer, at no cost.)
+pub fn group_denied(broker: &Broker, operation: Operation, name: &str) -> bool {
+    broker.authorizer.enabled() && !Check::current(broker).group(operation, name)
+}
+
+/// Is the running request refused `operation` on transactional id `id`?
+pub fn transactional_id_denied(broker: &Broker, operation: Operation, id: &str) -> bool {
+    broker.authorizer.enabled() && !Check::current(broker).transactional_id(operation, id)
 }

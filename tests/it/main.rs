@@ -2,6 +2,7 @@
 //! Each module is one area; `common` holds the shared helpers.
 
 mod common;
+mod acls;
 mod admin;
 mod bad_input;
 mod compaction;

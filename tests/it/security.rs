@@ -86,11 +86,11 @@ impl Errors {
     }
 }
 
-fn listener(broker: &canopy::server::Running, name: &str) -> SocketAddr {
+pub(super) fn listener(broker: &canopy::server::Running, name: &str) -> SocketAddr {
     broker.kafka_listeners.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("listener {name}")).1
 }
 
-fn sasl(addr: SocketAddr, protocol: &str, mechanism: &str, user: &str, password: &str, ca: &str) -> ClientConfig {
+pub(super) fn sasl(addr: SocketAddr, protocol: &str, mechanism: &str, user: &str, password: &str, ca: &str) -> ClientConfig {
     let mut c = common::client(addr);
     c.set("security.protocol", protocol).set("sasl.mechanisms", mechanism).set("sasl.username", user).set("sasl.password", password);
     if protocol.ends_with("SSL") {
@@ -131,7 +131,7 @@ fn produce_consume_commit(cfg: &ClientConfig, topic: &str, n: usize) {
     assert_eq!(committed.elements()[0].offset(), rdkafka::Offset::Offset(n as i64), "{topic}: committed");
 }
 
-async fn metrics(broker: &canopy::server::Running) -> String {
+pub(super) async fn metrics(broker: &canopy::server::Running) -> String {
     let mut s = TcpStream::connect(broker.admin_addr).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
     let mut out = String::new();
@@ -139,7 +139,7 @@ async fn metrics(broker: &canopy::server::Running) -> String {
     out
 }
 
-fn metric(text: &str, name_and_labels: &str) -> f64 {
+pub(super) fn metric(text: &str, name_and_labels: &str) -> f64 {
     text.lines().find(|l| l.starts_with(name_and_labels)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
 }
 
@@ -298,11 +298,11 @@ async fn tls_client(pki: &Pki, cert: Option<std::path::PathBuf>, addr: SocketAdd
 
 // ---- the SASL exchange on raw connections ---------------------------------
 
-async fn handshake(sock: &mut TcpStream, mechanism: &str, version: i16) -> SaslHandshakeResponse {
+pub(super) async fn handshake(sock: &mut TcpStream, mechanism: &str, version: i16) -> SaslHandshakeResponse {
     common::call(sock, 17, version, 1, &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_string(mechanism.into()))).await
 }
 
-async fn authenticate(sock: &mut TcpStream, token: &[u8]) -> SaslAuthenticateResponse {
+pub(super) async fn authenticate(sock: &mut TcpStream, token: &[u8]) -> SaslAuthenticateResponse {
     common::call(sock, 36, 2, 2, &SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::copy_from_slice(token))).await
 }
 

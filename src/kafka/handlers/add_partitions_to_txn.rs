@@ -7,6 +7,8 @@ use kafka_protocol::messages::add_partitions_to_txn_response::{AddPartitionsToTx
 pub use kafka_protocol::messages::{AddPartitionsToTxnRequest as Request, AddPartitionsToTxnResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
@@ -26,9 +28,23 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
 
 async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[AddPartitionsToTxnTopic], verify_only: bool, version: i16) -> Vec<AddPartitionsToTxnTopicResult> {
     let wanted: Vec<(String, i32)> = topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (super::name(&t.name).to_owned(), *p))).collect();
-    let codes = match broker.transactions.add_partitions(id, producer_id, epoch, &wanted, verify_only, version).await {
-        Ok(codes) => codes,
-        Err(code) => vec![code; wanted.len()],
+    // WRITE on the transactional id and on every topic, as Kafka asks: a
+    // refused topic fails the request, the others are OPERATION_NOT_ATTEMPTED.
+    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
+    let refused_topics: std::collections::HashSet<&str> = match &check {
+        Some(c) => topics.iter().map(|t| super::name(&t.name)).filter(|n| !c.topic(Operation::Write, n)).collect(),
+        None => Default::default(),
+    };
+    let codes = if check.as_ref().is_some_and(|c| !c.transactional_id(Operation::Write, id)) {
+        vec![kafka_protocol::ResponseError::TransactionalIdAuthorizationFailed.code(); wanted.len()]
+    } else if !refused_topics.is_empty() {
+        let (refused, skipped) = (kafka_protocol::ResponseError::TopicAuthorizationFailed.code(), kafka_protocol::ResponseError::OperationNotAttempted.code());
+        wanted.iter().map(|(t, _)| if refused_topics.contains(t.as_str()) { refused } else { skipped }).collect()
+    } else {
+        match broker.transactions.add_partitions(id, producer_id, epoch, &wanted, verify_only, version).await {
+            Ok(codes) => codes,
+            Err(code) => vec![code; wanted.len()],
+        }
     };
     let mut codes = codes.into_iter();
     topics

@@ -6,12 +6,16 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
+use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
+    // ALTER on each topic, as Kafka asks.
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
     let results = tokio::task::spawn_blocking(move || {
         // As Kafka's controller: a topic named twice is left alone and
         // answered once, INVALID_REQUEST.
@@ -22,6 +26,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                 let r = CreatePartitionsTopicResult::default().with_name(t.name.clone());
                 if twice.contains(&t.name.0) {
                     return r.with_error_code(ResponseError::InvalidRequest.code()).with_error_message(Some(str_bytes("Duplicate topic name.")));
+                }
+                if check.as_ref().is_some_and(|c| !c.topic(Operation::Alter, super::name(&t.name))) {
+                    return r.with_error_code(ResponseError::TopicAuthorizationFailed.code()).with_error_message(Some(str_bytes("Authorization failed.")));
                 }
                 match engine.create_partitions(super::name(&t.name), t.count, req.validate_only) {
                     Ok(()) => r,

@@ -7,13 +7,17 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
 use crate::engine::{EngineError, NewTopic};
+use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 7 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
+    // CREATE on the cluster, or else on each topic, as Kafka asks.
+    let check = broker.authorizer.enabled().then(|| Check::current(broker)).filter(|c| !c.cluster(Operation::Create));
     let topics = tokio::task::spawn_blocking(move || {
         // As Kafka's controller: a name given twice is not created, and
         // gets one answer, INVALID_REQUEST.
@@ -27,6 +31,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             let r = CreatableTopicResult::default().with_name(t.name.clone()).with_num_partitions(-1).with_replication_factor(-1);
             if twice.contains(&t.name.0) {
                 answers.push((fail(r, ResponseError::InvalidRequest.code(), "Duplicate topic name.".into()), None));
+                continue;
+            }
+            if check.as_ref().is_some_and(|c| !c.topic(Operation::Create, super::name(&t.name))) {
+                answers.push((fail(r, ResponseError::TopicAuthorizationFailed.code(), "Authorization failed.".into()), None));
                 continue;
             }
             if t.replication_factor > 1 {

@@ -6,6 +6,8 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::{str_bytes, topic_name};
+use crate::auth::acl::Operation;
+use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 6 };
@@ -17,6 +19,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     } else {
         req.topic_names.into_iter().map(|n| (Some(n.0.to_string()), uuid::Uuid::nil())).collect()
     };
+    // DELETE on each topic, as Kafka asks.
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
     let responses = tokio::task::spawn_blocking(move || {
         // As Kafka's controller: a topic named (or identified) twice is not
         // deleted, and gets one answer, INVALID_REQUEST.
@@ -35,6 +39,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 };
                 if version >= 6 {
                     r = r.with_topic_id(engine.topic(&name).map(|t| uuid::Uuid::from_bytes(t.id())).unwrap_or(id));
+                }
+                if check.as_ref().is_some_and(|c| !c.topic(Operation::Delete, &name)) {
+                    let r = r.with_error_code(ResponseError::TopicAuthorizationFailed.code());
+                    return if version >= 5 { r.with_error_message(Some(str_bytes("Authorization failed."))) } else { r };
                 }
                 match engine.delete_topic(&name) {
                     Ok(()) => r,

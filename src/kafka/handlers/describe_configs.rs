@@ -6,6 +6,8 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
+use crate::kafka::authz::Check;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 4 };
@@ -20,10 +22,20 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     // Kafka answers every occurrence of a resource, each with all its
     // configs; answered once each here, so repeats cannot multiply the
     // response (clients match answers by resource).
+    // DESCRIBE_CONFIGS on the topic or the cluster, as Kafka asks.
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
     let results = super::first_occurrences(req.resources, |r| (r.resource_type, r.resource_name.clone()))
         .into_iter()
         .map(|res| {
             let out = DescribeConfigsResult::default().with_resource_type(res.resource_type).with_resource_name(res.resource_name.clone());
+            let denied = |c: &Check| match res.resource_type {
+                TOPIC => (!c.topic(Operation::DescribeConfigs, &res.resource_name)).then_some(ResponseError::TopicAuthorizationFailed),
+                BROKER => (!c.cluster(Operation::DescribeConfigs)).then_some(ResponseError::ClusterAuthorizationFailed),
+                _ => None,
+            };
+            if let Some(e) = check.as_ref().and_then(denied) {
+                return out.with_error_code(e.code()).with_error_message(Some(str_bytes("Authorization failed.")));
+            }
             let entries: Vec<(String, String, i8)> = match res.resource_type {
                 TOPIC => match broker.engine.topic(&res.resource_name) {
                     Some(t) => t

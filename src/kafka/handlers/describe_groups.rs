@@ -5,6 +5,8 @@ pub use kafka_protocol::messages::{DescribeGroupsRequest as Request, DescribeGro
 use kafka_protocol::protocol::VersionRange;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
@@ -15,12 +17,18 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     // would make a response a million times the group's size. Each group is
     // described once (clients match answers by group id).
     let wanted = super::first_occurrences(req.groups, |g| g.0.clone());
-    let ids: Vec<String> = wanted.iter().map(|g| g.0.to_string()).collect();
-    let described = broker.coordinator.describe(ids).await;
+    // DESCRIBE on each group, as Kafka asks; a refused one is not looked at.
+    let denied: Vec<bool> = wanted.iter().map(|g| authz::group_denied(broker, Operation::Describe, g.0.as_str())).collect();
+    let ids: Vec<String> = wanted.iter().zip(&denied).filter(|(_, d)| !**d).map(|(g, _)| g.0.to_string()).collect();
+    let mut described = broker.coordinator.describe(ids).await.into_iter();
     let groups = wanted
         .into_iter()
-        .zip(described)
-        .map(|(id, d)| {
+        .zip(denied)
+        .map(|(id, denied)| {
+            if denied {
+                return DescribedGroup::default().with_group_id(id).with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code());
+            }
+            let d = described.next().expect("one description per group looked at");
             let Some(state) = d.state else {
                 // Kafka describes an unknown group as Dead with no error.
                 return DescribedGroup::default().with_group_id(id).with_group_state(str_bytes("Dead"));

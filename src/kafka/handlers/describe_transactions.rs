@@ -10,6 +10,8 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError as E;
 
 use super::{str_bytes, topic_name};
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::coordinator::transactions::state_name;
 use crate::kafka::Broker;
 
@@ -21,14 +23,20 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     let wanted = super::first_occurrences(req.transactional_ids, |t| t.0.clone());
     let ids: Vec<String> = wanted.iter().map(|t| t.0.to_string()).collect();
     let found = broker.transactions.describe(&ids).await;
+    // DESCRIBE on each transactional id, as Kafka asks; its partitions of
+    // topics the principal may not DESCRIBE are left out.
+    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let states = wanted
         .into_iter()
         .zip(found)
         .map(|(id, rec)| {
-            let out = TransactionState::default().with_transactional_id(id);
+            let out = TransactionState::default().with_transactional_id(id.clone());
+            if check.as_ref().is_some_and(|c| !c.transactional_id(Operation::Describe, &id.0)) {
+                return out.with_error_code(E::TransactionalIdAuthorizationFailed.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1);
+            }
             let Some(rec) = rec else { return out.with_error_code(E::TransactionalIdNotFound.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1) };
             let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-            for (t, p) in &rec.partitions {
+            for (t, p) in rec.partitions.iter().filter(|(t, _)| check.as_ref().is_none_or(|c| c.topic(Operation::Describe, t))) {
                 topics.entry(t.clone()).or_default().push(*p);
             }
             out.with_transaction_state(str_bytes(state_name(rec.state)))

@@ -29,6 +29,8 @@ use super::IntoReply;
 use crate::protocol::fetch::{self as wire, PartitionOut, TopicOut};
 use crate::engine::subtree::Subtree;
 use crate::engine::{Engine, EngineError, Topic};
+use crate::auth::acl::Operation;
+use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 use crate::storage::Tp;
 
@@ -41,6 +43,8 @@ struct Want {
     subtree: Option<Subtree>,
     offset: i64,
     max_bytes: usize,
+    /// The reader may not READ the topic: TOPIC_AUTHORIZATION_FAILED.
+    denied: bool,
 }
 
 /// The fetch answer before framing; encoded by `protocol::fetch`.
@@ -67,10 +71,14 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
     // Kafka's fetch.max.bytes caps what a client may ask for.
     let limit = broker.cfg.fetch_max_bytes;
     let max_bytes = (req.max_bytes.max(0) as usize).min(limit);
-    let wants = Arc::new(wanted(broker, req.topics, limit));
+    // READ on each topic, as Kafka asks (TOPIC_AUTHORIZATION_FAILED, never
+    // waited on); a subtree stream carries only the topics the reader may
+    // read, filtered inside the merge.
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
+    let wants = Arc::new(wanted(broker, req.topics, limit, &check));
     // Partitions that exist: only those can move (a made-up partition of a
     // real topic is answered UNKNOWN_TOPIC_OR_PARTITION and never waited on).
-    let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
+    let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter(|w| !w.denied).filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
     let streams = wants.iter().any(|(_, ps)| ps.iter().any(|w| w.subtree.is_some()));
     let mut stopping = broker.stopping.clone();
     // One registration for the whole poll, made before the first read so
@@ -82,7 +90,8 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
     loop {
         let engine = broker.engine.clone();
         let w = wants.clone();
-        let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
+        let c = check.clone();
+        let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
         if !may_wait || bytes >= min_bytes || errors || tokio::time::Instant::now() >= deadline || *stopping.borrow() {
             return Some(counted(broker, &wants, topics));
         }
@@ -95,7 +104,8 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             // One last read so data that arrived with the deadline is sent.
             let engine = broker.engine.clone();
             let w = wants.clone();
-            let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed)).await.ok()?;
+            let c = check.clone();
+            let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
             return Some(counted(broker, &wants, topics));
         }
     }
@@ -104,7 +114,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
 /// What the request asks for, each partition once: Kafka keys a fetch by
 /// partition, so a partition listed again moves to the offset and size it
 /// was last given and keeps the place it was first given.
-fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, limit: usize) -> Vec<(TopicName, Vec<Want>)> {
+fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, limit: usize, check: &Option<Check>) -> Vec<(TopicName, Vec<Want>)> {
     // The common fetch names one partition: nothing to merge, no map.
     let single = topics.iter().map(|t| t.partitions.len()).sum::<usize>() <= 1;
     let mut at: std::collections::HashMap<(TopicName, i32), (usize, usize)> = std::collections::HashMap::new();
@@ -112,11 +122,12 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
     for t in topics {
         let topic = broker.engine.topic(super::name(&t.topic));
         let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
+        let denied = topic.is_some() && check.as_ref().is_some_and(|c| !c.topic(crate::auth::acl::Operation::Read, super::name(&t.topic)));
         let ti = out.len();
         let mut parts = Vec::new();
         for p in t.partitions {
             let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
-            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes };
+            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes, denied };
             if single {
                 parts.push(want(&p));
                 continue;
@@ -162,7 +173,7 @@ fn counted(broker: &Broker, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicO
 /// Reads every wanted partition; returns the response topics, the record
 /// bytes gathered and whether to answer without waiting (a partition
 /// carries an error, or a subtree stream has more to read right away).
-fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool) -> (Vec<TopicOut>, usize, bool) {
+fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool, check: &Option<Check>) -> (Vec<TopicOut>, usize, bool) {
     let mut total = 0usize;
     let mut ahead = Vec::new();
     let mut any_error = false;
@@ -183,7 +194,8 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                     };
                     if let (Some(s), 0) = (&w.subtree, w.partition) {
                         let room = max_bytes.saturating_sub(total).min(w.max_bytes);
-                        match engine.read_subtree(s, w.offset, room.max(1), total == 0, read_committed) {
+                        let may_read = |topic: &str| check.as_ref().is_none_or(|c| c.topic(Operation::Read, topic));
+                        match engine.read_subtree(s, w.offset, room.max(1), total == 0, read_committed, &may_read) {
                             Ok(r) => {
                                 total += r.records.iter().map(Bytes::len).sum::<usize>();
                                 out.high_watermark = r.high_watermark;
@@ -201,6 +213,11 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                                 out.error_code = errors::code(&e);
                             }
                         }
+                        return out;
+                    }
+                    if w.denied {
+                        any_error = true;
+                        out.error_code = ResponseError::TopicAuthorizationFailed.code();
                         return out;
                     }
                     let Some(topic) = w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()) else {

@@ -3,11 +3,16 @@
 pub use kafka_protocol::messages::{HeartbeatRequest as Request, HeartbeatResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    if authz::group_denied(broker, Operation::Read, req.group_id.0.as_str()) {
+        return Some(Response::default().with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code()));
+    }
     let code = broker
         .coordinator
         .heartbeat(req.group_id.0.to_string(), req.generation_id, req.member_id.to_string(), req.group_instance_id.map(|s| s.to_string()))

@@ -7,6 +7,8 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::coordinator::group::JoinArgs;
 use crate::kafka::{conn, coordinator, Broker};
 
@@ -16,6 +18,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let group = req.group_id.0.to_string();
     if group.is_empty() || group.len() > coordinator::MAX_GROUP_ID_LEN {
         return Some(Response::default().with_error_code(ResponseError::InvalidGroupId.code()).with_generation_id(-1).with_member_id(req.member_id));
+    }
+    // READ on the group, as Kafka asks.
+    if authz::group_denied(broker, Operation::Read, &group) {
+        return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()).with_generation_id(-1).with_member_id(req.member_id));
     }
     let args = JoinArgs {
         member_id: req.member_id.to_string(),

@@ -6,16 +6,22 @@ use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::VersionRange;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    // DESCRIBE on the cluster lists every group; without it, the groups
+    // the principal may DESCRIBE (as Kafka).
+    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker)).filter(|c| !c.cluster(Operation::Describe));
     let groups = broker
         .coordinator
         .list()
         .await
         .into_iter()
+        .filter(|(id, _, _)| check.as_ref().is_none_or(|c| c.group(Operation::Describe, id)))
         .filter(|(_, _, state)| req.states_filter.is_empty() || req.states_filter.iter().any(|s| s.eq_ignore_ascii_case(state)))
         .filter(|_| req.types_filter.is_empty() || req.types_filter.iter().any(|t| t.eq_ignore_ascii_case("classic")))
         .map(|(id, protocol_type, state)| {

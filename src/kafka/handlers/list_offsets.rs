@@ -8,8 +8,10 @@ pub use kafka_protocol::messages::{ListOffsetsRequest as Request, ListOffsetsRes
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
+use crate::auth::acl::Operation;
 use crate::engine::subtree::Subtree;
 use crate::engine::Engine;
+use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 8 };
@@ -22,6 +24,8 @@ const EARLIEST_LOCAL: i64 = -4;
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
     let committed = req.isolation_level == 1;
+    // DESCRIBE on each topic (or stream name), as Kafka asks.
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
     let topics = tokio::task::spawn_blocking(move || {
         // As Kafka: a partition named twice gets one answer, INVALID_REQUEST.
         let twice = super::repeated(req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.0.clone(), p.partition_index))));
@@ -29,6 +33,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         req.topics
             .into_iter()
             .map(|t| {
+                let denied = check.as_ref().is_some_and(|c| !c.topic(Operation::Describe, super::name(&t.name)));
                 let topic = engine.topic(super::name(&t.name));
                 let subtree = if topic.is_none() { engine.subtree(super::name(&t.name)) } else { None };
                 let partitions = t
@@ -39,6 +44,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                         let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index).with_timestamp(-1).with_offset(-1);
                         if twice.contains(&(t.name.0.clone(), p.partition_index)) {
                             return r.with_error_code(ResponseError::InvalidRequest.code());
+                        }
+                        if denied {
+                            return r.with_error_code(ResponseError::TopicAuthorizationFailed.code());
                         }
                         if let (Some(s), 0) = (&subtree, p.partition_index) {
                             return lookup_subtree(&engine, s, p.timestamp, r, version);

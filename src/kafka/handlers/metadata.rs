@@ -29,8 +29,10 @@ pub use kafka_protocol::messages::{MetadataRequest as Request, MetadataResponse 
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, VersionRange};
 
 use super::{str_bytes, topic_name, IntoReply, Route};
+use crate::auth::acl::Operation;
 use crate::engine::subtree::Subtree;
 use crate::engine::{topics, Engine, EngineError, Topic};
+use crate::kafka::authz::Check;
 use crate::kafka::probe::Closed;
 use crate::kafka::{errors, Broker, NODE_ID};
 use crate::protocol::guard;
@@ -165,7 +167,11 @@ impl IntoReply for Option<Answer> {
 
 async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
     let engine = broker.engine.clone();
-    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version)).await.ok()?;
+    // With the authorizer: only topics the principal may DESCRIBE are
+    // listed; one asked for by name without it is TOPIC_AUTHORIZATION_FAILED,
+    // and creating one on the way needs CREATE (cluster or topic).
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
+    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version, &check)).await.ok()?;
     let (host, port) = crate::kafka::conn::advertised(broker);
     let broker_entry = MetadataResponseBroker::default().with_node_id(NODE_ID.into()).with_host(str_bytes(host)).with_port(port);
     let mut resp = Response::default().with_brokers(vec![broker_entry]);
@@ -268,11 +274,14 @@ fn error_entry(name: Option<&str>, code: i16) -> MetadataResponseTopic {
 
 /// Answers every topic the query names (or all), each once, encoded as it
 /// goes. Blocking: it may create topics.
-fn resolve(engine: &Engine, q: &Query, version: i16) -> (usize, Vec<Bytes>) {
+fn resolve(engine: &Engine, q: &Query, version: i16, check: &Option<Check>) -> (usize, Vec<Bytes>) {
     let mut out = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
+    let may = |op: Operation, name: &str| check.as_ref().is_none_or(|c| c.topic(op, name));
     let Some((count, start)) = q.topics else {
         for t in engine.topics() {
-            out.push(&topic_entry(&t, version));
+            if may(Operation::Describe, t.name()) {
+                out.push(&topic_entry(&t, version));
+            }
         }
         return out.finish();
     };
@@ -287,6 +296,7 @@ fn resolve(engine: &Engine, q: &Query, version: i16) -> (usize, Vec<Bytes>) {
         let Some(n) = &t.name else {
             if ids.insert(t.topic_id) {
                 out.push(&match engine.topic_by_id(t.topic_id.as_bytes()) {
+                    Some(topic) if !may(Operation::Describe, topic.name()) => error_entry(None, kafka_protocol::ResponseError::TopicAuthorizationFailed.code()).with_topic_id(t.topic_id),
                     Some(topic) => topic_entry(&topic, version),
                     None => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
                 });
@@ -299,7 +309,16 @@ fn resolve(engine: &Engine, q: &Query, version: i16) -> (usize, Vec<Bytes>) {
         if !names.insert(name) {
             continue;
         }
-        out.push(&named(engine, name, q.allow_create, &mut allowance, version));
+        if !may(Operation::Describe, name) {
+            out.push(&error_entry(Some(name), kafka_protocol::ResponseError::TopicAuthorizationFailed.code()));
+            continue;
+        }
+        let may_create = q.allow_create && (check.as_ref().is_none_or(|c| c.cluster(Operation::Create) || c.topic(Operation::Create, name)) || engine.topic(name).is_some());
+        if q.allow_create && !may_create {
+            out.push(&error_entry(Some(name), kafka_protocol::ResponseError::TopicAuthorizationFailed.code()));
+            continue;
+        }
+        out.push(&named(engine, name, may_create, &mut allowance, version));
     }
     out.finish()
 }

@@ -7,6 +7,8 @@ pub use kafka_protocol::messages::{OffsetCommitRequest as Request, OffsetCommitR
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::{coordinator, Broker};
 use crate::meta::OffsetRecord;
 
@@ -30,6 +32,11 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     if group.is_empty() || group.len() > coordinator::MAX_GROUP_ID_LEN {
         return Some(Response::default().with_topics(all(ResponseError::InvalidGroupId.code(), &req.topics)));
     }
+    // READ on the group, and on each topic, as Kafka asks.
+    if authz::group_denied(broker, Operation::Read, &group) {
+        return Some(Response::default().with_topics(all(ResponseError::GroupAuthorizationFailed.code(), &req.topics)));
+    }
+    let acl = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let check = broker
         .coordinator
         .commit_check(group.clone(), req.generation_id_or_member_epoch, req.member_id.to_string(), req.group_instance_id.as_ref().map(|s| s.to_string()))
@@ -44,9 +51,11 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         let name = super::name(&t.name);
         // A subtree stream has one partition.
         let partitions = broker.engine.topic(name).map(|t| t.partitions()).or_else(|| broker.engine.subtree(name).map(|_| 1));
+        let denied = acl.as_ref().is_some_and(|c| !c.topic(Operation::Read, name));
         let mut tc = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
             let code = match partitions {
+                _ if denied => ResponseError::TopicAuthorizationFailed.code(),
                 None => ResponseError::UnknownTopicOrPartition.code(),
                 Some(n) if p.partition_index < 0 || p.partition_index >= n => ResponseError::UnknownTopicOrPartition.code(),
                 Some(_) if p.committed_metadata.as_ref().is_some_and(|m| m.len() > MAX_METADATA_BYTES) => ResponseError::OffsetMetadataTooLarge.code(),

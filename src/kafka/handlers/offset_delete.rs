@@ -7,6 +7,8 @@ pub use kafka_protocol::messages::{OffsetDeleteRequest as Request, OffsetDeleteR
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
@@ -20,6 +22,11 @@ fn subscribed(metadata: &[bytes::Bytes]) -> std::collections::HashSet<String> {
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let group = req.group_id.0.to_string();
+    // DELETE on the group, READ on each topic, as Kafka asks.
+    if authz::group_denied(broker, Operation::Delete, &group) {
+        return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()));
+    }
+    let acl = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let d = broker.coordinator.describe(vec![group.clone()]).await.pop()?;
     if d.state.is_none() {
         return Some(Response::default().with_error_code(ResponseError::GroupIdNotFound.code()));
@@ -32,11 +39,14 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         .map(|t| {
             let name = t.name.0.to_string();
             let busy = subs.contains(&name);
+            let denied = acl.as_ref().is_some_and(|c| !c.topic(Operation::Read, &name));
             let partitions = t
                 .partitions
                 .into_iter()
                 .map(|p| {
-                    if busy {
+                    if denied {
+                        OffsetDeleteResponsePartition::default().with_partition_index(p.partition_index).with_error_code(ResponseError::TopicAuthorizationFailed.code())
+                    } else if busy {
                         OffsetDeleteResponsePartition::default().with_partition_index(p.partition_index).with_error_code(ResponseError::GroupSubscribedToTopic.code())
                     } else {
                         remove.push((name.clone(), p.partition_index));

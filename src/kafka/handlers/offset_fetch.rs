@@ -11,6 +11,8 @@ pub use kafka_protocol::messages::{OffsetFetchRequest as Request, OffsetFetchRes
 use kafka_protocol::protocol::VersionRange;
 
 use super::{str_bytes, topic_name};
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 use crate::meta::OffsetRecord;
 
@@ -24,13 +26,21 @@ type Part = (i32, i64, i32, Option<String>, i16);
 /// (topic, partitions) for a group; `unstable`: partitions with offsets
 /// waiting in an open transaction.
 fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSet<(String, i32)>>) -> Result<Vec<(String, Vec<Part>)>, i16> {
+    // DESCRIBE on the group; topics: only those the principal may DESCRIBE
+    // are listed, one asked for by name is TOPIC_AUTHORIZATION_FAILED.
+    if authz::group_denied(broker, Operation::Describe, group) {
+        return Err(kafka_protocol::ResponseError::GroupAuthorizationFailed.code());
+    }
+    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
+    let may = |t: &str| check.as_ref().is_none_or(|c| c.topic(Operation::Describe, t));
+    let asked = wanted.is_some();
     let rows = broker.coordinator.committed(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
     let mut by_topic: HashMap<String, HashMap<i32, OffsetRecord>> = HashMap::new();
     for (t, p, r) in rows {
         by_topic.entry(t).or_default().insert(p, r);
     }
     let wanted = wanted.unwrap_or_else(|| {
-        let mut all: Vec<(String, Vec<i32>)> = by_topic.iter().map(|(t, ps)| (t.clone(), { let mut v: Vec<i32> = ps.keys().copied().collect(); v.sort(); v })).collect();
+        let mut all: Vec<(String, Vec<i32>)> = by_topic.iter().filter(|(t, _)| may(t)).map(|(t, ps)| (t.clone(), { let mut v: Vec<i32> = ps.keys().copied().collect(); v.sort(); v })).collect();
         all.sort();
         all
     });
@@ -38,9 +48,11 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSe
         .into_iter()
         .map(|(t, ps)| {
             let have = by_topic.get(&t);
+            let denied = asked && !may(&t);
             let parts = ps
                 .into_iter()
                 .map(|p| match have.and_then(|h| h.get(&p)) {
+                    _ if denied => (p, -1, -1, None, kafka_protocol::ResponseError::TopicAuthorizationFailed.code()),
                     _ if unstable.is_some_and(|u| u.contains(&(t.clone(), p))) => (p, -1, -1, None, kafka_protocol::ResponseError::UnstableOffsetCommit.code()),
                     Some(r) => (p, r.offset, r.leader_epoch, r.metadata.clone(), 0),
                     None => (p, -1, -1, Some(String::new()), 0),

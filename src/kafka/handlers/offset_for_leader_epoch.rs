@@ -8,16 +8,21 @@ pub use kafka_protocol::messages::{OffsetForLeaderEpochRequest as Request, Offse
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 4 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    // DESCRIBE on each topic, as Kafka asks of clients.
+    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let topics = req
         .topics
         .into_iter()
         .map(|t| {
-            let topic = broker.engine.topic(super::name(&t.topic));
+            let denied = check.as_ref().is_some_and(|c| !c.topic(Operation::Describe, super::name(&t.topic)));
+            let topic = broker.engine.topic(super::name(&t.topic)).filter(|_| !denied);
             let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
             let partitions = t
                 .partitions
@@ -29,6 +34,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                         _ => topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| broker.engine.offsets(&t.tp(p.partition))),
                     };
                     match offsets {
+                        _ if denied => r.with_error_code(ResponseError::TopicAuthorizationFailed.code()),
                         None => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
                         Some(_) if p.current_leader_epoch > 0 => r.with_error_code(ResponseError::UnknownLeaderEpoch.code()),
                         Some((_, hw, _)) if p.leader_epoch >= 0 => r.with_leader_epoch(0).with_end_offset(hw),

@@ -21,7 +21,9 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::Route;
+use crate::auth::acl::Operation;
 use crate::engine::{Ack, EngineError};
+use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 use crate::protocol::header::RequestHeader;
 
@@ -112,6 +114,23 @@ fn encode_legacy(correlation_id: i32, version: i16, topics: &[(Bytes, Vec<i32>)]
     buf
 }
 
+/// Why a topic's partitions are not appended to.
+enum Refused {
+    TransactionalId,
+    Topic,
+    Engine(EngineError),
+}
+
+impl Refused {
+    fn code(&self) -> i16 {
+        match self {
+            Refused::TransactionalId => ResponseError::TransactionalIdAuthorizationFailed.code(),
+            Refused::Topic => ResponseError::TopicAuthorizationFailed.code(),
+            Refused::Engine(e) => errors::code(e),
+        }
+    }
+}
+
 /// acks=0 requests get no answer at all; one that failed closes the
 /// connection (as Kafka does), the only way such a producer learns of it.
 pub enum Reply {
@@ -149,13 +168,25 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     drop(keys);
     let mut pending = Vec::with_capacity(req.topic_data.len());
     let mut allowance = broker.engine.auto_create_allowance();
+    // The authorizer, as Kafka asks it: WRITE on the transactional id of a
+    // transactional produce, WRITE on each topic; creating a topic on the
+    // way needs CREATE (on the cluster or the topic).
+    let check = broker.authorizer.enabled().then(|| Check::current(broker));
+    let txn_denied = match (&check, &req.transactional_id) {
+        (Some(c), Some(id)) => !c.transactional_id(Operation::Write, id.0.as_str()),
+        _ => false,
+    };
     for (topic, keep) in req.topic_data.into_iter().zip(keep) {
         if !keep.contains(&true) {
             continue;
         }
         let name = super::name(&topic.name).to_owned();
+        let may_create = || check.as_ref().is_none_or(|c| c.cluster(Operation::Create) || c.topic(Operation::Create, &name));
         let found = match crate::engine::topics::validate_name(&name) {
-            Err(e) => Err(EngineError::InvalidTopic(e)),
+            _ if txn_denied => Err(Refused::TransactionalId),
+            _ if check.as_ref().is_some_and(|c| !c.topic(Operation::Write, &name)) => Err(Refused::Topic),
+            Err(e) => Err(Refused::Engine(EngineError::InvalidTopic(e))),
+            Ok(()) if broker.engine.config().auto_create_topics && broker.engine.topic(&name).is_none() && !may_create() => Err(Refused::Engine(EngineError::UnknownTopicOrPartition)),
             Ok(()) if broker.engine.config().auto_create_topics => {
                 let engine = broker.engine.clone();
                 let n = name.clone();
@@ -165,17 +196,17 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                         let mut a = allowance;
                         let (found, left) = tokio::task::spawn_blocking(move || (engine.topic_or_create(&n, &mut a), a)).await.unwrap_or((Err(EngineError::ShuttingDown), allowance));
                         allowance = left;
-                        found
+                        found.map_err(Refused::Engine)
                     }
                 }
             }
-            Ok(()) => broker.engine.topic(&name).ok_or(EngineError::UnknownTopicOrPartition),
+            Ok(()) => broker.engine.topic(&name).ok_or(Refused::Engine(EngineError::UnknownTopicOrPartition)),
         };
         let mut parts = Vec::with_capacity(topic.partition_data.len());
         for (p, _) in topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k) {
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
-                (Err(e), _) => Err(Some(errors::code(e))),
+                (Err(e), _) => Err(Some(e.code())),
                 (Ok(t), Some(ack)) => {
                     let records = p.records.unwrap_or_default();
                     broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(errors::code(&e)))

@@ -5,11 +5,16 @@ use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
 
 use super::str_bytes;
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    if authz::group_denied(broker, Operation::Read, req.group_id.0.as_str()) {
+        return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()));
+    }
     let r = broker
         .coordinator
         .sync(

@@ -10,6 +10,8 @@ pub use kafka_protocol::messages::{TxnOffsetCommitRequest as Request, TxnOffsetC
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError as E;
 
+use crate::auth::acl::Operation;
+use crate::kafka::authz;
 use crate::kafka::{coordinator, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
@@ -22,8 +24,17 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         .flat_map(|t| t.partitions.iter().map(move |p| (super::name(&t.name).to_owned(), p.partition_index, p.committed_offset, p.committed_leader_epoch, p.committed_metadata.as_ref().map(|m| m.to_string()))))
         .collect();
     let n = offsets.len();
+    // WRITE on the transactional id, READ on the group and each topic.
+    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
+    let denied_topic = |t: &str| check.as_ref().is_some_and(|c| !c.topic(Operation::Read, t));
     let codes = if group.is_empty() || group.len() > coordinator::MAX_GROUP_ID_LEN {
         vec![E::InvalidGroupId.code(); n]
+    } else if check.as_ref().is_some_and(|c| !c.transactional_id(Operation::Write, &req.transactional_id.0)) {
+        vec![E::TransactionalIdAuthorizationFailed.code(); n]
+    } else if check.as_ref().is_some_and(|c| !c.group(Operation::Read, &group)) {
+        vec![E::GroupAuthorizationFailed.code(); n]
+    } else if offsets.iter().any(|(t, ..)| denied_topic(t)) {
+        offsets.iter().map(|(t, ..)| if denied_topic(t) { E::TopicAuthorizationFailed.code() } else { E::OperationNotAttempted.code() }).collect()
     } else {
         let member = if version >= 3 { (req.generation_id, req.member_id.to_string(), req.group_instance_id.as_ref().map(|s| s.to_string())) } else { (-1, String::new(), None) };
         match broker.transactions.commit_offsets(&req.transactional_id.0, &group, req.producer_id.0, req.producer_epoch, member, offsets, version).await {
