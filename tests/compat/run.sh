@@ -16,7 +16,9 @@
 # `canopy user` first) and SSL with required client certificates (from
 # openssl); each client test also runs over those (SASL_BOOTSTRAP,
 # SSL_BOOTSTRAP, CA_PEM, CLIENT_CERT, CLIENT_KEY, SASL_USER, ... in the
-# environment). Then the broker is stopped with SIGTERM and must exit 0. A client that
+# environment). The authorizer is on, open where no ACL names a resource
+# (allow_everyone_if_no_acl_found), so every test also runs through it and
+# the ACL tests name resources of their own. Then the broker is stopped with SIGTERM and must exit 0. A client that
 # is not installed is a failure, never a skip. Prints `N passed, N failed` as
 # its last line and exits non-zero if anything failed.
 #
@@ -117,8 +119,10 @@ SASL_USER=alice
 SASL_PASSWORD=alice-secret
 ADMIN_USER=admin
 ADMIN_PASSWORD=admin-secret
-export SASL_BOOTSTRAP SSL_BOOTSTRAP CA_PEM CLIENT_CERT CLIENT_KEY SASL_USER SASL_PASSWORD ADMIN_USER ADMIN_PASSWORD
-for u in "$SASL_USER:$SASL_PASSWORD" "$ADMIN_USER:$ADMIN_PASSWORD"; do
+OTHER_USER=bob
+OTHER_PASSWORD=bob-secret
+export SASL_BOOTSTRAP SSL_BOOTSTRAP CA_PEM CLIENT_CERT CLIENT_KEY SASL_USER SASL_PASSWORD ADMIN_USER ADMIN_PASSWORD OTHER_USER OTHER_PASSWORD
+for u in "$SASL_USER:$SASL_PASSWORD" "$ADMIN_USER:$ADMIN_PASSWORD" "$OTHER_USER:$OTHER_PASSWORD"; do
     printf '%s\n' "${u#*:}" | "$broker" user --data-dir "$work/data" --name "${u%%:*}" --password-file - \
         || { echo "compat: canopy user failed" >&2; echo "0 passed, 1 failed"; exit 1; }
 done
@@ -131,6 +135,7 @@ RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --ssl-cert-file "$pki/server.pem" --ssl-key-file "$pki/server.key" --ssl-ca-file "$CA_PEM" \
     --listener-ssl-client-auth SSL:required \
     --super-users "User:$ADMIN_USER" \
+    --authorizer-enabled true --allow-everyone-if-no-acl-found true \
     --admin-listener "$ADMIN" \
     --rest-listener "127.0.0.1:$rport" \
     --auto-create-topics true \

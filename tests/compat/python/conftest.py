@@ -213,7 +213,7 @@ def security():
     SCRAM-SHA-256, PLAIN) and SSL with required client certificates, their
     CA, a client certificate, a user and a super user."""
     keys = ["SASL_BOOTSTRAP", "SSL_BOOTSTRAP", "CA_PEM", "CLIENT_CERT", "CLIENT_KEY", "SASL_USER", "SASL_PASSWORD",
-            "ADMIN_USER", "ADMIN_PASSWORD"]
+            "ADMIN_USER", "ADMIN_PASSWORD", "OTHER_USER", "OTHER_PASSWORD"]
     missing = [k for k in keys if not os.environ.get(k)]
     if missing:
         pytest.fail(f"{', '.join(missing)} not set (run via tests/compat/run.sh)")

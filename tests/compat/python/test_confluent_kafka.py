@@ -376,6 +376,32 @@ def test_subtree_stream_in_arrival_order(bootstrap):
 
 # ---- security: SASL_SSL with SCRAM and PLAIN, SSL with client certificates --
 
+import contextlib
+
+
+@contextlib.contextmanager
+def cluster_alter_denied(security, user):
+    """A DENY of ALTER on the cluster for `user`, for the length of a test.
+    The compat broker's authorizer is open where no ACL names a resource
+    (allow_everyone_if_no_acl_found), as Kafka's would be, so without an
+    ACL on the cluster anyone may alter it; the DENY is removed after, so
+    the other tests still find the cluster unnamed."""
+    from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType,
+                                       ResourceType)
+    admin = AdminClient({**secure_config(security, "SCRAM-SHA-512"), "sasl.username": security["admin_user"],
+                         "sasl.password": security["admin_password"]})
+    deny = AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{user}", "*",
+                      AclOperation.ALTER, AclPermissionType.DENY)
+    for f in admin.create_acls([deny], request_timeout=30).values():
+        f.result(timeout=30)
+    try:
+        yield
+    finally:
+        flt = AclBindingFilter(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, f"User:{user}", "*",
+                               AclOperation.ALTER, AclPermissionType.DENY)
+        for f in admin.delete_acls([flt], request_timeout=30).values():
+            assert len(f.result(timeout=30)) == 1
+
 def secure_config(security, how):
     if how == "ssl-cert":
         return {"bootstrap.servers": security["ssl_bootstrap"], "security.protocol": "SSL",
@@ -465,13 +491,68 @@ def test_scram_credentials_created_described_rotated_and_deleted(security):
     with pytest.raises(KafkaException) as e:
         weak[user].result(timeout=30)
     assert e.value.args[0].code() == KafkaError.UNACCEPTABLE_CREDENTIAL
-    # A user who is not a super user may not alter credentials.
-    plain_admin = AdminClient(secure_config(security, "SCRAM-SHA-512"))
-    denied = plain_admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, b"taken-over")])
-    with pytest.raises(KafkaException) as e:
-        denied[user].result(timeout=30)
-    assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    # A user refused ALTER on the cluster may not alter credentials.
+    with cluster_alter_denied(security, security["sasl_user"]):
+        plain_admin = AdminClient(secure_config(security, "SCRAM-SHA-512"))
+        denied = plain_admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, b"taken-over")])
+        with pytest.raises(KafkaException) as e:
+            denied[user].result(timeout=30)
+        assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
     assert can_login("second-password")
     deleted = admin.alter_user_scram_credentials([UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)])
     deleted[user].result(timeout=30)
     assert not can_login("second-password")
+
+
+def test_acls_created_described_enforced_and_deleted(security):
+    """ACLs through the AdminClient: a topic granted to one user is refused
+    to another (TOPIC_AUTHORIZATION_FAILED) and nothing is written; a
+    prefixed grant covers a branch; the ACLs are described with filters and
+    deleted."""
+    from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType,
+                                       ResourceType)
+    admin = AdminClient({**secure_config(security, "SCRAM-SHA-512"), "sasl.username": security["admin_user"],
+                         "sasl.password": security["admin_password"]})
+    branch = unique_topic("acl") + "."
+    topic = branch + "granted"
+    alice = f"User:{security['sasl_user']}"
+    bindings = [
+        AclBinding(ResourceType.TOPIC, branch, ResourcePatternType.PREFIXED, alice, "*", AclOperation.WRITE, AclPermissionType.ALLOW),
+        AclBinding(ResourceType.TOPIC, branch, ResourcePatternType.PREFIXED, alice, "*", AclOperation.CREATE, AclPermissionType.ALLOW),
+        AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, alice, "*", AclOperation.READ, AclPermissionType.ALLOW),
+    ]
+    for f in admin.create_acls(bindings, request_timeout=30).values():
+        f.result(timeout=30)
+
+    def produce_as(user, password):
+        errors = []
+        p = Producer({**secure_config(security, "SCRAM-SHA-512"), "sasl.username": user, "sasl.password": password,
+                      "acks": "all", "message.timeout.ms": 15000})
+        p.produce(topic, value=b"v", on_delivery=lambda err, msg: errors.append(err))
+        p.flush(30)
+        return errors[0] if errors else "no delivery report"
+
+    assert produce_as(security["sasl_user"], security["sasl_password"]) is None
+    refused = produce_as(security["other_user"], security["other_password"])
+    assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
+    lo, hi = Consumer({**secure_config(security, "SCRAM-SHA-512"), "group.id": "x"}).get_watermark_offsets(
+        TopicPartition(topic, 0), timeout=10)
+    assert hi == 1, "only alice's record was written"
+
+    described = admin.describe_acls(AclBindingFilter(ResourceType.TOPIC, topic, ResourcePatternType.MATCH, None, None,
+                                                     AclOperation.ANY, AclPermissionType.ANY), request_timeout=30).result(timeout=30)
+    assert sorted((b.name, b.resource_pattern_type, b.operation) for b in described) == sorted(
+        (b.name, b.resource_pattern_type, b.operation) for b in bindings)
+    deleted = admin.delete_acls([AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.ANY, alice, None,
+                                                  AclOperation.ANY, AclPermissionType.ANY)], request_timeout=30)
+    gone = list(deleted.values())[0].result(timeout=30)
+    assert len([b for b in gone if b.name in (branch, topic)]) == 3
+    assert not admin.describe_acls(AclBindingFilter(ResourceType.TOPIC, topic, ResourcePatternType.MATCH, None, None,
+                                                    AclOperation.ANY, AclPermissionType.ANY),
+                                   request_timeout=30).result(timeout=30)
+    # A user refused ALTER on the cluster may not create ACLs.
+    with cluster_alter_denied(security, security["sasl_user"]):
+        plain_admin = AdminClient(secure_config(security, "SCRAM-SHA-512"))
+        with pytest.raises(KafkaException) as e:
+            list(plain_admin.create_acls(bindings[:1], request_timeout=30).values())[0].result(timeout=30)
+        assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED

@@ -306,3 +306,42 @@ def test_wrong_password_is_refused(security, caplog):
         KafkaProducer(request_timeout_ms=5000, max_block_ms=5000, **cfg).partitions_for("anything")
     assert any("SaslAuthenticationFailedError" in r.getMessage() and "invalid credentials" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
+
+
+def test_acls_through_the_admin_client(security):
+    """kafka-python's KafkaAdminClient creates, describes and deletes ACLs;
+    a group granted to nobody else refuses another user."""
+    from kafka.admin import (ACL, ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern,
+                             ResourcePatternFilter, ResourceType)
+    cfg = secure_config(security, "SCRAM-SHA-512")
+    cfg.update(sasl_plain_username=security["admin_user"], sasl_plain_password=security["admin_password"])
+    admin = KafkaAdminClient(request_timeout_ms=20000, **cfg)
+    try:
+        group = unique_topic("kp_acl_group")
+        acl = ACL(f"User:{security['sasl_user']}", "*", ACLOperation.READ, ACLPermissionType.ALLOW,
+                  ResourcePattern(ResourceType.GROUP, group, ACLResourcePatternType.LITERAL))
+        result = admin.create_acls([acl])
+        assert not result["failed"] and len(result["succeeded"]) == 1, result
+        flt = ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+                        ResourcePatternFilter(ResourceType.GROUP, group, ACLResourcePatternType.MATCH))
+        acls, error = admin.describe_acls(flt)
+        assert error.errno == 0 and [(a.principal, a.operation) for a in acls] == [(acl.principal, ACLOperation.READ)]
+        # bob may not join alice's group.
+        other = secure_config(security, "SCRAM-SHA-512")
+        other.update(sasl_plain_username=security["other_user"], sasl_plain_password=security["other_password"])
+        c = KafkaConsumer(group_id=group, enable_auto_commit=False, **other)
+        try:
+            from kafka.errors import GroupAuthorizationFailedError
+            with pytest.raises(GroupAuthorizationFailedError):
+                c.subscribe([unique_topic("kp_acl_t")])
+                for _ in range(20):
+                    c.poll(timeout_ms=500)
+        finally:
+            c.close(autocommit=False)
+        deleted = admin.delete_acls([flt])
+        [(_, matched, err)] = deleted
+        assert err.errno == 0 and len(matched) == 1, deleted
+        acls, error = admin.describe_acls(flt)
+        assert not acls
+    finally:
+        admin.close()
