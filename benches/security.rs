@@ -19,6 +19,13 @@
 //! rustls's preferred suite does to every byte), in CPU s/GB, beside the
 //! broker's extra s/GB over SASL_SSL.
 //!
+//! **Authorization**: the cost of a check with 0, 1,000 and 100,000 ACLs
+//! (in-process: ns per check of a principal granted its branch by a
+//! prefixed ACL, among ACLs of other principals and topics), and end to
+//! end: a broker with the authorizer off, and one with it on holding 0,
+//! then 1,000, then 100,000 ACLs, each produce run through SASL_PLAINTEXT;
+//! broker CPU per GB beside the authorizer-off broker's.
+//!
 //! **Authentications per second**: two client threads open connections to
 //! each SASL listener and authenticate (SCRAM-SHA-512 and PLAIN) for
 //! `--auth-secs`; per arm, authentications/s and the broker's CPU ms per
@@ -175,9 +182,130 @@ fn cipher_floor() -> f64 {
     thread_cpu() - t0
 }
 
+/// `n` ACLs of other principals on other topics and branches (literal and
+/// prefixed, allow and deny), plus the one that grants `bench` its branch.
+fn acls(n: usize) -> Vec<canopy::auth::acl::Acl> {
+    use canopy::auth::acl::{Acl, Operation, PatternType, Permission, ResourceType};
+    let mut v: Vec<Acl> = (0..n)
+        .map(|i| Acl {
+            resource_type: if i % 5 == 0 { ResourceType::Group } else { ResourceType::Topic },
+            name: if i % 3 == 0 { format!("team{}.svc{}.", i % 97, i) } else { format!("team{}.svc{}.events", i % 97, i) },
+            pattern: if i % 3 == 0 { PatternType::Prefixed } else { PatternType::Literal },
+            principal: format!("User:u{i}"),
+            host: "*".into(),
+            operation: if i % 2 == 0 { Operation::Write } else { Operation::Read },
+            permission: if i % 11 == 0 { Permission::Deny } else { Permission::Allow },
+        })
+        .collect();
+    v.push(Acl { resource_type: ResourceType::Topic, name: "bench".into(), pattern: PatternType::Prefixed, principal: "User:bench".into(), host: "*".into(), operation: Operation::All, permission: Permission::Allow });
+    v
+}
+
+/// ns per check with `n` other ACLs.
+fn check_cost(n: usize) -> f64 {
+    use canopy::auth::acl::{Authorizer, Operation, Request, ResourceType};
+    let a = Authorizer::in_memory(acls(n), vec![], false);
+    let who = canopy::auth::KafkaPrincipal::user("bench");
+    let names: Vec<String> = (0..64).map(|i| format!("bench-{i}-x")).collect();
+    let checks = 1_000_000;
+    let t0 = thread_cpu();
+    let mut ok = 0;
+    for i in 0..checks {
+        ok += a.authorize(&Request { principal: &who, host: "127.0.0.1", operation: Operation::Write, resource_type: ResourceType::Topic, name: &names[i % names.len()] }) as usize;
+    }
+    assert_eq!(ok, checks, "every check passes");
+    (thread_cpu() - t0) * 1e9 / checks as f64
+}
+
+/// Creates `acls` through CreateAcls as the super user `admin`, in
+/// requests of 10,000.
+fn create_acls(addr: SocketAddr, acls: &[canopy::auth::acl::Acl]) {
+    use kafka_protocol::messages::*;
+    let sock = TcpStream::connect(addr).unwrap();
+    let mut s = sock;
+    let h: SaslHandshakeResponse = call(&mut s, 17, 1, &SaslHandshakeRequest::default().with_mechanism(kafka_protocol::protocol::StrBytes::from_static_str("PLAIN")));
+    assert_eq!(h.error_code, 0);
+    let a: SaslAuthenticateResponse = call(&mut s, 36, 2, &SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from_static(b"\0admin\0admin-password")));
+    assert_eq!(a.error_code, 0);
+    let st = |v: &str| kafka_protocol::protocol::StrBytes::from_string(v.to_owned());
+    for chunk in acls.chunks(10_000) {
+        let creations = chunk
+            .iter()
+            .map(|a| {
+                create_acls_request::AclCreation::default()
+                    .with_resource_type(a.resource_type.code())
+                    .with_resource_name(st(&a.name))
+                    .with_resource_pattern_type(a.pattern.code())
+                    .with_principal(st(&a.principal))
+                    .with_host(st(&a.host))
+                    .with_operation(a.operation.code())
+                    .with_permission_type(a.permission.code())
+            })
+            .collect();
+        let r: CreateAclsResponse = call(&mut s, 30, 3, &CreateAclsRequest::default().with_creations(creations));
+        assert!(r.results.iter().all(|r| r.error_code == 0));
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Produce through SASL_PLAINTEXT to a broker with the authorizer off,
+/// and to one with it on holding 0, 1,000 and 100,000 ACLs.
+fn authorization_end_to_end(bin: &Path, perf: &Path, dir: &Path, records: u64, runs: usize) {
+    let data_off = dir.join("authz-off");
+    let data_on = dir.join("authz-on");
+    for d in [&data_off, &data_on] {
+        for (u, pw) in [("bench", "bench-pw-file"), ("admin", "admin-pw-file")] {
+            let st = Command::new(bin).args(["user", "--data-dir"]).arg(d).args(["--name", u, "--iterations", "4096", "--password-file"]).arg(dir.join(pw)).status().unwrap();
+            assert!(st.success());
+        }
+    }
+    let start = |data: &Path, authz: bool| {
+        let port = free_ports(1)[0];
+        let l = format!("SASL_PLAINTEXT://127.0.0.1:{port}");
+        let mut extra = vec!["--listeners".to_owned(), l, "--flush".into(), "always".into(), "--kafka-listener".into(), format!("127.0.0.1:{port}"), "--super-users".into(), "User:admin".into()];
+        if authz {
+            extra.push("--authorizer-enabled".into());
+            extra.push("true".into());
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        (Broker::spawn_binary(bin, &[], data, &extra), format!("127.0.0.1:{port}"))
+    };
+    let arm = |addr: &str| Arm {
+        name: "bench",
+        addr: addr.to_owned(),
+        props: vec!["security.protocol=SASL_PLAINTEXT".into(), "sasl.mechanisms=PLAIN".into(), "sasl.username=bench".into(), "sasl.password=bench-password".into()],
+    };
+    let (off, off_addr) = start(&data_off, false);
+    let (on, on_addr) = start(&data_on, true);
+    // bench's own branch: `bench` prefixed, everything.
+    create_acls(on_addr.parse().unwrap(), &acls(0)[..]);
+    let (a_off, a_on) = (arm(&off_addr), arm(&on_addr));
+    perf_run(perf, off.child.id(), &a_off, "bench-warm", 1000, true);
+    perf_run(perf, on.child.id(), &a_on, "bench-warm", 1000, true);
+    let mut rows: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    let mut added = 0usize;
+    for target in [0usize, 1_000, 100_000] {
+        let all = acls(target);
+        create_acls(on_addr.parse().unwrap(), &all[added..target]);
+        added = target;
+        let (mut base, mut cost) = (Vec::new(), Vec::new());
+        for r in 0..runs {
+            base.push(perf_run(perf, off.child.id(), &a_off, &format!("bench-{target}-{r}"), records, true).1);
+            cost.push(perf_run(perf, on.child.id(), &a_on, &format!("bench-{target}-{r}"), records, true).1);
+        }
+        rows.push((format!("{target}"), base, cost));
+    }
+    println!("\n| ACLs (authorizer on) | broker CPU s/GB, authorizer off | authorizer on | on / off |\n| --- | --- | --- | --- |");
+    for (n, mut base, mut cost) in rows {
+        let (b, c) = (median(&mut base), median(&mut cost));
+        println!("| {n} | {b:.3} | {c:.3} | {:.3} |", c / b);
+    }
+    println!();
+    drop((off, on));
 }
 
 fn main() {
@@ -207,6 +335,8 @@ fn main() {
     std::fs::write(&key_pem, key.serialize_pem()).unwrap();
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_canopy"));
     std::fs::write(dir.path().join("pw"), "bench-password\n").unwrap();
+    std::fs::write(dir.path().join("bench-pw-file"), "bench-password\n").unwrap();
+    std::fs::write(dir.path().join("admin-pw-file"), "admin-password\n").unwrap();
     let st = Command::new(&bin).args(["user", "--data-dir"]).arg(&data).args(["--name", "bench", "--iterations", "4096", "--password-file"]).arg(dir.path().join("pw")).status().unwrap();
     assert!(st.success());
 
@@ -259,6 +389,12 @@ fn main() {
     }
     let floor = cipher_floor();
     println!("\nAES-256-GCM alone, 16 KiB records, this thread: {floor:.2} CPU s/GB\n");
+
+    println!("## Authorization\n\n| ACLs | ns per check (in-process) |\n| --- | --- |");
+    for n in [0, 1_000, 100_000] {
+        println!("| {n} | {:.0} |", check_cost(n));
+    }
+    authorization_end_to_end(&bin, &perf, dir.path(), records, runs);
 
     let tls_client = {
         use rustls_pki_types::pem::PemObject;
