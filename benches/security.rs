@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench security                          # 3 runs of 5M records per listener
 //! cargo bench --bench security -- --runs 1 --records 2000000 --auth-secs 5
+//! cargo bench --bench security -- --only authorization   # or throughput, authentication
 //! ```
 //!
 //! **Throughput**: librdkafka's `rdkafka_performance` produces `--records`
@@ -284,8 +285,10 @@ fn authorization_end_to_end(bin: &Path, perf: &Path, dir: &Path, records: u64, r
     // bench's own branch: `bench` prefixed, everything.
     create_acls(on_addr.parse().unwrap(), &acls(0)[..]);
     let (a_off, a_on) = (arm(&off_addr), arm(&on_addr));
-    perf_run(perf, off.child.id(), &a_off, "bench-warm", 1000, true);
-    perf_run(perf, on.child.id(), &a_on, "bench-warm", 1000, true);
+    // A full-size run on each first: a fresh broker's first run touches
+    // its tip and buffers for the first time and costs more.
+    perf_run(perf, off.child.id(), &a_off, "bench-warm", records, true);
+    perf_run(perf, on.child.id(), &a_on, "bench-warm", records, true);
     let mut rows: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
     let mut added = 0usize;
     for target in [0usize, 1_000, 100_000] {
@@ -314,6 +317,9 @@ fn main() {
     let runs: usize = opt("--runs").map_or(3, |v| v.parse().unwrap());
     let records: u64 = opt("--records").map_or(5_000_000, |v| v.parse().unwrap());
     let auth_secs: f64 = opt("--auth-secs").map_or(10.0, |v| v.parse().unwrap());
+    // `--only throughput|authorization|authentication`: one section.
+    let only = opt("--only");
+    let run_section = |name: &str| only.as_deref().is_none_or(|o| o == name);
 
     let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
     let data = dir.path().join("data");
@@ -342,6 +348,14 @@ fn main() {
 
     let ports = free_ports(3);
     let (plain, sasl, sasl_ssl) = (format!("127.0.0.1:{}", ports[0]), format!("127.0.0.1:{}", ports[1]), format!("127.0.0.1:{}", ports[2]));
+    let perf = perf_tool::perf_tool();
+    if run_section("authorization") {
+        println!("## Authorization\n\n| ACLs | ns per check (in-process) |\n| --- | --- |");
+        for n in [0, 1_000, 100_000] {
+            println!("| {n} | {:.0} |", check_cost(n));
+        }
+        authorization_end_to_end(&bin, &perf, dir.path(), records, runs);
+    }
     let listeners = format!("PLAINTEXT://{plain},SASL_PLAINTEXT://{sasl},SASL_SSL://{sasl_ssl}");
     let broker = Broker::spawn_binary(
         &bin,
@@ -350,7 +364,6 @@ fn main() {
         &["--listeners", &listeners, "--ssl-cert-file", cert_pem.to_str().unwrap(), "--ssl-key-file", key_pem.to_str().unwrap(), "--flush", "always", "--kafka-listener", &plain],
     );
     let pid = broker.child.id();
-    let perf = perf_tool::perf_tool();
     let scram = |addr: &str, tls: bool| {
         let mut p = vec!["sasl.mechanisms=SCRAM-SHA-512".to_owned(), "sasl.username=bench".to_owned(), "sasl.password=bench-password".to_owned()];
         p.push(format!("security.protocol={}", if tls { "SASL_SSL" } else { "SASL_PLAINTEXT" }));
@@ -360,9 +373,19 @@ fn main() {
         Arm { name: if tls { "SASL_SSL, SCRAM-SHA-512" } else { "SASL_PLAINTEXT, SCRAM-SHA-512" }, addr: addr.to_owned(), props: p }
     };
     let arms = [Arm { name: "PLAINTEXT", addr: plain.clone(), props: vec![] }, scram(&sasl, false), scram(&sasl_ssl, true)];
-    for arm in &arms {
+    if run_section("throughput") {
+        throughput(&perf, pid, &arms, records, runs);
+    }
+    if run_section("authentication") {
+        authentications(pid, &ca_pem, &sasl, &sasl_ssl, auth_secs);
+    }
+    drop(broker);
+}
+
+fn throughput(perf: &Path, pid: u32, arms: &[Arm], records: u64, runs: usize) {
+    for arm in arms {
         // Topics are auto-created by a short first run on each listener.
-        perf_run(&perf, pid, arm, &format!("warm-{}", arm.addr.replace([':', '.'], "-")), 1000, true);
+        perf_run(perf, pid, arm, &format!("warm-{}", arm.addr.replace([':', '.'], "-")), 1000, true);
     }
     // [arm][produce, consume] -> (rates, broker s/GB, client s/GB)
     let mut got = vec![[(Vec::new(), Vec::new(), Vec::new()), (Vec::new(), Vec::new(), Vec::new())]; arms.len()];
@@ -370,7 +393,7 @@ fn main() {
         for (i, arm) in arms.iter().enumerate() {
             let topic = format!("bench-{r}-{i}");
             for (k, produce) in [true, false].into_iter().enumerate() {
-                let (rate, broker_cost, client_cost) = perf_run(&perf, pid, arm, &topic, records, produce);
+                let (rate, broker_cost, client_cost) = perf_run(perf, pid, arm, &topic, records, produce);
                 eprintln!("run {r}: {} {}: {rate:.0} records/s, broker {broker_cost:.2} s/GB, client {client_cost:.2} s/GB", arm.name, if produce { "produce" } else { "consume" });
                 got[i][k].0.push(rate);
                 got[i][k].1.push(broker_cost);
@@ -389,28 +412,23 @@ fn main() {
     }
     let floor = cipher_floor();
     println!("\nAES-256-GCM alone, 16 KiB records, this thread: {floor:.2} CPU s/GB\n");
+}
 
-    println!("## Authorization\n\n| ACLs | ns per check (in-process) |\n| --- | --- |");
-    for n in [0, 1_000, 100_000] {
-        println!("| {n} | {:.0} |", check_cost(n));
-    }
-    authorization_end_to_end(&bin, &perf, dir.path(), records, runs);
-
+fn authentications(pid: u32, ca_pem: &Path, sasl: &str, sasl_ssl: &str, auth_secs: f64) {
     let tls_client = {
         use rustls_pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(rustls_pki_types::CertificateDer::from_pem_file(&ca_pem).unwrap()).unwrap();
+        roots.add(rustls_pki_types::CertificateDer::from_pem_file(ca_pem).unwrap()).unwrap();
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         std::sync::Arc::new(rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth())
     };
     println!("## Authentications ({auth_secs} s each, two client threads, a new connection each)\n\n| listener | mechanism | authentications/s | broker CPU ms each |\n| --- | --- | --- | --- |");
     for (name, addr, mech, tls) in [
-        ("SASL_PLAINTEXT", &sasl, "SCRAM-SHA-512", None),
-        ("SASL_PLAINTEXT", &sasl, "PLAIN", None),
-        ("SASL_SSL", &sasl_ssl, "SCRAM-SHA-512", Some(tls_client.clone())),
+        ("SASL_PLAINTEXT", sasl, "SCRAM-SHA-512", None),
+        ("SASL_PLAINTEXT", sasl, "PLAIN", None),
+        ("SASL_SSL", sasl_ssl, "SCRAM-SHA-512", Some(tls_client.clone())),
     ] {
         let (rate, ms) = auth_rate(pid, addr.parse().unwrap(), mech, tls, auth_secs);
         println!("| {name} | {mech} | {rate:.0} | {ms:.2} |");
     }
-    drop(broker);
 }

@@ -183,7 +183,10 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             let _ = s.await;
         }
     });
-    let bridge = rest_listener.as_ref().map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone())));
+    let authorizer = broker.authorizer.clone();
+    let bridge = rest_listener
+        .as_ref()
+        .map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone()).with_authorizer(authorizer)));
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics };
     let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), limits, cfg.metrics_topic_label_limit)));

@@ -182,6 +182,11 @@ impl Principals {
         self.principals.is_empty()
     }
 
+    /// The principal named `name`.
+    pub fn find(&self, name: &str) -> Option<&Principal> {
+        self.principals.iter().find(|p| p.name == name)
+    }
+
     /// The principal a credential proves, if any.
     pub fn authenticate(&self, c: &Credential<'_>) -> Option<&Principal> {
         match c {

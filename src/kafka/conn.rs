@@ -63,8 +63,8 @@ use crate::protocol::{frame, header};
 /// actually received, not the length a client claims.
 const READ_STEP: usize = 1 << 20;
 const READ_MIN: usize = 64 * 1024;
-/// After a failed authentication's answer, how long the connection waits
-/// for the client to close it first.
+/// After the answer to a failed or refused authentication, how long the
+/// connection waits for the client to close it first.
 const AFTER_FAILURE_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 /// Responses are written in pieces of this size, each within the write
 /// timeout.
@@ -288,10 +288,10 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
     if session.needs_authentication() {
         let first = FirstAuthentication { broker: &broker, session: &session, peer, ending: &ending, last_reply: &last_reply };
         if let Err(why) = first.run(&mut stream, &mut buf, &mut shutdown).await {
-            if why == Closed::AuthFailed {
-                // The client is given a moment to read the failure and
-                // close first: some (kafka-python over TLS) drop an answer
-                // that arrives together with the end of the stream.
+            if last_reply.load(Ordering::Acquire) {
+                // The failure was answered: the client is given a moment
+                // to read it and close first. Some (kafka-python over TLS)
+                // drop an answer that arrives with the end of the stream.
                 let mut sink = [0u8; 1024];
                 let _ = tokio::time::timeout(AFTER_FAILURE_LINGER, async {
                     while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}

@@ -172,11 +172,46 @@ pub struct Bridge {
     pub probe: Arc<probe::RestProbe>,
     /// Request bytes in memory, broker-wide (shared with the Kafka listener).
     budget: Arc<crate::limits::MemoryBudget>,
+    /// The Kafka listener's authorizer, when it is on: a REST principal
+    /// `name` is `User:name` to it (WRITE to produce, DESCRIBE to list).
+    authorizer: Option<Arc<crate::auth::acl::Authorizer>>,
 }
 
 impl Bridge {
     pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>, probe: Arc<probe::RestProbe>, budget: Arc<crate::limits::MemoryBudget>) -> Bridge {
-        Bridge { engine, cfg, round_robin: Default::default(), principals, rate: Buckets::default(), auth_failures: Buckets::default(), in_flight: Default::default(), coalescer: Default::default(), connections: Default::default(), probe, budget }
+        Bridge {
+            engine,
+            cfg,
+            round_robin: Default::default(),
+            principals,
+            rate: Buckets::default(),
+            auth_failures: Buckets::default(),
+            in_flight: Default::default(),
+            coalescer: Default::default(),
+            connections: Default::default(),
+            probe,
+            budget,
+            authorizer: None,
+        }
+    }
+
+    /// Asks `authorizer` too, when it is enabled.
+    pub fn with_authorizer(mut self, authorizer: Arc<crate::auth::acl::Authorizer>) -> Bridge {
+        self.authorizer = authorizer.enabled().then_some(authorizer);
+        self
+    }
+
+    /// Which topics the request's principal may see (GET /topics and the
+    /// v3 topic list): all without the authorizer, else those it may
+    /// DESCRIBE. Authenticates as [`Bridge::authorize`] does.
+    pub fn describable(&self, headers: &HeaderMap) -> Result<impl Fn(&str) -> bool + '_, RestError> {
+        let who = self.authenticate(headers)?;
+        let principal = crate::auth::KafkaPrincipal::user(who.unwrap_or_else(|| "ANONYMOUS".into()));
+        Ok(move |topic: &str| {
+            self.authorizer.as_ref().is_none_or(|a| {
+                a.authorize(&crate::auth::acl::Request { principal: &principal, host: "", operation: crate::auth::acl::Operation::Describe, resource_type: crate::auth::acl::ResourceType::Topic, name: topic })
+            })
+        })
     }
 
     /// The topic, created with the defaults when auto-creation is on (that
@@ -272,9 +307,34 @@ impl Bridge {
     /// credentials, 403 outside its topics. Called before the body is read,
     /// so a refused request writes nothing.
     pub fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<(), RestError> {
-        if self.principals.is_empty() {
+        let who = self.authenticate(headers)?;
+        // With the authorizer on, a produce also needs WRITE on the topic
+        // for `User:<name>` (`User:ANONYMOUS` without principals); ACLs
+        // naming a host do not match REST requests (only `*` does).
+        if let (Some(a), Some(t)) = (&self.authorizer, topic) {
+            let principal = crate::auth::KafkaPrincipal::user(who.clone().unwrap_or_else(|| "ANONYMOUS".into()));
+            let req = crate::auth::acl::Request { principal: &principal, host: "", operation: crate::auth::acl::Operation::Write, resource_type: crate::auth::acl::ResourceType::Topic, name: t };
+            if !a.authorize(&req) {
+                return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{principal} may not produce to {t}")));
+            }
+        }
+        match who {
             // Without principals every client shares one limit.
-            return self.limit("(anonymous)");
+            None => self.limit("(anonymous)"),
+            Some(name) => {
+                if let Some(t) = topic.filter(|t| !self.principals.find(&name).is_some_and(|p| p.may_produce(t))) {
+                    return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{name} may not produce to {t}")));
+                }
+                self.limit(&name)
+            }
+        }
+    }
+
+    /// The request's principal (`None`: no principals are configured, so
+    /// no credentials are asked for); 401 without or with wrong ones.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, RestError> {
+        if self.principals.is_empty() {
+            return Ok(None);
         }
         let unauthorized = |why: &str| RestError::new(StatusCode::UNAUTHORIZED, 40101, why.to_owned());
         let auth = headers.get("authorization").map(|v| v.as_bytes());
@@ -293,10 +353,7 @@ impl Bridge {
             (None, None) => return Err(unauthorized("authentication required")),
         };
         let principal = self.principals.authenticate(&credential).ok_or_else(|| unauthorized("invalid credentials"))?;
-        if let Some(t) = topic.filter(|t| !principal.may_produce(t)) {
-            return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{} may not produce to {t}", principal.name)));
-        }
-        self.limit(&principal.name)
+        Ok(Some(principal.name.clone()))
     }
 
     /// The principal's rate limit: 429 with Retry-After past it.

@@ -58,7 +58,11 @@ pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Re
     if let Err(e) = b.authorize(&headers, None) {
         return e.into_response();
     }
-    let names: Vec<String> = b.engine.topics().iter().map(|t| t.name().to_owned()).collect();
+    let may = match b.describable(&headers) {
+        Ok(f) => f,
+        Err(e) => return e.into_response(),
+    };
+    let names: Vec<String> = b.engine.topics().iter().map(|t| t.name().to_owned()).filter(|n| may(n)).collect();
     ok(serde_json::json!(names))
 }
 
@@ -66,7 +70,8 @@ pub async fn get_topic(State(b): State<Arc<Bridge>>, Path(topic): Path<String>, 
     if let Err(e) = b.authorize(&headers, None) {
         return e.into_response();
     }
-    let Some(t) = b.engine.topic(&topic) else { return RestError::topic_not_found(&topic).into_response() };
+    let visible = b.describable(&headers).map(|may| may(&topic)).unwrap_or(false);
+    let Some(t) = b.engine.topic(&topic).filter(|_| visible) else { return RestError::topic_not_found(&topic).into_response() };
     let partitions: Vec<Value> = (0..t.partitions())
         .map(|p| serde_json::json!({"partition": p, "leader": 0, "replicas": [{"broker": 0, "leader": true, "in_sync": true}]}))
         .collect();

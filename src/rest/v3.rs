@@ -45,10 +45,15 @@ pub async fn topics(State(b): State<Arc<Bridge>>, Path(cluster): Path<String>, h
     if let Err(e) = b.authorize(&headers, None).and_then(|_| check_cluster(&b, &cluster)) {
         return e.into_response();
     }
+    let may = match b.describable(&headers) {
+        Ok(f) => f,
+        Err(e) => return e.into_response(),
+    };
     let data: Vec<Value> = b
         .engine
         .topics()
         .iter()
+        .filter(|t| may(t.name()))
         .map(|t| json!({"kind": "KafkaTopic", "cluster_id": cluster, "topic_name": t.name(), "partitions_count": t.partitions(), "replication_factor": 1, "is_internal": false}))
         .collect();
     json_ok(StatusCode::OK, json!({"kind": "KafkaTopicList", "metadata": {}, "data": data}))

@@ -251,3 +251,33 @@ async fn without_the_authorizer_acl_apis_say_security_disabled_and_everything_is
     assert_eq!(c.topics[0].error_code, 0);
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_bridge_asks_the_same_authorizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    canopy::auth::users::set_password(&data, "admin", b"admin-pw", &Mechanism::ALL, 4096).unwrap();
+    let principals = dir.path().join("principals.toml");
+    std::fs::write(&principals, format!("[[principal]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\nproduce = [\"*\"]\n", canopy::auth::hash_secret(b"alice-token"))).unwrap();
+    let mut a = args(dir.path());
+    a.principals_file = Some(principals.display().to_string());
+    let broker = common::start(a).await;
+    let addr = listener(&broker, "SASL_PLAINTEXT");
+    broker.engine.create_topic("rest.hidden", 1, Default::default(), false).unwrap();
+    let mut admin = login(addr, "admin").await;
+    let r: CreateAclsResponse = common::call(&mut admin, 30, 3, 1, &CreateAclsRequest::default().with_creations(vec![creation(TOPIC, "rest.ok", LITERAL, "User:alice", 4, 3), creation(TOPIC, "rest.ok", LITERAL, "User:alice", 5, 3)])).await;
+    assert!(r.results.iter().all(|r| r.error_code == 0));
+    let base = format!("http://{}", broker.rest_addr.unwrap());
+    let http = reqwest::Client::new();
+    let post = |topic: &str| http.post(format!("{base}/ingest/{topic}")).bearer_auth("alice-token").header("content-type", "application/json").body(r#"{"a":1}"#).send();
+    assert_eq!(post("rest.ok").await.unwrap().status(), 200);
+    let refused = post("rest.hidden").await.unwrap();
+    assert_eq!(refused.status(), 403, "WRITE is not granted on rest.hidden");
+    assert_eq!(broker.engine.offsets(&broker.engine.topic("rest.hidden").unwrap().tp(0)).unwrap().1, 0, "nothing written");
+    // Listing shows only what alice may describe (WRITE implies DESCRIBE).
+    let listed: Vec<String> = serde_json::from_str(&http.get(format!("{base}/topics")).bearer_auth("alice-token").send().await.unwrap().text().await.unwrap()).unwrap();
+    assert_eq!(listed, ["rest.ok"]);
+    let hidden = http.get(format!("{base}/topics/rest.hidden")).bearer_auth("alice-token").send().await.unwrap();
+    assert_eq!(hidden.status(), 404, "a topic alice may not describe is not found");
+    broker.shutdown().await;
+}
