@@ -134,6 +134,12 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// A filter from the wire's fields (DescribeAcls and DeleteAcls carry
+    /// the same seven).
+    pub fn from_wire(resource_type: i8, name: Option<&str>, pattern: i8, principal: Option<&str>, host: Option<&str>, operation: i8, permission: i8) -> Filter {
+        Filter { resource_type, name: name.map(str::to_owned), pattern, principal: principal.map(str::to_owned), host: host.map(str::to_owned), operation, permission }
+    }
+
     /// Why Kafka would refuse the filter, if it would: unknown numbers.
     pub fn invalid(&self) -> Option<&'static str> {
         let known = |n: i8, f: fn(i8) -> bool| n == ANY || f(n);

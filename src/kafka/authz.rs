@@ -78,3 +78,18 @@ pub fn group_denied(broker: &Broker, operation: Operation, name: &str) -> bool {
 pub fn transactional_id_denied(broker: &Broker, operation: Operation, id: &str) -> bool {
     broker.authorizer.enabled() && !Check::current(broker).transactional_id(operation, id)
 }
+
+/// Why an ACL management request is refused as a whole, if it is:
+/// SECURITY_DISABLED without the authorizer (Kafka's answer when none is
+/// configured), CLUSTER_AUTHORIZATION_FAILED without `operation` on the
+/// cluster.
+pub fn acl_api_refusal(broker: &Broker, operation: Operation) -> Option<(i16, &'static str)> {
+    use kafka_protocol::ResponseError as E;
+    if !broker.authorizer.enabled() {
+        Some((E::SecurityDisabled.code(), "No Authorizer is configured."))
+    } else if !Check::current(broker).cluster(operation) {
+        Some((E::ClusterAuthorizationFailed.code(), "Cluster authorization failed."))
+    } else {
+        None
+    }
+}

@@ -275,25 +275,7 @@ async fn client_certificates_name_the_principal_and_are_required_when_configured
 /// A TLS connection trusting the test CA, presenting `<cert>.pem` /
 /// `<cert>.key` when given.
 async fn tls_client(pki: &Pki, cert: Option<std::path::PathBuf>, addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
-    use rustls_pki_types::pem::PemObject;
-    use tokio_rustls::rustls;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pki_types::CertificateDer::pem_file_iter(&pki.ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let b = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
-    let cfg = match cert {
-        Some(c) => {
-            let chain = rustls_pki_types::CertificateDer::pem_file_iter(c.with_extension("pem")).unwrap().map(|c| c.unwrap()).collect();
-            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(c.with_extension("key")).unwrap();
-            b.with_client_auth_cert(chain, key).unwrap()
-        }
-        None => b.with_no_client_auth(),
-    };
-    let sock = TcpStream::connect(addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, sock).await.unwrap()
+    try_tls_client(pki, cert, addr).await.unwrap()
 }
 
 // ---- the SASL exchange on raw connections ---------------------------------
@@ -650,7 +632,7 @@ async fn a_replaced_certificate_is_served_to_new_connections_without_a_restart()
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let trusted_second = Pki { ca: second.ca.clone(), server_cert: String::new(), server_key: String::new() };
-        if let Ok(mut s) = try_tls_client(&trusted_second, addr).await {
+        if let Ok(mut s) = try_tls_client(&trusted_second, None, addr).await {
             assert!(metadata_works_tls(&mut s).await);
             break;
         }
@@ -658,12 +640,12 @@ async fn a_replaced_certificate_is_served_to_new_connections_without_a_restart()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Clients of the old CA no longer connect; the open connection goes on.
-    assert!(try_tls_client(&first, addr).await.is_err());
+    assert!(try_tls_client(&first, None, addr).await.is_err());
     assert!(metadata_works_tls(&mut old).await);
     broker.shutdown().await;
 }
 
-async fn try_tls_client(pki: &Pki, addr: SocketAddr) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+async fn try_tls_client(pki: &Pki, cert: Option<std::path::PathBuf>, addr: SocketAddr) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     use rustls_pki_types::pem::PemObject;
     use tokio_rustls::rustls;
     let mut roots = rustls::RootCertStore::empty();
@@ -671,7 +653,15 @@ async fn try_tls_client(pki: &Pki, addr: SocketAddr) -> std::io::Result<tokio_ru
         roots.add(c.unwrap()).unwrap();
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots).with_no_client_auth();
+    let b = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap().with_root_certificates(roots);
+    let cfg = match cert {
+        Some(c) => {
+            let chain = rustls_pki_types::CertificateDer::pem_file_iter(c.with_extension("pem")).unwrap().map(|c| c.unwrap()).collect();
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(c.with_extension("key")).unwrap();
+            b.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => b.with_no_client_auth(),
+    };
     let sock = TcpStream::connect(addr).await?;
     let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, sock).await

@@ -10,7 +10,7 @@ use kafka_protocol::ResponseError as E;
 
 use super::str_bytes;
 use crate::auth::acl::{Acl, AclError, Operation, PatternType, Permission, ResourceType};
-use crate::kafka::authz::Check;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 3 };
@@ -20,14 +20,7 @@ fn failed(code: i16, msg: &str) -> AclCreationResult {
 }
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let refuse_all = if !broker.authorizer.enabled() {
-        Some((E::SecurityDisabled.code(), "No Authorizer is configured."))
-    } else if !Check::current(broker).cluster(Operation::Alter) {
-        Some((E::ClusterAuthorizationFailed.code(), "Cluster authorization failed."))
-    } else {
-        None
-    };
-    if let Some((code, msg)) = refuse_all {
+    if let Some((code, msg)) = authz::acl_api_refusal(broker, Operation::Alter) {
         return Some(Response::default().with_results(req.creations.iter().map(|_| failed(code, msg)).collect()));
     }
     // Parsed here; refused ones keep their place in the answer.

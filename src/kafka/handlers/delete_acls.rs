@@ -10,7 +10,7 @@ use kafka_protocol::ResponseError as E;
 
 use super::str_bytes;
 use crate::auth::acl::{Filter, Operation};
-use crate::kafka::authz::Check;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 3 };
@@ -20,28 +20,13 @@ fn failed(code: i16, msg: &str) -> DeleteAclsFilterResult {
 }
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let refuse_all = if !broker.authorizer.enabled() {
-        Some((E::SecurityDisabled.code(), "No Authorizer is configured."))
-    } else if !Check::current(broker).cluster(Operation::Alter) {
-        Some((E::ClusterAuthorizationFailed.code(), "Cluster authorization failed."))
-    } else {
-        None
-    };
-    if let Some((code, msg)) = refuse_all {
+    if let Some((code, msg)) = authz::acl_api_refusal(broker, Operation::Alter) {
         return Some(Response::default().with_filter_results(req.filters.iter().map(|_| failed(code, msg)).collect()));
     }
     let filters: Vec<Filter> = req
         .filters
         .into_iter()
-        .map(|f| Filter {
-            resource_type: f.resource_type_filter,
-            name: f.resource_name_filter.map(|s| s.to_string()),
-            pattern: f.pattern_type_filter,
-            principal: f.principal_filter.map(|s| s.to_string()),
-            host: f.host_filter.map(|s| s.to_string()),
-            operation: f.operation,
-            permission: f.permission_type,
-        })
+        .map(|f| Filter::from_wire(f.resource_type_filter, f.resource_name_filter.as_deref(), f.pattern_type_filter, f.principal_filter.as_deref(), f.host_filter.as_deref(), f.operation, f.permission_type))
         .collect();
     let invalid: Vec<Option<&'static str>> = filters.iter().map(Filter::invalid).collect();
     let valid: Vec<Filter> = filters.into_iter().zip(&invalid).filter(|(_, i)| i.is_none()).map(|(f, _)| f).collect();

@@ -9,28 +9,25 @@ use kafka_protocol::ResponseError as E;
 
 use super::str_bytes;
 use crate::auth::acl::{Filter, Operation};
-use crate::kafka::authz::Check;
+use crate::kafka::authz;
 use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 3 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let fail = |code: i16, msg: &str| Some(Response::default().with_error_code(code).with_error_message(Some(str_bytes(msg))));
-    if !broker.authorizer.enabled() {
-        return fail(E::SecurityDisabled.code(), "No Authorizer is configured.");
+    if let Some((code, msg)) = authz::acl_api_refusal(broker, Operation::Describe) {
+        return fail(code, msg);
     }
-    if !Check::current(broker).cluster(Operation::Describe) {
-        return fail(E::ClusterAuthorizationFailed.code(), "Cluster authorization failed.");
-    }
-    let filter = Filter {
-        resource_type: req.resource_type_filter,
-        name: req.resource_name_filter.map(|s| s.to_string()),
-        pattern: req.pattern_type_filter,
-        principal: req.principal_filter.map(|s| s.to_string()),
-        host: req.host_filter.map(|s| s.to_string()),
-        operation: req.operation,
-        permission: req.permission_type,
-    };
+    let filter = Filter::from_wire(
+        req.resource_type_filter,
+        req.resource_name_filter.as_deref(),
+        req.pattern_type_filter,
+        req.principal_filter.as_deref(),
+        req.host_filter.as_deref(),
+        req.operation,
+        req.permission_type,
+    );
     if let Some(why) = filter.invalid() {
         return fail(E::InvalidRequest.code(), why);
     }
