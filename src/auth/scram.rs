@@ -212,8 +212,18 @@ enum State {
     /// Waiting for client-first.
     Start,
     /// Server-first sent; waiting for client-final.
-    SentFirst { user: String, client_first_bare: String, server_first: String, nonce: String, credential: Option<Credential>, decoy: Credential },
+    SentFirst(Box<SentFirst>),
     Done,
+}
+
+/// What the exchange keeps between the first message and the last.
+struct SentFirst {
+    user: String,
+    client_first_bare: String,
+    server_first: String,
+    nonce: String,
+    credential: Option<Credential>,
+    decoy: Credential,
 }
 
 /// The server's side of one SCRAM exchange.
@@ -290,7 +300,8 @@ impl ScramServer {
         let msg = std::str::from_utf8(msg).map_err(|_| ScramError::Malformed("not UTF-8"))?;
         match std::mem::replace(&mut self.state, State::Done) {
             State::Start => self.client_first(msg, lookup, decoy_secret),
-            State::SentFirst { user, client_first_bare, server_first, nonce, credential, decoy } => {
+            State::SentFirst(f) => {
+                let SentFirst { user, client_first_bare, server_first, nonce, credential, decoy } = *f;
                 self.client_final(msg, user, &client_first_bare, &server_first, &nonce, credential, decoy)
             }
             State::Done => Err(ScramError::Done),
@@ -342,7 +353,7 @@ impl ScramServer {
         let nonce = format!("{client_nonce}{}", b64.encode(random_bytes(24)));
         let server_first = format!("r={nonce},s={},i={}", b64.encode(&shown.salt), shown.iterations);
         let reply = server_first.clone().into_bytes();
-        self.state = State::SentFirst { user, client_first_bare: bare.to_owned(), server_first, nonce, credential, decoy };
+        self.state = State::SentFirst(Box::new(SentFirst { user, client_first_bare: bare.to_owned(), server_first, nonce, credential, decoy }));
         Ok(Step::Continue(reply))
     }
 

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::scram::{self, Credential, Mechanism};
 use crate::meta::{Catalog, MetaError};
 
-type Users = HashMap<String, BTreeMap<Mechanism, Credential>>;
+/// A user's credentials, one per mechanism.
+pub type Credentials = BTreeMap<Mechanism, Credential>;
+type Users = HashMap<String, Credentials>;
 
 pub struct UserStore {
     users: RwLock<Arc<Users>>,
@@ -27,6 +29,9 @@ pub struct UserStore {
     /// so that an unknown name costs the same PBKDF2 as a known one.
     decoy_credential: Credential,
 }
+
+/// A user's mechanisms and their iteration counts.
+pub type Described = Vec<(Mechanism, u32)>;
 
 /// One change AlterUserScramCredentials asks for.
 #[derive(Debug, Clone)]
@@ -126,11 +131,11 @@ impl UserStore {
         }
     }
 
-    /// Users and their mechanisms with iteration counts, by name; `None`:
-    /// every user.
-    pub fn describe(&self, users: Option<&[String]>) -> Vec<(String, Option<Vec<(Mechanism, u32)>>)> {
+    /// Users and their mechanisms with iteration counts (`None`: no such
+    /// user), by name; `None`: every user.
+    pub fn describe(&self, users: Option<&[String]>) -> Vec<(String, Option<Described>)> {
         let snap = self.snapshot();
-        let info = |creds: &BTreeMap<Mechanism, Credential>| creds.iter().map(|(m, c)| (*m, c.iterations)).collect::<Vec<_>>();
+        let info = |creds: &Credentials| creds.iter().map(|(m, c)| (*m, c.iterations)).collect::<Vec<_>>();
         match users {
             Some(names) => names.iter().map(|n| (n.clone(), snap.get(n).map(info))).collect(),
             None => {

@@ -434,7 +434,7 @@ impl Catalog {
     }
 
     /// Replaces a user's SCRAM credentials (none: removes the user), durably.
-    pub fn put_scram_user(&self, user: &str, creds: &BTreeMap<crate::auth::scram::Mechanism, crate::auth::scram::Credential>) -> Result<(), MetaError> {
+    pub fn put_scram_user(&self, user: &str, creds: &crate::auth::users::Credentials) -> Result<(), MetaError> {
         let key = format!("scram/{user}");
         if creds.is_empty() {
             self.db.remove(key.as_bytes())?;
@@ -472,7 +472,7 @@ impl Catalog {
     }
 
     /// Every user's SCRAM credentials.
-    pub fn scram_users(&self) -> Result<Vec<(String, BTreeMap<crate::auth::scram::Mechanism, crate::auth::scram::Credential>)>, MetaError> {
+    pub fn scram_users(&self) -> Result<Vec<(String, crate::auth::users::Credentials)>, MetaError> {
         self.db
             .scan_prefix(b"scram/")
             .map(|kv| {
