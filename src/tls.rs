@@ -180,8 +180,18 @@ pub fn subject_dn(cert_der: &[u8]) -> Option<String> {
                     "0.9.2342.19200300.100.1.1" => "UID".to_owned(),
                     other => other.to_owned(),
                 };
-                let value = atv.as_str().map(escape_dn_value).unwrap_or_default();
-                format!("{key}={value}")
+                // Java writes a type without an RFC 2253 keyword, or a
+                // value that is not a string, as `#` and the hex of the
+                // value's DER encoding; so does this.
+                let keyword = !key.starts_with(|c: char| c.is_ascii_digit());
+                match atv.as_str() {
+                    Ok(v) if keyword => format!("{key}={}", escape_dn_value(v)),
+                    _ => {
+                        use x509_parser::der_parser::asn1_rs::ToDer;
+                        let der = atv.attr_value().to_der_vec().unwrap_or_default();
+                        format!("{key}=#{}", der.iter().map(|b| format!("{b:02x}")).collect::<String>())
+                    }
+                }
             })
             .collect();
         rdns.push(parts.join("+"));
@@ -217,6 +227,14 @@ mod tests {
         p.distinguished_name.push(rcgen::DnType::CommonName, "writer");
         let cert = p.self_signed(&key).unwrap();
         assert_eq!(subject_dn(cert.der()).unwrap(), "CN=writer,O=canopy\\, inc,C=NL");
+        // An attribute without an RFC 2253 keyword: its OID and the hex DER
+        // of its value (an IA5String "a@b": tag 0x16, length 3).
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(rcgen::DnType::CustomDnType(vec![1, 2, 840, 113549, 1, 9, 1]), rcgen::DnValue::Ia5String("a@b".try_into().unwrap()));
+        p.distinguished_name.push(rcgen::DnType::CommonName, "x");
+        let cert = p.self_signed(&key).unwrap();
+        assert_eq!(subject_dn(cert.der()).unwrap(), "CN=x,1.2.840.113549.1.9.1=#1603614062");
         assert_eq!(subject_dn(b"not a certificate"), None);
     }
 }

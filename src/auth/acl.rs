@@ -101,6 +101,10 @@ impl Acl {
         if self.host.is_empty() {
             return Some("the host is empty");
         }
+        // The catalog key joins the fields with NUL.
+        if [&self.name, &self.principal, &self.host].iter().any(|f| f.contains('\0')) {
+            return Some("a field holds a NUL character");
+        }
         None
     }
 
@@ -456,8 +460,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Catalog::open(dir.path()).unwrap();
         let a = Authorizer::load(&catalog, true, vec![], false).unwrap();
-        let r = a.create(&catalog, &[acl(Topic, "t", Literal, "User:alice", Read, Allow), acl(Cluster, "other", Literal, "User:alice", Alter, Allow), acl(Topic, "t", Literal, "alice", Read, Allow)]);
-        assert!(r[0].is_ok() && r[1].is_err() && r[2].is_err());
+        let r = a.create(
+            &catalog,
+            &[acl(Topic, "t", Literal, "User:alice", Read, Allow), acl(Cluster, "other", Literal, "User:alice", Alter, Allow), acl(Topic, "t", Literal, "alice", Read, Allow), acl(Group, "g\0x", Literal, "User:alice", Read, Allow)],
+        );
+        assert!(r[0].is_ok() && r[1].is_err() && r[2].is_err() && r[3].is_err());
         assert!(check(&a, "alice", Read, Topic, "t"));
         drop(a);
         let a = Authorizer::load(&catalog, true, vec![], false).unwrap();

@@ -18,10 +18,11 @@ pub struct Check {
 }
 
 impl Check {
-    /// The running request's principal and host.
+    /// The running request's principal and host (an IPv4 client of a
+    /// dual-stack listener as its IPv4 address, as Kafka names it).
     pub fn current(broker: &Broker) -> Check {
         let session = conn::session();
-        Check { authorizer: broker.authorizer.clone(), principal: session.principal(), host: session.peer.ip().to_string(), probe: broker.probe.clone() }
+        Check { authorizer: broker.authorizer.clone(), principal: session.principal(), host: session.peer.ip().to_canonical().to_string(), probe: broker.probe.clone() }
     }
 
     pub fn allows(&self, operation: Operation, resource_type: ResourceType, name: &str) -> bool {

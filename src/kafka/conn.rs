@@ -63,6 +63,9 @@ use crate::protocol::{frame, header};
 /// actually received, not the length a client claims.
 const READ_STEP: usize = 1 << 20;
 const READ_MIN: usize = 64 * 1024;
+/// Longest a connection that has not authenticated waits for its next
+/// bytes (also bounded by `connections_max_idle`).
+const BEFORE_AUTH_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// After the answer to a failed or refused authentication, how long the
 /// connection waits for the client to close it first.
 const AFTER_FAILURE_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -511,20 +514,29 @@ impl FirstAuthentication<'_> {
     }
 
     /// The next whole frame (a raw token if `raw`), without its length, and
-    /// the budget it holds.
+    /// the budget it holds. An unauthenticated client has no claim on the
+    /// shared budget: a frame past the connection's free allowance takes
+    /// budget only if it is free at once (else the connection closes), and
+    /// must arrive within the slow-frame allowance; every read waits at
+    /// most [`BEFORE_AUTH_WAIT`].
     async fn next_frame<S: AsyncRead + Unpin>(&self, stream: &mut S, buf: &mut BytesMut, raw: bool, shutdown: &mut watch::Receiver<bool>) -> Result<(Bytes, Held), Closed> {
         let max = self.broker.cfg.sasl_max_receive_bytes;
-        let idle = self.broker.cfg.connections_max_idle;
+        let wait = self.broker.cfg.connections_max_idle.min(BEFORE_AUTH_WAIT);
         let mut held: Option<Held> = None;
+        let mut due: Option<tokio::time::Instant> = None;
         loop {
             let peeked = if raw { frame::peek_token_length(buf, max) } else { frame::peek_length(buf, max) };
             match peeked {
                 Ok(Some(len)) => {
                     if held.is_none() {
-                        held = Some(tokio::select! {
-                            h = self.broker.budget.acquire(len) => h,
-                            _ = shutdown.changed() => return Err(Closed::Shutdown),
-                        });
+                        let Some(h) = self.broker.budget.try_acquire_quiet(len.saturating_sub(FREE_PER_CONNECTION)) else {
+                            tracing::warn!(peer = %self.peer, len, "closing connection: no request budget free for a frame before authentication");
+                            return Err(Closed::Unauthenticated);
+                        };
+                        held = Some(h);
+                        if len > FREE_PER_CONNECTION {
+                            due = Some(tokio::time::Instant::now() + frame_allowance(len));
+                        }
                     }
                     if buf.len() >= frame::LENGTH_BYTES + len {
                         let mut f = buf.split_to(frame::LENGTH_BYTES + len).freeze();
@@ -541,10 +553,12 @@ impl FirstAuthentication<'_> {
             if buf.capacity() - buf.len() < READ_MIN {
                 buf.reserve(READ_MIN);
             }
+            let until = due.map_or(tokio::time::Instant::now() + wait, |d| d.min(tokio::time::Instant::now() + wait));
             tokio::select! {
-                n = tokio::time::timeout(idle, stream.read_buf(buf)) => match n {
+                n = tokio::time::timeout_at(until, stream.read_buf(buf)) => match n {
                     Ok(Ok(0)) | Ok(Err(_)) => return Err(Closed::Client),
                     Ok(Ok(_)) => {}
+                    Err(_) if due.is_some_and(|d| tokio::time::Instant::now() >= d) => return Err(Closed::SlowRequest),
                     Err(_) => return Err(Closed::Idle),
                 },
                 _ = shutdown.changed() => return Err(Closed::Shutdown),

@@ -317,6 +317,12 @@ impl Bridge {
             if !a.authorize(&req) {
                 return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{principal} may not produce to {t}")));
             }
+            // Creating the topic on the way needs CREATE, on the cluster
+            // or the topic, as on the Kafka port.
+            let create = |rt, name| a.authorize(&crate::auth::acl::Request { operation: crate::auth::acl::Operation::Create, resource_type: rt, name, ..req });
+            if self.engine.topic(t).is_none() && !(create(crate::auth::acl::ResourceType::Cluster, crate::auth::acl::CLUSTER_NAME) || create(crate::auth::acl::ResourceType::Topic, t)) {
+                return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{principal} may not create {t}")));
+            }
         }
         match who {
             // Without principals every client shares one limit.

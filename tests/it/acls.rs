@@ -203,6 +203,58 @@ async fn acls_decide_what_each_principal_may_do_and_a_refusal_changes_nothing() 
     let c: CreateTopicsResponse = common::call(&mut bob, 19, 7, 13, &CreateTopicsRequest::default().with_topics(vec![create_topics_request::CreatableTopic::default().with_name(TopicName(s("app.codestore.new"))).with_num_partitions(1).with_replication_factor(1)])).await;
     assert_eq!(c.topics[0].error_code, TOPIC_AUTHORIZATION_FAILED);
     assert!(broker.engine.topic("app.codestore.new").is_none(), "not created");
+    // A transactional batch without a transactional id (writing into
+    // someone's transaction by its producer id) is refused even on a topic
+    // bob may write; so is reading a topic that does not exist, without
+    // saying whether it does; and a topic named by id is not named.
+    let txn_batch = {
+        use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+        let r = Record { transactional: true, control: false, delete_horizon: false, partition_leader_epoch: -1, producer_id: 7, producer_epoch: 0, timestamp_type: TimestampType::Creation, offset: 0, sequence: 0, timestamp: 1_700_000_000_000, key: None, value: Some(bytes::Bytes::from_static(b"sneaky")), headers: Default::default() };
+        let mut b = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(&mut b, &[r], &RecordEncodeOptions { version: 2, compression: kafka_protocol::records::Compression::None }).unwrap();
+        b.freeze()
+    };
+    let p: ProduceResponse = common::call(
+        &mut bob,
+        0,
+        9,
+        20,
+        &ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![produce_request::TopicProduceData::default()
+            .with_name(TopicName(s("app.billing.invoices")))
+            .with_partition_data(vec![produce_request::PartitionProduceData::default().with_index(0).with_records(Some(txn_batch))])]),
+    )
+    .await;
+    assert_eq!(p.responses[0].partition_responses[0].error_code, TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    assert_eq!(broker.engine.offsets(&broker.engine.topic("app.billing.invoices").unwrap().tp(0)).unwrap().1, 0, "nothing written");
+    let f: FetchResponse = common::call(
+        &mut bob,
+        1,
+        12,
+        21,
+        &FetchRequest::default().with_max_wait_ms(0).with_max_bytes(1 << 20).with_topics(vec![fetch_request::FetchTopic::default()
+            .with_topic(TopicName(s("no.such.topic")))
+            .with_partitions(vec![fetch_request::FetchPartition::default().with_partition(0).with_partition_max_bytes(1 << 20)])]),
+    )
+    .await;
+    assert_eq!(f.responses[0].partitions[0].error_code, TOPIC_AUTHORIZATION_FAILED, "existence is not revealed");
+    let id = uuid::Uuid::from_bytes(broker.engine.topic("app.codestore.commits").unwrap().id());
+    let d: DeleteTopicsResponse = common::call(&mut bob, 20, 6, 22, &DeleteTopicsRequest::default().with_topics(vec![delete_topics_request::DeleteTopicState::default().with_name(None).with_topic_id(id)])).await;
+    assert_eq!((d.responses[0].error_code, d.responses[0].name.is_none()), (TOPIC_AUTHORIZATION_FAILED, true), "no name for a topic bob may not describe");
+    // alice's consumer asks Metadata with auto-creation on (the Java
+    // client's default): her stream and topics are answered, no CREATE asked.
+    let m: MetadataResponse = common::call(
+        &mut alice,
+        3,
+        12,
+        23,
+        &MetadataRequest::default().with_allow_auto_topic_creation(true).with_topics(Some(vec![
+            metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("app.codestore.__all")))),
+            metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("app.codestore.commits")))),
+        ])),
+    )
+    .await;
+    assert_eq!(m.topics.iter().map(|t| t.error_code).collect::<Vec<_>>(), [0, 0]);
+
     // Bob's metadata request for a topic it may not describe, with
     // auto-creation on: refused, and nothing is created.
     let m: MetadataResponse = common::call(&mut bob, 3, 12, 14, &MetadataRequest::default().with_allow_auto_topic_creation(true).with_topics(Some(vec![metadata_request::MetadataRequestTopic::default().with_name(Some(TopicName(s("app.codestore.auto"))))]))).await;
@@ -265,7 +317,14 @@ async fn the_rest_bridge_asks_the_same_authorizer() {
     let addr = listener(&broker, "SASL_PLAINTEXT");
     broker.engine.create_topic("rest.hidden", 1, Default::default(), false).unwrap();
     let mut admin = login(addr, "admin").await;
-    let r: CreateAclsResponse = common::call(&mut admin, 30, 3, 1, &CreateAclsRequest::default().with_creations(vec![creation(TOPIC, "rest.ok", LITERAL, "User:alice", 4, 3), creation(TOPIC, "rest.ok", LITERAL, "User:alice", 5, 3)])).await;
+    let r: CreateAclsResponse = common::call(
+        &mut admin,
+        30,
+        3,
+        1,
+        &CreateAclsRequest::default().with_creations(vec![creation(TOPIC, "rest.ok", LITERAL, "User:alice", 4, 3), creation(TOPIC, "rest.ok", LITERAL, "User:alice", 5, 3), creation(TOPIC, "rest.w.", PREFIXED, "User:alice", 4, 3)]),
+    )
+    .await;
     assert!(r.results.iter().all(|r| r.error_code == 0));
     let base = format!("http://{}", broker.rest_addr.unwrap());
     let http = reqwest::Client::new();
@@ -274,6 +333,10 @@ async fn the_rest_bridge_asks_the_same_authorizer() {
     let refused = post("rest.hidden").await.unwrap();
     assert_eq!(refused.status(), 403, "WRITE is not granted on rest.hidden");
     assert_eq!(broker.engine.offsets(&broker.engine.topic("rest.hidden").unwrap().tp(0)).unwrap().1, 0, "nothing written");
+    // WRITE without CREATE does not create a topic on the way.
+    let refused = post("rest.w.new").await.unwrap();
+    assert_eq!(refused.status(), 403);
+    assert!(broker.engine.topic("rest.w.new").is_none(), "not created");
     // Listing shows only what alice may describe (WRITE implies DESCRIBE).
     let listed: Vec<String> = serde_json::from_str(&http.get(format!("{base}/topics")).bearer_auth("alice-token").send().await.unwrap().text().await.unwrap()).unwrap();
     assert_eq!(listed, ["rest.ok"]);

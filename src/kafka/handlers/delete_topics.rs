@@ -24,11 +24,29 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let responses = tokio::task::spawn_blocking(move || {
         // As Kafka's controller: a topic named (or identified) twice is not
         // deleted, and gets one answer, INVALID_REQUEST.
-        let resolved: Vec<(Option<String>, uuid::Uuid)> = targets.into_iter().map(|(name, id)| (name.or_else(|| engine.topic_by_id(id.as_bytes()).map(|t| t.name().to_owned())), id)).collect();
+        // A topic named by id is named in the answer only to a principal
+        // that may DESCRIBE it (Kafka answers the others with a null name).
+        let mut hidden = std::collections::HashSet::new();
+        let resolved: Vec<(Option<String>, uuid::Uuid)> = targets
+            .into_iter()
+            .map(|(name, id)| {
+                let name = name.or_else(|| {
+                    let n = engine.topic_by_id(id.as_bytes()).map(|t| t.name().to_owned())?;
+                    if check.as_ref().is_some_and(|c| !c.topic(Operation::Describe, &n)) {
+                        hidden.insert(id);
+                    }
+                    Some(n)
+                });
+                (name, id)
+            })
+            .collect();
         let twice = super::repeated(resolved.iter().map(|(name, id)| name.clone().ok_or(*id)));
         super::first_occurrences(resolved, |(name, id)| name.clone().ok_or(*id))
             .into_iter()
             .map(|(name, id)| {
+                if hidden.contains(&id) {
+                    return DeletableTopicResult::default().with_name(None).with_topic_id(id).with_error_code(ResponseError::TopicAuthorizationFailed.code());
+                }
                 let mut r = DeletableTopicResult::default().with_name(name.as_deref().map(topic_name));
                 if twice.contains(&name.clone().ok_or(id)) {
                     let r = if version >= 6 { r.with_topic_id(id) } else { r };

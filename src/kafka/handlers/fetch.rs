@@ -122,7 +122,9 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
     for t in topics {
         let topic = broker.engine.topic(super::name(&t.topic));
         let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
-        let denied = topic.is_some() && check.as_ref().is_some_and(|c| !c.topic(crate::auth::acl::Operation::Read, super::name(&t.topic)));
+        // Unknown topics too: the answer must not tell a principal without
+        // READ whether a topic exists (streams filter inside the merge).
+        let denied = subtree.is_none() && check.as_ref().is_some_and(|c| !c.topic(crate::auth::acl::Operation::Read, super::name(&t.topic)));
         let ti = out.len();
         let mut parts = Vec::new();
         for p in t.partitions {

@@ -313,12 +313,13 @@ fn resolve(engine: &Engine, q: &Query, version: i16, check: &Option<Check>) -> (
             out.push(&error_entry(Some(name), kafka_protocol::ResponseError::TopicAuthorizationFailed.code()));
             continue;
         }
-        let may_create = q.allow_create && (check.as_ref().is_none_or(|c| c.cluster(Operation::Create) || c.topic(Operation::Create, name)) || engine.topic(name).is_some());
-        if q.allow_create && !may_create {
+        // CREATE is asked only of a request that would create the topic.
+        let would_create = q.allow_create && engine.config().auto_create_topics && Subtree::parse(name).is_none() && engine.topic(name).is_none();
+        if would_create && check.as_ref().is_some_and(|c| !(c.cluster(Operation::Create) || c.topic(Operation::Create, name))) {
             out.push(&error_entry(Some(name), kafka_protocol::ResponseError::TopicAuthorizationFailed.code()));
             continue;
         }
-        out.push(&named(engine, name, may_create, &mut allowance, version));
+        out.push(&named(engine, name, q.allow_create, &mut allowance, version));
     }
     out.finish()
 }

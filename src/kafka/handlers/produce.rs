@@ -172,10 +172,18 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     // transactional produce, WRITE on each topic; creating a topic on the
     // way needs CREATE (on the cluster or the topic).
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let txn_denied = match (&check, &req.transactional_id) {
-        (Some(c), Some(id)) => !c.transactional_id(Operation::Write, id.0.as_str()),
-        _ => false,
-    };
+    // Transactional batches need WRITE on the request's transactional id,
+    // and a request without one may not carry them (a producer could
+    // otherwise write into another's transaction by its id and epoch).
+    let txn_denied = check.as_ref().is_some_and(|c| {
+        let transactional = req.topic_data.iter().flat_map(|t| &t.partition_data).any(|p| {
+            p.records.as_ref().is_some_and(|r| crate::protocol::batch::split(r).any(|b| b.ok().and_then(|b| crate::protocol::batch::BatchHeader::parse(b).ok()).is_some_and(|h| h.is_transactional())))
+        });
+        match &req.transactional_id {
+            Some(id) if !id.0.is_empty() => !c.transactional_id(Operation::Write, id.0.as_str()),
+            _ => transactional,
+        }
+    });
     for (topic, keep) in req.topic_data.into_iter().zip(keep) {
         if !keep.contains(&true) {
             continue;
