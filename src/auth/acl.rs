@@ -191,8 +191,10 @@ type Entries = Vec<Acl>;
 #[derive(Default)]
 struct Index {
     all: BTreeSet<Acl>,
-    literal: HashMap<(ResourceType, String), Entries>,
-    prefixed: HashMap<(ResourceType, String), Entries>,
+    /// By resource type, then pattern name: looked up by `&str`, no
+    /// allocation on a check.
+    literal: HashMap<ResourceType, HashMap<String, Entries>>,
+    prefixed: HashMap<ResourceType, HashMap<String, Entries>>,
     /// Per resource type, the lengths of its prefixed patterns.
     prefix_lengths: HashMap<ResourceType, BTreeSet<usize>>,
 }
@@ -201,14 +203,14 @@ impl Index {
     fn build(all: BTreeSet<Acl>) -> Index {
         let mut ix = Index::default();
         for a in &all {
-            let key = (a.resource_type, a.name.clone());
-            match a.pattern {
-                PatternType::Literal => ix.literal.entry(key).or_default().push(a.clone()),
+            let by_name = match a.pattern {
+                PatternType::Literal => &mut ix.literal,
                 PatternType::Prefixed => {
                     ix.prefix_lengths.entry(a.resource_type).or_default().insert(a.name.len());
-                    ix.prefixed.entry(key).or_default().push(a.clone());
+                    &mut ix.prefixed
                 }
-            }
+            };
+            by_name.entry(a.resource_type).or_default().entry(a.name.clone()).or_default().push(a.clone());
         }
         ix.all = all;
         ix
@@ -216,9 +218,9 @@ impl Index {
 
     /// Every ACL whose pattern names `name`.
     fn applying<'a>(&'a self, rt: ResourceType, name: &'a str) -> impl Iterator<Item = &'a Acl> + 'a {
-        let literal = [name, "*"].into_iter().filter_map(move |n| self.literal.get(&(rt, n.to_owned()))).flatten();
+        let literal = self.literal.get(&rt).into_iter().flat_map(move |m| [name, "*"].into_iter().filter_map(move |n| m.get(n))).flatten();
         let lengths = self.prefix_lengths.get(&rt).into_iter().flatten().copied();
-        let prefixed = lengths.filter(move |&l| l <= name.len() && name.is_char_boundary(l)).filter_map(move |l| self.prefixed.get(&(rt, name[..l].to_owned()))).flatten();
+        let prefixed = self.prefixed.get(&rt).into_iter().flat_map(move |m| lengths.clone().filter(move |&l| l <= name.len() && name.is_char_boundary(l)).filter_map(move |l| m.get(&name[..l]))).flatten();
         literal.chain(prefixed)
     }
 }
@@ -279,13 +281,11 @@ impl Authorizer {
             return true;
         }
         let ix = self.snapshot();
-        let principal = r.principal.to_string();
-        let wildcard = format!("{}:*", r.principal.kind);
         let mut any = false;
         let mut allowed = false;
         for a in ix.applying(r.resource_type, r.name) {
             any = true;
-            if !(a.principal == principal || a.principal == wildcard) || !(a.host == "*" || a.host == r.host) {
+            if !names(&a.principal, r.principal) || !(a.host == "*" || a.host == r.host) {
                 continue;
             }
             match a.permission {
@@ -306,8 +306,7 @@ impl Authorizer {
             return true;
         }
         let ix = self.snapshot();
-        let (who, wildcard) = (principal.to_string(), format!("{}:*", principal.kind));
-        let applies = |a: &Acl| a.resource_type == resource_type && (a.principal == who || a.principal == wildcard) && (a.host == "*" || a.host == host) && (a.operation == operation || a.operation == Operation::All);
+        let applies = |a: &Acl| a.resource_type == resource_type && names(&a.principal, principal) && (a.host == "*" || a.host == host) && (a.operation == operation || a.operation == Operation::All);
         let denied_everywhere = ix.all.iter().any(|a| applies(a) && a.permission == Permission::Deny && (a.name == "*" && a.pattern == PatternType::Literal));
         if denied_everywhere {
             return false;
@@ -372,6 +371,11 @@ impl Authorizer {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Does an ACL's principal (`Type:name`, or `Type:*`) name `p`?
+fn names(acl_principal: &str, p: &KafkaPrincipal) -> bool {
+    acl_principal.split_once(':').is_some_and(|(kind, name)| kind == p.kind && (name == "*" || name == p.name))
 }
 
 /// Operations an ALLOW of `granted` also permits (Kafka's implied ones).

@@ -102,15 +102,15 @@ impl Exchange {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(SaslError::TooLong(token.len()));
         }
-        match (&mut self.scram, self.mech) {
-            (Some(s), _) => {
+        match &mut self.scram {
+            Some(s) => {
                 let m = s.mechanism();
                 match s.step(token, |u| users.scram(u, m), users.decoy_secret())? {
                     Step::Continue(t) => Ok(Outcome::Continue(t)),
                     Step::Done { user, reply } => Ok(Outcome::Done { user, reply }),
                 }
             }
-            (None, _) => {
+            None => {
                 let (user, password) = plain(token)?;
                 if users.verify_password(user, password) {
                     Ok(Outcome::Done { user: user.to_owned(), reply: Vec::new() })

@@ -14,7 +14,6 @@ pub mod listener;
 pub mod session;
 pub mod probe;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,13 +131,5 @@ pub async fn serve(listener: TcpListener, spec: Arc<listener::Listener>, broker:
     if drained.is_err() {
         tracing::warn!(open, left = tasks.len(), timeout_ms = broker.cfg.shutdown_timeout.as_millis() as u64, "Kafka connections still open at the shutdown timeout; dropping them");
         tasks.shutdown().await;
-    }
-}
-
-/// Splits `host:port` for advertising.
-pub fn advertised(addr: &str, bound: SocketAddr) -> (String, i32) {
-    match addr.rsplit_once(':') {
-        Some((h, p)) => (h.to_owned(), p.parse().unwrap_or(bound.port() as i32)),
-        None => (addr.to_owned(), bound.port() as i32),
     }
 }

@@ -201,17 +201,16 @@ impl Bridge {
         self
     }
 
-    /// Which topics the request's principal may see (GET /topics and the
-    /// v3 topic list): all without the authorizer, else those it may
-    /// DESCRIBE. Authenticates as [`Bridge::authorize`] does.
-    pub fn describable(&self, headers: &HeaderMap) -> Result<impl Fn(&str) -> bool + '_, RestError> {
-        let who = self.authenticate(headers)?;
+    /// Which topics principal `who` (as [`Bridge::authorize`] returned it)
+    /// may see, for GET /topics and the v3 topic list: all without the
+    /// authorizer, else those it may DESCRIBE.
+    pub fn describable(&self, who: Option<String>) -> impl Fn(&str) -> bool + '_ {
         let principal = crate::auth::KafkaPrincipal::user(who.unwrap_or_else(|| "ANONYMOUS".into()));
-        Ok(move |topic: &str| {
+        move |topic: &str| {
             self.authorizer.as_ref().is_none_or(|a| {
                 a.authorize(&crate::auth::acl::Request { principal: &principal, host: "", operation: crate::auth::acl::Operation::Describe, resource_type: crate::auth::acl::ResourceType::Topic, name: topic })
             })
-        })
+        }
     }
 
     /// The topic, created with the defaults when auto-creation is on (that
@@ -305,8 +304,9 @@ impl Bridge {
     /// `Authorization: Basic …` or `X-API-Key: …`) and, for a produce, that
     /// the principal may write `topic`: 401 without or with wrong
     /// credentials, 403 outside its topics. Called before the body is read,
-    /// so a refused request writes nothing.
-    pub fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<(), RestError> {
+    /// so a refused request writes nothing. Returns the principal's name
+    /// (`None`: no principals are configured).
+    pub fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<Option<String>, RestError> {
         let who = self.authenticate(headers)?;
         // With the authorizer on, a produce also needs WRITE on the topic
         // for `User:<name>` (`User:ANONYMOUS` without principals); ACLs
@@ -324,16 +324,17 @@ impl Bridge {
                 return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{principal} may not create {t}")));
             }
         }
-        match who {
+        match &who {
             // Without principals every client shares one limit.
-            None => self.limit("(anonymous)"),
+            None => self.limit("(anonymous)")?,
             Some(name) => {
-                if let Some(t) = topic.filter(|t| !self.principals.find(&name).is_some_and(|p| p.may_produce(t))) {
+                if let Some(t) = topic.filter(|t| !self.principals.find(name).is_some_and(|p| p.may_produce(t))) {
                     return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{name} may not produce to {t}")));
                 }
-                self.limit(&name)
+                self.limit(name)?
             }
         }
+        Ok(who)
     }
 
     /// The request's principal (`None`: no principals are configured, so

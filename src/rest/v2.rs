@@ -55,11 +55,8 @@ fn ok(body: Value) -> Response {
 }
 
 pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Response {
-    if let Err(e) = b.authorize(&headers, None) {
-        return e.into_response();
-    }
-    let may = match b.describable(&headers) {
-        Ok(f) => f,
+    let may = match b.authorize(&headers, None) {
+        Ok(who) => b.describable(who),
         Err(e) => return e.into_response(),
     };
     let names: Vec<String> = b.engine.topics().iter().map(|t| t.name().to_owned()).filter(|n| may(n)).collect();
@@ -67,10 +64,10 @@ pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Re
 }
 
 pub async fn get_topic(State(b): State<Arc<Bridge>>, Path(topic): Path<String>, headers: HeaderMap) -> Response {
-    if let Err(e) = b.authorize(&headers, None) {
-        return e.into_response();
-    }
-    let visible = b.describable(&headers).map(|may| may(&topic)).unwrap_or(false);
+    let visible = match b.authorize(&headers, None) {
+        Ok(who) => b.describable(who)(&topic),
+        Err(e) => return e.into_response(),
+    };
     let Some(t) = b.engine.topic(&topic).filter(|_| visible) else { return RestError::topic_not_found(&topic).into_response() };
     let partitions: Vec<Value> = (0..t.partitions())
         .map(|p| serde_json::json!({"partition": p, "leader": 0, "replicas": [{"broker": 0, "leader": true, "in_sync": true}]}))

@@ -42,11 +42,8 @@ pub async fn clusters(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Respo
 }
 
 pub async fn topics(State(b): State<Arc<Bridge>>, Path(cluster): Path<String>, headers: HeaderMap) -> Response {
-    if let Err(e) = b.authorize(&headers, None).and_then(|_| check_cluster(&b, &cluster)) {
-        return e.into_response();
-    }
-    let may = match b.describable(&headers) {
-        Ok(f) => f,
+    let may = match b.authorize(&headers, None).and_then(|who| check_cluster(&b, &cluster).map(|()| who)) {
+        Ok(who) => b.describable(who),
         Err(e) => return e.into_response(),
     };
     let data: Vec<Value> = b
