@@ -528,7 +528,8 @@ def test_acls_created_described_enforced_and_deleted(security):
         errors = []
         p = Producer({**secure_config(security, "SCRAM-SHA-512"), "sasl.username": user, "sasl.password": password,
                       "acks": "all", "message.timeout.ms": 15000})
-        p.produce(topic, value=b"v", on_delivery=lambda err, msg: errors.append(err))
+        # Partition 0 named: the watermark below reads that partition.
+        p.produce(topic, value=b"v", partition=0, on_delivery=lambda err, msg: errors.append(err))
         p.flush(30)
         return errors[0] if errors else "no delivery report"
 
