@@ -183,10 +183,11 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             let _ = s.await;
         }
     });
-    let authorizer = broker.authorizer.clone();
-    let bridge = rest_listener
-        .as_ref()
-        .map(|_| Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled)), budget.clone()).with_authorizer(authorizer)));
+    let (authorizer, quotas) = (broker.authorizer.clone(), broker.quotas.clone());
+    let bridge = rest_listener.as_ref().map(|_| {
+        let probe = Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled));
+        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas))
+    });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics };
     let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), limits, cfg.metrics_topic_label_limit)));
@@ -204,6 +205,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
     let users = Arc::new(crate::auth::users::UserStore::load(engine.catalog()).context("loading SCRAM credentials")?);
     let super_users = cfg.super_user_list().map_err(|e| anyhow::anyhow!("super_users: {e}"))?;
     let authorizer = Arc::new(crate::auth::acl::Authorizer::load(engine.catalog(), cfg.authorizer_enabled, super_users, cfg.allow_everyone_if_no_acl_found).context("loading ACLs")?);
+    let quotas = Arc::new(crate::auth::quota::Quotas::load(engine.catalog()).context("loading client quotas")?);
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
@@ -230,6 +232,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         },
         users,
         authorizer,
+        quotas,
         budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
     }))

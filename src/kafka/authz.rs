@@ -56,11 +56,12 @@ impl Check {
         self.allows(operation, ResourceType::TransactionalId, name)
     }
 
-    /// May this principal manage SCRAM credentials? With the authorizer,
-    /// as Kafka asks (`operation` on the cluster); without it, super users
-    /// only (Kafka would let anyone: a broker reachable on a plaintext
-    /// port must not let anyone take over a SASL user).
-    pub fn credentials(&self, operation: Operation) -> bool {
+    /// May this principal manage what the whole broker shares (SCRAM
+    /// credentials, client quotas)? With the authorizer, as Kafka asks
+    /// (`operation` on the cluster); without it, super users only (Kafka
+    /// would let anyone: a broker reachable on a plaintext port must not
+    /// let anyone take over a SASL user or lift its own quota).
+    pub fn administers(&self, operation: Operation) -> bool {
         if self.authorizer.enabled() {
             self.cluster(operation)
         } else {

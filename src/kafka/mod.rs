@@ -73,6 +73,8 @@ pub struct Broker {
     pub users: Arc<crate::auth::users::UserStore>,
     /// ACLs, and whether requests are checked against them.
     pub authorizer: Arc<crate::auth::acl::Authorizer>,
+    /// Client quotas: byte rates and request time per user and client id.
+    pub quotas: Arc<crate::auth::quota::Quotas>,
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true, then

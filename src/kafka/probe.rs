@@ -124,6 +124,9 @@ pub struct KafkaProbe {
     /// Authorization refusals, by resource type (topic, group, cluster,
     /// transactional id).
     denied: [AtomicU64; 4],
+    /// Throttles charged by quota kind: how many, and their total in
+    /// microseconds.
+    throttles: [(AtomicU64, AtomicU64); 3],
 }
 
 impl KafkaProbe {
@@ -143,7 +146,7 @@ impl KafkaProbe {
                 errors: (0..=ERROR_CODES).map(|_| AtomicU64::new(0)).collect(),
             });
         }
-        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default(), auth: Default::default(), denied: Default::default() }
+        KafkaProbe { enabled, slots, connections: ConnectionStats::default(), closed: Default::default(), auth: Default::default(), denied: Default::default(), throttles: Default::default() }
     }
 
     fn slot(&self, key: ApiKey) -> Option<&ApiSlot> {
@@ -200,6 +203,18 @@ impl KafkaProbe {
     /// (resource type, refusals) for every resource type.
     pub fn denied_counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         ["topic", "group", "cluster", "transactional_id"].into_iter().zip(&self.denied).map(|(n, c)| (n, c.load(Ordering::Relaxed)))
+    }
+
+    /// A quota of `kind` throttled a client for `t`.
+    pub fn throttled(&self, kind: crate::auth::quota::Kind, t: std::time::Duration) {
+        let (n, us) = &self.throttles[kind as usize];
+        n.fetch_add(1, Ordering::Relaxed);
+        us.fetch_add(t.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// (quota key, throttles, seconds) for every quota kind.
+    pub fn throttle_counts(&self) -> impl Iterator<Item = (&'static str, u64, f64)> + '_ {
+        crate::auth::quota::Kind::ALL.into_iter().zip(&self.throttles).map(|(k, (n, us))| (k.key(), n.load(Ordering::Relaxed), us.load(Ordering::Relaxed) as f64 / 1e6))
     }
 
     /// ((listener, mechanism, outcome), count) of every authentication seen.

@@ -15,6 +15,7 @@
 //! window/<window, 20 digits>      → v1 JSON WindowRecord (a compaction window: replaced segments, split plan, stores)
 //! scram/<user>                    → v1 JSON {mechanism → ScramCredential} (salt, iterations, stored and server keys)
 //! acl/<type>\0<pattern>\0<name>\0<principal>\0<host>\0<op>\0<perm> → v1 JSON Acl
+//! quota/<user>\0<client-id>       → v1 JSON QuotaRecord (each part empty, \u{1} for the default, or =name)
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -458,6 +459,34 @@ impl Catalog {
         }
         self.db.apply_batch(batch)?;
         self.flush()
+    }
+
+    /// Writes (`Some`) or removes (`None`) client quota entities under
+    /// their keys, durably.
+    pub fn put_quotas(&self, changes: &[(&str, Option<&crate::auth::quota::QuotaRecord>)]) -> Result<(), MetaError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (key, record) in changes {
+            match record {
+                Some(r) => batch.insert(key.as_bytes(), encode(r)),
+                None => batch.remove(key.as_bytes()),
+            }
+        }
+        self.db.apply_batch(batch)?;
+        self.flush()
+    }
+
+    /// Every client quota entity.
+    pub fn quotas(&self) -> Result<Vec<crate::auth::quota::QuotaRecord>, MetaError> {
+        self.db
+            .scan_prefix(b"quota/")
+            .map(|kv| {
+                let (k, v) = kv?;
+                decode(&k, &v)
+            })
+            .collect()
     }
 
     /// Every ACL.

@@ -123,6 +123,10 @@ impl Metrics {
         for (rt, n) in self.kafka.denied_counts() {
             f.counter("canopy_kafka_authorization_denied_total", "Kafka requests (or parts of them) the authorizer refused, by resource type", &[("resource_type", rt.to_owned())], n as f64);
         }
+        for (quota, n, secs) in self.kafka.throttle_counts() {
+            f.counter("canopy_kafka_throttles_total", "Kafka responses a client quota throttled, by quota (producer_byte_rate, consumer_byte_rate, request_percentage)", &[("quota", quota.to_owned())], n as f64);
+            f.counter("canopy_kafka_throttle_seconds_total", "Throttle time client quotas asked of Kafka clients, by quota", &[("quota", quota.to_owned())], secs);
+        }
         for ((listener, mechanism, outcome), n) in self.kafka.auth_counts() {
             f.counter(
                 "canopy_kafka_authentications_total",

@@ -38,7 +38,7 @@ pub struct TopicOut {
 
 /// Builds the framed response (length prefix, response header, body) as a
 /// list of parts to write in order.
-pub fn encode(correlation_id: i32, version: i16, error_code: i16, session_id: i32, topics: &[TopicOut]) -> Vec<Bytes> {
+pub fn encode(correlation_id: i32, version: i16, throttle_ms: i32, error_code: i16, session_id: i32, topics: &[TopicOut]) -> Vec<Bytes> {
     assert!((MIN_VERSION..=MAX_VERSION).contains(&version), "fetch v{version} is not encoded here");
     let flexible = version >= 12;
     let mut w = Parts { parts: Vec::new(), cur: BytesMut::with_capacity(256) };
@@ -47,7 +47,7 @@ pub fn encode(correlation_id: i32, version: i16, error_code: i16, session_id: i3
     if flexible {
         w.cur.put_u8(0); // response header tagged fields
     }
-    w.cur.put_i32(0); // throttle_time_ms
+    w.cur.put_i32(throttle_ms);
     if version >= 7 {
         w.cur.put_i16(error_code);
         w.cur.put_i32(session_id);
@@ -184,8 +184,8 @@ mod tests {
     use kafka_protocol::protocol::{Encodable, StrBytes};
     use proptest::prelude::*;
 
-    fn reference(id: i32, version: i16, error_code: i16, session_id: i32, topics: &[TopicOut]) -> Vec<u8> {
-        let resp = FetchResponse::default().with_error_code(error_code).with_session_id(session_id).with_responses(
+    fn reference(id: i32, version: i16, throttle_ms: i32, error_code: i16, session_id: i32, topics: &[TopicOut]) -> Vec<u8> {
+        let resp = FetchResponse::default().with_throttle_time_ms(throttle_ms).with_error_code(error_code).with_session_id(session_id).with_responses(
             topics
                 .iter()
                 .map(|t| {
@@ -252,10 +252,10 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         #[test]
-        fn matches_kafka_protocol_byte_for_byte(id in any::<i32>(), version in MIN_VERSION..=MAX_VERSION, err in any::<i16>(), session in any::<i32>(), topics in arb_topics()) {
+        fn matches_kafka_protocol_byte_for_byte(id in any::<i32>(), version in MIN_VERSION..=MAX_VERSION, throttle in any::<i32>(), err in any::<i16>(), session in any::<i32>(), topics in arb_topics()) {
             let (err, session) = if version >= 7 { (err, session) } else { (0, 0) };
-            let ours: Vec<u8> = encode(id, version, err, session, &topics).iter().flat_map(|b| b.iter().copied()).collect();
-            prop_assert_eq!(ours, reference(id, version, err, session, &topics));
+            let ours: Vec<u8> = encode(id, version, throttle, err, session, &topics).iter().flat_map(|b| b.iter().copied()).collect();
+            prop_assert_eq!(ours, reference(id, version, throttle, err, session, &topics));
         }
     }
 }

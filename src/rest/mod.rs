@@ -175,7 +175,13 @@ pub struct Bridge {
     /// The Kafka listener's authorizer, when it is on: a REST principal
     /// `name` is `User:name` to it (WRITE to produce, DESCRIBE to list).
     authorizer: Option<Arc<crate::auth::acl::Authorizer>>,
+    /// The Kafka listener's client quotas: a REST principal `name` produces
+    /// as user `name` with client id [`REST_CLIENT_ID`].
+    quotas: Option<Arc<crate::auth::quota::Quotas>>,
 }
+
+/// The client id REST produce requests count under in client quotas.
+pub const REST_CLIENT_ID: &str = "canopy-rest";
 
 impl Bridge {
     pub fn new(engine: Arc<Engine>, cfg: RestConfig, principals: Arc<Principals>, probe: Arc<probe::RestProbe>, budget: Arc<crate::limits::MemoryBudget>) -> Bridge {
@@ -192,6 +198,7 @@ impl Bridge {
             probe,
             budget,
             authorizer: None,
+            quotas: None,
         }
     }
 
@@ -199,6 +206,29 @@ impl Bridge {
     pub fn with_authorizer(mut self, authorizer: Arc<crate::auth::acl::Authorizer>) -> Bridge {
         self.authorizer = authorizer.enabled().then_some(authorizer);
         self
+    }
+
+    /// Counts produce bytes against the client quotas (`producer_byte_rate`
+    /// of the principal's user, client id [`REST_CLIENT_ID`]).
+    pub fn with_quotas(mut self, quotas: Arc<crate::auth::quota::Quotas>) -> Bridge {
+        self.quotas = Some(quotas);
+        self
+    }
+
+    /// The producer quota that applies to `who` (none configured: `None`).
+    fn producer_quota(&self, who: Option<&str>) -> Option<crate::auth::quota::Resolved> {
+        let q = self.quotas.as_ref().filter(|q| q.any())?;
+        let r = q.resolve(who.unwrap_or("ANONYMOUS"), REST_CLIENT_ID, None);
+        r.limits(crate::auth::quota::Kind::Produce).then_some(r)
+    }
+
+    /// Charges `bytes` of a produce body to `who`'s producer quota. The
+    /// debt it may leave refuses the principal's next produce (429 with
+    /// Retry-After) until it is repaid.
+    pub fn charge(&self, who: Option<&str>, bytes: usize) {
+        if let Some(r) = self.producer_quota(who) {
+            r.charge(crate::auth::quota::Kind::Produce, bytes as f64, std::time::Instant::now());
+        }
     }
 
     /// Which topics principal `who` (as [`Bridge::authorize`] returned it)
@@ -322,6 +352,16 @@ impl Bridge {
             let create = |rt, name| a.authorize(&crate::auth::acl::Request { operation: crate::auth::acl::Operation::Create, resource_type: rt, name, ..req });
             if self.engine.topic(t).is_none() && !(create(crate::auth::acl::ResourceType::Cluster, crate::auth::acl::CLUSTER_NAME) || create(crate::auth::acl::ResourceType::Topic, t)) {
                 return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{principal} may not create {t}")));
+            }
+        }
+        // A producer over its byte rate waits, as a throttled Kafka client
+        // does; the body is not read.
+        if let Some(r) = topic.and_then(|_| self.producer_quota(who.as_deref())) {
+            let debt = r.debt(crate::auth::quota::Kind::Produce, std::time::Instant::now());
+            if !debt.is_zero() {
+                let mut e = RestError::new(StatusCode::TOO_MANY_REQUESTS, 42902, format!("{} is over its producer_byte_rate quota", who.as_deref().unwrap_or("ANONYMOUS")));
+                e.retry_after = Some(debt.as_secs_f64().ceil().max(1.0) as u64);
+                return Err(e);
             }
         }
         match &who {

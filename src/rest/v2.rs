@@ -156,9 +156,10 @@ fn decode_records(raw: &[&serde_json::value::RawValue], fmt: Format) -> Result<V
 
 
 async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
-    b.authorize(&headers, Some(&topic))?;
+    let who = b.authorize(&headers, Some(&topic))?;
     let fmt = format(&headers)?;
     let (body, mut held) = b.body(&headers, body).await?;
+    b.charge(who.as_deref(), body.len());
     let raw = envelope(&body)?;
     b.hold_events(&mut held, raw.len())?;
     let records = decode_records(&raw, fmt)?;

@@ -170,15 +170,16 @@ fn decode_raw(v: Result<&serde_json::value::RawValue, String>) -> Result<Rec, St
     decode(&v)
 }
 
-async fn topic_for(b: &Arc<Bridge>, cluster: &str, topic: &str, headers: &HeaderMap) -> Result<Arc<Topic>, RestError> {
-    b.authorize(headers, Some(topic))?;
+/// The topic a produce writes to, and who produces (for its quota).
+async fn topic_for(b: &Arc<Bridge>, cluster: &str, topic: &str, headers: &HeaderMap) -> Result<(Arc<Topic>, Option<String>), RestError> {
+    let who = b.authorize(headers, Some(topic))?;
     check_cluster(b, cluster)?;
-    b.topic(topic).await
+    Ok((b.topic(topic).await?, who))
 }
 
 /// `POST …/records`: one record, or (chunked) a stream of them.
 pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<(String, String)>, headers: HeaderMap, body: Body) -> Response {
-    let t = match topic_for(&b, &cluster, &topic, &headers).await {
+    let (t, who) = match topic_for(&b, &cluster, &topic, &headers).await {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
@@ -190,6 +191,7 @@ pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<
             Ok(r) => r,
             Err(e) => return e.into_response(),
         };
+        b.charge(who.as_deref(), raw.len());
         let found = values(&raw);
         if let Err(e) = b.hold_events(&mut held, found.len()) {
             return e.into_response();
@@ -213,7 +215,7 @@ pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<
     tokio::spawn(async move {
         let line = |v: Value| Ok(Bytes::from(format!("{v}\n")));
         let stop = |code: u32, msg: String| line(json!({"error_code": code, "message": msg}));
-        if let Err(e) = stream_records(&b, &cluster, &t, body, &tx).await {
+        if let Err(e) = stream_records(&b, &cluster, &t, who.as_deref(), body, &tx).await {
             let _ = tx.send(stop(e.code, e.message)).await;
         }
     });
@@ -227,7 +229,7 @@ pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<
 /// the in-flight budget; a chunk must come within the body timeout, and a
 /// record must be whole within it of its first byte; a record may not be
 /// larger than the body limit. Each byte is scanned once (`Splitter`).
-async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, body: Body, tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>) -> Result<(), RestError> {
+async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, who: Option<&str>, body: Body, tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>) -> Result<(), RestError> {
     let limit = b.cfg.max_body_bytes;
     let deadline = b.cfg.body_timeout;
     let mut stream = body.into_data_stream();
@@ -280,6 +282,7 @@ async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, body: Bo
                     return Err(RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, format!("a record exceeds {limit} bytes")));
                 }
                 held.absorb(b.reserve(chunk.len())?);
+                b.charge(who, chunk.len());
                 buf.extend_from_slice(&chunk);
             }
             Ok(Some(Err(e))) => {
@@ -406,7 +409,7 @@ fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::
 /// `POST …/records:batch`: `{"entries": [{"id", …record}]}`, answered 207
 /// with the successes and failures by id.
 pub async fn batch(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<(String, String)>, headers: HeaderMap, body: Body) -> Response {
-    let t = match topic_for(&b, &cluster, &topic, &headers).await {
+    let (t, who) = match topic_for(&b, &cluster, &topic, &headers).await {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
@@ -414,6 +417,7 @@ pub async fn batch(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<(S
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    b.charge(who.as_deref(), raw.len());
     #[derive(serde::Deserialize)]
     struct Entries<'a> {
         #[serde(borrow)]

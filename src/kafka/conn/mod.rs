@@ -51,8 +51,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 mod first_auth;
+pub mod throttle;
 
 use first_auth::FirstAuthentication;
+use throttle::{ConnQuota, Usage};
 use super::handlers::{self, Route};
 use super::listener::Listener;
 use super::probe::Closed;
@@ -122,6 +124,9 @@ struct RequestCtx {
     /// Set by a handler whose answer is the connection's last (a failed
     /// authentication): the writer closes once it is written.
     last_reply: Arc<AtomicBool>,
+    /// The connection's quotas and throttle, and this request's charges.
+    quota: Arc<ConnQuota>,
+    usage: Arc<Usage>,
 }
 
 /// Why the connection ends, decided once by whoever sees it first (the
@@ -317,6 +322,7 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
     let max = broker.cfg.max_request_bytes;
     let conn_bytes = Arc::new(ConnectionBytes::default());
     let mut order = Order::default();
+    let quota = Arc::new(ConnQuota::new(broker.quotas.clone(), broker.probe.clone()));
     // The budget's hold for the frame at the head of `buf`, once its length
     // is known, and when its body must be in.
     let mut head: Option<(usize, Held)> = None;
@@ -375,7 +381,8 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
             let charge = Charge { conn: conn_bytes.clone(), len, _held: held };
             let mut frame = buf.split_to(frame::LENGTH_BYTES + len).freeze();
             let _ = frame.split_to(frame::LENGTH_BYTES);
-            match dispatch(&broker, peer, frame, &mut order, &ending, &session, &last_reply) {
+            let conn = Conn { peer, ending: &ending, session: &session, last_reply: &last_reply, quota: &quota };
+            match dispatch(&broker, &conn, frame, &mut order) {
                 Ok((task, parks, written)) => {
                     in_flight.fetch_add(1, Ordering::AcqRel);
                     if tx.send(Queued { task, parks, written, charge }).await.is_err() {
@@ -436,10 +443,20 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
     result.unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 
+/// What every request of a connection shares.
+struct Conn<'a> {
+    peer: SocketAddr,
+    ending: &'a Ending,
+    session: &'a Arc<Session>,
+    last_reply: &'a Arc<AtomicBool>,
+    quota: &'a Arc<ConnQuota>,
+}
+
 /// Parses the header and starts the handler, to run once the requests
-/// before it allow. `Err` closes the connection, for that reason.
-#[allow(clippy::too_many_arguments)]
-fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Order, ending: &Ending, session: &Arc<Session>, last_reply: &Arc<AtomicBool>) -> Result<(JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>), Closed> {
+/// before it allow (and the connection's throttle, if any, has passed).
+/// `Err` closes the connection, for that reason.
+fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Order) -> Result<(JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>), Closed> {
+    let Conn { peer, ending, session, last_reply, quota } = *conn;
     let h = match header::parse(&frame) {
         Ok(h) => h,
         Err(e) => {
@@ -458,17 +475,25 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
         Route::Run(fut) => {
             let is_produce = h.api_key == kafka_protocol::messages::ApiKey::Produce;
             let (wait, written, ticket) = order.next(is_produce);
+            let client_id = h.client_id.clone().unwrap_or_default();
+            // ApiVersions and the SASL exchange are not charged for their
+            // time, as in Kafka.
+            let exempt = matches!(h.api_key, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate);
+            let usage = Arc::new(Usage::new(broker.quotas.any(), exempt));
             let ctx = RequestCtx {
                 peer,
-                client_id: h.client_id.clone().unwrap_or_default(),
+                client_id: client_id.clone(),
                 order: std::sync::Mutex::new(ticket),
                 ending: ending.clone(),
                 session: session.clone(),
                 last_reply: last_reply.clone(),
+                quota: quota.clone(),
+                usage: usage.clone(),
             };
             let (probe, api, version) = (broker.probe.clone(), h.api_key, h.api_version);
             let span = tracing::debug_span!("request", api = ?api, version, correlation_id = h.correlation_id, %peer);
             let started = std::time::Instant::now();
+            let muted = quota.clone();
             let timed = async move {
                 if let Some(w) = wait {
                     // The request before this one was written (or, for a
@@ -478,11 +503,14 @@ fn dispatch(broker: &Arc<Broker>, peer: SocketAddr, frame: Bytes, order: &mut Or
                     // (Kafka would never have read it).
                     w.await.ok()?;
                 }
+                // A quota's throttle holds the connection's next request.
+                muted.wait_muted().await;
                 let reply = fut.await;
                 probe.answered(api, version, started);
                 reply
             };
             let parks = matches!(api, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup);
+            let timed = throttle::Timed::new(timed, usage, quota.clone(), session.principal(), client_id);
             Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), parks, written))
         }
         Route::Close(why, reason) => {

@@ -44,7 +44,7 @@ pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<
     }
     let req: Request = super::decode(&limits, h, body.slice(..trimmed.len())).ok()?;
     let (broker, id, version) = (broker.clone(), h.correlation_id, h.api_version);
-    Some(Route::Run(Box::pin(async move { handle(&broker, req, version).await.into_reply(id, version) })))
+    Some(Route::Run(Box::pin(async move { handle(&broker, req, version).await.into_reply(id, version, crate::kafka::conn::throttle::response_ms()) })))
 }
 
 /// A user's answer: no error, or (code, message).
@@ -76,7 +76,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             }
         }
     };
-    let allowed = Check::current(broker).credentials(Operation::Alter);
+    let allowed = Check::current(broker).administers(Operation::Alter);
     for d in &req.deletions {
         let user = d.name.as_str();
         note(user, check(user, d.mechanism, &mut seen).map(|mechanism| Alteration::Delete { user: user.to_owned(), mechanism }));

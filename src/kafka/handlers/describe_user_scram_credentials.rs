@@ -19,7 +19,7 @@ use crate::kafka::Broker;
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    if !Check::current(broker).credentials(Operation::Describe) {
+    if !Check::current(broker).administers(Operation::Describe) {
         return Some(Response::default().with_error_code(E::ClusterAuthorizationFailed.code()).with_error_message(Some(str_bytes("Cluster authorization failed."))));
     }
     // No list, or an empty one, describes every user (as Kafka does).

@@ -30,7 +30,9 @@ use crate::protocol::fetch::{self as wire, PartitionOut, TopicOut};
 use crate::engine::subtree::Subtree;
 use crate::engine::{Engine, EngineError, Topic};
 use crate::auth::acl::Operation;
+use crate::auth::quota::Kind;
 use crate::kafka::authz::Check;
+use crate::kafka::conn::throttle;
 use crate::kafka::{errors, Broker};
 use crate::storage::Tp;
 
@@ -54,15 +56,20 @@ pub struct Reply {
 }
 
 impl IntoReply for Option<Reply> {
-    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
+    fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
         let r = self?;
-        Some(wire::encode(correlation_id, version, r.error_code, 0, &r.topics))
+        Some(wire::encode(correlation_id, version, throttle_ms, r.error_code, 0, &r.topics))
     }
 }
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Reply> {
     if req.session_id > 0 {
         return Some(Reply { error_code: ResponseError::FetchSessionIdNotFound.code(), topics: Vec::new() });
+    }
+    // A consumer over its byte rate is answered empty, with the time to
+    // wait, as Kafka does; nothing is read for it.
+    if !throttle::charge(Kind::Fetch, 0).is_zero() {
+        return Some(Reply { error_code: 0, topics: Vec::new() });
     }
     let read_committed = req.isolation_level == 1;
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(broker.cfg.max_fetch_wait);
@@ -93,6 +100,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
         let c = check.clone();
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
         if !may_wait || bytes >= min_bytes || errors || tokio::time::Instant::now() >= deadline || *stopping.borrow() {
+            throttle::charge(Kind::Fetch, bytes);
             return Some(counted(broker, &wants, topics));
         }
         let stop = tokio::select! {
@@ -105,7 +113,8 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             let engine = broker.engine.clone();
             let w = wants.clone();
             let c = check.clone();
-            let (topics, _, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
+            let (topics, bytes, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
+            throttle::charge(Kind::Fetch, bytes);
             return Some(counted(broker, &wants, topics));
         }
     }

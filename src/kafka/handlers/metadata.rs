@@ -112,7 +112,7 @@ pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<
     if let Some(r) = librdkafka_all_topics(version, body) {
         let q = Query { body: Bytes::new(), topics: None, allow_create: r.allow_auto_topic_creation };
         let (broker, id) = (broker.clone(), h.correlation_id);
-        return Some(Route::Run(Box::pin(async move { answer(&broker, q, version).await.into_reply(id, version) })));
+        return Some(Route::Run(Box::pin(async move { answer(&broker, q, version).await.into_reply(id, version, crate::kafka::conn::throttle::response_ms()) })));
     }
     let limits = super::guard_limits(broker);
     let checked = move |body: Bytes| match guard::check_request_body(ApiKey::Metadata as i16, version, &body, &limits) {
@@ -125,7 +125,7 @@ pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<
             Ok(q) => q,
             Err(why) => return Some(Route::Close(why, Closed::BadBody)),
         };
-        return Some(Route::Run(Box::pin(async move { answer(&broker, q, version).await.into_reply(id, version) })));
+        return Some(Route::Run(Box::pin(async move { answer(&broker, q, version).await.into_reply(id, version, crate::kafka::conn::throttle::response_ms()) })));
     }
     // A long list is walked on the CPU pool, not the async worker.
     let body = body.clone();
@@ -138,7 +138,7 @@ pub fn special(broker: &Arc<Broker>, h: &RequestHeader, body: &Bytes) -> Option<
                 return None;
             }
         };
-        answer(&broker, q, version).await.into_reply(id, version)
+        answer(&broker, q, version).await.into_reply(id, version, crate::kafka::conn::throttle::response_ms())
     })))
 }
 
@@ -159,8 +159,9 @@ pub struct Answer {
 }
 
 impl IntoReply for Option<Answer> {
-    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
-        let a = self?;
+    fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
+        let mut a = self?;
+        a.resp.throttle_time_ms = throttle_ms;
         Some(frame(correlation_id, version, &a.resp, a.count, a.entries))
     }
 }

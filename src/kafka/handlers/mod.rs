@@ -6,6 +6,7 @@
 
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_client_quotas;
 pub mod alter_user_scram_credentials;
 pub mod api_versions;
 pub mod create_acls;
@@ -16,6 +17,7 @@ pub mod delete_groups;
 pub mod delete_topics;
 pub mod describe_groups;
 pub mod describe_acls;
+pub mod describe_client_quotas;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_transactions;
@@ -60,16 +62,50 @@ use crate::protocol::header::RequestHeader;
 /// the connection closes.
 pub type Reply = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
 
-/// What a handler returns, turned into the framed response.
+/// What a handler returns, turned into the framed response, carrying
+/// `throttle_ms` where the response has a throttle time.
 pub trait IntoReply {
-    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>>;
+    fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>>;
 }
 
-impl<R: Encodable + HeaderVersion> IntoReply for Option<R> {
-    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
-        encode(correlation_id, version, &self?)
+impl<R: Encodable + HeaderVersion + Throttled> IntoReply for Option<R> {
+    fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
+        let mut r = self?;
+        r.set_throttle(throttle_ms);
+        encode(correlation_id, version, &r)
     }
 }
+
+/// A response's `throttle_time_ms`, where it has one (a version without
+/// the field does not encode it).
+pub trait Throttled {
+    fn set_throttle(&mut self, ms: i32);
+}
+
+macro_rules! throttled {
+    ($($t:ident),* ; without: $($u:ident),*) => {
+        $(impl Throttled for kafka_protocol::messages::$t {
+            fn set_throttle(&mut self, ms: i32) {
+                self.throttle_time_ms = ms;
+            }
+        })*
+        $(impl Throttled for kafka_protocol::messages::$u {
+            fn set_throttle(&mut self, _ms: i32) {}
+        })*
+    };
+}
+
+throttled!(
+    ProduceResponse, FetchResponse, ListOffsetsResponse, MetadataResponse, OffsetCommitResponse, OffsetFetchResponse,
+    FindCoordinatorResponse, JoinGroupResponse, HeartbeatResponse, LeaveGroupResponse, SyncGroupResponse,
+    DescribeGroupsResponse, ListGroupsResponse, ApiVersionsResponse, CreateTopicsResponse, DeleteTopicsResponse,
+    OffsetForLeaderEpochResponse, DescribeConfigsResponse, CreatePartitionsResponse, DeleteGroupsResponse,
+    DescribeClusterResponse, OffsetDeleteResponse, InitProducerIdResponse, AddPartitionsToTxnResponse,
+    AddOffsetsToTxnResponse, EndTxnResponse, TxnOffsetCommitResponse, DescribeTransactionsResponse,
+    ListTransactionsResponse, DescribeUserScramCredentialsResponse, AlterUserScramCredentialsResponse,
+    DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse;
+    without: SaslHandshakeResponse, SaslAuthenticateResponse
+);
 
 pub enum Route {
     /// Run this future; its output (if any) is the framed response.
@@ -197,13 +233,13 @@ macro_rules! apis {
                         };
                         let broker = broker.clone();
                         return Route::Run(Box::pin(async move {
-                            $module::handle(&broker, req, version).await.into_reply(id, version)
+                            $module::handle(&broker, req, version).await.into_reply(id, version, super::conn::throttle::response_ms())
                         }));
                     }
                     let (broker, h) = (broker.clone(), h.clone());
                     Route::Run(Box::pin(async move {
                         let req: $module::Request = decode_off_the_runtime(&broker, h, body).await?;
-                        $module::handle(&broker, req, version).await.into_reply(id, version)
+                        $module::handle(&broker, req, version).await.into_reply(id, version, super::conn::throttle::response_ms())
                     }))
                 } )*
                 other => Route::Close(format!("api {other:?} is not served"), Closed::Unsupported),
@@ -249,6 +285,8 @@ apis! {
     DescribeAcls => describe_acls,
     CreateAcls => create_acls,
     DeleteAcls => delete_acls,
+    DescribeClientQuotas => describe_client_quotas,
+    AlterClientQuotas => alter_client_quotas,
 }
 
 /// Turns a topic name from the wire into a `&str`.

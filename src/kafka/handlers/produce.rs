@@ -22,8 +22,10 @@ use kafka_protocol::ResponseError;
 
 use super::Route;
 use crate::auth::acl::Operation;
+use crate::auth::quota::Kind;
 use crate::engine::{Ack, EngineError};
 use crate::kafka::authz::Check;
+use crate::kafka::conn::throttle;
 use crate::kafka::{errors, Broker};
 use crate::protocol::header::RequestHeader;
 
@@ -139,10 +141,13 @@ pub enum Reply {
 }
 
 impl super::IntoReply for Option<Reply> {
-    fn into_reply(self, correlation_id: i32, version: i16) -> Option<Vec<Bytes>> {
+    fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
         match self? {
             Reply::Silent => Some(Vec::new()),
-            Reply::Answer(r) => super::encode(correlation_id, version, &r),
+            Reply::Answer(mut r) => {
+                r.throttle_time_ms = throttle_ms;
+                super::encode(correlation_id, version, &r)
+            }
         }
     }
 }
@@ -150,6 +155,13 @@ impl super::IntoReply for Option<Reply> {
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply> {
     debug_assert!(version >= DECODED.min && version <= DECODED.max);
     let acks = req.acks;
+    // The producer byte rate is charged the request's records; acks=0
+    // requests are not charged for their time (as in Kafka).
+    let size: usize = req.topic_data.iter().flat_map(|t| &t.partition_data).map(|p| p.records.as_ref().map_or(0, |r| r.len())).sum();
+    throttle::charge(Kind::Produce, size);
+    if acks == 0 {
+        throttle::exempt();
+    }
     let ack = match acks {
         0 | 1 => Some(Ack::Written),
         -1 => Some(Ack::Durable),

@@ -84,6 +84,22 @@ pub(super) static APIS: &[Api] = &[
     api(29, "DescribeAcls", 1, 3, 2, &describe_acls::REQUEST),
     api(30, "CreateAcls", 1, 3, 2, &create_acls::REQUEST),
     api(31, "DeleteAcls", 1, 3, 2, &delete_acls::REQUEST),
+    api(
+        48,
+        "DescribeClientQuotas",
+        0,
+        1,
+        1,
+        &describe_client_quotas::REQUEST,
+    ),
+    api(
+        49,
+        "AlterClientQuotas",
+        0,
+        1,
+        1,
+        &alter_client_quotas::REQUEST,
+    ),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -794,6 +810,55 @@ pub(super) mod delete_acls {
     pub(super) static REQUEST: Schema = s(
         "DeleteAclsRequest",
         &[f("filters", structs(&DELETE_ACLS_FILTER), 1, 3)],
+    );
+}
+
+pub(super) mod describe_client_quotas {
+    use super::*;
+    static COMPONENT_DATA: Schema = s(
+        "ComponentData",
+        &[
+            f("entity_type", STR, 0, 1),
+            f("match_type", I8, 0, 1),
+            f("match", NSTR, 0, 1),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "DescribeClientQuotasRequest",
+        &[
+            f("components", structs(&COMPONENT_DATA), 0, 1),
+            f("strict", BOOL, 0, 1),
+        ],
+    );
+}
+
+pub(super) mod alter_client_quotas {
+    use super::*;
+    static ENTITY_DATA: Schema = s(
+        "EntityData",
+        &[f("entity_type", STR, 0, 1), f("entity_name", NSTR, 0, 1)],
+    );
+    static OP_DATA: Schema = s(
+        "OpData",
+        &[
+            f("key", STR, 0, 1),
+            f("value", Ty::Fixed(8), 0, 1),
+            f("remove", BOOL, 0, 1),
+        ],
+    );
+    static ENTRY_DATA: Schema = s(
+        "EntryData",
+        &[
+            f("entity", structs(&ENTITY_DATA), 0, 1),
+            f("ops", structs(&OP_DATA), 0, 1),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "AlterClientQuotasRequest",
+        &[
+            f("entries", structs(&ENTRY_DATA), 0, 1),
+            f("validate_only", BOOL, 0, 1),
+        ],
     );
 }
 

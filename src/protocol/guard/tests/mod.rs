@@ -118,6 +118,8 @@ fn every_case() -> Vec<Case> {
         case!(DescribeAclsRequest, describe_acls),
         case!(CreateAclsRequest, create_acls),
         case!(DeleteAclsRequest, delete_acls),
+        case!(DescribeClientQuotasRequest, describe_client_quotas),
+        case!(AlterClientQuotasRequest, alter_client_quotas),
     ]
 }
 

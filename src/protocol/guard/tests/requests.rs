@@ -626,3 +626,17 @@ pub(super) fn delete_acls(_v: i16) -> km::DeleteAclsRequest {
     use km::delete_acls_request::DeleteAclsFilter;
     km::DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default().with_resource_type_filter(1).with_pattern_type_filter(1).with_operation(1).with_permission_type(1)])
 }
+
+pub(super) fn describe_client_quotas(_v: i16) -> km::DescribeClientQuotasRequest {
+    use km::describe_client_quotas_request::ComponentData;
+    km::DescribeClientQuotasRequest::default()
+        .with_components(vec![ComponentData::default().with_entity_type(st("user")).with_match_type(0).with_match(Some(st("alice"))), ComponentData::default().with_entity_type(st("client-id")).with_match_type(1).with_match(None)])
+        .with_strict(true)
+}
+
+pub(super) fn alter_client_quotas(_v: i16) -> km::AlterClientQuotasRequest {
+    use km::alter_client_quotas_request::{EntityData, EntryData, OpData};
+    km::AlterClientQuotasRequest::default().with_entries(vec![EntryData::default()
+        .with_entity(vec![EntityData::default().with_entity_type(st("user")).with_entity_name(Some(st("alice"))), EntityData::default().with_entity_type(st("client-id")).with_entity_name(None)])
+        .with_ops(vec![OpData::default().with_key(st("producer_byte_rate")).with_value(1024.0), OpData::default().with_key(st("request_percentage")).with_remove(true)])])
+}

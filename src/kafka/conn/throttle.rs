@@ -1,0 +1,193 @@
+//! Client quotas on a connection (see `auth::quota`): what each request is
+//! charged, the throttle time its response carries, and the wait before
+//! the connection's next request starts.
+//!
+//! A Produce is charged its request size, a Fetch its response size, and
+//! every request but ApiVersions, the SASL exchange and acks=0 produces the
+//! time its handler ran (the sum of its polls, so a fetch parked waiting
+//! for data costs nothing while it waits; work a handler hands to the
+//! writer or the blocking pool is not counted). The response carries the
+//! largest throttle its charges left, and no later request of the
+//! connection starts before that time has passed: Kafka mutes the channel
+//! for as long, so a client that ignores `throttle_time_ms` is held to its
+//! quota all the same.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::REQUEST;
+use crate::auth::quota::{Kind, Quotas, Resolved};
+use crate::kafka::probe::KafkaProbe;
+
+/// Longest throttle one response asks for: a larger debt throttles the
+/// requests after it too. Below the clients' default request timeout
+/// (30 s), so requests waiting behind a throttle do not time out.
+const MAX_THROTTLE: Duration = Duration::from_secs(10);
+
+/// A connection's side of the quotas.
+pub struct ConnQuota {
+    quotas: Arc<Quotas>,
+    probe: Arc<KafkaProbe>,
+    base: Instant,
+    /// Nanoseconds after `base` before which no request starts (0: none).
+    muted_until: AtomicU64,
+    /// The quotas of the last client id seen, until the configuration
+    /// changes.
+    cached: Mutex<Option<(String, Resolved)>>,
+}
+
+impl ConnQuota {
+    pub fn new(quotas: Arc<Quotas>, probe: Arc<KafkaProbe>) -> ConnQuota {
+        ConnQuota { quotas, probe, base: Instant::now(), muted_until: AtomicU64::new(0), cached: Mutex::new(None) }
+    }
+
+    /// Waits out the connection's throttle, if one is running (one atomic
+    /// load otherwise).
+    pub async fn wait_muted(&self) {
+        let until = self.muted_until.load(Ordering::Acquire);
+        if until == 0 {
+            return;
+        }
+        let until = self.base + Duration::from_nanos(until);
+        if until > Instant::now() {
+            tokio::time::sleep_until(until.into()).await;
+        }
+    }
+
+    fn mute_for(&self, d: Duration) {
+        let until = (Instant::now() + d).duration_since(self.base).as_nanos() as u64;
+        self.muted_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// The quotas that apply to `user` and `client` (none configured:
+    /// `None`, without a lookup).
+    fn resolve(&self, user: &str, client: &str) -> Option<Resolved> {
+        if !self.quotas.any() {
+            return None;
+        }
+        let mut cached = self.cached.lock().expect("connection quota lock");
+        let prior = cached.as_ref().filter(|(c, _)| c == client).map(|(_, r)| r);
+        let r = self.quotas.resolve(user, client, prior);
+        *cached = Some((client.to_owned(), r.clone()));
+        Some(r)
+    }
+}
+
+/// One request's charges.
+#[derive(Default)]
+pub struct Usage {
+    /// The largest byte-rate throttle charged so far, in nanoseconds.
+    bandwidth: AtomicU64,
+    /// Handler time not yet charged, in nanoseconds.
+    busy: AtomicU64,
+    /// Not charged for its time (ApiVersions, SASL, acks=0 produce).
+    exempt: AtomicBool,
+    /// Whether any quota was configured when the request started: if not,
+    /// its polls are not timed.
+    timed: bool,
+}
+
+impl Usage {
+    pub fn new(timed: bool, exempt: bool) -> Usage {
+        Usage { timed, exempt: AtomicBool::new(exempt), ..Usage::default() }
+    }
+}
+
+fn with_request<T>(f: impl FnOnce(&ConnQuota, &Usage, &str, &str) -> T) -> Option<T> {
+    REQUEST.try_with(|c| f(&c.quota, &c.usage, &c.session.principal().name, &c.client_id)).ok()
+}
+
+/// Charges the running request `amount` bytes of `kind` (a Produce's
+/// request size, a Fetch's response size) and returns the throttle it
+/// leaves (zero: within the quota, or no quota applies). Zero bytes ask
+/// whether the budget is in debt (a Fetch that arrives in debt is
+/// answered empty, with the time to wait).
+pub fn charge(kind: Kind, amount: usize) -> Duration {
+    with_request(|q, usage, user, client| {
+        let Some(r) = q.resolve(user, client) else { return Duration::ZERO };
+        let t = r.charge(kind, amount as f64, Instant::now());
+        if !t.is_zero() {
+            usage.bandwidth.fetch_max(t.as_nanos() as u64, Ordering::AcqRel);
+            q.probe.throttled(kind, t);
+            // At once: a Produce pipelined behind this one starts when
+            // this one has submitted, before its response is encoded.
+            q.mute_for(t.min(MAX_THROTTLE));
+        }
+        t
+    })
+    .unwrap_or_default()
+}
+
+/// The running request is not charged for its time (an acks=0 produce,
+/// which Kafka exempts too).
+pub fn exempt() {
+    let _ = REQUEST.try_with(|c| c.usage.exempt.store(true, Ordering::Release));
+}
+
+/// The throttle time the running request's response carries, in ms: the
+/// largest of its byte-rate throttles and the request-time debt. The
+/// connection's next request waits as long.
+pub fn response_ms() -> i32 {
+    with_request(|q, usage, user, client| {
+        let bandwidth = Duration::from_nanos(usage.bandwidth.load(Ordering::Acquire));
+        let busy = usage.busy.swap(0, Ordering::AcqRel);
+        let time = match q.resolve(user, client) {
+            Some(r) if !usage.exempt.load(Ordering::Acquire) && r.limits(Kind::Request) => {
+                let t = r.charge(Kind::Request, busy as f64, Instant::now());
+                if !t.is_zero() {
+                    q.probe.throttled(Kind::Request, t);
+                }
+                t
+            }
+            _ => Duration::ZERO,
+        };
+        let t = bandwidth.max(time).min(MAX_THROTTLE);
+        if t.is_zero() {
+            return 0;
+        }
+        q.mute_for(t);
+        t.as_millis().max(1) as i32
+    })
+    .unwrap_or(0)
+}
+
+/// A handler's future, its polls timed into its request's [`Usage`];
+/// what is left uncharged when it ends (the last poll) is charged then.
+pub struct Timed<F> {
+    inner: Pin<Box<F>>,
+    usage: Arc<Usage>,
+    quota: Arc<ConnQuota>,
+    user: Arc<crate::auth::KafkaPrincipal>,
+    client: String,
+}
+
+impl<F> Timed<F> {
+    pub fn new(inner: F, usage: Arc<Usage>, quota: Arc<ConnQuota>, user: Arc<crate::auth::KafkaPrincipal>, client: String) -> Timed<F> {
+        Timed { inner: Box::pin(inner), usage, quota, user, client }
+    }
+}
+
+impl<F: Future> Future for Timed<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        if !self.usage.timed {
+            return self.inner.as_mut().poll(cx);
+        }
+        let start = Instant::now();
+        let out = self.inner.as_mut().poll(cx);
+        self.usage.busy.fetch_add(start.elapsed().as_nanos() as u64, Ordering::AcqRel);
+        if out.is_ready() && !self.usage.exempt.load(Ordering::Acquire) {
+            let busy = self.usage.busy.swap(0, Ordering::AcqRel);
+            if let Some(r) = self.quota.resolve(&self.user.name, &self.client).filter(|r| r.limits(Kind::Request)) {
+                // Debt left for the connection's next requests to meet.
+                r.charge(Kind::Request, busy as f64, Instant::now());
+            }
+        }
+        out
+    }
+}
