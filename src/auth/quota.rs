@@ -276,8 +276,12 @@ pub struct Quotas {
     generation: AtomicU64,
     /// Held by a writer across its read, catalog write and publish.
     writing: Mutex<()>,
-    buckets: Mutex<HashMap<(Kind, String, String), Arc<Mutex<Bucket>>>>,
+    buckets: Mutex<HashMap<BucketKey, Arc<Mutex<Bucket>>>>,
 }
+
+/// A shared budget: the quota, and the user and client id sharing it
+/// (empty where the quota's entity does not name them).
+type BucketKey = (Kind, String, String);
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
@@ -356,7 +360,7 @@ impl Quotas {
         Resolved { generation, limits }
     }
 
-    fn bucket(&self, key: (Kind, String, String), rate: f64) -> Arc<Mutex<Bucket>> {
+    fn bucket(&self, key: BucketKey, rate: f64) -> Arc<Mutex<Bucket>> {
         let mut map = self.buckets.lock().expect("quota buckets lock");
         if map.len() >= BUCKET_KEYS && !map.contains_key(&key) {
             // Only buckets nobody holds are forgotten: a connection's

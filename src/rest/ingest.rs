@@ -62,7 +62,7 @@ fn events(body: &[u8], ndjson_type: bool) -> Result<Vec<&[u8]>, RestError> {
 
 async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     let topic = path.trim_matches('/').replace('/', ".");
-    b.authorize(&headers, Some(&topic))?;
+    let who = b.authorize(&headers, Some(&topic))?;
     let route = b.cfg.routes.for_topic(&topic);
     let acks = q.acks.as_deref().or(route.and_then(|r| r.acks.as_deref()));
     let ack = match acks {
@@ -77,6 +77,7 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
         return Err(RestError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 415, format!("unsupported Content-Type {ct:?}: send application/json or application/x-ndjson")));
     }
     let (body, mut held) = b.body(&headers, body).await?;
+    b.charge(who.as_deref(), body.len());
     let events = events(&body, ndjson)?;
     b.hold_events(&mut held, events.len())?;
     let header_key = headers.get("x-canopy-key").map(|v| v.as_bytes().to_vec());

@@ -16,6 +16,7 @@ mod long_poll;
 mod metrics;
 mod pipelining;
 mod produce_fetch;
+mod quotas;
 mod records;
 mod recovery;
 mod rest;

@@ -475,14 +475,13 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
         Route::Run(fut) => {
             let is_produce = h.api_key == kafka_protocol::messages::ApiKey::Produce;
             let (wait, written, ticket) = order.next(is_produce);
-            let client_id = h.client_id.clone().unwrap_or_default();
             // ApiVersions and the SASL exchange are not charged for their
             // time, as in Kafka.
             let exempt = matches!(h.api_key, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate);
             let usage = Arc::new(Usage::new(broker.quotas.any(), exempt));
             let ctx = RequestCtx {
                 peer,
-                client_id: client_id.clone(),
+                client_id: h.client_id.clone().unwrap_or_default(),
                 order: std::sync::Mutex::new(ticket),
                 ending: ending.clone(),
                 session: session.clone(),
@@ -510,7 +509,8 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
                 reply
             };
             let parks = matches!(api, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup);
-            let timed = throttle::Timed::new(timed, usage, quota.clone(), session.principal(), client_id);
+            let whom = || (quota.clone(), session.principal(), h.client_id.clone().unwrap_or_default());
+            let timed = throttle::Timed::new(timed, usage, whom);
             Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), parks, written))
         }
         Route::Close(why, reason) => {

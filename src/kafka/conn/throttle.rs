@@ -97,8 +97,11 @@ impl Usage {
     }
 }
 
+/// Runs `f` with the running request's quota state, user and client id;
+/// `None` outside a request or when no quota is configured (then at the
+/// cost of one atomic load).
 fn with_request<T>(f: impl FnOnce(&ConnQuota, &Usage, &str, &str) -> T) -> Option<T> {
-    REQUEST.try_with(|c| f(&c.quota, &c.usage, &c.session.principal().name, &c.client_id)).ok()
+    REQUEST.try_with(|c| c.quota.quotas.any().then(|| f(&c.quota, &c.usage, &c.session.principal().name, &c.client_id))).ok().flatten()
 }
 
 /// Charges the running request `amount` bytes of `kind` (a Produce's
@@ -157,33 +160,36 @@ pub fn response_ms() -> i32 {
 
 /// A handler's future, its polls timed into its request's [`Usage`];
 /// what is left uncharged when it ends (the last poll) is charged then.
+/// Untimed (no quota configured), it only passes polls on.
 pub struct Timed<F> {
     inner: Pin<Box<F>>,
     usage: Arc<Usage>,
-    quota: Arc<ConnQuota>,
-    user: Arc<crate::auth::KafkaPrincipal>,
-    client: String,
+    /// The connection's quotas, user and client id, when timed.
+    whom: Option<(Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String)>,
 }
 
 impl<F> Timed<F> {
-    pub fn new(inner: F, usage: Arc<Usage>, quota: Arc<ConnQuota>, user: Arc<crate::auth::KafkaPrincipal>, client: String) -> Timed<F> {
-        Timed { inner: Box::pin(inner), usage, quota, user, client }
+    /// `whom` is only called if the request is timed.
+    pub fn new(inner: F, usage: Arc<Usage>, whom: impl FnOnce() -> (Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String)) -> Timed<F> {
+        let whom = usage.timed.then(whom);
+        Timed { inner: Box::pin(inner), usage, whom }
     }
 }
 
 impl<F: Future> Future for Timed<F> {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        if !self.usage.timed {
-            return self.inner.as_mut().poll(cx);
-        }
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let Some((quota, user, client)) = &this.whom else {
+            return this.inner.as_mut().poll(cx);
+        };
         let start = Instant::now();
-        let out = self.inner.as_mut().poll(cx);
-        self.usage.busy.fetch_add(start.elapsed().as_nanos() as u64, Ordering::AcqRel);
-        if out.is_ready() && !self.usage.exempt.load(Ordering::Acquire) {
-            let busy = self.usage.busy.swap(0, Ordering::AcqRel);
-            if let Some(r) = self.quota.resolve(&self.user.name, &self.client).filter(|r| r.limits(Kind::Request)) {
+        let out = this.inner.as_mut().poll(cx);
+        this.usage.busy.fetch_add(start.elapsed().as_nanos() as u64, Ordering::AcqRel);
+        if out.is_ready() && !this.usage.exempt.load(Ordering::Acquire) {
+            let busy = this.usage.busy.swap(0, Ordering::AcqRel);
+            if let Some(r) = quota.resolve(&user.name, client).filter(|r| r.limits(Kind::Request)) {
                 // Debt left for the connection's next requests to meet.
                 r.charge(Kind::Request, busy as f64, Instant::now());
             }

@@ -18,10 +18,13 @@ use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
 
+/// An entry's error code and message.
+type Refusal = (i16, String);
+
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     let allowed = Check::current(broker).administers(Operation::AlterConfigs);
     // Each entry's answer, and the change of those that pass.
-    let mut answers: Vec<(Vec<EntityData>, Result<(), (i16, String)>)> = Vec::with_capacity(req.entries.len());
+    let mut answers: Vec<(Vec<EntityData>, Result<(), Refusal>)> = Vec::with_capacity(req.entries.len());
     let mut changes: Vec<(Entity, Vec<Op>)> = Vec::new();
     for e in &req.entries {
         let echo = e.entity.iter().map(|d| EntityData::default().with_entity_type(d.entity_type.clone()).with_entity_name(d.entity_name.clone())).collect();
@@ -58,7 +61,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
 }
 
 /// An entry's entity and operations, or why Kafka would refuse it.
-fn check(e: &kafka_protocol::messages::alter_client_quotas_request::EntryData) -> Result<(Entity, Vec<Op>), (i16, String)> {
+fn check(e: &kafka_protocol::messages::alter_client_quotas_request::EntryData) -> Result<(Entity, Vec<Op>), Refusal> {
     let invalid = |why: String| (E::InvalidRequest.code(), why);
     let entity = Entity::from_wire(e.entity.iter().map(|d| (d.entity_type.as_str(), d.entity_name.as_deref()))).map_err(invalid)?;
     let mut ops = Vec::with_capacity(e.ops.len());

@@ -11,6 +11,7 @@ multi-group OffsetFetch, delete_groups); and security: a group over SASL_SSL
 (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) and mutual TLS, and a wrong password.
 """
 import time
+import uuid
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -343,5 +344,58 @@ def test_acls_through_the_admin_client(security):
         assert err.errno == 0 and len(matched) == 1, deleted
         acls, error = admin.describe_acls(flt)
         assert not acls
+    finally:
+        admin.close()
+
+
+def test_client_quotas_altered_described_and_enforced(security):
+    """Client quotas through kafka-python's own codec for AlterClientQuotas
+    and DescribeClientQuotas (its admin client sends them as kafka-configs
+    does); a producer over its byte rate is throttled and kafka-python's
+    metrics show the throttle time the broker asked for."""
+    from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest, DescribeClientQuotasRequest
+    cfg = secure_config(security, "SCRAM-SHA-512")
+    cfg.update(sasl_plain_username=security["admin_user"], sasl_plain_password=security["admin_password"])
+    admin = KafkaAdminClient(request_timeout_ms=20000, **cfg)
+    user = security["other_user"]
+    client_id = f"kp-quota-{uuid.uuid4().hex[:8]}"
+    entity = [("user", user), ("client-id", client_id)]
+
+    def alter(ops, validate_only=False):
+        r = admin._manager.run(admin._manager.send, AlterClientQuotasRequest(entries=[(entity, ops)], validate_only=validate_only))
+        return [(e.error_code, e.error_message) for e in r.entries]
+
+    def describe():
+        r = admin._manager.run(admin._manager.send, DescribeClientQuotasRequest(
+            components=[("user", 0, user), ("client-id", 0, client_id)], strict=True))
+        assert r.error_code == 0, r
+        return {v.key: v.value for e in r.entries for v in e.values}
+
+    try:
+        assert alter([("producer_byte_rate", 1.5, False)])[0][0] == 42, "byte rates are whole: INVALID_REQUEST"
+        assert alter([("producer_byte_rate", 50000.0, False)], validate_only=True) == [(0, None)]
+        assert describe() == {}
+        assert alter([("producer_byte_rate", 50000.0, False), ("request_percentage", 200.0, False)]) == [(0, None)]
+        assert describe() == {"producer_byte_rate": 50000.0, "request_percentage": 200.0}
+
+        other = secure_config(security, "SCRAM-SHA-512")
+        other.update(sasl_plain_username=user, sasl_plain_password=security["other_password"])
+        producer = KafkaProducer(client_id=client_id, acks=1, linger_ms=5, batch_size=16384, **other)
+        try:
+            topic = unique_topic("kp_quota")
+            start = time.monotonic()
+            for _ in range(100):
+                producer.send(topic, b"q" * 2000)
+            producer.flush(timeout=60)
+            took = time.monotonic() - start
+            throttle = producer.metrics()["producer-metrics"]["produce-throttle-time-max"]
+        finally:
+            producer.close()
+        # 200 kB at 50 kB/s after a 50 kB burst: about 3 s.
+        assert took >= 2.0, f"200 kB in {took:.2f} s at 50 kB/s"
+        assert throttle > 0, "kafka-python saw throttle_time_ms"
+
+        assert alter([("producer_byte_rate", 0.0, True), ("request_percentage", 0.0, True)]) == [(0, None)]
+        assert describe() == {}
     finally:
         admin.close()
