@@ -348,11 +348,11 @@ def test_acls_through_the_admin_client(security):
         admin.close()
 
 
-def test_client_quotas_altered_described_and_enforced(security):
+def test_client_quotas_altered_described_and_enforced(security, caplog):
     """Client quotas through kafka-python's own codec for AlterClientQuotas
     and DescribeClientQuotas (its admin client sends them as kafka-configs
-    does); a producer over its byte rate is throttled and kafka-python's
-    metrics show the throttle time the broker asked for."""
+    does); a producer over its byte rate is held to it and kafka-python
+    logs the throttle time the broker asked for."""
     from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest, DescribeClientQuotasRequest
     cfg = secure_config(security, "SCRAM-SHA-512")
     cfg.update(sasl_plain_username=security["admin_user"], sasl_plain_password=security["admin_password"])
@@ -388,12 +388,12 @@ def test_client_quotas_altered_described_and_enforced(security):
                 producer.send(topic, b"q" * 2000)
             producer.flush(timeout=60)
             took = time.monotonic() - start
-            throttle = producer.metrics()["producer-metrics"]["produce-throttle-time-max"]
         finally:
             producer.close()
         # 200 kB at 50 kB/s after a 50 kB burst: about 3 s.
         assert took >= 2.0, f"200 kB in {took:.2f} s at 50 kB/s"
-        assert throttle > 0, "kafka-python saw throttle_time_ms"
+        assert any("ProduceResponse" in r.getMessage() and "throttled by broker" in r.getMessage() for r in caplog.records), \
+            [r.getMessage() for r in caplog.records][-5:]
 
         assert alter([("producer_byte_rate", 0.0, True), ("request_percentage", 0.0, True)]) == [(0, None)]
         assert describe() == {}
