@@ -206,6 +206,10 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
     let super_users = cfg.super_user_list().map_err(|e| anyhow::anyhow!("super_users: {e}"))?;
     let authorizer = Arc::new(crate::auth::acl::Authorizer::load(engine.catalog(), cfg.authorizer_enabled, super_users, cfg.allow_everyone_if_no_acl_found).context("loading ACLs")?);
     let quotas = Arc::new(crate::auth::quota::Quotas::load(engine.catalog()).context("loading client quotas")?);
+    let oauth = match cfg.oauth() {
+        Some(o) => Some(Arc::new(crate::auth::oauth::Validator::load(o).map_err(|e| anyhow::anyhow!("sasl_oauthbearer_jwks_file: {e}"))?)),
+        None => None,
+    };
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
@@ -233,6 +237,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         users,
         authorizer,
         quotas,
+        oauth,
         budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
     }))

@@ -5,7 +5,9 @@
 //! - PLAIN (RFC 4616): `authzid NUL authcid NUL password`, checked against
 //!   the user's SCRAM credential (one PBKDF2).
 //! - SCRAM-SHA-256 / SCRAM-SHA-512: see `scram.rs`.
+//! - OAUTHBEARER (RFC 7628): a JWT checked against a JWKS, see `oauth.rs`.
 
+use super::oauth::{self, Validator};
 use super::scram::{Mechanism, ScramError, ScramServer, Step};
 use super::users::UserStore;
 
@@ -17,15 +19,17 @@ pub const MAX_TOKEN_BYTES: usize = 64 << 10;
 pub enum SaslMechanism {
     Plain,
     Scram(Mechanism),
+    OAuthBearer,
 }
 
 impl SaslMechanism {
-    pub const ALL: [SaslMechanism; 3] = [SaslMechanism::Plain, SaslMechanism::Scram(Mechanism::Sha256), SaslMechanism::Scram(Mechanism::Sha512)];
+    pub const ALL: [SaslMechanism; 4] = [SaslMechanism::Plain, SaslMechanism::Scram(Mechanism::Sha256), SaslMechanism::Scram(Mechanism::Sha512), SaslMechanism::OAuthBearer];
 
     pub fn name(self) -> &'static str {
         match self {
             SaslMechanism::Plain => "PLAIN",
             SaslMechanism::Scram(m) => m.name(),
+            SaslMechanism::OAuthBearer => "OAUTHBEARER",
         }
     }
 
@@ -57,6 +61,12 @@ pub enum SaslError {
     Scram(#[from] ScramError),
     #[error("token of {0} bytes is over the limit")]
     TooLong(usize),
+    #[error("malformed OAUTHBEARER message: {0}")]
+    MalformedOAuth(&'static str),
+    #[error("{0}")]
+    Token(String),
+    #[error("OAUTHBEARER is not configured (no JWKS)")]
+    NoValidator,
 }
 
 impl SaslError {
@@ -66,6 +76,8 @@ impl SaslError {
             SaslError::MalformedPlain(_) | SaslError::TooLong(_) | SaslError::Scram(ScramError::Malformed(_)) => format!("Authentication failed: malformed {mech} token"),
             SaslError::Password => "Authentication failed: Invalid username or password".into(),
             SaslError::Scram(_) => format!("Authentication failed during authentication due to invalid credentials with SASL mechanism {mech}"),
+            // Kafka fails the exchange with RFC 7628's error document.
+            SaslError::MalformedOAuth(_) | SaslError::Token(_) | SaslError::NoValidator => String::from_utf8_lossy(oauth::INVALID_TOKEN).into_owned(),
         }
     }
 }
@@ -75,48 +87,82 @@ impl SaslError {
 pub enum Outcome {
     /// Send this token and wait for the client's next.
     Continue(Vec<u8>),
-    /// The client is `user`; send `reply` (possibly empty).
-    Done { user: String, reply: Vec<u8> },
+    /// The client is `user`; send `reply` (possibly empty). A credential
+    /// that expires (an OAUTHBEARER token) says when, in seconds since the
+    /// Unix epoch.
+    Done { user: String, reply: Vec<u8>, expires_s: Option<u64> },
 }
 
 /// The server's side of one SASL exchange.
 pub struct Exchange {
     mech: SaslMechanism,
     scram: Option<ScramServer>,
+    /// OAUTHBEARER: why the token was refused, once the error document has
+    /// been sent and the client's `\x01` is awaited.
+    refused: Option<SaslError>,
 }
 
 impl Exchange {
     pub fn new(mech: SaslMechanism) -> Exchange {
         let scram = match mech {
             SaslMechanism::Scram(m) => Some(ScramServer::new(m)),
-            SaslMechanism::Plain => None,
+            SaslMechanism::Plain | SaslMechanism::OAuthBearer => None,
         };
-        Exchange { mech, scram }
+        Exchange { mech, scram, refused: None }
     }
 
     pub fn mechanism(&self) -> SaslMechanism {
         self.mech
     }
 
-    pub fn step(&mut self, token: &[u8], users: &UserStore) -> Result<Outcome, SaslError> {
+    pub fn step(&mut self, token: &[u8], users: &UserStore, oauth: Option<&Validator>) -> Result<Outcome, SaslError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(SaslError::TooLong(token.len()));
+        }
+        if self.mech == SaslMechanism::OAuthBearer {
+            return self.oauth_step(token, oauth);
         }
         match &mut self.scram {
             Some(s) => {
                 let m = s.mechanism();
                 match s.step(token, |u| users.scram(u, m), users.decoy_secret())? {
                     Step::Continue(t) => Ok(Outcome::Continue(t)),
-                    Step::Done { user, reply } => Ok(Outcome::Done { user, reply }),
+                    Step::Done { user, reply } => Ok(Outcome::Done { user, reply, expires_s: None }),
                 }
             }
             None => {
                 let (user, password) = plain(token)?;
                 if users.verify_password(user, password) {
-                    Ok(Outcome::Done { user: user.to_owned(), reply: Vec::new() })
+                    Ok(Outcome::Done { user: user.to_owned(), reply: Vec::new(), expires_s: None })
                 } else {
                     Err(SaslError::Password)
                 }
+            }
+        }
+    }
+
+    /// OAUTHBEARER: a valid token completes; an invalid one is answered
+    /// with the error document, and the exchange fails on the client's
+    /// next message (its `\x01`, or anything else).
+    fn oauth_step(&mut self, token: &[u8], oauth: Option<&Validator>) -> Result<Outcome, SaslError> {
+        if let Some(why) = self.refused.take() {
+            return Err(why);
+        }
+        let checked = (|| {
+            let (authzid, jwt) = oauth::initial_response(token).map_err(SaslError::MalformedOAuth)?;
+            let v = oauth.ok_or(SaslError::NoValidator)?.validate(jwt).map_err(SaslError::Token)?;
+            // Kafka acts for nobody else: an authorization id must name
+            // the token's own principal.
+            if authzid.is_some_and(|a| a != v.principal) {
+                return Err(SaslError::Token(format!("the authorization id is not the token's principal {}", v.principal)));
+            }
+            Ok(v)
+        })();
+        match checked {
+            Ok(v) => Ok(Outcome::Done { user: v.principal, reply: Vec::new(), expires_s: Some(v.expires_s) }),
+            Err(e) => {
+                self.refused = Some(e);
+                Ok(Outcome::Continue(oauth::INVALID_TOKEN.to_vec()))
             }
         }
     }
@@ -158,9 +204,9 @@ mod tests {
     #[test]
     fn plain_checks_the_password_and_the_authorization_id() {
         let (_d, users) = store();
-        let run = |t: &[u8]| Exchange::new(SaslMechanism::Plain).step(t, &users);
-        assert_eq!(run(b"\0alice\0pw"), Ok(Outcome::Done { user: "alice".into(), reply: vec![] }));
-        assert_eq!(run(b"alice\0alice\0pw"), Ok(Outcome::Done { user: "alice".into(), reply: vec![] }));
+        let run = |t: &[u8]| Exchange::new(SaslMechanism::Plain).step(t, &users, None);
+        assert_eq!(run(b"\0alice\0pw"), Ok(Outcome::Done { user: "alice".into(), reply: vec![], expires_s: None }));
+        assert_eq!(run(b"alice\0alice\0pw"), Ok(Outcome::Done { user: "alice".into(), reply: vec![], expires_s: None }));
         assert_eq!(run(b"bob\0alice\0pw"), Err(SaslError::Password));
         assert_eq!(run(b"\0alice\0pW"), Err(SaslError::Password));
         assert_eq!(run(b"\0bob\0pw"), Err(SaslError::Password));
@@ -180,9 +226,9 @@ mod tests {
         for m in Mechanism::ALL {
             let mut ex = Exchange::new(SaslMechanism::Scram(m));
             let mut client = super::super::scram::client::ScramClient::new(m, "alice", b"pw");
-            let Ok(Outcome::Continue(first)) = ex.step(&client.first(), &users) else { panic!() };
+            let Ok(Outcome::Continue(first)) = ex.step(&client.first(), &users, None) else { panic!() };
             let last = client.last(&first).unwrap();
-            let Ok(Outcome::Done { user, reply }) = ex.step(&last, &users) else { panic!() };
+            let Ok(Outcome::Done { user, reply, .. }) = ex.step(&last, &users, None) else { panic!() };
             assert_eq!(user, "alice");
             assert!(client.verify(&reply));
         }

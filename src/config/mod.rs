@@ -142,8 +142,18 @@ settings! {
     ssl_ca_file: String = "", "CANOPY_SSL_CA_FILE", "ssl-ca-file";
     "How often the TLS files are checked for changes (they also reload on SIGHUP), in milliseconds"
     ssl_reload_check_ms: u64 = "10000", "CANOPY_SSL_RELOAD_CHECK_MS", "ssl-reload-check-ms";
-    "SASL mechanisms offered on SASL listeners, separated by commas: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN"
+    "SASL mechanisms offered on SASL listeners, separated by commas: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, OAUTHBEARER (needs sasl_oauthbearer_jwks_file)"
     sasl_enabled_mechanisms: String = "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "CANOPY_SASL_ENABLED_MECHANISMS", "sasl-enabled-mechanisms";
+    "OAUTHBEARER: the JWKS file holding the keys tokens are signed with (read at start)"
+    sasl_oauthbearer_jwks_file: String = "", "CANOPY_SASL_OAUTHBEARER_JWKS_FILE", "sasl-oauthbearer-jwks-file";
+    "OAUTHBEARER: audiences a token must name one of, separated by commas (sasl.oauthbearer.expected.audience; empty: not checked)"
+    sasl_oauthbearer_expected_audience: String = "", "CANOPY_SASL_OAUTHBEARER_EXPECTED_AUDIENCE", "sasl-oauthbearer-expected-audience";
+    "OAUTHBEARER: the issuer a token must name (sasl.oauthbearer.expected.issuer; empty: not checked)"
+    sasl_oauthbearer_expected_issuer: String = "", "CANOPY_SASL_OAUTHBEARER_EXPECTED_ISSUER", "sasl-oauthbearer-expected-issuer";
+    "OAUTHBEARER: the claim that names the principal (sasl.oauthbearer.sub.claim.name)"
+    sasl_oauthbearer_sub_claim_name: String = "sub", "CANOPY_SASL_OAUTHBEARER_SUB_CLAIM_NAME", "sasl-oauthbearer-sub-claim-name";
+    "OAUTHBEARER: tolerated clock difference for expiry and not-before, in seconds (sasl.oauthbearer.clock.skew.seconds)"
+    sasl_oauthbearer_clock_skew_seconds: u64 = "30", "CANOPY_SASL_OAUTHBEARER_CLOCK_SKEW_SECONDS", "sasl-oauthbearer-clock-skew-seconds";
     "Longest a SASL session lasts before the client must re-authenticate, in milliseconds (connections.max.reauth.ms; 0: for ever)"
     connections_max_reauth_ms: i64 = "0", "CANOPY_CONNECTIONS_MAX_REAUTH_MS", "connections-max-reauth-ms";
     "A failed authentication is answered this much later, then its connection closed, in milliseconds (connection.failed.authentication.delay.ms)"
@@ -452,6 +462,9 @@ impl Config {
         match self.sasl_mechanisms() {
             Err(why) => return bad("sasl_enabled_mechanisms", &why),
             Ok(m) if m.is_empty() && listeners.iter().any(|l| l.protocol.sasl()) => return bad("sasl_enabled_mechanisms", "a SASL listener needs at least one mechanism"),
+            Ok(m) if m.contains(&crate::auth::sasl::SaslMechanism::OAuthBearer) && self.sasl_oauthbearer_jwks_file.is_empty() => {
+                return bad("sasl_oauthbearer_jwks_file", "OAUTHBEARER needs the JWKS its tokens are checked against")
+            }
             Ok(_) => {}
         }
         if self.connections_max_reauth_ms < 0 {
@@ -500,12 +513,27 @@ impl Config {
     pub fn sasl_mechanisms(&self) -> Result<Vec<crate::auth::sasl::SaslMechanism>, String> {
         let mut out = Vec::new();
         for name in self.sasl_enabled_mechanisms.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let m = crate::auth::sasl::SaslMechanism::from_name(name).ok_or_else(|| format!("{name:?} is not one of SCRAM-SHA-512, SCRAM-SHA-256, PLAIN"))?;
+            let m = crate::auth::sasl::SaslMechanism::from_name(name).ok_or_else(|| format!("{name:?} is not one of SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, OAUTHBEARER"))?;
             if !out.contains(&m) {
                 out.push(m);
             }
         }
         Ok(out)
+    }
+
+    /// OAUTHBEARER's settings, when a JWKS file is configured.
+    pub fn oauth(&self) -> Option<crate::auth::oauth::OAuthConfig> {
+        if self.sasl_oauthbearer_jwks_file.is_empty() {
+            return None;
+        }
+        let list = |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect::<Vec<_>>();
+        Some(crate::auth::oauth::OAuthConfig {
+            jwks_file: self.sasl_oauthbearer_jwks_file.clone().into(),
+            audience: list(&self.sasl_oauthbearer_expected_audience),
+            issuer: Some(self.sasl_oauthbearer_expected_issuer.clone()).filter(|i| !i.is_empty()),
+            sub_claim: self.sasl_oauthbearer_sub_claim_name.clone(),
+            clock_skew_s: self.sasl_oauthbearer_clock_skew_seconds,
+        })
     }
 
     /// Whether listener `name` asks for client certificates.

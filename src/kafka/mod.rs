@@ -75,6 +75,8 @@ pub struct Broker {
     pub authorizer: Arc<crate::auth::acl::Authorizer>,
     /// Client quotas: byte rates and request time per user and client id.
     pub quotas: Arc<crate::auth::quota::Quotas>,
+    /// OAUTHBEARER's token validator, when a JWKS is configured.
+    pub oauth: Option<Arc<crate::auth::oauth::Validator>>,
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true, then

@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::auth::oauth::Validator;
 use crate::auth::sasl::{Exchange, Outcome, SaslMechanism};
 use crate::auth::users::UserStore;
 use crate::auth::KafkaPrincipal;
@@ -138,13 +139,13 @@ impl Session {
 
     /// One token of the exchange a handshake started. PLAIN's PBKDF2 runs
     /// on the broker's CPU pool.
-    pub async fn token(&self, token: Vec<u8>, users: Arc<UserStore>, engine: &crate::engine::Engine, reauth_ms: i64, probe: &super::probe::KafkaProbe) -> Token {
+    pub async fn token(&self, token: Vec<u8>, users: Arc<UserStore>, oauth: Option<&Validator>, engine: &crate::engine::Engine, reauth_ms: i64, probe: &super::probe::KafkaProbe) -> Token {
         let Some(mut exchange) = self.state().exchange.take() else {
             return Token::Failed { code: E::IllegalSaslState.code(), message: "SaslAuthenticate before SaslHandshake".into() };
         };
         let mech = exchange.mechanism();
         let step = if mech.is_slow() {
-            match engine.run_cpu(move || (exchange.step(&token, &users), exchange)).await {
+            match engine.run_cpu(move || (exchange.step(&token, &users, None), exchange)).await {
                 Some((step, ex)) => {
                     exchange = ex;
                     step
@@ -152,7 +153,7 @@ impl Session {
                 None => return Token::Failed { code: E::SaslAuthenticationFailed.code(), message: "Authentication failed: the broker is shutting down".into() },
             }
         } else {
-            exchange.step(&token, &users)
+            exchange.step(&token, &users, oauth)
         };
         let listener = self.listener.name.as_str();
         match step {
@@ -160,7 +161,7 @@ impl Session {
                 self.state().exchange = Some(exchange);
                 Token::Continue(reply)
             }
-            Ok(Outcome::Done { user, reply }) => {
+            Ok(Outcome::Done { user, reply, expires_s }) => {
                 let principal = KafkaPrincipal::user(user);
                 let mut s = self.state();
                 let reauth = s.authenticated;
@@ -169,14 +170,24 @@ impl Session {
                     tracing::warn!(peer = %self.peer, listener, mechanism = %mech, from = %self.principal(), to = %principal, "re-authentication tried to change the principal");
                     return Token::Failed { code: E::SaslAuthenticationFailed.code(), message: format!("Cannot change principals during re-authentication from {}: {principal}", self.principal()) };
                 }
+                // A credential that expires (an OAUTHBEARER token) ends the
+                // session no later than itself, when sessions expire at all
+                // (KIP-368: with re-authentication off, nothing expires).
+                let lifetime_ms = match expires_s {
+                    Some(exp) if reauth_ms > 0 => {
+                        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+                        reauth_ms.min((exp as i64).saturating_mul(1000) - now_ms).max(1)
+                    }
+                    _ => reauth_ms,
+                };
                 s.authenticated = true;
                 s.mechanism = Some(mech);
-                s.expires = (reauth_ms > 0).then(|| Instant::now() + Duration::from_millis(reauth_ms as u64));
+                s.expires = (lifetime_ms > 0).then(|| Instant::now() + Duration::from_millis(lifetime_ms as u64));
                 drop(s);
                 tracing::debug!(peer = %self.peer, listener, mechanism = %mech, %principal, reauth, "authenticated");
                 *self.principal.write().expect("principal lock") = Arc::new(principal);
                 probe.authenticated(listener, mech.name(), if reauth { "reauthentication" } else { "success" });
-                Token::Done { reply, lifetime_ms: reauth_ms }
+                Token::Done { reply, lifetime_ms }
             }
             Err(e) => {
                 probe.authenticated(listener, mech.name(), "failure");

@@ -14,6 +14,7 @@ mod hostile;
 mod idempotence;
 mod long_poll;
 mod metrics;
+mod oauth;
 mod pipelining;
 mod produce_fetch;
 mod quotas;

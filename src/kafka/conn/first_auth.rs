@@ -42,7 +42,7 @@ impl FirstAuthentication<'_> {
             let raw = self.session.expects_raw_token();
             let (frame, _held) = self.next_frame(stream, buf, raw, shutdown).await?;
             if raw {
-                let token = self.session.token(frame.to_vec(), broker.users.clone(), &broker.engine, broker.cfg.connections_max_reauth_ms, &broker.probe).await;
+                let token = self.session.token(frame.to_vec(), broker.users.clone(), broker.oauth.as_deref(), &broker.engine, broker.cfg.connections_max_reauth_ms, &broker.probe).await;
                 let reply = match token {
                     Token::Continue(t) => t,
                     Token::Done { reply, .. } => reply,

@@ -18,7 +18,7 @@ pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 2 };
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let session = conn::session();
     let before_auth = session.needs_authentication();
-    let answer = session.token(req.auth_bytes.to_vec(), broker.users.clone(), &broker.engine, broker.cfg.connections_max_reauth_ms, &broker.probe).await;
+    let answer = session.token(req.auth_bytes.to_vec(), broker.users.clone(), broker.oauth.as_deref(), &broker.engine, broker.cfg.connections_max_reauth_ms, &broker.probe).await;
     let resp = match answer {
         Token::Continue(t) => Response::default().with_auth_bytes(t.into()),
         Token::Done { reply, lifetime_ms } => Response::default().with_auth_bytes(reply.into()).with_session_lifetime_ms(if version >= 1 { lifetime_ms } else { 0 }),
