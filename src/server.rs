@@ -183,10 +183,10 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             let _ = s.await;
         }
     });
-    let (authorizer, quotas) = (broker.authorizer.clone(), broker.quotas.clone());
+    let (authorizer, quotas, users) = (broker.authorizer.clone(), broker.quotas.clone(), broker.users.clone());
     let bridge = rest_listener.as_ref().map(|_| {
         let probe = Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled));
-        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas))
+        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users))
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics };

@@ -28,6 +28,9 @@ pub struct UserStore {
     /// A credential an unknown user's PLAIN password is checked against,
     /// so that an unknown name costs the same PBKDF2 as a known one.
     decoy_credential: Credential,
+    /// Bumped whenever a credential changes: what a cache of verified
+    /// passwords checks it still holds.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// A user's mechanisms and their iteration counts.
@@ -91,7 +94,7 @@ impl UserStore {
 
     fn from_users(users: Users) -> UserStore {
         let decoy_credential = Credential::from_password(Mechanism::Sha512, &scram::random_bytes(16), scram::MIN_ITERATIONS);
-        UserStore { users: RwLock::new(Arc::new(users)), writing: Mutex::new(()), decoy: scram::random_bytes(32), decoy_credential }
+        UserStore { users: RwLock::new(Arc::new(users)), writing: Mutex::new(()), decoy: scram::random_bytes(32), decoy_credential, generation: Default::default() }
     }
 
     /// A store of `(user, password)` with credentials for every mechanism,
@@ -182,7 +185,13 @@ impl UserStore {
             }
         }
         *self.users.write().expect("user store lock") = Arc::new(users);
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         results
+    }
+
+    /// Changes with every alteration (see the field).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -98,6 +98,8 @@ settings! {
     rest_max_in_flight_bytes: usize = "268435456", "CANOPY_REST_MAX_IN_FLIGHT_BYTES", "rest-max-in-flight-bytes";
     "REST requests per second per principal (0: no limit; past it: 429 with Retry-After)"
     rest_rate_limit_per_sec: u32 = "0", "CANOPY_REST_RATE_LIMIT_PER_SEC", "rest-rate-limit-per-sec";
+    "Ask every REST request for credentials even without a principals file: HTTP Basic is then checked against the SCRAM users (as SASL PLAIN is)"
+    rest_require_authentication: bool = "false", "CANOPY_REST_REQUIRE_AUTHENTICATION", "rest-require-authentication";
     "Largest REST request body, in bytes, after decompression (larger: 413)"
     rest_max_body_bytes: usize = "16777216", "CANOPY_REST_MAX_BODY_BYTES", "rest-max-body-bytes";
     "Open REST connections; one more is answered 503 and closed"
@@ -572,6 +574,7 @@ impl Config {
             max_body_bytes: self.rest_max_body_bytes,
             max_in_flight_bytes: self.rest_max_in_flight_bytes,
             rate_limit_per_sec: self.rest_rate_limit_per_sec,
+            require_authentication: self.rest_require_authentication,
             body_timeout: std::time::Duration::from_millis(self.rest_body_timeout_ms),
             coalesce: self.rest_coalesce,
             routes: match self.rest_routes_file.as_str() {

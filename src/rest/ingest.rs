@@ -62,7 +62,7 @@ fn events(body: &[u8], ndjson_type: bool) -> Result<Vec<&[u8]>, RestError> {
 
 async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
     let topic = path.trim_matches('/').replace('/', ".");
-    let who = b.authorize(&headers, Some(&topic))?;
+    let who = b.authorize(&headers, Some(&topic)).await?;
     let route = b.cfg.routes.for_topic(&topic);
     let acks = q.acks.as_deref().or(route.and_then(|r| r.acks.as_deref()));
     let ack = match acks {

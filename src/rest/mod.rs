@@ -44,6 +44,9 @@ pub struct RestConfig {
     pub max_in_flight_bytes: usize,
     /// Requests per second per principal (0: no limit); past it, 429.
     pub rate_limit_per_sec: u32,
+    /// Credentials are asked of every request even without a principals
+    /// file (HTTP Basic then checks the SCRAM user store).
+    pub require_authentication: bool,
     /// How long a request body may take to arrive; past it, 408.
     pub body_timeout: std::time::Duration,
     /// Concurrent small requests for a partition share one batch.
@@ -55,7 +58,7 @@ pub struct RestConfig {
 
 impl Default for RestConfig {
     fn default() -> Self {
-        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0, body_timeout: std::time::Duration::from_secs(30), coalesce: true, routes: Default::default(), listener: Default::default() }
+        RestConfig { max_body_bytes: 16 << 20, max_in_flight_bytes: 256 << 20, rate_limit_per_sec: 0, require_authentication: false, body_timeout: std::time::Duration::from_secs(30), coalesce: true, routes: Default::default(), listener: Default::default() }
     }
 }
 
@@ -178,6 +181,54 @@ pub struct Bridge {
     /// The Kafka listener's client quotas: a REST principal `name` produces
     /// as user `name` with client id [`REST_CLIENT_ID`].
     quotas: Option<Arc<crate::auth::quota::Quotas>>,
+    /// The Kafka listener's SCRAM users: HTTP Basic passwords are checked
+    /// against them (after the principals file's), as SASL PLAIN is.
+    users: Option<Arc<crate::auth::users::UserStore>>,
+    /// Basic credentials verified lately (see [`Verified`]).
+    verified: Verified,
+}
+
+/// Basic credentials that passed PBKDF2 lately, so a client sending them
+/// with every request pays it once: keyed by an HMAC of user and password
+/// under a key fresh each start (no password, nor an unsalted hash of one,
+/// is kept), valid while the user store has not changed and for at most
+/// [`VERIFIED_FOR`].
+struct Verified {
+    key: ring::hmac::Key,
+    seen: std::sync::Mutex<std::collections::HashMap<[u8; 32], (u64, std::time::Instant)>>,
+}
+
+const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+/// Entries kept before the cache is emptied (it refills from PBKDF2).
+const VERIFIED_KEYS: usize = 10_000;
+
+impl Default for Verified {
+    fn default() -> Verified {
+        let key = crate::auth::scram::random_bytes(32);
+        Verified { key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key), seen: Default::default() }
+    }
+}
+
+impl Verified {
+    fn tag(&self, user: &str, password: &[u8]) -> [u8; 32] {
+        let mut ctx = ring::hmac::Context::with_key(&self.key);
+        ctx.update(&(user.len() as u64).to_be_bytes());
+        ctx.update(user.as_bytes());
+        ctx.update(password);
+        ctx.sign().as_ref().try_into().expect("HMAC-SHA256 is 32 bytes")
+    }
+
+    fn holds(&self, tag: &[u8; 32], generation: u64) -> bool {
+        self.seen.lock().expect("verified lock").get(tag).is_some_and(|(g, at)| *g == generation && at.elapsed() < VERIFIED_FOR)
+    }
+
+    fn remember(&self, tag: [u8; 32], generation: u64) {
+        let mut seen = self.seen.lock().expect("verified lock");
+        if seen.len() >= VERIFIED_KEYS {
+            seen.clear();
+        }
+        seen.insert(tag, (generation, std::time::Instant::now()));
+    }
 }
 
 /// The client id REST produce requests count under in client quotas.
@@ -199,6 +250,8 @@ impl Bridge {
             budget,
             authorizer: None,
             quotas: None,
+            users: None,
+            verified: Verified::default(),
         }
     }
 
@@ -206,6 +259,17 @@ impl Bridge {
     pub fn with_authorizer(mut self, authorizer: Arc<crate::auth::acl::Authorizer>) -> Bridge {
         self.authorizer = authorizer.enabled().then_some(authorizer);
         self
+    }
+
+    /// Checks HTTP Basic passwords against `users` too.
+    pub fn with_users(mut self, users: Arc<crate::auth::users::UserStore>) -> Bridge {
+        self.users = Some(users);
+        self
+    }
+
+    /// Must requests carry credentials?
+    pub fn requires_authentication(&self) -> bool {
+        !self.principals.is_empty() || self.cfg.require_authentication
     }
 
     /// Counts produce bytes against the client quotas (`producer_byte_rate`
@@ -336,8 +400,8 @@ impl Bridge {
     /// credentials, 403 outside its topics. Called before the body is read,
     /// so a refused request writes nothing. Returns the principal's name
     /// (`None`: no principals are configured).
-    pub fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<Option<String>, RestError> {
-        let who = self.authenticate(headers)?;
+    pub async fn authorize(&self, headers: &HeaderMap, topic: Option<&str>) -> Result<Option<String>, RestError> {
+        let who = self.authenticate(headers).await?;
         // With the authorizer on, a produce also needs WRITE on the topic
         // for `User:<name>` (`User:ANONYMOUS` without principals); ACLs
         // naming a host do not match REST requests (only `*` does).
@@ -359,7 +423,7 @@ impl Bridge {
         if let Some(r) = topic.and_then(|_| self.producer_quota(who.as_deref())) {
             let debt = r.debt(crate::auth::quota::Kind::Produce, std::time::Instant::now());
             if !debt.is_zero() {
-                let mut e = RestError::new(StatusCode::TOO_MANY_REQUESTS, 42902, format!("{} is over its producer_byte_rate quota", who.as_deref().unwrap_or("ANONYMOUS")));
+                let mut e = RestError::new(StatusCode::TOO_MANY_REQUESTS, 42903, format!("{} is over its producer_byte_rate quota", who.as_deref().unwrap_or("ANONYMOUS")));
                 e.retry_after = Some(debt.as_secs_f64().ceil().max(1.0) as u64);
                 return Err(e);
             }
@@ -368,7 +432,10 @@ impl Bridge {
             // Without principals every client shares one limit.
             None => self.limit("(anonymous)")?,
             Some(name) => {
-                if let Some(t) = topic.filter(|t| !self.principals.find(name).is_some_and(|p| p.may_produce(t))) {
+                // A principal of the principals file produces where its
+                // `produce` list says; a SCRAM user is left to the
+                // authorizer, as on the Kafka port.
+                if let Some(t) = topic.filter(|t| self.principals.find(name).is_some_and(|p| !p.may_produce(t))) {
                     return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{name} may not produce to {t}")));
                 }
                 self.limit(name)?
@@ -377,10 +444,12 @@ impl Bridge {
         Ok(who)
     }
 
-    /// The request's principal (`None`: no principals are configured, so
-    /// no credentials are asked for); 401 without or with wrong ones.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, RestError> {
-        if self.principals.is_empty() {
+    /// The request's principal (`None`: no credentials are asked for);
+    /// 401 without or with wrong ones. Basic passwords are checked against
+    /// the principals file, then the SCRAM user store (PBKDF2 on the
+    /// blocking pool, once per [`Verified`] entry).
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, RestError> {
+        if !self.requires_authentication() {
             return Ok(None);
         }
         let unauthorized = |why: &str| RestError::new(StatusCode::UNAUTHORIZED, 40101, why.to_owned());
@@ -399,8 +468,21 @@ impl Bridge {
             (None, Some(k)) => Credential::Token(k.as_bytes()),
             (None, None) => return Err(unauthorized("authentication required")),
         };
-        let principal = self.principals.authenticate(&credential).ok_or_else(|| unauthorized("invalid credentials"))?;
-        Ok(Some(principal.name.clone()))
+        if let Some(principal) = self.principals.authenticate(&credential) {
+            return Ok(Some(principal.name.clone()));
+        }
+        if let (Credential::Password { user, password }, Some(users)) = (&credential, &self.users) {
+            let (generation, tag) = (users.generation(), self.verified.tag(user, password));
+            if self.verified.holds(&tag, generation) {
+                return Ok(Some(user.to_string()));
+            }
+            let (users, u, p) = (users.clone(), user.to_string(), password.to_vec());
+            if tokio::task::spawn_blocking(move || users.verify_password(&u, &p)).await.unwrap_or(false) {
+                self.verified.remember(tag, generation);
+                return Ok(Some(user.to_string()));
+            }
+        }
+        Err(unauthorized("invalid credentials"))
     }
 
     /// The principal's rate limit: 429 with Retry-After past it.
@@ -510,7 +592,7 @@ async fn track(axum::extract::State(b): axum::extract::State<Arc<Bridge>>, path:
     let path = path.as_ref().map_or("other", |p| p.as_str());
     let route = probe::RestProbe::route_index(path);
     let peer = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string());
-    if let Some(ip) = peer.as_deref().filter(|_| !b.principals.is_empty()) {
+    if let Some(ip) = peer.as_deref().filter(|_| b.requires_authentication()) {
         if let Err(wait) = b.auth_failures.check(ip, AUTH_FAILURES_PER_SEC, AUTH_FAILURE_BURST, started, false) {
             let mut e = RestError::new(StatusCode::TOO_MANY_REQUESTS, 42902, "too many failed authentications from this address; retry later");
             e.retry_after = Some(wait);

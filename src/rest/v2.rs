@@ -55,7 +55,7 @@ fn ok(body: Value) -> Response {
 }
 
 pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Response {
-    let may = match b.authorize(&headers, None) {
+    let may = match b.authorize(&headers, None).await {
         Ok(who) => b.describable(who),
         Err(e) => return e.into_response(),
     };
@@ -64,7 +64,7 @@ pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Re
 }
 
 pub async fn get_topic(State(b): State<Arc<Bridge>>, Path(topic): Path<String>, headers: HeaderMap) -> Response {
-    let visible = match b.authorize(&headers, None) {
+    let visible = match b.authorize(&headers, None).await {
         Ok(who) => b.describable(who)(&topic),
         Err(e) => return e.into_response(),
     };
@@ -156,7 +156,7 @@ fn decode_records(raw: &[&serde_json::value::RawValue], fmt: Format) -> Result<V
 
 
 async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, headers: HeaderMap, body: Body) -> Result<Response, RestError> {
-    let who = b.authorize(&headers, Some(&topic))?;
+    let who = b.authorize(&headers, Some(&topic)).await?;
     let fmt = format(&headers)?;
     let (body, mut held) = b.body(&headers, body).await?;
     b.charge(who.as_deref(), body.len());

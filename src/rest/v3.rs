@@ -35,14 +35,14 @@ fn check_cluster(b: &Bridge, id: &str) -> Result<(), RestError> {
 }
 
 pub async fn clusters(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Response {
-    if let Err(e) = b.authorize(&headers, None) {
+    if let Err(e) = b.authorize(&headers, None).await {
         return e.into_response();
     }
     json_ok(StatusCode::OK, json!({"kind": "KafkaClusterList", "metadata": {}, "data": [{"kind": "KafkaCluster", "cluster_id": b.engine.cluster_id()}]}))
 }
 
 pub async fn topics(State(b): State<Arc<Bridge>>, Path(cluster): Path<String>, headers: HeaderMap) -> Response {
-    let may = match b.authorize(&headers, None).and_then(|who| check_cluster(&b, &cluster).map(|()| who)) {
+    let may = match b.authorize(&headers, None).await.and_then(|who| check_cluster(&b, &cluster).map(|()| who)) {
         Ok(who) => b.describable(who),
         Err(e) => return e.into_response(),
     };
@@ -172,7 +172,7 @@ fn decode_raw(v: Result<&serde_json::value::RawValue, String>) -> Result<Rec, St
 
 /// The topic a produce writes to, and who produces (for its quota).
 async fn topic_for(b: &Arc<Bridge>, cluster: &str, topic: &str, headers: &HeaderMap) -> Result<(Arc<Topic>, Option<String>), RestError> {
-    let who = b.authorize(headers, Some(topic))?;
+    let who = b.authorize(headers, Some(topic)).await?;
     check_cluster(b, cluster)?;
     Ok((b.topic(topic).await?, who))
 }

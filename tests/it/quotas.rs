@@ -282,7 +282,7 @@ async fn the_rest_bridge_charges_the_principals_producer_quota() {
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"].to_str().unwrap(), "1");
     let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
-    assert_eq!(v["error_code"], 42902);
+    assert_eq!(v["error_code"], 42903);
     let tp = broker.engine.topic("quota.rest").unwrap().tp(0);
     assert_eq!(broker.engine.offsets(&tp).map(|o| o.1), Some(1), "the refused request wrote nothing");
     tokio::time::sleep(Duration::from_millis(1100)).await;

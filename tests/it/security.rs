@@ -671,3 +671,54 @@ async fn metadata_works_tls(sock: &mut tokio_rustls::client::TlsStream<TcpStream
     let r: MetadataResponse = common::call(sock, 3, 12, 9, &MetadataRequest::default().with_topics(Some(vec![]))).await;
     r.brokers.len() == 1
 }
+
+/// HTTP Basic on the REST bridge checks the same SCRAM users as SASL
+/// PLAIN: a rotated password stops working at once, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_basic_passwords_are_the_scram_users_passwords() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for (u, p) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
+        canopy::auth::users::set_password(&data, u, p.as_bytes(), &Mechanism::ALL, 4096).unwrap();
+    }
+    let mut args = common::args(&data);
+    args.listeners = Some("SASL_PLAINTEXT://127.0.0.1:0".into());
+    args.super_users = Some("User:admin".into());
+    args.rest_require_authentication = Some(true);
+    let broker = common::start(args).await;
+    let base = format!("http://{}", broker.rest_addr.unwrap());
+    let http = reqwest::Client::new();
+    let post = |auth: Option<(&str, &str)>| {
+        let mut r = http.post(format!("{base}/ingest/rest.scram")).header("content-type", "application/json").body("{\"v\":1}");
+        if let Some((u, p)) = auth {
+            r = r.basic_auth(u, Some(p));
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post(Some(("alice", "alice-pw"))).await, 200);
+    assert_eq!(post(Some(("alice", "alice-pw"))).await, 200, "again, from the verified cache");
+    assert_eq!(post(Some(("alice", "wrong"))).await, 401);
+    assert_eq!(post(Some(("mallory", "alice-pw"))).await, 401);
+    assert_eq!(post(None).await, 401);
+
+    // The admin rotates alice's password through the Kafka admin API.
+    let addr = listener(&broker, "SASL_PLAINTEXT");
+    let mut admin = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(handshake(&mut admin, "PLAIN", 1).await.error_code, 0);
+    assert_eq!(authenticate(&mut admin, b"\0admin\0admin-pw").await.error_code, 0);
+    let salt = b"fedcba9876543210".to_vec();
+    let upsertion = alter_user_scram_credentials_request::ScramCredentialUpsertion::default()
+        .with_name(StrBytes::from_string("alice".into()))
+        .with_mechanism(Mechanism::Sha512.kafka_type())
+        .with_iterations(4096)
+        .with_salt(salt.clone().into())
+        .with_salted_password(Mechanism::Sha512.salted_password(b"rotated", &salt, 4096).into());
+    let r: AlterUserScramCredentialsResponse = common::call(&mut admin, 51, 0, 3, &AlterUserScramCredentialsRequest::default().with_upsertions(vec![upsertion])).await;
+    assert_eq!(r.results[0].error_code, 0, "{r:?}");
+    assert_eq!(post(Some(("alice", "alice-pw"))).await, 401, "the old password stops working at once");
+    assert_eq!(post(Some(("alice", "rotated"))).await, 200);
+    let tp = broker.engine.topic("rest.scram").unwrap();
+    let written: i64 = (0..tp.partitions()).filter_map(|p| broker.engine.offsets(&tp.tp(p)).map(|o| o.1)).sum();
+    assert_eq!(written, 3, "only the authenticated requests wrote");
+    broker.shutdown().await;
+}
