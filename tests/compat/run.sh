@@ -109,6 +109,14 @@ mkdir -p "$pki"
     openssl req -newkey rsa:2048 -nodes -subj "/O=canopy/CN=writer" -keyout client.key -out client.csr
     printf 'extendedKeyUsage=clientAuth\n' >client.ext
     openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile client.ext -out client.pem
+    # An identity provider's signing key and its JWKS, for OAUTHBEARER:
+    # the clients sign their own RS256 tokens with it.
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out idp.key
+    openssl rsa -in idp.key -noout -modulus | "$PYTHON" -c '
+import base64, json, sys
+n = bytes.fromhex(sys.stdin.read().strip().split("=", 1)[1])
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+json.dump({"keys": [{"kty": "RSA", "kid": "compat-idp", "alg": "RS256", "use": "sig", "n": b64(n), "e": "AQAB"}]}, open("jwks.json", "w"))'
 ) >"$work/pki.log" 2>&1 || { echo "compat: making certificates failed:" >&2; cat "$work/pki.log" >&2; echo "0 passed, 1 failed"; exit 1; }
 SASL_BOOTSTRAP=127.0.0.1:$sport
 SSL_BOOTSTRAP=127.0.0.1:$tport
@@ -121,7 +129,11 @@ ADMIN_USER=admin
 ADMIN_PASSWORD=admin-secret
 OTHER_USER=bob
 OTHER_PASSWORD=bob-secret
+IDP_KEY=$pki/idp.key
+IDP_KID=compat-idp
+IDP_AUDIENCE=canopy-compat
 export SASL_BOOTSTRAP SSL_BOOTSTRAP CA_PEM CLIENT_CERT CLIENT_KEY SASL_USER SASL_PASSWORD ADMIN_USER ADMIN_PASSWORD OTHER_USER OTHER_PASSWORD
+export IDP_KEY IDP_KID IDP_AUDIENCE
 for u in "$SASL_USER:$SASL_PASSWORD" "$ADMIN_USER:$ADMIN_PASSWORD" "$OTHER_USER:$OTHER_PASSWORD"; do
     printf '%s\n' "${u#*:}" | "$broker" user --data-dir "$work/data" --name "${u%%:*}" --password-file - \
         || { echo "compat: canopy user failed" >&2; echo "0 passed, 1 failed"; exit 1; }
@@ -134,6 +146,8 @@ RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --listeners "PLAINTEXT://$BOOTSTRAP,SASL_SSL://$SASL_BOOTSTRAP,SSL://$SSL_BOOTSTRAP" \
     --ssl-cert-file "$pki/server.pem" --ssl-key-file "$pki/server.key" --ssl-ca-file "$CA_PEM" \
     --listener-ssl-client-auth SSL:required \
+    --sasl-enabled-mechanisms SCRAM-SHA-512,SCRAM-SHA-256,PLAIN,OAUTHBEARER \
+    --sasl-oauthbearer-jwks-file "$pki/jwks.json" --sasl-oauthbearer-expected-audience "$IDP_AUDIENCE" \
     --super-users "User:$ADMIN_USER" \
     --authorizer-enabled true --allow-everyone-if-no-acl-found true \
     --admin-listener "$ADMIN" \

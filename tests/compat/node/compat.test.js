@@ -387,7 +387,7 @@ test('an ordered subtree stream (<prefix>.__all) through a kafkajs group consume
   assert.ok(c > offsets[offsets.length - 1] && c <= BigInt(high), `committed ${c}, last ${offsets[offsets.length - 1]}, end ${high}`)
 })
 
-// ---- security: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) and mutual TLS
+// ---- security: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, OAUTHBEARER) and mutual TLS
 
 const fs = require('node:fs')
 const secured = how => {
@@ -398,10 +398,23 @@ const secured = how => {
   if (how === 'ssl-cert') {
     return new Kafka({ ...common, brokers: [env.SSL_BOOTSTRAP], ssl: { ca, cert: fs.readFileSync(env.CLIENT_CERT, 'utf8'), key: fs.readFileSync(env.CLIENT_KEY, 'utf8') } })
   }
+  if (how === 'oauthbearer') {
+    return new Kafka({ ...common, brokers: [env.SASL_BOOTSTRAP], ssl: { ca }, sasl: { mechanism: how, oauthBearerProvider: async () => ({ value: jwt(env.SASL_USER) }) } })
+  }
   return new Kafka({ ...common, brokers: [env.SASL_BOOTSTRAP], ssl: { ca }, sasl: { mechanism: how, username: env.SASL_USER, password: how === 'wrong' ? 'not-it' : env.SASL_PASSWORD } })
 }
 
-for (const how of ['scram-sha-512', 'scram-sha-256', 'plain', 'ssl-cert']) {
+// An RS256 token for `sub`, signed with the compat identity provider's key
+// (run.sh puts its public half in the broker's JWKS).
+const jwt = sub => {
+  const crypto = require('node:crypto')
+  const b64 = b => Buffer.from(b).toString('base64url')
+  const now = Math.floor(Date.now() / 1000)
+  const input = `${b64(JSON.stringify({ alg: 'RS256', typ: 'JWT', kid: process.env.IDP_KID }))}.${b64(JSON.stringify({ sub, aud: process.env.IDP_AUDIENCE, iat: now, exp: now + 3600 }))}`
+  return `${input}.${b64(crypto.sign('sha256', Buffer.from(input), fs.readFileSync(process.env.IDP_KEY, 'utf8')))}`
+}
+
+for (const how of ['scram-sha-512', 'scram-sha-256', 'plain', 'oauthbearer', 'ssl-cert']) {
   test(`over ${how}: produce, consume in a group and commit`, { timeout: 120000 }, async () => {
     const client = secured(how)
     const topic = `compat.kafkajs_secure_${how.replace(/-/g, '_')}.${Date.now()}`

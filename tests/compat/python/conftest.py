@@ -220,6 +220,22 @@ def security():
     return {k.lower(): os.environ[k] for k in keys}
 
 
+def jwt(sub, lifetime_s=3600, key=None):
+    """An RS256 token for `sub`, signed with the compat identity provider's
+    key (run.sh puts its public half in the broker's JWKS) or `key`."""
+    import base64
+    import json
+    import subprocess
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    now = int(time.time())
+    header = {"alg": "RS256", "typ": "JWT", "kid": os.environ["IDP_KID"]}
+    claims = {"sub": sub, "aud": os.environ["IDP_AUDIENCE"], "iat": now, "exp": now + lifetime_s}
+    signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+    signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", key or os.environ["IDP_KEY"]],
+                               input=signing_input.encode(), capture_output=True, check=True).stdout
+    return f"{signing_input}.{b64(signature)}"
+
+
 SECURE_RECORDS = 300
 
 

@@ -403,6 +403,11 @@ def cluster_alter_denied(security, user):
             assert len(f.result(timeout=30)) == 1
 
 def secure_config(security, how):
+    if how == "OAUTHBEARER":
+        from conftest import jwt
+        return {"bootstrap.servers": security["sasl_bootstrap"], "security.protocol": "SASL_SSL",
+                "ssl.ca.location": security["ca_pem"], "sasl.mechanisms": "OAUTHBEARER",
+                "oauth_cb": lambda _config: (jwt(security["sasl_user"]), time.time() + 3600)}
     if how == "ssl-cert":
         return {"bootstrap.servers": security["ssl_bootstrap"], "security.protocol": "SSL",
                 "ssl.ca.location": security["ca_pem"], "ssl.certificate.location": security["client_cert"],
@@ -412,7 +417,7 @@ def secure_config(security, how):
             "sasl.username": security["sasl_user"], "sasl.password": security["sasl_password"]}
 
 
-@pytest.mark.parametrize("how", ["SCRAM-SHA-512", "PLAIN", "ssl-cert"])
+@pytest.mark.parametrize("how", ["SCRAM-SHA-512", "PLAIN", "OAUTHBEARER", "ssl-cert"])
 def test_secured_listeners_produce_consume_and_commit(security, how):
     from conftest import secure_round_trip
     cfg = secure_config(security, how)
@@ -557,3 +562,31 @@ def test_acls_created_described_enforced_and_deleted(security):
         with pytest.raises(KafkaException) as e:
             list(plain_admin.create_acls(bindings[:1], request_timeout=30).values())[0].result(timeout=30)
         assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+@pytest.mark.parametrize("what", ["expired", "forged"])
+def test_oauthbearer_refuses_expired_and_forged_tokens(security, what, tmp_path):
+    """An expired token, and one signed by a key the broker's JWKS does not
+    hold, fail with the error librdkafka expects (the broker's RFC 7628
+    error document), and nothing is served."""
+    import subprocess
+    from conftest import jwt
+    if what == "expired":
+        token = jwt(security["sasl_user"], lifetime_s=-3600)
+    else:
+        forger = tmp_path / "forger.key"
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(forger)],
+                       capture_output=True, check=True)
+        token = jwt(security["sasl_user"], key=str(forger))
+    errors = []
+    cfg = {**secure_config(security, "OAUTHBEARER"), "oauth_cb": lambda _config: (token, time.time() + 3600),
+           "error_cb": lambda e: errors.append(e)}
+    admin = AdminClient(cfg)
+    deadline = time.monotonic() + 30
+    while not any(e.code() == KafkaError._AUTHENTICATION for e in errors):
+        assert time.monotonic() < deadline, f"no authentication error; saw {errors}"
+        admin.poll(0.2)
+    failure = next(e for e in errors if e.code() == KafkaError._AUTHENTICATION)
+    assert "invalid_token" in failure.str(), failure
+    with pytest.raises(Exception):
+        admin.list_topics(timeout=2)
