@@ -148,6 +148,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         tls.insert(spec.name.clone(), crate::tls::Reloading::load(files).with_context(|| format!("the TLS files of listener {}", spec.name))?);
     }
     let mechanisms = cfg.sasl_mechanisms().map_err(|e| anyhow::anyhow!("sasl_enabled_mechanisms: {e}"))?;
+    let mapping = Arc::new(crate::auth::mapping::PrincipalMapper::parse(&cfg.ssl_principal_mapping_rules).map_err(|e| anyhow::anyhow!("ssl_principal_mapping_rules: {e}"))?);
     let listeners: Vec<(Arc<kafka::listener::Listener>, TcpListener, SocketAddr)> = bound
         .into_iter()
         .map(|(spec, l, addr)| {
@@ -157,6 +158,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             let listener = kafka::listener::Listener {
                 tls: tls.get(&spec.name).cloned(),
                 mechanisms: if spec.protocol.sasl() { mechanisms.clone() } else { Vec::new() },
+                principal_mapping: mapping.clone(),
                 name: spec.name,
                 protocol: spec.protocol,
                 advertised_host,

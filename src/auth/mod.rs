@@ -20,6 +20,7 @@
 //! where `*` matches any run of characters (`app.*`, `*.commits`, `*`).
 
 pub mod acl;
+pub mod mapping;
 pub mod oauth;
 pub mod quota;
 pub mod sasl;

@@ -142,6 +142,8 @@ settings! {
     listener_ssl_client_auth: String = "", "CANOPY_LISTENER_SSL_CLIENT_AUTH", "listener-ssl-client-auth";
     "PEM certificates that client certificates must chain to"
     ssl_ca_file: String = "", "CANOPY_SSL_CA_FILE", "ssl-ca-file";
+    "How a client certificate's subject becomes a principal name: RULE:pattern/replacement/[LU] and DEFAULT, separated by commas (ssl.principal.mapping.rules)"
+    ssl_principal_mapping_rules: String = "DEFAULT", "CANOPY_SSL_PRINCIPAL_MAPPING_RULES", "ssl-principal-mapping-rules";
     "How often the TLS files are checked for changes (they also reload on SIGHUP), in milliseconds"
     ssl_reload_check_ms: u64 = "10000", "CANOPY_SSL_RELOAD_CHECK_MS", "ssl-reload-check-ms";
     "SASL mechanisms offered on SASL listeners, separated by commas: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, OAUTHBEARER (needs sasl_oauthbearer_jwks_file)"
@@ -457,6 +459,9 @@ impl Config {
             if !listeners.iter().any(|l| l.name == name && l.protocol.tls()) {
                 return bad("listener_ssl_client_auth", &format!("{entry:?} does not name an SSL or SASL_SSL listener"));
             }
+        }
+        if let Err(why) = crate::auth::mapping::PrincipalMapper::parse(&self.ssl_principal_mapping_rules) {
+            return bad("ssl_principal_mapping_rules", &why);
         }
         if self.ssl_reload_check_ms < 100 {
             return bad("ssl_reload_check_ms", "must be at least 100");

@@ -123,6 +123,8 @@ pub struct Listener {
     pub tls: Option<Arc<crate::tls::Reloading>>,
     /// SASL mechanisms offered (SASL listeners).
     pub mechanisms: Vec<SaslMechanism>,
+    /// How a client certificate's subject becomes a principal name.
+    pub principal_mapping: Arc<crate::auth::mapping::PrincipalMapper>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -135,7 +137,7 @@ impl Listener {
     /// A plaintext listener advertising `host:port` (tests, the fuzz
     /// target).
     pub fn plaintext(host: impl Into<String>, port: i32) -> Listener {
-        Listener { name: "PLAINTEXT".into(), protocol: SecurityProtocol::Plaintext, advertised_host: host.into(), advertised_port: port, tls: None, mechanisms: Vec::new() }
+        Listener { name: "PLAINTEXT".into(), protocol: SecurityProtocol::Plaintext, advertised_host: host.into(), advertised_port: port, tls: None, mechanisms: Vec::new(), principal_mapping: Default::default() }
     }
 }
 

@@ -272,6 +272,42 @@ async fn client_certificates_name_the_principal_and_are_required_when_configured
     broker.shutdown().await;
 }
 
+/// `ssl_principal_mapping_rules` turn a certificate's subject into the
+/// principal name; a subject no rule maps is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_mapping_rules_name_certificate_principals() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let mut args = common::args(&dir.path().join("data"));
+    args.listeners = Some("SSL://127.0.0.1:0".into());
+    args.ssl_cert_file = Some(pki.server_cert.clone());
+    args.ssl_key_file = Some(pki.server_key.clone());
+    args.ssl_client_auth = Some("required".into());
+    args.ssl_ca_file = Some(pki.ca.clone());
+    // admin maps to ADMIN (a super user by that name); writer matches no rule.
+    args.ssl_principal_mapping_rules = Some(r"RULE:^CN=(admin),O=canopy$/$1/U,RULE:^CN=([^,]*),O=elsewhere$/$1/".into());
+    args.super_users = Some("User:ADMIN".into());
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let mut tls = tls_client(&pki, Some(dir.path().join("admin")), addr).await;
+    let r: DescribeUserScramCredentialsResponse = common::call(&mut tls, 50, 0, 1, &DescribeUserScramCredentialsRequest::default()).await;
+    assert_eq!(r.error_code, 0, "CN=admin,O=canopy is User:ADMIN, a super user: {r:?}");
+    // librdkafka with the writer's certificate gets no service.
+    let (d, ca) = (dir.path().to_path_buf(), pki.ca.clone());
+    tokio::task::spawn_blocking(move || {
+        let errors = Errors::default();
+        let mut c = common::client(addr);
+        c.set("security.protocol", "SSL").set("ssl.ca.location", &ca);
+        c.set("ssl.certificate.location", d.join("writer.pem").display().to_string()).set("ssl.key.location", d.join("writer.key").display().to_string());
+        let consumer: BaseConsumer<Errors> = c.create_with_context(errors.clone()).unwrap();
+        assert!(consumer.fetch_metadata(None, Duration::from_secs(3)).is_err(), "an unmapped subject is not served");
+    })
+    .await
+    .unwrap();
+    assert!(metric(&metrics(&broker).await, r#"canopy_kafka_connections_closed_total{reason="authentication_failed"}"#) >= 1.0);
+    broker.shutdown().await;
+}
+
 /// A TLS connection trusting the test CA, presenting `<cert>.pem` /
 /// `<cert>.key` when given.
 async fn tls_client(pki: &Pki, cert: Option<std::path::PathBuf>, addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {

@@ -279,15 +279,22 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, liste
         }
     };
     // A verified client certificate names the principal (Kafka's default
-    // principal builder: the subject's distinguished name).
-    let principal = stream
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(|c| crate::tls::subject_dn(c))
-        .map(KafkaPrincipal::user)
-        .unwrap_or_else(KafkaPrincipal::anonymous);
+    // principal builder: the subject's distinguished name, through
+    // `ssl_principal_mapping_rules`; a name no rule maps is refused).
+    let dn = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| crate::tls::subject_dn(c));
+    let principal = match dn {
+        None => KafkaPrincipal::anonymous(),
+        Some(dn) => match listener.principal_mapping.map(&dn) {
+            Some(name) => KafkaPrincipal::user(name),
+            None => {
+                tracing::info!(%peer, listener = %listener.name, subject = %dn, "closing connection: no ssl_principal_mapping_rules rule maps the certificate's subject");
+                broker.probe.closed(Closed::AuthFailed);
+                let mut stream = stream;
+                let _ = tokio::time::timeout(broker.cfg.response_write_timeout, stream.shutdown()).await;
+                return Ok(());
+            }
+        },
+    };
     let session = Arc::new(Session::new(listener, peer, principal));
     serve(stream, peer, broker, session, shutdown).await
 }
