@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench security                          # 3 runs of 5M records per listener
 //! cargo bench --bench security -- --runs 1 --records 2000000 --auth-secs 5
-//! cargo bench --bench security -- --only authorization   # or throughput, authentication
+//! cargo bench --bench security -- --only authorization   # or throughput, authentication, quotas
 //! ```
 //!
 //! **Throughput**: librdkafka's `rdkafka_performance` produces `--records`
@@ -26,6 +26,12 @@
 //! end: a broker with the authorizer off, and one with it on holding 0,
 //! then 1,000, then 100,000 ACLs, each produce run through SASL_PLAINTEXT;
 //! broker CPU per GB beside the authorizer-off broker's.
+//!
+//! **Quotas**: what accounting costs when quotas are configured but do not
+//! bind: one PLAINTEXT broker, each run once without quotas and once with
+//! a default user quota of every kind far above the load (so every
+//! request is charged, its handler's polls timed, and nothing throttled),
+//! alternating; broker CPU per GB of each, produce and consume.
 //!
 //! **Authentications per second**: two client threads open connections to
 //! each SASL listener and authenticate (SCRAM-SHA-512 and PLAIN) for
@@ -255,6 +261,51 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Produce through SASL_PLAINTEXT to a broker with the authorizer off,
 /// and to one with it on holding 0, 1,000 and 100,000 ACLs.
+/// Sets (or removes) a default user quota of every kind, far above any
+/// load, on the broker at `addr` (whose ANONYMOUS is a super user).
+fn set_unbinding_quotas(addr: &str, on: bool) {
+    use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
+    use kafka_protocol::messages::{AlterClientQuotasRequest, AlterClientQuotasResponse};
+    let op = |k: &str, v: f64| OpData::default().with_key(kafka_protocol::protocol::StrBytes::from_string(k.into())).with_value(v).with_remove(!on);
+    let entry = EntryData::default()
+        .with_entity(vec![EntityData::default().with_entity_type(kafka_protocol::protocol::StrBytes::from_static_str("user")).with_entity_name(None)])
+        .with_ops(vec![op("producer_byte_rate", 1e12), op("consumer_byte_rate", 1e12), op("request_percentage", 1e6)]);
+    let mut s = TcpStream::connect(addr).unwrap();
+    let r: AlterClientQuotasResponse = call(&mut s, 49, 1, &AlterClientQuotasRequest::default().with_entries(vec![entry]));
+    assert!(r.entries.iter().all(|e| e.error_code == 0), "{r:?}");
+}
+
+fn quota_overhead(bin: &Path, perf: &Path, dir: &Path, records: u64, runs: usize) {
+    let addr = format!("127.0.0.1:{}", free_ports(1)[0]);
+    let broker = Broker::spawn_binary(bin, &[], &dir.join("quota-data"), &["--kafka-listener", &addr, "--flush", "always", "--super-users", "User:ANONYMOUS"]);
+    let pid = broker.child.id();
+    let arm = Arm { name: "PLAINTEXT", addr: addr.clone(), props: vec![] };
+    perf_run(perf, pid, &arm, "quota-warm", records, true);
+    // [off, on][produce, consume] -> broker s/GB
+    let mut cost = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let mut rate = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    for r in 0..runs {
+        for (i, on) in [false, true].into_iter().enumerate() {
+            set_unbinding_quotas(&addr, on);
+            let topic = format!("quota-{r}-{i}");
+            for (k, produce) in [true, false].into_iter().enumerate() {
+                let (rps, b, _) = perf_run(perf, pid, &arm, &topic, records, produce);
+                eprintln!("run {r}: quotas {}: {} {rps:.0} records/s, broker {b:.2} s/GB", if on { "on" } else { "off" }, if produce { "produce" } else { "consume" });
+                cost[i][k].push(b);
+                rate[i][k].push(rps);
+            }
+        }
+    }
+    println!("## Quotas ({runs} runs of {records} records of 100 bytes, medians; on: a default user quota of every kind that never binds)\n");
+    println!("| direction | records/s off | records/s on | broker CPU s/GB off | on | on / off |\n| --- | --- | --- | --- | --- | --- |");
+    for (k, d) in ["produce", "consume"].into_iter().enumerate() {
+        let (r0, r1) = (median(&mut rate[0][k]), median(&mut rate[1][k]));
+        let (c0, c1) = (median(&mut cost[0][k]), median(&mut cost[1][k]));
+        println!("| {d} | {r0:.0} | {r1:.0} | {c0:.2} | {c1:.2} | {:.2} |", c1 / c0);
+    }
+    drop(broker);
+}
+
 fn authorization_end_to_end(bin: &Path, perf: &Path, dir: &Path, records: u64, runs: usize) {
     let data_off = dir.join("authz-off");
     let data_on = dir.join("authz-on");
@@ -349,6 +400,9 @@ fn main() {
     let ports = free_ports(3);
     let (plain, sasl, sasl_ssl) = (format!("127.0.0.1:{}", ports[0]), format!("127.0.0.1:{}", ports[1]), format!("127.0.0.1:{}", ports[2]));
     let perf = perf_tool::perf_tool();
+    if run_section("quotas") {
+        quota_overhead(&bin, &perf, dir.path(), records, runs);
+    }
     if run_section("authorization") {
         println!("## Authorization\n\n| ACLs | ns per check (in-process) |\n| --- | --- |");
         for n in [0, 1_000, 100_000] {

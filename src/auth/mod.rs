@@ -1,7 +1,8 @@
-//! Principals: who may produce where. Loaded from a TOML file
-//! (`principals_file`), used by the REST bridge now and meant for SASL on
-//! the Kafka listener later (a credential is checked the same way whichever
-//! listener carries it).
+//! Principals of the REST bridge: API tokens, and where each principal may
+//! produce. Loaded from a TOML file (`principals_file`). Passwords are not
+//! kept here: HTTP Basic checks the SCRAM users (`users.rs`), the same
+//! store SASL uses; an entry without a token limits where the SCRAM user
+//! of that name may produce over REST.
 //!
 //! ```toml
 //! [[principal]]
@@ -10,14 +11,15 @@
 //! produce = ["app.codestore.*"]
 //!
 //! [[principal]]
-//! name = "alice"                       # the HTTP Basic user name
-//! password_sha256 = "<hex sha-256 of the password>"
+//! name = "alice"                       # a SCRAM user (canopy user …)
 //! produce = ["*"]
 //! ```
 //!
-//! Secrets are stored as SHA-256 digests only. A presented secret is hashed
-//! and the digests compared in constant time. Topic patterns are globs
-//! where `*` matches any run of characters (`app.*`, `*.commits`, `*`).
+//! Tokens (long random secrets, not passwords) are stored as SHA-256
+//! digests; a presented token is hashed and compared with every digest in
+//! constant time. Topic patterns are globs where `*` matches any run of
+//! characters (`app.*`, `*.commits`, `*`). A principal `name` is
+//! `User:name` to the authorizer and the client quotas.
 
 pub mod acl;
 pub mod mapping;
@@ -27,7 +29,6 @@ pub mod sasl;
 pub mod scram;
 pub mod users;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -114,7 +115,6 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
 pub struct Principals {
     principals: Vec<Principal>,
     tokens: Vec<([u8; 32], usize)>,
-    passwords: HashMap<String, ([u8; 32], usize)>,
 }
 
 #[derive(serde::Deserialize)]
@@ -159,8 +159,14 @@ impl Principals {
             if e.name.is_empty() {
                 return Err(format!("principal {i} has no name"));
             }
-            if e.token_sha256.is_none() && e.password_sha256.is_none() {
-                return Err(format!("principal {} has neither token_sha256 nor password_sha256", e.name));
+            if e.password_sha256.is_some() {
+                return Err(format!(
+                    "principal {}: password_sha256 is no longer accepted (an unsalted digest of a password is weak): give the user a SCRAM credential with `canopy user --name {}` (HTTP Basic checks those) and keep only its produce list here",
+                    e.name, e.name
+                ));
+            }
+            if out.principals.iter().any(|p| p.name == e.name) {
+                return Err(format!("principal {} is defined twice", e.name));
             }
             let n = out.principals.len();
             if let Some(t) = &e.token_sha256 {
@@ -169,12 +175,6 @@ impl Principals {
                     return Err(format!("principal {}: its token is another principal's", e.name));
                 }
                 out.tokens.push((d, n));
-            }
-            if let Some(p) = &e.password_sha256 {
-                let d = unhex32(p).ok_or_else(|| format!("principal {}: password_sha256 must be 64 hex digits", e.name))?;
-                if out.passwords.insert(e.name.clone(), (d, n)).is_some() {
-                    return Err(format!("principal {} is defined twice", e.name));
-                }
             }
             out.principals.push(Principal { name: e.name, produce: e.produce });
         }
@@ -190,7 +190,8 @@ impl Principals {
         self.principals.iter().find(|p| p.name == name)
     }
 
-    /// The principal a credential proves, if any.
+    /// The principal a token proves, if any (passwords are the SCRAM
+    /// users', checked by the caller).
     pub fn authenticate(&self, c: &Credential<'_>) -> Option<&Principal> {
         match c {
             Credential::Token(t) => {
@@ -204,12 +205,7 @@ impl Principals {
                 }
                 found.map(|i| &self.principals[i])
             }
-            Credential::Password { user, password } => {
-                let d = digest(password);
-                // An unknown user costs the same hash and comparison.
-                let (x, i) = self.passwords.get(*user).copied().unwrap_or(([0xff; 32], usize::MAX));
-                (same(&x, &d) && i != usize::MAX).then(|| &self.principals[i])
-            }
+            Credential::Password { .. } => None,
         }
     }
 }
@@ -225,9 +221,8 @@ mod tests {
 
     fn store() -> Principals {
         Principals::parse(&format!(
-            "[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"app.codestore.*\", \"logs\"]\n\n[[principal]]\nname = \"alice\"\npassword_sha256 = \"{}\"\nproduce = [\"*\"]\n",
+            "[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"app.codestore.*\", \"logs\"]\n\n[[principal]]\nname = \"alice\"\nproduce = [\"*\"]\n",
             hash_secret(b"s3cret-token"),
-            hash_secret(b"pw")
         ))
         .unwrap()
     }
@@ -241,11 +236,10 @@ mod tests {
         assert!(!ci.may_produce("app.billing.x") && !ci.may_produce("logs.x") && !ci.may_produce("app.codestore"));
         assert!(s.authenticate(&Credential::Token(b"s3cret-tokem")).is_none());
         assert!(s.authenticate(&Credential::Token(b"")).is_none());
-        let alice = s.authenticate(&Credential::Password { user: "alice", password: b"pw" }).unwrap();
-        assert!(alice.may_produce("anything.at.all"));
-        assert!(s.authenticate(&Credential::Password { user: "alice", password: b"pW" }).is_none());
-        assert!(s.authenticate(&Credential::Password { user: "bob", password: b"pw" }).is_none());
+        // Passwords are the SCRAM users': the file proves none.
+        assert!(s.authenticate(&Credential::Password { user: "alice", password: b"pw" }).is_none());
         assert!(s.authenticate(&Credential::Password { user: "ci", password: b"s3cret-token" }).is_none(), "a token is not a password");
+        assert!(s.find("alice").unwrap().may_produce("anything.at.all"), "alice's produce list, for her SCRAM login");
     }
 
     #[test]
@@ -257,8 +251,10 @@ mod tests {
 
     #[test]
     fn bad_files_are_refused_with_a_reason() {
+        let with_password = format!("[[principal]]\nname = \"x\"\npassword_sha256 = \"{}\"\n", hash_secret(b"pw"));
         for (text, why) in [
-            ("[[principal]]\nname = \"x\"\n", "neither"),
+            (with_password.as_str(), "no longer accepted"),
+            ("[[principal]]\nname = \"x\"\n[[principal]]\nname = \"x\"\n", "twice"),
             ("[[principal]]\nname = \"x\"\ntoken_sha256 = \"abc\"\n", "64 hex"),
             ("[[principal]]\nname = \"x\"\ntoken_sha256 = \"zz\"\nextra = 1\n", "unknown field"),
             ("[[principal]]\nname = \"\"\ntoken_sha256 = \"00\"\n", "no name"),

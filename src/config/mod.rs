@@ -92,7 +92,7 @@ settings! {
     admin_listener: SocketAddr = "127.0.0.1:9644", "CANOPY_ADMIN_LISTENER", "admin-listener";
     "Address of the REST bridge (Confluent REST Proxy API); empty: no REST listener"
     rest_listener: String = "127.0.0.1:8082", "CANOPY_REST_LISTENER", "rest-listener";
-    "TOML file of principals (name, token_sha256 / password_sha256, produce patterns); empty: REST needs no credentials"
+    "TOML file of REST principals (name, token_sha256, produce patterns; HTTP Basic checks the SCRAM users); empty: REST needs no credentials unless rest_require_authentication"
     principals_file: String = "", "CANOPY_PRINCIPALS_FILE", "principals-file";
     "Decoded REST body bytes all requests may hold at once (past it: 503 with Retry-After)"
     rest_max_in_flight_bytes: usize = "268435456", "CANOPY_REST_MAX_IN_FLIGHT_BYTES", "rest-max-in-flight-bytes";

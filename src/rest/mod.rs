@@ -182,7 +182,7 @@ pub struct Bridge {
     /// as user `name` with client id [`REST_CLIENT_ID`].
     quotas: Option<Arc<crate::auth::quota::Quotas>>,
     /// The Kafka listener's SCRAM users: HTTP Basic passwords are checked
-    /// against them (after the principals file's), as SASL PLAIN is.
+    /// against them, as SASL PLAIN is.
     users: Option<Arc<crate::auth::users::UserStore>>,
     /// Basic credentials verified lately (see [`Verified`]).
     verified: Verified,
@@ -445,9 +445,9 @@ impl Bridge {
     }
 
     /// The request's principal (`None`: no credentials are asked for);
-    /// 401 without or with wrong ones. Basic passwords are checked against
-    /// the principals file, then the SCRAM user store (PBKDF2 on the
-    /// blocking pool, once per [`Verified`] entry).
+    /// 401 without or with wrong ones. Tokens are the principals file's;
+    /// Basic passwords are the SCRAM users' (PBKDF2 on the blocking pool,
+    /// once per [`Verified`] entry).
     async fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, RestError> {
         if !self.requires_authentication() {
             return Ok(None);

@@ -263,12 +263,13 @@ async fn credentials_and_topic_patterns_gate_every_write() {
     std::fs::write(
         &file,
         format!(
-            "[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"app.codestore.*\"]\n\n[[principal]]\nname = \"alice\"\npassword_sha256 = \"{}\"\nproduce = [\"*\"]\n",
+            "[[principal]]\nname = \"ci\"\ntoken_sha256 = \"{}\"\nproduce = [\"app.codestore.*\"]\n\n[[principal]]\nname = \"alice\"\nproduce = [\"*\"]\n",
             canopy::auth::hash_secret(b"tok-123"),
-            canopy::auth::hash_secret(b"wonderland")
         ),
     )
     .unwrap();
+    // alice's password is her SCRAM credential (HTTP Basic checks those).
+    canopy::auth::users::set_password(dir.path(), "alice", b"wonderland", &canopy::auth::scram::Mechanism::ALL, 4096).unwrap();
     let mut args = common::args(dir.path());
     args.principals_file = Some(file.display().to_string());
     let broker = common::start(args).await;
