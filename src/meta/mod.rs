@@ -445,59 +445,53 @@ impl Catalog {
         self.flush()
     }
 
-    /// Writes (`Some`) or removes (`None`) ACLs under their keys, durably.
-    pub fn put_acls(&self, changes: &[(String, Option<&crate::auth::acl::Acl>)]) -> Result<(), MetaError> {
+    /// Writes (`Some`) or removes (`None`) values under their keys in one
+    /// batch, durably.
+    fn put_batch<K: AsRef<[u8]>, T: Serialize>(&self, changes: &[(K, Option<&T>)]) -> Result<(), MetaError> {
         if changes.is_empty() {
             return Ok(());
         }
         let mut batch = sled::Batch::default();
-        for (key, acl) in changes {
-            match acl {
-                Some(a) => batch.insert(key.as_bytes(), encode(a)),
-                None => batch.remove(key.as_bytes()),
+        for (key, value) in changes {
+            match value {
+                Some(v) => batch.insert(key.as_ref(), encode(v)),
+                None => batch.remove(key.as_ref()),
             }
         }
         self.db.apply_batch(batch)?;
         self.flush()
+    }
+
+    /// Every value under `prefix`.
+    fn scan<T: for<'de> Deserialize<'de>>(&self, prefix: &[u8]) -> Result<Vec<T>, MetaError> {
+        self.db
+            .scan_prefix(prefix)
+            .map(|kv| {
+                let (k, v) = kv?;
+                decode(&k, &v)
+            })
+            .collect()
+    }
+
+    /// Writes (`Some`) or removes (`None`) ACLs under their keys, durably.
+    pub fn put_acls(&self, changes: &[(String, Option<&crate::auth::acl::Acl>)]) -> Result<(), MetaError> {
+        self.put_batch(changes)
     }
 
     /// Writes (`Some`) or removes (`None`) client quota entities under
     /// their keys, durably.
     pub fn put_quotas(&self, changes: &[(&str, Option<&crate::auth::quota::QuotaRecord>)]) -> Result<(), MetaError> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        let mut batch = sled::Batch::default();
-        for (key, record) in changes {
-            match record {
-                Some(r) => batch.insert(key.as_bytes(), encode(r)),
-                None => batch.remove(key.as_bytes()),
-            }
-        }
-        self.db.apply_batch(batch)?;
-        self.flush()
+        self.put_batch(changes)
     }
 
     /// Every client quota entity.
     pub fn quotas(&self) -> Result<Vec<crate::auth::quota::QuotaRecord>, MetaError> {
-        self.db
-            .scan_prefix(b"quota/")
-            .map(|kv| {
-                let (k, v) = kv?;
-                decode(&k, &v)
-            })
-            .collect()
+        self.scan(b"quota/")
     }
 
     /// Every ACL.
     pub fn acls(&self) -> Result<Vec<crate::auth::acl::Acl>, MetaError> {
-        self.db
-            .scan_prefix(b"acl/")
-            .map(|kv| {
-                let (k, v) = kv?;
-                decode(&k, &v)
-            })
-            .collect()
+        self.scan(b"acl/")
     }
 
     /// Every user's SCRAM credentials.

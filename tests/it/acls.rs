@@ -23,11 +23,12 @@ const GROUP_AUTHORIZATION_FAILED: i16 = 30;
 const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
 const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
 
-fn s(v: &str) -> StrBytes {
+pub(super) fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
 }
 
-async fn login(addr: SocketAddr, user: &str) -> TcpStream {
+/// A raw connection logged in as `user` (password `<user>-pw`) with PLAIN.
+pub(super) async fn login(addr: SocketAddr, user: &str) -> TcpStream {
     let mut sock = TcpStream::connect(addr).await.unwrap();
     assert_eq!(handshake(&mut sock, "PLAIN", 1).await.error_code, 0);
     let a = authenticate(&mut sock, format!("\0{user}\0{user}-pw").as_bytes()).await;

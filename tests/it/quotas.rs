@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use canopy::auth::scram::Mechanism;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -20,22 +19,12 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Message};
 use tokio::net::TcpStream;
 
+use super::acls::{login, s};
 use super::common;
-use super::security::{authenticate, handshake, listener, metric, metrics, sasl};
+use super::security::{listener, metric, metrics, sasl};
 
 const INVALID_REQUEST: i16 = 42;
 const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
-
-fn s(v: &str) -> StrBytes {
-    StrBytes::from_string(v.to_owned())
-}
-
-async fn login(addr: SocketAddr, user: &str) -> TcpStream {
-    let mut sock = TcpStream::connect(addr).await.unwrap();
-    assert_eq!(handshake(&mut sock, "PLAIN", 1).await.error_code, 0);
-    assert_eq!(authenticate(&mut sock, format!("\0{user}\0{user}-pw").as_bytes()).await.error_code, 0, "{user} logs in");
-    sock
-}
 
 fn args(dir: &std::path::Path) -> canopy::config::ServeArgs {
     for u in ["admin", "alice", "bob"] {

@@ -232,16 +232,22 @@ async fn wrong_passwords_unknown_users_and_mechanisms_fail_as_librdkafka_expects
     broker.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_certificates_name_the_principal_and_are_required_when_configured() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = pki(dir.path());
-    let mut args = common::args(&dir.path().join("data"));
+/// One SSL listener that requires client certificates of the test CA.
+fn mtls_args(dir: &Path, pki: &Pki) -> canopy::config::ServeArgs {
+    let mut args = common::args(&dir.join("data"));
     args.listeners = Some("SSL://127.0.0.1:0".into());
     args.ssl_cert_file = Some(pki.server_cert.clone());
     args.ssl_key_file = Some(pki.server_key.clone());
     args.ssl_client_auth = Some("required".into());
     args.ssl_ca_file = Some(pki.ca.clone());
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_name_the_principal_and_are_required_when_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let mut args = mtls_args(dir.path(), &pki);
     args.super_users = Some("User:CN=admin,O=canopy".into());
     let broker = common::start(args).await;
     let addr = broker.kafka_addr;
@@ -278,12 +284,7 @@ async fn client_certificates_name_the_principal_and_are_required_when_configured
 async fn principal_mapping_rules_name_certificate_principals() {
     let dir = tempfile::tempdir().unwrap();
     let pki = pki(dir.path());
-    let mut args = common::args(&dir.path().join("data"));
-    args.listeners = Some("SSL://127.0.0.1:0".into());
-    args.ssl_cert_file = Some(pki.server_cert.clone());
-    args.ssl_key_file = Some(pki.server_key.clone());
-    args.ssl_client_auth = Some("required".into());
-    args.ssl_ca_file = Some(pki.ca.clone());
+    let mut args = mtls_args(dir.path(), &pki);
     // admin maps to ADMIN (a super user by that name); writer matches no rule.
     args.ssl_principal_mapping_rules = Some(r"RULE:^CN=(admin),O=canopy$/$1/U,RULE:^CN=([^,]*),O=elsewhere$/$1/".into());
     args.super_users = Some("User:ADMIN".into());
