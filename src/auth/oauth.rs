@@ -72,6 +72,12 @@ impl Validator {
         let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("{}: not a JWKS: {e}", cfg.jwks_file.display()))?;
         let mut keys = Vec::with_capacity(set.keys.len());
         for jwk in set.keys {
+            // A key meant for something else never verifies a signature.
+            if jwk.common.public_key_use.as_ref().is_some_and(|u| *u != jsonwebtoken::jwk::PublicKeyUse::Signature)
+                || jwk.common.key_operations.as_ref().is_some_and(|ops| !ops.contains(&jsonwebtoken::jwk::KeyOperations::Verify))
+            {
+                continue;
+            }
             if matches!(jwk.algorithm, jsonwebtoken::jwk::AlgorithmParameters::OctetKey(_)) {
                 return Err(format!("{}: symmetric (oct) keys are not accepted", cfg.jwks_file.display()));
             }
@@ -79,7 +85,7 @@ impl Validator {
             keys.push((jwk, key));
         }
         if keys.is_empty() {
-            return Err(format!("{}: the JWKS holds no keys", cfg.jwks_file.display()));
+            return Err(format!("{}: the JWKS holds no signature keys", cfg.jwks_file.display()));
         }
         Ok(Validator { keys, cfg })
     }
@@ -108,15 +114,20 @@ impl Validator {
         let mut v = Validation::new(header.alg);
         v.leeway = self.cfg.clock_skew_s;
         v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp"]);
+        // A configured audience or issuer makes its claim required (a token
+        // that leaves it out does not pass), as in Kafka.
+        let mut required = vec!["exp"];
         if self.cfg.audience.is_empty() {
             v.validate_aud = false;
         } else {
             v.set_audience(&self.cfg.audience);
+            required.push("aud");
         }
         if let Some(iss) = &self.cfg.issuer {
             v.set_issuer(&[iss]);
+            required.push("iss");
         }
+        v.set_required_spec_claims(&required);
         let data = jsonwebtoken::decode::<HashMap<String, serde_json::Value>>(token, key, &v).map_err(|e| format!("invalid token: {e}"))?;
         let principal = match data.claims.get(&self.cfg.sub_claim) {
             Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
@@ -218,6 +229,11 @@ mod tests {
         let good = serde_json::json!({"sub": "alice", "exp": now() + 300, "iat": now(), "aud": "kafka", "iss": "https://idp"});
         let expires_s = good["exp"].as_u64().unwrap();
         assert_eq!(v.validate(&sign(&key, Some("k1"), good.clone())), Ok(Validated { principal: "alice".into(), expires_s }));
+        let without = |c: &serde_json::Value, k: &str| {
+            let mut c = c.clone();
+            c.as_object_mut().unwrap().remove(k);
+            c
+        };
         let with = |k: &str, val: serde_json::Value| {
             let mut c = good.clone();
             c[k] = val;
@@ -229,6 +245,9 @@ mod tests {
             ("another audience", sign(&key, Some("k1"), with("aud", "other".into()))),
             ("another issuer", sign(&key, Some("k1"), with("iss", "https://evil".into()))),
             ("no subject", sign(&key, Some("k1"), with("sub", serde_json::Value::Null))),
+            ("no audience", sign(&key, Some("k1"), without(&good, "aud"))),
+            ("no issuer", sign(&key, Some("k1"), without(&good, "iss"))),
+            ("no expiry", sign(&key, Some("k1"), without(&good, "exp"))),
             ("signed by k2's key but naming k1 (forged)", sign(&other, Some("k1"), good.clone())),
             ("an unknown key", sign(&key, Some("k9"), good.clone())),
             ("no kid with several keys", sign(&key, None, good.clone())),
@@ -261,6 +280,8 @@ mod tests {
         let cfg = OAuthConfig { jwks_file: "jwks.json".into(), audience: vec![], issuer: None, sub_claim: "sub".into(), clock_skew_s: 30 };
         assert!(Validator::from_jwks(r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#, cfg.clone()).is_err());
         assert!(Validator::from_jwks(r#"{"keys":[]}"#, cfg.clone()).is_err());
+        let enc = r#"{"keys":[{"kty":"EC","crv":"P-256","use":"enc","x":"pg6y13ZljaF6Z6MTQ7zCuf8kn8rT4mkFaidRl7Im-4o","y":"L5Uq7_3BUjT6Yb9DeVUTVkXy6G7PyBKUsAgGk0pLdkE"}]}"#;
+        assert!(Validator::from_jwks(enc, cfg.clone()).is_err(), "an encryption key verifies nothing");
         assert!(Validator::from_jwks("not json", cfg).is_err());
     }
 }

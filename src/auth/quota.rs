@@ -148,6 +148,9 @@ impl Entity {
             if name.is_some_and(|n| n.contains('\0')) {
                 return Err(format!("The {kind} name holds a NUL character"));
             }
+            if name.is_some_and(str::is_empty) {
+                return Err(format!("Empty {kind} not supported"));
+            }
             *slot = Some(Name::from_wire(name));
         }
         if e.user.is_none() && e.client_id.is_none() {
@@ -218,22 +221,24 @@ struct Bucket {
 
 impl Bucket {
     /// Refills at `rate` a second up to one second's worth, takes
-    /// `amount`, and says how long the debt (if any) takes to repay.
+    /// `amount`, and says how long the debt (if any) takes to repay. The
+    /// debt is at most [`WINDOW`]'s worth: one huge request is paid for
+    /// with a window's wait, not hours (Kafka's rate is also measured over
+    /// a window, and it bounds a fetch to what the window allows).
     fn charge(&mut self, amount: f64, rate: f64, now: Instant) -> Duration {
         self.tokens = (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * rate).min(rate);
         self.at = now.max(self.at);
-        self.tokens -= amount;
+        self.tokens = (self.tokens - amount).max(-rate * WINDOW.as_secs_f64());
         if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64((-self.tokens / rate).min(MAX_DEBT.as_secs_f64()))
+            Duration::from_secs_f64(-self.tokens / rate)
         }
     }
 }
 
-/// Longest throttle a debt is expressed as (a larger debt stays in the
-/// bucket and throttles the requests after).
-pub const MAX_DEBT: Duration = Duration::from_secs(3600);
+/// The longest debt a bucket holds, in time at its rate.
+pub const WINDOW: Duration = Duration::from_secs(10);
 
 /// Buckets kept before idle ones nobody holds are forgotten.
 const BUCKET_KEYS: usize = 100_000;
@@ -265,6 +270,12 @@ impl Resolved {
     pub fn limits(&self, kind: Kind) -> bool {
         self.limits[kind as usize].is_some()
     }
+
+    /// The most a single charge of `kind` should be: a [`WINDOW`] at the
+    /// rate (a Fetch asks for no more).
+    pub fn window_amount(&self, kind: Kind) -> Option<f64> {
+        self.limits[kind as usize].as_ref().map(|(rate, _)| rate * WINDOW.as_secs_f64())
+    }
 }
 
 pub struct Quotas {
@@ -277,11 +288,15 @@ pub struct Quotas {
     /// Held by a writer across its read, catalog write and publish.
     writing: Mutex<()>,
     buckets: Mutex<HashMap<BucketKey, Arc<Mutex<Bucket>>>>,
+    /// Keys the hash that names a bucket (fresh each start).
+    hasher: (std::collections::hash_map::RandomState, std::collections::hash_map::RandomState),
 }
 
-/// A shared budget: the quota, and the user and client id sharing it
-/// (empty where the quota's entity does not name them).
-type BucketKey = (Kind, String, String);
+/// A shared budget: the quota, and a 128-bit keyed hash of the user and
+/// client id sharing it (`None` where the quota's entity does not name
+/// them). Hashed, so a client cycling through long client ids holds 17
+/// bytes per bucket, not its names.
+type BucketKey = (Kind, u128);
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
@@ -314,7 +329,14 @@ impl Quotas {
             generation: AtomicU64::new(1),
             writing: Mutex::new(()),
             buckets: Mutex::new(HashMap::new()),
+            hasher: Default::default(),
         }
+    }
+
+    fn bucket_key(&self, kind: Kind, user: Option<&str>, client: Option<&str>) -> BucketKey {
+        use std::hash::BuildHasher;
+        let halves = (self.hasher.0.hash_one((user, client)), self.hasher.1.hash_one((user, client)));
+        (kind, (u128::from(halves.0) << 64) | u128::from(halves.1))
     }
 
     /// Whether any quota is configured (one atomic load: the fast path of
@@ -353,7 +375,7 @@ impl Quotas {
             let Some((value, by_user, by_client)) = order.iter().find_map(|(e, u, c)| Some((*entries.get(e)?.get(&kind)?, *u, *c))) else {
                 continue;
             };
-            let key = (kind, if by_user { user.to_owned() } else { String::new() }, if by_client { client.to_owned() } else { String::new() });
+            let key = self.bucket_key(kind, by_user.then_some(user), by_client.then_some(client));
             let rate = kind.per_second(value);
             limits[kind as usize] = Some((rate, self.bucket(key, rate)));
         }
@@ -504,6 +526,14 @@ mod tests {
     }
 
     #[test]
+    fn a_debt_is_at_most_a_window() {
+        let mut b = Bucket { tokens: 0.0, at: Instant::now() };
+        let now = b.at;
+        assert_eq!(b.charge(1e9, 1000.0, now), WINDOW, "a huge charge waits a window, not a million seconds");
+        assert_eq!(b.charge(0.0, 1000.0, now + WINDOW), Duration::ZERO);
+    }
+
+    #[test]
     fn charges_over_time_admit_the_rate() {
         // A client that waits out each throttle gets the quota's rate.
         let mut b = Bucket { tokens: 0.0, at: Instant::now() };
@@ -564,8 +594,10 @@ mod tests {
         assert!(Entity::from_wire([("group", Some("a"))]).is_err());
         assert!(Entity::from_wire([(IP, Some("1.2.3.4"))]).is_err());
         assert!(Entity::from_wire([(USER, Some("a\0b"))]).is_err());
+        assert!(Entity::from_wire([(USER, Some(""))]).is_err(), "empty names, as Kafka");
+        assert!(Entity::from_wire([(CLIENT_ID, Some(""))]).is_err());
         let e = Entity::from_wire([(CLIENT_ID, None), (USER, Some("a"))]).unwrap();
         assert_eq!(e.to_wire(), vec![(USER, Some("a")), (CLIENT_ID, None)]);
-        assert_ne!(e.key(), Entity::from_wire([(USER, Some("a")), (CLIENT_ID, Some(""))]).unwrap().key());
+        assert_ne!(e.key(), Entity::from_wire([(USER, Some("a")), (CLIENT_ID, Some("b"))]).unwrap().key());
     }
 }

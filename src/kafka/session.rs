@@ -125,7 +125,9 @@ impl Session {
         if s.authenticated {
             // Re-authentication: offered only when sessions expire, with
             // the mechanism of the first authentication.
-            if reauth_ms == 0 || version == 0 {
+            // (A session ends when re-authentication is on, or when its
+            // credential expires: an OAUTHBEARER token.)
+            if (reauth_ms == 0 && s.expires.is_none()) || version == 0 {
                 return Handshake::Illegal("re-authentication is not enabled on this listener");
             }
             if s.mechanism != Some(mech) {
@@ -171,14 +173,15 @@ impl Session {
                     return Token::Failed { code: E::SaslAuthenticationFailed.code(), message: format!("Cannot change principals during re-authentication from {}: {principal}", self.principal()) };
                 }
                 // A credential that expires (an OAUTHBEARER token) ends the
-                // session no later than itself, when sessions expire at all
-                // (KIP-368: with re-authentication off, nothing expires).
+                // session no later than itself, with re-authentication on
+                // or off, as in Kafka.
                 let lifetime_ms = match expires_s {
-                    Some(exp) if reauth_ms > 0 => {
+                    Some(exp) => {
                         let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-                        reauth_ms.min((exp as i64).saturating_mul(1000) - now_ms).max(1)
+                        let left = (exp.min(i64::MAX as u64 / 1000) as i64 * 1000).saturating_sub(now_ms).max(1);
+                        if reauth_ms > 0 { reauth_ms.min(left) } else { left }
                     }
-                    _ => reauth_ms,
+                    None => reauth_ms,
                 };
                 s.authenticated = true;
                 s.mechanism = Some(mech);

@@ -77,7 +77,7 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
         return Err(RestError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 415, format!("unsupported Content-Type {ct:?}: send application/json or application/x-ndjson")));
     }
     let (body, mut held) = b.body(&headers, body).await?;
-    b.charge(who.as_deref(), body.len());
+    let _ = b.charge(who.as_deref(), body.len());
     let events = events(&body, ndjson)?;
     b.hold_events(&mut held, events.len())?;
     let header_key = headers.get("x-canopy-key").map(|v| v.as_bytes().to_vec());

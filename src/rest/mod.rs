@@ -286,12 +286,14 @@ impl Bridge {
         r.limits(crate::auth::quota::Kind::Produce).then_some(r)
     }
 
-    /// Charges `bytes` of a produce body to `who`'s producer quota. The
-    /// debt it may leave refuses the principal's next produce (429 with
-    /// Retry-After) until it is repaid.
-    pub fn charge(&self, who: Option<&str>, bytes: usize) {
-        if let Some(r) = self.producer_quota(who) {
-            r.charge(crate::auth::quota::Kind::Produce, bytes as f64, std::time::Instant::now());
+    /// Charges `bytes` of a produce body to `who`'s producer quota and
+    /// returns the debt it leaves, which refuses the principal's next
+    /// produce (429 with Retry-After) until it is repaid (a stream waits
+    /// it out before reading on).
+    pub fn charge(&self, who: Option<&str>, bytes: usize) -> std::time::Duration {
+        match self.producer_quota(who) {
+            Some(r) => r.charge(crate::auth::quota::Kind::Produce, bytes as f64, std::time::Instant::now()),
+            None => std::time::Duration::ZERO,
         }
     }
 
@@ -433,9 +435,15 @@ impl Bridge {
             None => self.limit("(anonymous)")?,
             Some(name) => {
                 // A principal of the principals file produces where its
-                // `produce` list says; a SCRAM user is left to the
-                // authorizer, as on the Kafka port.
-                if let Some(t) = topic.filter(|t| self.principals.find(name).is_some_and(|p| !p.may_produce(t))) {
+                // `produce` list says. A SCRAM user it does not name is
+                // left to the authorizer when it is on (as on the Kafka
+                // port); with it off and a principals file, the file is the
+                // list of who may produce, as it always was.
+                let refused = |t: &str| match self.principals.find(name) {
+                    Some(p) => !p.may_produce(t),
+                    None => self.authorizer.is_none() && !self.principals.is_empty(),
+                };
+                if let Some(t) = topic.filter(|t| refused(t)) {
                     return Err(RestError::new(StatusCode::FORBIDDEN, 40301, format!("{name} may not produce to {t}")));
                 }
                 self.limit(name)?

@@ -159,7 +159,7 @@ async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, he
     let who = b.authorize(&headers, Some(&topic)).await?;
     let fmt = format(&headers)?;
     let (body, mut held) = b.body(&headers, body).await?;
-    b.charge(who.as_deref(), body.len());
+    let _ = b.charge(who.as_deref(), body.len());
     let raw = envelope(&body)?;
     b.hold_events(&mut held, raw.len())?;
     let records = decode_records(&raw, fmt)?;

@@ -191,7 +191,7 @@ pub async fn records(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<
             Ok(r) => r,
             Err(e) => return e.into_response(),
         };
-        b.charge(who.as_deref(), raw.len());
+        let _ = b.charge(who.as_deref(), raw.len());
         let found = values(&raw);
         if let Err(e) = b.hold_events(&mut held, found.len()) {
             return e.into_response();
@@ -282,7 +282,12 @@ async fn stream_records(b: &Arc<Bridge>, cluster: &str, t: &Arc<Topic>, who: Opt
                     return Err(RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, format!("a record exceeds {limit} bytes")));
                 }
                 held.absorb(b.reserve(chunk.len())?);
-                b.charge(who, chunk.len());
+                // A stream over its producer quota is read no faster than
+                // the quota (the client feels it as backpressure).
+                let debt = b.charge(who, chunk.len());
+                if !debt.is_zero() {
+                    tokio::time::sleep(debt).await;
+                }
                 buf.extend_from_slice(&chunk);
             }
             Ok(Some(Err(e))) => {
@@ -417,7 +422,7 @@ pub async fn batch(State(b): State<Arc<Bridge>>, Path((cluster, topic)): Path<(S
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    b.charge(who.as_deref(), raw.len());
+    let _ = b.charge(who.as_deref(), raw.len());
     #[derive(serde::Deserialize)]
     struct Entries<'a> {
         #[serde(borrow)]

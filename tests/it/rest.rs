@@ -268,8 +268,10 @@ async fn credentials_and_topic_patterns_gate_every_write() {
         ),
     )
     .unwrap();
-    // alice's password is her SCRAM credential (HTTP Basic checks those).
+    // alice's password is her SCRAM credential (HTTP Basic checks those);
+    // bob is a SCRAM user the file does not name.
     canopy::auth::users::set_password(dir.path(), "alice", b"wonderland", &canopy::auth::scram::Mechanism::ALL, 4096).unwrap();
+    canopy::auth::users::set_password(dir.path(), "bob", b"builder", &canopy::auth::scram::Mechanism::ALL, 4096).unwrap();
     let mut args = common::args(dir.path());
     args.principals_file = Some(file.display().to_string());
     let broker = common::start(args).await;
@@ -297,6 +299,8 @@ async fn credentials_and_topic_patterns_gate_every_write() {
     assert_eq!(send("/topics/app.codestore.a", Some(basic("mallory", "wonderland"))).await, (401, Some(40101), true));
     assert_eq!(send("/topics/app.codestore.a", Some(("authorization", "Basic !!!".into()))).await, (401, Some(40101), true));
     assert_eq!(send("/topics/app.billing.x", Some(("authorization", "Bearer tok-123".into()))).await, (403, Some(40301), false));
+    // With a principals file and no authorizer, the file says who produces.
+    assert_eq!(send("/topics/app.codestore.a", Some(basic("bob", "builder"))).await, (403, Some(40301), false));
     assert_eq!(send("/ingest/app/billing/x", Some(("x-api-key", "tok-123".into()))).await.0, 403);
     assert_eq!(send("/ingest/app/billing/x", None).await.0, 401);
     // Nothing was written or created by any of those.

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::throttle::{ConnQuota, Usage};
+use super::throttle::ConnQuota;
 use super::{frame_allowance, Ending, RequestCtx, BEFORE_AUTH_WAIT, READ_MIN, REQUEST};
 use crate::kafka::handlers::{self, Route};
 use crate::kafka::probe::Closed;
@@ -84,7 +84,7 @@ impl FirstAuthentication<'_> {
                 // Before authentication only exempt APIs run: nothing is
                 // charged or throttled.
                 quota: Arc::new(ConnQuota::new(broker.quotas.clone(), broker.probe.clone())),
-                usage: Arc::new(Usage::new(false, true)),
+                usage: None,
             };
             let started = std::time::Instant::now();
             let parts = REQUEST.scope(ctx, fut).await.ok_or(Closed::BadBody)?;

@@ -124,9 +124,10 @@ struct RequestCtx {
     /// Set by a handler whose answer is the connection's last (a failed
     /// authentication): the writer closes once it is written.
     last_reply: Arc<AtomicBool>,
-    /// The connection's quotas and throttle, and this request's charges.
+    /// The connection's quotas and throttle, and this request's charges
+    /// (`None`: no quota was configured when it started).
     quota: Arc<ConnQuota>,
-    usage: Arc<Usage>,
+    usage: Option<Arc<Usage>>,
 }
 
 /// Why the connection ends, decided once by whoever sees it first (the
@@ -281,7 +282,9 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, broker: Arc<Broker>, liste
     // A verified client certificate names the principal (Kafka's default
     // principal builder: the subject's distinguished name, through
     // `ssl_principal_mapping_rules`; a name no rule maps is refused).
-    let dn = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| crate::tls::subject_dn(c));
+    // On SASL_SSL the SASL exchange names the principal; the certificate
+    // is not mapped (as in Kafka).
+    let dn = if listener.protocol.sasl() { None } else { stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| crate::tls::subject_dn(c)) };
     let principal = match dn {
         None => KafkaPrincipal::anonymous(),
         Some(dn) => match listener.principal_mapping.map(&dn) {
@@ -450,6 +453,10 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
     result.unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 
+/// A started request: its task, whether it may park, and the signal its
+/// written response fires.
+type Dispatched = (JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>);
+
 /// What every request of a connection shares.
 struct Conn<'a> {
     peer: SocketAddr,
@@ -462,7 +469,7 @@ struct Conn<'a> {
 /// Parses the header and starts the handler, to run once the requests
 /// before it allow (and the connection's throttle, if any, has passed).
 /// `Err` closes the connection, for that reason.
-fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Order) -> Result<(JoinHandle<Option<Vec<Bytes>>>, bool, oneshot::Sender<()>), Closed> {
+fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Order) -> Result<Dispatched, Closed> {
     let Conn { peer, ending, session, last_reply, quota } = *conn;
     let h = match header::parse(&frame) {
         Ok(h) => h,
@@ -485,7 +492,7 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
             // ApiVersions and the SASL exchange are not charged for their
             // time, as in Kafka.
             let exempt = matches!(h.api_key, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate);
-            let usage = Arc::new(Usage::new(broker.quotas.any(), exempt));
+            let usage = broker.quotas.any().then(|| Arc::new(Usage::new(exempt)));
             let ctx = RequestCtx {
                 peer,
                 client_id: h.client_id.clone().unwrap_or_default(),
@@ -516,9 +523,16 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
                 reply
             };
             let parks = matches!(api, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup);
-            let whom = || (quota.clone(), session.principal(), h.client_id.clone().unwrap_or_default());
-            let timed = throttle::Timed::new(timed, usage, whom);
-            Ok((tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)), parks, written))
+            // Timed only when a quota is configured: otherwise the handler
+            // runs as it did before quotas existed.
+            let task = match usage {
+                Some(usage) => {
+                    let whom = (quota.clone(), session.principal(), h.client_id.clone().unwrap_or_default());
+                    tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, throttle::Timed::new(timed, usage, whom)), span))
+                }
+                None => tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)),
+            };
+            Ok((task, parks, written))
         }
         Route::Close(why, reason) => {
             tracing::warn!(%peer, api = ?h.api_key, version = h.api_version, client = ?h.client_id,

@@ -77,7 +77,8 @@ impl ConnQuota {
     }
 }
 
-/// One request's charges.
+/// One request's charges (made only when a quota is configured as the
+/// request starts).
 #[derive(Default)]
 pub struct Usage {
     /// The largest byte-rate throttle charged so far, in nanoseconds.
@@ -86,22 +87,19 @@ pub struct Usage {
     busy: AtomicU64,
     /// Not charged for its time (ApiVersions, SASL, acks=0 produce).
     exempt: AtomicBool,
-    /// Whether any quota was configured when the request started: if not,
-    /// its polls are not timed.
-    timed: bool,
 }
 
 impl Usage {
-    pub fn new(timed: bool, exempt: bool) -> Usage {
-        Usage { timed, exempt: AtomicBool::new(exempt), ..Usage::default() }
+    pub fn new(exempt: bool) -> Usage {
+        Usage { exempt: AtomicBool::new(exempt), ..Usage::default() }
     }
 }
 
 /// Runs `f` with the running request's quota state, user and client id;
-/// `None` outside a request or when no quota is configured (then at the
-/// cost of one atomic load).
+/// `None` outside a request or for a request that started with no quota
+/// configured.
 fn with_request<T>(f: impl FnOnce(&ConnQuota, &Usage, &str, &str) -> T) -> Option<T> {
-    REQUEST.try_with(|c| c.quota.quotas.any().then(|| f(&c.quota, &c.usage, &c.session.principal().name, &c.client_id))).ok().flatten()
+    REQUEST.try_with(|c| c.usage.as_ref().map(|u| f(&c.quota, u, &c.session.principal().name, &c.client_id))).ok().flatten()
 }
 
 /// Charges the running request `amount` bytes of `kind` (a Produce's
@@ -128,7 +126,13 @@ pub fn charge(kind: Kind, amount: usize) -> Duration {
 /// The running request is not charged for its time (an acks=0 produce,
 /// which Kafka exempts too).
 pub fn exempt() {
-    let _ = REQUEST.try_with(|c| c.usage.exempt.store(true, Ordering::Release));
+    let _ = REQUEST.try_with(|c| c.usage.as_ref().map(|u| u.exempt.store(true, Ordering::Release)));
+}
+
+/// The most bytes of `kind` the running request should move: a window's
+/// worth at its quota (a Fetch asks for no more, as Kafka bounds it).
+pub fn window_bytes(kind: Kind) -> Option<usize> {
+    with_request(|q, _, user, client| q.resolve(user, client)?.window_amount(kind)).flatten().map(|b| b.max(1.0) as usize)
 }
 
 /// The throttle time the running request's response carries, in ms: the
@@ -137,9 +141,14 @@ pub fn exempt() {
 pub fn response_ms() -> i32 {
     with_request(|q, usage, user, client| {
         let bandwidth = Duration::from_nanos(usage.bandwidth.load(Ordering::Acquire));
+        let exempt = usage.exempt.load(Ordering::Acquire);
+        if exempt && bandwidth.is_zero() {
+            // Nothing charged, nothing to resolve (ApiVersions, SASL).
+            return 0;
+        }
         let busy = usage.busy.swap(0, Ordering::AcqRel);
         let time = match q.resolve(user, client) {
-            Some(r) if !usage.exempt.load(Ordering::Acquire) && r.limits(Kind::Request) => {
+            Some(r) if !exempt && r.limits(Kind::Request) => {
                 let t = r.charge(Kind::Request, busy as f64, Instant::now());
                 if !t.is_zero() {
                     q.probe.throttled(Kind::Request, t);
@@ -160,18 +169,16 @@ pub fn response_ms() -> i32 {
 
 /// A handler's future, its polls timed into its request's [`Usage`];
 /// what is left uncharged when it ends (the last poll) is charged then.
-/// Untimed (no quota configured), it only passes polls on.
+/// Used only for requests that start with a quota configured.
 pub struct Timed<F> {
     inner: Pin<Box<F>>,
     usage: Arc<Usage>,
-    /// The connection's quotas, user and client id, when timed.
-    whom: Option<(Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String)>,
+    /// The connection's quotas, user and client id.
+    whom: (Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String),
 }
 
 impl<F> Timed<F> {
-    /// `whom` is only called if the request is timed.
-    pub fn new(inner: F, usage: Arc<Usage>, whom: impl FnOnce() -> (Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String)) -> Timed<F> {
-        let whom = usage.timed.then(whom);
+    pub fn new(inner: F, usage: Arc<Usage>, whom: (Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String)) -> Timed<F> {
         Timed { inner: Box::pin(inner), usage, whom }
     }
 }
@@ -181,9 +188,7 @@ impl<F: Future> Future for Timed<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        let Some((quota, user, client)) = &this.whom else {
-            return this.inner.as_mut().poll(cx);
-        };
+        let (quota, user, client) = &this.whom;
         let start = Instant::now();
         let out = this.inner.as_mut().poll(cx);
         this.usage.busy.fetch_add(start.elapsed().as_nanos() as u64, Ordering::AcqRel);

@@ -77,7 +77,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
     let min_bytes = req.min_bytes.max(0) as usize;
     // Kafka's fetch.max.bytes caps what a client may ask for.
     let limit = broker.cfg.fetch_max_bytes;
-    let max_bytes = (req.max_bytes.max(0) as usize).min(limit);
+    // A consumer with a byte-rate quota asks for at most a window's worth
+    // (Kafka bounds a throttled fetch the same way).
+    let max_bytes = (req.max_bytes.max(0) as usize).min(limit).min(throttle::window_bytes(Kind::Fetch).unwrap_or(usize::MAX));
     // READ on each topic, as Kafka asks (TOPIC_AUTHORIZATION_FAILED, never
     // waited on); a subtree stream carries only the topics the reader may
     // read, filtered inside the merge.
