@@ -176,3 +176,51 @@ async fn librdkafka_authenticates_with_tokens_the_jwks_signs_and_no_others() {
     assert!(metric(&m, r#"canopy_kafka_authentications_total{listener="SASL_PLAINTEXT",mechanism="OAUTHBEARER",outcome="success"}"#) >= 2.0);
     broker.shutdown().await;
 }
+
+/// With re-authentication off (the default), a session still ends with its
+/// token, as in Kafka; before that, the client may re-authenticate with a
+/// fresh token; after it, anything but re-authentication closes the
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ends_with_its_token_even_without_reauthentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, jwk) = es256_key("idp-1");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, serde_json::json!({ "keys": [jwk] }).to_string()).unwrap();
+    let mut args = common::args(&dir.path().join("data"));
+    args.listeners = Some("SASL_PLAINTEXT://127.0.0.1:0".into());
+    args.sasl_enabled_mechanisms = Some("OAUTHBEARER".into());
+    args.sasl_oauthbearer_jwks_file = Some(jwks.display().to_string());
+    let broker = common::start(args).await;
+    let addr = listener(&broker, "SASL_PLAINTEXT");
+    let initial = |exp: u64| format!("n,,\u{1}auth=Bearer {}\u{1}\u{1}", token(&key, "idp-1", "carol", "any", exp)).into_bytes();
+    let metadata = MetadataRequest::default().with_topics(None);
+
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(handshake(&mut sock, "OAUTHBEARER", 1).await.error_code, 0);
+    let r = authenticate(&mut sock, &initial(now() + 3)).await;
+    assert_eq!(r.error_code, 0);
+    assert!((1..=3_000).contains(&r.session_lifetime_ms), "the token's 3 s, though re-authentication is off: {}", r.session_lifetime_ms);
+    // A fresh token before the end: the session goes on.
+    assert_eq!(handshake(&mut sock, "OAUTHBEARER", 1).await.error_code, 0);
+    let r = authenticate(&mut sock, &initial(now() + 3600)).await;
+    assert_eq!(r.error_code, 0);
+    assert!(r.session_lifetime_ms > 3_000_000, "{}", r.session_lifetime_ms);
+    let md: MetadataResponse = common::call(&mut sock, 3, 12, 7, &metadata).await;
+    assert_eq!(md.brokers.len(), 1);
+
+    // Another connection keeps its short token: after it, it is closed.
+    let mut short = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(handshake(&mut short, "OAUTHBEARER", 1).await.error_code, 0);
+    assert_eq!(authenticate(&mut short, &initial(now() + 2)).await.error_code, 0);
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut body = bytes::BytesMut::new();
+    kafka_protocol::protocol::Encodable::encode(&metadata, &mut body, 12).unwrap();
+    short.write_all(&common::request_frame(3, 12, 8, &body)).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), short.read(&mut buf)).await.unwrap().unwrap_or(0);
+    assert_eq!(n, 0, "an expired session is closed, unanswered");
+    assert!(metric(&metrics(&broker).await, r#"canopy_kafka_connections_closed_total{reason="session_expired"}"#) >= 1.0);
+    broker.shutdown().await;
+}
