@@ -108,17 +108,24 @@ fn refused(addr: SocketAddr, token: String) -> String {
     }
 }
 
+/// A SASL_PLAINTEXT listener offering OAUTHBEARER, its JWKS holding `jwk`.
+fn oauth_args(dir: &std::path::Path, jwk: &serde_json::Value) -> canopy::config::ServeArgs {
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, serde_json::json!({ "keys": [jwk] }).to_string()).unwrap();
+    let mut args = common::args(&dir.join("data"));
+    args.listeners = Some("SASL_PLAINTEXT://127.0.0.1:0".into());
+    args.sasl_enabled_mechanisms = Some("OAUTHBEARER".into());
+    args.sasl_oauthbearer_jwks_file = Some(jwks.display().to_string());
+    args
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn librdkafka_authenticates_with_tokens_the_jwks_signs_and_no_others() {
     let dir = tempfile::tempdir().unwrap();
     let (key, jwk) = es256_key("idp-1");
     let (forger, _) = es256_key("idp-1");
-    let jwks = dir.path().join("jwks.json");
-    std::fs::write(&jwks, serde_json::json!({ "keys": [jwk] }).to_string()).unwrap();
-    let mut args = common::args(&dir.path().join("data"));
-    args.listeners = Some("SASL_PLAINTEXT://127.0.0.1:0".into());
+    let mut args = oauth_args(dir.path(), &jwk);
     args.sasl_enabled_mechanisms = Some("OAUTHBEARER,PLAIN".into());
-    args.sasl_oauthbearer_jwks_file = Some(jwks.display().to_string());
     args.sasl_oauthbearer_expected_audience = Some("canopy".into());
     args.sasl_oauthbearer_expected_issuer = Some("https://idp.test".into());
     args.connections_max_reauth_ms = Some(600_000);
@@ -185,13 +192,7 @@ async fn librdkafka_authenticates_with_tokens_the_jwks_signs_and_no_others() {
 async fn a_session_ends_with_its_token_even_without_reauthentication() {
     let dir = tempfile::tempdir().unwrap();
     let (key, jwk) = es256_key("idp-1");
-    let jwks = dir.path().join("jwks.json");
-    std::fs::write(&jwks, serde_json::json!({ "keys": [jwk] }).to_string()).unwrap();
-    let mut args = common::args(&dir.path().join("data"));
-    args.listeners = Some("SASL_PLAINTEXT://127.0.0.1:0".into());
-    args.sasl_enabled_mechanisms = Some("OAUTHBEARER".into());
-    args.sasl_oauthbearer_jwks_file = Some(jwks.display().to_string());
-    let broker = common::start(args).await;
+    let broker = common::start(oauth_args(dir.path(), &jwk)).await;
     let addr = listener(&broker, "SASL_PLAINTEXT");
     let initial = |exp: u64| format!("n,,\u{1}auth=Bearer {}\u{1}\u{1}", token(&key, "idp-1", "carol", "any", exp)).into_bytes();
     let metadata = MetadataRequest::default().with_topics(None);

@@ -31,6 +31,9 @@ pub(super) struct FirstAuthentication<'a> {
     pub(super) peer: SocketAddr,
     pub(super) ending: &'a Ending,
     pub(super) last_reply: &'a Arc<AtomicBool>,
+    /// The connection's quotas (nothing is charged before authentication:
+    /// only exempt APIs run).
+    pub(super) quota: &'a Arc<ConnQuota>,
 }
 
 impl FirstAuthentication<'_> {
@@ -81,9 +84,7 @@ impl FirstAuthentication<'_> {
                 ending: self.ending.clone(),
                 session: self.session.clone(),
                 last_reply: self.last_reply.clone(),
-                // Before authentication only exempt APIs run: nothing is
-                // charged or throttled.
-                quota: Arc::new(ConnQuota::new(broker.quotas.clone(), broker.probe.clone())),
+                quota: self.quota.clone(),
                 usage: None,
             };
             let started = std::time::Instant::now();

@@ -127,7 +127,7 @@ struct RequestCtx {
     /// The connection's quotas and throttle, and this request's charges
     /// (`None`: no quota was configured when it started).
     quota: Arc<ConnQuota>,
-    usage: Option<Arc<Usage>>,
+    usage: Option<Usage>,
 }
 
 /// Why the connection ends, decided once by whoever sees it first (the
@@ -306,8 +306,9 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
     let ending: Ending = Default::default();
     let last_reply = Arc::new(AtomicBool::new(false));
     let mut buf = BytesMut::with_capacity(READ_MIN);
+    let quota = Arc::new(ConnQuota::new(broker.quotas.clone(), broker.probe.clone()));
     if session.needs_authentication() {
-        let first = FirstAuthentication { broker: &broker, session: &session, peer, ending: &ending, last_reply: &last_reply };
+        let first = FirstAuthentication { broker: &broker, session: &session, peer, ending: &ending, last_reply: &last_reply, quota: &quota };
         if let Err(why) = first.run(&mut stream, &mut buf, &mut shutdown).await {
             if last_reply.load(Ordering::Acquire) {
                 // The failure was answered: the client is given a moment
@@ -332,7 +333,6 @@ async fn serve<S: Halves>(mut stream: S, peer: SocketAddr, broker: Arc<Broker>, 
     let max = broker.cfg.max_request_bytes;
     let conn_bytes = Arc::new(ConnectionBytes::default());
     let mut order = Order::default();
-    let quota = Arc::new(ConnQuota::new(broker.quotas.clone(), broker.probe.clone()));
     // The budget's hold for the frame at the head of `buf`, once its length
     // is known, and when its body must be in.
     let mut head: Option<(usize, Held)> = None;
@@ -492,7 +492,8 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
             // ApiVersions and the SASL exchange are not charged for their
             // time, as in Kafka.
             let exempt = matches!(h.api_key, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate);
-            let usage = broker.quotas.any().then(|| Arc::new(Usage::new(exempt)));
+            let usage = broker.quotas.any().then(|| Usage::new(exempt));
+            let timed_polls = usage.is_some();
             let ctx = RequestCtx {
                 peer,
                 client_id: h.client_id.clone().unwrap_or_default(),
@@ -501,7 +502,7 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
                 session: session.clone(),
                 last_reply: last_reply.clone(),
                 quota: quota.clone(),
-                usage: usage.clone(),
+                usage,
             };
             let (probe, api, version) = (broker.probe.clone(), h.api_key, h.api_version);
             let span = tracing::debug_span!("request", api = ?api, version, correlation_id = h.correlation_id, %peer);
@@ -525,12 +526,10 @@ fn dispatch(broker: &Arc<Broker>, conn: &Conn<'_>, frame: Bytes, order: &mut Ord
             let parks = matches!(api, ApiKey::Fetch | ApiKey::JoinGroup | ApiKey::SyncGroup);
             // Timed only when a quota is configured: otherwise the handler
             // runs as it did before quotas existed.
-            let task = match usage {
-                Some(usage) => {
-                    let whom = (quota.clone(), session.principal(), h.client_id.clone().unwrap_or_default());
-                    tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, throttle::Timed::new(timed, usage, whom)), span))
-                }
-                None => tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span)),
+            let task = if timed_polls {
+                tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, throttle::Timed::new(timed)), span))
+            } else {
+                tokio::spawn(tracing::Instrument::instrument(REQUEST.scope(ctx, timed), span))
             };
             Ok((task, parks, written))
         }

@@ -23,11 +23,6 @@ use super::REQUEST;
 use crate::auth::quota::{Kind, Quotas, Resolved};
 use crate::kafka::probe::KafkaProbe;
 
-/// Longest throttle one response asks for: a larger debt throttles the
-/// requests after it too. Below the clients' default request timeout
-/// (30 s), so requests waiting behind a throttle do not time out.
-const MAX_THROTTLE: Duration = Duration::from_secs(10);
-
 /// A connection's side of the quotas.
 pub struct ConnQuota {
     quotas: Arc<Quotas>,
@@ -70,10 +65,11 @@ impl ConnQuota {
             return None;
         }
         let mut cached = self.cached.lock().expect("connection quota lock");
-        let prior = cached.as_ref().filter(|(c, _)| c == client).map(|(_, r)| r);
-        let r = self.quotas.resolve(user, client, prior);
-        *cached = Some((client.to_owned(), r.clone()));
-        Some(r)
+        match cached.as_mut() {
+            Some((c, r)) if c == client => *r = self.quotas.resolve(user, client, Some(r)),
+            _ => *cached = Some((client.to_owned(), self.quotas.resolve(user, client, None))),
+        }
+        cached.as_ref().map(|(_, r)| r.clone())
     }
 }
 
@@ -116,7 +112,7 @@ pub fn charge(kind: Kind, amount: usize) -> Duration {
             q.probe.throttled(kind, t);
             // At once: a Produce pipelined behind this one starts when
             // this one has submitted, before its response is encoded.
-            q.mute_for(t.min(MAX_THROTTLE));
+            q.mute_for(t);
         }
         t
     })
@@ -135,29 +131,35 @@ pub fn window_bytes(kind: Kind) -> Option<usize> {
     with_request(|q, _, user, client| q.resolve(user, client)?.window_amount(kind)).flatten().map(|b| b.max(1.0) as usize)
 }
 
+/// Charges the running request's handler time not charged yet to its
+/// request quota (none for an exempt request) and returns the throttle
+/// that leaves.
+fn charge_time(q: &ConnQuota, usage: &Usage, user: &str, client: &str) -> Duration {
+    if usage.exempt.load(Ordering::Acquire) {
+        return Duration::ZERO;
+    }
+    let busy = usage.busy.swap(0, Ordering::AcqRel);
+    match q.resolve(user, client) {
+        Some(r) if r.limits(Kind::Request) => r.charge(Kind::Request, busy as f64, Instant::now()),
+        _ => Duration::ZERO,
+    }
+}
+
 /// The throttle time the running request's response carries, in ms: the
-/// largest of its byte-rate throttles and the request-time debt. The
-/// connection's next request waits as long.
+/// largest of its byte-rate throttles and the request-time debt (each at
+/// most `quota::WINDOW`). The connection's next request waits as long.
 pub fn response_ms() -> i32 {
     with_request(|q, usage, user, client| {
         let bandwidth = Duration::from_nanos(usage.bandwidth.load(Ordering::Acquire));
-        let exempt = usage.exempt.load(Ordering::Acquire);
-        if exempt && bandwidth.is_zero() {
+        if usage.exempt.load(Ordering::Acquire) && bandwidth.is_zero() {
             // Nothing charged, nothing to resolve (ApiVersions, SASL).
             return 0;
         }
-        let busy = usage.busy.swap(0, Ordering::AcqRel);
-        let time = match q.resolve(user, client) {
-            Some(r) if !exempt && r.limits(Kind::Request) => {
-                let t = r.charge(Kind::Request, busy as f64, Instant::now());
-                if !t.is_zero() {
-                    q.probe.throttled(Kind::Request, t);
-                }
-                t
-            }
-            _ => Duration::ZERO,
-        };
-        let t = bandwidth.max(time).min(MAX_THROTTLE);
+        let time = charge_time(q, usage, user, client);
+        if !time.is_zero() {
+            q.probe.throttled(Kind::Request, time);
+        }
+        let t = bandwidth.max(time);
         if t.is_zero() {
             return 0;
         }
@@ -167,38 +169,34 @@ pub fn response_ms() -> i32 {
     .unwrap_or(0)
 }
 
-/// A handler's future, its polls timed into its request's [`Usage`];
-/// what is left uncharged when it ends (the last poll) is charged then.
-/// Used only for requests that start with a quota configured.
+/// A handler's future, its polls timed into its request's [`Usage`] (it
+/// runs inside the request's scope); what is left uncharged when it ends
+/// (the last poll) is charged then, as debt for the connection's next
+/// requests. Used only for requests that start with a quota configured.
 pub struct Timed<F> {
     inner: Pin<Box<F>>,
-    usage: Arc<Usage>,
-    /// The connection's quotas, user and client id.
-    whom: (Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String),
 }
 
 impl<F> Timed<F> {
-    pub fn new(inner: F, usage: Arc<Usage>, whom: (Arc<ConnQuota>, Arc<crate::auth::KafkaPrincipal>, String)) -> Timed<F> {
-        Timed { inner: Box::pin(inner), usage, whom }
+    pub fn new(inner: F) -> Timed<F> {
+        Timed { inner: Box::pin(inner) }
     }
 }
 
 impl<F: Future> Future for Timed<F> {
     type Output = F::Output;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.get_mut();
-        let (quota, user, client) = &this.whom;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let start = Instant::now();
-        let out = this.inner.as_mut().poll(cx);
-        this.usage.busy.fetch_add(start.elapsed().as_nanos() as u64, Ordering::AcqRel);
-        if out.is_ready() && !this.usage.exempt.load(Ordering::Acquire) {
-            let busy = this.usage.busy.swap(0, Ordering::AcqRel);
-            if let Some(r) = quota.resolve(&user.name, client).filter(|r| r.limits(Kind::Request)) {
-                // Debt left for the connection's next requests to meet.
-                r.charge(Kind::Request, busy as f64, Instant::now());
+        let out = self.inner.as_mut().poll(cx);
+        let took = start.elapsed().as_nanos() as u64;
+        let _ = REQUEST.try_with(|c| {
+            let Some(usage) = &c.usage else { return };
+            usage.busy.fetch_add(took, Ordering::AcqRel);
+            if out.is_ready() {
+                charge_time(&c.quota, usage, &c.session.principal().name, &c.client_id);
             }
-        }
+        });
         out
     }
 }
