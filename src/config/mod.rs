@@ -71,11 +71,18 @@ macro_rules! settings {
         #[derive(Debug, Clone)]
         pub struct Config {
             $( pub $name: $ty, )*
+            /// The settings the file, environment or flags gave (the rest
+            /// are defaults): DescribeConfigs reports them as static.
+            pub explicit: std::collections::BTreeSet<&'static str>,
         }
 
         impl Config {
             fn layer(file: FileConfig, args: &ServeArgs) -> Config {
-                Config { $( $name: args.$name.clone().or(file.$name).unwrap_or_else(|| {
+                let explicit = [$( (stringify!($name), args.$name.is_some() || file.$name.is_some()) ),*]
+                    .into_iter()
+                    .filter_map(|(name, set)| set.then_some(name))
+                    .collect();
+                Config { explicit, $( $name: args.$name.clone().or(file.$name).unwrap_or_else(|| {
                     $default.parse().expect(concat!("the default of ", stringify!($name), " parses"))
                 }), )* }
             }
@@ -604,6 +611,22 @@ impl Config {
         }
     }
 
+    /// The topic defaults the operator set, under their Kafka broker
+    /// names (the static layer of DescribeConfigs).
+    fn static_topic_defaults(&self) -> std::collections::BTreeMap<String, String> {
+        let all = [
+            ("retention_ms", "log.retention.ms", self.retention_ms.to_string()),
+            ("retention_bytes", "log.retention.bytes", self.retention_bytes.to_string()),
+            ("message_max_bytes", "message.max.bytes", self.message_max_bytes.to_string()),
+            ("message_timestamp_type", "log.message.timestamp.type", self.message_timestamp_type.clone()),
+            ("message_timestamp_before_max_ms", "log.message.timestamp.before.max.ms", self.message_timestamp_before_max_ms.to_string()),
+            ("message_timestamp_after_max_ms", "log.message.timestamp.after.max.ms", self.message_timestamp_after_max_ms.to_string()),
+            ("segment_bytes", "log.segment.bytes", self.segment_bytes.to_string()),
+            ("segment_ms", "log.roll.ms", self.segment_ms.to_string()),
+        ];
+        all.into_iter().filter(|(setting, _, _)| self.explicit.contains(setting)).map(|(_, key, value)| (key.to_owned(), value)).collect()
+    }
+
     pub fn engine(&self) -> EngineConfig {
         let mut e = EngineConfig::new(&self.data_dir);
         e.storage = StorageConfig {
@@ -617,15 +640,7 @@ impl Config {
         };
         e.flush = self.flush.0;
         e.probe = crate::engine::probe::EngineProbe::new(self.metrics_enabled);
-        e.topic_defaults = TopicDefaults {
-            retention_ms: self.retention_ms,
-            retention_bytes: self.retention_bytes,
-            max_message_bytes: self.message_max_bytes,
-            max_message_bytes_limit: self.max_message_bytes_limit(),
-            timestamp_type: self.timestamp_type().expect("validated"),
-            timestamp_before_max_ms: self.message_timestamp_before_max_ms,
-            timestamp_after_max_ms: self.message_timestamp_after_max_ms,
-        };
+        e.topic_defaults = TopicDefaults { statics: self.static_topic_defaults(), max_message_bytes_limit: self.max_message_bytes_limit() };
         e.auto_create_topics = self.auto_create_topics;
         e.num_partitions = self.num_partitions;
         e.max_topics = self.max_topics;

@@ -26,6 +26,7 @@
 //!   a crash of the machine can lose the last interval.
 //! - `never`: fsync only when a segment is sealed and on shutdown.
 
+pub mod configs;
 pub mod pool;
 pub mod probe;
 pub mod producers;
@@ -51,7 +52,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use crate::meta::{Catalog, MetaError, TopicRecord};
 use crate::protocol::batch::{BatchError, Marker};
 use crate::storage::{self, PartitionSpec, ReadError, ReadResult, RetentionPolicy, Storage, StorageConfig, StorageError, Tp};
-pub use topics::{TimestampType, TopicConfig, TopicDefaults};
+pub use configs::{Alter, BrokerLayers, ConfigError, Described, Op, Source};
+pub use topics::{Cleanup, TimestampType, TopicConfig, TopicDefaults};
 use validate::Rules;
 pub use writer::Ack;
 use writer::{syncer_loop, AppendFailure, Shared, SyncJob, WriteCmd, Writer};
@@ -161,7 +163,10 @@ pub enum EngineError {
     #[error("invalid partition count {0}")]
     InvalidPartitions(i32),
     #[error("{0}")]
-    InvalidConfig(#[from] topics::ConfigError),
+    InvalidConfig(#[from] configs::ConfigError),
+    /// A broker config change refused (Kafka answers these INVALID_REQUEST).
+    #[error("{0}")]
+    InvalidBrokerConfig(String),
     #[error("invalid record batch: {0}")]
     Corrupt(#[from] BatchError),
     #[error("batch of {size} bytes exceeds max.message.bytes = {limit}")]
@@ -297,8 +302,11 @@ pub struct Engine {
     topics: RwLock<std::collections::BTreeSet<ByName>>,
     /// The same topics by id (frames and retention know topics by id).
     by_id: RwLock<HashMap<[u8; 16], Arc<Topic>>>,
-    /// Serialises topic creation, deletion and partition changes.
+    /// Serialises topic creation, deletion, partition and config changes.
     admin: Mutex<()>,
+    /// The broker-level config layers and the topic default they give;
+    /// replaced (under `admin`) when a broker config changes.
+    defaults: RwLock<Arc<Defaults>>,
     writer: mpsc::Sender<WriteCmd>,
     waiters: Arc<Waiters>,
     cluster_id: String,
@@ -318,6 +326,43 @@ pub struct Engine {
     auto_create_rate: Option<crate::limits::TokenBucket>,
     /// Auto-creations refused (per-request bound or rate).
     pub auto_create_refused: std::sync::atomic::AtomicU64,
+}
+
+/// The broker-level config layers, and the parsed topic default they give.
+#[derive(Debug)]
+struct Defaults {
+    layers: BrokerLayers,
+    topic: TopicConfig,
+}
+
+/// A broker config resource: BROKER "" (every broker's default) or this
+/// broker's own id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerScope {
+    Cluster,
+    Node,
+}
+
+impl BrokerScope {
+    fn catalog_key(self) -> &'static str {
+        match self {
+            BrokerScope::Cluster => "default",
+            BrokerScope::Node => "node",
+        }
+    }
+}
+
+/// A topic's config: `default` with its own configs over it. A
+/// max.message.bytes over `limit` (set before the limit existed, or over a
+/// default lowered since) is capped with a warning, not refused: the topic
+/// must stay usable.
+fn capped_config(default: &TopicConfig, record: &TopicRecord, limit: i32) -> Result<TopicConfig, ConfigError> {
+    let mut config = default.overlay(&record.configs, i32::MAX)?;
+    if config.max_message_bytes > limit {
+        tracing::warn!(topic = %record.name, configured = config.max_message_bytes, limit, "max.message.bytes is over what a request may carry; capped");
+        config.max_message_bytes = limit;
+    }
+    Ok(config)
 }
 
 /// Counters of the idempotent-producer check, kept by the writer.
@@ -342,15 +387,15 @@ impl Engine {
         let log_starts = catalog.log_starts()?;
         let mut specs = Vec::with_capacity(records.len());
         let mut topics = Vec::with_capacity(records.len());
-        // Topics created before max.message.bytes had a ceiling keep their
-        // setting, capped at it.
-        let uncapped = TopicDefaults { max_message_bytes_limit: i32::MAX, ..cfg.topic_defaults.clone() };
+        let layers = BrokerLayers {
+            statics: cfg.topic_defaults.statics.clone(),
+            cluster: catalog.broker_configs(BrokerScope::Cluster.catalog_key())?,
+            node: catalog.broker_configs(BrokerScope::Node.catalog_key())?,
+        };
+        let limit = cfg.topic_defaults.max_message_bytes_limit;
+        let defaults = Defaults { topic: layers.topic_default(limit)?, layers };
         for record in records {
-            let mut config = TopicConfig::parse(&record.configs, &uncapped)?;
-            if config.max_message_bytes > cfg.topic_defaults.max_message_bytes_limit {
-                tracing::warn!(topic = %record.name, configured = config.max_message_bytes, limit = cfg.topic_defaults.max_message_bytes_limit, "max.message.bytes is over what a request may carry; capped");
-                config.max_message_bytes = cfg.topic_defaults.max_message_bytes_limit;
-            }
+            let config = capped_config(&defaults.topic, &record, limit)?;
             for p in 0..record.partitions {
                 specs.push(PartitionSpec {
                     tp: Tp { topic: record.id, partition: p },
@@ -420,6 +465,7 @@ impl Engine {
             // Already in name order: the sort only checks it.
             topics: RwLock::new(topics.into_iter().map(ByName).collect()),
             admin: Mutex::new(()),
+            defaults: RwLock::new(Arc::new(defaults)),
             writer: tx,
             waiters,
             cluster_id,
@@ -487,6 +533,7 @@ impl Engine {
     /// twice is created once; the second answer is `TopicExists`. Blocking.
     pub fn create_topics(&self, new: Vec<NewTopic>, validate_only: bool) -> Vec<Result<Arc<Topic>, EngineError>> {
         let _admin = self.admin.lock().expect("admin lock");
+        let defaults = self.defaults();
         let mut count = self.topics.read().expect("topics lock").len();
         let mut names = std::collections::HashSet::new();
         let mut out: Vec<Result<Arc<Topic>, EngineError>> = new
@@ -496,7 +543,7 @@ impl Engine {
                 if t.partitions < 1 || t.partitions > self.cfg.max_partitions_per_topic {
                     return Err(EngineError::InvalidPartitions(t.partitions));
                 }
-                let config = TopicConfig::parse(&t.configs, &self.cfg.topic_defaults)?;
+                let config = defaults.topic.overlay(&t.configs, self.cfg.topic_defaults.max_message_bytes_limit)?;
                 if self.topic(&t.name).is_some() || !names.insert(t.name.clone()) {
                     return Err(EngineError::TopicExists);
                 }
@@ -600,9 +647,95 @@ impl Engine {
         for p in old..total {
             self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
         }
-        let updated = Arc::new(Topic { record, config: topic.config.clone(), traffic: topic.traffic.clone() });
-        self.topics.write().expect("topics lock").replace(ByName(updated.clone()));
-        self.by_id.write().expect("topics lock").insert(updated.id(), updated);
+        self.replace_topic(Topic { record, config: topic.config.clone(), traffic: topic.traffic.clone() });
+        Ok(())
+    }
+
+    /// Puts a changed topic in place of the one of its name and id.
+    fn replace_topic(&self, topic: Topic) {
+        let topic = Arc::new(topic);
+        self.topics.write().expect("topics lock").replace(ByName(topic.clone()));
+        self.by_id.write().expect("topics lock").insert(topic.id(), topic);
+    }
+
+    fn defaults(&self) -> Arc<Defaults> {
+        self.defaults.read().expect("defaults lock").clone()
+    }
+
+    /// Every config of a topic, with its value, source and synonyms.
+    pub fn describe_topic_configs(&self, topic: &Topic) -> Vec<Described> {
+        self.defaults().layers.describe_topic(&topic.record.configs)
+    }
+
+    /// The topic-default configs of this broker or of the cluster-wide
+    /// default resource.
+    pub fn describe_broker_configs(&self, scope: BrokerScope) -> Vec<Described> {
+        self.defaults().layers.describe_broker(scope == BrokerScope::Cluster)
+    }
+
+    /// Changes a topic's configs: the result is checked as at creation,
+    /// then made durable before it is used. Produce, retention and the
+    /// compactor see it at their next look-up of the topic. Blocking.
+    pub fn alter_topic_configs(&self, name: &str, alter: Alter, validate_only: bool) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
+        let set = alter.apply(&topic.record.configs, configs::topic_def)?;
+        let config = self.defaults().topic.overlay(&set, self.cfg.topic_defaults.max_message_bytes_limit)?;
+        if validate_only || set == topic.record.configs {
+            return Ok(());
+        }
+        let mut record = topic.record.clone();
+        record.configs = set;
+        self.catalog.put_topic(&record)?;
+        self.catalog.flush()?;
+        tracing::info!(topic = name, configs = ?record.configs, "topic configs changed");
+        self.replace_topic(Topic { record, config, traffic: topic.traffic.clone() });
+        Ok(())
+    }
+
+    /// Changes the dynamic broker configs of one scope (the topic
+    /// defaults Kafka lets change at run time). Every topic's config is
+    /// derived again from the new defaults; the change is durable before
+    /// any topic uses it. Blocking.
+    pub fn alter_broker_configs(&self, scope: BrokerScope, alter: Alter, validate_only: bool) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let old = self.defaults();
+        let mut layers = old.layers.clone();
+        let slot = match scope {
+            BrokerScope::Cluster => &mut layers.cluster,
+            BrokerScope::Node => &mut layers.node,
+        };
+        let set = alter.apply(slot, configs::broker_def).map_err(|e| EngineError::InvalidBrokerConfig(e.message))?;
+        let fixed: Vec<&str> = set.keys().filter(|k| configs::broker_def(k).is_some_and(|d| !d.broker_dynamic)).map(String::as_str).collect();
+        if !fixed.is_empty() {
+            return Err(EngineError::InvalidBrokerConfig(format!("Cannot update these configs dynamically: {}; they are static settings of the broker", fixed.join(", "))));
+        }
+        if let Some(k) = set.keys().find(|k| configs::broker_def(k).is_none()) {
+            return Err(EngineError::InvalidBrokerConfig(format!("Unknown broker config name: {k} (the dynamic broker configs are the topic defaults, such as log.retention.ms)")));
+        }
+        *slot = set;
+        let limit = self.cfg.topic_defaults.max_message_bytes_limit;
+        let topic = layers.topic_default(limit).map_err(|e| EngineError::InvalidBrokerConfig(e.message))?;
+        let mut changed = Vec::new();
+        for t in self.topics() {
+            let config = capped_config(&topic, &t.record, limit).map_err(|e| EngineError::InvalidBrokerConfig(format!("topic {}: {}", t.name(), e)))?;
+            if config != t.config {
+                changed.push(Topic { record: t.record.clone(), config, traffic: t.traffic.clone() });
+            }
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let stored = match scope {
+            BrokerScope::Cluster => &layers.cluster,
+            BrokerScope::Node => &layers.node,
+        };
+        self.catalog.put_broker_configs(scope.catalog_key(), stored)?;
+        tracing::info!(scope = scope.catalog_key(), configs = ?stored, topics_changed = changed.len(), "broker configs changed");
+        *self.defaults.write().expect("defaults lock") = Arc::new(Defaults { layers, topic });
+        for t in changed {
+            self.replace_topic(t);
+        }
         Ok(())
     }
 
@@ -786,6 +919,8 @@ impl Engine {
     fn retention_policy(&self) -> impl Fn(&Tp) -> RetentionPolicy + '_ {
         move |tp: &Tp| {
             self.topic_by_id(&tp.topic)
+                // A compact-only topic keeps old data: its records go by key.
+                .filter(|t| t.config.cleanup.delete)
                 .map(|t| RetentionPolicy {
                     retention_ms: (t.config.retention_ms >= 0).then_some(t.config.retention_ms),
                     retention_bytes: (t.config.retention_bytes >= 0).then_some(t.config.retention_bytes as u64),

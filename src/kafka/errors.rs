@@ -16,6 +16,7 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::InvalidTopic(_) => E::InvalidTopicException.code(),
         EngineError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         EngineError::InvalidConfig(_) => E::InvalidConfig.code(),
+        EngineError::InvalidBrokerConfig(_) => E::InvalidRequest.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::ControlBatch) => E::InvalidRecord.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::BadRecord { .. }) => E::InvalidRecord.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::Inflate(crate::protocol::compression::InflateError::TooLarge { .. })) => E::MessageTooLarge.code(),

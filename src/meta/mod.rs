@@ -16,6 +16,7 @@
 //! scram/<user>                    → v1 JSON {mechanism → ScramCredential} (salt, iterations, stored and server keys)
 //! acl/<type>\0<pattern>\0<name>\0<principal>\0<host>\0<op>\0<perm> → v1 JSON Acl
 //! quota/<user>\0<client-id>       → v1 JSON QuotaRecord (each part empty, \u{1} for the default, or =name)
+//! broker_config/<scope>           → v1 JSON {key → value}: dynamic broker configs, scope `default` (BROKER "") or `node` (this broker)
 //! ```
 //!
 //! Group ids are arbitrary strings, so their keys carry the group's byte
@@ -482,6 +483,21 @@ impl Catalog {
     /// their keys, durably.
     pub fn put_quotas(&self, changes: &[(&str, Option<&crate::auth::quota::QuotaRecord>)]) -> Result<(), MetaError> {
         self.put_batch(changes)
+    }
+
+    /// Replaces the dynamic broker configs of one scope (`default` or
+    /// `node`), durably; an empty map removes the scope.
+    pub fn put_broker_configs(&self, scope: &str, configs: &BTreeMap<String, String>) -> Result<(), MetaError> {
+        self.put_batch(&[(format!("broker_config/{scope}"), (!configs.is_empty()).then_some(configs))])
+    }
+
+    /// The dynamic broker configs of one scope (empty when none are set).
+    pub fn broker_configs(&self, scope: &str) -> Result<BTreeMap<String, String>, MetaError> {
+        let key = format!("broker_config/{scope}");
+        match self.db.get(&key)? {
+            Some(v) => decode(key.as_bytes(), &v),
+            None => Ok(BTreeMap::new()),
+        }
     }
 
     /// Every client quota entity.

@@ -7,6 +7,7 @@ mod admin;
 mod bad_input;
 mod compaction;
 mod compression;
+mod configs;
 mod crash_loop;
 mod crash_recovery;
 mod groups;

@@ -62,12 +62,15 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                     Ok(topic) => {
                         if version >= 5 {
                             r = r.with_num_partitions(topic.partitions()).with_replication_factor(1).with_configs(Some(
-                                topic
-                                    .config
-                                    .describe(&topic.record.configs)
+                                engine
+                                    .describe_topic_configs(&topic)
                                     .into_iter()
-                                    .map(|(k, v, default)| {
-                                        CreatableTopicConfigs::default().with_name(str_bytes(k)).with_value(Some(str_bytes(v))).with_config_source(if default { 5 } else { 1 })
+                                    .map(|d| {
+                                        CreatableTopicConfigs::default()
+                                            .with_name(str_bytes(d.name))
+                                            .with_value(Some(str_bytes(d.value)))
+                                            .with_read_only(d.read_only)
+                                            .with_config_source(d.source as i8)
                                     })
                                     .collect(),
                             ));

@@ -7,6 +7,7 @@
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod alter_client_quotas;
+pub mod alter_configs;
 pub mod alter_user_scram_credentials;
 pub mod api_versions;
 pub mod create_acls;
@@ -26,6 +27,7 @@ pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
+pub mod incremental_alter_configs;
 pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
@@ -103,7 +105,8 @@ throttled!(
     DescribeClusterResponse, OffsetDeleteResponse, InitProducerIdResponse, AddPartitionsToTxnResponse,
     AddOffsetsToTxnResponse, EndTxnResponse, TxnOffsetCommitResponse, DescribeTransactionsResponse,
     ListTransactionsResponse, DescribeUserScramCredentialsResponse, AlterUserScramCredentialsResponse,
-    DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse;
+    DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
+    AlterConfigsResponse, IncrementalAlterConfigsResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -287,6 +290,8 @@ apis! {
     DeleteAcls => delete_acls,
     DescribeClientQuotas => describe_client_quotas,
     AlterClientQuotas => alter_client_quotas,
+    AlterConfigs => alter_configs,
+    IncrementalAlterConfigs => incremental_alter_configs,
 }
 
 /// Turns a topic name from the wire into a `&str`.

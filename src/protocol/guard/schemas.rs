@@ -100,6 +100,15 @@ pub(super) static APIS: &[Api] = &[
         1,
         &alter_client_quotas::REQUEST,
     ),
+    api(33, "AlterConfigs", 0, 2, 2, &alter_configs::REQUEST),
+    api(
+        44,
+        "IncrementalAlterConfigs",
+        0,
+        1,
+        1,
+        &incremental_alter_configs::REQUEST,
+    ),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -857,6 +866,56 @@ pub(super) mod alter_client_quotas {
         "AlterClientQuotasRequest",
         &[
             f("entries", structs(&ENTRY_DATA), 0, 1),
+            f("validate_only", BOOL, 0, 1),
+        ],
+    );
+}
+
+pub(super) mod alter_configs {
+    use super::*;
+    static ALTERABLE_CONFIG: Schema = s(
+        "AlterableConfig",
+        &[f("name", STR, 0, 2), f("value", NSTR, 0, 2)],
+    );
+    static ALTER_CONFIGS_RESOURCE: Schema = s(
+        "AlterConfigsResource",
+        &[
+            f("resource_type", I8, 0, 2),
+            f("resource_name", STR, 0, 2),
+            f("configs", structs(&ALTERABLE_CONFIG), 0, 2),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "AlterConfigsRequest",
+        &[
+            f("resources", structs(&ALTER_CONFIGS_RESOURCE), 0, 2),
+            f("validate_only", BOOL, 0, 2),
+        ],
+    );
+}
+
+pub(super) mod incremental_alter_configs {
+    use super::*;
+    static ALTERABLE_CONFIG: Schema = s(
+        "AlterableConfig",
+        &[
+            f("name", STR, 0, 1),
+            f("config_operation", I8, 0, 1),
+            f("value", NSTR, 0, 1),
+        ],
+    );
+    static ALTER_CONFIGS_RESOURCE: Schema = s(
+        "AlterConfigsResource",
+        &[
+            f("resource_type", I8, 0, 1),
+            f("resource_name", STR, 0, 1),
+            f("configs", structs(&ALTERABLE_CONFIG), 0, 1),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "IncrementalAlterConfigsRequest",
+        &[
+            f("resources", structs(&ALTER_CONFIGS_RESOURCE), 0, 1),
             f("validate_only", BOOL, 0, 1),
         ],
     );

@@ -640,3 +640,4 @@ pub(super) fn alter_client_quotas(_v: i16) -> km::AlterClientQuotasRequest {
         .with_entity(vec![EntityData::default().with_entity_type(st("user")).with_entity_name(Some(st("alice"))), EntityData::default().with_entity_type(st("client-id")).with_entity_name(None)])
         .with_ops(vec![OpData::default().with_key(st("producer_byte_rate")).with_value(1024.0), OpData::default().with_key(st("request_percentage")).with_remove(true)])])
 }
+
