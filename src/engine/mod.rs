@@ -34,7 +34,7 @@ pub mod subtree;
 pub mod topics;
 pub mod txns;
 mod restore;
-mod validate;
+pub mod validate;
 mod waiters;
 mod writer;
 pub(crate) use restore::{covered_ends, restore_producers, snapshot_producers};
@@ -185,8 +185,10 @@ pub enum EngineError {
     Read(#[from] ReadError),
     #[error("the broker is shutting down")]
     ShuttingDown,
-    #[error("record timestamps {min_ts}..{max_ts} are out of the topic's range around now ({now})")]
-    InvalidTimestamp { min_ts: i64, max_ts: i64, now: i64 },
+    /// Records of a batch refused one by one (KIP-467); the partition's
+    /// batches are not written.
+    #[error("{0}")]
+    RecordsRefused(validate::RecordErrors),
     /// An idempotent or transactional producer's batch refused.
     #[error("producer batch refused: {0:?}")]
     ProducerRefused(producers::Refusal),
@@ -757,6 +759,7 @@ impl Engine {
             // Kafka); what it may inflate to is the broker's bound alone.
             max_inflated_bytes: self.cfg.max_inflated_batch_bytes,
             check_timestamps: (topic.config.timestamp_type == TimestampType::CreateTime).then_some((topic.config.timestamp_before_max_ms, topic.config.timestamp_after_max_ms)),
+            keys_required: topic.config.cleanup.compact,
             target: match topic.config.compression {
                 topics::TopicCompression::Producer => None,
                 topics::TopicCompression::Codec(c) => Some(c),

@@ -62,11 +62,72 @@ pub(super) struct Rules {
     pub(super) max_inflated_bytes: usize,
     /// CreateTime topics: (before, after) bounds around `now`.
     pub(super) check_timestamps: Option<(i64, i64)>,
+    /// Compacted topics: every record needs a key.
+    pub(super) keys_required: bool,
     /// A topic compression.type: batches in another codec are recompressed.
     pub(super) target: Option<batch::Compression>,
     pub(super) now: i64,
     /// Producer ids handed out so far are below this.
     pub(super) producer_ids_below: i64,
+}
+
+/// The records of a batch refused one by one, as Produce v8+ reports them
+/// (KIP-467): each record's index in its batch and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordErrors {
+    /// Whether a timestamp is among the reasons (INVALID_TIMESTAMP, which
+    /// Kafka answers before INVALID_RECORD).
+    pub timestamps: bool,
+    pub message: String,
+    pub records: Vec<(i32, String)>,
+}
+
+impl std::fmt::Display for RecordErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl RecordErrors {
+    /// The records of an accepted batch that break a record rule:
+    /// a null key where keys are required, a timestamp outside
+    /// `window` = (before, after) around `now`. None if every record passes.
+    fn find(records: &[u8], h: &BatchHeader, window: Option<(i64, i64)>, now: i64, keys_required: bool) -> Option<RecordErrors> {
+        let mut out = Vec::new();
+        let mut timestamps = false;
+        for r in batch::record_facts(records, h) {
+            if keys_required && r.null_key {
+                out.push((r.index, "Compacted topic cannot accept message without key.".to_owned()));
+            } else if let Some((before, after)) = window {
+                if now.saturating_sub(r.timestamp) > before || r.timestamp.saturating_sub(now) > after {
+                    timestamps = true;
+                    out.push((r.index, format!("Timestamp {} of message with offset {} is out of range. The timestamp should be within [{}, {}]", r.timestamp, r.index, now.saturating_sub(before), now.saturating_add(after))));
+                }
+            }
+        }
+        if out.is_empty() {
+            return None;
+        }
+        let message = if timestamps {
+            "One or more records have been rejected due to invalid timestamp".to_owned()
+        } else {
+            let shown: Vec<String> = out.iter().take(3).map(|(i, why)| format!("record {i}: {why}")).collect();
+            format!("One or more records have been rejected due to {} record errors in total, and only showing the first three errors at most: [{}]", out.len(), shown.join(", "))
+        };
+        Some(RecordErrors { timestamps, message, records: out })
+    }
+
+    /// A malformed record is reported with its index too.
+    fn of_batch(e: BatchError) -> EngineError {
+        match e {
+            BatchError::BadRecord { index, why } => EngineError::RecordsRefused(RecordErrors {
+                timestamps: false,
+                message: format!("record {index} of the batch is malformed: {why}"),
+                records: vec![(index, format!("malformed: {why}"))],
+            }),
+            e => EngineError::Corrupt(e),
+        }
+    }
 }
 
 /// Batches larger than this are validated on the CPU pool even when they
@@ -101,12 +162,13 @@ impl Rules {
             }
             let h = batch::validate(b, limit)?;
             let inflated = batch::records_of(b, &h, self.max_inflated_bytes)?;
-            let (min_ts, max_ts) = batch::check_records(&inflated, &h)?;
+            let (min_ts, max_ts) = batch::check_records(&inflated, &h).map_err(RecordErrors::of_batch)?;
             // Records without a timestamp (-1) are not checked, as in Kafka.
-            if let Some((before, after)) = self.check_timestamps.filter(|_| h.base_timestamp >= 0) {
-                let now = self.now;
-                if now.saturating_sub(min_ts) > before || max_ts.saturating_sub(now) > after {
-                    return Err(EngineError::InvalidTimestamp { min_ts, max_ts, now });
+            let now = self.now;
+            let window = self.check_timestamps.filter(|_| h.base_timestamp >= 0).filter(|(before, after)| now.saturating_sub(min_ts) > *before || max_ts.saturating_sub(now) > *after);
+            if window.is_some() || self.keys_required {
+                if let Some(refused) = RecordErrors::find(&inflated, &h, window, now, self.keys_required) {
+                    return Err(EngineError::RecordsRefused(refused));
                 }
             }
             // Only ids this broker handed out: state per producer id is
@@ -154,3 +216,43 @@ impl Rules {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::batch::tests::make_keyed_batch;
+
+    fn rules(window: Option<(i64, i64)>, keys_required: bool) -> Rules {
+        Rules { max_message_bytes: 1 << 20, max_inflated_bytes: 1 << 20, check_timestamps: window, keys_required, target: None, now: 10_000, producer_ids_below: 1 }
+    }
+
+    fn refused(r: Result<Validated, EngineError>) -> RecordErrors {
+        match r {
+            Err(EngineError::RecordsRefused(e)) => e,
+            other => panic!("expected record errors, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_refused_record_is_named_by_its_index() {
+        // Timestamps 1_000, 1_001, 1_002 (base 1_000): the window keeps
+        // only what is at most 8_998 ms old, so records 0 and 1 are refused.
+        let b = Bytes::from(make_keyed_batch(&[Some(b"a"), Some(b"b"), Some(b"c")], &[b"x", b"y", b"z"], 1_000));
+        let e = refused(rules(Some((8_998, 0)), false).validate(b.clone()));
+        assert!(e.timestamps);
+        assert_eq!(e.records.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1]);
+        assert!(rules(Some((9_000, 0)), false).validate(b).is_ok(), "every record inside the window");
+
+        // Null keys where keys are required; a timestamp fault elsewhere
+        // makes the answer INVALID_TIMESTAMP, as Kafka's.
+        let b = Bytes::from(make_keyed_batch(&[None, Some(b"b"), None], &[b"x", b"y", b"z"], 1_000));
+        let e = refused(rules(None, true).validate(b.clone()));
+        assert!(!e.timestamps);
+        assert_eq!(e.records.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 2]);
+        assert!(e.message.contains("2 record errors"), "{}", e.message);
+        let e = refused(rules(Some((8_998, 0)), true).validate(b.clone()));
+        assert!(e.timestamps);
+        assert_eq!(e.records.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2]);
+        assert!(rules(None, false).validate(b).is_ok(), "null keys are fine where keys are not required");
+    }
+}

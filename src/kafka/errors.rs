@@ -38,7 +38,8 @@ pub fn code(e: &EngineError) -> i16 {
             Refusal::UnknownProducer => E::UnknownProducerId.code(),
             Refusal::NotInTransaction => E::InvalidTxnState.code(),
         },
-        EngineError::InvalidTimestamp { .. } => E::InvalidTimestamp.code(),
+        EngineError::RecordsRefused(r) if r.timestamps => E::InvalidTimestamp.code(),
+        EngineError::RecordsRefused(_) => E::InvalidRecord.code(),
     }
 }
 

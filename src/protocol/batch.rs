@@ -284,6 +284,43 @@ fn walk_records(mut rest: &[u8], count: i32) -> Result<(i64, i64), BatchError> {
     Ok((min_ts, max_ts))
 }
 
+/// What a record-level rule needs of one record: its index in the batch,
+/// its timestamp (base timestamp plus delta) and whether its key is null.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordFacts {
+    pub index: i32,
+    pub timestamp: i64,
+    pub null_key: bool,
+}
+
+/// Each record of the (inflated) records of a batch that
+/// [`check_records`] accepted. Stops early, and short, only if they were
+/// not accepted (a debug assertion then).
+pub fn record_facts<'a>(records: &'a [u8], header: &BatchHeader) -> impl Iterator<Item = RecordFacts> + 'a {
+    let base = header.base_timestamp;
+    let mut rest = records;
+    let mut index = 0;
+    let count = header.records_count;
+    std::iter::from_fn(move || {
+        if index >= count {
+            return None;
+        }
+        let facts = (|| {
+            let (len, n) = varint(rest)?;
+            let rec = rest.get(n..)?.get(..usize::try_from(len).ok()?)?;
+            rest = &rest[n + rec.len()..];
+            let mut c = Cursor { rec, p: 1 };
+            let ts = c.varint()?;
+            c.varint()?;
+            let null_key = c.varint()? == -1;
+            Some(RecordFacts { index, timestamp: base.saturating_add(ts), null_key })
+        })();
+        debug_assert!(facts.is_some(), "record_facts walks only accepted records");
+        index += 1;
+        facts
+    })
+}
+
 /// Splits the `records` field of a produce partition into its batches,
 /// checking each header against the bytes present. Nothing is allocated per
 /// wire length: each item is a sub-slice of `buf`.
@@ -615,12 +652,23 @@ pub(crate) mod tests {
 
     /// Builds a valid uncompressed batch of `n` records with the given values.
     pub fn make_batch(values: &[&[u8]], base_ts: i64) -> Vec<u8> {
+        make_keyed_batch(&vec![None; values.len()], values, base_ts)
+    }
+
+    /// [`make_batch`] with a key per record.
+    pub fn make_keyed_batch(keys: &[Option<&[u8]>], values: &[&[u8]], base_ts: i64) -> Vec<u8> {
         let mut records = Vec::new();
-        for (i, v) in values.iter().enumerate() {
+        for (i, (v, k)) in values.iter().zip(keys).enumerate() {
             let mut rec = vec![0u8];
             put_varint(&mut rec, i as i64); // timestamp delta
             put_varint(&mut rec, i as i64); // offset delta
-            put_varint(&mut rec, -1); // null key
+            match k {
+                None => put_varint(&mut rec, -1),
+                Some(k) => {
+                    put_varint(&mut rec, k.len() as i64);
+                    rec.extend_from_slice(k);
+                }
+            }
             put_varint(&mut rec, v.len() as i64);
             rec.extend_from_slice(v);
             put_varint(&mut rec, 0); // headers
@@ -646,6 +694,16 @@ pub(crate) mod tests {
         let crc = crc32c::crc32c(&b[OFF_ATTRIBUTES..]);
         b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
         b
+    }
+
+    #[test]
+    fn record_facts_give_each_records_index_timestamp_and_key() {
+        let b = make_keyed_batch(&[Some(b"k"), None, Some(b"")], &[b"a", b"b", b"c"], 1_000);
+        let h = validate(&b, 1 << 20).unwrap();
+        let records = records_of(&b, &h, 1 << 20).unwrap();
+        check_records(&records, &h).unwrap();
+        let facts: Vec<_> = record_facts(&records, &h).map(|f| (f.index, f.timestamp, f.null_key)).collect();
+        assert_eq!(facts, [(0, 1_000, false), (1, 1_001, true), (2, 1_002, false)]);
     }
 
     #[test]

@@ -111,3 +111,92 @@ async fn timestamps_outside_the_topic_limits_are_refused() {
     assert_eq!(strict.len(), 1, "only the in-range record was stored");
     broker.shutdown().await;
 }
+
+/// KIP-467 through librdkafka: a null key on a compacted topic refuses
+/// that record's batch (Kafka appends a batch whole or not at all); the
+/// record is reported INVALID_RECORD, and the other partition's records
+/// are written. On the wire, Produce v8+ names the record by its index in
+/// the batch; v7 has only the code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_key_on_a_compacted_topic_is_refused_record_by_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    let t = NewTopic::new("changelog", 2, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    admin.create_topics([&t], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    let mut cfg = common::producer_config(addr, "all");
+    // One batch per partition, sent together.
+    cfg.set("linger.ms", "500").set("message.timeout.ms", "10000");
+    let producer: FutureProducer = cfg.create().unwrap();
+    let t = Duration::from_secs(10);
+    let sends = vec![
+        producer.send_result(FutureRecord::<[u8], [u8]>::to("changelog").partition(0).key(&b"k0"[..]).payload(&b"a"[..])).unwrap(),
+        producer.send_result(FutureRecord::<[u8], [u8]>::to("changelog").partition(0).payload(&b"no key"[..])).unwrap(),
+        producer.send_result(FutureRecord::<[u8], [u8]>::to("changelog").partition(0).key(&b"k2"[..]).payload(&b"c"[..])).unwrap(),
+        producer.send_result(FutureRecord::<[u8], [u8]>::to("changelog").partition(1).key(&b"k3"[..]).payload(&b"d"[..])).unwrap(),
+        producer.send_result(FutureRecord::<[u8], [u8]>::to("changelog").partition(1).key(&b"k4"[..]).payload(&b"e"[..])).unwrap(),
+    ];
+    let mut outcomes = Vec::new();
+    for s in sends {
+        let r = tokio::time::timeout(t, s).await.expect("delivered").expect("not cancelled");
+        outcomes.push(r.map(|d| (d.partition, d.offset)).map_err(|(e, _)| e));
+    }
+    let code = |r: &Result<(i32, i64), KafkaError>| match r {
+        Err(KafkaError::MessageProduction(c)) => Some(*c),
+        _ => None,
+    };
+    assert_eq!(code(&outcomes[1]), Some(RDKafkaErrorCode::InvalidRecord), "{outcomes:?}");
+    // librdkafka 2.12 reports the batch mates of the refused record with
+    // the partition's code too, though record_errors names record 1 alone
+    // (checked on the wire below).
+    assert!(code(&outcomes[0]).is_some() && code(&outcomes[2]).is_some(), "the batch is refused whole: {outcomes:?}");
+
+    assert_eq!(outcomes[3].as_ref().ok(), Some(&(1, 0)));
+    assert_eq!(outcomes[4].as_ref().ok(), Some(&(1, 1)));
+    drop(producer);
+
+    // On the wire: v9 names record 1; v7 carries the code alone.
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+    let records: Vec<kafka_protocol::records::Record> = [Some("k"), None, Some("k")]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| kafka_protocol::records::Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: kafka_protocol::records::TimestampType::Creation,
+            offset: i as i64,
+            // Offsets and sequences in step keep the encoder to one batch.
+            sequence: i as i32 - 1,
+            timestamp: now_ms(),
+            key: k.map(|k| bytes::Bytes::from(k.as_bytes().to_vec())),
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = bytes::BytesMut::new();
+    kafka_protocol::records::RecordBatchEncoder::encode(&mut buf, &records, &kafka_protocol::records::RecordEncodeOptions { version: 2, compression: kafka_protocol::records::Compression::None }).unwrap();
+    let batch = buf.freeze();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for version in [9i16, 7] {
+        let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_transactional_id(None).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("changelog")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch.clone()))])]);
+        let resp: ProduceResponse = common::call(&mut sock, 0, version, version as i32, &req).await;
+        let p = &resp.responses[0].partition_responses[0];
+        assert_eq!(p.error_code, 87, "INVALID_RECORD");
+        if version >= 8 {
+            assert_eq!(p.record_errors.iter().map(|e| e.batch_index).collect::<Vec<_>>(), [1], "{:?} {:?}", p.record_errors, p.error_message);
+            assert!(p.error_message.as_ref().is_some_and(|m| m.contains("1 record errors")), "{:?}", p.error_message);
+        }
+    }
+    let consumer: rdkafka::consumer::BaseConsumer = common::consumer_config(addr).create().unwrap();
+    use rdkafka::consumer::Consumer;
+    assert_eq!(consumer.fetch_watermarks("changelog", 0, t).unwrap(), (0, 0), "nothing of a refused batch is written");
+    broker.shutdown().await;
+}

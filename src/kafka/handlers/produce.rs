@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse};
 pub use kafka_protocol::messages::{ProduceRequest as Request, ProduceResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
@@ -133,6 +133,35 @@ impl Refused {
     }
 }
 
+/// A partition's refusal: its code, and from v8 its message and the
+/// records refused one by one (KIP-467), which clients report per record.
+struct Failed {
+    code: i16,
+    message: Option<String>,
+    records: Vec<(i32, String)>,
+}
+
+impl Failed {
+    fn of(e: &EngineError) -> Failed {
+        let code = errors::code(e);
+        match e {
+            EngineError::RecordsRefused(r) => Failed { code, message: Some(r.message.clone()), records: r.records.clone() },
+            // What the client sent is wrong: say what.
+            EngineError::Corrupt(_) | EngineError::MessageTooLarge { .. } | EngineError::InvalidTopic(_) => Failed { code, message: Some(e.to_string()), records: Vec::new() },
+            _ => Failed { code, message: None, records: Vec::new() },
+        }
+    }
+
+    fn answer(self, r: PartitionProduceResponse, version: i16) -> PartitionProduceResponse {
+        let r = r.with_error_code(self.code);
+        if version < 8 {
+            return r;
+        }
+        let records = self.records.into_iter().map(|(i, why)| BatchIndexAndErrorMessage::default().with_batch_index(i).with_batch_index_error_message(Some(super::str_bytes(why)))).collect();
+        r.with_error_message(self.message.map(super::str_bytes)).with_record_errors(records)
+    }
+}
+
 /// acks=0 requests get no answer at all; one that failed closes the
 /// connection (as Kafka does), the only way such a producer learns of it.
 pub enum Reply {
@@ -226,10 +255,11 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
         for (p, _) in topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k) {
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
-                (Err(e), _) => Err(Some(e.code())),
+                (Err(Refused::Engine(e)), _) => Err(Some(Failed::of(e))),
+                (Err(e), _) => Err(Some(Failed { code: e.code(), message: None, records: Vec::new() })),
                 (Ok(t), Some(ack)) => {
                     let records = p.records.unwrap_or_default();
-                    broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(errors::code(&e)))
+                    broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(Failed::of(&e)))
                 }
             };
             parts.push((p.index, submitted));
@@ -244,7 +274,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
             let mut r = PartitionProduceResponse::default().with_index(index).with_base_offset(-1).with_log_append_time_ms(-1).with_log_start_offset(-1);
             match submitted {
                 Err(None) => r = r.with_error_code(ResponseError::InvalidRequiredAcks.code()),
-                Err(Some(code)) => r = r.with_error_code(code),
+                Err(Some(failed)) => r = failed.answer(r, version),
                 Ok(wait) => match wait.wait().await {
                     Ok(a) => {
                         r = r.with_base_offset(a.base_offset).with_log_append_time_ms(a.log_append_time);
@@ -252,7 +282,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                             r = r.with_log_start_offset(a.log_start);
                         }
                     }
-                    Err(e) => r = r.with_error_code(errors::code(&e)),
+                    Err(e) => r = Failed::of(&e).answer(r, version),
                 },
             }
             partition_responses.push(r);
