@@ -829,6 +829,15 @@ impl Engine {
         Ok(self.storage.offset_for_timestamp(tp, ts)?)
     }
 
+    /// The first record with the tp's largest timestamp, with that
+    /// timestamp (ListOffsets -3); None when the tp is empty.
+    pub fn offset_of_max_timestamp(&self, tp: &Tp) -> Result<Option<(i64, i64)>, EngineError> {
+        match self.storage.max_timestamp(tp)? {
+            Some(max) => Ok(self.storage.offset_for_timestamp(tp, max)?),
+            None => Ok(None),
+        }
+    }
+
     /// Reads for a `read_committed` consumer: only below the last stable
     /// offset, with the aborted transactions that have records in what is
     /// returned. Does file I/O.

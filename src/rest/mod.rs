@@ -560,6 +560,8 @@ pub(crate) fn engine_error(e: EngineError, topic: &str) -> RestError {
     match e {
         EngineError::UnknownTopicOrPartition => RestError::topic_not_found(topic),
         EngineError::InvalidTopic(e) => RestError::unprocessable(e.to_string()),
+        // A null key for a compacted topic, a timestamp out of its range.
+        EngineError::RecordsRefused(e) => RestError::unprocessable(e.to_string()),
         EngineError::MessageTooLarge { .. } => RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, e.to_string()),
         EngineError::ShuttingDown => RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string()),
         EngineError::AutoCreateDeferred => {

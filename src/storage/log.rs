@@ -1055,6 +1055,19 @@ impl Storage {
         *part.ahead.lock().expect("read-ahead lock") = Some(Box::new(a));
     }
 
+    /// The largest timestamp among the tp's batches from its log start,
+    /// from the summaries stores and segments keep (no data is read), or
+    /// None when it has no batch. A segment partly below the log start
+    /// counts whole, as Kafka's segment-level maximum does.
+    pub fn max_timestamp(&self, tp: &Tp) -> Result<Option<i64>, ReadError> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
+        let segs = part.branch.segs.read().expect("segments lock").clone();
+        let st = part.st.read().expect("partition lock");
+        let stored = st.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= st.log_start).map(|t| t.max_ts);
+        let logged: Vec<i64> = segs.iter().filter_map(|s| s.tps.lock().expect("segment tps lock").get(tp).copied()).filter(|s| s.last_offset >= st.log_start).map(|s| s.max_ts).collect();
+        Ok(stored.chain(logged).max())
+    }
+
     /// The earliest offset whose timestamp is at or after `ts`, with that
     /// timestamp (ListOffsets by time). Exact for uncompressed batches; for
     /// compressed ones the batch's base offset and max timestamp.

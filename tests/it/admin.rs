@@ -1,6 +1,6 @@
 //! Admin and offsets through librdkafka: CreateTopics, CreatePartitions,
 //! DescribeConfigs, DeleteTopics, and ListOffsets earliest / latest / by
-//! timestamp.
+//! timestamp / max timestamp.
 
 use crate::common;
 
@@ -81,6 +81,26 @@ async fn topics_configs_and_offsets() {
     assert_eq!(lookup(1_004_500), Offset::Offset(5));
     assert_eq!(lookup(0), Offset::Offset(0));
     assert_eq!(lookup(9_000_000), Offset::End);
+
+    // Max timestamp (-3): the first record with the largest timestamp,
+    // not the last record.
+    for (i, ts) in [5_000i64, 9_000, 7_000, 9_000, 1_000].into_iter().enumerate() {
+        let key = format!("m{i}");
+        producer.send(FutureRecord::to("ops.audit.log").partition(2).key(&key).payload("v").timestamp(ts), Duration::from_secs(30)).await.expect("acked");
+    }
+    // (The rdkafka crate does not take -3; the Java AdminClient's
+    // OffsetSpec.maxTimestamp() sends this request.)
+    {
+        use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+        use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, TopicName};
+        let req = ListOffsetsRequest::default().with_replica_id((-1).into()).with_topics(vec![ListOffsetsTopic::default()
+            .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("ops.audit.log")))
+            .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(2).with_timestamp(-3)])]);
+        let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let resp: ListOffsetsResponse = common::call(&mut sock, 2, 8, 1, &req).await;
+        let p = &resp.topics[0].partitions[0];
+        assert_eq!((p.error_code, p.offset, p.timestamp), (0, 1, 9_000));
+    }
 
     // Delete; then it is gone from metadata and producing fails.
     let deleted = admin.delete_topics(&["ops.audit.log"], &opts).await.unwrap();

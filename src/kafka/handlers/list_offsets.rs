@@ -88,7 +88,13 @@ fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r:
         LATEST if committed => r.with_offset(engine.last_stable_offset(tp, hw)),
         LATEST => r.with_offset(hw),
         EARLIEST | EARLIEST_LOCAL => r.with_offset(log_start),
-        MAX_TIMESTAMP => r.with_offset(if hw > log_start { hw - 1 } else { -1 }),
+        // The record with the largest timestamp (the first of them), not
+        // the last record: Kafka 3.7 and later.
+        MAX_TIMESTAMP => match engine.offset_of_max_timestamp(tp) {
+            Ok(Some((offset, ts))) => r.with_offset(offset).with_timestamp(ts),
+            Ok(None) => r,
+            Err(e) => r.with_error_code(errors::code(&e)),
+        },
         ts if ts < 0 => r.with_error_code(ResponseError::InvalidRequest.code()),
         ts => match engine.offset_for_timestamp(tp, ts) {
             Ok(Some((offset, found_ts))) => r.with_offset(offset).with_timestamp(found_ts),
