@@ -912,6 +912,14 @@ impl Engine {
         rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
+    /// The producers with state in each of `tps`, in order
+    /// (DescribeProducers), asked of the writer that owns that state.
+    pub async fn describe_producers(&self, tps: Vec<Tp>) -> Result<Vec<Vec<producers::ActiveProducer>>, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer.send(WriteCmd::DescribeProducers { tps, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)
+    }
+
     /// Transactions with data in a partition and no marker yet.
     pub fn open_txns(&self) -> Vec<(Tp, txns::OpenTxn)> {
         self.txns.read().expect("txns lock").ongoing()

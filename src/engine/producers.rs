@@ -41,6 +41,8 @@ struct Entry {
     epoch: i16,
     batches: VecDeque<Cached>,
     last_used_ms: i64,
+    /// The largest timestamp of its last batch (-1: none seen).
+    last_timestamp: i64,
     /// Every batch of this epoch since sequence 0 went through the check,
     /// so a sequence before the window was written: DUPLICATE is safe to
     /// say. Not so for state picked up mid-stream (expired, lost, or a
@@ -85,12 +87,14 @@ pub struct BatchIds {
     pub base_sequence: i32,
     /// Records in the batch (last offset delta + 1).
     pub count: i32,
+    /// The batch's largest timestamp (DescribeProducers shows the last).
+    pub max_timestamp: i64,
 }
 
 impl BatchIds {
     /// The producer fields of a batch's header.
     pub fn of(h: &crate::protocol::batch::BatchHeader) -> BatchIds {
-        BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1) }
+        BatchIds { producer_id: h.producer_id, epoch: h.producer_epoch, base_sequence: h.base_sequence, count: h.last_offset_delta.saturating_add(1), max_timestamp: h.max_timestamp }
     }
 
     fn last_seq(&self) -> i32 {
@@ -132,6 +136,24 @@ struct SnapEntry {
     batches: Vec<Cached>,
     #[serde(default)]
     complete: bool,
+    #[serde(default = "no_timestamp")]
+    last_timestamp: i64,
+}
+
+fn no_timestamp() -> i64 {
+    -1
+}
+
+/// A producer with state in a partition, as DescribeProducers shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveProducer {
+    pub producer_id: i64,
+    pub epoch: i16,
+    /// -1 when no batch of this epoch was seen (a fence alone).
+    pub last_sequence: i32,
+    pub last_timestamp: i64,
+    /// Where its open transaction starts in the partition (-1: none).
+    pub txn_start_offset: i64,
 }
 
 /// A loaded snapshot: producer state, transactions, and the log end per tp
@@ -150,6 +172,30 @@ impl Producers {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The producers with state in each of `tps` (in order), each with
+    /// the start of its open transaction there, if `txns` has one.
+    pub fn describe(&self, tps: &[Tp], txns: &Txns) -> Vec<Vec<ActiveProducer>> {
+        let mut by_tp: HashMap<Tp, Vec<ActiveProducer>> = tps.iter().map(|tp| (*tp, Vec::new())).collect();
+        for ((pid, tp), e) in &self.entries {
+            if let Some(list) = by_tp.get_mut(tp) {
+                list.push(ActiveProducer {
+                    producer_id: *pid,
+                    epoch: e.epoch,
+                    last_sequence: e.batches.back().map_or(-1, |c| c.last_seq),
+                    last_timestamp: e.last_timestamp,
+                    txn_start_offset: txns.open_start(tp, *pid).unwrap_or(-1),
+                });
+            }
+        }
+        tps.iter()
+            .map(|tp| {
+                let mut list = by_tp.get(tp).cloned().unwrap_or_default();
+                list.sort_by_key(|p| p.producer_id);
+                list
+            })
+            .collect()
     }
 
     /// The tps some producer has state in: once per producer there, in no
@@ -203,6 +249,7 @@ impl Producers {
             epoch: ids.epoch,
             batches: VecDeque::with_capacity(WINDOW),
             last_used_ms: now_ms,
+            last_timestamp: -1,
             complete: ids.base_sequence == 0,
         });
         if ids.epoch != e.epoch {
@@ -217,6 +264,7 @@ impl Producers {
             e.last_used_ms = now_ms;
             return;
         }
+        e.last_timestamp = ids.max_timestamp;
         e.batches.push_back(cached);
         if e.batches.len() > WINDOW {
             e.batches.pop_front();
@@ -228,7 +276,7 @@ impl Producers {
     /// `tp`: a newer epoch fences the older one there (its batches are
     /// refused from now on) and starts its sequences over.
     pub fn fence(&mut self, tp: Tp, producer_id: i64, epoch: i16, now_ms: i64) {
-        let e = self.entries.entry((producer_id, tp)).or_insert_with(|| Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, complete: false });
+        let e = self.entries.entry((producer_id, tp)).or_insert_with(|| Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false });
         if epoch > e.epoch {
             e.epoch = epoch;
             e.batches.clear();
@@ -323,6 +371,7 @@ impl Producers {
                     last_used_ms: e.last_used_ms,
                     batches: e.batches.iter().copied().collect(),
                     complete: e.complete,
+                    last_timestamp: e.last_timestamp,
                 })
                 .collect(),
             covered: covered.iter().map(|(tp, end)| (crate::meta::hex(&tp.topic), tp.partition, *end)).collect(),
@@ -343,7 +392,7 @@ impl Producers {
             if e.batches.len() > WINDOW {
                 return Err("more batches than the window".into());
             }
-            p.entries.insert((e.producer_id, tp(&e.topic, e.partition)?), Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete });
+            p.entries.insert((e.producer_id, tp(&e.topic, e.partition)?), Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp });
         }
         let mut covered = HashMap::new();
         for (topic, partition, end) in file.covered {
@@ -366,7 +415,7 @@ mod tests {
     }
 
     fn ids(epoch: i16, seq: i32, count: i32) -> BatchIds {
-        BatchIds { producer_id: 1000, epoch, base_sequence: seq, count }
+        BatchIds { producer_id: 1000, epoch, base_sequence: seq, count, max_timestamp: 0 }
     }
 
     /// Appends as the writer would: check, then record at `next` offsets.
@@ -431,7 +480,7 @@ mod tests {
         assert_eq!(append(&mut p, ids(0, i32::MAX - 1, 2), &mut next), Check::Append);
         assert_eq!(append(&mut p, ids(0, 0, 3), &mut next), Check::Append);
         assert_eq!(p.check(tp(), ids(0, i32::MAX - 1, 2)), Check::Duplicate { base_offset: 0, last_offset: 1 });
-        let plain = BatchIds { producer_id: -1, epoch: -1, base_sequence: -1, count: 1 };
+        let plain = BatchIds { producer_id: -1, epoch: -1, base_sequence: -1, count: 1, max_timestamp: 0 };
         assert_eq!(p.check(tp(), plain), Check::Append);
         assert_eq!(p.check(tp(), ids(0, -1, 1)), Check::Refuse(Refusal::InvalidRecord));
     }

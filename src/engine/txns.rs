@@ -126,6 +126,11 @@ impl Txns {
         t.aborted.range(start..).any(|a| a.producer_id == producer_id && a.first_offset <= offset)
     }
 
+    /// Where `producer_id`'s open transaction starts in `tp`, if it has one.
+    pub fn open_start(&self, tp: &Tp, producer_id: i64) -> Option<i64> {
+        self.tps.get(tp)?.ongoing.iter().find(|o| o.producer_id == producer_id).map(|o| o.first_offset)
+    }
+
     /// Open transactions per tp (for recovery: those the coordinator does
     /// not know of are aborted).
     pub fn ongoing(&self) -> Vec<(Tp, OpenTxn)> {

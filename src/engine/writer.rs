@@ -93,6 +93,9 @@ pub(super) enum WriteCmd {
     /// A change to the log's structure that retention or compaction
     /// prepared (see `storage::log::switch`); answered once applied.
     Switch { switch: Switch, reply: oneshot::Sender<Result<(), StorageError>> },
+    /// The producers with state in each tp (DescribeProducers): the writer
+    /// owns that state, so it answers, in order with the appends.
+    DescribeProducers { tps: Vec<Tp>, reply: oneshot::Sender<Vec<Vec<producers::ActiveProducer>>> },
     Shutdown(oneshot::Sender<()>),
     /// Panics on the writer thread (tests of the poison path).
     #[cfg(test)]
@@ -210,6 +213,9 @@ impl Writer {
                 WriteCmd::CloseTxn { producer_id, tps, reply } => self.close_txn(producer_id, &tps, reply),
                 WriteCmd::Switch { switch, reply } => {
                     let _ = reply.send(self.log.apply(switch));
+                }
+                WriteCmd::DescribeProducers { tps, reply } => {
+                    let _ = reply.send(self.producers.describe(&tps, &self.shared.txns.read().expect("txns lock")));
                 }
                 WriteCmd::Shutdown(done) => shutdown = Some(done),
                 #[cfg(test)]
@@ -397,7 +403,7 @@ fn refuse(cmd: WriteCmd, why: &str) {
             let _ = reply.send(Err(StorageError::Poisoned(why.to_owned())));
         }
         // Dropping the reply tells the caller the writer is gone.
-        WriteCmd::CloseTxn { .. } => {}
+        WriteCmd::CloseTxn { .. } | WriteCmd::DescribeProducers { .. } => {}
         WriteCmd::Shutdown(done) => {
             let _ = done.send(());
         }

@@ -15,6 +15,7 @@ mod hostile;
 mod idempotence;
 mod long_poll;
 mod metrics;
+mod operator;
 mod oauth;
 mod pipelining;
 mod produce_fetch;

@@ -21,6 +21,8 @@ pub mod describe_acls;
 pub mod describe_client_quotas;
 pub mod describe_cluster;
 pub mod describe_configs;
+pub mod describe_producers;
+pub mod describe_topic_partitions;
 pub mod describe_transactions;
 pub mod describe_user_scram_credentials;
 pub mod end_txn;
@@ -106,7 +108,8 @@ throttled!(
     AddOffsetsToTxnResponse, EndTxnResponse, TxnOffsetCommitResponse, DescribeTransactionsResponse,
     ListTransactionsResponse, DescribeUserScramCredentialsResponse, AlterUserScramCredentialsResponse,
     DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
-    AlterConfigsResponse, IncrementalAlterConfigsResponse;
+    AlterConfigsResponse, IncrementalAlterConfigsResponse, DescribeProducersResponse,
+    DescribeTopicPartitionsResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -292,6 +295,8 @@ apis! {
     AlterClientQuotas => alter_client_quotas,
     AlterConfigs => alter_configs,
     IncrementalAlterConfigs => incremental_alter_configs,
+    DescribeProducers => describe_producers,
+    DescribeTopicPartitions => describe_topic_partitions,
 }
 
 /// Turns a topic name from the wire into a `&str`.

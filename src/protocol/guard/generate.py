@@ -217,7 +217,7 @@ class Gen:
             if arr:
                 return f"nstructs({static})" if n else f"structs({static})"
             if n:
-                fail(f"{what}: a nullable struct")
+                return f"Ty::NStruct({static})"
             return f"Ty::Struct({static})"
 
         return nullable_in, rust

@@ -258,6 +258,9 @@ enum Ty {
         elem: Elem,
     },
     Struct(&'static Schema),
+    /// A nullable struct: an i8 marker (1: the struct follows; anything
+    /// else: null, as the crate reads it), then the struct.
+    NStruct(&'static Schema),
 }
 
 /// Element type of an array.
@@ -516,6 +519,7 @@ impl Walker<'_> {
             Ty::Fixed(width) => width as u64,
             Ty::Str { .. } => prefix(false),
             Ty::Bytes { .. } | Ty::Array { .. } => prefix(true),
+            Ty::NStruct(_) => 1,
             Ty::Struct(schema) => {
                 let fields: u64 = schema
                     .fields
@@ -611,6 +615,12 @@ impl Walker<'_> {
                 }
             }
             Ty::Struct(schema) => self.walk_struct(schema, depth + 1)?,
+            Ty::NStruct(schema) => {
+                let marker = self.take(1, at)?;
+                if self.buf[marker] == 1 {
+                    self.walk_struct(schema, depth + 1)?;
+                }
+            }
         }
         Ok(())
     }

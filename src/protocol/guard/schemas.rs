@@ -109,6 +109,22 @@ pub(super) static APIS: &[Api] = &[
         1,
         &incremental_alter_configs::REQUEST,
     ),
+    api(
+        61,
+        "DescribeProducers",
+        0,
+        0,
+        0,
+        &describe_producers::REQUEST,
+    ),
+    api(
+        75,
+        "DescribeTopicPartitions",
+        0,
+        0,
+        0,
+        &describe_topic_partitions::REQUEST,
+    ),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -917,6 +933,35 @@ pub(super) mod incremental_alter_configs {
         &[
             f("resources", structs(&ALTER_CONFIGS_RESOURCE), 0, 1),
             f("validate_only", BOOL, 0, 1),
+        ],
+    );
+}
+
+pub(super) mod describe_producers {
+    use super::*;
+    static TOPIC_REQUEST: Schema = s(
+        "TopicRequest",
+        &[f("name", STR, 0, 0), f("partition_indexes", I32S, 0, 0)],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "DescribeProducersRequest",
+        &[f("topics", structs(&TOPIC_REQUEST), 0, 0)],
+    );
+}
+
+pub(super) mod describe_topic_partitions {
+    use super::*;
+    static TOPIC_REQUEST: Schema = s("TopicRequest", &[f("name", STR, 0, 0)]);
+    static CURSOR: Schema = s(
+        "Cursor",
+        &[f("topic_name", STR, 0, 0), f("partition_index", I32, 0, 0)],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "DescribeTopicPartitionsRequest",
+        &[
+            f("topics", structs(&TOPIC_REQUEST), 0, 0),
+            f("response_partition_limit", I32, 0, 0),
+            f("cursor", Ty::NStruct(&CURSOR), 0, 0),
         ],
     );
 }

@@ -120,6 +120,8 @@ fn every_case() -> Vec<Case> {
         case!(DeleteAclsRequest, delete_acls),
         case!(DescribeClientQuotasRequest, describe_client_quotas),
         case!(AlterClientQuotasRequest, alter_client_quotas),
+        case!(DescribeProducersRequest, describe_producers),
+        case!(DescribeTopicPartitionsRequest, describe_topic_partitions),
     ]
 }
 
@@ -304,6 +306,8 @@ fn minimal(ty: Ty, version: i16, flexible: bool, out: &mut Vec<u8>) {
         (true, Ty::Str { .. } | Ty::Bytes { .. } | Ty::Array { .. }) => &[1],
         (false, Ty::Str { .. }) => &[0, 0],
         (false, Ty::Bytes { .. } | Ty::Array { .. }) => &[0, 0, 0, 0],
+        // Null: the marker alone.
+        (_, Ty::NStruct(_)) => &[0xff],
         (_, Ty::Struct(schema)) => {
             for field in schema
                 .fields
@@ -389,7 +393,7 @@ fn huge_top_level_counts_and_lengths_are_rejected() {
                 .filter(|f| (f.min..=f.max).contains(&version))
                 .collect();
             for (i, field) in present.iter().enumerate() {
-                if matches!(field.ty, Ty::Fixed(_) | Ty::Struct(_)) {
+                if matches!(field.ty, Ty::Fixed(_) | Ty::Struct(_) | Ty::NStruct(_)) {
                     continue;
                 }
                 let mut body = Vec::new();

@@ -641,3 +641,16 @@ pub(super) fn alter_client_quotas(_v: i16) -> km::AlterClientQuotasRequest {
         .with_ops(vec![OpData::default().with_key(st("producer_byte_rate")).with_value(1024.0), OpData::default().with_key(st("request_percentage")).with_remove(true)])])
 }
 
+
+pub(super) fn describe_producers(_v: i16) -> km::DescribeProducersRequest {
+    use km::describe_producers_request::TopicRequest;
+    km::DescribeProducersRequest::default().with_topics(vec![TopicRequest::default().with_name(km::TopicName(st("app.codestore.commits"))).with_partition_indexes(vec![0, 1, 2])])
+}
+
+pub(super) fn describe_topic_partitions(_v: i16) -> km::DescribeTopicPartitionsRequest {
+    use km::describe_topic_partitions_request::{Cursor, TopicRequest};
+    km::DescribeTopicPartitionsRequest::default()
+        .with_topics(vec![TopicRequest::default().with_name(km::TopicName(st("app.codestore.commits"))), TopicRequest::default().with_name(km::TopicName(st("app.x")))])
+        .with_response_partition_limit(100)
+        .with_cursor(Some(Cursor::default().with_topic_name(km::TopicName(st("app.x"))).with_partition_index(3)))
+}

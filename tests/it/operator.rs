@@ -1,0 +1,126 @@
+//! Kafka's operator APIs on the wire: DescribeProducers (after an
+//! idempotent librdkafka producer and a transactional one), and
+//! DescribeTopicPartitions' cursor paging, authorization-free listing,
+//! unknown topics and bad cursors. (The Java AdminClient drives them in
+//! the compatibility suite.)
+
+use crate::common;
+
+use std::time::Duration;
+
+use kafka_protocol::messages::describe_producers_request::TopicRequest as ProducersTopic;
+use kafka_protocol::messages::describe_topic_partitions_request::{Cursor, TopicRequest};
+use kafka_protocol::messages::{DescribeProducersRequest, DescribeProducersResponse, DescribeTopicPartitionsRequest, DescribeTopicPartitionsResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+fn tn(s: &str) -> TopicName {
+    TopicName(StrBytes::from_string(s.to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_producers_shows_idempotent_and_open_transactional_producers() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    admin.create_topics([&NewTopic::new("ops.prod", 2, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+
+    let mut cfg = common::producer_config(addr, "all");
+    cfg.set("enable.idempotence", "true");
+    let idem: FutureProducer = cfg.create().unwrap();
+    for i in 0..3i64 {
+        idem.send(FutureRecord::to("ops.prod").partition(0).key("k").payload("v").timestamp(1_000 + i), Duration::from_secs(10)).await.unwrap();
+    }
+    // A transaction left open on partition 1.
+    let mut cfg = common::producer_config(addr, "all");
+    cfg.set("transactional.id", "ops-open-txn");
+    let txn: FutureProducer = cfg.create().unwrap();
+    let t = txn.clone();
+    tokio::task::spawn_blocking(move || {
+        t.init_transactions(Duration::from_secs(10)).unwrap();
+        t.begin_transaction().unwrap();
+    })
+    .await
+    .unwrap();
+    let open_at = txn.send(FutureRecord::to("ops.prod").partition(1).key("k").payload("in txn"), Duration::from_secs(10)).await.unwrap();
+
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = DescribeProducersRequest::default().with_topics(vec![
+        ProducersTopic::default().with_name(tn("ops.prod")).with_partition_indexes(vec![0, 1, 1, 7]),
+        ProducersTopic::default().with_name(tn("ops.none")).with_partition_indexes(vec![0]),
+    ]);
+    let resp: DescribeProducersResponse = common::call(&mut sock, 61, 0, 1, &req).await;
+    let parts = &resp.topics[0].partitions;
+    assert_eq!(parts.iter().map(|p| (p.partition_index, p.error_code)).collect::<Vec<_>>(), [(0, 0), (1, 0), (7, 3)], "a repeat is answered once");
+    let p0 = &parts[0].active_producers;
+    assert_eq!(p0.len(), 1);
+    assert_eq!((p0[0].last_sequence, p0[0].last_timestamp, p0[0].current_txn_start_offset), (2, 1_002, -1));
+    let p1 = &parts[1].active_producers;
+    assert_eq!(p1.len(), 1);
+    assert_eq!(p1[0].current_txn_start_offset, open_at.offset, "the open transaction starts where its first record is");
+    assert_eq!(resp.topics[1].partitions[0].error_code, 3, "UNKNOWN_TOPIC_OR_PARTITION");
+
+    // Committed: no transaction open any more.
+    let t = txn.clone();
+    tokio::task::spawn_blocking(move || t.commit_transaction(Duration::from_secs(10)).unwrap()).await.unwrap();
+    let resp: DescribeProducersResponse = common::call(&mut sock, 61, 0, 2, &req).await;
+    assert_eq!(resp.topics[0].partitions[1].active_producers[0].current_txn_start_offset, -1);
+    drop((idem, txn, admin));
+    broker.shutdown().await;
+}
+
+async fn page(sock: &mut tokio::net::TcpStream, topics: &[&str], limit: i32, cursor: Option<(&str, i32)>) -> DescribeTopicPartitionsResponse {
+    let req = DescribeTopicPartitionsRequest::default()
+        .with_topics(topics.iter().map(|t| TopicRequest::default().with_name(tn(t))).collect())
+        .with_response_partition_limit(limit)
+        .with_cursor(cursor.map(|(t, p)| Cursor::default().with_topic_name(tn(t)).with_partition_index(p)));
+    common::call(sock, 75, 0, 1, &req).await
+}
+
+fn shape(r: &DescribeTopicPartitionsResponse) -> (Vec<(String, i16, Vec<i32>)>, Option<(String, i32)>) {
+    let topics = r.topics.iter().map(|t| (t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default(), t.error_code, t.partitions.iter().map(|p| p.partition_index).collect())).collect();
+    (topics, r.next_cursor.as_ref().map(|c| (c.topic_name.0.to_string(), c.partition_index)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_topic_partitions_pages_by_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let admin: AdminClient<DefaultClientContext> = common::client(broker.kafka_addr).create().unwrap();
+    for (name, n) in [("pg.b", 3), ("pg.a", 2), ("pg.c", 1)] {
+        admin.create_topics([&NewTopic::new(name, n, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    }
+    let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+    let s = |t: &str, e: i16, p: &[i32]| (t.to_owned(), e, p.to_vec());
+
+    // Named topics come back in name order, paged three partitions at a time.
+    let r = page(&mut sock, &["pg.c", "pg.b", "pg.a"], 3, None).await;
+    assert_eq!(shape(&r), (vec![s("pg.a", 0, &[0, 1]), s("pg.b", 0, &[0])], Some(("pg.b".into(), 1))));
+    assert!(r.topics[0].topic_id != uuid::Uuid::nil());
+    assert_eq!(r.topics[0].partitions[0].isr_nodes.len(), 1);
+    let r = page(&mut sock, &["pg.c", "pg.b", "pg.a"], 3, Some(("pg.b", 1))).await;
+    assert_eq!(shape(&r), (vec![s("pg.b", 0, &[1, 2]), s("pg.c", 0, &[0])], None));
+    // A page that ends with a topic points at the next one.
+    let r = page(&mut sock, &["pg.a", "pg.b"], 2, None).await;
+    assert_eq!(shape(&r), (vec![s("pg.a", 0, &[0, 1])], Some(("pg.b".into(), 0))));
+
+    // No names: every topic; an unknown name is answered with its error.
+    let r = page(&mut sock, &[], 100, None).await;
+    assert_eq!(shape(&r).0.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(), ["pg.a", "pg.b", "pg.c"]);
+    let r = page(&mut sock, &["pg.a", "pg.zz"], 100, None).await;
+    assert_eq!(shape(&r), (vec![s("pg.a", 0, &[0, 1]), s("pg.zz", 3, &[])], None));
+
+    // A cursor outside the names asked, or a negative partition: refused.
+    for cursor in [("pg.c", 0), ("pg.a", -1)] {
+        let r = page(&mut sock, &["pg.a", "pg.b"], 100, Some(cursor)).await;
+        assert!(r.topics.iter().all(|t| t.error_code == 42 && t.partitions.is_empty()), "{cursor:?}: {:?}", shape(&r));
+    }
+    // A limit of zero or less still makes progress (one partition).
+    let r = page(&mut sock, &["pg.a"], 0, None).await;
+    assert_eq!(shape(&r), (vec![s("pg.a", 0, &[0])], Some(("pg.a".into(), 1))));
+    drop(admin);
+    broker.shutdown().await;
+}
