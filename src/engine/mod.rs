@@ -189,6 +189,12 @@ pub enum EngineError {
     /// batches are not written.
     #[error("{0}")]
     RecordsRefused(validate::RecordErrors),
+    /// DeleteRecords to an offset the partition does not have.
+    #[error("offset {offset} is outside the partition's range (high watermark {hw})")]
+    DeleteOutOfRange { offset: i64, hw: i64 },
+    /// Refused by the topic's config (Kafka's POLICY_VIOLATION).
+    #[error("{0}")]
+    Policy(String),
     /// An idempotent or transactional producer's batch refused.
     #[error("producer batch refused: {0:?}")]
     ProducerRefused(producers::Refusal),
@@ -306,6 +312,10 @@ pub struct Engine {
     by_id: RwLock<HashMap<[u8; 16], Arc<Topic>>>,
     /// Serialises topic creation, deletion, partition and config changes.
     admin: Mutex<()>,
+    /// Serialises what raises log starts (retention, DeleteRecords): each
+    /// writes the catalog from the starts it read, so one must not
+    /// overwrite the other's higher start with a lower one.
+    log_starts: Mutex<()>,
     /// The broker-level config layers and the topic default they give;
     /// replaced (under `admin`) when a broker config changes.
     defaults: RwLock<Arc<Defaults>>,
@@ -467,6 +477,7 @@ impl Engine {
             // Already in name order: the sort only checks it.
             topics: RwLock::new(topics.into_iter().map(ByName).collect()),
             admin: Mutex::new(()),
+            log_starts: Mutex::new(()),
             defaults: RwLock::new(Arc::new(defaults)),
             writer: tx,
             waiters,
@@ -954,6 +965,7 @@ impl Engine {
     /// it every `retention_check_interval_ms`. It touches only sealed
     /// segments, never the writer's active one.
     pub fn enforce_retention(&self) -> Result<usize, EngineError> {
+        let _starts = self.log_starts.lock().expect("log starts lock");
         let policy = self.retention_policy();
         let (starts, deleted) = self.storage.enforce_retention(
             self.now_ms(),
@@ -972,6 +984,52 @@ impl Engine {
             }
         }
         Ok(deleted)
+    }
+
+    /// DeleteRecords: raises each tp's log start to its offset (-1: the
+    /// high watermark), durably in the catalog before readers see it;
+    /// retention later deletes the files nothing above a log start lives
+    /// in (shared segments and stores hold other tps too). Answers each
+    /// tp's new log start, in order. Blocking.
+    pub fn delete_records(&self, requests: &[(Tp, i64)]) -> Vec<Result<i64, EngineError>> {
+        let _starts = self.log_starts.lock().expect("log starts lock");
+        let mut answers: Vec<Result<i64, EngineError>> = requests
+            .iter()
+            .map(|(tp, offset)| {
+                let topic = self.topic_by_id(&tp.topic).ok_or(EngineError::UnknownTopicOrPartition)?;
+                if !topic.config.cleanup.delete {
+                    return Err(EngineError::Policy(format!("Records of partition {}-{} can not be deleted due to the configured policy", topic.name(), tp.partition)));
+                }
+                let (log_start, hw, _) = self.offsets(tp).ok_or(EngineError::UnknownTopicOrPartition)?;
+                let to = if *offset == -1 { hw } else { *offset };
+                if to < 0 || to > hw {
+                    return Err(EngineError::DeleteOutOfRange { offset: *offset, hw });
+                }
+                Ok(to.max(log_start))
+            })
+            .collect();
+        let raised: Vec<(Tp, i64)> =
+            requests.iter().zip(&answers).filter_map(|((tp, _), a)| a.as_ref().ok().map(|to| (*tp, *to))).filter(|(tp, to)| self.offsets(tp).is_some_and(|(start, _, _)| *to > start)).collect();
+        if raised.is_empty() {
+            return answers;
+        }
+        let rows: Vec<_> = raised.iter().map(|(tp, s)| (tp.topic, tp.partition, *s)).collect();
+        let applied = self.catalog.put_log_starts(&rows).map_err(EngineError::from).and_then(|()| Ok(self.switch(storage::Switch::log_starts(raised.clone()))?));
+        if let Err(e) = applied {
+            let why = e.to_string();
+            for a in answers.iter_mut().filter(|a| a.is_ok()) {
+                *a = Err(EngineError::Storage(StorageError::Catalog(why.clone())));
+            }
+            return answers;
+        }
+        if self.any_txns.load(std::sync::atomic::Ordering::Acquire) {
+            let mut txns = self.txns.write().expect("txns lock");
+            for (tp, start) in &raised {
+                txns.trim(tp, *start);
+            }
+        }
+        tracing::info!(partitions = raised.len(), "records deleted (log starts raised)");
+        answers
     }
 
     /// Runs one compaction window if a sealed segment is due (see

@@ -17,6 +17,8 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         EngineError::InvalidConfig(_) => E::InvalidConfig.code(),
         EngineError::InvalidBrokerConfig(_) => E::InvalidRequest.code(),
+        EngineError::DeleteOutOfRange { .. } => E::OffsetOutOfRange.code(),
+        EngineError::Policy(_) => E::PolicyViolation.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::ControlBatch) => E::InvalidRecord.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::BadRecord { .. }) => E::InvalidRecord.code(),
         EngineError::Corrupt(crate::protocol::batch::BatchError::Inflate(crate::protocol::compression::InflateError::TooLarge { .. })) => E::MessageTooLarge.code(),

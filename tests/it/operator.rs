@@ -124,3 +124,92 @@ async fn describe_topic_partitions_pages_by_cursor() {
     drop(admin);
     broker.shutdown().await;
 }
+
+/// DeleteRecords through librdkafka: log starts rise (also for records
+/// already compacted into subtree stores and in segments shared with a
+/// sibling), consumers from the beginning start there, bad offsets and
+/// compacted topics get Kafka's errors, and the starts survive a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_records_raises_log_starts_durably() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::RDKafkaErrorCode;
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.segment_bytes = Some(64 * 1024);
+    args.message_max_bytes = Some(16 * 1024);
+    args.compaction_lag_ms = Some(0);
+    args.compaction_interval_ms = Some(3_600_000);
+    let broker = common::start(args.clone()).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for t in [NewTopic::new("del.app.big", 2, TopicReplication::Fixed(1)), NewTopic::new("del.app.kept", 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact")] {
+        admin.create_topics([&t], &opts).await.unwrap()[0].as_ref().unwrap();
+    }
+    let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
+    let payload = vec![b'p'; 1000];
+    for i in 0..200 {
+        producer.send(FutureRecord::to("del.app.big").partition(0).key("k").payload(&payload), Duration::from_secs(10)).await.unwrap();
+        if i % 20 == 0 {
+            producer.send(FutureRecord::to("del.app.kept").partition(0).key("k").payload("v"), Duration::from_secs(10)).await.unwrap();
+            producer.send(FutureRecord::to("del.app.big").partition(1).key("k").payload("v"), Duration::from_secs(10)).await.unwrap();
+        }
+    }
+    // Sealed segments into stores, so the deletion lands inside a store.
+    loop {
+        let e = broker.engine.clone();
+        if tokio::task::spawn_blocking(move || e.compact()).await.unwrap().unwrap().is_none() {
+            break;
+        }
+    }
+    assert!(broker.engine.storage().store_count() >= 1);
+
+    let delete = |parts: &[(&str, i32, i64)]| {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p, o) in parts {
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o)).unwrap();
+        }
+        tpl
+    };
+    let done = admin.delete_records(&delete(&[("del.app.big", 0, 150)]), &opts).await.unwrap();
+    assert_eq!(done.find_partition("del.app.big", 0).unwrap().offset(), Offset::Offset(150));
+    // -1: up to the high watermark (librdkafka spells it End).
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("del.app.big", 1, Offset::End).unwrap();
+    let done = admin.delete_records(&tpl, &opts).await.unwrap();
+    assert_eq!(done.find_partition("del.app.big", 1).unwrap().offset(), Offset::Offset(10));
+    // Lower than the start already: nothing changes.
+    let done = admin.delete_records(&delete(&[("del.app.big", 0, 20)]), &opts).await.unwrap();
+    assert_eq!(done.find_partition("del.app.big", 0).unwrap().offset(), Offset::Offset(150));
+    // Past the high watermark, and on a compacted topic: Kafka's errors.
+    for (parts, code) in [([("del.app.big", 0, 201)], RDKafkaErrorCode::OffsetOutOfRange), ([("del.app.kept", 0, 1)], RDKafkaErrorCode::PolicyViolation)] {
+        let done = admin.delete_records(&delete(&parts), &opts).await.unwrap();
+        let p = done.find_partition(parts[0].0, parts[0].1).unwrap();
+        assert_eq!(p.error().err().map(|e| e.rdkafka_error_code()), Some(Some(code)), "{parts:?}");
+    }
+
+    let check = move || {
+        let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+        assert_eq!(consumer.fetch_watermarks("del.app.big", 0, Duration::from_secs(10)).unwrap(), (150, 200));
+        assert_eq!(consumer.fetch_watermarks("del.app.big", 1, Duration::from_secs(10)).unwrap(), (10, 10));
+        assert_eq!(consumer.fetch_watermarks("del.app.kept", 0, Duration::from_secs(10)).unwrap(), (0, 10), "the sibling keeps its records");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("del.app.big", 0, Offset::Beginning).unwrap();
+        consumer.assign(&tpl).unwrap();
+        let m = consumer.poll(Duration::from_secs(10)).expect("a record").expect("no error");
+        assert_eq!(m.offset(), 150, "a reader from the beginning starts at the new log start");
+    };
+    tokio::task::spawn_blocking(check).await.unwrap();
+    drop((producer, admin));
+    broker.shutdown().await;
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let check = move || {
+        let consumer: BaseConsumer = common::consumer_config(addr).create().unwrap();
+        assert_eq!(consumer.fetch_watermarks("del.app.big", 0, Duration::from_secs(10)).unwrap(), (150, 200), "durable");
+    };
+    tokio::task::spawn_blocking(check).await.unwrap();
+    broker.shutdown().await;
+}

@@ -15,6 +15,7 @@ pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_acls;
 pub mod delete_groups;
+pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_groups;
 pub mod describe_acls;
@@ -109,7 +110,7 @@ throttled!(
     ListTransactionsResponse, DescribeUserScramCredentialsResponse, AlterUserScramCredentialsResponse,
     DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
     AlterConfigsResponse, IncrementalAlterConfigsResponse, DescribeProducersResponse,
-    DescribeTopicPartitionsResponse;
+    DescribeTopicPartitionsResponse, DeleteRecordsResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -297,6 +298,7 @@ apis! {
     IncrementalAlterConfigs => incremental_alter_configs,
     DescribeProducers => describe_producers,
     DescribeTopicPartitions => describe_topic_partitions,
+    DeleteRecords => delete_records,
 }
 
 /// Turns a topic name from the wire into a `&str`.

@@ -125,6 +125,7 @@ pub(super) static APIS: &[Api] = &[
         0,
         &describe_topic_partitions::REQUEST,
     ),
+    api(21, "DeleteRecords", 0, 2, 2, &delete_records::REQUEST),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -962,6 +963,28 @@ pub(super) mod describe_topic_partitions {
             f("topics", structs(&TOPIC_REQUEST), 0, 0),
             f("response_partition_limit", I32, 0, 0),
             f("cursor", Ty::NStruct(&CURSOR), 0, 0),
+        ],
+    );
+}
+
+pub(super) mod delete_records {
+    use super::*;
+    static DELETE_RECORDS_PARTITION: Schema = s(
+        "DeleteRecordsPartition",
+        &[f("partition_index", I32, 0, 2), f("offset", I64, 0, 2)],
+    );
+    static DELETE_RECORDS_TOPIC: Schema = s(
+        "DeleteRecordsTopic",
+        &[
+            f("name", STR, 0, 2),
+            f("partitions", structs(&DELETE_RECORDS_PARTITION), 0, 2),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "DeleteRecordsRequest",
+        &[
+            f("topics", structs(&DELETE_RECORDS_TOPIC), 0, 2),
+            f("timeout_ms", I32, 0, 2),
         ],
     );
 }

@@ -45,6 +45,11 @@ pub(super) enum Change {
 }
 
 impl Switch {
+    /// Log starts rise (DeleteRecords): what the catalog already records.
+    pub fn log_starts(starts: Vec<(Tp, i64)>) -> Switch {
+        Switch(Change::LogStarts(starts))
+    }
+
     /// Deletes partitions `0..partitions` of `topic`: appends to them are
     /// refused from now on, readers no longer find them. Their frames stay
     /// in shared segments until retention deletes those files.
