@@ -950,6 +950,16 @@ impl Storage {
         Some((st.log_start, st.hw, st.leo))
     }
 
+    /// The bytes attributable to `tp` from its log start: its frames in
+    /// segments and its batches in stores (shared files count only its
+    /// share). From the summaries; nothing is read.
+    pub fn partition_bytes(&self, tp: &Tp) -> Option<u64> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let segs = part.branch.segs.read().expect("segments lock").clone();
+        let bytes = part.st.read().expect("partition lock").bytes(tp, &segs);
+        Some(bytes)
+    }
+
     /// Reads whole batches of `tp` starting with the one holding `offset`,
     /// up to the high watermark, stopping once `max_bytes` is reached. With
     /// `min_one`, the first batch is returned even if it is larger, so a

@@ -213,3 +213,57 @@ async fn delete_records_raises_log_starts_durably() {
     tokio::task::spawn_blocking(check).await.unwrap();
     broker.shutdown().await;
 }
+
+/// DescribeLogDirs on the wire: each partition's share of the shared
+/// files, from its log start (DeleteRecords shrinks it), the directory's
+/// size and free space, and only what was asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_log_dirs_gives_each_partitions_share() {
+    use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
+    use kafka_protocol::messages::{DescribeLogDirsRequest, DescribeLogDirsResponse};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
+    for (name, n) in [("ld.app.big", 2), ("ld.app.small", 1)] {
+        admin.create_topics([&NewTopic::new(name, n, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    }
+    let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
+    let big = vec![b'b'; 10_000];
+    for _ in 0..20 {
+        producer.send(FutureRecord::to("ld.app.big").partition(0).key("k").payload(&big), Duration::from_secs(10)).await.unwrap();
+    }
+    producer.send(FutureRecord::to("ld.app.small").partition(0).key("k").payload("s"), Duration::from_secs(10)).await.unwrap();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let sizes = |r: &DescribeLogDirsResponse| -> Vec<(String, i32, i64)> {
+        r.results[0].topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), p.partition_index, p.partition_size))).collect()
+    };
+    let all: DescribeLogDirsResponse = common::call(&mut sock, 35, 4, 1, &DescribeLogDirsRequest::default().with_topics(None)).await;
+    assert_eq!(all.error_code, 0);
+    let r = &all.results[0];
+    assert!(r.total_bytes > 0 && r.usable_bytes > 0 && r.usable_bytes <= r.total_bytes);
+    assert!(std::path::Path::new(r.log_dir.as_str()).is_absolute());
+    let s = sizes(&all);
+    assert_eq!(s.iter().map(|(t, p, _)| (t.as_str(), *p)).collect::<Vec<_>>(), [("ld.app.big", 0), ("ld.app.big", 1), ("ld.app.small", 0)]);
+    assert!(s[0].2 > 200_000 && s[0].2 < 210_000, "the big partition's own bytes: {s:?}");
+    assert_eq!(s[1].2, 0, "an empty partition");
+    assert!(s[2].2 > 0 && s[2].2 < 1_000, "the small topic's share of the shared segment, not the segment: {s:?}");
+
+    // Only what is asked: repeats once, unknown topics and partitions left out.
+    let req = DescribeLogDirsRequest::default().with_topics(Some(vec![
+        DescribableLogDirTopic::default().with_topic(tn("ld.app.big")).with_partitions(vec![0, 0, 9]),
+        DescribableLogDirTopic::default().with_topic(tn("ld.nowhere")).with_partitions(vec![0]),
+    ]));
+    let some: DescribeLogDirsResponse = common::call(&mut sock, 35, 1, 2, &req).await;
+    assert_eq!(sizes(&some).iter().map(|(t, p, _)| (t.as_str(), *p)).collect::<Vec<_>>(), [("ld.app.big", 0)]);
+
+    // DeleteRecords shrinks what the partition accounts for (whole
+    // batches below the new start).
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("ld.app.big", 0, rdkafka::Offset::Offset(20)).unwrap();
+    admin.delete_records(&tpl, &AdminOptions::new()).await.unwrap();
+    let after: DescribeLogDirsResponse = common::call(&mut sock, 35, 4, 3, &DescribeLogDirsRequest::default().with_topics(None)).await;
+    assert!(sizes(&after)[0].2 < s[0].2, "{:?} then {:?}", s[0], sizes(&after)[0]);
+    drop((producer, admin));
+    broker.shutdown().await;
+}

@@ -18,6 +18,7 @@ pub mod delete_groups;
 pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_groups;
+pub mod describe_log_dirs;
 pub mod describe_acls;
 pub mod describe_client_quotas;
 pub mod describe_cluster;
@@ -110,7 +111,8 @@ throttled!(
     ListTransactionsResponse, DescribeUserScramCredentialsResponse, AlterUserScramCredentialsResponse,
     DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
     AlterConfigsResponse, IncrementalAlterConfigsResponse, DescribeProducersResponse,
-    DescribeTopicPartitionsResponse, DeleteRecordsResponse;
+    DescribeTopicPartitionsResponse, DeleteRecordsResponse,
+    DescribeLogDirsResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -299,6 +301,7 @@ apis! {
     DescribeProducers => describe_producers,
     DescribeTopicPartitions => describe_topic_partitions,
     DeleteRecords => delete_records,
+    DescribeLogDirs => describe_log_dirs,
 }
 
 /// Turns a topic name from the wire into a `&str`.

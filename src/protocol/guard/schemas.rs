@@ -126,6 +126,7 @@ pub(super) static APIS: &[Api] = &[
         &describe_topic_partitions::REQUEST,
     ),
     api(21, "DeleteRecords", 0, 2, 2, &delete_records::REQUEST),
+    api(35, "DescribeLogDirs", 1, 4, 2, &describe_log_dirs::REQUEST),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -986,6 +987,18 @@ pub(super) mod delete_records {
             f("topics", structs(&DELETE_RECORDS_TOPIC), 0, 2),
             f("timeout_ms", I32, 0, 2),
         ],
+    );
+}
+
+pub(super) mod describe_log_dirs {
+    use super::*;
+    static DESCRIBABLE_LOG_DIR_TOPIC: Schema = s(
+        "DescribableLogDirTopic",
+        &[f("topic", STR, 1, 4), f("partitions", I32S, 1, 4)],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "DescribeLogDirsRequest",
+        &[f("topics", nstructs(&DESCRIBABLE_LOG_DIR_TOPIC), 1, 4)],
     );
 }
 

@@ -122,6 +122,7 @@ fn every_case() -> Vec<Case> {
         case!(AlterClientQuotasRequest, alter_client_quotas),
         case!(DescribeProducersRequest, describe_producers),
         case!(DescribeTopicPartitionsRequest, describe_topic_partitions),
+        case!(DescribeLogDirsRequest, describe_log_dirs),
     ]
 }
 

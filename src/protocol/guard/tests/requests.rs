@@ -654,3 +654,8 @@ pub(super) fn describe_topic_partitions(_v: i16) -> km::DescribeTopicPartitionsR
         .with_response_partition_limit(100)
         .with_cursor(Some(Cursor::default().with_topic_name(km::TopicName(st("app.x"))).with_partition_index(3)))
 }
+
+pub(super) fn describe_log_dirs(_v: i16) -> km::DescribeLogDirsRequest {
+    use km::describe_log_dirs_request::DescribableLogDirTopic;
+    km::DescribeLogDirsRequest::default().with_topics(Some(vec![DescribableLogDirTopic::default().with_topic(km::TopicName(st("app.codestore.commits"))).with_partitions(vec![0, 1])]))
+}
