@@ -18,7 +18,8 @@
 # SSL_BOOTSTRAP, CA_PEM, CLIENT_CERT, CLIENT_KEY, SASL_USER, ... in the
 # environment). The authorizer is on, open where no ACL names a resource
 # (allow_everyone_if_no_acl_found), so every test also runs through it and
-# the ACL tests name resources of their own. Then the broker is stopped with SIGTERM and must exit 0. A client that
+# the ACL tests name resources of their own. Segments roll at 2 MiB and
+# retention runs every second, so a retention change shows within a test. Then the broker is stopped with SIGTERM and must exit 0. A client that
 # is not installed is a failure, never a skip. Prints `N passed, N failed` as
 # its last line and exits non-zero if anything failed.
 #
@@ -154,6 +155,7 @@ RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --rest-listener "127.0.0.1:$rport" \
     --auto-create-topics true \
     --num-partitions 3 \
+    --segment-bytes 2097152 --retention-check-interval-ms 1000 \
     >"$work/broker.log" 2>&1 &
 broker_pid=$!
 

@@ -590,3 +590,86 @@ def test_oauthbearer_refuses_expired_and_forged_tokens(security, what, tmp_path)
     assert "invalid_token" in failure.str(), failure
     with pytest.raises(Exception):
         admin.list_topics(timeout=2)
+
+
+def test_configs_retention_and_delete_records(bootstrap, admin):
+    """incremental_alter_configs of retention.ms is visible in
+    describe_configs as a dynamic topic config and takes effect without a
+    restart (the broker runs retention every second in the suite: old data
+    in sealed segments goes); bad input gets Kafka's errors; delete_records
+    and list_offsets(max_timestamp) behave as in Kafka; a null key on a
+    compacted topic is INVALID_RECORD for that record."""
+    from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, OffsetSpec,
+                                       ResourceType)
+    name = unique_topic("ck_cfg")
+    for f in admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)],
+                                 operation_timeout=10).values():
+        f.result()
+    resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+    for f in admin.incremental_alter_configs([resource]).values():
+        f.result(timeout=20)
+    [described] = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)]).values()
+    entry = described.result(timeout=20)["retention.ms"]
+    assert entry.value == "3600000" and entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value, entry
+
+    # Bad input: each refused with Kafka's error, nothing changed.
+    for key, value, code in [("retention.ms", "soon", KafkaError.INVALID_CONFIG),
+                             ("no.such.config", "1", KafkaError.INVALID_CONFIG)]:
+        bad = ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
+            ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+        with pytest.raises(KafkaException) as e:
+            for f in admin.incremental_alter_configs([bad]).values():
+                f.result(timeout=20)
+        assert e.value.args[0].code() == code, (key, e.value)
+    append = ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
+        ConfigEntry("retention.ms", "5", incremental_operation=AlterConfigOpType.APPEND)])
+    with pytest.raises(KafkaException):
+        for f in admin.incremental_alter_configs([append]).values():
+            f.result(timeout=20)
+
+    # Two hours old: kept by a day's retention, deleted by an hour's.
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 65536})
+    old = int(time.time() * 1000) - 2 * 3600 * 1000
+    for i in range(3000):
+        producer.produce(name, key=b"k", value=b"x" * 1000, partition=0, timestamp=old + i)
+    producer.flush(30)
+    now = int(time.time() * 1000)
+    for ts in (now, now + 5000, now + 1000):
+        producer.produce(name, key=b"k", value=b"y", partition=0, timestamp=ts)
+    producer.flush(30)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ck-cfg-reader"})
+    deadline = time.time() + 30
+    low = 0
+    while time.time() < deadline:
+        low, high = consumer.get_watermark_offsets(TopicPartition(name, 0), timeout=10)
+        if low > 0:
+            break
+        time.sleep(0.2)
+    assert 0 < low < 3003, f"retention took the sealed old data: log start {low}"
+
+    tp = TopicPartition(name, 0)
+    [f] = admin.list_offsets({tp: OffsetSpec.max_timestamp()}).values()
+    got = f.result(timeout=20)
+    assert (got.offset, got.timestamp) == (3001, now + 5000), got
+
+    [f] = admin.delete_records([TopicPartition(name, 0, 3002)]).values()
+    assert f.result(timeout=20).low_watermark == 3002
+    [f] = admin.delete_records([TopicPartition(name, 0, 9000)]).values()
+    with pytest.raises(KafkaException) as e:
+        f.result(timeout=20)
+    assert e.value.args[0].code() == KafkaError.OFFSET_OUT_OF_RANGE, e.value
+    assert consumer.get_watermark_offsets(tp, timeout=10)[0] == 3002
+    consumer.close()
+
+    compacted = unique_topic("ck_compacted")
+    for f in admin.create_topics([NewTopic(compacted, num_partitions=1, replication_factor=1,
+                                           config={"cleanup.policy": "compact"})], operation_timeout=10).values():
+        f.result()
+    reports = []
+    producer.produce(compacted, value=b"no key", partition=0, on_delivery=lambda err, msg: reports.append(err))
+    producer.flush(30)
+    assert [r.code() if r else None for r in reports] == [KafkaError.INVALID_RECORD], reports
+    producer.produce(compacted, key=b"k", value=b"keyed", partition=0, on_delivery=lambda err, msg: reports.append(err))
+    producer.flush(30)
+    assert reports[-1] is None

@@ -399,3 +399,60 @@ def test_client_quotas_altered_described_and_enforced(security, caplog):
         assert describe() == {}
     finally:
         admin.close()
+
+
+def test_operator_surface(bootstrap, admin):
+    """Kafka's operator APIs through kafka-python's admin client:
+    IncrementalAlterConfigs of retention.ms, seen by DescribeConfigs with
+    its source and synonyms; a bad value refused; ListOffsets max
+    timestamp; DeleteRecords (and an offset past the end refused);
+    DescribeLogDirs; DescribeProducers after an idempotent producer;
+    DescribeTopicPartitions paged by its cursor."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+    from kafka.admin._partitions import OffsetSpec
+    import kafka.errors as Errors
+    name = unique_topic("kp_ops")
+    admin.create_topics({name: {"num_partitions": 2, "replication_factor": 1}}, timeout_ms=10000, wait_for_metadata=True)
+    tp = TopicPartition(name, 0)
+
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": "3600000"})])
+    described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)], include_synonyms=True)
+    found = str(described)
+    assert "3600000" in found and "retention.ms" in found, described
+    with pytest.raises(Errors.KafkaError):
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": "soon"})])
+    assert "3600000" in str(admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])), "unchanged"
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
+                             max_in_flight_requests_per_connection=1)
+    try:
+        for ts in (5000, 9000, 7000, 9000, 1000):
+            producer.send(name, key=b"k", value=b"v", partition=0, timestamp_ms=ts).get(timeout=30)
+    finally:
+        producer.close(timeout=10)
+    offsets = admin.list_partition_offsets({tp: OffsetSpec.MAX_TIMESTAMP})
+    assert offsets[tp].offset == 1 and offsets[tp].timestamp == 9000, offsets
+
+    producers = admin.describe_producers([tp])
+    assert len(producers[tp].active_producers) == 1, producers
+
+    deleted = admin.delete_records({tp: 2}, timeout_ms=10000)
+    assert "2" in str(deleted[tp]), deleted
+    with pytest.raises(Errors.OffsetOutOfRangeError):
+        admin.delete_records({tp: 99}, timeout_ms=10000)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        assert consumer.beginning_offsets([tp])[tp] == 2
+    finally:
+        consumer.close()
+
+    dirs = admin.describe_log_dirs({name: [0, 1]})
+    [broker] = dirs
+    [log_dir] = broker["log_dirs"]
+    sizes = {(t["name"], p["partition_index"]): p["partition_size"] for t in log_dir["topics"] for p in t["partitions"]}
+    assert sizes[(name, 0)] > 0 and sizes[(name, 1)] == 0, log_dir
+
+    page = admin.describe_topic_partitions([name], response_partition_limit=1)
+    assert [p["partition_index"] for p in page["topics"][0]["partitions"]] == [0], page
+    assert page["next_cursor"]["partition_index"] == 1, page
+    admin.delete_topics([name])
