@@ -20,7 +20,7 @@
 //! Layers 2–5 are folded once into a parsed default [`TopicConfig`]; a
 //! topic's config is that default with its own layer over it. A change to
 //! layer 2 or 3 re-derives every topic's parsed config under the engine's
-//! admin lock, so produce, retention and the compactor see it the next
+//! admin lock, so produce and retention see it the next
 //! time they look a topic up. The rejected alternative, resolving layers
 //! at each use, would put five map look-ups on every produce.
 //!
@@ -99,7 +99,7 @@ impl Valid {
                 if items.is_empty() {
                     Some("The list must not be empty".into())
                 } else {
-                    items.iter().find(|i| !options.contains(i)).map(|_| format!("Invalid value {value} for configuration: String must be one of: {}", options.join(", ")))
+                    items.iter().find(|i| !options.contains(i)).map(|_| format!("String must be one of: {}", options.join(", ")))
                 }
             }
         }
@@ -123,7 +123,9 @@ pub struct Def {
     /// Whether the broker key may change at run time (AlterConfigs on the
     /// broker); the others need a restart with the static setting.
     pub broker_dynamic: bool,
-    /// Whether Canopy acts on the value (else it is kept and reported).
+    /// Whether the value is parsed into [`TopicConfig`] (else it is only
+    /// checked, kept and reported). The compaction settings are parsed for
+    /// the key compactor, which is not built yet (docs/key-compaction.md).
     pub acted: bool,
     pub doc: &'static str,
 }
@@ -135,11 +137,11 @@ const LONG_MAX: &str = "9223372036854775807";
 /// `acted`).
 pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "cleanup.policy", broker: "log.cleanup.policy", valid: Valid::SubsetOf(&["compact", "delete"]), default: "delete", broker_dynamic: true, acted: true,
-        doc: "delete: old data goes by retention.ms and retention.bytes; compact: the latest record of each key is kept; both: compacted, and old data still goes." },
+        doc: "delete: old data goes by retention.ms and retention.bytes; compact: records need keys, and old data is not deleted by time or size (key compaction, keeping the latest record per key, is not built yet); both: keys required, old data still goes." },
     Def { name: "compression.type", broker: "compression.type", valid: Valid::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]), default: "producer", broker_dynamic: true, acted: true,
         doc: "Codec the topic stores batches in; producer keeps what the producer sent (other codecs recompress on append)." },
     Def { name: "delete.retention.ms", broker: "log.cleaner.delete.retention.ms", valid: Valid::Long(0), default: "86400000", broker_dynamic: true, acted: true,
-        doc: "How long a tombstone (a record with a null value) of a compacted topic stays readable." },
+        doc: "How long a tombstone (a record with a null value) of a compacted topic stays readable. Checked and kept; key compaction is not built yet." },
     Def { name: "file.delete.delay.ms", broker: "log.segment.delete.delay.ms", valid: Valid::Long(0), default: "60000", broker_dynamic: true, acted: false,
         doc: "Accepted for compatibility; Canopy deletes files once no reader holds them." },
     Def { name: "flush.messages", broker: "log.flush.interval.messages", valid: Valid::Long(1), default: LONG_MAX, broker_dynamic: true, acted: false,
@@ -149,7 +151,7 @@ pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "index.interval.bytes", broker: "log.index.interval.bytes", valid: Valid::Int(0), default: "4096", broker_dynamic: true, acted: false,
         doc: "Accepted for compatibility; Canopy indexes every batch." },
     Def { name: "max.compaction.lag.ms", broker: "log.cleaner.max.compaction.lag.ms", valid: Valid::Long(1), default: LONG_MAX, broker_dynamic: true, acted: true,
-        doc: "A record of a compacted topic is compacted at most this long after it was written, however clean the log." },
+        doc: "A record of a compacted topic is compacted at most this long after it was written. Checked and kept; key compaction is not built yet." },
     Def { name: "max.message.bytes", broker: "message.max.bytes", valid: Valid::Int(0), default: "1048588", broker_dynamic: true, acted: true,
         doc: "Largest record batch the topic accepts, as sent (compressed)." },
     Def { name: "message.downconversion.enable", broker: "log.message.downconversion.enable", valid: Valid::Bool, default: "true", broker_dynamic: true, acted: false,
@@ -161,9 +163,9 @@ pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "message.timestamp.type", broker: "log.message.timestamp.type", valid: Valid::OneOf(&["CreateTime", "LogAppendTime"]), default: "CreateTime", broker_dynamic: true, acted: true,
         doc: "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the broker's clock." },
     Def { name: "min.cleanable.dirty.ratio", broker: "log.cleaner.min.cleanable.ratio", valid: Valid::Ratio, default: "0.5", broker_dynamic: true, acted: true,
-        doc: "A compacted partition is compacted once this share of its bytes was written since its last compaction." },
+        doc: "A compacted partition is compacted once this share of its bytes was written since its last compaction. Checked and kept; key compaction is not built yet." },
     Def { name: "min.compaction.lag.ms", broker: "log.cleaner.min.compaction.lag.ms", valid: Valid::Long(0), default: "0", broker_dynamic: true, acted: true,
-        doc: "A record of a compacted topic stays uncompacted at least this long after it was written." },
+        doc: "A record of a compacted topic stays uncompacted at least this long after it was written. Checked and kept; key compaction is not built yet." },
     Def { name: "min.insync.replicas", broker: "min.insync.replicas", valid: Valid::Int(1), default: "1", broker_dynamic: true, acted: false,
         doc: "Accepted for compatibility; a single node is its only replica." },
     Def { name: "preallocate", broker: "log.preallocate", valid: Valid::Bool, default: "false", broker_dynamic: true, acted: false,
@@ -226,6 +228,14 @@ impl ConfigError {
     }
 }
 
+/// Checks a new dynamic broker value strictly (the broker key of a
+/// topic config, with `limit` bounding message.max.bytes).
+pub fn check_broker_value(key: &str, value: &str, limit: i32) -> Result<(), ConfigError> {
+    let def = broker_def(key).ok_or_else(|| ConfigError { key: key.to_owned(), message: format!("Unknown broker config name: {key}") })?;
+    check(def, key, value)?;
+    TopicConfig::kafka_default().assign(def, key, value, limit)
+}
+
 /// Checks one value of a known config.
 pub fn check(def: &Def, key: &str, value: &str) -> Result<(), ConfigError> {
     match def.valid.refuse(value) {
@@ -285,10 +295,16 @@ impl BrokerLayers {
     }
 
     /// The parsed topic default: Kafka's defaults with the static, cluster
-    /// and node layers over them. Keys Canopy does not act on are only
-    /// checked; `limit` bounds max.message.bytes.
-    pub fn topic_default(&self, limit: i32) -> Result<TopicConfig, ConfigError> {
+    /// and node layers over them; `limit` bounds max.message.bytes.
+    ///
+    /// Lenient, as for anything already stored: a value that no longer
+    /// passes (kept before a check existed, or over a limit lowered since)
+    /// is left out and returned, so the broker still starts; a
+    /// max.message.bytes over `limit` is capped. New values are checked
+    /// strictly before they are stored ([`check_broker_value`]).
+    pub fn topic_default(&self, limit: i32) -> (TopicConfig, Vec<ConfigError>) {
         let mut c = TopicConfig::kafka_default();
+        let mut skipped = Vec::new();
         for (layer, statics) in [(&self.statics, true), (&self.cluster, false), (&self.node, false)] {
             for (key, value) in layer {
                 let Some(def) = broker_def(key) else { continue };
@@ -297,12 +313,18 @@ impl BrokerLayers {
                 if statics && !def.acted {
                     continue;
                 }
-                check(def, key, value)?;
-                c.assign(def, key, value, limit)?;
+                if let Err(e) = check(def, key, value).and_then(|()| c.assign(def, key, value, i32::MAX)) {
+                    skipped.push(e);
+                }
             }
         }
-        c.check_relations()?;
-        Ok(c)
+        c.max_message_bytes = c.max_message_bytes.min(limit);
+        if let Err(e) = c.check_relations() {
+            let base = TopicConfig::kafka_default();
+            (c.min_compaction_lag_ms, c.max_compaction_lag_ms) = (base.min_compaction_lag_ms, base.max_compaction_lag_ms);
+            skipped.push(e);
+        }
+        (c, skipped)
     }
 
     /// Every config of a topic whose own layer is `set`.
@@ -438,6 +460,30 @@ impl TopicConfig {
         Ok(c)
     }
 
+    /// [`TopicConfig::overlay`] for configs already stored: a key that no
+    /// longer passes is left out and returned instead of refusing the
+    /// topic (it must stay usable after an upgrade that added a check), and
+    /// a max.message.bytes over `limit` is capped.
+    pub fn overlay_stored(&self, set: &BTreeMap<String, String>, limit: i32) -> (TopicConfig, Vec<ConfigError>) {
+        let mut c = self.clone();
+        let mut skipped = Vec::new();
+        for (key, value) in set {
+            let applied = topic_def(key).ok_or_else(|| ConfigError::unknown(key)).and_then(|def| check(def, key, value).and_then(|()| c.assign(def, key, value, i32::MAX)));
+            if let Err(e) = applied {
+                skipped.push(e);
+            }
+        }
+        if c.max_message_bytes > limit {
+            skipped.push(ConfigError::invalid("max.message.bytes", &c.max_message_bytes.to_string(), "over what a request may carry; capped"));
+            c.max_message_bytes = limit;
+        }
+        if let Err(e) = c.check_relations() {
+            (c.min_compaction_lag_ms, c.max_compaction_lag_ms) = (self.min_compaction_lag_ms, self.max_compaction_lag_ms);
+            skipped.push(e);
+        }
+        (c, skipped)
+    }
+
     /// Sets the field `def` stands for from a checked value (`key` is the
     /// name the value came under, for errors).
     fn assign(&mut self, def: &Def, key: &str, value: &str, limit: i32) -> Result<(), ConfigError> {
@@ -531,6 +577,21 @@ mod tests {
     }
 
     #[test]
+    fn stored_configs_that_no_longer_pass_are_skipped_not_fatal() {
+        let d = TopicConfig::kafka_default();
+        // Kafka 3 allowed a 100 kB segment.bytes; a lag pair set the wrong way.
+        let stored = map(&[("segment.bytes", "102400"), ("retention.ms", "5000"), ("max.message.bytes", "9000"), ("min.compaction.lag.ms", "10"), ("max.compaction.lag.ms", "5")]);
+        assert!(d.overlay(&stored, 8000).is_err(), "strict for new values");
+        let (c, skipped) = d.overlay_stored(&stored, 8000);
+        assert_eq!(c.retention_ms, 5000, "the good keys apply");
+        assert_eq!(c.max_message_bytes, 8000, "capped");
+        assert_eq!((c.min_compaction_lag_ms, c.max_compaction_lag_ms), (d.min_compaction_lag_ms, d.max_compaction_lag_ms));
+        let mut keys: Vec<&str> = skipped.iter().map(|e| e.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["max.message.bytes", "min.compaction.lag.ms", "segment.bytes"]);
+    }
+
+    #[test]
     fn incremental_edits_follow_kafka() {
         let cur = map(&[("retention.ms", "10")]);
         let def = |k: &str| topic_def(k);
@@ -553,7 +614,8 @@ mod tests {
         layers.cluster.insert("log.retention.ms".into(), "2000".into());
         layers.cluster.insert("message.max.bytes".into(), "5000".into());
         layers.node.insert("message.max.bytes".into(), "6000".into());
-        let d = layers.topic_default(i32::MAX).unwrap();
+        let (d, skipped) = layers.topic_default(i32::MAX);
+        assert!(skipped.is_empty());
         assert_eq!((d.retention_ms, d.max_message_bytes), (2000, 6000));
         let described = layers.describe_topic(&map(&[("retention.ms", "3000")]));
         let r = described.iter().find(|c| c.name == "retention.ms").unwrap();
@@ -567,7 +629,14 @@ mod tests {
         assert!(cluster.iter().all(|c| c.synonyms.iter().all(|s| s.2 == Source::DynamicDefault)));
         let seg = layers.describe_broker(false).into_iter().find(|c| c.name == "log.segment.bytes").unwrap();
         assert!(seg.read_only);
+        // A stored value that no longer passes is left out, not fatal;
+        // one over the limit is capped.
         layers.node.insert("log.retention.ms".into(), "soon".into());
-        assert_eq!(layers.topic_default(i32::MAX).unwrap_err().key, "log.retention.ms");
+        let (d, skipped) = layers.topic_default(5000);
+        assert_eq!(skipped.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["log.retention.ms"]);
+        assert_eq!((d.retention_ms, d.max_message_bytes), (2000, 5000));
+        assert!(check_broker_value("log.retention.ms", "soon", i32::MAX).is_err());
+        assert!(check_broker_value("message.max.bytes", "6000", 5000).is_err());
+        assert!(check_broker_value("log.retention.ms", "10", 5000).is_ok());
     }
 }

@@ -364,17 +364,16 @@ impl BrokerScope {
     }
 }
 
-/// A topic's config: `default` with its own configs over it. A
-/// max.message.bytes over `limit` (set before the limit existed, or over a
-/// default lowered since) is capped with a warning, not refused: the topic
-/// must stay usable.
-fn capped_config(default: &TopicConfig, record: &TopicRecord, limit: i32) -> Result<TopicConfig, ConfigError> {
-    let mut config = default.overlay(&record.configs, i32::MAX)?;
-    if config.max_message_bytes > limit {
-        tracing::warn!(topic = %record.name, configured = config.max_message_bytes, limit, "max.message.bytes is over what a request may carry; capped");
-        config.max_message_bytes = limit;
+/// A stored topic's config: `default` with its own configs over it. What
+/// no longer passes (a value kept before a check existed, a
+/// max.message.bytes over a limit lowered since) is left out or capped
+/// with a warning, not refused: the topic must stay usable.
+fn stored_config(default: &TopicConfig, record: &TopicRecord, limit: i32) -> TopicConfig {
+    let (config, skipped) = default.overlay_stored(&record.configs, limit);
+    for e in skipped {
+        tracing::warn!(topic = %record.name, key = %e.key, error = %e, "a stored topic config does not apply; left out");
     }
-    Ok(config)
+    config
 }
 
 /// Counters of the idempotent-producer check, kept by the writer.
@@ -405,9 +404,13 @@ impl Engine {
             node: catalog.broker_configs(BrokerScope::Node.catalog_key())?,
         };
         let limit = cfg.topic_defaults.max_message_bytes_limit;
-        let defaults = Defaults { topic: layers.topic_default(limit)?, layers };
+        let (topic_default, skipped) = layers.topic_default(limit);
+        for e in skipped {
+            tracing::warn!(key = %e.key, error = %e, "a stored broker config does not apply; left out");
+        }
+        let defaults = Defaults { topic: topic_default, layers };
         for record in records {
-            let config = capped_config(&defaults.topic, &record, limit)?;
+            let config = stored_config(&defaults.topic, &record, limit);
             for p in 0..record.partitions {
                 specs.push(PartitionSpec {
                     tp: Tp { topic: record.id, partition: p },
@@ -686,14 +689,25 @@ impl Engine {
         self.defaults().layers.describe_broker(scope == BrokerScope::Cluster)
     }
 
-    /// Changes a topic's configs: the result is checked as at creation,
-    /// then made durable before it is used. Produce, retention and the
-    /// compactor see it at their next look-up of the topic. Blocking.
+    /// Changes a topic's configs: new values are checked as at creation
+    /// (what is stored already, leniently: it may predate a check), then
+    /// made durable before they are used. Produce and retention see them
+    /// at their next look-up of the topic. Blocking.
     pub fn alter_topic_configs(&self, name: &str, alter: Alter, validate_only: bool) -> Result<(), EngineError> {
         let _admin = self.admin.lock().expect("admin lock");
         let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         let set = alter.apply(&topic.record.configs, configs::topic_def)?;
-        let config = self.defaults().topic.overlay(&set, self.cfg.topic_defaults.max_message_bytes_limit)?;
+        // New values strictly; what is stored already leniently (it may
+        // predate a check, and must not block changing other keys).
+        let limit = self.cfg.topic_defaults.max_message_bytes_limit;
+        let defaults = self.defaults();
+        let changed: BTreeMap<String, String> = set.iter().filter(|(k, v)| topic.record.configs.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        defaults.topic.overlay(&changed, limit)?;
+        let (config, skipped) = defaults.topic.overlay_stored(&set, limit);
+        let lags_changed = changed.contains_key("min.compaction.lag.ms") || changed.contains_key("max.compaction.lag.ms");
+        if let Some(e) = skipped.into_iter().find(|e| changed.contains_key(&e.key) || (lags_changed && e.key == "min.compaction.lag.ms")) {
+            return Err(e.into());
+        }
         if validate_only || set == topic.record.configs {
             return Ok(());
         }
@@ -726,12 +740,17 @@ impl Engine {
         if let Some(k) = set.keys().find(|k| configs::broker_def(k).is_none()) {
             return Err(EngineError::InvalidBrokerConfig(format!("Unknown broker config name: {k} (the dynamic broker configs are the topic defaults, such as log.retention.ms)")));
         }
-        *slot = set;
+        // The new values strictly (what is stored already was checked when
+        // it was set, and may predate a check).
         let limit = self.cfg.topic_defaults.max_message_bytes_limit;
-        let topic = layers.topic_default(limit).map_err(|e| EngineError::InvalidBrokerConfig(e.message))?;
+        for (k, v) in set.iter().filter(|(k, v)| slot.get(*k) != Some(*v)) {
+            configs::check_broker_value(k, v, limit).map_err(|e| EngineError::InvalidBrokerConfig(e.message))?;
+        }
+        *slot = set;
+        let (topic, _) = layers.topic_default(limit);
         let mut changed = Vec::new();
         for t in self.topics() {
-            let config = capped_config(&topic, &t.record, limit).map_err(|e| EngineError::InvalidBrokerConfig(format!("topic {}: {}", t.name(), e)))?;
+            let config = topic.overlay_stored(&t.record.configs, limit).0;
             if config != t.config {
                 changed.push(Topic { record: t.record.clone(), config, traffic: t.traffic.clone() });
             }
@@ -843,10 +862,7 @@ impl Engine {
     /// The first record with the tp's largest timestamp, with that
     /// timestamp (ListOffsets -3); None when the tp is empty.
     pub fn offset_of_max_timestamp(&self, tp: &Tp) -> Result<Option<(i64, i64)>, EngineError> {
-        match self.storage.max_timestamp(tp)? {
-            Some(max) => Ok(self.storage.offset_for_timestamp(tp, max)?),
-            None => Ok(None),
-        }
+        Ok(self.storage.offset_of_max_timestamp(tp)?)
     }
 
     /// Reads for a `read_committed` consumer: only below the last stable
@@ -992,6 +1008,10 @@ impl Engine {
     /// in (shared segments and stores hold other tps too). Answers each
     /// tp's new log start, in order. Blocking.
     pub fn delete_records(&self, requests: &[(Tp, i64)]) -> Vec<Result<i64, EngineError>> {
+        // No topic is deleted meanwhile (its log start rows would be
+        // written back after its deletion removed them). Order: admin, then
+        // log starts; nothing takes them the other way.
+        let _admin = self.admin.lock().expect("admin lock");
         let _starts = self.log_starts.lock().expect("log starts lock");
         let mut answers: Vec<Result<i64, EngineError>> = requests
             .iter()
@@ -1145,6 +1165,39 @@ mod tests {
     fn clock_at(t: &Arc<AtomicI64>) -> Clock {
         let t = t.clone();
         Arc::new(move || t.load(Ordering::SeqCst))
+    }
+
+    /// An upgrade must not stop the broker: a topic config stored before a
+    /// check existed (Kafka 3 allowed a 100 kB segment.bytes) and a stored
+    /// dynamic default that no longer passes are left out with a warning;
+    /// the rest applies, and other keys of the topic can still change.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stored_configs_that_no_longer_pass_do_not_stop_the_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = EngineConfig::new(dir.path());
+        {
+            let catalog = Catalog::open(&dir.path().join("catalog")).unwrap();
+            let configs: BTreeMap<String, String> = [("segment.bytes", "102400"), ("retention.ms", "5000")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            catalog.put_topic(&TopicRecord { id: [7; 16], name: "old.topic".into(), partitions: 1, configs, created_ms: 0 }).unwrap();
+            let bad: BTreeMap<String, String> = [("log.retention.bytes".to_string(), "lots".to_string()), ("log.retention.ms".to_string(), "9000".to_string())].into();
+            catalog.put_broker_configs("default", &bad).unwrap();
+            catalog.flush().unwrap();
+        }
+        let engine = Engine::open(cfg, system_clock()).unwrap();
+        let t = engine.topic("old.topic").unwrap();
+        assert_eq!((t.config.retention_ms, t.config.retention_bytes), (5000, -1));
+        let other = engine.create_topic("new.topic", 1, BTreeMap::new(), false).unwrap();
+        assert_eq!(other.config.retention_ms, 9000, "the good dynamic default applies");
+        let e = engine.clone();
+        tokio::task::spawn_blocking(move || {
+            e.alter_topic_configs("old.topic", Alter::Incremental(vec![Op::Set("retention.ms".into(), "6000".into())]), false).unwrap();
+            assert!(e.alter_topic_configs("old.topic", Alter::Incremental(vec![Op::Set("segment.bytes".into(), "102400".into())]), false).is_ok(), "unchanged: not checked again");
+            assert!(e.alter_topic_configs("old.topic", Alter::Incremental(vec![Op::Set("segment.bytes".into(), "204800".into())]), false).is_err(), "a new value is checked");
+        })
+        .await
+        .unwrap();
+        assert_eq!(engine.topic("old.topic").unwrap().config.retention_ms, 6000);
+        engine.shutdown().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,20 +88,33 @@ impl std::fmt::Display for RecordErrors {
     }
 }
 
+/// Refused records listed in one answer at most: a small compressed batch
+/// can hold millions of records, and the answer must stay small (Kafka's
+/// message shows three; clients match the list by index).
+pub const MAX_RECORD_ERRORS: usize = 1000;
+
 impl RecordErrors {
     /// The records of an accepted batch that break a record rule:
     /// a null key where keys are required, a timestamp outside
     /// `window` = (before, after) around `now`. None if every record passes.
     fn find(records: &[u8], h: &BatchHeader, window: Option<(i64, i64)>, now: i64, keys_required: bool) -> Option<RecordErrors> {
         let mut out = Vec::new();
+        let mut total = 0usize;
         let mut timestamps = false;
+        let mut refuse = |out: &mut Vec<(i32, String)>, index: i32, why: &dyn Fn() -> String| {
+            total += 1;
+            if out.len() < MAX_RECORD_ERRORS {
+                out.push((index, why()));
+            }
+        };
         for r in batch::record_facts(records, h) {
             if keys_required && r.null_key {
-                out.push((r.index, "Compacted topic cannot accept message without key.".to_owned()));
+                refuse(&mut out, r.index, &|| "Compacted topic cannot accept message without key.".to_owned());
             } else if let Some((before, after)) = window {
                 if now.saturating_sub(r.timestamp) > before || r.timestamp.saturating_sub(now) > after {
                     timestamps = true;
-                    out.push((r.index, format!("Timestamp {} of message with offset {} is out of range. The timestamp should be within [{}, {}]", r.timestamp, r.index, now.saturating_sub(before), now.saturating_add(after))));
+                    let why = || format!("Timestamp {} of message with offset {} is out of range. The timestamp should be within [{}, {}]", r.timestamp, r.index, now.saturating_sub(before), now.saturating_add(after));
+                    refuse(&mut out, r.index, &why);
                 }
             }
         }
@@ -112,7 +125,7 @@ impl RecordErrors {
             "One or more records have been rejected due to invalid timestamp".to_owned()
         } else {
             let shown: Vec<String> = out.iter().take(3).map(|(i, why)| format!("record {i}: {why}")).collect();
-            format!("One or more records have been rejected due to {} record errors in total, and only showing the first three errors at most: [{}]", out.len(), shown.join(", "))
+            format!("One or more records have been rejected due to {total} record errors in total, and only showing the first three errors at most: [{}]", shown.join(", "))
         };
         Some(RecordErrors { timestamps, message, records: out })
     }
@@ -254,5 +267,16 @@ mod tests {
         assert!(e.timestamps);
         assert_eq!(e.records.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2]);
         assert!(rules(None, false).validate(b).is_ok(), "null keys are fine where keys are not required");
+    }
+
+    #[test]
+    fn the_list_of_refused_records_is_bounded() {
+        let n = MAX_RECORD_ERRORS + 500;
+        let keys = vec![None; n];
+        let values: Vec<&[u8]> = vec![b"v"; n];
+        let b = Bytes::from(make_keyed_batch(&keys, &values, 1_000));
+        let e = refused(rules(None, true).validate(b));
+        assert_eq!(e.records.len(), MAX_RECORD_ERRORS);
+        assert!(e.message.contains(&format!("{n} record errors")), "{}", e.message);
     }
 }

@@ -1065,6 +1065,47 @@ impl Storage {
         *part.ahead.lock().expect("read-ahead lock") = Some(Box::new(a));
     }
 
+    /// The first record with the tp's largest timestamp among what readers
+    /// may see (ListOffsets -3), with that timestamp; None when the tp has
+    /// nothing visible.
+    pub fn offset_of_max_timestamp(&self, tp: &Tp) -> Result<Option<(i64, i64)>, ReadError> {
+        let Some(max) = self.max_timestamp(tp)? else { return Ok(None) };
+        if let Some(found) = self.offset_for_timestamp(tp, max)? {
+            return Ok(Some(found));
+        }
+        // The largest timestamp is in batches not yet published (the
+        // summaries count what is staged). The largest visible one is the
+        // largest of: the stores', what precedes the last index entry
+        // below the high watermark (its `max_ts_before`), and the few
+        // batches between that entry and the high watermark, read here.
+        let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
+        let (log_start, hw, entry, stored) = {
+            let st = part.st.read().expect("partition lock");
+            let stored = st.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= st.log_start).map(|t| t.max_ts).max();
+            (st.log_start, st.hw, st.index.iter().rev().find(|e| e.offset < st.hw).copied(), stored)
+        };
+        let mut visible = stored.unwrap_or(i64::MIN);
+        if let Some(e) = entry {
+            visible = visible.max(e.max_ts_before);
+            let mut scanned = 0;
+            self.walk(&part, |st| st.start_at(tp, e.offset.max(log_start), GUIDE_ENTRIES), hw, &std::cell::Cell::new(MIN_READ_CHUNK), &mut scanned, |fh, _, _| {
+                if fh.last_offset() >= log_start {
+                    visible = visible.max(fh.max_timestamp);
+                }
+                if fh.last_offset() + 1 >= hw {
+                    Walk::Stop
+                } else {
+                    Walk::Skip
+                }
+            })
+            .map_err(|e| ReadError::Io(e.to_string()))?;
+        }
+        if visible == i64::MIN {
+            return Ok(None);
+        }
+        self.offset_for_timestamp(tp, visible)
+    }
+
     /// The largest timestamp among the tp's batches from its log start,
     /// from the summaries stores and segments keep (no data is read), or
     /// None when it has no batch. A segment partly below the log start

@@ -415,13 +415,18 @@ def test_operator_surface(bootstrap, admin):
     admin.create_topics({name: {"num_partitions": 2, "replication_factor": 1}}, timeout_ms=10000, wait_for_metadata=True)
     tp = TopicPartition(name, 0)
 
-    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": "3600000"})])
-    described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)], include_synonyms=True)
-    found = str(described)
-    assert "3600000" in found and "retention.ms" in found, described
-    with pytest.raises(Errors.KafkaError):
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": "soon"})])
-    assert "3600000" in str(admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])), "unchanged"
+    def retention():
+        d = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)], include_synonyms=True)
+        return d["topic"][name]["retention.ms"]
+
+    assert admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": "3600000"})]) \
+        == {"topic": {name: "OK"}}
+    r = retention()
+    assert (r["value"], r["config_source"]) == ("3600000", "DYNAMIC_TOPIC_CONFIG"), r
+    assert [s["source"] for s in r["synonyms"]] == ["DYNAMIC_TOPIC_CONFIG", "DEFAULT_CONFIG"], r
+    bad = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs={"retention.ms": "soon"})])
+    assert "InvalidConfigurationError" in str(bad["topic"][name]), bad
+    assert retention()["value"] == "3600000", "unchanged"
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0,
                              max_in_flight_requests_per_connection=1)
@@ -434,10 +439,11 @@ def test_operator_surface(bootstrap, admin):
     assert offsets[tp].offset == 1 and offsets[tp].timestamp == 9000, offsets
 
     producers = admin.describe_producers([tp])
-    assert len(producers[tp].active_producers) == 1, producers
+    [p] = producers[tp].active_producers
+    assert (p.last_sequence, p.last_timestamp, p.current_transaction_start_offset) == (4, 1000, -1), producers
 
     deleted = admin.delete_records({tp: 2}, timeout_ms=10000)
-    assert "2" in str(deleted[tp]), deleted
+    assert (deleted[tp]["low_watermark"], deleted[tp]["error_code"]) == (2, 0), deleted
     with pytest.raises(Errors.OffsetOutOfRangeError):
         admin.delete_records({tp: 99}, timeout_ms=10000)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
