@@ -11,6 +11,8 @@
 #   confluent-kafka  tests/compat/python/test_confluent_kafka.py (pytest)
 #   kafkajs          tests/compat/node/compat.test.js            (node --test)
 #   kcat             tests/compat/kcat.sh
+#   java             tests/compat/java/Compat.java (the Java AdminClient and
+#                    producer, kafka-clients 4.1.0; jars by java/fetch.py)
 #
 # The broker also serves SASL_SSL (SCRAM-SHA-512/256, PLAIN; users made with
 # `canopy user` first) and SSL with required client certificates (from
@@ -28,7 +30,7 @@
 #   COMPAT_TIMEOUT=300          seconds allowed per client test
 #   COMPAT_KEEP=1               keep the temp dir (data + broker.log)
 #   RUST_LOG                    broker log filter (default info)
-#   PYTHON, NODE, KCAT          interpreters/tools to use
+#   PYTHON, NODE, KCAT, JAVA    interpreters/tools to use (JAVAC beside JAVA)
 # Installing the clients: pip install -r tests/compat/python/requirements.txt,
 # (cd tests/compat/node && npm ci), apt-get install kcat. .ci/run does this.
 set -uo pipefail
@@ -38,8 +40,10 @@ PYTHON=${PYTHON:-python3}
 NODE=${NODE:-node}
 KCAT=${KCAT:-kcat}
 export KCAT
+JAVA=${JAVA:-java}
+JAVAC=${JAVAC:-javac}
 TIMEOUT=${COMPAT_TIMEOUT:-300}
-ALL_TESTS="kafka-python confluent-kafka kafkajs kcat rest"
+ALL_TESTS="kafka-python confluent-kafka kafkajs kcat rest java"
 TESTS=${COMPAT_ONLY:-$ALL_TESTS}
 
 if [ $# -ne 1 ]; then
@@ -259,6 +263,31 @@ run_kcat() {
     esac
 }
 
+run_java() {
+    if ! command -v "$JAVAC" >/dev/null || ! command -v "$JAVA" >/dev/null; then
+        fail java "a JDK (java, javac) is not installed (apt-get install default-jdk-headless)"; return
+    fi
+    local cp rc=0 out="$work/java.out"
+    if ! cp=$("$PYTHON" "$here/java/fetch.py"); then
+        fail java "could not fetch the kafka-clients jars"; return
+    fi
+    mkdir -p "$work/java"
+    if ! "$JAVAC" -cp "$cp" -d "$work/java" "$here/java/Compat.java"; then
+        fail java "javac failed"; return
+    fi
+    timeout "$TIMEOUT" "$JAVA" -cp "$cp:$work/java" Compat 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" = 124 ]; then
+        fail java "timed out after ${TIMEOUT}s"
+    elif [ "$rc" != 0 ]; then
+        fail java "exit $rc"
+    elif ! grep -q '^ok ' "$out"; then
+        fail java "ran no check"
+    else
+        pass java
+    fi
+}
+
 for t in $TESTS; do
     echo
     echo "==== $t ===="
@@ -268,6 +297,7 @@ for t in $TESTS; do
         kafkajs) run_kafkajs ;;
         kcat) run_kcat ;;
         rest) if command -v curl >/dev/null; then run_pytest rest requests test_rest.py; else fail rest "curl not installed"; fi ;;
+        java) run_java ;;
         *) fail "$t" "unknown test (known: $ALL_TESTS)" ;;
     esac
     if ! kill -0 "$broker_pid" 2>/dev/null; then

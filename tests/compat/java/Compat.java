@@ -1,0 +1,172 @@
+// The Java client (kafka-clients 4.1.0, the AdminClient the Kafka CLI tools
+// are built on) against Canopy: DescribeTopicPartitions (describeTopics),
+// ListOffsets max timestamp, IncrementalAlterConfigs and DescribeConfigs
+// (sources, types, documentation, a bad value refused), DescribeProducers,
+// DeleteRecords (and an offset past the end refused), DescribeLogDirs, and
+// a null key on a compacted topic refused record by record (KIP-467).
+//
+//   BOOTSTRAP=127.0.0.1:9092 java -cp kafka-clients.jar:slf4j-api.jar:. Compat
+//
+// Prints `ok <check>` or `FAIL <check>: why` per check; exits 1 if any failed.
+
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.UUID;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.Config;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.admin.DescribeConfigsOptions;
+import org.apache.kafka.clients.admin.DescribeProducersResult;
+import org.apache.kafka.clients.admin.ListOffsetsResult;
+import org.apache.kafka.clients.admin.LogDirDescription;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.RecordsToDelete;
+import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.InvalidRecordException;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.errors.InvalidConfigurationException;
+import org.apache.kafka.common.errors.OffsetOutOfRangeException;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+public class Compat {
+    static int failures = 0;
+
+    interface Check {
+        void run() throws Exception;
+    }
+
+    static void check(String name, Check c) {
+        try {
+            c.run();
+            System.out.println("ok " + name);
+        } catch (Throwable t) {
+            failures++;
+            System.out.println("FAIL " + name + ": " + t);
+            t.printStackTrace(System.out);
+        }
+    }
+
+    static void expect(boolean cond, Object what) {
+        if (!cond) {
+            throw new AssertionError(String.valueOf(what));
+        }
+    }
+
+    static Throwable cause(Check c) throws Exception {
+        try {
+            c.run();
+        } catch (ExecutionException e) {
+            return e.getCause();
+        }
+        throw new AssertionError("accepted");
+    }
+
+    static byte[] b(String s) {
+        return s.getBytes(StandardCharsets.UTF_8);
+    }
+
+    public static void main(String[] args) throws Exception {
+        String bootstrap = System.getenv("BOOTSTRAP");
+        if (bootstrap == null) {
+            System.out.println("FAIL setup: BOOTSTRAP is not set");
+            System.exit(1);
+        }
+        Properties ap = new Properties();
+        ap.put("bootstrap.servers", bootstrap);
+        ap.put("client.id", "compat-java-admin");
+        try (Admin admin = Admin.create(ap)) {
+            String topic = "java_ops_" + UUID.randomUUID().toString().substring(0, 8);
+            admin.createTopics(List.of(new NewTopic(topic, 3, (short) 1))).all().get(30, TimeUnit.SECONDS);
+            Properties pp = new Properties();
+            pp.put("bootstrap.servers", bootstrap);
+            pp.put("key.serializer", ByteArraySerializer.class.getName());
+            pp.put("value.serializer", ByteArraySerializer.class.getName());
+            pp.put("acks", "all");
+            pp.put("enable.idempotence", "true");
+            pp.put("linger.ms", "0");
+            TopicPartition tp0 = new TopicPartition(topic, 0);
+            try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+                for (long ts : new long[] {5000, 9000, 7000, 9000, 1000}) {
+                    producer.send(new ProducerRecord<>(topic, 0, ts, b("k"), b("v"))).get(30, TimeUnit.SECONDS);
+                }
+            }
+
+            check("describeTopics", () -> {
+                TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames().get(30, TimeUnit.SECONDS).get(topic);
+                expect(d.partitions().size() == 3, d);
+                expect(d.partitions().get(0).leader().id() == 0, d);
+                expect(d.topicId() != null, d);
+            });
+
+            check("listOffsets maxTimestamp", () -> {
+                ListOffsetsResult.ListOffsetsResultInfo i = admin.listOffsets(Map.of(tp0, OffsetSpec.maxTimestamp())).partitionResult(tp0).get(30, TimeUnit.SECONDS);
+                expect(i.offset() == 1 && i.timestamp() == 9000, i);
+            });
+
+            ConfigResource res = new ConfigResource(ConfigResource.Type.TOPIC, topic);
+            check("incrementalAlterConfigs and describeConfigs", () -> {
+                admin.incrementalAlterConfigs(Map.of(res, List.of(
+                        new AlterConfigOp(new ConfigEntry("retention.ms", "3600000"), AlterConfigOp.OpType.SET),
+                        new AlterConfigOp(new ConfigEntry("cleanup.policy", "compact"), AlterConfigOp.OpType.APPEND))))
+                    .all().get(30, TimeUnit.SECONDS);
+                Config c = admin.describeConfigs(List.of(res), new DescribeConfigsOptions().includeSynonyms(true).includeDocumentation(true))
+                    .all().get(30, TimeUnit.SECONDS).get(res);
+                ConfigEntry e = c.get("retention.ms");
+                expect("3600000".equals(e.value()) && e.source() == ConfigEntry.ConfigSource.DYNAMIC_TOPIC_CONFIG, e);
+                expect(e.type() == ConfigEntry.ConfigType.LONG && e.documentation() != null && !e.synonyms().isEmpty(), e);
+                expect("delete,compact".equals(c.get("cleanup.policy").value()), c.get("cleanup.policy"));
+                Throwable bad = cause(() -> admin.incrementalAlterConfigs(Map.of(res, List.of(
+                        new AlterConfigOp(new ConfigEntry("retention.ms", "soon"), AlterConfigOp.OpType.SET)))).all().get(30, TimeUnit.SECONDS));
+                expect(bad instanceof InvalidConfigurationException, bad);
+            });
+
+            check("describeProducers", () -> {
+                DescribeProducersResult.PartitionProducerState s = admin.describeProducers(List.of(tp0)).partitionResult(tp0).get(30, TimeUnit.SECONDS);
+                expect(s.activeProducers().size() == 1, s);
+                expect(s.activeProducers().get(0).lastSequence() == 4 && s.activeProducers().get(0).lastTimestamp() == 1000, s);
+            });
+
+            check("deleteRecords", () -> {
+                long low = admin.deleteRecords(Map.of(tp0, RecordsToDelete.beforeOffset(2))).lowWatermarks().get(tp0).get(30, TimeUnit.SECONDS).lowWatermark();
+                expect(low == 2, low);
+                Throwable past = cause(() -> admin.deleteRecords(Map.of(tp0, RecordsToDelete.beforeOffset(99))).lowWatermarks().get(tp0).get(30, TimeUnit.SECONDS));
+                expect(past instanceof OffsetOutOfRangeException, past);
+                long earliest = admin.listOffsets(Map.of(tp0, OffsetSpec.earliest())).partitionResult(tp0).get(30, TimeUnit.SECONDS).offset();
+                expect(earliest == 2, earliest);
+            });
+
+            check("describeLogDirs", () -> {
+                Map<String, LogDirDescription> dirs = admin.describeLogDirs(List.of(0)).allDescriptions().get(30, TimeUnit.SECONDS).get(0);
+                expect(dirs.size() == 1, dirs);
+                LogDirDescription d = dirs.values().iterator().next();
+                expect(d.replicaInfos().get(tp0).size() > 0, d.replicaInfos().get(tp0));
+                expect(d.replicaInfos().get(new TopicPartition(topic, 1)).size() == 0, d);
+                expect(d.totalBytes().isPresent() && d.usableBytes().isPresent(), d);
+            });
+
+            check("null key on a compacted topic (KIP-467)", () -> {
+                try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+                    Throwable refused = cause(() -> producer.send(new ProducerRecord<>(topic, 1, null, b("no key"))).get(30, TimeUnit.SECONDS));
+                    expect(refused instanceof InvalidRecordException, refused);
+                    long offset = producer.send(new ProducerRecord<>(topic, 1, b("k"), b("keyed"))).get(30, TimeUnit.SECONDS).offset();
+                    expect(offset == 0, offset);
+                }
+            });
+
+            admin.deleteTopics(List.of(topic)).all().get(30, TimeUnit.SECONDS);
+        }
+        if (failures > 0) {
+            System.exit(1);
+        }
+    }
+}
