@@ -954,10 +954,53 @@ impl Storage {
     /// segments and its batches in stores (shared files count only its
     /// share). From the summaries; nothing is read.
     pub fn partition_bytes(&self, tp: &Tp) -> Option<u64> {
-        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
-        let segs = part.branch.segs.read().expect("segments lock").clone();
-        let bytes = part.st.read().expect("partition lock").bytes(tp, &segs);
-        Some(bytes)
+        self.partition_sizes(&[*tp]).pop().flatten()
+    }
+
+    /// [`Storage::partition_bytes`] of many tps (DescribeLogDirs): each
+    /// branch's segments are visited once for all its tps asked, so the
+    /// cost is the segments' tp maps, not tps × segments. None for a tp
+    /// storage does not hold.
+    pub fn partition_sizes(&self, tps: &[Tp]) -> Vec<Option<u64>> {
+        let parts: Vec<Option<Arc<Partition>>> = {
+            let map = self.parts.read().expect("parts lock");
+            tps.iter().map(|tp| map.get(tp).cloned()).collect()
+        };
+        let mut out: Vec<Option<u64>> = vec![None; tps.len()];
+        // Per branch: (branch, tp → (slot, log start)).
+        let mut branches: HashMap<u64, (Arc<Branch>, HashMap<Tp, (usize, i64)>)> = HashMap::default();
+        for (i, part) in parts.iter().enumerate() {
+            let Some(part) = part else { continue };
+            let st = part.st.read().expect("partition lock");
+            let stored: u64 = st.stored.iter().filter_map(|s| s.store.tps.get(&part.tp)).filter(|t| t.last_offset >= st.log_start).map(|t| t.bytes).sum();
+            out[i] = Some(stored);
+            branches.entry(tip_key(&part.branch)).or_insert_with(|| (part.branch.clone(), HashMap::default())).1.insert(part.tp, (i, st.log_start));
+        }
+        for (branch, wanted) in branches.values() {
+            let segs = branch.segs.read().expect("segments lock").clone();
+            for seg in &segs {
+                let held = seg.tps.lock().expect("segment tps lock");
+                let mut add = |tp: &Tp, s: &SegTp| {
+                    if let Some(&(i, log_start)) = wanted.get(tp) {
+                        if s.last_offset >= log_start {
+                            *out[i].as_mut().expect("set above") += s.bytes;
+                        }
+                    }
+                };
+                if held.len() <= wanted.len() {
+                    for (tp, s) in held.iter() {
+                        add(tp, s);
+                    }
+                } else {
+                    for tp in wanted.keys() {
+                        if let Some(s) = held.get(tp) {
+                            add(tp, s);
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Reads whole batches of `tp` starting with the one holding `offset`,

@@ -43,14 +43,23 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                 m
             }
         };
-        let topics = asked
+        // The partitions to size, all at once (each branch's segments are
+        // visited once), then answered per topic.
+        let mut tps = Vec::new();
+        let mut listed: Vec<(String, Vec<i32>)> = Vec::new();
+        for (name, partitions) in asked {
+            let Some(topic) = engine.topic(&name) else { continue };
+            let partitions: Vec<i32> = partitions.into_iter().filter(|p| (0..topic.partitions()).contains(p)).collect();
+            tps.extend(partitions.iter().map(|p| topic.tp(*p)));
+            listed.push((name, partitions));
+        }
+        let mut sizes = engine.storage().partition_sizes(&tps).into_iter();
+        let topics = listed
             .into_iter()
             .filter_map(|(name, partitions)| {
-                let topic = engine.topic(&name)?;
                 let partitions: Vec<_> = partitions
                     .into_iter()
-                    .filter(|p| (0..topic.partitions()).contains(p))
-                    .filter_map(|p| engine.storage().partition_bytes(&topic.tp(p)).map(|bytes| (p, bytes)))
+                    .filter_map(|p| sizes.next().flatten().map(|bytes| (p, bytes)))
                     .map(|(p, bytes)| DescribeLogDirsPartition::default().with_partition_index(p).with_partition_size(bytes as i64).with_offset_lag(0))
                     .collect();
                 (!partitions.is_empty()).then(|| DescribeLogDirsTopic::default().with_name(TopicName(super::str_bytes(name))).with_partitions(partitions))
