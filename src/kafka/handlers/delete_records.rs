@@ -8,38 +8,15 @@
 use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
 pub use kafka_protocol::messages::{DeleteRecordsRequest as Request, DeleteRecordsResponse as Response};
 use kafka_protocol::protocol::VersionRange;
-use kafka_protocol::ResponseError as E;
 
 use crate::auth::acl::Operation;
-use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 2 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let mut topics = Vec::new();
-    let mut asks = Vec::new();
-    for t in super::first_occurrences(req.topics, |t| t.name.0.clone()) {
-        let name = super::name(&t.name).to_owned();
-        let denied = check.as_ref().is_some_and(|c| !c.topic(Operation::Delete, &name));
-        let topic = broker.engine.topic(&name);
-        let parts: Vec<(i32, Result<usize, i16>)> = super::first_occurrences(t.partitions, |p| p.partition_index)
-            .into_iter()
-            .map(|p| {
-                let r = match &topic {
-                    _ if denied => Err(E::TopicAuthorizationFailed.code()),
-                    Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => {
-                        asks.push((topic.tp(p.partition_index), p.offset));
-                        Ok(asks.len() - 1)
-                    }
-                    _ => Err(E::UnknownTopicOrPartition.code()),
-                };
-                (p.partition_index, r)
-            })
-            .collect();
-        topics.push((t.name, parts));
-    }
+    let super::PartitionAsks { topics, asks } =
+        super::PartitionAsks::of(broker, Operation::Delete, req.topics, |t| &t.name, |t| t.partitions, |p| p.partition_index, |tp, p| (tp, p.offset));
     let engine = broker.engine.clone();
     let done = tokio::task::spawn_blocking(move || engine.delete_records(&asks)).await.ok()?;
     let topics = topics

@@ -7,39 +7,15 @@
 use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
 pub use kafka_protocol::messages::{DescribeProducersRequest as Request, DescribeProducersResponse as Response};
 use kafka_protocol::protocol::VersionRange;
-use kafka_protocol::ResponseError as E;
 
 use crate::auth::acl::Operation;
-use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
-    let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    // Each partition's answer, or the tp to ask the writer about.
-    let mut topics = Vec::new();
-    let mut ask = Vec::new();
-    for t in super::first_occurrences(req.topics, |t| t.name.0.clone()) {
-        let name = super::name(&t.name).to_owned();
-        let denied = check.as_ref().is_some_and(|c| !c.topic(Operation::Read, &name));
-        let topic = broker.engine.topic(&name);
-        let parts: Vec<(i32, Result<usize, i16>)> = super::first_occurrences(t.partition_indexes, |p| *p)
-            .into_iter()
-            .map(|p| {
-                let r = match &topic {
-                    _ if denied => Err(E::TopicAuthorizationFailed.code()),
-                    Some(topic) if p >= 0 && p < topic.partitions() => {
-                        ask.push(topic.tp(p));
-                        Ok(ask.len() - 1)
-                    }
-                    _ => Err(E::UnknownTopicOrPartition.code()),
-                };
-                (p, r)
-            })
-            .collect();
-        topics.push((t.name, parts));
-    }
+    let super::PartitionAsks { topics, asks: ask } =
+        super::PartitionAsks::of(broker, Operation::Read, req.topics, |t| &t.name, |t| t.partition_indexes, |p| *p, |tp, _| tp);
     let found = if ask.is_empty() { Ok(Vec::new()) } else { broker.engine.describe_producers(ask).await };
     let topics = topics
         .into_iter()

@@ -313,6 +313,55 @@ pub fn topic_name(s: &str) -> kafka_protocol::messages::TopicName {
     kafka_protocol::messages::TopicName(kafka_protocol::protocol::StrBytes::from_string(s.to_owned()))
 }
 
+/// A request's partitions, by topic: each refused with its error code
+/// (TOPIC_AUTHORIZATION_FAILED without `op` on the topic, or
+/// UNKNOWN_TOPIC_OR_PARTITION) or handed on as `asks[i]`. A topic or a
+/// partition named twice counts once.
+pub struct PartitionAsks<A> {
+    pub topics: Vec<(kafka_protocol::messages::TopicName, Vec<(i32, Result<usize, i16>)>)>,
+    pub asks: Vec<A>,
+}
+
+impl<A> PartitionAsks<A> {
+    /// `partitions` lists a topic's partition items, `index` names one's
+    /// partition, `ask` makes what is handed on from its tp and the item.
+    pub fn of<T, P>(
+        broker: &Broker,
+        op: crate::auth::acl::Operation,
+        topics: Vec<T>,
+        name: impl Fn(&T) -> &kafka_protocol::messages::TopicName,
+        partitions: impl Fn(T) -> Vec<P>,
+        index: impl Fn(&P) -> i32,
+        ask: impl Fn(crate::storage::Tp, P) -> A,
+    ) -> PartitionAsks<A> {
+        use kafka_protocol::ResponseError as E;
+        let check = broker.authorizer.enabled().then(|| crate::kafka::authz::Check::current(broker));
+        let mut out = PartitionAsks { topics: Vec::new(), asks: Vec::new() };
+        for t in first_occurrences(topics, |t| name(t).0.clone()) {
+            let topic_name = name(&t).clone();
+            let denied = check.as_ref().is_some_and(|c| !c.topic(op, self::name(&topic_name)));
+            let topic = broker.engine.topic(self::name(&topic_name));
+            let parts = first_occurrences(partitions(t), &index)
+                .into_iter()
+                .map(|p| {
+                    let i = index(&p);
+                    let r = match &topic {
+                        _ if denied => Err(E::TopicAuthorizationFailed.code()),
+                        Some(topic) if i >= 0 && i < topic.partitions() => {
+                            out.asks.push(ask(topic.tp(i), p));
+                            Ok(out.asks.len() - 1)
+                        }
+                        _ => Err(E::UnknownTopicOrPartition.code()),
+                    };
+                    (i, r)
+                })
+                .collect();
+            out.topics.push((topic_name, parts));
+        }
+        out
+    }
+}
+
 pub fn str_bytes(s: impl Into<String>) -> kafka_protocol::protocol::StrBytes {
     kafka_protocol::protocol::StrBytes::from_string(s.into())
 }
