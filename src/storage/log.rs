@@ -1746,6 +1746,30 @@ mod tests {
         assert_eq!(s.offset_for_timestamp(&tp(1, 0), 5000).unwrap(), None);
     }
 
+    /// ListOffsets -3: the first record with the largest timestamp among
+    /// what readers may see; a larger one written but not yet published
+    /// (above the high watermark) does not hide it.
+    #[test]
+    fn max_timestamp_is_the_first_visible_record_with_the_largest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StorageConfig { index_interval_bytes: 1, ..Default::default() };
+        let (s, mut w) = Storage::open(dir.path(), cfg, vec![spec(1, 0, "t")], true).unwrap();
+        assert_eq!(s.offset_of_max_timestamp(&tp(1, 0)).unwrap(), None, "empty");
+        for ts in [5_000, 9_000, 7_000, 9_000, 1_000] {
+            w.append(tp(1, 0), &make_batch(&[b"v"], ts), 0, false).unwrap();
+        }
+        let moved = w.flush().unwrap();
+        s.publish_hw(&moved);
+        assert_eq!(s.offset_of_max_timestamp(&tp(1, 0)).unwrap(), Some((1, 9_000)));
+        // Written, not published: the summaries see it, readers must not.
+        w.append(tp(1, 0), &make_batch(&[b"late"], 20_000), 0, false).unwrap();
+        let pending = w.flush().unwrap();
+        assert_eq!(s.max_timestamp(&tp(1, 0)).unwrap(), Some(20_000));
+        assert_eq!(s.offset_of_max_timestamp(&tp(1, 0)).unwrap(), Some((1, 9_000)));
+        s.publish_hw(&pending);
+        assert_eq!(s.offset_of_max_timestamp(&tp(1, 0)).unwrap(), Some((5, 20_000)));
+    }
+
     #[test]
     fn retention_advances_start_and_deletes_shared_segments() {
         let dir = tempfile::tempdir().unwrap();
