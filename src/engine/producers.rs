@@ -160,38 +160,48 @@ pub struct ActiveProducer {
 /// it covers.
 pub type Loaded = (Producers, Txns, HashMap<Tp, i64>);
 
+/// Producer state by partition, then producer id: what a partition's
+/// producers are (DescribeProducers) is found without walking the others,
+/// on the writer thread that owns it. No partition is kept without a
+/// producer.
 #[derive(Debug, Default, Clone)]
 pub struct Producers {
-    entries: HashMap<(i64, Tp), Entry>,
+    entries: HashMap<Tp, HashMap<i64, Entry>>,
 }
 
 impl Producers {
+    /// (producer, tp) entries held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.values().map(HashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// The entry of `producer_id` in `tp`, made with `new` if it has none.
+    fn entry(&mut self, tp: Tp, producer_id: i64, new: impl FnOnce() -> Entry) -> &mut Entry {
+        self.entries.entry(tp).or_default().entry(producer_id).or_insert_with(new)
+    }
+
     /// The producers with state in each of `tps` (in order), each with
     /// the start of its open transaction there, if `txns` has one.
     pub fn describe(&self, tps: &[Tp], txns: &Txns) -> Vec<Vec<ActiveProducer>> {
-        let mut by_tp: HashMap<Tp, Vec<ActiveProducer>> = tps.iter().map(|tp| (*tp, Vec::new())).collect();
-        for ((pid, tp), e) in &self.entries {
-            if let Some(list) = by_tp.get_mut(tp) {
-                list.push(ActiveProducer {
-                    producer_id: *pid,
-                    epoch: e.epoch,
-                    last_sequence: e.batches.back().map_or(-1, |c| c.last_seq),
-                    last_timestamp: e.last_timestamp,
-                    txn_start_offset: txns.open_start(tp, *pid).unwrap_or(-1),
-                });
-            }
-        }
         tps.iter()
             .map(|tp| {
-                let mut list = by_tp.get(tp).cloned().unwrap_or_default();
+                let mut list: Vec<ActiveProducer> = self
+                    .entries
+                    .get(tp)
+                    .into_iter()
+                    .flatten()
+                    .map(|(pid, e)| ActiveProducer {
+                        producer_id: *pid,
+                        epoch: e.epoch,
+                        last_sequence: e.batches.back().map_or(-1, |c| c.last_seq),
+                        last_timestamp: e.last_timestamp,
+                        txn_start_offset: txns.open_start(tp, *pid).unwrap_or(-1),
+                    })
+                    .collect();
                 list.sort_by_key(|p| p.producer_id);
                 list
             })
@@ -201,7 +211,7 @@ impl Producers {
     /// The tps some producer has state in: once per producer there, in no
     /// order.
     pub fn tps(&self) -> impl Iterator<Item = Tp> + '_ {
-        self.entries.keys().map(|(_, tp)| *tp)
+        self.entries.iter().flat_map(|(tp, m)| std::iter::repeat_n(*tp, m.len()))
     }
 
     /// Decides about one batch for `tp`.
@@ -212,7 +222,7 @@ impl Producers {
         if ids.base_sequence < 0 || ids.count <= 0 {
             return Check::Refuse(Refusal::InvalidRecord);
         }
-        let Some(e) = self.entries.get(&(ids.producer_id, tp)) else {
+        let Some(e) = self.entries.get(&tp).and_then(|m| m.get(&ids.producer_id)) else {
             // Nothing known of this producer here (a new producer, or
             // state lost with a restart): take it from where it is.
             return Check::Append;
@@ -245,7 +255,7 @@ impl Producers {
         if ids.producer_id < 0 {
             return;
         }
-        let e = self.entries.entry((ids.producer_id, tp)).or_insert_with(|| Entry {
+        let e = self.entry(tp, ids.producer_id, || Entry {
             epoch: ids.epoch,
             batches: VecDeque::with_capacity(WINDOW),
             last_used_ms: now_ms,
@@ -276,7 +286,7 @@ impl Producers {
     /// `tp`: a newer epoch fences the older one there (its batches are
     /// refused from now on) and starts its sequences over.
     pub fn fence(&mut self, tp: Tp, producer_id: i64, epoch: i16, now_ms: i64) {
-        let e = self.entries.entry((producer_id, tp)).or_insert_with(|| Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false });
+        let e = self.entry(tp, producer_id, || Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false });
         if epoch > e.epoch {
             e.epoch = epoch;
             e.batches.clear();
@@ -288,25 +298,31 @@ impl Producers {
     /// Forgets producers idle for `max_idle_ms` (Kafka's
     /// `producer.id.expiration.ms`); returns how many entries went.
     pub fn expire(&mut self, now_ms: i64, max_idle_ms: i64) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|_, e| now_ms - e.last_used_ms < max_idle_ms);
-        before - self.entries.len()
+        let before = self.len();
+        self.entries.retain(|_, m| {
+            m.retain(|_, e| now_ms - e.last_used_ms < max_idle_ms);
+            !m.is_empty()
+        });
+        before - self.len()
     }
 
     /// Forgets remembered batches at or past each tp's log end (`end`
     /// gives it; None: the tp is gone), and producers left with none.
     pub fn drop_beyond(&mut self, end: impl Fn(&Tp) -> Option<i64>) {
-        self.entries.retain(|(_, tp), e| {
+        self.entries.retain(|tp, m| {
             let Some(end) = end(tp) else { return false };
-            e.batches.retain(|c| c.last_offset < end);
-            !e.batches.is_empty()
+            m.retain(|_, e| {
+                e.batches.retain(|c| c.last_offset < end);
+                !e.batches.is_empty()
+            });
+            !m.is_empty()
         });
     }
 
     /// Forgets every producer's state in `tp` (before it is replayed from
     /// the log start).
     pub fn forget_tp(&mut self, tp: &Tp) {
-        self.entries.retain(|(_, t), _| t != tp);
+        self.entries.remove(tp);
     }
 
     /// Replays the batches of `tp` from `from` to its high watermark into
@@ -355,8 +371,8 @@ impl Producers {
     /// The same state always encodes to the same bytes (entries in
     /// producer and tp order), whatever order the maps hold them in.
     pub fn encode_snapshot(&self, txns: &[(Tp, TpTxns)], covered: &[(Tp, i64)]) -> Vec<u8> {
-        let mut entries: Vec<_> = self.entries.iter().collect();
-        entries.sort_unstable_by_key(|(key, _)| **key);
+        let mut entries: Vec<((i64, Tp), &Entry)> = self.entries.iter().flat_map(|(tp, m)| m.iter().map(move |(pid, e)| ((*pid, *tp), e))).collect();
+        entries.sort_unstable_by_key(|(key, _)| *key);
         let mut txns: Vec<&(Tp, TpTxns)> = txns.iter().collect();
         txns.sort_unstable_by_key(|(tp, _)| *tp);
         let file = SnapshotFile {
@@ -364,7 +380,7 @@ impl Producers {
             entries: entries
                 .into_iter()
                 .map(|((pid, tp), e)| SnapEntry {
-                    producer_id: *pid,
+                    producer_id: pid,
                     topic: crate::meta::hex(&tp.topic),
                     partition: tp.partition,
                     epoch: e.epoch,
@@ -392,7 +408,7 @@ impl Producers {
             if e.batches.len() > WINDOW {
                 return Err("more batches than the window".into());
             }
-            p.entries.insert((e.producer_id, tp(&e.topic, e.partition)?), Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp });
+            p.entries.entry(tp(&e.topic, e.partition)?).or_default().insert(e.producer_id, Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp });
         }
         let mut covered = HashMap::new();
         for (topic, partition, end) in file.covered {
