@@ -268,6 +268,24 @@ pub struct Described {
     pub synonyms: Vec<(String, String, Source)>,
 }
 
+/// A broker config resource: BROKER "" (every broker's default) or this
+/// broker's own id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerScope {
+    Cluster,
+    Node,
+}
+
+impl BrokerScope {
+    /// Where the catalog keeps the scope's configs.
+    pub fn catalog_key(self) -> &'static str {
+        match self {
+            BrokerScope::Cluster => "default",
+            BrokerScope::Node => "node",
+        }
+    }
+}
+
 /// The broker-level layers: the operator's static settings and the two
 /// dynamic ones, each keyed by broker config name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -281,6 +299,14 @@ pub struct BrokerLayers {
 }
 
 impl BrokerLayers {
+    /// The dynamic layer of `scope`.
+    pub fn scope_mut(&mut self, scope: BrokerScope) -> &mut BTreeMap<String, String> {
+        match scope {
+            BrokerScope::Cluster => &mut self.cluster,
+            BrokerScope::Node => &mut self.node,
+        }
+    }
+
     /// The layers that set `def`'s broker key, most specific first, ending
     /// with Kafka's default.
     fn synonyms(&self, def: &Def) -> Vec<(String, String, Source)> {

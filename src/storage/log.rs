@@ -560,10 +560,14 @@ impl PartState {
         )
     }
 
+    /// The tp's shares of stores that hold anything from `log_start` on.
+    fn live_stored<'a>(&'a self, tp: &'a Tp) -> impl Iterator<Item = &'a StoreTp> + 'a {
+        self.stored.iter().filter_map(move |s| s.store.tps.get(tp)).filter(move |t| t.last_offset >= self.log_start)
+    }
+
     /// Bytes of the tp in stores and the given segments, from `log_start`.
     fn bytes(&self, tp: &Tp, segs: &[Arc<Segment>]) -> u64 {
-        let stored: u64 = self.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= self.log_start).map(|t| t.bytes).sum();
-        stored + part_bytes(segs, tp, self.log_start)
+        self.live_stored(tp).map(|t| t.bytes).sum::<u64>() + part_bytes(segs, tp, self.log_start)
     }
 }
 
@@ -950,17 +954,12 @@ impl Storage {
         Some((st.log_start, st.hw, st.leo))
     }
 
-    /// The bytes attributable to `tp` from its log start: its frames in
-    /// segments and its batches in stores (shared files count only its
-    /// share). From the summaries; nothing is read.
-    pub fn partition_bytes(&self, tp: &Tp) -> Option<u64> {
-        self.partition_sizes(&[*tp]).pop().flatten()
-    }
-
-    /// [`Storage::partition_bytes`] of many tps (DescribeLogDirs): each
-    /// branch's segments are visited once for all its tps asked, so the
-    /// cost is the segments' tp maps, not tps × segments. None for a tp
-    /// storage does not hold.
+    /// The bytes attributable to each of `tps` from its log start: its
+    /// frames in segments and its batches in stores (shared files count
+    /// only its share), from the summaries; nothing is read. Each branch's
+    /// segments are visited once for all its tps asked, so the cost is the
+    /// segments' tp maps, not tps × segments (DescribeLogDirs of every
+    /// partition). None for a tp storage does not hold.
     pub fn partition_sizes(&self, tps: &[Tp]) -> Vec<Option<u64>> {
         let parts: Vec<Option<Arc<Partition>>> = {
             let map = self.parts.read().expect("parts lock");
@@ -972,7 +971,7 @@ impl Storage {
         for (i, part) in parts.iter().enumerate() {
             let Some(part) = part else { continue };
             let st = part.st.read().expect("partition lock");
-            let stored: u64 = st.stored.iter().filter_map(|s| s.store.tps.get(&part.tp)).filter(|t| t.last_offset >= st.log_start).map(|t| t.bytes).sum();
+            let stored: u64 = st.live_stored(&part.tp).map(|t| t.bytes).sum();
             out[i] = Some(stored);
             branches.entry(tip_key(&part.branch)).or_insert_with(|| (part.branch.clone(), HashMap::default())).1.insert(part.tp, (i, st.log_start));
         }
@@ -1124,7 +1123,7 @@ impl Storage {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
         let (log_start, hw, entry, stored) = {
             let st = part.st.read().expect("partition lock");
-            let stored = st.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= st.log_start).map(|t| t.max_ts).max();
+            let stored = st.live_stored(tp).map(|t| t.max_ts).max();
             (st.log_start, st.hw, st.index.iter().rev().find(|e| e.offset < st.hw).copied(), stored)
         };
         let mut visible = stored.unwrap_or(i64::MIN);
@@ -1157,7 +1156,7 @@ impl Storage {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
         let segs = part.branch.segs.read().expect("segments lock").clone();
         let st = part.st.read().expect("partition lock");
-        let stored = st.stored.iter().filter_map(|s| s.store.tps.get(tp)).filter(|t| t.last_offset >= st.log_start).map(|t| t.max_ts);
+        let stored = st.live_stored(tp).map(|t| t.max_ts);
         let logged: Vec<i64> = segs.iter().filter_map(|s| s.tps.lock().expect("segment tps lock").get(tp).copied()).filter(|s| s.last_offset >= st.log_start).map(|s| s.max_ts).collect();
         Ok(stored.chain(logged).max())
     }

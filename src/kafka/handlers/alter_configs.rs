@@ -15,7 +15,7 @@ pub use kafka_protocol::messages::{AlterConfigsRequest as Request, AlterConfigsR
 use kafka_protocol::protocol::{StrBytes, VersionRange};
 use kafka_protocol::ResponseError as E;
 
-use super::describe_configs::{broker_scope, BROKER, STATIC_BROKER_KEYS, TOPIC};
+use super::describe_configs::{broker_scope, static_broker_configs, BROKER, TOPIC};
 use super::str_bytes;
 use crate::auth::acl::Operation;
 use crate::engine::{Alter, BrokerScope};
@@ -107,7 +107,8 @@ async fn one(broker: &Broker, check: Option<&Check>, resource_type: i8, name: &s
                 Alter::Replace(set) => set.keys().map(String::as_str).collect(),
                 Alter::Incremental(ops) => ops.iter().map(|o| o.key()).collect(),
             };
-            let fixed: Vec<&str> = keys.into_iter().filter(|k| STATIC_BROKER_KEYS.contains(k)).collect();
+            let statics = static_broker_configs(broker);
+            let fixed: Vec<&str> = keys.into_iter().filter(|k| statics.iter().any(|d| d.name == *k)).collect();
             if !fixed.is_empty() {
                 return Err(invalid(format!("Cannot update these configs dynamically: {}; they are static settings of the broker", fixed.join(", "))));
             }

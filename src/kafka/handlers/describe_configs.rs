@@ -94,8 +94,9 @@ fn entry(d: Described, synonyms: bool, docs: bool) -> DescribeConfigsResourceRes
         .with_documentation(docs.then(|| str_bytes(d.doc)))
 }
 
-/// Broker settings that are not topic defaults: reported, read-only.
-fn static_broker_configs(broker: &Broker) -> Vec<Described> {
+/// Broker settings that are not topic defaults: reported, read-only (an
+/// alter naming one is refused).
+pub fn static_broker_configs(broker: &Broker) -> Vec<Described> {
     use crate::engine::configs::Kind;
     let c = broker.engine.config();
     let fixed = |name: &str, value: String, kind: Kind, doc: &'static str| Described {
@@ -117,6 +118,3 @@ fn static_broker_configs(broker: &Broker) -> Vec<Described> {
         fixed("default.replication.factor", "1".into(), Kind::Int, "A single node holds one replica."),
     ]
 }
-
-/// Read-only broker settings: an alter naming one is refused.
-pub const STATIC_BROKER_KEYS: &[&str] = &["node.id", "broker.id", "log.dirs", "num.partitions", "auto.create.topics.enable", "socket.request.max.bytes", "default.replication.factor"];
