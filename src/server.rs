@@ -273,7 +273,8 @@ async fn retention_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::R
 }
 
 /// Runs the compactor every `every`, off the async threads; one window at a
-/// time (a window that finds more due segments runs again at once).
+/// time (a window that finds more due segments runs again at once); then
+/// the cleaner, one keyed topic at a time.
 async fn compaction_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::Receiver<bool>) {
     let mut tick = interval_after_first(every);
     while next_tick(&mut tick, &mut stop).await {
@@ -284,6 +285,17 @@ async fn compaction_loop(engine: Arc<Engine>, every: Duration, mut stop: watch::
                 Ok(Ok(_)) => {}
                 Ok(Err(err)) => tracing::error!(error = %err, "compaction failed"),
                 Err(err) => tracing::error!(error = %err, "compaction task panicked"),
+            }
+            break;
+        }
+        // Then key compaction, one topic at a time, while topics are due.
+        while !*stop.borrow() {
+            let e = engine.clone();
+            match tokio::task::spawn_blocking(move || e.clean()).await {
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) => {}
+                Ok(Err(err)) => tracing::error!(error = %err, "cleaning failed"),
+                Err(err) => tracing::error!(error = %err, "cleaning task panicked"),
             }
             break;
         }

@@ -239,6 +239,8 @@ settings! {
     compaction_max_window_bytes: u64 = "4294967296", "CANOPY_COMPACTION_MAX_WINDOW_BYTES", "compaction-max-window-bytes";
     "Bytes per second the compactor reads at most (0: no limit)"
     compaction_bytes_per_sec: u64 = "104857600", "CANOPY_COMPACTION_BYTES_PER_SEC", "compaction-bytes-per-sec";
+    "Memory the log cleaner's key map may use per run (log.cleaner.dedupe.buffer.size), in bytes"
+    log_cleaner_dedupe_buffer_bytes: u64 = "134217728", "CANOPY_LOG_CLEANER_DEDUPE_BUFFER_BYTES", "log-cleaner-dedupe-buffer-bytes";
     "Default retention.ms of topics (-1: keep forever)"
     retention_ms: i64 = "604800000", "CANOPY_RETENTION_MS", "retention-ms";
     "Default retention.bytes per partition (-1: no limit)"
@@ -662,6 +664,7 @@ impl Config {
             crate::storage::CompactConfig { lag_ms: self.compaction_lag_ms, strategy, max_bytes: self.compaction_max_window_bytes }
         });
         e.compaction_bytes_per_sec = self.compaction_bytes_per_sec;
+        e.cleaning = crate::storage::CleanConfig { map_bytes: self.log_cleaner_dedupe_buffer_bytes };
         e.compaction_interval = Duration::from_millis(self.compaction_interval_ms);
         e
     }

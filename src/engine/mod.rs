@@ -121,8 +121,10 @@ pub struct EngineConfig {
     pub compaction: Option<storage::CompactConfig>,
     /// The compactor reads at most this many bytes per second (0: no limit).
     pub compaction_bytes_per_sec: u64,
-    /// How often the server runs the compactor.
+    /// How often the server runs the compactor (and then the cleaner).
     pub compaction_interval: std::time::Duration,
+    /// Key compaction of `cleanup.policy=compact` topics.
+    pub cleaning: storage::CleanConfig,
     /// Where the engine reports fsync times and sizes.
     pub probe: probe::EngineProbe,
 }
@@ -147,6 +149,7 @@ impl EngineConfig {
             compaction: Some(storage::CompactConfig::default()),
             compaction_bytes_per_sec: 0,
             compaction_interval: std::time::Duration::from_secs(60),
+            cleaning: storage::CleanConfig::default(),
             probe: probe::EngineProbe::default(),
         }
     }
@@ -880,11 +883,51 @@ impl Engine {
         if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(None);
         }
+        let mut throttle = self.maintenance_throttle();
+        // Keyed topics get stores of their own, for the cleaner.
+        let name_of = |id: &[u8; 16]| self.topic_by_id(id).map(|t| storage::TopicView { name: t.record.name.clone(), keyed: t.config.cleanup.compact });
+        match self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()), &mut |sw| self.switch(sw)) {
+            // Cancelled by shutdown: nothing was switched.
+            Err(StorageError::Stopped(_)) if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) => Ok(None),
+            r => Ok(r?),
+        }
+    }
+
+    /// Cleans one keyed topic (`cleanup.policy` with `compact`) if one is
+    /// due (see `storage::log::clean`): its stores keep the latest record
+    /// per key. Blocking; the server runs it after each compaction round.
+    /// The cleaning's window is durable in the catalog before any reader
+    /// moves to its store.
+    pub fn clean(&self) -> Result<Option<storage::Cleaned>, EngineError> {
+        if self.cfg.compaction.is_none() || self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(None);
+        }
+        let mut throttle = self.maintenance_throttle();
+        let policy = |id: &[u8; 16]| {
+            let t = self.topic_by_id(id).filter(|t| t.config.cleanup.compact)?;
+            let c = &t.config;
+            Some(storage::CleanPolicy {
+                delete_retention_ms: c.delete_retention_ms,
+                min_compaction_lag_ms: c.min_compaction_lag_ms,
+                max_compaction_lag_ms: c.max_compaction_lag_ms,
+                min_cleanable_dirty_ratio: c.min_cleanable_dirty_ratio,
+            })
+        };
+        match self.storage.clean(self.now_ms(), &self.cfg.cleaning, policy, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()), &mut |sw| self.switch(sw)) {
+            Err(StorageError::Stopped(_)) if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) => Ok(None),
+            r => Ok(r?),
+        }
+    }
+
+    /// The throttle of maintenance's reads (compaction and cleaning): it
+    /// sleeps to hold `compaction_bytes_per_sec`, and answers false once
+    /// shutdown cancelled maintenance.
+    fn maintenance_throttle(&self) -> impl FnMut(u64) -> bool + '_ {
         let rate = self.cfg.compaction_bytes_per_sec;
         let started = std::time::Instant::now();
         let mut read = 0u64;
         let stopping = &self.compaction_cancel;
-        let mut throttle = |bytes: u64| {
+        move |bytes: u64| {
             read += bytes;
             if rate > 0 {
                 let due = std::time::Duration::from_secs_f64(read as f64 / rate as f64);
@@ -897,12 +940,6 @@ impl Engine {
                 }
             }
             !stopping.load(std::sync::atomic::Ordering::Acquire)
-        };
-        let name_of = |id: &[u8; 16]| self.topic_by_id(id).map(|t| t.record.name.clone());
-        match self.storage.compact(self.now_ms(), cfg, name_of, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()), &mut |sw| self.switch(sw)) {
-            // Cancelled by shutdown: nothing was switched.
-            Err(StorageError::Stopped(_)) if self.compaction_cancel.load(std::sync::atomic::Ordering::Acquire) => Ok(None),
-            r => Ok(r?),
         }
     }
 

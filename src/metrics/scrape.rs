@@ -274,6 +274,9 @@ impl Metrics {
         f.counter("canopy_compaction_written_bytes_total", "Subtree store bytes written", &[], c.bytes_written.load(Ordering::Relaxed) as f64);
         f.counter("canopy_compaction_stores_written_total", "Subtree stores written", &[], c.stores_written.load(Ordering::Relaxed) as f64);
         f.counter("canopy_compaction_stores_deleted_total", "Subtree stores deleted by retention", &[], c.stores_deleted.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_cleaner_runs_total", "Key compactions of keyed topics completed", &[], c.cleanings.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_cleaner_read_bytes_total", "Store bytes key compaction replaced", &[], c.bytes_cleaned.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_cleaner_written_bytes_total", "Store bytes key compaction wrote", &[], c.bytes_cleaned_out.load(Ordering::Relaxed) as f64);
     }
 }
 

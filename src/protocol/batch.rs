@@ -50,6 +50,9 @@ const ATTR_COMPRESSION_MASK: i16 = 0x07;
 pub const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
 const ATTR_TRANSACTIONAL: i16 = 0x10;
 const ATTR_CONTROL: i16 = 0x20;
+/// KIP-534: the base timestamp is the batch's delete horizon (set by log
+/// compaction on batches holding tombstones).
+pub const ATTR_DELETE_HORIZON: i16 = 0x40;
 
 const _: () = assert!(OFF_RECORDS_COUNT + 4 == HEADER_BYTES);
 const _: () = assert!(OFF_CRC + 4 == OFF_ATTRIBUTES);
@@ -150,6 +153,10 @@ impl BatchHeader {
     }
     pub fn is_control(&self) -> bool {
         self.attributes & ATTR_CONTROL != 0
+    }
+    /// The delete horizon compaction set (KIP-534), if any.
+    pub fn delete_horizon(&self) -> Option<i64> {
+        (self.attributes & ATTR_DELETE_HORIZON != 0).then_some(self.base_timestamp)
     }
     /// Offset of the last record, given the (possibly patched) base offset.
     pub fn last_offset(&self) -> i64 {
@@ -564,13 +571,100 @@ pub fn marker_of(buf: &[u8], header: &BatchHeader) -> Option<Marker> {
     }
 }
 
+/// One record of a batch's (inflated) records section, for log compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    /// The whole record, its length varint included.
+    pub raw: &'a [u8],
+    pub offset_delta: i64,
+    pub timestamp_delta: i64,
+    pub key: Option<&'a [u8]>,
+    /// A null value: a tombstone.
+    pub tombstone: bool,
+}
+
+/// The records of an (inflated) records section, in order; an error for
+/// one that does not parse. Unlike [`check_records`] it accepts the gaps
+/// in offset deltas that compaction leaves.
+pub fn records_view(records: &[u8], count: i32) -> impl Iterator<Item = Result<RecordView<'_>, BatchError>> {
+    let mut rest = records;
+    let mut index = 0;
+    std::iter::from_fn(move || {
+        if index >= count {
+            return None;
+        }
+        let i = index;
+        index += 1;
+        let bad = |why| BatchError::BadRecord { index: i, why };
+        let view = (|| {
+            let (len, n) = varint(rest)?;
+            let end = n.checked_add(usize::try_from(len).ok()?)?;
+            let raw = rest.get(..end)?;
+            let rec = &raw[n..];
+            let mut c = Cursor { rec, p: 1 };
+            let timestamp_delta = c.varint()?;
+            let offset_delta = c.varint()?;
+            let key = c.bytes()?;
+            let tombstone = c.bytes()?.is_none();
+            rest = &rest[end..];
+            Some(RecordView { raw, offset_delta, timestamp_delta, key, tombstone })
+        })();
+        Some(view.ok_or_else(|| {
+            index = count;
+            bad("does not parse")
+        }))
+    })
+}
+
+/// A batch holding `records` (whole records, as [`RecordView::raw`]) in
+/// place of `buf`'s: the other header fields kept, the records count set,
+/// compressed with `codec`, sealed. With `horizon`, the batch gets that
+/// delete horizon (KIP-534): the base timestamp becomes it and each
+/// record's timestamp delta is rebased so its timestamp is unchanged.
+pub fn rebuilt(buf: &[u8], records: &[RecordView<'_>], codec: Compression, horizon: Option<i64>) -> Vec<u8> {
+    let old_base = get_i64(buf, OFF_BASE_TIMESTAMP);
+    let mut body = Vec::with_capacity(records.iter().map(|r| r.raw.len() + 8).sum());
+    let mut rec = Vec::new();
+    for r in records {
+        match horizon {
+            None => body.extend_from_slice(r.raw),
+            Some(base) => {
+                // attributes, then the rebased timestamp delta, then the
+                // rest as it was.
+                let (len, n) = varint(r.raw).expect("parsed record");
+                let old = &r.raw[n..n + len as usize];
+                let (_, ts_len) = varint(&old[1..]).expect("parsed record");
+                rec.clear();
+                rec.push(old[0]);
+                put_varint(&mut rec, old_base.saturating_add(r.timestamp_delta).saturating_sub(base));
+                rec.extend_from_slice(&old[1 + ts_len..]);
+                put_varint(&mut body, rec.len() as i64);
+                body.extend_from_slice(&rec);
+            }
+        }
+    }
+    let packed = match codec {
+        Compression::None | Compression::Unknown(_) => body,
+        c => super::compression::compress(c, &body),
+    };
+    let mut out = with_records(buf, &packed, codec);
+    out[OFF_RECORDS_COUNT..OFF_RECORDS_COUNT + 4].copy_from_slice(&(records.len() as i32).to_be_bytes());
+    if let Some(base) = horizon {
+        let attributes = get_i16(&out, OFF_ATTRIBUTES) | ATTR_DELETE_HORIZON;
+        out[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+        out[OFF_BASE_TIMESTAMP..OFF_BASE_TIMESTAMP + 8].copy_from_slice(&base.to_be_bytes());
+    }
+    seal(&mut out);
+    out
+}
+
 /// Fields of one record, read in order.
 struct Cursor<'a> {
     rec: &'a [u8],
     p: usize,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
     #[inline(always)]
     fn varint(&mut self) -> Option<i64> {
         let (v, n) = varint(self.rec.get(self.p..)?)?;
@@ -582,6 +676,19 @@ impl Cursor<'_> {
     fn skip(&mut self, n: usize) -> Option<()> {
         self.p = self.p.checked_add(n).filter(|&e| e <= self.rec.len())?;
         Some(())
+    }
+
+    /// A varint length, then that many bytes, returned; -1 is null.
+    fn bytes(&mut self) -> Option<Option<&'a [u8]>> {
+        match self.varint()? {
+            -1 => Some(None),
+            len if len >= 0 => {
+                let at = self.p;
+                self.skip(len as usize)?;
+                Some(Some(&self.rec[at..self.p]))
+            }
+            _ => None,
+        }
     }
 
     /// A varint length, then that many bytes; -1 is null.

@@ -61,6 +61,7 @@ use super::subtree::WindowRecord;
 use super::{TopicId, Tp};
 use crate::protocol::batch;
 
+mod clean;
 mod compact;
 mod page_cache;
 mod recover;
@@ -70,7 +71,8 @@ mod state;
 mod stream;
 mod switch;
 mod writer;
-pub use compact::{CompactConfig, Compacted};
+pub use clean::{CleanConfig, CleanPolicy, Cleaned};
+pub use compact::{CompactConfig, Compacted, TopicView};
 pub use recover::CLEAN_MARKER;
 pub use seg_index::reencode as reencode_index_file;
 pub use stream::StreamRead;
@@ -443,6 +445,9 @@ struct StoreFile {
     branches: Vec<String>,
     /// Each tp's branch, as an index into `branches`.
     branch_of: HashMap<Tp, usize>,
+    /// Written by a cleaning (`clean`), with the earliest delete horizon
+    /// of its batches that keep tombstones.
+    clean: Option<Option<i64>>,
 }
 
 impl StoreFile {
@@ -462,7 +467,7 @@ impl StoreFile {
             branch_of.insert(*tp, i);
         }
         let file = files.file(store.path.clone(), false);
-        StoreFile { store, file, branches, branch_of }
+        StoreFile { store, file, branches, branch_of, clean: None }
     }
 }
 
@@ -751,6 +756,10 @@ pub struct CompactionStats {
     pub bytes_written: AtomicU64,
     pub stores_written: AtomicU64,
     pub stores_deleted: AtomicU64,
+    /// Key compaction: runs, bytes of the stores replaced, bytes written.
+    pub cleanings: AtomicU64,
+    pub bytes_cleaned: AtomicU64,
+    pub bytes_cleaned_out: AtomicU64,
     /// Milliseconds the oldest sealed segment not yet compacted has waited
     /// past its lag, at the last run (0: none waiting).
     pub lag_ms: AtomicU64,

@@ -5,6 +5,7 @@ mod common;
 mod acls;
 mod admin;
 mod bad_input;
+mod cleaning;
 mod compaction;
 mod compression;
 mod configs;

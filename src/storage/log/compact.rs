@@ -41,6 +41,22 @@ impl Default for CompactConfig {
     }
 }
 
+/// What the compactor needs to know of a live topic: its name (for the
+/// plan) and whether it is keyed (`cleanup.policy` has `compact`): a keyed
+/// topic gets stores of its own in every window, outside the plan, so
+/// cleaning it (`clean`) never reads or rewrites a sibling's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicView {
+    pub name: String,
+    pub keyed: bool,
+}
+
+impl From<String> for TopicView {
+    fn from(name: String) -> TopicView {
+        TopicView { name, keyed: false }
+    }
+}
+
 /// What one run did.
 #[derive(Debug, Clone)]
 pub struct Compacted {
@@ -58,17 +74,18 @@ const COMPACT_CHUNK: usize = 1 << 20;
 
 impl Storage {
     /// Runs one compaction window (see the module docs), if any segment is
-    /// due. `name_of` names live topics (frames of others are dropped);
+    /// due. `name_of` names live topics (frames of others are dropped) and
+    /// may say which are keyed ([`TopicView`]);
     /// `throttle` is called with the bytes read since its last call, about
     /// every MiB, and may sleep to bound the compactor's I/O, or answer
     /// false to cancel the run (nothing is switched; shutdown); `persist`
     /// must make the window record durable in the catalog. A failed
     /// `persist` poisons storage: the record may reach the catalog later.
-    pub fn compact(
+    pub fn compact<V: Into<TopicView>>(
         &self,
         now_ms: i64,
         cfg: &CompactConfig,
-        name_of: impl Fn(&TopicId) -> Option<String>,
+        name_of: impl Fn(&TopicId) -> Option<V>,
         throttle: &mut dyn FnMut(u64) -> bool,
         persist: impl FnOnce(&WindowRecord) -> Result<(), String>,
         apply: Apply<'_>,
@@ -79,11 +96,11 @@ impl Storage {
     /// [`Storage::compact`] that stops (as a crash would) at the first step
     /// `stop_at` says yes to, returning `StorageError::Stopped`.
     #[allow(clippy::too_many_arguments)]
-    pub fn compact_until(
+    pub fn compact_until<V: Into<TopicView>>(
         &self,
         now_ms: i64,
         cfg: &CompactConfig,
-        name_of: impl Fn(&TopicId) -> Option<String>,
+        name_of: impl Fn(&TopicId) -> Option<V>,
         throttle: &mut dyn FnMut(u64) -> bool,
         persist: impl FnOnce(&WindowRecord) -> Result<(), String>,
         apply: Apply<'_>,
@@ -137,22 +154,30 @@ impl Storage {
         // 2. The plan, from each live topic's bytes in those segments.
         let parts = self.parts.read().expect("parts lock").clone();
         let log_start = |tp: &Tp| parts.get(tp).map(|p| p.st.read().expect("partition lock").log_start);
-        let mut names: HashMap<TopicId, Option<String>> = HashMap::default();
+        let mut names: HashMap<TopicId, Option<TopicView>> = HashMap::default();
         let mut volume: HashMap<String, u64> = HashMap::default();
+        let mut keyed: std::collections::BTreeMap<String, u64> = Default::default();
         for (_, _, seg, _, _) in &due {
             for (tp, share) in seg.tps.lock().expect("segment tps lock").iter() {
-                let name = names.entry(tp.topic).or_insert_with(|| name_of(&tp.topic)).clone();
-                if let (Some(name), Some(start)) = (name, log_start(tp)) {
+                let view = names.entry(tp.topic).or_insert_with(|| name_of(&tp.topic).map(Into::into)).clone();
+                if let (Some(view), Some(start)) = (view, log_start(tp)) {
                     if share.last_offset >= start {
-                        *volume.entry(name).or_default() += share.bytes;
+                        let sum = if view.keyed { keyed.entry(view.name).or_default() } else { volume.entry(view.name).or_default() };
+                        *sum += share.bytes;
                     }
                 }
             }
         }
         let volume: Vec<(String, u64)> = volume.into_iter().collect();
-        let plan = split::plan(&volume, cfg.strategy);
+        let mut plan = split::plan(&volume, cfg.strategy);
+        // Keyed topics: a store each, after the plan's.
+        for (name, bytes) in keyed {
+            plan.store_of.push(plan.stores.len());
+            plan.stores.push(split::StorePlan { root: name.clone(), label: format!("{name} (keyed)"), topics: vec![plan.topics.len()], bytes });
+            plan.topics.push((name, bytes));
+        }
         let index_of: HashMap<&str, usize> = plan.topics.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect();
-        let store_of = |topic: &TopicId| -> Option<usize> { names.get(topic)?.as_deref().and_then(|n| index_of.get(n)).map(|&t| plan.store_of[t]) };
+        let store_of = |topic: &TopicId| -> Option<usize> { names.get(topic)?.as_ref().and_then(|v| index_of.get(v.name.as_str())).map(|&t| plan.store_of[t]) };
 
         // 3. Copy the frames, in stream order, into their stores.
         let window = maintenance.next_window;
@@ -248,6 +273,8 @@ impl Storage {
             },
             threshold: plan.threshold,
             compacted_to: compacted_to.clone(),
+            cleaned: Vec::new(),
+            horizon_ms: None,
             stores: plan
                 .stores
                 .iter()

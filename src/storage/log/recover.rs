@@ -367,7 +367,7 @@ fn open_stores(
         }
         return Err(StorageError::Catalog(format!("{} holds subtree stores but no catalog of them was given", dir.display())));
     };
-    let mut live = std::collections::BTreeSet::new();
+    let live = WindowRecord::live_stores(windows);
     let mut compacted_to: HashMap<String, u64> = HashMap::default();
     let mut next_window = 0;
     for w in windows {
@@ -376,8 +376,8 @@ fn open_stores(
             let e = compacted_to.entry(branch.clone()).or_default();
             *e = (*e).max(*seq);
         }
-        live.extend(w.stores.iter().filter(|s| s.live).map(|s| (w.window, s.store)));
     }
+    let cleanings: HashMap<u64, Option<i64>> = windows.iter().filter(|w| !w.cleaned.is_empty()).map(|w| (w.window, w.horizon_ms)).collect();
     let mut removed = false;
     for (name, path) in &found {
         if !store::parse_file_name(name).is_some_and(|k| live.contains(&k)) {
@@ -394,14 +394,14 @@ fn open_stores(
         // A listed store that is missing or damaged is lost data: refuse to
         // start rather than serve a log with a hole.
         let store = Store::open(disk, &dir.join(store::file_name(window, n))).map_err(StorageError::Store)?;
-        let file = Arc::new(StoreFile::new(store, files, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch))));
+        let mut file = StoreFile::new(store, files, |tp| writers.get(tp).map(|w| branch_name(&w.part.branch)));
+        if let Some(horizon) = cleanings.get(&window) {
+            file.clean = Some(*horizon);
+        }
+        let file = Arc::new(file);
         for (tp, share) in &file.store.tps {
             let Some(w) = writers.get_mut(tp) else { continue };
             let mut st = w.part.st.write().expect("partition lock");
-            if st.stored.is_empty() {
-                // The log start may only rise to the first surviving batch.
-                st.log_start = st.log_start.max(share.first_offset);
-            }
             st.stored.push(file.clone());
             w.next_offset = w.next_offset.max(share.last_offset + 1);
             st.leo = w.next_offset;
@@ -410,6 +410,16 @@ fn open_stores(
         report.stores += 1;
         report.bytes += file.store.file_len;
         stores.push(file);
+    }
+    for w in writers.values() {
+        let mut st = w.part.st.write().expect("partition lock");
+        // A tp's stores in offset order: a cleaning's store has a newer
+        // window than stores it did not take, and holds older offsets.
+        st.stored.sort_by_key(|s| s.store.tps[&w.part.tp].first_offset);
+        if let Some(first) = st.stored.first() {
+            // The log start may only rise to the first surviving batch.
+            st.log_start = st.log_start.max(first.store.tps[&w.part.tp].first_offset);
+        }
     }
     Ok((stores, compacted_to, next_window))
 }

@@ -39,6 +39,9 @@ pub(super) enum Change {
     /// below its first live one out (the window is durable in the
     /// catalog).
     Compacted { opened: Vec<Arc<StoreFile>>, first_live: Vec<(Arc<Branch>, u64)> },
+    /// Cleaning: one store in, in the place of the stores it replaces
+    /// (the window is durable in the catalog).
+    Cleaned { opened: Arc<StoreFile>, replaced: Vec<Arc<StoreFile>> },
     /// A topic's deletion: its partitions leave the registry and the
     /// writer's state.
     RemoveTopic { topic: TopicId, partitions: i32 },
@@ -65,6 +68,7 @@ impl fmt::Debug for Switch {
             Change::DropSegments(d) => write!(f, "Switch::DropSegments({} segments)", d.iter().map(|(_, s)| s.len()).sum::<usize>()),
             Change::DropStores(d) => write!(f, "Switch::DropStores({} stores)", d.len()),
             Change::Compacted { opened, first_live } => write!(f, "Switch::Compacted({} stores, {} branches)", opened.len(), first_live.len()),
+            Change::Cleaned { replaced, .. } => write!(f, "Switch::Cleaned({} stores)", replaced.len()),
             Change::RemoveTopic { partitions, .. } => write!(f, "Switch::RemoveTopic({partitions} partitions)"),
         }
     }
@@ -125,6 +129,22 @@ impl LogWriter {
                     branch.segs.write().expect("branch lock").retain(|s| s.base_seq >= *first_live);
                 }
                 stores.extend(opened);
+            }
+            Change::Cleaned { opened, replaced } => {
+                let is_replaced = |s: &Arc<StoreFile>| replaced.iter().any(|r| Arc::ptr_eq(r, s));
+                let parts: Vec<Arc<Partition>> = log.parts.read().expect("parts lock").values().cloned().collect();
+                let mut stores = log.stores.write().expect("stores lock");
+                for part in parts {
+                    let mut st = part.st.write().expect("partition lock");
+                    // Per tp at once, where the replaced stores were.
+                    let Some(at) = st.stored.iter().position(is_replaced) else { continue };
+                    st.stored.retain(|s| !is_replaced(s));
+                    if opened.store.tps.contains_key(&part.tp) {
+                        st.stored.insert(at, opened.clone());
+                    }
+                }
+                stores.retain(|s| !is_replaced(s));
+                stores.push(opened);
             }
             Change::RemoveTopic { topic, partitions } => {
                 let gone = log.remove_topic(&topic, partitions);

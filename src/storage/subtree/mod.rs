@@ -44,6 +44,27 @@ pub struct WindowRecord {
     /// replaced by this window's (and earlier windows') stores.
     pub compacted_to: Vec<(String, u64)>,
     pub stores: Vec<StoreRecord>,
+    /// A key compaction (cleaning, `log::clean`): the stores its one store
+    /// replaces, by (window, store). Listed here, the switch is one write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cleaned: Vec<(u64, u32)>,
+    /// A cleaning's store: the earliest delete horizon of its batches that
+    /// keep tombstones (when the next cleaning may remove them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon_ms: Option<i64>,
+}
+
+impl WindowRecord {
+    /// The stores `windows` list that are live: not dropped by retention,
+    /// not replaced by a cleaning.
+    pub fn live_stores(windows: &[WindowRecord]) -> std::collections::BTreeSet<(u64, u32)> {
+        let replaced: std::collections::BTreeSet<(u64, u32)> = windows.iter().flat_map(|w| w.cleaned.iter().copied()).collect();
+        windows
+            .iter()
+            .flat_map(|w| w.stores.iter().filter(|s| s.live).map(move |s| (w.window, s.store)))
+            .filter(|k| !replaced.contains(k))
+            .collect()
+    }
 }
 
 /// Where the compactor may stop (tests inject crashes there): before and
@@ -89,9 +110,9 @@ pub fn volumes(dir: &Path, windows: &[WindowRecord]) -> Result<HashMap<TopicId, 
             }
         }
     }
-    for w in windows {
-        for s in w.stores.iter().filter(|s| s.live) {
-            let path = dir.join("stores").join(store::file_name(w.window, s.store));
+    for (window, n) in WindowRecord::live_stores(windows) {
+        {
+            let path = dir.join("stores").join(store::file_name(window, n));
             let st = store::Store::open(&super::disk::RealDisk, &path).map_err(|e| e.to_string())?;
             for (tp, share) in &st.tps {
                 *out.entry(tp.topic).or_default() += share.bytes;

@@ -182,6 +182,16 @@ impl StoreWriter {
         self.pos
     }
 
+    /// Widens `tp`'s share to at least `first..=last`: a cleaning's share
+    /// keeps the offset range of the shares it replaces, whose first and
+    /// last batches it may have removed. Nothing for a tp with no frame.
+    pub fn cover(&mut self, tp: &Tp, first: i64, last: i64) {
+        if let Some(e) = self.tps.get_mut(tp) {
+            e.first_offset = e.first_offset.min(first);
+            e.last_offset = e.last_offset.max(last);
+        }
+    }
+
     /// Writes the index and the footer and flushes to the file (not synced:
     /// see [`StoreWriter::sync`]). Returns the file.
     pub fn finish(mut self) -> Result<(PathBuf, FileRef), StoreError> {
@@ -364,7 +374,7 @@ fn parse_index(b: &[u8], frames_end: u64) -> Result<(HashMap<Tp, StoreTp>, Vec<(
             }
             entries.push(entry);
         }
-        if first_offset > last_offset || entries[0].offset != first_offset || tps.insert(tp, StoreTp { first_offset, last_offset, bytes, max_ts, entries }).is_some() {
+        if first_offset > last_offset || entries[0].offset < first_offset || tps.insert(tp, StoreTp { first_offset, last_offset, bytes, max_ts, entries }).is_some() {
             return Err("tp offsets inconsistent or repeated");
         }
     }
