@@ -124,8 +124,7 @@ pub struct Def {
     /// broker); the others need a restart with the static setting.
     pub broker_dynamic: bool,
     /// Whether the value is parsed into [`TopicConfig`] (else it is only
-    /// checked, kept and reported). The compaction settings are parsed for
-    /// the key compactor, which is not built yet (docs/key-compaction.md).
+    /// checked, kept and reported).
     pub acted: bool,
     pub doc: &'static str,
 }
@@ -137,11 +136,11 @@ const LONG_MAX: &str = "9223372036854775807";
 /// `acted`).
 pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "cleanup.policy", broker: "log.cleanup.policy", valid: Valid::SubsetOf(&["compact", "delete"]), default: "delete", broker_dynamic: true, acted: true,
-        doc: "delete: old data goes by retention.ms and retention.bytes; compact: records need keys, and old data is not deleted by time or size (key compaction, keeping the latest record per key, is not built yet); both: keys required, old data still goes." },
+        doc: "delete: old data goes by retention.ms and retention.bytes; compact: records need keys, and the latest record per key is kept (older ones go once the data is in subtree stores, not by time or size); both: compacted, and old data still goes by retention." },
     Def { name: "compression.type", broker: "compression.type", valid: Valid::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]), default: "producer", broker_dynamic: true, acted: true,
         doc: "Codec the topic stores batches in; producer keeps what the producer sent (other codecs recompress on append)." },
     Def { name: "delete.retention.ms", broker: "log.cleaner.delete.retention.ms", valid: Valid::Long(0), default: "86400000", broker_dynamic: true, acted: true,
-        doc: "How long a tombstone (a record with a null value) of a compacted topic stays readable. Checked and kept; key compaction is not built yet." },
+        doc: "How long a tombstone (a record with a null value) of a compacted topic stays readable after the cleaning that first kept it." },
     Def { name: "file.delete.delay.ms", broker: "log.segment.delete.delay.ms", valid: Valid::Long(0), default: "60000", broker_dynamic: true, acted: false,
         doc: "Accepted for compatibility; Canopy deletes files once no reader holds them." },
     Def { name: "flush.messages", broker: "log.flush.interval.messages", valid: Valid::Long(1), default: LONG_MAX, broker_dynamic: true, acted: false,
@@ -151,7 +150,7 @@ pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "index.interval.bytes", broker: "log.index.interval.bytes", valid: Valid::Int(0), default: "4096", broker_dynamic: true, acted: false,
         doc: "Accepted for compatibility; Canopy indexes every batch." },
     Def { name: "max.compaction.lag.ms", broker: "log.cleaner.max.compaction.lag.ms", valid: Valid::Long(1), default: LONG_MAX, broker_dynamic: true, acted: true,
-        doc: "A record of a compacted topic is compacted at most this long after it was written. Checked and kept; key compaction is not built yet." },
+        doc: "A compacted topic is cleaned, whatever its dirty ratio, once its oldest uncleaned store data is this old (by record timestamps; data still in branch segments waits for compaction into stores)." },
     Def { name: "max.message.bytes", broker: "message.max.bytes", valid: Valid::Int(0), default: "1048588", broker_dynamic: true, acted: true,
         doc: "Largest record batch the topic accepts, as sent (compressed)." },
     Def { name: "message.downconversion.enable", broker: "log.message.downconversion.enable", valid: Valid::Bool, default: "true", broker_dynamic: true, acted: false,
@@ -163,9 +162,9 @@ pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "message.timestamp.type", broker: "log.message.timestamp.type", valid: Valid::OneOf(&["CreateTime", "LogAppendTime"]), default: "CreateTime", broker_dynamic: true, acted: true,
         doc: "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the broker's clock." },
     Def { name: "min.cleanable.dirty.ratio", broker: "log.cleaner.min.cleanable.ratio", valid: Valid::Ratio, default: "0.5", broker_dynamic: true, acted: true,
-        doc: "A compacted partition is compacted once this share of its bytes was written since its last compaction. Checked and kept; key compaction is not built yet." },
+        doc: "A compacted topic is cleaned once more than this share of its stored bytes was written since its last cleaning." },
     Def { name: "min.compaction.lag.ms", broker: "log.cleaner.min.compaction.lag.ms", valid: Valid::Long(0), default: "0", broker_dynamic: true, acted: true,
-        doc: "A record of a compacted topic stays uncompacted at least this long after it was written. Checked and kept; key compaction is not built yet." },
+        doc: "A record of a compacted topic stays uncleaned at least this long after it was written (by its store's newest timestamp)." },
     Def { name: "min.insync.replicas", broker: "min.insync.replicas", valid: Valid::Int(1), default: "1", broker_dynamic: true, acted: false,
         doc: "Accepted for compatibility; a single node is its only replica." },
     Def { name: "preallocate", broker: "log.preallocate", valid: Valid::Bool, default: "false", broker_dynamic: true, acted: false,

@@ -160,6 +160,7 @@ RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --auto-create-topics true \
     --num-partitions 3 \
     --segment-bytes 2097152 --retention-check-interval-ms 1000 \
+    --compaction-lag-ms 2000 --compaction-interval-ms 1000 \
     >"$work/broker.log" 2>&1 &
 broker_pid=$!
 

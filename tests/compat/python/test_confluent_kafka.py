@@ -17,6 +17,7 @@ through the AdminClient by a super user and refused to anyone else.
 The assign()-only consumer still needs a group.id (librdkafka insists); it
 never subscribes or commits, so that group is never touched.
 """
+import os
 import time
 
 import pytest
@@ -673,3 +674,104 @@ def test_configs_retention_and_delete_records(bootstrap, admin):
     producer.produce(compacted, key=b"k", value=b"keyed", partition=0, on_delivery=lambda err, msg: reports.append(err))
     producer.flush(30)
     assert reports[-1] is None
+
+
+def _read_committed_from_zero(bootstrap, topic, partitions):
+    """Every record of `topic` from offset 0 to its high watermark,
+    read_committed: sorted (partition, offset, key, value)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_topic("ck_clean_reader"),
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out, at_end = [], set()
+        deadline = time.time() + 60
+        while len(at_end) < partitions:
+            assert time.time() < deadline, f"{topic}: no end of partitions"
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                at_end.add(m.partition())
+                continue
+            out.append((m.partition(), m.offset(), m.key(), m.value()))
+        return sorted(out)
+    finally:
+        c.close()
+
+
+def test_compacted_topic_keeps_the_latest_value_per_key(bootstrap, admin):
+    """100,000 updates over 1,000 keys to a cleanup.policy=compact topic,
+    10,000 more in transactions (half of them aborted), then tombstones for
+    100 keys; a busy sibling shares the branch. The suite's broker compacts
+    and cleans every second: a read_committed reader from offset 0 then
+    sees exactly the latest committed value of each live key at its
+    original offset, and once delete.retention.ms has passed, no
+    tombstone."""
+    base = unique_topic("ck_clean")
+    keyed, sibling = base + ".state", base + ".events"
+    new = [NewTopic(keyed, num_partitions=3, replication_factor=1,
+                    config={"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01",
+                            "delete.retention.ms": "2000"}),
+           NewTopic(sibling, num_partitions=1, replication_factor=1)]
+    for f in admin.create_topics(new, operation_timeout=10).values():
+        f.result()
+
+    latest = {}  # (partition, key) -> (offset, value or None)
+
+    def note(into):
+        def cb(err, msg):
+            assert err is None, err
+            into[(msg.partition(), msg.key())] = (msg.offset(), msg.value())
+        return cb
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "zstd",
+                         "enable.idempotence": True})
+    key = lambda k: b"key-%04d" % k
+    for i in range(100_000):
+        k = i % 1000
+        producer.produce(keyed, key=key(k), value=b"v%06d" % i, partition=k % 3, on_delivery=note(latest))
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": base + ".txn", "linger.ms": 5})
+    txn.init_transactions(30)
+    for t in range(10):
+        written = {}
+        txn.begin_transaction()
+        for j in range(1000):
+            k = (t * 37 + j * 7) % 1000
+            txn.produce(keyed, key=key(k), value=b"txn%d-%d" % (t, j), partition=k % 3, on_delivery=note(written))
+        assert txn.flush(30) == 0
+        if t % 2 == 0:
+            txn.commit_transaction(30)
+            latest.update(written)
+        else:
+            txn.abort_transaction(30)
+
+    for k in range(0, 1000, 10):
+        producer.produce(keyed, key=key(k), value=None, partition=k % 3, on_delivery=note(latest))
+    assert producer.flush(60) == 0
+    # The sibling rolls the branch's 2 MiB segment (with bytes zstd cannot
+    # shrink), so every keyed batch lies in a sealed segment the compactor
+    # takes.
+    filler = [os.urandom(1000) for _ in range(2600)]
+    for v in filler:
+        producer.produce(sibling, value=v, partition=0)
+    assert producer.flush(60) == 0
+
+    with_tombstones = sorted((p, o, k, v) for (p, k), (o, v) in latest.items())
+    live = [r for r in with_tombstones if r[3] is not None]
+    assert len(live) == 900
+    deadline = time.time() + 120
+    while True:
+        got = _read_committed_from_zero(bootstrap, keyed, 3)
+        if got == live:
+            break
+        # Cleaned once: the tombstones wait for their horizon.
+        assert time.time() < deadline, f"not cleaned: {len(got)} records, {len(live)} live keys"
+        time.sleep(1)
+    # The sibling keeps every record.
+    assert [r[3] for r in _read_committed_from_zero(bootstrap, sibling, 1)] == filler
