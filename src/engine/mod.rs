@@ -911,6 +911,7 @@ impl Engine {
                 min_compaction_lag_ms: c.min_compaction_lag_ms,
                 max_compaction_lag_ms: c.max_compaction_lag_ms,
                 min_cleanable_dirty_ratio: c.min_cleanable_dirty_ratio,
+                delete: c.cleanup.delete,
             })
         };
         match self.storage.clean(self.now_ms(), &self.cfg.cleaning, policy, &mut throttle, |w| self.catalog.put_window(w).map_err(|e| e.to_string()), &mut |sw| self.switch(sw)) {

@@ -39,9 +39,9 @@ pub(super) enum Change {
     /// below its first live one out (the window is durable in the
     /// catalog).
     Compacted { opened: Vec<Arc<StoreFile>>, first_live: Vec<(Arc<Branch>, u64)> },
-    /// Cleaning: one store in, in the place of the stores it replaces
+    /// Cleaning: its stores in, in the place of the stores they replace
     /// (the window is durable in the catalog).
-    Cleaned { opened: Arc<StoreFile>, replaced: Vec<Arc<StoreFile>> },
+    Cleaned { opened: Vec<Arc<StoreFile>>, replaced: Vec<Arc<StoreFile>> },
     /// A topic's deletion: its partitions leave the registry and the
     /// writer's state.
     RemoveTopic { topic: TopicId, partitions: i32 },
@@ -132,19 +132,25 @@ impl LogWriter {
             }
             Change::Cleaned { opened, replaced } => {
                 let is_replaced = |s: &Arc<StoreFile>| replaced.iter().any(|r| Arc::ptr_eq(r, s));
-                let parts: Vec<Arc<Partition>> = log.parts.read().expect("parts lock").values().cloned().collect();
+                // Only the cleaned topic's partitions change.
+                let mut tps: Vec<Tp> = replaced.iter().flat_map(|s| s.store.tps.keys().copied()).collect();
+                tps.sort();
+                tps.dedup();
+                let parts: Vec<Arc<Partition>> = {
+                    let all = log.parts.read().expect("parts lock");
+                    tps.iter().filter_map(|tp| all.get(tp).cloned()).collect()
+                };
                 let mut stores = log.stores.write().expect("stores lock");
                 for part in parts {
                     let mut st = part.st.write().expect("partition lock");
                     // Per tp at once, where the replaced stores were.
                     let Some(at) = st.stored.iter().position(is_replaced) else { continue };
                     st.stored.retain(|s| !is_replaced(s));
-                    if opened.store.tps.contains_key(&part.tp) {
-                        st.stored.insert(at, opened.clone());
-                    }
+                    let new: Vec<Arc<StoreFile>> = opened.iter().filter(|s| s.store.tps.contains_key(&part.tp)).cloned().collect();
+                    st.stored.splice(at..at, new);
                 }
                 stores.retain(|s| !is_replaced(s));
-                stores.push(opened);
+                stores.extend(opened);
             }
             Change::RemoveTopic { topic, partitions } => {
                 let gone = log.remove_topic(&topic, partitions);

@@ -185,11 +185,12 @@ impl StoreWriter {
     /// Widens `tp`'s share to at least `first..=last`: a cleaning's share
     /// keeps the offset range of the shares it replaces, whose first and
     /// last batches it may have removed. Nothing for a tp with no frame.
-    pub fn cover(&mut self, tp: &Tp, first: i64, last: i64) {
-        if let Some(e) = self.tps.get_mut(tp) {
-            e.first_offset = e.first_offset.min(first);
-            e.last_offset = e.last_offset.max(last);
-        }
+    /// Answers whether the tp has frames here (and so was covered).
+    pub fn cover(&mut self, tp: &Tp, first: i64, last: i64) -> bool {
+        let Some(e) = self.tps.get_mut(tp) else { return false };
+        e.first_offset = e.first_offset.min(first);
+        e.last_offset = e.last_offset.max(last);
+        true
     }
 
     /// Writes the index and the footer and flushes to the file (not synced:
