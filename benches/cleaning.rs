@@ -11,8 +11,9 @@
 //!    the window compactor makes them the keyed topic's own stores.
 //! 2. Read amplification before: bytes a consumer reads from offset 0 to
 //!    the end, over the bytes of the latest record of each key.
-//! 3. The sibling alone: appends 16 KiB batches and reads each 64 back
-//!    (produce and fetch through the tip) for `--seconds`: MB/s.
+//! 3. The sibling alone: appends 16 KiB batches, 64 at a time made
+//!    durable (fsync) and read back (produce and fetch through the tip),
+//!    for `--seconds`: MB/s.
 //! 4. The cleaning, with the sibling's load running beside it the whole
 //!    time (the writer shared as the engine's writer thread would be):
 //!    cleaning MB/s of input and CPU seconds per GB; the sibling's MB/s
@@ -113,7 +114,9 @@ fn sibling_load(s: &Storage, w: &Mutex<LogWriter>, seconds: f64, stop: Option<&A
             for _ in 0..64 {
                 w.append(SIBLING, &b, 1, false).unwrap();
             }
+            // Durable before it is visible, as the broker acknowledges.
             let f = w.flush().unwrap();
+            s.sync().unwrap();
             s.publish_hw(&f);
         }
         moved += 64 * b.len() as u64;

@@ -163,7 +163,19 @@ impl Catalog {
         // sled keeps pages in memory up to its cache capacity (1 GiB by
         // default); the catalog is read at start and rarely after, so a
         // small cache bounds its memory whatever the topic count.
-        let db = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).cache_capacity(CACHE_BYTES).open()?;
+        let config = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).cache_capacity(CACHE_BYTES);
+        // sled's I/O threads may hold the file lock a moment after the
+        // catalog that used it is dropped (a tool that opened it just
+        // before): wait up to 2 s, then report the lock (another process).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let db = loop {
+            match config.open() {
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => break r?,
+            }
+        };
         let next: i64 = match db.get(NEXT_PRODUCER_ID)? {
             Some(raw) => decode(NEXT_PRODUCER_ID, &raw)?,
             None => 1,
