@@ -162,7 +162,7 @@ fn main() {
         w.append(KEYED, &b, 1, false).unwrap();
         written += b.len() as u64;
         n += 1;
-        if n % 256 == 0 {
+        if n.is_multiple_of(256) {
             let f = w.flush().unwrap();
             s.publish_hw(&f);
         }

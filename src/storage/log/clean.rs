@@ -115,6 +115,10 @@ struct Due {
     ratio: f64,
 }
 
+/// An open transaction: its batches' base offsets, its records' keys and
+/// offsets.
+type OpenTxn = (Vec<i64>, Vec<(Box<[u8]>, i64)>);
+
 /// What pass 1 learns.
 #[derive(Default)]
 struct OffsetMap {
@@ -122,7 +126,7 @@ struct OffsetMap {
     latest: HashMap<i32, HashMap<Box<[u8]>, i64>>,
     bytes: u64,
     /// Per (partition, producer): the open transaction's batches and keys.
-    open: HashMap<(i32, i64), (Vec<i64>, Vec<(Box<[u8]>, i64)>)>,
+    open: HashMap<(i32, i64), OpenTxn>,
     /// (partition, base offset) of batches of aborted transactions.
     aborted: HashSet<(i32, i64)>,
     /// Of transactions with no marker in the taken stores.
@@ -436,7 +440,8 @@ impl Storage {
         let stores: Vec<Arc<StoreFile>> = self.stores.read().expect("stores lock").clone();
         // Each keyed topic's stores, with where its frames start in the
         // stream: its frames are in one branch, so that is offset order.
-        let mut by_topic: std::collections::BTreeMap<TopicId, (CleanPolicy, Vec<(u64, Arc<StoreFile>)>)> = Default::default();
+        type Stores = Vec<(u64, Arc<StoreFile>)>;
+        let mut by_topic: std::collections::BTreeMap<TopicId, (CleanPolicy, Stores)> = Default::default();
         let mut unkeyed: HashSet<TopicId> = HashSet::default();
         for s in &stores {
             for (tp, share) in &s.store.tps {
@@ -667,7 +672,10 @@ mod tests {
             let s = s.clone();
             let cfg = CompactConfig { lag_ms: 0, strategy, max_bytes: u64::MAX };
             let catalog = &self.catalog;
-            s.compact(self.now + 1, &cfg, view, &mut |_| true, |r| Ok(catalog.borrow_mut().push(r.clone())), &mut |sw| w.apply(sw)).unwrap();
+            s.compact(self.now + 1, &cfg, view, &mut |_| true, |r| {
+                catalog.borrow_mut().push(r.clone());
+                Ok(())
+            }, &mut |sw| w.apply(sw)).unwrap();
         }
 
         fn clean(&mut self, map_bytes: u64, stop_at: Option<Step>) -> Result<Option<Cleaned>, StorageError> {
@@ -677,10 +685,14 @@ mod tests {
             let delete = self.delete;
             let policy = |id: &TopicId| keyed(id).then_some(CleanPolicy { delete_retention_ms: dr, min_compaction_lag_ms: 0, max_compaction_lag_ms: i64::MAX, min_cleanable_dirty_ratio: 0.0, delete });
             let catalog = &self.catalog;
-            s.clean_until(self.now, &CleanConfig { map_bytes }, policy, &mut |_| true, |r| Ok(catalog.borrow_mut().push(r.clone())), &mut |sw| w.apply(sw), &mut |step| Some(step) == stop_at)
+            s.clean_until(self.now, &CleanConfig { map_bytes }, policy, &mut |_| true, |r| {
+                catalog.borrow_mut().push(r.clone());
+                Ok(())
+            }, &mut |sw| w.apply(sw), &mut |step| Some(step) == stop_at)
         }
 
         /// Reads a keyed tp from its start: (offset, key, tombstone).
+        #[allow(clippy::type_complexity)]
         fn read_keyed(&self, tp: &Tp) -> Result<Vec<(i64, Option<Vec<u8>>, bool)>, TestCaseError> {
             let mut out = Vec::new();
             let mut offset = 0;
