@@ -136,7 +136,7 @@ async fn a_compacted_topic_keeps_the_latest_value_per_key_at_its_offset() {
         for k in range.clone() {
             let key = format!("key-{k:03}");
             let value = format!("{key}=txn{}", if commit { "-committed" } else { "-aborted" });
-            txn.send(BaseRecord::to(KEYED).partition((k % 2) as i32).key(&key).payload(&value)).map_err(|(e, _)| e).unwrap();
+            txn.send(BaseRecord::to(KEYED).partition(k % 2).key(&key).payload(&value)).map_err(|(e, _)| e).unwrap();
         }
         txn.flush(Duration::from_secs(30)).unwrap();
         if commit {
