@@ -33,7 +33,8 @@
 //!    once its batch's delete horizon (KIP-534) has passed; a batch that
 //!    keeps tombstones and has no horizon gets one, `delete.retention.ms`
 //!    from now, its records' timestamps unchanged. Batches of aborted
-//!    transactions go; control batches stay. A batch keeps its base offset
+//!    transactions go. A transaction marker whose transaction has no data
+//!    left gets a horizon the same way, and goes after it. A batch keeps its base offset
 //!    and last offset delta, so offsets are preserved, with gaps, as in
 //!    Kafka; a changed batch is re-encoded with its codec. A tp's last
 //!    batch stays, empty if nothing of it survives, and its share keeps the
@@ -308,6 +309,9 @@ impl Storage {
             // Offset ranges of shares not yet covered by an output (an
             // input whose batches all went hands its range on).
             let mut pending: HashMap<Tp, (i64, i64)> = HashMap::default();
+            // Per (partition, producer): whether a batch of its current
+            // transaction was kept (absent: none seen in this pass).
+            let mut txn_kept: HashMap<(i32, i64), bool> = HashMap::default();
             for (i, s) in inputs.iter().enumerate() {
                 let n = out_of(i);
                 let mut frames = Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, FILE_HEADER_BYTES)], 1 << 20);
@@ -323,9 +327,15 @@ impl Storage {
                         || (!h.is_control() && map.producer_last.get(&(fh.partition, h.producer_id)) == Some(&fh.base_offset));
                     let fate = if fh.last_offset() < log_start(fh.partition) {
                         Fate::Drop
+                    } else if h.is_control() {
+                        let emptied = txn_kept.remove(&(fh.partition, h.producer_id)) == Some(false);
+                        marker_fate(batch, &h, emptied, last, now_ms, due.policy.delete_retention_ms, &mut horizon).map_err(|why| bad(&s.store.path, why))?
                     } else {
                         fate(&map, fh.partition, batch, &h, now_ms, due.policy.delete_retention_ms, &mut horizon).map_err(|why| bad(&s.store.path, why))?
                     };
+                    if h.is_transactional() && !h.is_control() {
+                        *txn_kept.entry((fh.partition, h.producer_id)).or_insert(false) |= !matches!(fate, Fate::Drop) || last;
+                    }
                     let fate = match fate {
                         // A tp's (or a producer's) last batch stays, empty:
                         // the log end is where it was, and a replay finds
@@ -493,12 +503,37 @@ impl Storage {
     }
 }
 
+/// What cleaning does with a transaction marker, as Kafka's cleaner: once
+/// no data of its transaction is left (`emptied`: its batches were seen
+/// in this pass and none kept) it gets a delete horizon, and the first
+/// cleaning after the horizon removes it; a partition's last batch stays.
+fn marker_fate(batch: &[u8], h: &BatchHeader, emptied: bool, last: bool, now_ms: i64, delete_retention_ms: i64, horizon: &mut Option<i64>) -> Result<Fate, String> {
+    let mut note = |at: i64| *horizon = Some(horizon.map_or(at, |h| h.min(at)));
+    Ok(match h.delete_horizon() {
+        Some(at) if now_ms >= at && !last => Fate::Drop,
+        // Kept as the partition's last batch: nothing to wait for.
+        Some(at) if now_ms >= at => Fate::Keep,
+        Some(at) => {
+            note(at);
+            Fate::Keep
+        }
+        None if emptied => {
+            let at = now_ms.saturating_add(delete_retention_ms);
+            note(at);
+            let records = kb::records_of(batch, h, INFLATE_LIMIT).map_err(|e| e.to_string())?;
+            let views = kb::records_view(&records, h.records_count).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+            Fate::Rewrite(kb::rebuilt(batch, &views, h.compression(), Some(at)))
+        }
+        None => Fate::Keep,
+    })
+}
+
 /// What cleaning does with one batch of a partition; `horizon` collects
 /// the earliest delete horizon of batches that keep tombstones.
 #[allow(clippy::too_many_arguments)]
 fn fate(map: &OffsetMap, partition: i32, batch: &[u8], h: &BatchHeader, now_ms: i64, delete_retention_ms: i64, horizon: &mut Option<i64>) -> Result<Fate, String> {
     let key = (partition, h.base_offset);
-    if h.is_control() || map.undecided.contains(&key) {
+    if map.undecided.contains(&key) {
         return Ok(Fate::Keep);
     }
     if h.is_transactional() && map.aborted.contains(&key) {
@@ -602,6 +637,8 @@ mod tests {
         model: BTreeMap<Tp, BTreeMap<i64, Rec>>,
         /// Other tps: (base offset, batch) as appended.
         rows: BTreeMap<Tp, Vec<(i64, Vec<u8>)>>,
+        /// Keyed tps: each decided transaction's marker and data offsets.
+        markers: BTreeMap<Tp, Vec<(i64, std::ops::Range<i64>)>>,
         now: i64,
         next_pid: i64,
         delete_retention_ms: i64,
@@ -634,7 +671,10 @@ mod tests {
             if codec != Compression::None {
                 batch = kb::with_records(&batch, &compression::compress(codec, &batch[kb::HEADER_BYTES..]), codec);
             }
-            let pid = self.next_pid;
+            // Decided transactions share one producer per topic (so a
+            // transaction's data can be left with none of it, and its
+            // marker go); a transaction left open has a producer of its own.
+            let pid = if txn == 3 { self.next_pid } else { 1000 + topic as i64 };
             if txn != 0 {
                 self.next_pid += 1;
                 kb::set_transactional(&mut batch, pid, 0, 0);
@@ -655,6 +695,9 @@ mod tests {
             w.storage().sync().unwrap();
             w.storage().publish_hw(&f);
             if keyed(&tp.topic) {
+                if let Some((at, _)) = &marker {
+                    self.markers.entry(tp).or_default().push((*at, a.base_offset..a.base_offset + records.len() as i64));
+                }
                 let m = self.model.entry(tp).or_default();
                 for (i, r) in records.iter().enumerate() {
                     m.insert(a.base_offset + i as i64, Rec { key: r.0, tombstone: r.1, txn, marker: marker.as_ref().map(|m| m.0) });
@@ -720,6 +763,25 @@ mod tests {
                 offset = r.next_offset;
             }
             Ok(out)
+        }
+
+        /// Base offsets of `tp`'s control batches.
+        fn control_offsets(&self, tp: &Tp) -> std::collections::BTreeSet<i64> {
+            let mut out = std::collections::BTreeSet::new();
+            let mut offset = 0;
+            loop {
+                let r = self.storage().read(tp, offset, 1 << 20, true).unwrap();
+                if r.records.is_empty() {
+                    return out;
+                }
+                for b in &r.records {
+                    let h = BatchHeader::parse(b).unwrap();
+                    if h.is_control() {
+                        out.insert(h.base_offset);
+                    }
+                }
+                offset = r.next_offset;
+            }
         }
 
         /// Offsets of `tp` below which batches are in stores.
@@ -788,6 +850,13 @@ mod tests {
                     }
                     want.extend(latest_in.values().filter(|(_, r)| !r.tombstone).map(|(o, _)| *o));
                     let have: std::collections::BTreeSet<i64> = present.range(..stored_end).copied().collect();
+                    // A transaction with data left keeps its marker.
+                    let controls = self.control_offsets(tp);
+                    for (m, data) in self.markers.get(tp).into_iter().flatten() {
+                        if *m < stored_end && data.clone().any(|o| want.contains(&o)) {
+                            prop_assert!(controls.contains(m), "{:?}: the marker at {} of a transaction with data left is gone", tp, m);
+                        }
+                    }
                     prop_assert_eq!(have, want, "{:?} stored below {}", tp, stored_end);
                 }
             }
@@ -798,6 +867,38 @@ mod tests {
             prop_assert_eq!(self.storage().store_count(), WindowRecord::live_stores(&self.catalog.borrow()).len());
             Ok(())
         }
+    }
+
+    /// A transaction whose data a later record supersedes loses its marker
+    /// once the marker's delete horizon has passed; the producer's next
+    /// transaction (whose batch is the producer's last) keeps its own.
+    #[test]
+    fn a_marker_goes_once_its_transaction_has_no_data_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Some(open_with(dir.path(), 0, Some(&[])).unwrap());
+        let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), markers: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms: 10, delete: false };
+        world.append(0, &[(1, false)], 0, 1, 0);
+        world.append(0, &[(1, false)], 0, 0, 1);
+        world.append(0, &[(2, false)], 0, 1, 2);
+        // The unkeyed sibling rolls the branch's segments.
+        for i in 0..12 {
+            world.append(1, &[(0, false), (0, false)], 0, 0, 3 + i);
+        }
+        world.compact(Strategy::Prefix3);
+        let keyed = tp(0, 0);
+        let markers: Vec<i64> = world.markers[&keyed].iter().map(|m| m.0).collect();
+        assert_eq!(world.control_offsets(&keyed).into_iter().collect::<Vec<_>>(), markers);
+        world.now += 1;
+        assert!(world.clean(u64::MAX, None).unwrap().is_some());
+        // The horizon is set, not yet passed: both markers stay.
+        assert_eq!(world.control_offsets(&keyed).into_iter().collect::<Vec<_>>(), markers);
+        world.now += 11;
+        assert!(world.clean(u64::MAX, None).unwrap().is_some(), "due: a marker's horizon passed");
+        assert_eq!(world.control_offsets(&keyed).into_iter().collect::<Vec<_>>(), markers[1..]);
+        world.check(true).unwrap();
+        world.restart();
+        assert_eq!(world.control_offsets(&keyed).into_iter().collect::<Vec<_>>(), markers[1..]);
+        assert!(world.clean(u64::MAX, None).unwrap().is_none());
     }
 
     proptest! {
@@ -814,7 +915,7 @@ mod tests {
         fn cleaning_keeps_the_latest_record_per_key(ops in proptest::collection::vec(op(), 1..80), delete_retention_ms in 0i64..30, delete in proptest::bool::ANY) {
             let dir = tempfile::tempdir().unwrap();
             let log = Some(open_with(dir.path(), 0, Some(&[])).unwrap());
-            let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms, delete };
+            let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), markers: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms, delete };
             for (i, op) in ops.iter().enumerate() {
                 world.now += 1;
                 match op {
