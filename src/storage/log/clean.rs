@@ -21,25 +21,29 @@
 //! # How
 //!
 //! 1. **The offset map**: the latest offset of every key, per partition,
-//!    over the taken stores, oldest first; a store more once the map is
-//!    over `map_bytes` is left for the next run (so memory is bounded by
-//!    the map's budget and one store's keys). Transactions are followed by
-//!    their markers: records of a committed transaction enter the map at
-//!    its commit, batches of an aborted one are noted, and batches of one
-//!    with no marker in the taken stores are kept whole and stay out of
-//!    the map.
-//! 2. **The rewrite**, into one store: a record is kept when its key's
-//!    latest offset is its own (or it has no key). A kept tombstone goes
-//!    once its batch's delete horizon (KIP-534) has passed; a batch that
-//!    keeps tombstones and has no horizon gets one, `delete.retention.ms`
-//!    from now, its records' timestamps unchanged. Batches of aborted
-//!    transactions go. A transaction marker whose transaction has no data
-//!    left gets a horizon the same way, and goes after it. A batch keeps its base offset
-//!    and last offset delta, so offsets are preserved, with gaps, as in
-//!    Kafka; a changed batch is re-encoded with its codec. A tp's last
-//!    batch stays, empty if nothing of it survives, and its share keeps the
-//!    offset range of what it replaces, so neither the log end nor the log
-//!    start moves.
+//!    over the dirty stores, oldest first (from clean stores only while a
+//!    transaction is open in the partition); at least one dirty store is
+//!    taken, and a store more once the map is over `map_bytes` is left for
+//!    the next run (so every run progresses, and memory is the budget and
+//!    one store's keys). Transactions are followed by their markers:
+//!    records of a committed transaction enter the map at its commit,
+//!    batches of an aborted one are noted, and batches of one with no
+//!    marker in the taken stores are kept whole and stay out of the map
+//!    (and the partition's tombstones stay meanwhile).
+//! 2. **The rewrite**, into one store (`compact`) or one per taken store
+//!    (`compact,delete`, so retention by time still finds old stores): a
+//!    record is kept when its key's latest offset is its own (or it has no
+//!    key). A kept tombstone goes once its batch's delete horizon (KIP-534)
+//!    has passed; a batch that keeps tombstones and has no horizon gets
+//!    one, `delete.retention.ms` from now, its records' timestamps
+//!    unchanged. Batches of aborted transactions go. A commit marker whose
+//!    transaction has no data left gets a horizon the same way, and goes
+//!    after it; abort markers stay. A batch keeps its base offset and last
+//!    offset delta, so offsets are preserved, with gaps, as in Kafka; a
+//!    changed batch is re-encoded with its codec. A tp's last batch, and
+//!    each producer's last data batch, stay (empty if nothing of them
+//!    survives), and shares keep the offset range of what they replace,
+//!    so neither the log end nor the log start moves.
 //! 3. **The switch**, as compaction's: the store is written and synced
 //!    under a temporary name and renamed ([`Step::Written`],
 //!    [`Step::Synced`]); the catalog records a window listing it and the
@@ -134,6 +138,10 @@ struct OffsetMap {
     undecided: HashSet<(i32, i64)>,
     /// Per partition: the base offset of its last batch.
     last: HashMap<i32, i64>,
+    /// Partitions with an undecided transaction: their tombstones stay (a
+    /// later commit could make an older value of the key the latest, as
+    /// Kafka never cleans past the first unstable offset).
+    unstable: HashSet<i32>,
     /// Per (partition, producer): the base offset of its last data batch,
     /// kept (empty if need be) so replaying the log rebuilds the
     /// producer's sequence, as Kafka keeps it.
@@ -152,9 +160,15 @@ impl OffsetMap {
         }
     }
 
-    /// Takes in one batch of the topic; with `keys`, the keys of its
-    /// records outside transactions too (a clean store's are not mapped:
-    /// what supersedes them is dirty).
+    /// Whether a transaction is open in `partition`.
+    fn open_in(&self, partition: i32) -> bool {
+        self.open.keys().any(|&(p, _)| p == partition)
+    }
+
+    /// Takes in one batch of the topic. With `keys` (a dirty store) every
+    /// record enters the map; from a clean store only while a transaction
+    /// is open in the partition (what supersedes the rest is dirty, but an
+    /// open transaction may commit later with older records of a key).
     fn add(&mut self, partition: i32, batch: &[u8], keys: bool) -> Result<(), String> {
         let h = BatchHeader::parse(batch).map_err(|e| e.to_string())?;
         self.last.insert(partition, h.base_offset);
@@ -162,10 +176,16 @@ impl OffsetMap {
             self.producer_last.insert((partition, h.producer_id), h.base_offset);
         }
         if h.is_control() {
-            if let Some((batches, keys)) = self.open.remove(&(partition, h.producer_id)) {
+            if let Some((batches, txn_keys)) = self.open.remove(&(partition, h.producer_id)) {
                 match kb::marker_of(batch, &h) {
+                    // Committed in a clean store with nothing else open:
+                    // the cleaning that made the store applied it.
+                    Some(Marker::Commit) if !keys && !self.open_in(partition) => {
+                        self.bytes -= txn_keys.iter().map(|(k, _)| k.len() as u64 + MAP_ENTRY_BYTES).sum::<u64>();
+                    }
                     Some(Marker::Commit) => {
-                        for (k, o) in keys {
+                        for (k, o) in txn_keys {
+                            self.bytes -= k.len() as u64 + MAP_ENTRY_BYTES;
                             self.note(partition, &k, o);
                         }
                     }
@@ -191,7 +211,7 @@ impl OffsetMap {
             }
             return Ok(());
         }
-        if !keys {
+        if !keys && !self.open_in(partition) {
             return Ok(());
         }
         let records = kb::records_of(batch, &h, INFLATE_LIMIT).map_err(|e| e.to_string())?;
@@ -207,8 +227,10 @@ impl OffsetMap {
     /// After the last batch: transactions still open are undecided.
     fn finish(&mut self) {
         for ((partition, _), (batches, _)) in self.open.drain() {
+            self.unstable.insert(partition);
             self.undecided.extend(batches.into_iter().map(|b| (partition, b)));
         }
+        self.unstable.extend(self.undecided.iter().map(|&(p, _)| p));
     }
 }
 
@@ -504,9 +526,10 @@ impl Storage {
 }
 
 /// What cleaning does with a transaction marker, as Kafka's cleaner: once
-/// no data of its transaction is left (`emptied`: its batches were seen
-/// in this pass and none kept) it gets a delete horizon, and the first
-/// cleaning after the horizon removes it; a partition's last batch stays.
+/// no data of its committed transaction is left (`emptied`: its batches
+/// were seen in this pass and none kept) it gets a delete horizon, and the
+/// first cleaning after the horizon removes it; a partition's last batch
+/// stays, and so do abort markers.
 fn marker_fate(batch: &[u8], h: &BatchHeader, emptied: bool, last: bool, now_ms: i64, delete_retention_ms: i64, horizon: &mut Option<i64>) -> Result<Fate, String> {
     let mut note = |at: i64| *horizon = Some(horizon.map_or(at, |h| h.min(at)));
     Ok(match h.delete_horizon() {
@@ -517,7 +540,10 @@ fn marker_fate(batch: &[u8], h: &BatchHeader, emptied: bool, last: bool, now_ms:
             note(at);
             Fate::Keep
         }
-        None if emptied => {
+        // Abort markers stay: the aborted-transaction list still names
+        // their transactions, and a read_committed consumer waits for the
+        // marker to end one.
+        None if emptied && kb::marker_of(batch, h) == Some(Marker::Commit) => {
             let at = now_ms.saturating_add(delete_retention_ms);
             note(at);
             let records = kb::records_of(batch, h, INFLATE_LIMIT).map_err(|e| e.to_string())?;
@@ -541,7 +567,7 @@ fn fate(map: &OffsetMap, partition: i32, batch: &[u8], h: &BatchHeader, now_ms: 
     }
     let records = kb::records_of(batch, h, INFLATE_LIMIT).map_err(|e| e.to_string())?;
     let latest = map.latest.get(&partition);
-    let passed = h.delete_horizon().is_some_and(|at| now_ms >= at);
+    let passed = h.delete_horizon().is_some_and(|at| now_ms >= at) && !map.unstable.contains(&partition);
     let mut kept: Vec<RecordView<'_>> = Vec::with_capacity(h.records_count.max(0) as usize);
     let mut tombstones = false;
     for r in kb::records_view(&records, h.records_count) {
@@ -556,7 +582,11 @@ fn fate(map: &OffsetMap, partition: i32, batch: &[u8], h: &BatchHeader, now_ms: 
     }
     let new_horizon = (tombstones && h.delete_horizon().is_none()).then(|| now_ms.saturating_add(delete_retention_ms));
     if let Some(at) = new_horizon.or(h.delete_horizon().filter(|_| tombstones)) {
-        *horizon = Some(horizon.map_or(at, |h| h.min(at)));
+        // A horizon passed in an unstable partition waits for the
+        // transaction's marker, which is dirty data of its own.
+        if at > now_ms || !map.unstable.contains(&partition) {
+            *horizon = Some(horizon.map_or(at, |h| h.min(at)));
+        }
     }
     Ok(if kept.is_empty() {
         Fate::Drop
@@ -594,7 +624,8 @@ mod tests {
     enum Op {
         /// Records (key, tombstone) to a topic, with a codec (0 none, 1
         /// gzip, 2 zstd) and a transaction (0 none, 1 committed, 2 aborted,
-        /// 3 left open).
+        /// 3 left open, 4 committed and 5 aborted with the marker after the
+        /// next append to the topic).
         Append { topic: usize, records: Vec<(u8, bool)>, codec: u8, txn: u8 },
         Compact(Strategy),
         Clean { map_bytes: u64, advance: i64 },
@@ -605,7 +636,7 @@ mod tests {
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         prop_oneof![
-            8 => (0usize..6, proptest::collection::vec((0u8..12, proptest::bool::weighted(0.15)), 1..6), 0u8..3, prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)])
+            8 => (0usize..6, proptest::collection::vec((0u8..12, proptest::bool::weighted(0.15)), 1..6), 0u8..3, prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8), 1 => Just(4u8), 1 => Just(5u8)])
                 .prop_map(|(topic, records, codec, txn)| Op::Append { topic, records, codec, txn }),
             2 => prop_oneof![
                 Just(Strategy::Adaptive(Budget { max_stores: Some(1), min_store_bytes: 0 })),
@@ -639,6 +670,9 @@ mod tests {
         rows: BTreeMap<Tp, Vec<(i64, Vec<u8>)>>,
         /// Keyed tps: each decided transaction's marker and data offsets.
         markers: BTreeMap<Tp, Vec<(i64, std::ops::Range<i64>)>>,
+        /// Per topic: a transaction whose marker comes after the next
+        /// append (producer, commit, data offsets).
+        deferred: BTreeMap<usize, (i64, bool, std::ops::Range<i64>)>,
         now: i64,
         next_pid: i64,
         delete_retention_ms: i64,
@@ -674,7 +708,8 @@ mod tests {
             // Decided transactions share one producer per topic (so a
             // transaction's data can be left with none of it, and its
             // marker go); a transaction left open has a producer of its own.
-            let pid = if txn == 3 { self.next_pid } else { 1000 + topic as i64 };
+            let late = matches!(txn, 4 | 5);
+            let pid = if txn == 3 || late { self.next_pid } else { 1000 + topic as i64 };
             if txn != 0 {
                 self.next_pid += 1;
                 kb::set_transactional(&mut batch, pid, 0, 0);
@@ -691,10 +726,31 @@ mod tests {
                 }
                 _ => None,
             };
+            // An earlier transaction's marker, after this batch.
+            let earlier = self.deferred.remove(&topic).map(|(pid, commit, data)| {
+                let mut m = kb::control_batch(if commit { Marker::Commit } else { Marker::Abort }, pid, 0, 0, now);
+                let at = w.append(tp, &m, now, false).unwrap().base_offset;
+                kb::set_base_offset(&mut m, at);
+                (at, m, data)
+            });
             let f = w.flush().unwrap();
             w.storage().sync().unwrap();
             w.storage().publish_hw(&f);
+            if late {
+                self.deferred.insert(topic, (pid, txn == 4, a.base_offset..a.base_offset + records.len() as i64));
+            }
+            let txn = match txn {
+                4 => 1,
+                5 => 2,
+                t => t,
+            };
             if keyed(&tp.topic) {
+                if let Some((at, _, data)) = &earlier {
+                    self.markers.entry(tp).or_default().push((*at, data.clone()));
+                    for o in data.clone() {
+                        self.model.get_mut(&tp).unwrap().get_mut(&o).unwrap().marker = Some(*at);
+                    }
+                }
                 if let Some((at, _)) = &marker {
                     self.markers.entry(tp).or_default().push((*at, a.base_offset..a.base_offset + records.len() as i64));
                 }
@@ -707,6 +763,7 @@ mod tests {
                 let rows = self.rows.entry(tp).or_default();
                 rows.push((a.base_offset, batch));
                 rows.extend(marker);
+                rows.extend(earlier.map(|(at, m, _)| (at, m)));
             }
         }
 
@@ -841,6 +898,8 @@ mod tests {
                     // (among what is stored), and what is undecided there.
                     let mut want = std::collections::BTreeSet::new();
                     let mut latest_in: BTreeMap<u8, (i64, &Rec)> = BTreeMap::new();
+                    // Tombstones stay while a transaction there is undecided.
+                    let unstable = model.range(..stored_end).any(|(_, r)| !decided(r, stored_end));
                     for (o, r) in model.range(..stored_end) {
                         if !decided(r, stored_end) {
                             want.insert(*o);
@@ -849,7 +908,12 @@ mod tests {
                         }
                     }
                     want.extend(latest_in.values().filter(|(_, r)| !r.tombstone).map(|(o, _)| *o));
-                    let have: std::collections::BTreeSet<i64> = present.range(..stored_end).copied().collect();
+                    // A tombstone removed before the partition had an
+                    // undecided transaction stays removed; one that was
+                    // kept meanwhile may still be there.
+                    let tombstones: std::collections::BTreeSet<i64> = latest_in.values().filter(|(_, r)| unstable && r.tombstone).map(|(o, _)| *o).collect();
+                    let mut have: std::collections::BTreeSet<i64> = present.range(..stored_end).copied().collect();
+                    have.retain(|o| !tombstones.contains(o));
                     // A transaction with data left keeps its marker.
                     let controls = self.control_offsets(tp);
                     for (m, data) in self.markers.get(tp).into_iter().flatten() {
@@ -876,7 +940,7 @@ mod tests {
     fn a_marker_goes_once_its_transaction_has_no_data_left() {
         let dir = tempfile::tempdir().unwrap();
         let log = Some(open_with(dir.path(), 0, Some(&[])).unwrap());
-        let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), markers: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms: 10, delete: false };
+        let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), markers: BTreeMap::new(), deferred: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms: 10, delete: false };
         world.append(0, &[(1, false)], 0, 1, 0);
         world.append(0, &[(1, false)], 0, 0, 1);
         world.append(0, &[(2, false)], 0, 1, 2);
@@ -915,7 +979,7 @@ mod tests {
         fn cleaning_keeps_the_latest_record_per_key(ops in proptest::collection::vec(op(), 1..80), delete_retention_ms in 0i64..30, delete in proptest::bool::ANY) {
             let dir = tempfile::tempdir().unwrap();
             let log = Some(open_with(dir.path(), 0, Some(&[])).unwrap());
-            let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), markers: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms, delete };
+            let mut world = World { dir, log, catalog: RefCell::new(Vec::new()), model: BTreeMap::new(), rows: BTreeMap::new(), markers: BTreeMap::new(), deferred: BTreeMap::new(), now: 0, next_pid: 1, delete_retention_ms, delete };
             for (i, op) in ops.iter().enumerate() {
                 world.now += 1;
                 match op {
