@@ -26,7 +26,7 @@ const KEYS: usize = 300;
 fn args(dir: &std::path::Path) -> canopy::config::ServeArgs {
     let mut a = common::args(dir);
     a.segment_bytes = Some(64 * 1024);
-    a.message_max_bytes = Some(32 * 1024);
+    a.message_max_bytes = Some(64 * 1024);
     a.compaction_lag_ms = Some(0);
     // Forced by the test, never by the timer.
     a.compaction_interval_ms = Some(3_600_000);
@@ -101,7 +101,9 @@ async fn a_compacted_topic_keeps_the_latest_value_per_key_at_its_offset() {
     let mut latest: BTreeMap<(i32, String), (i64, Option<String>)> = BTreeMap::new();
     let mut sibling = Vec::new();
     let mut cfg = common::producer_config(addr, "all");
-    cfg.set("compression.type", "lz4").set("linger.ms", "5");
+    // Batches of a few segments' worth at most, however the client is
+    // scheduled.
+    cfg.set("compression.type", "lz4").set("linger.ms", "5").set("batch.size", "16384");
     let producer: FutureProducer = cfg.create().unwrap();
     let mut pending = Vec::new();
     for i in 0..6000 {
