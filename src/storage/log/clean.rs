@@ -276,7 +276,8 @@ impl Storage {
         let Some(due) = self.due_for_cleaning(now_ms, &policy).into_iter().next() else { return Ok(None) };
         stop(Step::Start)?;
         let topic = due.topic;
-        let parts = self.parts.read().expect("parts lock").clone();
+        // The cleaned topic's partitions (not a copy of the whole registry).
+        let parts: HashMap<Tp, Arc<Partition>> = self.parts.read().expect("parts lock").iter().filter(|(tp, _)| tp.topic == topic).map(|(tp, p)| (*tp, p.clone())).collect();
         let log_start = |p: i32| parts.get(&Tp { topic, partition: p }).map_or(i64::MAX, |p| p.st.read().expect("partition lock").log_start);
         let disk = &*self.cfg.disk;
         let io = |e: io::Error| StorageError::Io { path: self.stores_dir.display().to_string(), source: e };
@@ -302,7 +303,7 @@ impl Storage {
             if i > due.clean && map.bytes >= cfg.map_bytes {
                 break;
             }
-            let mut frames = Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, FILE_HEADER_BYTES)], 1 << 20);
+            let mut frames = self.store_frames(s);
             while let Some((fh, buf, range)) = frames.next(&mut scanned).map_err(io)? {
                 if fh.topic_id == topic && fh.last_offset() >= log_start(fh.partition) {
                     map.add(fh.partition, &buf[range], i >= due.clean).map_err(|why| bad(&s.store.path, why))?;
@@ -336,7 +337,7 @@ impl Storage {
             let mut txn_kept: HashMap<(i32, i64), bool> = HashMap::default();
             for (i, s) in inputs.iter().enumerate() {
                 let n = out_of(i);
-                let mut frames = Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, FILE_HEADER_BYTES)], 1 << 20);
+                let mut frames = self.store_frames(s);
                 while let Some((fh, buf, range)) = frames.next(&mut scanned).map_err(io)? {
                     charge(scanned)?;
                     if fh.topic_id != topic {
@@ -465,6 +466,11 @@ impl Storage {
         tracing::info!(window, stores = replaced.len(), bytes_in, bytes_out, records_in, records_out, ratio = due.ratio, "cleaned a keyed topic");
         stop(Step::Deleted)?;
         Ok(Some(Cleaned { window: record, topic, stores_in: replaced.len(), bytes_in, bytes_out, records_in, records_out }))
+    }
+
+    /// A cursor over every frame of one store.
+    fn store_frames(&self, s: &Arc<StoreFile>) -> Frames<'_> {
+        Frames::chain(self, vec![(s.clone() as Arc<dyn FrameFile>, FILE_HEADER_BYTES)], super::compact::COMPACT_CHUNK)
     }
 
     /// The keyed topics due for cleaning, dirtiest first.

@@ -69,8 +69,8 @@ pub struct Compacted {
     pub bytes_out: u64,
 }
 
-/// Read chunk of the compactor's cursors.
-const COMPACT_CHUNK: usize = 1 << 20;
+/// Read chunk of the compactor's and the cleaner's cursors.
+pub(super) const COMPACT_CHUNK: usize = 1 << 20;
 
 impl Storage {
     /// Runs one compaction window (see the module docs), if any segment is

@@ -390,6 +390,8 @@ fn open_stores(
         sync_dir(disk, dir)?;
     }
     let mut stores = Vec::with_capacity(live.len());
+    // The tps that have stores: only they are ordered below.
+    let mut stored: crate::storage::hashing::HashSet<Tp> = Default::default();
     for (window, n) in live {
         // A listed store that is missing or damaged is lost data: refuse to
         // start rather than serve a log with a hole.
@@ -401,6 +403,7 @@ fn open_stores(
         let file = Arc::new(file);
         for (tp, share) in &file.store.tps {
             let Some(w) = writers.get_mut(tp) else { continue };
+            stored.insert(*tp);
             let mut st = w.part.st.write().expect("partition lock");
             st.stored.push(file.clone());
             w.next_offset = w.next_offset.max(share.last_offset + 1);
@@ -411,7 +414,7 @@ fn open_stores(
         report.bytes += file.store.file_len;
         stores.push(file);
     }
-    for w in writers.values() {
+    for w in stored.iter().filter_map(|tp| writers.get(tp)) {
         let mut st = w.part.st.write().expect("partition lock");
         // A tp's stores in offset order: a cleaning's store has a newer
         // window than stores it did not take, and holds older offsets.
