@@ -675,6 +675,7 @@ impl Config {
             min_session_timeout_ms: self.group_min_session_timeout_ms,
             max_session_timeout_ms: self.group_max_session_timeout_ms,
             max_size: self.group_max_size,
+            ..Default::default()
         }
     }
 

@@ -14,13 +14,41 @@
 //!
 //! Dead is represented by removing the group (DeleteGroups).
 //!
-//! Follows Kafka's classic coordinator: member ids handed out with
-//! MEMBER_ID_REQUIRED (JoinGroup v4+), a leader chosen among the members,
-//! the protocol every member supports with the most votes, static members
-//! (`group.instance.id`) that rejoin without a rebalance, session and
-//! rebalance timeouts, and an initial rebalance delay for new groups.
+//! The rules are Kafka's classic coordinator (`GroupMetadataManager` and
+//! `ClassicGroup` of Kafka 4), transition by transition, because clients'
+//! state machines depend on the exact answers:
+//!
+//! - **Membership checks** ([`Group::validate_member`]) are the same for
+//!   JoinGroup, SyncGroup, Heartbeat, LeaveGroup and OffsetCommit: a request
+//!   naming an instance id is checked against the member that instance maps
+//!   to (a replaced incarnation gets FENCED_INSTANCE_ID, not
+//!   UNKNOWN_MEMBER_ID, so it stops instead of rejoining and fencing its
+//!   successor); then the member must exist; then the generation must be
+//!   the group's (ILLEGAL_GENERATION).
+//! - **Joining.** New dynamic members first get an id with MEMBER_ID_REQUIRED
+//!   (v4+); such pending ids hold the join phase open like members do. A
+//!   known member rejoining in Stable rebalances only if it is the leader or
+//!   its metadata changed; in CompletingRebalance with unchanged metadata it
+//!   gets its JoinGroup answer again.
+//! - **Static members** (`group.instance.id`, KIP-345) rejoining under a new
+//!   member id replace their old incarnation (whose parked requests fail
+//!   with FENCED_INSTANCE_ID). In Stable that costs no rebalance unless the
+//!   group's protocol would change — changed metadata alone does not start
+//!   one; the member gets its old assignment back (the leader with
+//!   `skip_assignment`, v9+). In CompletingRebalance it rebalances (the
+//!   leader may be assigning to the old id). A static member that misses a
+//!   join phase stays a member; only dynamic ones are dropped.
+//! - **Sync.** Every member must SyncGroup within the rebalance timeout of
+//!   the join phase's end, also after the leader's sync made the group
+//!   Stable; members that did not are removed and the group rebalances.
+//! - **Sessions.** A member parked in a join or a sync is not expired; a new
+//!   member parked in its first join is, after `new_member_join_timeout_ms`.
+//! - **Commits** ([`Group::validate_commit`]): generation -1 commits while the
+//!   group is Empty (a consumer managing its own assignment, or the admin
+//!   client); otherwise member and generation are checked, and a commit in
+//!   CompletingRebalance gets REBALANCE_IN_PROGRESS (not transactional ones).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 use kafka_protocol::ResponseError as E;
@@ -55,11 +83,15 @@ pub struct GroupConfig {
     pub min_session_timeout_ms: i32,
     pub max_session_timeout_ms: i32,
     pub max_size: usize,
+    /// How long a new member may wait in its first JoinGroup before it is
+    /// dropped (Kafka's `group.classic.new.member.join.timeout.ms`): a
+    /// client that gave up and retried leaves no defunct member behind.
+    pub new_member_join_timeout_ms: i64,
 }
 
 impl Default for GroupConfig {
     fn default() -> Self {
-        GroupConfig { initial_rebalance_delay_ms: 3000, min_session_timeout_ms: 6000, max_session_timeout_ms: 1_800_000, max_size: 1000 }
+        GroupConfig { initial_rebalance_delay_ms: 3000, min_session_timeout_ms: 6000, max_session_timeout_ms: 1_800_000, max_size: 1000, new_member_join_timeout_ms: 300_000 }
     }
 }
 
@@ -75,6 +107,9 @@ pub struct JoinArgs {
     pub protocols: Vec<(String, Bytes)>,
     /// JoinGroup v4+: a new member first gets an id with MEMBER_ID_REQUIRED.
     pub require_known_member_id: bool,
+    /// JoinGroup v9+: a returning static leader may be told to skip
+    /// assigning (older versions are not told they lead).
+    pub supports_skip_assignment: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -88,6 +123,17 @@ pub struct JoinResult {
     /// Only the leader gets the members: (member id, instance id, metadata).
     pub members: Vec<(String, Option<String>, Bytes)>,
     pub skip_assignment: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SyncArgs {
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    /// SyncGroup v5+: what the member believes the group's protocol is.
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignments: Vec<(String, Bytes)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -114,7 +160,11 @@ pub struct Member {
     pub rebalance_timeout_ms: i32,
     pub protocols: Vec<(String, Bytes)>,
     pub assignment: Bytes,
+    /// When the member's session (or, while new, its first join) started
+    /// counting.
     last_heartbeat_ms: i64,
+    /// Added and not yet through a join phase.
+    is_new: bool,
     join: Option<Token>,
     sync: Option<Token>,
 }
@@ -124,6 +174,28 @@ impl Member {
     pub fn metadata(&self, protocol: &str) -> Bytes {
         self.protocols.iter().find(|(n, _)| n == protocol).map(|(_, m)| m.clone()).unwrap_or_default()
     }
+
+    /// When this member expires unless it is heard from; None while a
+    /// rebalance it waits on covers it.
+    fn expires_ms(&self, cfg: &GroupConfig) -> Option<i64> {
+        if self.is_new {
+            Some(self.last_heartbeat_ms + cfg.new_member_join_timeout_ms)
+        } else if self.join.is_some() || self.sync.is_some() {
+            None
+        } else {
+            Some(self.last_heartbeat_ms + self.session_timeout_ms as i64)
+        }
+    }
+}
+
+/// The first rebalance of an empty group waits `initial_rebalance_delay_ms`,
+/// and again (for what is left of the rebalance timeout) each time a new
+/// member came meanwhile, as Kafka does.
+#[derive(Debug, Clone, Copy)]
+struct InitialDelay {
+    delay_ms: i64,
+    remaining_ms: i64,
+    new_member_added: bool,
 }
 
 #[derive(Debug)]
@@ -141,19 +213,18 @@ pub struct Group {
     protocol_counts: HashMap<String, usize>,
     /// Ids handed out with MEMBER_ID_REQUIRED, not yet joined, with when
     /// they expire: one session timeout (the asking request's) after they
-    /// were handed out, as Kafka does, so ids nobody comes back with do not
-    /// hold the group's slots for long.
+    /// were handed out, as Kafka does. Until then they hold the join phase
+    /// open like members.
     pending: HashMap<String, i64>,
+    /// Members that have not sent SyncGroup since the last join phase.
+    pending_sync: HashSet<String>,
     statics: HashMap<String, String>,
     /// PreparingRebalance: when the join phase ends whoever has joined.
     join_deadline_ms: Option<i64>,
-    /// CompletingRebalance: when members that did not sync are dropped.
+    /// After a join phase: when members that did not sync are removed.
     sync_deadline_ms: Option<i64>,
-    /// A new group's join phase waits `initial_rebalance_delay_ms` for more
-    /// members (extended by each joiner, up to the rebalance timeout from
-    /// `join_started_ms`).
-    initial_delay: bool,
-    join_started_ms: i64,
+    /// Set while the first rebalance after Empty is being delayed.
+    initial: Option<InitialDelay>,
     /// When the group last had no members (for offset expiry).
     pub empty_since_ms: i64,
     /// OffsetCommits let through so far: the cleanup pass forgets an idle
@@ -179,6 +250,14 @@ fn err(e: E) -> i16 {
     e.code()
 }
 
+fn join_error(token: Token, code: i16, member_id: &str) -> Reply {
+    Reply::Join(token, JoinResult { error: code, generation: -1, member_id: member_id.to_owned(), ..Default::default() })
+}
+
+fn sync_error(token: Token, code: i16) -> Reply {
+    Reply::Sync(token, SyncResult { error: code, ..Default::default() })
+}
+
 impl Group {
     pub fn new(id: String, now_ms: i64) -> Group {
         Group {
@@ -191,11 +270,11 @@ impl Group {
             members: BTreeMap::new(),
             protocol_counts: HashMap::new(),
             pending: HashMap::new(),
+            pending_sync: HashSet::new(),
             statics: HashMap::new(),
             join_deadline_ms: None,
             sync_deadline_ms: None,
-            initial_delay: false,
-            join_started_ms: now_ms,
+            initial: None,
             empty_since_ms: now_ms,
             commits: 0,
         }
@@ -210,147 +289,193 @@ impl Group {
         self.members.is_empty() && self.pending.is_empty()
     }
 
+    /// Kafka's membership check: by instance id for static members (a
+    /// replaced incarnation is fenced), then by member id.
+    pub fn validate_member(&self, member_id: &str, instance_id: Option<&str>) -> Result<(), i16> {
+        if let Some(i) = instance_id {
+            match self.statics.get(i) {
+                None => return Err(err(E::UnknownMemberId)),
+                Some(current) if current != member_id => return Err(err(E::FencedInstanceId)),
+                Some(_) => {}
+            }
+        }
+        if self.members.contains_key(member_id) {
+            Ok(())
+        } else {
+            Err(err(E::UnknownMemberId))
+        }
+    }
+
+    fn rebalance_timeout_ms(&self) -> i64 {
+        self.members.values().map(|m| m.rebalance_timeout_ms as i64).max().unwrap_or(0)
+    }
+
+    /// Whether a joiner with this protocol type and these protocols fits
+    /// the group (Kafka's `supportsProtocols`).
+    fn supports(&self, protocol_type: &str, protocols: &[(String, Bytes)]) -> bool {
+        if self.members.is_empty() {
+            return !protocol_type.is_empty() && !protocols.is_empty();
+        }
+        self.protocol_type.as_deref() == Some(protocol_type) && protocols.iter().any(|(n, _)| self.supported_by_all(n))
+    }
+
+    /// Kafka's `acceptJoiningMember`: the group size limit.
+    fn accepts(&self, cfg: &GroupConfig, member_id: &str) -> bool {
+        match self.state {
+            State::Empty => true,
+            State::PreparingRebalance => {
+                let awaiting = self.members.values().filter(|m| m.join.is_some()).count();
+                self.members.get(member_id).is_some_and(|m| m.join.is_some()) || awaiting < cfg.max_size
+            }
+            State::CompletingRebalance | State::Stable => self.members.contains_key(member_id) || self.members.len() < cfg.max_size,
+        }
+    }
+
     /// Handles a JoinGroup. The answer may come now or once the rebalance
     /// completes (then under `token`).
     pub fn join(&mut self, cfg: &GroupConfig, now: i64, token: Token, mut args: JoinArgs, new_member_id: impl FnOnce() -> String) -> Vec<Reply> {
         // A name listed twice counts once, with its first metadata (the
         // consumer-group protocol set of Kafka; `protocol_counts` relies on
         // each member's names being distinct).
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         args.protocols.retain(|(n, _)| seen.insert(n.clone()));
         tracing::debug!(group = %self.id, member = %args.member_id, state = self.state.name(), generation = self.generation, "join");
-        let fail = |code: i16, member_id: &str| vec![Reply::Join(token, JoinResult { error: code, generation: -1, member_id: member_id.to_owned(), ..Default::default() })];
         if args.session_timeout_ms < cfg.min_session_timeout_ms || args.session_timeout_ms > cfg.max_session_timeout_ms {
-            return fail(err(E::InvalidSessionTimeout), &args.member_id);
+            return vec![join_error(token, err(E::InvalidSessionTimeout), &args.member_id)];
         }
-        if args.protocol_type.is_empty() || args.protocols.is_empty() {
-            return fail(err(E::InconsistentGroupProtocol), &args.member_id);
+        if !self.accepts(cfg, &args.member_id) {
+            // Kafka drops a member it turns away this way (a group over
+            // its size after the limit was lowered sheds its last joiners).
+            self.pending.remove(&args.member_id);
+            let mut out = self.remove_member(&args.member_id);
+            out.extend(self.maybe_complete_join(now));
+            out.push(join_error(token, err(E::GroupMaxSizeReached), ""));
+            return out;
         }
-        if !self.members.is_empty() {
-            let same_type = self.protocol_type.as_deref() == Some(args.protocol_type.as_str());
-            let common = self.candidates_with(&args.protocols).next().is_some();
-            if !same_type || !common {
-                return fail(err(E::InconsistentGroupProtocol), &args.member_id);
-            }
+        if !self.supports(&args.protocol_type, &args.protocols) {
+            let id = if args.member_id.is_empty() { String::new() } else { args.member_id.clone() };
+            return vec![join_error(token, err(E::InconsistentGroupProtocol), &id)];
         }
-
         if args.member_id.is_empty() {
-            // A static member coming back under a new member id.
-            if let Some(instance) = &args.instance_id {
-                if let Some(old) = self.statics.get(instance).cloned() {
-                    return self.static_rejoin(now, token, old, args, new_member_id());
-                }
-            }
-            if self.members.len() + self.pending.len() >= cfg.max_size {
-                return fail(err(E::GroupMaxSizeReached), "");
-            }
-            let id = new_member_id();
-            if args.require_known_member_id && args.instance_id.is_none() {
-                self.pending.insert(id.clone(), now + args.session_timeout_ms as i64);
-                return fail(err(E::MemberIdRequired), &id);
-            }
-            return self.add_member(cfg, now, token, id, args);
+            return self.join_new(cfg, now, token, args, new_member_id);
         }
-
         if self.pending.remove(&args.member_id).is_some() {
-            if self.members.len() >= cfg.max_size {
-                return fail(err(E::GroupMaxSizeReached), &args.member_id);
-            }
             let id = args.member_id.clone();
             return self.add_member(cfg, now, token, id, args);
         }
-        let Some(member) = self.members.get(&args.member_id) else {
-            return fail(err(E::UnknownMemberId), &args.member_id);
-        };
-        if member.instance_id != args.instance_id {
-            return fail(err(E::FencedInstanceId), &args.member_id);
+        if let Err(code) = self.validate_member(&args.member_id, args.instance_id.as_deref()) {
+            return vec![join_error(token, code, &args.member_id)];
         }
-        // A known member rejoining.
-        let changed = member.protocols != args.protocols;
-        let is_leader = self.leader.as_deref() == Some(args.member_id.as_str());
         let id = args.member_id.clone();
-        {
-            let m = self.members.get_mut(&id).expect("checked");
-            let old = std::mem::replace(&mut m.protocols, args.protocols);
-            count_protocols(&mut self.protocol_counts, &old, false);
-            count_protocols(&mut self.protocol_counts, &m.protocols, true);
-            m.session_timeout_ms = args.session_timeout_ms;
-            m.rebalance_timeout_ms = args.rebalance_timeout_ms;
-            m.last_heartbeat_ms = now;
-        }
+        let member = &self.members[&id];
+        let matches = member.protocols == args.protocols;
+        let is_leader = self.leader.as_deref() == Some(id.as_str());
         match self.state {
-            State::Stable if !changed && !is_leader => {
-                // Nothing to rebalance: answer with the current generation.
-                vec![Reply::Join(token, self.join_result(&id, false))]
-            }
-            State::CompletingRebalance if !changed => {
+            State::CompletingRebalance if matches => {
                 // The member missed its JoinGroup answer: repeat it.
-                vec![Reply::Join(token, self.join_result(&id, true))]
+                vec![Reply::Join(token, self.join_result(&id))]
             }
-            State::PreparingRebalance => {
-                self.park_join(&id, token);
-                self.maybe_complete_join(now)
+            State::Stable if matches && !is_leader => {
+                // A follower with nothing new: the current generation, so
+                // it can SyncGroup.
+                let mut r = self.join_result(&id);
+                r.members.clear();
+                vec![Reply::Join(token, r)]
             }
+            State::Empty => vec![join_error(token, err(E::UnknownMemberId), &id)],
             _ => {
-                let mut out = self.prepare_rebalance(cfg, now);
-                self.park_join(&id, token);
-                out.extend(self.maybe_complete_join(now));
-                out
+                // PreparingRebalance, a leader's rejoin in Stable (it may
+                // have seen metadata change), or changed metadata.
+                self.update_member(&id, token, now, args);
+                self.rebalance_or_complete(cfg, now)
             }
         }
     }
 
-    fn static_rejoin(&mut self, now: i64, token: Token, old: String, args: JoinArgs, new_id: String) -> Vec<Reply> {
+    /// A JoinGroup without a member id.
+    fn join_new(&mut self, cfg: &GroupConfig, now: i64, token: Token, args: JoinArgs, new_member_id: impl FnOnce() -> String) -> Vec<Reply> {
+        // Ids are bounded by the group size, pending ones included, so
+        // join attempts that never come back cannot grow the group.
+        let returning_static = args.instance_id.as_ref().is_some_and(|i| self.statics.contains_key(i));
+        if !returning_static && self.members.len() + self.pending.len() >= cfg.max_size {
+            return vec![join_error(token, err(E::GroupMaxSizeReached), "")];
+        }
+        let id = new_member_id();
+        match &args.instance_id {
+            Some(instance) => match self.statics.get(instance).cloned() {
+                Some(old) => self.replace_static(cfg, now, token, old, id, args),
+                None => self.add_member(cfg, now, token, id, args),
+            },
+            None if args.require_known_member_id => {
+                self.pending.insert(id.clone(), now + args.session_timeout_ms as i64);
+                vec![join_error(token, err(E::MemberIdRequired), &id)]
+            }
+            None => self.add_member(cfg, now, token, id, args),
+        }
+    }
+
+    /// A static member back under a new member id replaces its old
+    /// incarnation (Kafka's `updateStaticMemberThenRebalanceOrCompleteJoin`).
+    fn replace_static(&mut self, cfg: &GroupConfig, now: i64, token: Token, old: String, new_id: String, args: JoinArgs) -> Vec<Reply> {
         let instance = args.instance_id.clone().expect("static");
-        let Some(mut m) = self.members.remove(&old) else {
-            self.statics.remove(&instance);
-            return vec![Reply::Join(token, JoinResult { error: err(E::UnknownMemberId), generation: -1, ..Default::default() })];
-        };
+        let mut m = self.members.remove(&old).expect("a static mapping names a member");
         // The old incarnation is fenced: its parked requests fail.
         let mut out = Vec::new();
         if let Some(t) = m.join.take() {
-            out.push(Reply::Join(t, JoinResult { error: err(E::FencedInstanceId), generation: -1, member_id: old.clone(), ..Default::default() }));
+            out.push(join_error(t, err(E::FencedInstanceId), &old));
         }
         if let Some(t) = m.sync.take() {
-            out.push(Reply::Sync(t, SyncResult { error: err(E::FencedInstanceId), ..Default::default() }));
+            out.push(sync_error(t, err(E::FencedInstanceId)));
         }
-        let changed = m.protocols != args.protocols;
+        let old_leader = self.leader.clone().unwrap_or_default();
         m.id = new_id.clone();
+        m.is_new = false;
+        self.members.insert(new_id.clone(), m);
+        self.statics.insert(instance, new_id.clone());
+        if self.pending_sync.remove(&old) {
+            self.pending_sync.insert(new_id.clone());
+        }
+        if self.leader.as_deref() == Some(old.as_str()) {
+            self.leader = Some(new_id.clone());
+        }
+        self.update_member(&new_id, token, now, args.clone());
+        match self.state {
+            State::Stable => {
+                if self.select_protocol() == self.protocol {
+                    // Nothing to rebalance: the member gets the current
+                    // generation and keeps its assignment; a leader skips
+                    // assigning (v9+) or, before v9, is not told it leads.
+                    self.members.get_mut(&new_id).expect("inserted").join = None;
+                    let mut r = self.join_result(&new_id);
+                    if args.supports_skip_assignment {
+                        r.skip_assignment = self.leader.as_deref() == Some(new_id.as_str());
+                    } else {
+                        r.members.clear();
+                        r.leader = old_leader;
+                    }
+                    out.push(Reply::Join(token, r));
+                } else {
+                    out.extend(self.rebalance_or_complete(cfg, now));
+                }
+            }
+            // The leader may be assigning to the old id: start over.
+            State::CompletingRebalance => out.extend(self.prepare_rebalance(cfg, now)),
+            State::PreparingRebalance => out.extend(self.maybe_complete_join(now)),
+            State::Empty => unreachable!("an empty group has no static members"),
+        }
+        out
+    }
+
+    /// Takes a rejoining member's new settings and parks its join.
+    fn update_member(&mut self, id: &str, token: Token, now: i64, args: JoinArgs) {
+        let m = self.members.get_mut(id).expect("member");
         count_protocols(&mut self.protocol_counts, &m.protocols, false);
         m.protocols = args.protocols;
         count_protocols(&mut self.protocol_counts, &m.protocols, true);
         m.session_timeout_ms = args.session_timeout_ms;
         m.rebalance_timeout_ms = args.rebalance_timeout_ms;
         m.last_heartbeat_ms = now;
-        self.members.insert(new_id.clone(), m);
-        self.statics.insert(instance, new_id.clone());
-        if self.leader.as_deref() == Some(old.as_str()) {
-            self.leader = Some(new_id.clone());
-        }
-        match self.state {
-            State::Stable if !changed => {
-                // Kafka answers a returning static member with the current
-                // generation; its assignment is unchanged and it skips
-                // assigning even when it is the leader.
-                let mut r = self.join_result(&new_id, false);
-                r.skip_assignment = self.leader.as_deref() == Some(new_id.as_str());
-                if r.skip_assignment {
-                    r.members = self.member_list();
-                }
-                out.push(Reply::Join(token, r));
-            }
-            State::PreparingRebalance => {
-                self.park_join(&new_id, token);
-                out.extend(self.maybe_complete_join(now));
-            }
-            _ => {
-                let cfg = GroupConfig { initial_rebalance_delay_ms: 0, ..GroupConfig::default() };
-                out.extend(self.prepare_rebalance(&cfg, now));
-                self.park_join(&new_id, token);
-                out.extend(self.maybe_complete_join(now));
-            }
-        }
-        out
+        m.join = Some(token);
     }
 
     fn add_member(&mut self, cfg: &GroupConfig, now: i64, token: Token, id: String, args: JoinArgs) -> Vec<Reply> {
@@ -359,6 +484,12 @@ impl Group {
         }
         if let Some(i) = &args.instance_id {
             self.statics.insert(i.clone(), id.clone());
+        }
+        if self.leader.is_none() {
+            self.leader = Some(id.clone());
+        }
+        if let Some(d) = self.initial.as_mut() {
+            d.new_member_added = true;
         }
         count_protocols(&mut self.protocol_counts, &args.protocols, true);
         self.members.insert(
@@ -373,26 +504,20 @@ impl Group {
                 protocols: args.protocols,
                 assignment: Bytes::new(),
                 last_heartbeat_ms: now,
-                join: None,
+                is_new: true,
+                join: Some(token),
                 sync: None,
             },
         );
-        let mut out = Vec::new();
-        if self.state != State::PreparingRebalance {
-            out.extend(self.prepare_rebalance(cfg, now));
-        } else if self.initial_delay {
-            let limit = self.join_started_ms + self.members.values().map(|m| m.rebalance_timeout_ms as i64).max().unwrap_or(0);
-            let extended = (now + cfg.initial_rebalance_delay_ms).min(limit.max(now));
-            self.join_deadline_ms = Some(self.join_deadline_ms.map_or(extended, |d| d.max(extended)));
-        }
-        self.park_join(&id, token);
-        out.extend(self.maybe_complete_join(now));
-        out
+        self.rebalance_or_complete(cfg, now)
     }
 
-    fn park_join(&mut self, id: &str, token: Token) {
-        if let Some(m) = self.members.get_mut(id) {
-            m.join = Some(token);
+    /// Kafka's `maybePrepareRebalanceOrCompleteJoin`.
+    fn rebalance_or_complete(&mut self, cfg: &GroupConfig, now: i64) -> Vec<Reply> {
+        if self.state == State::PreparingRebalance {
+            self.maybe_complete_join(now)
+        } else {
+            self.prepare_rebalance(cfg, now)
         }
     }
 
@@ -400,73 +525,118 @@ impl Group {
     /// REBALANCE_IN_PROGRESS, and the join phase gets its deadline.
     fn prepare_rebalance(&mut self, cfg: &GroupConfig, now: i64) -> Vec<Reply> {
         let mut out = Vec::new();
-        for m in self.members.values_mut() {
-            if let Some(t) = m.sync.take() {
-                out.push(Reply::Sync(t, SyncResult { error: err(E::RebalanceInProgress), ..Default::default() }));
+        if self.state == State::CompletingRebalance {
+            for m in self.members.values_mut() {
+                m.assignment = Bytes::new();
+                if let Some(t) = m.sync.take() {
+                    out.push(sync_error(t, err(E::RebalanceInProgress)));
+                }
             }
         }
-        let rebalance_timeout = self.members.values().map(|m| m.rebalance_timeout_ms as i64).max().unwrap_or(0);
-        let deadline = if self.state == State::Empty { now + cfg.initial_rebalance_delay_ms } else { now + rebalance_timeout };
-        self.join_deadline_ms = Some(deadline);
-        self.join_started_ms = now;
+        self.pending_sync.clear();
         self.sync_deadline_ms = None;
-        self.initial_delay = self.state == State::Empty && cfg.initial_rebalance_delay_ms > 0;
+        let initial = self.state == State::Empty && cfg.initial_rebalance_delay_ms > 0;
         tracing::debug!(group = %self.id, from = self.state.name(), generation = self.generation, members = self.members.len(), "preparing rebalance");
         self.state = State::PreparingRebalance;
+        if initial {
+            let delay_ms = cfg.initial_rebalance_delay_ms;
+            self.initial = Some(InitialDelay { delay_ms, remaining_ms: (self.rebalance_timeout_ms() - delay_ms).max(0), new_member_added: false });
+            self.join_deadline_ms = Some(now + delay_ms);
+            return out;
+        }
+        self.initial = None;
+        self.join_deadline_ms = Some(now + self.rebalance_timeout_ms());
+        out.extend(self.maybe_complete_join(now));
         out
     }
 
-    /// Ends the join phase if every member has joined (and any initial
-    /// delay has passed).
+    fn all_joined(&self) -> bool {
+        self.pending.is_empty() && self.members.values().all(|m| m.join.is_some())
+    }
+
+    /// Ends the join phase if every member (and every handed-out id) has
+    /// joined; the first rebalance of a group waits out its delay instead.
     fn maybe_complete_join(&mut self, now: i64) -> Vec<Reply> {
-        if self.state != State::PreparingRebalance {
+        if self.state != State::PreparingRebalance || self.initial.is_some() || !self.all_joined() {
             return Vec::new();
         }
-        let all_joined = self.members.values().all(|m| m.join.is_some());
-        let delay_over = !self.initial_delay || self.join_deadline_ms.is_some_and(|d| now >= d);
-        if all_joined && delay_over {
-            self.complete_join(now)
-        } else {
-            Vec::new()
+        self.complete_join(now)
+    }
+
+    /// The join deadline passed.
+    fn join_deadline(&mut self, cfg: &GroupConfig, now: i64) -> Vec<Reply> {
+        if let Some(d) = self.initial.as_mut() {
+            if d.new_member_added && d.remaining_ms > 0 {
+                // A member came during the delay: wait once more.
+                let next = cfg.initial_rebalance_delay_ms.min(d.remaining_ms);
+                *d = InitialDelay { delay_ms: next, remaining_ms: (d.remaining_ms - d.delay_ms).max(0), new_member_added: false };
+                self.join_deadline_ms = Some(now + next);
+                return Vec::new();
+            }
         }
+        self.complete_join(now)
     }
 
     fn complete_join(&mut self, now: i64) -> Vec<Reply> {
-        // Members that did not rejoin in time leave the group.
-        let gone: Vec<String> = self.members.values().filter(|m| m.join.is_none()).map(|m| m.id.clone()).collect();
-        for id in gone {
-            self.remove_member(&id);
-        }
+        self.initial = None;
         self.join_deadline_ms = None;
-        self.initial_delay = false;
+        // Dynamic members that did not rejoin in time leave the group;
+        // static ones stay (they come back under their instance id).
+        let gone: Vec<String> = self.members.values().filter(|m| m.join.is_none() && m.instance_id.is_none()).map(|m| m.id.clone()).collect();
+        let mut out = Vec::new();
+        for id in gone {
+            out.extend(self.remove_member(&id));
+        }
+        if !self.members.is_empty() && !self.elect_joined_leader() {
+            // Nobody rejoined: wait another rebalance timeout for sessions
+            // to expire the silent members.
+            tracing::warn!(group = %self.id, "no member rejoined before the rebalance timeout");
+            self.join_deadline_ms = Some(now + self.rebalance_timeout_ms());
+            return out;
+        }
         self.generation += 1;
         if self.members.is_empty() {
-            self.state = State::Empty;
-            self.protocol = None;
-            self.leader = None;
-            self.empty_since_ms = now;
-            return Vec::new();
+            self.to_empty(now);
+            return out;
         }
         self.protocol = self.select_protocol();
-        if self.leader.as_ref().is_none_or(|l| !self.members.contains_key(l)) {
-            self.leader = self.members.keys().next().cloned();
-        }
         self.state = State::CompletingRebalance;
         tracing::debug!(group = %self.id, generation = self.generation, members = self.members.len(), leader = ?self.leader, protocol = ?self.protocol, "join phase complete");
-        let rebalance_timeout = self.members.values().map(|m| m.rebalance_timeout_ms as i64).max().unwrap_or(0);
-        self.sync_deadline_ms = Some(now + rebalance_timeout);
+        self.sync_deadline_ms = Some(now + self.rebalance_timeout_ms());
         let ids: Vec<String> = self.members.keys().cloned().collect();
-        let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let result = self.join_result(&id, true);
+            let result = self.join_result(&id);
             let m = self.members.get_mut(&id).expect("member");
             m.last_heartbeat_ms = now;
+            m.is_new = false;
             m.assignment = Bytes::new();
             if let Some(t) = m.join.take() {
                 out.push(Reply::Join(t, result));
             }
+            self.pending_sync.insert(id);
         }
         out
+    }
+
+    /// Keeps the leader if it rejoined, else picks a member that did
+    /// (Kafka's `maybeElectNewJoinedLeader`). False if none did.
+    fn elect_joined_leader(&mut self) -> bool {
+        if self.leader.as_ref().is_some_and(|l| self.members.get(l).is_some_and(|m| m.join.is_some())) {
+            return true;
+        }
+        self.leader = self.members.values().find(|m| m.join.is_some()).map(|m| m.id.clone());
+        self.leader.is_some()
+    }
+
+    fn to_empty(&mut self, now: i64) {
+        self.state = State::Empty;
+        self.protocol = None;
+        self.leader = None;
+        self.join_deadline_ms = None;
+        self.sync_deadline_ms = None;
+        self.pending_sync.clear();
+        self.initial = None;
+        self.empty_since_ms = now;
     }
 
     fn member_list(&self) -> Vec<(String, Option<String>, Bytes)> {
@@ -474,14 +644,16 @@ impl Group {
         self.members.values().map(|m| (m.id.clone(), m.instance_id.clone(), m.metadata(&p))).collect()
     }
 
-    fn join_result(&self, id: &str, with_members: bool) -> JoinResult {
+    /// The current generation as a JoinGroup answer (the leader gets the
+    /// member list).
+    fn join_result(&self, id: &str) -> JoinResult {
         let leader = self.leader.clone().unwrap_or_default();
         JoinResult {
             error: 0,
             generation: self.generation,
             protocol_type: self.protocol_type.clone(),
             protocol_name: self.protocol.clone(),
-            members: if with_members && leader == id { self.member_list() } else { Vec::new() },
+            members: if leader == id { self.member_list() } else { Vec::new() },
             leader,
             member_id: id.to_owned(),
             skip_assignment: false,
@@ -493,17 +665,12 @@ impl Group {
         self.protocol_counts.get(name).copied().unwrap_or(0) == self.members.len()
     }
 
-    /// Protocols of `extra` (a joiner's) every current member supports.
-    fn candidates_with<'a>(&'a self, extra: &'a [(String, Bytes)]) -> impl Iterator<Item = &'a String> + 'a {
-        extra.iter().map(|(n, _)| n).filter(move |n| self.supported_by_all(n))
-    }
-
     /// The common protocol with the most first-choice votes, as Kafka picks.
     /// Linear in the members' protocol lists.
     fn select_protocol(&self) -> Option<String> {
         let first = self.members.values().next()?;
         let common: Vec<&String> = first.protocols.iter().map(|(n, _)| n).filter(|n| self.supported_by_all(n)).collect();
-        let is_common: std::collections::HashSet<&str> = common.iter().map(|n| n.as_str()).collect();
+        let is_common: HashSet<&str> = common.iter().map(|n| n.as_str()).collect();
         let mut votes: HashMap<&str, usize> = HashMap::new();
         for m in self.members.values() {
             if let Some((n, _)) = m.protocols.iter().find(|(n, _)| is_common.contains(n.as_str())) {
@@ -515,8 +682,10 @@ impl Group {
         common.into_iter().find(|n| votes.get(n.as_str()).copied().unwrap_or(0) == best).cloned()
     }
 
-    fn remove_member(&mut self, id: &str) -> Option<Member> {
-        let m = self.members.remove(id)?;
+    /// Removes a member; its parked requests get UNKNOWN_MEMBER_ID (a live
+    /// client then joins again).
+    fn remove_member(&mut self, id: &str) -> Vec<Reply> {
+        let Some(mut m) = self.members.remove(id) else { return Vec::new() };
         count_protocols(&mut self.protocol_counts, &m.protocols, false);
         if let Some(i) = &m.instance_id {
             if self.statics.get(i).map(String::as_str) == Some(id) {
@@ -526,58 +695,93 @@ impl Group {
         if self.leader.as_deref() == Some(id) {
             self.leader = None;
         }
-        Some(m)
+        self.pending_sync.remove(id);
+        let mut out = Vec::new();
+        if let Some(t) = m.join.take() {
+            out.push(join_error(t, err(E::UnknownMemberId), ""));
+        }
+        if let Some(t) = m.sync.take() {
+            out.push(sync_error(t, err(E::UnknownMemberId)));
+        }
+        out
+    }
+
+    /// What a group does after members left: rebalance the rest, or end the
+    /// join phase they held open.
+    fn after_departure(&mut self, cfg: &GroupConfig, now: i64) -> Vec<Reply> {
+        match self.state {
+            State::Stable | State::CompletingRebalance => self.prepare_rebalance(cfg, now),
+            State::PreparingRebalance => self.maybe_complete_join(now),
+            State::Empty => Vec::new(),
+        }
     }
 
     /// Handles a SyncGroup.
-    pub fn sync(&mut self, now: i64, token: Token, generation: i32, member_id: &str, instance_id: Option<&str>, assignments: Vec<(String, Bytes)>) -> Vec<Reply> {
-        let fail = |code: i16| vec![Reply::Sync(token, SyncResult { error: code, ..Default::default() })];
-        let Some(m) = self.members.get(member_id) else { return fail(err(E::UnknownMemberId)) };
-        if m.instance_id.as_deref() != instance_id {
-            return fail(err(E::FencedInstanceId));
+    pub fn sync(&mut self, now: i64, token: Token, args: SyncArgs) -> Vec<Reply> {
+        if self.members.is_empty() {
+            return vec![sync_error(token, err(E::UnknownMemberId))];
         }
-        if generation != self.generation {
-            return fail(err(E::IllegalGeneration));
+        if let Err(code) = self.validate_member(&args.member_id, args.instance_id.as_deref()) {
+            return vec![sync_error(token, code)];
         }
+        if args.generation != self.generation {
+            return vec![sync_error(token, err(E::IllegalGeneration))];
+        }
+        let inconsistent = |asked: &Option<String>, have: &Option<String>| matches!((asked, have), (Some(a), Some(h)) if a != h);
+        if inconsistent(&args.protocol_type, &self.protocol_type) || inconsistent(&args.protocol_name, &self.protocol) {
+            return vec![sync_error(token, err(E::InconsistentGroupProtocol))];
+        }
+        let id = args.member_id;
         match self.state {
-            State::Empty => fail(err(E::UnknownMemberId)),
-            State::PreparingRebalance => fail(err(E::RebalanceInProgress)),
+            State::Empty => vec![sync_error(token, err(E::UnknownMemberId))],
+            State::PreparingRebalance => vec![sync_error(token, err(E::RebalanceInProgress))],
             State::Stable => {
-                let assignment = m.assignment.clone();
+                self.synced(&id);
+                let assignment = self.members[&id].assignment.clone();
                 vec![Reply::Sync(token, self.sync_result(assignment))]
             }
             State::CompletingRebalance => {
-                let is_leader = self.leader.as_deref() == Some(member_id);
-                if let Some(m) = self.members.get_mut(member_id) {
-                    m.sync = Some(token);
-                    m.last_heartbeat_ms = now;
+                let mut out = Vec::new();
+                let m = self.members.get_mut(&id).expect("validated");
+                if let Some(earlier) = m.sync.replace(token) {
+                    // A repeated SyncGroup replaces the one parked before.
+                    out.push(sync_error(earlier, err(E::RebalanceInProgress)));
                 }
-                if !is_leader {
-                    return Vec::new();
+                self.synced(&id);
+                if self.leader.as_deref() != Some(id.as_str()) {
+                    return out;
                 }
                 // The leader's assignment completes the rebalance. Entries
-                // for ids that are not members are ignored, as Kafka does.
-                for (id, a) in assignments {
-                    if let Some(m) = self.members.get_mut(&id) {
-                        m.assignment = a;
-                    } else {
-                        tracing::debug!(group = %self.id, member = %id, "ignoring assignment for a non-member");
-                    }
+                // for ids that are not members are ignored, members without
+                // one get an empty assignment, as Kafka does.
+                let mut given: HashMap<String, Bytes> = args.assignments.into_iter().collect();
+                for m in self.members.values_mut() {
+                    m.assignment = given.remove(&m.id).unwrap_or_default();
+                }
+                if !given.is_empty() {
+                    tracing::debug!(group = %self.id, ignored = given.len(), "ignoring assignments for non-members");
                 }
                 self.state = State::Stable;
-                self.sync_deadline_ms = None;
                 tracing::debug!(group = %self.id, generation = self.generation, "stable");
-                let mut out = Vec::new();
                 let ids: Vec<String> = self.members.keys().cloned().collect();
                 for id in ids {
-                    let a = self.members[&id].assignment.clone();
-                    let r = self.sync_result(a);
-                    if let Some(t) = self.members.get_mut(&id).and_then(|m| m.sync.take()) {
+                    let r = self.sync_result(self.members[&id].assignment.clone());
+                    let m = self.members.get_mut(&id).expect("member");
+                    if let Some(t) = m.sync.take() {
+                        m.last_heartbeat_ms = now;
                         out.push(Reply::Sync(t, r));
                     }
                 }
                 out
             }
+        }
+    }
+
+    /// A member has synced since the join phase ended.
+    fn synced(&mut self, id: &str) {
+        self.pending_sync.remove(id);
+        if self.pending_sync.is_empty() {
+            self.sync_deadline_ms = None;
         }
     }
 
@@ -587,107 +791,97 @@ impl Group {
 
     /// Handles a Heartbeat; returns its error code.
     pub fn heartbeat(&mut self, now: i64, generation: i32, member_id: &str, instance_id: Option<&str>) -> i16 {
-        let state = self.state;
-        let current = self.generation;
-        let Some(m) = self.members.get_mut(member_id) else { return err(E::UnknownMemberId) };
-        if m.instance_id.as_deref() != instance_id {
-            return err(E::FencedInstanceId);
+        if let Err(code) = self.validate_member(member_id, instance_id) {
+            return code;
         }
-        if generation != current {
+        if generation != self.generation {
             return err(E::IllegalGeneration);
         }
-        m.last_heartbeat_ms = now;
+        let state = self.state;
+        let m = self.members.get_mut(member_id).expect("validated");
         match state {
-            State::PreparingRebalance => err(E::RebalanceInProgress),
             State::Empty => err(E::UnknownMemberId),
-            State::CompletingRebalance | State::Stable => 0,
+            State::PreparingRebalance => {
+                m.last_heartbeat_ms = now;
+                err(E::RebalanceInProgress)
+            }
+            State::CompletingRebalance | State::Stable => {
+                m.last_heartbeat_ms = now;
+                0
+            }
         }
     }
 
-    /// Handles one member of a LeaveGroup; returns its error code and the
-    /// replies the departure releases.
-    pub fn leave(&mut self, cfg: &GroupConfig, now: i64, member_id: &str, instance_id: Option<&str>) -> (i16, Vec<Reply>) {
-        let id = match (member_id.is_empty(), instance_id) {
-            (true, Some(i)) => match self.statics.get(i) {
-                Some(id) => id.clone(),
-                None => return (err(E::UnknownMemberId), Vec::new()),
-            },
-            _ => member_id.to_owned(),
-        };
-        if self.pending.remove(&id).is_some() {
-            return (0, Vec::new());
-        }
-        let Some(m) = self.members.get(&id) else { return (err(E::UnknownMemberId), Vec::new()) };
-        if instance_id.is_some() && m.instance_id.as_deref() != instance_id {
-            return (err(E::FencedInstanceId), Vec::new());
-        }
-        let out = self.depart(cfg, now, &id);
-        (0, out)
-    }
-
-    /// Removes a member and rebalances the rest.
-    fn depart(&mut self, cfg: &GroupConfig, now: i64, id: &str) -> Vec<Reply> {
-        tracing::debug!(group = %self.id, member = %id, "member leaves");
+    /// Handles a LeaveGroup's members: a code for each, and the replies the
+    /// departures release. Members named by instance id alone (an admin
+    /// removing static members) leave too. The group rebalances once for
+    /// the whole batch.
+    pub fn leave(&mut self, cfg: &GroupConfig, now: i64, members: &[(String, Option<String>)]) -> (Vec<i16>, Vec<Reply>) {
+        let mut codes = Vec::with_capacity(members.len());
         let mut out = Vec::new();
-        if let Some(mut m) = self.remove_member(id) {
-            if let Some(t) = m.join.take() {
-                out.push(Reply::Join(t, JoinResult { error: err(E::UnknownMemberId), generation: -1, member_id: id.to_owned(), ..Default::default() }));
-            }
-            if let Some(t) = m.sync.take() {
-                out.push(Reply::Sync(t, SyncResult { error: err(E::UnknownMemberId), ..Default::default() }));
-            }
-        }
-        match self.state {
-            State::Stable | State::CompletingRebalance => {
-                if self.members.is_empty() {
-                    self.to_empty(now);
-                } else {
-                    out.extend(self.prepare_rebalance(cfg, now));
-                    out.extend(self.maybe_complete_join(now));
+        let mut left = false;
+        for (member_id, instance_id) in members {
+            let code = if member_id.is_empty() {
+                match instance_id.as_ref().and_then(|i| self.statics.get(i)).cloned() {
+                    Some(id) => {
+                        out.extend(self.remove_member(&id));
+                        0
+                    }
+                    None => err(E::UnknownMemberId),
                 }
+            } else if self.pending.remove(member_id).is_some() {
+                0
+            } else {
+                match self.validate_member(member_id, instance_id.as_deref()) {
+                    Ok(()) => {
+                        out.extend(self.remove_member(member_id));
+                        0
+                    }
+                    Err(code) => code,
+                }
+            };
+            if code == 0 {
+                tracing::debug!(group = %self.id, member = %member_id, "member leaves");
+                left = true;
             }
-            State::PreparingRebalance => out.extend(self.maybe_complete_join(now)),
-            State::Empty => {}
+            codes.push(code);
         }
-        out
-    }
-
-    fn to_empty(&mut self, now: i64) {
-        self.generation += 1;
-        self.state = State::Empty;
-        self.protocol = None;
-        self.leader = None;
-        self.join_deadline_ms = None;
-        self.sync_deadline_ms = None;
-        self.empty_since_ms = now;
+        if left {
+            out.extend(self.after_departure(cfg, now));
+        }
+        (codes, out)
     }
 
     /// Expires members and phases whose time is up.
     pub fn tick(&mut self, cfg: &GroupConfig, now: i64) -> Vec<Reply> {
         let mut out = Vec::new();
+        let before = self.pending.len();
         self.pending.retain(|_, expires| now < *expires);
-        // Members parked in a join are waiting on us, not dead.
-        let expired: Vec<String> = self
-            .members
-            .values()
-            .filter(|m| m.join.is_none() && now - m.last_heartbeat_ms >= m.session_timeout_ms as i64)
-            .map(|m| m.id.clone())
-            .collect();
-        for id in expired {
-            tracing::info!(group = %self.id, member = %id, "member session expired");
-            out.extend(self.depart(cfg, now, &id));
+        if self.pending.len() != before {
+            // An id nobody came back with no longer holds the join phase.
+            out.extend(self.maybe_complete_join(now));
+        }
+        let expired: Vec<String> = self.members.values().filter(|m| m.expires_ms(cfg).is_some_and(|d| now >= d)).map(|m| m.id.clone()).collect();
+        if !expired.is_empty() {
+            for id in expired {
+                tracing::info!(group = %self.id, member = %id, "member session expired");
+                out.extend(self.remove_member(&id));
+            }
+            out.extend(self.after_departure(cfg, now));
         }
         if self.state == State::PreparingRebalance && self.join_deadline_ms.is_some_and(|d| now >= d) {
-            out.extend(self.complete_join(now));
+            out.extend(self.join_deadline(cfg, now));
         }
-        if self.state == State::CompletingRebalance && self.sync_deadline_ms.is_some_and(|d| now >= d) {
-            // The leader never sent its assignment: start over without the
-            // members that did not sync.
-            let lagging: Vec<String> = self.members.values().filter(|m| m.sync.is_none()).map(|m| m.id.clone()).collect();
-            for id in lagging {
-                out.extend(self.depart(cfg, now, &id));
-            }
-            if self.state == State::CompletingRebalance {
+        let syncing = matches!(self.state, State::CompletingRebalance | State::Stable);
+        if syncing && self.sync_deadline_ms.is_some_and(|d| now >= d) {
+            self.sync_deadline_ms = None;
+            if !self.pending_sync.is_empty() {
+                // Members that never synced leave; the rest start over.
+                let lagging: Vec<String> = self.pending_sync.iter().cloned().collect();
+                tracing::info!(group = %self.id, members = lagging.len(), "members did not sync in time");
+                for id in lagging {
+                    out.extend(self.remove_member(&id));
+                }
                 out.extend(self.prepare_rebalance(cfg, now));
             }
         }
@@ -695,25 +889,27 @@ impl Group {
     }
 
     /// When [`Group::tick`] next has work.
-    pub fn next_deadline(&self) -> Option<i64> {
-        let sessions = self.members.values().filter(|m| m.join.is_none()).map(|m| m.last_heartbeat_ms + m.session_timeout_ms as i64).min();
+    pub fn next_deadline(&self, cfg: &GroupConfig) -> Option<i64> {
+        let sessions = self.members.values().filter_map(|m| m.expires_ms(cfg)).min();
         let pending = self.pending.values().copied().min();
         [sessions, pending, self.join_deadline_ms, self.sync_deadline_ms].into_iter().flatten().min()
     }
 
-    /// Whether an OffsetCommit with these ids may commit (Kafka's rules).
-    pub fn commit_allowed(&self, generation: i32, member_id: &str, instance_id: Option<&str>) -> Result<(), i16> {
-        if generation < 0 && member_id.is_empty() && self.members.is_empty() {
+    /// Whether an OffsetCommit (or, `transactional`, a TxnOffsetCommit)
+    /// with these ids may commit: Kafka's `validateOffsetCommit`.
+    pub fn validate_commit(&self, generation: i32, member_id: &str, instance_id: Option<&str>, transactional: bool) -> Result<(), i16> {
+        if generation < 0 && self.state == State::Empty {
             return Ok(()); // a consumer that manages its own assignment
         }
-        let Some(m) = self.members.get(member_id) else { return Err(err(E::UnknownMemberId)) };
-        if instance_id.is_some() && m.instance_id.as_deref() != instance_id {
-            return Err(err(E::FencedInstanceId));
+        if generation >= 0 || !member_id.is_empty() || instance_id.is_some() {
+            self.validate_member(member_id, instance_id)?;
+            if generation != self.generation {
+                return Err(err(E::IllegalGeneration));
+            }
+        } else if !transactional && self.state != State::Empty {
+            return Err(err(E::UnknownMemberId));
         }
-        if generation != self.generation {
-            return Err(err(E::IllegalGeneration));
-        }
-        if self.state == State::CompletingRebalance {
+        if !transactional && self.state == State::CompletingRebalance {
             return Err(err(E::RebalanceInProgress));
         }
         Ok(())
@@ -739,23 +935,28 @@ mod tests {
             protocol_type: "consumer".into(),
             protocols: vec![("range".into(), Bytes::from_static(b"m"))],
             require_known_member_id: true,
+            supports_skip_assignment: true,
         }
+    }
+
+    fn sa(generation: i32, member: &str, instance: Option<&str>, assignments: Vec<(String, Bytes)>) -> SyncArgs {
+        SyncArgs { generation, member_id: member.into(), instance_id: instance.map(Into::into), protocol_type: None, protocol_name: None, assignments }
     }
 
     #[test]
     fn handed_out_ids_put_a_deadline_on_the_group() {
         let c = GroupConfig::default();
         let mut g = Group::new("g".into(), 0);
-        assert_eq!(g.next_deadline(), None);
+        assert_eq!(g.next_deadline(&c), None);
         let r = g.join(&c, 100, 1, args("", None), || "m1".into());
         assert_eq!(join_result(&r, 1).error, E::MemberIdRequired.code());
         // The id expires one session timeout after it was handed out, and
         // the group's timer must say so, or nothing would ever expire it.
-        assert_eq!(g.next_deadline(), Some(100 + 10_000));
+        assert_eq!(g.next_deadline(&c), Some(100 + 10_000));
         assert!(!g.is_idle());
         g.tick(&c, 100 + 10_000);
         assert!(g.is_idle());
-        assert_eq!(g.next_deadline(), None);
+        assert_eq!(g.next_deadline(&c), None);
     }
 
     fn join_result(r: &[Reply], token: Token) -> JoinResult {
@@ -782,7 +983,7 @@ mod tests {
         let j = join_one(&mut g, &c, 0, "m1", 1);
         assert_eq!((j.error, j.generation, j.leader.as_str()), (0, 1, "m1"));
         assert_eq!(j.members.len(), 1, "the leader gets the member list");
-        let r = g.sync(0, 10, 1, "m1", None, vec![("m1".into(), Bytes::from_static(b"a1"))]);
+        let r = g.sync(0, 10, sa(1, "m1", None, vec![("m1".into(), Bytes::from_static(b"a1"))]));
         assert_eq!(r, vec![Reply::Sync(10, SyncResult { error: 0, protocol_type: Some("consumer".into()), protocol_name: Some("range".into()), assignment: Bytes::from_static(b"a1") })]);
         assert_eq!(g.state, State::Stable);
         assert_eq!(g.heartbeat(1, 1, "m1", None), 0);
@@ -795,7 +996,7 @@ mod tests {
         let c = cfg(3000);
         let mut g = Group::new("g".into(), 0);
         assert!(join_one(&mut g, &c, 0, "m1", 1).member_id.is_empty(), "parked during the delay");
-        assert_eq!(g.next_deadline(), Some(3000));
+        assert_eq!(g.next_deadline(&c), Some(3000));
         assert!(g.tick(&c, 2999).is_empty());
         let r = g.tick(&c, 3000);
         assert_eq!(join_result(&r, 2).generation, 1);
@@ -806,23 +1007,23 @@ mod tests {
         let c = cfg(0);
         let mut g = Group::new("g".into(), 0);
         join_one(&mut g, &c, 0, "m1", 1);
-        g.sync(0, 3, 1, "m1", None, vec![]);
+        g.sync(0, 3, sa(1, "m1", None, vec![]));
         // m2 joins: the group prepares a rebalance; m1 learns by heartbeat.
         assert!(join_one(&mut g, &c, 100, "m2", 10).member_id.is_empty());
         assert_eq!(g.state, State::PreparingRebalance);
         assert_eq!(g.heartbeat(200, 1, "m1", None), E::RebalanceInProgress.code());
-        assert_eq!(g.commit_allowed(1, "m1", None), Ok(()));
+        assert_eq!(g.validate_commit(1, "m1", None, false), Ok(()));
         let r = g.join(&c, 300, 20, args("m1", None), || unreachable!());
         assert_eq!(join_result(&r, 20).generation, 2);
         assert_eq!(join_result(&r, 11).generation, 2);
-        assert_eq!(g.commit_allowed(2, "m1", None), Err(E::RebalanceInProgress.code()));
+        assert_eq!(g.validate_commit(2, "m1", None, false), Err(E::RebalanceInProgress.code()));
         let leader = g.leader.clone().unwrap();
         let other = if leader == "m1" { "m2" } else { "m1" };
-        assert!(g.sync(300, 30, 2, other, None, vec![]).is_empty(), "follower waits for the leader");
-        let r = g.sync(300, 31, 2, &leader, None, vec![(other.into(), Bytes::from_static(b"x")), ("ghost".into(), Bytes::from_static(b"y"))]);
+        assert!(g.sync(300, 30, sa(2, other, None, vec![])).is_empty(), "follower waits for the leader");
+        let r = g.sync(300, 31, sa(2, &leader, None, vec![(other.into(), Bytes::from_static(b"x")), ("ghost".into(), Bytes::from_static(b"y"))]));
         assert_eq!(r.len(), 2);
         assert_eq!(g.state, State::Stable);
-        assert_eq!(g.commit_allowed(1, "m1", None), Err(E::IllegalGeneration.code()));
+        assert_eq!(g.validate_commit(1, "m1", None, false), Err(E::IllegalGeneration.code()));
         // The follower stops heartbeating: it expires, the leader rebalances alone.
         g.heartbeat(9_000, 2, &leader, None);
         let r = g.tick(&c, 10_300);
@@ -838,15 +1039,18 @@ mod tests {
         let r = g.join(&c, 0, 1, args("", Some("i1")), || "s1".into());
         let j = join_result(&r, 1);
         assert_eq!((j.error, j.member_id.as_str(), j.generation), (0, "s1", 1));
-        g.sync(0, 2, 1, "s1", Some("i1"), vec![("s1".into(), Bytes::from_static(b"p0"))]);
+        g.sync(0, 2, sa(1, "s1", Some("i1"), vec![("s1".into(), Bytes::from_static(b"p0"))]));
         // Restart: new member id, same instance, same generation, no rebalance.
         let r = g.join(&c, 100, 3, args("", Some("i1")), || "s1b".into());
         let j = join_result(&r, 3);
         assert_eq!((j.error, j.generation), (0, 1));
         assert_eq!(g.state, State::Stable);
-        assert_eq!(g.heartbeat(100, 1, "s1", Some("i1")), E::UnknownMemberId.code());
+        // The old incarnation is fenced (it must stop, not rejoin and fence
+        // its successor in turn).
+        assert_eq!(g.heartbeat(100, 1, "s1", Some("i1")), E::FencedInstanceId.code());
         assert_eq!(g.heartbeat(100, 1, "s1b", Some("i1")), 0);
-        assert_eq!(g.heartbeat(100, 1, "s1b", Some("other")), E::FencedInstanceId.code());
+        // An instance id the group does not know: an unknown member.
+        assert_eq!(g.heartbeat(100, 1, "s1b", Some("other")), E::UnknownMemberId.code());
     }
 
     #[test]
@@ -876,5 +1080,478 @@ mod tests {
         assert_eq!(join_result(&g.join(&c, 0, 49_999, args("", None), || "early".into()), 49_999).error, E::GroupMaxSizeReached.code());
         g.tick(&c, args("", None).session_timeout_ms as i64);
         assert_eq!(join_result(&g.join(&c, 0, 50_000, args("", None), || "late".into()), 50_000).error, E::MemberIdRequired.code());
+    }
+
+    // ---- Kafka's classic rules, one test per rule ----
+
+    /// A test group: tokens and member ids handed out in order, time set
+    /// by the test.
+    struct Harness {
+        g: Group,
+        c: GroupConfig,
+        now: i64,
+        token: Token,
+        ids: u32,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            Harness { g: Group::new("g".into(), 0), c: cfg(0), now: 0, token: 0, ids: 0 }
+        }
+
+        fn token(&mut self) -> Token {
+            self.token += 1;
+            self.token
+        }
+
+        fn join(&mut self, a: JoinArgs) -> (Token, Vec<Reply>) {
+            let t = self.token();
+            self.ids += 1;
+            let fresh = format!("m{}", self.ids);
+            (t, self.g.join(&self.c, self.now, t, a, || fresh))
+        }
+
+        /// A dynamic member's full entry: MEMBER_ID_REQUIRED, then the
+        /// join proper (parked or answered).
+        fn join_dynamic(&mut self, protocols: &[(&str, &'static [u8])]) -> (String, Token, Vec<Reply>) {
+            let (t, r) = self.join(with(args("", None), protocols));
+            let id = join_result(&r, t).member_id;
+            let (t, r) = self.join(with(args(&id, None), protocols));
+            (id, t, r)
+        }
+
+        fn sync(&mut self, member: &str, instance: Option<&str>, assignments: Vec<(String, Bytes)>) -> (Token, Vec<Reply>) {
+            let t = self.token();
+            let generation = self.g.generation;
+            (t, self.g.sync(self.now, t, sa(generation, member, instance, assignments)))
+        }
+
+        /// Syncs every member, the leader last, assigning each its own id.
+        fn sync_all(&mut self) -> Vec<Reply> {
+            let leader = self.g.leader.clone().unwrap();
+            let ids: Vec<(String, Option<String>)> = self.g.members.values().map(|m| (m.id.clone(), m.instance_id.clone())).collect();
+            let mut out = Vec::new();
+            for (id, i) in ids.iter().filter(|(id, _)| *id != leader) {
+                out.extend(self.sync(id, i.as_deref(), vec![]).1);
+            }
+            let i = self.g.members[&leader].instance_id.clone();
+            let assignments = ids.iter().map(|(id, _)| (id.clone(), Bytes::from(id.clone()))).collect();
+            out.extend(self.sync(&leader, i.as_deref(), assignments).1);
+            assert_eq!(self.g.state, State::Stable);
+            out
+        }
+
+        fn tick(&mut self, now: i64) -> Vec<Reply> {
+            self.now = now;
+            self.g.tick(&self.c, now)
+        }
+    }
+
+    fn with(mut a: JoinArgs, protocols: &[(&str, &'static [u8])]) -> JoinArgs {
+        if !protocols.is_empty() {
+            a.protocols = protocols.iter().map(|(n, m)| (n.to_string(), Bytes::from_static(m))).collect();
+        }
+        a
+    }
+
+    fn sync_result(r: &[Reply], token: Token) -> SyncResult {
+        r.iter().find_map(|x| match x { Reply::Sync(t, s) if *t == token => Some(s.clone()), _ => None }).expect("sync answered")
+    }
+
+    /// Two static members, Stable at generation 1.
+    fn two_statics(h: &mut Harness) -> (String, String) {
+        // Both arrive within the initial delay (static members get their
+        // ids at once, no MEMBER_ID_REQUIRED).
+        h.c.initial_rebalance_delay_ms = 100;
+        let (t1, r1) = h.join(args("", Some("i1")));
+        let (t2, r2) = h.join(args("", Some("i2")));
+        assert!(r1.is_empty() && r2.is_empty(), "parked for the delay");
+        // The second came during the delay: it runs once more.
+        assert!(h.tick(100).is_empty());
+        let r = h.tick(200);
+        assert_eq!((join_result(&r, t1).generation, join_result(&r, t2).generation), (1, 1));
+        let a = h.g.statics["i1"].clone();
+        let b = h.g.statics["i2"].clone();
+        h.sync_all();
+        (a, b)
+    }
+
+    #[test]
+    fn a_replaced_static_incarnation_is_fenced_everywhere() {
+        let mut h = Harness::new();
+        let (a, _) = two_statics(&mut h);
+        let gen = h.g.generation;
+        let (t, r) = h.join(args("", Some("i1")));
+        let fresh = join_result(&r, t).member_id;
+        assert_ne!(fresh, a);
+        let fenced = E::FencedInstanceId.code();
+        assert_eq!(h.g.heartbeat(h.now, gen, &a, Some("i1")), fenced);
+        assert_eq!(h.g.validate_commit(gen, &a, Some("i1"), false), Err(fenced));
+        assert_eq!(sync_result(&h.g.sync(h.now, 99, sa(gen, &a, Some("i1"), vec![])), 99).error, fenced);
+        let (t, r) = h.join(args(&a, Some("i1")));
+        assert_eq!(join_result(&r, t).error, fenced);
+        let (codes, _) = h.g.leave(&h.c, h.now, &[(a.clone(), Some("i1".into()))]);
+        assert_eq!(codes, vec![fenced]);
+        // An instance id the group does not know is an unknown member.
+        assert_eq!(h.g.heartbeat(h.now, gen, &fresh, Some("nobody")), E::UnknownMemberId.code());
+        // The new incarnation is fine, and nothing rebalanced.
+        assert_eq!(h.g.heartbeat(h.now, gen, &fresh, Some("i1")), 0);
+        assert_eq!((h.g.state, h.g.generation), (State::Stable, gen));
+    }
+
+    #[test]
+    fn a_static_rejoin_in_stable_with_new_metadata_costs_no_rebalance() {
+        let mut h = Harness::new();
+        let (a, b) = two_statics(&mut h);
+        let gen = h.g.generation;
+        let follower = if h.g.leader.as_deref() == Some(a.as_str()) { ("i2", b.clone()) } else { ("i1", a.clone()) };
+        // Restarted with different user data (owned partitions, say), same
+        // protocol: Kafka hands back the current generation.
+        let (t, r) = h.join(with(args("", Some(follower.0)), &[("range", b"new metadata")]));
+        let j = join_result(&r, t);
+        assert_eq!((j.error, j.generation, j.skip_assignment), (0, gen, false));
+        assert!(j.members.is_empty(), "a follower gets no member list");
+        assert_eq!(h.g.state, State::Stable);
+        let other = if follower.1 == a { (&b, "i2") } else { (&a, "i1") };
+        assert_eq!(h.g.heartbeat(h.now, gen, other.0, Some(other.1)), 0, "the other member sees no rebalance");
+        // It keeps its assignment under the new id.
+        let (t, r) = h.sync(&j.member_id, Some(follower.0), vec![]);
+        assert_eq!(sync_result(&r, t).assignment, Bytes::from(follower.1.clone()));
+        // A protocol the others do not support would change the group's
+        // protocol: that one rebalances (here it is refused outright, as no
+        // common protocol would be left).
+        let (t, r) = h.join(with(args("", Some(follower.0)), &[("roundrobin", b"")]));
+        assert_eq!(join_result(&r, t).error, E::InconsistentGroupProtocol.code());
+    }
+
+    #[test]
+    fn a_static_rejoin_that_changes_the_groups_protocol_rebalances() {
+        let mut h = Harness::new();
+        h.c.initial_rebalance_delay_ms = 100;
+        let both: &[(&str, &'static [u8])] = &[("range", b""), ("sticky", b"")];
+        let (_, _) = h.join(with(args("", Some("i1")), both));
+        let (_, _) = h.join(with(args("", Some("i2")), &[("sticky", b""), ("range", b"")]));
+        h.tick(100);
+        h.tick(200);
+        h.sync_all();
+        assert_eq!(h.g.protocol.as_deref(), Some("range"), "a tie goes to the first member's preference");
+        let gen = h.g.generation;
+        // i2 comes back preferring only sticky: the vote becomes sticky.
+        let (t, r) = h.join(with(args("", Some("i2")), &[("sticky", b"")]));
+        assert!(r.iter().all(|x| !matches!(x, Reply::Join(tt, _) if *tt == t)), "parked for a rebalance");
+        assert_eq!(h.g.state, State::PreparingRebalance);
+        let a = h.g.statics["i1"].clone();
+        assert_eq!(h.g.heartbeat(h.now, gen, &a, Some("i1")), E::RebalanceInProgress.code());
+    }
+
+    #[test]
+    fn a_returning_static_leader_skips_assignment_from_v9_and_is_not_told_it_leads_before() {
+        let mut h = Harness::new();
+        let (a, b) = two_statics(&mut h);
+        let gen = h.g.generation;
+        let leader = h.g.leader.clone().unwrap();
+        let instance = if leader == a { "i1" } else { "i2" };
+        let _ = b;
+        let (t, r) = h.join(args("", Some(instance)));
+        let j = join_result(&r, t);
+        assert_eq!((j.generation, j.skip_assignment, j.leader.as_str()), (gen, true, j.member_id.as_str()));
+        assert_eq!(j.members.len(), 2, "v9: the leader gets the members to keep its view");
+        let mut old = args("", Some(instance));
+        old.supports_skip_assignment = false;
+        let (t, r) = h.join(old);
+        let j2 = join_result(&r, t);
+        assert_eq!((j2.generation, j2.skip_assignment), (gen, false));
+        assert!(j2.members.is_empty());
+        assert_eq!(j2.leader, j.member_id, "the leader id from before the replacement");
+        assert_eq!(h.g.state, State::Stable);
+    }
+
+    #[test]
+    fn a_static_rejoin_while_completing_restarts_the_rebalance_and_fences_the_parked_sync() {
+        let mut h = Harness::new();
+        let (a, b) = two_statics(&mut h);
+        // The leader rejoins: a new join phase; both rejoin.
+        let leader = h.g.leader.clone().unwrap();
+        let (li, fi, follower) = if leader == a { ("i1", "i2", b.clone()) } else { ("i2", "i1", a.clone()) };
+        let (_, _) = h.join(args(&leader, Some(li)));
+        let (tf, r) = h.join(args(&follower, Some(fi)));
+        assert_eq!(join_result(&r, tf).generation, 2);
+        assert_eq!(h.g.state, State::CompletingRebalance);
+        let (ts, r) = h.sync(&follower, Some(fi), vec![]);
+        assert!(r.is_empty(), "the follower waits for the leader");
+        // The follower restarts (new member id) before the leader assigns.
+        let (t, r) = h.join(args("", Some(fi)));
+        assert_eq!(sync_result(&r, ts).error, E::FencedInstanceId.code());
+        assert!(r.iter().all(|x| !matches!(x, Reply::Join(tt, _) if *tt == t)));
+        assert_eq!(h.g.state, State::PreparingRebalance);
+    }
+
+    #[test]
+    fn a_static_rejoin_while_preparing_waits_with_the_others_and_fences_the_parked_join() {
+        let mut h = Harness::new();
+        let (a, b) = two_statics(&mut h);
+        let leader = h.g.leader.clone().unwrap();
+        let (li, fi) = if leader == a { ("i1", "i2") } else { ("i2", "i1") };
+        let _ = b;
+        // A dynamic third member makes the join phases wait for it.
+        let (d, _, _) = h.join_dynamic(&[]);
+        let (_, _) = h.join(args(&leader, Some(li)));
+        let follower = h.g.statics[fi].clone();
+        let (_, r) = h.join(args(&follower, Some(fi)));
+        assert!(r.len() == 3 && h.g.state == State::CompletingRebalance);
+        h.sync_all();
+        let gen = h.g.generation;
+        // The leader rejoins; the follower restarts twice while the group
+        // waits for the dynamic member.
+        let (_, _) = h.join(args(&leader, Some(li)));
+        let (t1, r) = h.join(args("", Some(fi)));
+        assert!(r.is_empty(), "parked with the others");
+        let (t2, r) = h.join(args("", Some(fi)));
+        assert_eq!(join_result(&r, t1).error, E::FencedInstanceId.code(), "the first restart's parked join is fenced");
+        assert_eq!(h.g.state, State::PreparingRebalance);
+        let (td, r) = h.join(args(&d, None));
+        assert_eq!(join_result(&r, t2).generation, gen + 1, "the newest incarnation is in the new generation");
+        assert_eq!(join_result(&r, td).generation, gen + 1);
+        assert_eq!(h.g.members.len(), 3);
+    }
+
+    #[test]
+    fn known_members_rejoining_rebalance_only_when_kafka_would() {
+        let mut h = Harness::new();
+        let (m1, _, _) = h.join_dynamic(&[]);
+        assert_eq!(h.g.state, State::CompletingRebalance);
+        h.sync_all();
+        let (m2, t2, _) = h.join_dynamic(&[]);
+        let (t1, r) = h.join(args(&m1, None));
+        assert_eq!(join_result(&r, t2).generation, 2);
+        assert_eq!(join_result(&r, t1).generation, 2);
+        // CompletingRebalance, unchanged metadata: the answer again (the
+        // leader with the member list), no new phase.
+        let leader = h.g.leader.clone().unwrap();
+        let follower = if leader == m1 { m2.clone() } else { m1.clone() };
+        let (t, r) = h.join(args(&leader, None));
+        let j = join_result(&r, t);
+        assert_eq!((j.generation, j.members.len()), (2, 2));
+        assert_eq!(h.g.state, State::CompletingRebalance);
+        h.sync_all();
+        // Stable: a follower with the same metadata gets the generation.
+        let (t, r) = h.join(args(&follower, None));
+        assert_eq!((join_result(&r, t).generation, h.g.state), (2, State::Stable));
+        // Stable: a follower with new metadata starts a rebalance.
+        let (t, r) = h.join(with(args(&follower, None), &[("range", b"other")]));
+        assert!(r.iter().all(|x| !matches!(x, Reply::Join(tt, _) if *tt == t)));
+        assert_eq!(h.g.state, State::PreparingRebalance);
+        let (_, _) = h.join(args(&leader, None));
+        h.sync_all();
+        // Stable: the leader rejoining, unchanged, starts one too (topic
+        // metadata may have changed under it).
+        let (_, r) = h.join(args(&leader, None));
+        assert!(r.is_empty());
+        assert_eq!(h.g.state, State::PreparingRebalance);
+    }
+
+    #[test]
+    fn a_commit_from_a_replaced_generation_is_illegal() {
+        let mut h = Harness::new();
+        let (m1, _, _) = h.join_dynamic(&[]);
+        h.sync_all();
+        assert_eq!(h.g.validate_commit(1, &m1, None, false), Ok(()));
+        // A second member: the rebalance is in preparation; generation 1
+        // may still commit (revoking consumers commit here).
+        let (_m2, _, _) = h.join_dynamic(&[]);
+        assert_eq!(h.g.validate_commit(1, &m1, None, false), Ok(()));
+        let (_, _) = h.join(args(&m1, None));
+        // Completing: the generation is new but assignments are not out.
+        assert_eq!(h.g.validate_commit(2, &m1, None, false), Err(E::RebalanceInProgress.code()));
+        assert_eq!(h.g.validate_commit(2, &m1, None, true), Ok(()), "transactional commits are not held");
+        assert_eq!(h.g.validate_commit(1, &m1, None, false), Err(E::IllegalGeneration.code()));
+        h.sync_all();
+        // The rebalance is complete: the old generation is refused.
+        assert_eq!(h.g.validate_commit(1, &m1, None, false), Err(E::IllegalGeneration.code()));
+        assert_eq!(h.g.validate_commit(2, &m1, None, false), Ok(()));
+        assert_eq!(h.g.validate_commit(2, "stranger", None, false), Err(E::UnknownMemberId.code()));
+        // No member details: only while the group is Empty (or for a
+        // transaction).
+        assert_eq!(h.g.validate_commit(-1, "", None, false), Err(E::UnknownMemberId.code()));
+        assert_eq!(h.g.validate_commit(-1, "", None, true), Ok(()));
+        let (codes, _) = h.g.leave(&h.c, h.now, &[(m1.clone(), None), (_m2.clone(), None)]);
+        assert_eq!(codes, vec![0, 0]);
+        assert_eq!(h.g.state, State::Empty);
+        assert_eq!(h.g.validate_commit(-1, "", None, false), Ok(()));
+        assert_eq!(h.g.validate_commit(-1, &m1, None, false), Ok(()), "generation -1 in an Empty group, whatever the id");
+        assert_eq!(h.g.validate_commit(2, &m1, None, false), Err(E::UnknownMemberId.code()));
+    }
+
+    #[test]
+    fn members_that_never_sync_are_removed_even_after_the_leader_made_the_group_stable() {
+        let mut h = Harness::new();
+        let (m1, _, _) = h.join_dynamic(&[]);
+        h.sync_all();
+        let (m2, t2, _) = h.join_dynamic(&[]);
+        let (t1, r) = h.join(args(&m1, None));
+        assert_eq!(join_result(&r, t1).generation, 2);
+        let _ = t2;
+        let leader = h.g.leader.clone().unwrap();
+        let follower = if leader == m1 { m2.clone() } else { m1.clone() };
+        let (_, _) = h.sync(&leader, None, vec![]);
+        assert_eq!(h.g.state, State::Stable);
+        // The follower heartbeats but never syncs: after the rebalance
+        // timeout (30 s) it is dropped and the group rebalances.
+        for s in 1..=5 {
+            assert_eq!(h.g.heartbeat(s * 5_000, 2, &follower, None), 0);
+            assert_eq!(h.g.heartbeat(s * 5_000, 2, &leader, None), 0);
+        }
+        assert_eq!(h.g.next_deadline(&h.c), Some(30_000));
+        h.tick(30_000);
+        assert!(!h.g.members.contains_key(&follower));
+        assert_eq!(h.g.state, State::PreparingRebalance);
+    }
+
+    #[test]
+    fn a_static_member_that_misses_a_join_phase_stays_and_a_dynamic_one_goes() {
+        let mut h = Harness::new();
+        h.c.initial_rebalance_delay_ms = 100;
+        let (_, _) = h.join(args("", Some("i1")));
+        let (d, _, _) = h.join_dynamic(&[]);
+        h.tick(100);
+        h.tick(200);
+        h.sync_all();
+        let s = h.g.statics["i1"].clone();
+        let gen = h.g.generation;
+        // A third member joins; nobody else rejoins within the rebalance
+        // timeout.
+        let (x, tx, _) = h.join_dynamic(&[]);
+        for step in 1..=6 {
+            // Heartbeats keep both sessions alive; they learn of the
+            // rebalance but do not rejoin.
+            assert_eq!(h.g.heartbeat(step * 5_000, gen, &s, Some("i1")), E::RebalanceInProgress.code());
+            assert_eq!(h.g.heartbeat(step * 5_000, gen, &d, None), E::RebalanceInProgress.code());
+        }
+        let r = h.tick(200 + 30_000);
+        let j = join_result(&r, tx);
+        assert_eq!(j.generation, gen + 1);
+        assert!(h.g.members.contains_key(&s), "the static member stays");
+        assert!(!h.g.members.contains_key(&d), "the dynamic member is dropped");
+        assert_eq!(j.leader, x, "the leader is a member that joined");
+    }
+
+    #[test]
+    fn handed_out_ids_hold_the_join_phase_open() {
+        let mut h = Harness::new();
+        let (m1, _, _) = h.join_dynamic(&[]);
+        h.sync_all();
+        // A new member got its id but has not joined with it yet.
+        let (t, r) = h.join(args("", None));
+        assert_eq!(join_result(&r, t).error, E::MemberIdRequired.code());
+        // The leader rejoins (a new phase); the handed-out id may still
+        // come, so the phase waits for it until it expires (its session
+        // timeout), then ends without it.
+        let (t1, r) = h.join(args(&m1, None));
+        assert!(r.is_empty());
+        assert!(h.tick(9_999).is_empty());
+        let r = h.tick(10_000);
+        assert_eq!(join_result(&r, t1).generation, 2);
+    }
+
+    #[test]
+    fn parked_members_do_not_expire_but_new_members_stuck_in_a_join_do() {
+        let mut h = Harness::new();
+        h.c.initial_rebalance_delay_ms = 0;
+        let (m1, _, _) = h.join_dynamic(&[]);
+        h.sync_all();
+        let (m2, _, _) = h.join_dynamic(&[]);
+        let (_, _) = h.join(args(&m1, None));
+        let leader = h.g.leader.clone().unwrap();
+        let follower = if leader == m1 { m2.clone() } else { m1.clone() };
+        // The follower parks its sync; the leader is slow to assign but
+        // within the rebalance timeout. The follower's session (10 s) must
+        // not run out while it waits on us.
+        let (ts, r) = h.sync(&follower, None, vec![]);
+        assert!(r.is_empty());
+        h.g.heartbeat(20_000, 2, &leader, None);
+        assert!(h.tick(20_000).is_empty());
+        assert!(h.g.members.contains_key(&follower));
+        let (_, r) = h.sync(&leader, None, vec![]);
+        assert_eq!(sync_result(&r, ts).error, 0);
+        // A new member parks in a join the others never rejoin: it is
+        // dropped at the new-member timeout (here shorter than the
+        // rebalance timeout), so a client that gave up leaves nothing.
+        let mut h = Harness::new();
+        h.c.new_member_join_timeout_ms = 5_000;
+        let (m1, _, _) = h.join_dynamic(&[]);
+        h.sync_all();
+        let (_, t, _) = h.join_dynamic(&[]);
+        h.g.heartbeat(4_000, 1, &m1, None);
+        let r = h.tick(5_000);
+        assert_eq!(join_result(&r, t).error, E::UnknownMemberId.code());
+        assert_eq!(h.g.members.len(), 1);
+    }
+
+    #[test]
+    fn a_batch_leave_rebalances_once_and_names_members_by_instance() {
+        let mut h = Harness::new();
+        let (a, b) = two_statics(&mut h);
+        let (d, _, _) = h.join_dynamic(&[]);
+        let (t, r) = h.join(args("", None));
+        let pending = join_result(&r, t).member_id;
+        let _ = (a, b, d);
+        let (codes, _) = h.g.leave(&h.c, h.now, &[("".into(), Some("i1".into())), (pending, None), ("".into(), Some("nobody".into())), ("ghost".into(), None)]);
+        assert_eq!(codes, vec![0, 0, E::UnknownMemberId.code(), E::UnknownMemberId.code()]);
+        assert!(!h.g.statics.contains_key("i1"));
+        assert_eq!(h.g.state, State::PreparingRebalance);
+    }
+
+    #[test]
+    fn a_sync_naming_another_protocol_changes_nothing() {
+        let mut h = Harness::new();
+        let (m1, _, _) = h.join_dynamic(&[]);
+        let t = h.token();
+        let mut s = sa(1, &m1, None, vec![(m1.clone(), Bytes::from_static(b"x"))]);
+        s.protocol_name = Some("roundrobin".into());
+        let r = h.g.sync(0, t, s);
+        assert_eq!(sync_result(&r, t).error, E::InconsistentGroupProtocol.code());
+        assert_eq!(h.g.state, State::CompletingRebalance, "the leader's assignment was not taken");
+        let t = h.token();
+        let mut s = sa(1, &m1, None, vec![]);
+        s.protocol_type = Some("connect".into());
+        assert_eq!(sync_result(&h.g.sync(0, t, s), t).error, E::InconsistentGroupProtocol.code());
+        // The right names (or none, before v5) are fine.
+        let t = h.token();
+        let mut s = sa(1, &m1, None, vec![]);
+        s.protocol_type = Some("consumer".into());
+        s.protocol_name = Some("range".into());
+        assert_eq!(sync_result(&h.g.sync(0, t, s), t).error, 0);
+    }
+
+    #[test]
+    fn the_initial_delay_extends_while_members_arrive_up_to_the_rebalance_timeout() {
+        let mut h = Harness::new();
+        h.c.initial_rebalance_delay_ms = 3000;
+        let (_, t1, _) = h.join_dynamic(&[]);
+        assert_eq!(h.g.next_deadline(&h.c), Some(3000));
+        h.now = 2000;
+        let (_, _, _) = h.join_dynamic(&[]);
+        // At 3000 a member had come: wait another 3000.
+        assert!(h.tick(3000).is_empty());
+        assert_eq!(h.g.next_deadline(&h.c), Some(6000));
+        let r = h.tick(6000);
+        assert_eq!(join_result(&r, t1).generation, 1);
+        // Members arriving forever cannot hold it past the rebalance
+        // timeout (30 s).
+        let mut h = Harness::new();
+        h.c.initial_rebalance_delay_ms = 3000;
+        let (_, t1, _) = h.join_dynamic(&[]);
+        let mut at = 0;
+        loop {
+            at += 1000;
+            h.now = at;
+            let (_, _, r) = h.join_dynamic(&[]);
+            let mut r = r;
+            r.extend(h.tick(at));
+            if r.iter().any(|x| matches!(x, Reply::Join(t, _) if *t == t1)) {
+                break;
+            }
+            assert!(at <= 30_000, "still delayed at {at} ms");
+        }
     }
 }

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Clock, Engine};
 use crate::meta::OffsetRecord;
-use group::{Group, GroupConfig, JoinArgs, JoinResult, Reply, State, SyncResult, Token};
+use group::{Group, GroupConfig, JoinArgs, JoinResult, Reply, State, SyncArgs, SyncResult, Token};
 
 /// What DescribeGroups reports of a member.
 #[derive(Debug, Clone)]
@@ -49,13 +49,14 @@ pub struct GroupDescription {
 
 enum Cmd {
     Join { group: String, args: JoinArgs, reply: oneshot::Sender<JoinResult> },
-    Sync { group: String, generation: i32, member_id: String, instance_id: Option<String>, assignments: Vec<(String, Bytes)>, reply: oneshot::Sender<SyncResult> },
+    Sync { group: String, args: SyncArgs, reply: oneshot::Sender<SyncResult> },
     Heartbeat { group: String, generation: i32, member_id: String, instance_id: Option<String>, reply: oneshot::Sender<i16> },
     Leave { group: String, members: Vec<(String, Option<String>)>, reply: oneshot::Sender<(i16, Vec<i16>)> },
     /// `transactional`: a TxnOffsetCommit, which Kafka lets through without
     /// member details (generation -1, no member id) whatever the group's
-    /// members.
-    CommitCheck { group: String, generation: i32, member_id: String, instance_id: Option<String>, transactional: bool, reply: oneshot::Sender<Result<(), i16>> },
+    /// members. `version`: the request's (v9+ OffsetCommit answers
+    /// GROUP_ID_NOT_FOUND for a group that does not exist).
+    CommitCheck { group: String, commit: CommitIds, transactional: bool, version: i16, reply: oneshot::Sender<Result<(), i16>> },
     List { reply: oneshot::Sender<Vec<(String, String, &'static str)>> },
     Describe { groups: Vec<String>, reply: oneshot::Sender<Vec<GroupDescription>> },
     Delete { groups: Vec<String>, reply: oneshot::Sender<Vec<i16>> },
@@ -65,6 +66,14 @@ enum Cmd {
     /// Drops these groups' in-memory state if they are still idle and no
     /// commit came in since they were listed.
     Forget { groups: Vec<(String, u64)>, reply: oneshot::Sender<()> },
+}
+
+/// Who an OffsetCommit or TxnOffsetCommit says it comes from.
+#[derive(Debug, Clone)]
+pub struct CommitIds {
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
 }
 
 /// A group without members or pending member ids, as the cleanup pass
@@ -120,8 +129,8 @@ impl Coordinator {
         self.ask(|reply| Cmd::Join { group, args, reply }).await
     }
 
-    pub async fn sync(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>, assignments: Vec<(String, Bytes)>) -> Option<SyncResult> {
-        self.ask(|reply| Cmd::Sync { group, generation, member_id, instance_id, assignments, reply }).await
+    pub async fn sync(&self, group: String, args: SyncArgs) -> Option<SyncResult> {
+        self.ask(|reply| Cmd::Sync { group, args, reply }).await
     }
 
     pub async fn heartbeat(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<i16> {
@@ -132,13 +141,14 @@ impl Coordinator {
         self.ask(|reply| Cmd::Leave { group, members, reply }).await
     }
 
-    pub async fn commit_check(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<Result<(), i16>> {
-        self.ask(|reply| Cmd::CommitCheck { group, generation, member_id, instance_id, transactional: false, reply }).await
+    /// Whether an OffsetCommit of this `version` may commit.
+    pub async fn commit_check(&self, group: String, commit: CommitIds, version: i16) -> Option<Result<(), i16>> {
+        self.ask(|reply| Cmd::CommitCheck { group, commit, transactional: false, version, reply }).await
     }
 
     /// [`Coordinator::commit_check`] for a transactional offset commit.
-    pub async fn txn_commit_check(&self, group: String, generation: i32, member_id: String, instance_id: Option<String>) -> Option<Result<(), i16>> {
-        self.ask(|reply| Cmd::CommitCheck { group, generation, member_id, instance_id, transactional: true, reply }).await
+    pub async fn txn_commit_check(&self, group: String, commit: CommitIds) -> Option<Result<(), i16>> {
+        self.ask(|reply| Cmd::CommitCheck { group, commit, transactional: true, version: 0, reply }).await
     }
 
     pub async fn list(&self) -> Vec<(String, String, &'static str)> {
@@ -248,8 +258,8 @@ struct Timers {
 }
 
 impl Timers {
-    fn schedule(&mut self, g: &Group) {
-        let Some(d) = g.next_deadline() else { return };
+    fn schedule(&mut self, g: &Group, cfg: &GroupConfig) {
+        let Some(d) = g.next_deadline(cfg) else { return };
         if self.scheduled.get(&g.id).is_some_and(|&s| s <= d) {
             return;
         }
@@ -294,22 +304,28 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
         if let Some(cmd) = cmd {
             match cmd {
                 Cmd::Join { group, args, reply } => {
-                    touched = Some(group.clone());
-                    let token = next_token;
-                    next_token += 1;
-                    parked.insert(token, Parked::Join(reply));
-                    let g = groups.entry(group.clone()).or_insert_with(|| Group::new(group, now));
-                    let client = args.client_id.clone();
-                    replies.extend(g.join(&cfg, now, token, args, || member_id(&client)));
+                    // A member id for a group that does not exist is not
+                    // a member of anything (and creates no group).
+                    if !args.member_id.is_empty() && !groups.contains_key(&group) {
+                        let _ = reply.send(JoinResult { error: kafka_protocol::ResponseError::UnknownMemberId.code(), generation: -1, member_id: args.member_id, ..Default::default() });
+                    } else {
+                        touched = Some(group.clone());
+                        let token = next_token;
+                        next_token += 1;
+                        parked.insert(token, Parked::Join(reply));
+                        let g = groups.entry(group.clone()).or_insert_with(|| Group::new(group, now));
+                        let client = args.client_id.clone();
+                        replies.extend(g.join(&cfg, now, token, args, || member_id(&client)));
+                    }
                 }
-                Cmd::Sync { group, generation, member_id, instance_id, assignments, reply } => {
+                Cmd::Sync { group, args, reply } => {
                     touched = Some(group.clone());
                     let token = next_token;
                     next_token += 1;
                     match groups.get_mut(&group) {
                         Some(g) => {
                             parked.insert(token, Parked::Sync(reply));
-                            replies.extend(g.sync(now, token, generation, &member_id, instance_id.as_deref(), assignments));
+                            replies.extend(g.sync(now, token, args));
                         }
                         None => {
                             let _ = reply.send(SyncResult { error: kafka_protocol::ResponseError::UnknownMemberId.code(), ..Default::default() });
@@ -327,34 +343,32 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                 Cmd::Leave { group, members, reply } => match groups.get_mut(&group) {
                     Some(g) => {
                         touched = Some(group.clone());
-                        let mut codes = Vec::with_capacity(members.len());
-                        for (m, i) in members {
-                            let (code, r) = g.leave(&cfg, now, &m, i.as_deref());
-                            codes.push(code);
-                            replies.extend(r);
-                        }
+                        let (codes, r) = g.leave(&cfg, now, &members);
+                        replies.extend(r);
                         let _ = reply.send((0, codes));
                     }
                     None => {
                         let _ = reply.send((kafka_protocol::ResponseError::UnknownMemberId.code(), vec![kafka_protocol::ResponseError::UnknownMemberId.code(); members.len()]));
                     }
                 },
-                Cmd::CommitCheck { group, generation, member_id, instance_id, transactional, reply } => {
+                Cmd::CommitCheck { group, commit, transactional, version, reply } => {
                     let result = match groups.get_mut(&group) {
                         Some(g) => {
-                            let anonymous = transactional && generation < 0 && member_id.is_empty();
-                            let r = if anonymous { Ok(()) } else { g.commit_allowed(generation, &member_id, instance_id.as_deref()) };
+                            let r = g.validate_commit(commit.generation, &commit.member_id, commit.instance_id.as_deref(), transactional);
                             if r.is_ok() {
                                 g.commits += 1;
                             }
                             r
                         }
-                        None if generation < 0 => {
+                        // A consumer managing its own assignment makes a
+                        // "simple" group by committing.
+                        None if commit.generation < 0 => {
                             let mut g = Group::new(group.clone(), now);
                             g.commits = 1;
                             groups.insert(group, g);
                             Ok(())
                         }
+                        None if !transactional && version >= 9 => Err(kafka_protocol::ResponseError::GroupIdNotFound.code()),
                         None => Err(kafka_protocol::ResponseError::IllegalGeneration.code()),
                     };
                     let _ = reply.send(result);
@@ -397,12 +411,12 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
             }
         }
         if let Some(g) = touched.and_then(|id| groups.get(&id)) {
-            timers.schedule(g);
+            timers.schedule(g, &cfg);
         }
         for id in timers.due(now) {
             if let Some(g) = groups.get_mut(&id) {
                 replies.extend(g.tick(&cfg, now));
-                timers.schedule(g);
+                timers.schedule(g, &cfg);
             }
         }
         for r in replies {
@@ -468,6 +482,7 @@ mod tests {
             protocol_type: "consumer".into(),
             protocols: vec![("range".into(), Bytes::from_static(b"m"))],
             require_known_member_id: true,
+            supports_skip_assignment: true,
         };
         let cfg = GroupConfig { min_session_timeout_ms: 1, ..GroupConfig::default() };
         g.join(&cfg, now, 1, args, || format!("{id}-m"));
@@ -476,13 +491,14 @@ mod tests {
 
     #[test]
     fn timers_fire_each_group_once_at_its_deadline() {
+        let cfg = GroupConfig::default();
         let mut t = Timers::default();
         let a = group_with_deadline("a", 1000, 0);
         let b = group_with_deadline("b", 500, 0);
-        t.schedule(&a);
-        t.schedule(&b);
+        t.schedule(&a, &cfg);
+        t.schedule(&b, &cfg);
         // Rescheduling at the same or a later deadline adds nothing.
-        t.schedule(&a);
+        t.schedule(&a, &cfg);
         assert_eq!(t.heap.len(), 2);
         assert_eq!(t.next(), Some(500));
         assert!(t.due(499).is_empty());
@@ -492,9 +508,9 @@ mod tests {
         // An earlier deadline replaces the scheduled one; the stale entry
         // is dropped when it comes due.
         let late = group_with_deadline("c", 5000, 0);
-        t.schedule(&late);
+        t.schedule(&late, &cfg);
         let early = group_with_deadline("c", 100, 0);
-        t.schedule(&early);
+        t.schedule(&early, &cfg);
         assert_eq!(t.due(100), vec!["c".to_string()]);
         assert!(t.due(5000).is_empty(), "the stale entry does not fire");
         assert!(t.heap.is_empty());

@@ -302,7 +302,7 @@ impl Transactions {
         if marker == Marker::Commit && !rec.offsets.is_empty() {
             for group in rec.offsets.iter().map(|o| o.group.clone()).collect::<std::collections::BTreeSet<_>>() {
                 // Registers the group with the coordinator (listed, counted).
-                let _ = self.inner.groups.txn_commit_check(group, -1, String::new(), None).await;
+                let _ = self.inner.groups.txn_commit_check(group, super::CommitIds { generation: -1, member_id: String::new(), instance_id: None }).await;
             }
             let rows = rec.offsets.iter().map(|o| (o.group.clone(), o.topic.clone(), o.partition, o.record.clone())).collect();
             if let Err(e) = self.inner.groups.store_offsets(rows).await {
@@ -494,7 +494,7 @@ impl Transactions {
             return Err(E::InvalidTxnState.code());
         }
         let (generation, member_id, instance) = member;
-        match self.inner.groups.txn_commit_check(group.to_owned(), generation, member_id, instance).await {
+        match self.inner.groups.txn_commit_check(group.to_owned(), super::CommitIds { generation, member_id, instance_id: instance }).await {
             Some(Ok(())) => {}
             Some(Err(code)) => return Err(code),
             None => return Err(E::CoordinatorNotAvailable.code()),

@@ -34,6 +34,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         protocol_type: req.protocol_type.to_string(),
         protocols: req.protocols.into_iter().map(|p| (p.name.to_string(), p.metadata)).collect(),
         require_known_member_id: version >= 4,
+        supports_skip_assignment: version >= 9,
     };
     let r = broker.coordinator.join(group, args).await?;
     let members = r

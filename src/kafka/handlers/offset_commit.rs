@@ -17,7 +17,7 @@ pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 9 };
 /// Kafka's `offset.metadata.max.bytes`.
 pub const MAX_METADATA_BYTES: usize = 4096;
 
-pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let group = req.group_id.0.to_string();
     let all = |code: i16, topics: &[kafka_protocol::messages::offset_commit_request::OffsetCommitRequestTopic]| {
         topics
@@ -39,7 +39,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     let acl = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let check = broker
         .coordinator
-        .commit_check(group.clone(), req.generation_id_or_member_epoch, req.member_id.to_string(), req.group_instance_id.as_ref().map(|s| s.to_string()))
+        .commit_check(group.clone(), coordinator::CommitIds { generation: req.generation_id_or_member_epoch, member_id: req.member_id.to_string(), instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()) }, version)
         .await?;
     if let Err(code) = check {
         return Some(Response::default().with_topics(all(code, &req.topics)));
