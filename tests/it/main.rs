@@ -12,6 +12,7 @@ mod configs;
 mod crash_loop;
 mod crash_recovery;
 mod groups;
+mod group_parity;
 mod hostile;
 mod idempotence;
 mod long_poll;
