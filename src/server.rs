@@ -191,7 +191,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users))
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
-    let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics };
+    let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics, fetch_sessions: broker.fetch_sessions.clone(), fetch_session_slots: cfg.max_incremental_fetch_session_cache_slots, fetch_session_partitions: cfg.max_incremental_fetch_session_cache_partitions };
     let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), limits, cfg.metrics_topic_label_limit)));
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
@@ -242,6 +242,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         oauth,
         budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
+        fetch_sessions: Arc::new(kafka::fetch_session::FetchSessions::new(cfg.max_incremental_fetch_session_cache_slots, cfg.max_incremental_fetch_session_cache_partitions)),
     }))
 }
 

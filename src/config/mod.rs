@@ -253,6 +253,10 @@ settings! {
     max_fetch_wait_ms: u64 = "30000", "CANOPY_MAX_FETCH_WAIT_MS", "max-fetch-wait-ms";
     "Most record bytes one Fetch may return, whatever it asks (fetch.max.bytes)"
     fetch_max_bytes: usize = "57671680", "CANOPY_FETCH_MAX_BYTES", "fetch-max-bytes";
+    "Most fetch sessions (KIP-227) kept at once (max.incremental.fetch.session.cache.slots); 0 turns sessions off"
+    max_incremental_fetch_session_cache_slots: usize = "1000", "CANOPY_MAX_INCREMENTAL_FETCH_SESSION_CACHE_SLOTS", "max-incremental-fetch-session-cache-slots";
+    "Most partitions all fetch sessions hold together (bounds the cache's memory, about 100 bytes each)"
+    max_incremental_fetch_session_cache_partitions: usize = "1000000", "CANOPY_MAX_INCREMENTAL_FETCH_SESSION_CACHE_PARTITIONS", "max-incremental-fetch-session-cache-partitions";
     "Largest number of topics"
     max_topics: usize = "1000000", "CANOPY_MAX_TOPICS", "max-topics";
     "A new group waits this long for more members before its first rebalance (group.initial.rebalance.delay.ms)"

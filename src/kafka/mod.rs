@@ -9,6 +9,7 @@ pub mod authz;
 pub mod conn;
 pub mod coordinator;
 pub mod errors;
+pub mod fetch_session;
 pub mod handlers;
 pub mod listener;
 pub mod session;
@@ -77,6 +78,8 @@ pub struct Broker {
     pub quotas: Arc<crate::auth::quota::Quotas>,
     /// OAUTHBEARER's token validator, when a JWKS is configured.
     pub oauth: Option<Arc<crate::auth::oauth::Validator>>,
+    /// Fetch sessions (KIP-227), shared by every connection.
+    pub fetch_sessions: Arc<fetch_session::FetchSessions>,
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true, then

@@ -40,6 +40,9 @@ pub struct Limits {
     pub per_ip: Arc<crate::limits::PerIp>,
     pub max_connections: usize,
     pub max_topics: usize,
+    pub fetch_sessions: Arc<crate::kafka::fetch_session::FetchSessions>,
+    pub fetch_session_slots: usize,
+    pub fetch_session_partitions: usize,
 }
 
 impl Metrics {
@@ -151,6 +154,13 @@ impl Metrics {
         f.gauge("canopy_connections_per_ip_limit", "Most open Kafka connections from one address (max_connections_per_ip)", &[], l.per_ip.max() as f64);
         f.gauge("canopy_topics_limit", "Most topics (max_topics)", &[], l.max_topics as f64);
         f.counter("canopy_auto_create_refused_total", "Topics not auto-created: past max_auto_create_per_request or auto_create_topics_per_sec", &[], self.engine.auto_create_refused.load(Ordering::Relaxed) as f64);
+        let (sessions, cached) = l.fetch_sessions.stats();
+        f.gauge("canopy_fetch_sessions", "Fetch sessions (KIP-227) in the cache, and its limit (max_incremental_fetch_session_cache_slots), by state", &[("state", "used".into())], sessions as f64);
+        f.gauge("canopy_fetch_sessions", "Fetch sessions (KIP-227) in the cache, and its limit (max_incremental_fetch_session_cache_slots), by state", &[("state", "limit".into())], l.fetch_session_slots as f64);
+        f.gauge("canopy_fetch_session_partitions", "Partitions held by all fetch sessions, and their limit (max_incremental_fetch_session_cache_partitions), by state", &[("state", "used".into())], cached as f64);
+        f.gauge("canopy_fetch_session_partitions", "Partitions held by all fetch sessions, and their limit (max_incremental_fetch_session_cache_partitions), by state", &[("state", "limit".into())], l.fetch_session_partitions as f64);
+        f.counter("canopy_fetch_session_evictions_total", "Fetch sessions evicted to make room for another", &[], l.fetch_sessions.evictions.load(Ordering::Relaxed) as f64);
+        f.counter("canopy_fetch_incremental_total", "Fetches answered incrementally through a fetch session", &[], l.fetch_sessions.incremental.load(Ordering::Relaxed) as f64);
         let (fetches, tps) = self.engine.waiter_stats();
         f.gauge("canopy_fetch_waiters", "Long-poll fetches waiting, and the partitions they wait on, by kind", &[("kind", "fetches".into())], fetches as f64);
         f.gauge("canopy_fetch_waiters", "Long-poll fetches waiting, and the partitions they wait on, by kind", &[("kind", "partitions".into())], tps as f64);

@@ -13,6 +13,7 @@ mod crash_loop;
 mod crash_recovery;
 mod groups;
 mod group_parity;
+mod fetch_sessions;
 mod hostile;
 mod idempotence;
 mod long_poll;

@@ -12,8 +12,9 @@
 //! A subtree stream (`<prefix>.__all`, see `engine::subtree`) is fetched
 //! like partition 0 of a topic; it waits on every tp.
 //!
-//! Fetch sessions (KIP-227) are not offered: the response carries session
-//! id 0, which clients take as "send full fetch requests".
+//! Fetch sessions (KIP-227, v7+) are `kafka::fetch_session`'s: a full
+//! request may open one, an incremental one reads every partition of its
+//! session and answers only those with news.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +34,8 @@ use crate::auth::acl::Operation;
 use crate::auth::quota::Kind;
 use crate::kafka::authz::Check;
 use crate::kafka::conn::throttle;
-use crate::kafka::{errors, Broker};
+use crate::kafka::fetch_session::{Answered, Cached, Changes, Context, INITIAL_EPOCH};
+use crate::kafka::{conn, errors, Broker};
 use crate::storage::Tp;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 4, max: 12 };
@@ -52,25 +54,42 @@ struct Want {
 /// The fetch answer before framing; encoded by `protocol::fetch`.
 pub struct Reply {
     error_code: i16,
+    session_id: i32,
     topics: Vec<TopicOut>,
 }
 
 impl IntoReply for Option<Reply> {
     fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
         let r = self?;
-        Some(wire::encode(correlation_id, version, throttle_ms, r.error_code, 0, &r.topics))
+        Some(wire::encode(correlation_id, version, throttle_ms, r.error_code, r.session_id, &r.topics))
     }
 }
 
-pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Reply> {
-    if req.session_id > 0 {
-        return Some(Reply { error_code: ResponseError::FetchSessionIdNotFound.code(), topics: Vec::new() });
-    }
+pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<Reply> {
+    let principal = conn::session().principal();
+    let now_ms = broker.engine.now_ms();
+    // v7+ carry a session id and epoch; older fetches have no session.
+    let context = if version >= 7 {
+        let changes = if req.session_epoch > INITIAL_EPOCH { changes(&mut req) } else { Changes::default() };
+        broker.fetch_sessions.begin(&principal, req.session_id, req.session_epoch, changes, now_ms)
+    } else {
+        Context::Sessionless
+    };
+    let session_id = match &context {
+        Context::Error(code) => return Some(Reply { error_code: *code, session_id: 0, topics: Vec::new() }),
+        Context::Incremental { id, .. } => *id,
+        Context::Sessionless | Context::Full => 0,
+    };
     // A consumer over its byte rate is answered empty, with the time to
-    // wait, as Kafka does; nothing is read for it.
+    // wait, as Kafka does; nothing is read for it (an incremental session
+    // has moved to its next epoch, as in Kafka).
     if !throttle::charge(Kind::Fetch, 0).is_zero() {
-        return Some(Reply { error_code: 0, topics: Vec::new() });
+        return Some(Reply { error_code: 0, session_id, topics: Vec::new() });
     }
+    let requested = match &context {
+        Context::Incremental { partitions, .. } => session_topics(partitions),
+        _ => std::mem::take(&mut req.topics),
+    };
     let read_committed = req.isolation_level == 1;
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(broker.cfg.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
@@ -84,7 +103,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
     // waited on); a subtree stream carries only the topics the reader may
     // read, filtered inside the merge.
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let wants = Arc::new(wanted(broker, req.topics, limit, &check));
+    let wants = Arc::new(wanted(broker, requested, limit, &check));
     // Partitions that exist: only those can move (a made-up partition of a
     // real topic is answered UNKNOWN_TOPIC_OR_PARTITION and never waited on).
     let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter(|w| !w.denied).filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
@@ -103,7 +122,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
         if !may_wait || bytes >= min_bytes || errors || tokio::time::Instant::now() >= deadline || *stopping.borrow() {
             throttle::charge(Kind::Fetch, bytes);
-            return Some(counted(broker, &wants, topics));
+            return Some(finish(broker, &context, &principal, &wants, topics));
         }
         let stop = tokio::select! {
             _ = notify.notified() => false,
@@ -117,7 +136,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Repl
             let c = check.clone();
             let (topics, bytes, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
             throttle::charge(Kind::Fetch, bytes);
-            return Some(counted(broker, &wants, topics));
+            return Some(finish(broker, &context, &principal, &wants, topics));
         }
     }
 }
@@ -165,6 +184,68 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
     out
 }
 
+/// An incremental request's changes to its session: the partitions it
+/// names (new offsets and sizes, or new partitions) and those it forgets.
+fn changes(req: &mut Request) -> Changes {
+    let fetch = req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), p.partition, p.fetch_offset, p.partition_max_bytes))).collect();
+    let forget = req.forgotten_topics_data.iter().flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p))).collect();
+    Changes { fetch, forget }
+}
+
+/// A session's partitions as request topics, in the session's order (a
+/// topic whose partitions are not adjacent is listed more than once, as
+/// Kafka's own responses do).
+fn session_topics(partitions: &[Cached]) -> Vec<kafka_protocol::messages::fetch_request::FetchTopic> {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    let mut out: Vec<FetchTopic> = Vec::new();
+    for c in partitions {
+        let p = FetchPartition::default().with_partition(c.partition).with_fetch_offset(c.fetch_offset).with_partition_max_bytes(c.max_bytes);
+        match out.last_mut() {
+            Some(t) if t.topic == c.topic => t.partitions.push(p),
+            _ => out.push(FetchTopic::default().with_topic(c.topic.clone()).with_partitions(vec![p])),
+        }
+    }
+    out
+}
+
+fn answered(p: &PartitionOut) -> Answered {
+    Answered { error_code: p.error_code, high_watermark: p.high_watermark, log_start_offset: p.log_start_offset, records: p.records.iter().map(Bytes::len).sum() }
+}
+
+/// The answer as the session context wants it: a full one opens a session
+/// if there is room; an incremental one keeps only the partitions with
+/// news.
+fn finish(broker: &Broker, context: &Context, principal: &Arc<crate::auth::KafkaPrincipal>, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicOut>) -> Reply {
+    let mut reply = counted(broker, wants, topics);
+    match context {
+        Context::Full => {
+            let cached = wants
+                .iter()
+                .zip(&reply.topics)
+                .flat_map(|((name, ws), t)| {
+                    ws.iter().zip(&t.partitions).map(move |(w, p)| {
+                        let mut c = Cached::new(name.clone(), w.partition, w.offset, w.max_bytes.min(i32::MAX as usize) as i32);
+                        c.must_respond(&answered(p), true);
+                        c
+                    })
+                })
+                .collect();
+            reply.session_id = broker.fetch_sessions.create(principal, cached, broker.engine.now_ms());
+        }
+        Context::Incremental { id, .. } => {
+            let answers: Vec<Answered> = reply.topics.iter().flat_map(|t| t.partitions.iter().map(answered)).collect();
+            let mut include = broker.fetch_sessions.answered(*id, &answers).into_iter();
+            for t in reply.topics.iter_mut() {
+                t.partitions.retain(|_| include.next().unwrap_or(true));
+            }
+            reply.topics.retain(|t| !t.partitions.is_empty());
+            reply.session_id = *id;
+        }
+        Context::Sessionless | Context::Error(_) => {}
+    }
+    reply
+}
+
 /// The answer, counted for metrics: its partition errors and the bytes it
 /// carries (counted here, for the reply sent, not for each read of a long
 /// poll).
@@ -180,7 +261,7 @@ fn counted(broker: &Broker, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicO
             }
         }
     }
-    Reply { error_code: 0, topics }
+    Reply { error_code: 0, session_id: 0, topics }
 }
 
 /// Reads every wanted partition; returns the response topics, the record
