@@ -93,6 +93,10 @@ BOOTSTRAP=127.0.0.1:$kport
 ADMIN=127.0.0.1:$aport
 REST=http://127.0.0.1:$rport
 export BOOTSTRAP REST
+# Tests that need a broker of their own (advertising something else) start
+# this binary.
+CANOPY_BIN=$broker
+export CANOPY_BIN
 
 # Security: the broker also listens with SASL_SSL (SCRAM and PLAIN) and
 # with SSL requiring client certificates. A CA, a server certificate for

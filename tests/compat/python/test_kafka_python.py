@@ -8,7 +8,9 @@ subscribed members share a topic and commit, one leaves and the other resumes
 from its commits (conftest.group_scenario), then the admin API's view of the
 group (list_groups, describe_groups, list_group_offsets through the
 multi-group OffsetFetch, delete_groups); and security: a group over SASL_SSL
-(SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) and mutual TLS, and a wrong password.
+(SCRAM-SHA-512, SCRAM-SHA-256, PLAIN) and mutual TLS, and a wrong password;
+and fetch sessions (KIP-227): a consumer of 1,000 partitions, checked on the
+wire through a decoding proxy in front of a broker of the test's own.
 """
 import time
 import uuid
@@ -462,3 +464,227 @@ def test_operator_surface(bootstrap, admin):
     assert [p["partition_index"] for p in page["topics"][0]["partitions"]] == [0], page
     assert page["next_cursor"]["partition_index"] == 1, page
     admin.delete_topics([name])
+
+
+class FetchRecorder:
+    """A TCP proxy that forwards bytes unchanged and records, for every
+    Fetch request a client sends through it, (session id, epoch, partitions
+    named, partitions forgotten), decoded from the request bytes."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.upstream = None
+        self.fetches = []
+        self.lock = threading.Lock()
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pipe, args=(up, client, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, up, True), daemon=True).start()
+
+    def _pipe(self, src, dst, requests):
+        buf = b""
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                for s in (src, dst):
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+                return
+            if requests:
+                buf += data
+                while len(buf) >= 4:
+                    n = int.from_bytes(buf[:4], "big", signed=True)
+                    if len(buf) < 4 + n:
+                        break
+                    frame, buf = buf[4:4 + n], buf[4 + n:]
+                    key, version = int.from_bytes(frame[0:2], "big"), int.from_bytes(frame[2:4], "big")
+                    if key == 1 and version >= 7:
+                        with self.lock:
+                            self.fetches.append(parse_fetch(frame, version))
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.server.close()
+
+
+def parse_fetch(frame, version):
+    """(session id, epoch, partitions named, partitions forgotten) of a
+    Fetch request v7-v12 (header included)."""
+    pos = [0]
+
+    def take(n):
+        b = frame[pos[0]:pos[0] + n]
+        assert len(b) == n, "truncated fetch request"
+        pos[0] += n
+        return b
+
+    def i(n):
+        return int.from_bytes(take(n), "big", signed=True)
+
+    def uvarint():
+        shift = value = 0
+        while True:
+            b = take(1)[0]
+            value |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return value
+            shift += 7
+
+    flexible = version >= 12
+
+    def array():
+        return uvarint() - 1 if flexible else i(4)
+
+    def string():
+        take(uvarint() - 1 if flexible else i(2))
+
+    def tagged():
+        for _ in range(uvarint()):
+            uvarint()
+            take(uvarint())
+
+    i(2), i(2), i(4)  # api key, version, correlation id
+    n = i(2)  # client id: a nullable string in every header version
+    take(max(n, 0))
+    if flexible:
+        tagged()
+    i(4), i(4), i(4), i(4), i(1)  # replica, max wait, min bytes, max bytes, isolation
+    session_id, epoch = i(4), i(4)
+    named = 0
+    for _ in range(array()):
+        string()
+        for _ in range(array()):
+            i(4)
+            if version >= 9:
+                i(4)
+            i(8)
+            if version >= 12:
+                i(4)
+            i(8), i(4)
+            if flexible:
+                tagged()
+            named += 1
+        if flexible:
+            tagged()
+    forgotten = 0
+    for _ in range(array()):
+        string()
+        k = array()
+        take(4 * k)
+        forgotten += k
+        if flexible:
+            tagged()
+    return session_id, epoch, named, forgotten
+
+
+def start_own_broker(tmp_path, advertised_port):
+    """A broker of this test's own (the suite's advertises its own address,
+    and this one must advertise the recording proxy). Returns (process,
+    kafka port)."""
+    import os
+    import socket
+    import subprocess
+    binary = os.environ.get("CANOPY_BIN")
+    if not binary:
+        pytest.fail("CANOPY_BIN is not set (run via tests/compat/run.sh)")
+    socks = [socket.socket() for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    kport, aport = (s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    log = open(tmp_path / "broker.log", "w")
+    proc = subprocess.Popen([binary, "serve", "--data-dir", str(tmp_path / "data"), "--kafka-listener", f"127.0.0.1:{kport}",
+                             "--admin-listener", f"127.0.0.1:{aport}", "--rest-listener", "",
+                             "--advertised-listener", f"127.0.0.1:{advertised_port}"], stdout=log, stderr=log)
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", kport), timeout=1).close()
+            return proc, kport
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail("the broker did not start: " + open(tmp_path / "broker.log").read()[-2000:])
+            time.sleep(0.1)
+
+
+def test_fetch_sessions_send_only_changed_partitions(tmp_path):
+    """KIP-227 with kafka-python's FetchSessionHandler: a consumer assigned
+    1,000 partitions names them all in its first fetch, then (through the
+    session the broker opened) only the partitions whose position changed,
+    while it reads every record produced. Checked on the wire: every Fetch
+    goes through a proxy that decodes it."""
+    recorder = FetchRecorder()
+    proc, kport = start_own_broker(tmp_path, recorder.port)
+    recorder.upstream = kport
+    bootstrap = f"127.0.0.1:{recorder.port}"
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+        name = unique_topic("sessions")
+        admin.create_topics({name: {"num_partitions": 1000, "replication_factor": 1}}, timeout_ms=20000, wait_for_metadata=True)
+        admin.close()
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=200,
+                                 consumer_timeout_ms=100)
+        consumer.assign([TopicPartition(name, p) for p in range(1000)])
+        consumer.seek_to_beginning()
+        got = set()
+
+        def read_until(n):
+            deadline = time.time() + 60
+            while len(got) < n:
+                assert time.time() < deadline, f"read {len(got)} of {n}"
+                for batch in consumer.poll(timeout_ms=300).values():
+                    got.update((m.partition, m.offset) for m in batch)
+
+        for round_, parts in enumerate([(1, 500, 998), (2, 501, 999), (1, 2, 3)]):
+            for p in parts:
+                producer.send(name, value=b"v", partition=p).get(timeout=30)
+            read_until(3 * (round_ + 1))
+            time.sleep(1)  # several empty incremental fetches
+            for batch in consumer.poll(timeout_ms=500).values():
+                got.update((m.partition, m.offset) for m in batch)
+        assert got == {(1, 0), (500, 0), (998, 0), (2, 0), (501, 0), (999, 0), (1, 1), (2, 1), (3, 0)}
+        consumer.close()
+        producer.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except Exception:
+            proc.kill()
+        recorder.close()
+    with recorder.lock:
+        fetches = list(recorder.fetches)
+    full = [f for f in fetches if f[1] == 0]
+    incremental = [f for f in fetches if f[0] != 0 and f[1] > 0]
+    assert full and full[0][2] == 1000, f"the first fetch names every partition: {fetches[:3]}"
+    assert len(incremental) >= 10, f"few incremental fetches: {fetches}"
+    assert len(full) == 1, f"the session lasted (no second full fetch): {[f for f in fetches if f[1] <= 0]}"
+    # After the first, a fetch names only partitions whose position moved:
+    # at most the three that just returned records.
+    assert max(f[2] for f in incremental) <= 3, sorted({f[2] for f in incremental})
+    assert sum(f[2] for f in incremental) >= 9, "every moved position was sent"
