@@ -315,6 +315,9 @@ pub struct Engine {
     topics: RwLock<std::collections::BTreeSet<ByName>>,
     /// The same topics by id (frames and retention know topics by id).
     by_id: RwLock<HashMap<[u8; 16], Arc<Topic>>>,
+    /// Subtree streams whose ids Metadata gave out, so Fetch v13+ can find
+    /// them by id (their ids are hashes of their names; see `subtree`).
+    stream_ids: Mutex<HashMap<[u8; 16], String>>,
     /// Serialises topic creation, deletion, partition and config changes.
     admin: Mutex<()>,
     /// Serialises what raises log starts (retention, DeleteRecords): each
@@ -446,6 +449,7 @@ impl Engine {
                 by_id.extend(topics.iter().map(|t| (t.id(), t.clone())));
                 by_id
             }),
+            stream_ids: Mutex::new(HashMap::new()),
             // Already in name order: the sort only checks it.
             topics: RwLock::new(topics.into_iter().map(ByName).collect()),
             admin: Mutex::new(()),

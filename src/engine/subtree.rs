@@ -93,9 +93,14 @@ impl Subtree {
         }
     }
 
+    /// The stream's topic name: `<prefix>.__all`, or `__all`.
+    pub fn name(&self) -> String {
+        self.prefix.as_deref().map_or_else(|| ALL.to_owned(), |p| format!("{p}.{ALL}"))
+    }
+
     /// A stable topic id for the virtual topic (Metadata v10+ reports one).
     pub fn id(&self) -> TopicId {
-        let name = self.prefix.as_deref().map_or_else(|| ALL.to_owned(), |p| format!("{p}.{ALL}"));
+        let name = self.name();
         let mut id = [0u8; 16];
         for (half, salt) in [(0usize, 0xcbf2_9ce4_8422_2325u64), (8, 0x8422_2325_cbf2_9ce4)] {
             // FNV-1a, twice with different bases.
@@ -119,6 +124,28 @@ impl Engine {
         let below = format!("{p}.");
         let exists = topics.contains(p.as_str()) || topics.range::<str, _>((std::ops::Bound::Included(below.as_str()), std::ops::Bound::Unbounded)).next().is_some_and(|t| t.0.name().starts_with(&below));
         exists.then_some(s)
+    }
+
+    /// The stream's id, remembered so [`Engine::subtree_by_id`] finds it
+    /// (Metadata gives ids out through here). The memory is bounded: past
+    /// `STREAM_IDS` streams it starts over, and a client whose id was
+    /// forgotten gets UNKNOWN_TOPIC_ID and asks Metadata again.
+    pub fn stream_id(&self, s: &Subtree) -> TopicId {
+        const STREAM_IDS: usize = 65_536;
+        let id = s.id();
+        let mut ids = self.stream_ids.lock().expect("stream ids");
+        if ids.len() >= STREAM_IDS && !ids.contains_key(&id) {
+            ids.clear();
+        }
+        ids.entry(id).or_insert_with(|| s.name());
+        id
+    }
+
+    /// The subtree stream with this id, if Metadata gave it out and it
+    /// still has topics.
+    pub fn subtree_by_id(&self, id: &TopicId) -> Option<Subtree> {
+        let name = self.stream_ids.lock().expect("stream ids").get(id).cloned()?;
+        self.subtree(&name)
     }
 
     fn subtree_branches(&self, s: &Subtree) -> Vec<String> {

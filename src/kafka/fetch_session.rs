@@ -21,6 +21,12 @@
 //!   INVALID_FETCH_SESSION_EPOCH; either leaves the session as it was, and
 //!   the client starts again with a full request.
 //!
+//! From Fetch v13 a session names its topics by id (KIP-516); a request of
+//! the other kind than its session's gets FETCH_SESSION_TOPIC_ID_ERROR.
+//! A session's partitions are keyed by (topic name, topic id, partition)
+//! with the name empty in id sessions and the id zero in named ones, which
+//! is what the requests of each kind carry.
+//!
 //! # Ownership and bounds
 //!
 //! The cache is shared by every connection (a client may reconnect and go
@@ -72,7 +78,10 @@ pub fn next_epoch(epoch: i32) -> i32 {
 /// the session last answered about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cached {
+    /// Empty in a session by topic id.
     pub topic: TopicName,
+    /// Zero in a session by topic name.
+    pub topic_id: [u8; 16],
     pub partition: i32,
     pub fetch_offset: i64,
     pub max_bytes: i32,
@@ -83,8 +92,12 @@ pub struct Cached {
 }
 
 impl Cached {
-    pub fn new(topic: TopicName, partition: i32, fetch_offset: i64, max_bytes: i32) -> Cached {
-        Cached { topic, partition, fetch_offset, max_bytes, high_watermark: -1, log_start_offset: -1 }
+    pub fn new(topic: TopicName, topic_id: [u8; 16], partition: i32, fetch_offset: i64, max_bytes: i32) -> Cached {
+        Cached { topic, topic_id, partition, fetch_offset, max_bytes, high_watermark: -1, log_start_offset: -1 }
+    }
+
+    fn key(&self) -> Key {
+        (self.topic.clone(), self.topic_id, self.partition)
     }
 
     /// Whether an answer about this partition must be sent, and (with
@@ -124,8 +137,13 @@ pub struct Answered {
     pub records: usize,
 }
 
+/// (topic name, topic id, partition); see the module docs.
+pub type Key = (TopicName, [u8; 16], i32);
+
 struct Session {
     principal: Arc<KafkaPrincipal>,
+    /// Made by a v13+ request: its topics are named by id.
+    by_id: bool,
     /// The epoch the next request must carry.
     epoch: i32,
     partitions: Vec<Cached>,
@@ -134,8 +152,8 @@ struct Session {
 }
 
 impl Session {
-    fn index(&self) -> HashMap<(TopicName, i32), usize> {
-        self.partitions.iter().enumerate().map(|(i, c)| ((c.topic.clone(), c.partition), i)).collect()
+    fn index(&self) -> HashMap<Key, usize> {
+        self.partitions.iter().enumerate().map(|(i, c)| (c.key(), i)).collect()
     }
 }
 
@@ -154,12 +172,12 @@ pub enum Context {
     Error(i16),
 }
 
-/// A request's changes to its session: (topic, partition, offset, max
-/// bytes) to add or update, and (topic, partition) to forget.
+/// A request's changes to its session: partitions to add or update (with
+/// offset and max bytes), and partitions to forget.
 #[derive(Debug, Default)]
 pub struct Changes {
-    pub fetch: Vec<(TopicName, i32, i64, i32)>,
-    pub forget: Vec<(TopicName, i32)>,
+    pub fetch: Vec<(Key, i64, i32)>,
+    pub forget: Vec<Key>,
 }
 
 #[derive(Default)]
@@ -199,7 +217,8 @@ impl FetchSessions {
 
     /// Decides how a fetch with this session id and epoch is answered,
     /// applying an incremental request's `changes` to its session.
-    pub fn begin(&self, principal: &Arc<KafkaPrincipal>, session_id: i32, epoch: i32, changes: Changes, now_ms: i64) -> Context {
+    /// `by_id`: the request is v13+ (topics by id).
+    pub fn begin(&self, principal: &Arc<KafkaPrincipal>, session_id: i32, epoch: i32, by_id: bool, changes: Changes, now_ms: i64) -> Context {
         let mut cache = self.cache();
         if epoch == INITIAL_EPOCH || epoch == FINAL_EPOCH {
             // A full request closes the session it names (if the principal
@@ -221,23 +240,27 @@ impl FetchSessions {
         if session.epoch != epoch {
             return Context::Error(E::InvalidFetchSessionEpoch.code());
         }
+        if session.by_id != by_id {
+            return Context::Error(E::FetchSessionTopicIdError.code());
+        }
         let before = session.partitions.len();
         let mut index = session.index();
-        for (topic, partition, offset, max_bytes) in changes.fetch {
-            match index.get(&(topic.clone(), partition)) {
+        for (key, offset, max_bytes) in changes.fetch {
+            match index.get(&key) {
                 Some(&i) => {
                     let c = &mut session.partitions[i];
                     (c.fetch_offset, c.max_bytes) = (offset, max_bytes);
                 }
                 None => {
-                    index.insert((topic.clone(), partition), session.partitions.len());
-                    session.partitions.push(Cached::new(topic, partition, offset, max_bytes));
+                    index.insert(key.clone(), session.partitions.len());
+                    let (topic, id, partition) = key;
+                    session.partitions.push(Cached::new(topic, id, partition, offset, max_bytes));
                 }
             }
         }
         if !changes.forget.is_empty() {
-            let forget: std::collections::HashSet<(TopicName, i32)> = changes.forget.into_iter().collect();
-            session.partitions.retain(|c| !forget.contains(&(c.topic.clone(), c.partition)));
+            let forget: std::collections::HashSet<Key> = changes.forget.into_iter().collect();
+            session.partitions.retain(|c| !forget.contains(&c.key()));
         }
         let after = session.partitions.len();
         if *total - before + after > max_partitions || after == 0 {
@@ -258,7 +281,7 @@ impl FetchSessions {
 
     /// After a full fetch: makes a session of its partitions (with what
     /// the answer said of each) if it fits. Returns the session id, or 0.
-    pub fn create(&self, principal: &Arc<KafkaPrincipal>, partitions: Vec<Cached>, now_ms: i64) -> i32 {
+    pub fn create(&self, principal: &Arc<KafkaPrincipal>, by_id: bool, partitions: Vec<Cached>, now_ms: i64) -> i32 {
         if partitions.is_empty() || partitions.len() > self.max_partitions || self.slots == 0 {
             return 0;
         }
@@ -275,7 +298,7 @@ impl FetchSessions {
             }
         };
         cache.partitions += partitions.len();
-        cache.sessions.insert(id, Session { principal: principal.clone(), epoch: next_epoch(INITIAL_EPOCH), partitions, created_ms: now_ms, last_used_ms: now_ms });
+        cache.sessions.insert(id, Session { principal: principal.clone(), by_id, epoch: next_epoch(INITIAL_EPOCH), partitions, created_ms: now_ms, last_used_ms: now_ms });
         id
     }
 
@@ -350,7 +373,7 @@ mod tests {
     }
 
     fn parts(n: i32) -> Vec<Cached> {
-        (0..n).map(|p| Cached::new(name("t"), p, 0, 1024)).collect()
+        (0..n).map(|p| Cached::new(name("t"), [0; 16], p, 0, 1024)).collect()
     }
 
     fn answered(records: usize, hw: i64) -> Answered {
@@ -361,26 +384,26 @@ mod tests {
     fn a_session_answers_only_what_changed_and_rotates_partitions_that_returned_records() {
         let s = FetchSessions::new(10, 1000);
         let p = alice();
-        assert_eq!(s.begin(&p, 0, INITIAL_EPOCH, Changes::default(), 0), Context::Full);
-        let id = s.create(&p, parts(3), 0);
+        assert_eq!(s.begin(&p, 0, INITIAL_EPOCH, false, Changes::default(), 0), Context::Full);
+        let id = s.create(&p, false, parts(3), 0);
         assert!(id > 0);
         // Epoch 1, nothing changed: every partition is read; the first
         // answer about each is news (the cache has not seen a watermark).
-        let Context::Incremental { id: got, partitions } = s.begin(&p, id, 1, Changes::default(), 1) else { panic!() };
+        let Context::Incremental { id: got, partitions } = s.begin(&p, id, 1, false, Changes::default(), 1) else { panic!() };
         assert_eq!((got, partitions.len()), (id, 3));
         assert_eq!(s.answered(id, &[answered(0, 5), answered(0, 5), answered(0, 5)]), vec![true, true, true]);
         // Epoch 2: only partition 1 moved.
-        let Context::Incremental { partitions, .. } = s.begin(&p, id, 2, Changes::default(), 2) else { panic!() };
+        let Context::Incremental { partitions, .. } = s.begin(&p, id, 2, false, Changes::default(), 2) else { panic!() };
         assert_eq!(partitions.iter().map(|c| c.partition).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(s.answered(id, &[answered(0, 5), answered(100, 9), answered(0, 5)]), vec![false, true, false]);
         // It returned records: it goes to the end. The client moves its
         // offset and names only that partition.
-        let changes = Changes { fetch: vec![(name("t"), 1, 9, 1024)], forget: vec![] };
-        let Context::Incremental { partitions, .. } = s.begin(&p, id, 3, changes, 3) else { panic!() };
+        let changes = Changes { fetch: vec![((name("t"), [0; 16], 1), 9, 1024)], forget: vec![] };
+        let Context::Incremental { partitions, .. } = s.begin(&p, id, 3, false, changes, 3) else { panic!() };
         assert_eq!(partitions.iter().map(|c| (c.partition, c.fetch_offset)).collect::<Vec<_>>(), vec![(0, 0), (2, 0), (1, 9)]);
         // An error is always sent, and the partition again once it clears.
         assert_eq!(s.answered(id, &[Answered { error_code: 3, ..answered(0, 5) }, answered(0, 5), answered(0, 9)]), vec![true, false, false]);
-        let Context::Incremental { .. } = s.begin(&p, id, 4, Changes::default(), 4) else { panic!() };
+        let Context::Incremental { .. } = s.begin(&p, id, 4, false, Changes::default(), 4) else { panic!() };
         assert_eq!(s.answered(id, &[answered(0, 5), answered(0, 5), answered(0, 9)]), vec![true, false, false]);
     }
 
@@ -388,26 +411,26 @@ mod tests {
     fn wrong_ids_epochs_and_principals_get_kafkas_errors_and_change_nothing() {
         let s = FetchSessions::new(10, 1000);
         let p = alice();
-        let id = s.create(&p, parts(2), 0);
+        let id = s.create(&p, false, parts(2), 0);
         let not_found = Context::Error(E::FetchSessionIdNotFound.code());
         let bad_epoch = Context::Error(E::InvalidFetchSessionEpoch.code());
-        assert_eq!(s.begin(&p, id.wrapping_add(1).max(1), 1, Changes::default(), 0), not_found, "never issued");
-        assert_eq!(s.begin(&p, 0, 1, Changes::default(), 0), not_found, "an epoch without a session");
-        assert_eq!(s.begin(&p, -5, 3, Changes::default(), 0), not_found);
-        assert_eq!(s.begin(&Arc::new(KafkaPrincipal::user("mallory")), id, 1, Changes::default(), 0), not_found, "another principal's session");
-        assert_eq!(s.begin(&p, id, 2, Changes::default(), 0), bad_epoch, "ahead");
-        assert_eq!(s.begin(&p, id, i32::MAX, Changes::default(), 0), bad_epoch);
+        assert_eq!(s.begin(&p, id.wrapping_add(1).max(1), 1, false, Changes::default(), 0), not_found, "never issued");
+        assert_eq!(s.begin(&p, 0, 1, false, Changes::default(), 0), not_found, "an epoch without a session");
+        assert_eq!(s.begin(&p, -5, 3, false, Changes::default(), 0), not_found);
+        assert_eq!(s.begin(&Arc::new(KafkaPrincipal::user("mallory")), id, 1, false, Changes::default(), 0), not_found, "another principal's session");
+        assert_eq!(s.begin(&p, id, 2, false, Changes::default(), 0), bad_epoch, "ahead");
+        assert_eq!(s.begin(&p, id, i32::MAX, false, Changes::default(), 0), bad_epoch);
         // None of that moved the epoch or touched the partitions.
-        let forget = Changes { fetch: vec![], forget: vec![(name("t"), 0)] };
-        let Context::Incremental { partitions, .. } = s.begin(&p, id, 1, forget, 0) else { panic!() };
+        let forget = Changes { fetch: vec![], forget: vec![(name("t"), [0; 16], 0)] };
+        let Context::Incremental { partitions, .. } = s.begin(&p, id, 1, false, forget, 0) else { panic!() };
         assert_eq!(partitions.len(), 1);
-        assert_eq!(s.begin(&p, id, 1, Changes::default(), 0), bad_epoch, "an epoch already used (a repeated request)");
+        assert_eq!(s.begin(&p, id, 1, false, Changes::default(), 0), bad_epoch, "an epoch already used (a repeated request)");
         // Mallory cannot close it either.
-        assert_eq!(s.begin(&Arc::new(KafkaPrincipal::user("mallory")), id, FINAL_EPOCH, Changes::default(), 0), Context::Sessionless);
-        assert!(matches!(s.begin(&p, id, 2, Changes::default(), 0), Context::Incremental { .. }));
+        assert_eq!(s.begin(&Arc::new(KafkaPrincipal::user("mallory")), id, FINAL_EPOCH, false, Changes::default(), 0), Context::Sessionless);
+        assert!(matches!(s.begin(&p, id, 2, false, Changes::default(), 0), Context::Incremental { .. }));
         // Its owner can; then the id is unknown.
-        assert_eq!(s.begin(&p, id, FINAL_EPOCH, Changes::default(), 0), Context::Sessionless);
-        assert_eq!(s.begin(&p, id, 3, Changes::default(), 0), not_found);
+        assert_eq!(s.begin(&p, id, FINAL_EPOCH, false, Changes::default(), 0), Context::Sessionless);
+        assert_eq!(s.begin(&p, id, 3, false, Changes::default(), 0), not_found);
         assert_eq!(s.stats(), (0, 0));
     }
 
@@ -415,9 +438,9 @@ mod tests {
     fn forgetting_every_partition_ends_the_session() {
         let s = FetchSessions::new(10, 1000);
         let p = alice();
-        let id = s.create(&p, parts(2), 0);
-        let forget = Changes { fetch: vec![], forget: vec![(name("t"), 0), (name("t"), 1), (name("t"), 1), (name("nope"), 7)] };
-        assert_eq!(s.begin(&p, id, 1, forget, 0), Context::Sessionless);
+        let id = s.create(&p, false, parts(2), 0);
+        let forget = Changes { fetch: vec![], forget: vec![(name("t"), [0; 16], 0), (name("t"), [0; 16], 1), (name("t"), [0; 16], 1), (name("nope"), [0; 16], 7)] };
+        assert_eq!(s.begin(&p, id, 1, false, forget, 0), Context::Sessionless);
         assert_eq!(s.stats(), (0, 0));
     }
 
@@ -425,34 +448,34 @@ mod tests {
     fn the_cache_is_bounded_and_evicts_as_kafka_does() {
         let s = FetchSessions::new(2, 1000);
         let p = alice();
-        let a = s.create(&p, parts(5), 0);
-        let b = s.create(&p, parts(10), 0);
+        let a = s.create(&p, false, parts(5), 0);
+        let b = s.create(&p, false, parts(10), 0);
         // Full, nobody stale, nobody past protection: no session.
-        assert_eq!(s.create(&p, parts(50), 1000), 0);
+        assert_eq!(s.create(&p, false, parts(50), 1000), 0);
         // Both in use, and past their protection: a larger session evicts
         // the smallest; a smaller one evicts nothing.
         let now = EVICTION_MS + 1;
-        assert!(matches!(s.begin(&p, a, 1, Changes::default(), now), Context::Incremental { .. }));
-        assert!(matches!(s.begin(&p, b, 1, Changes::default(), now), Context::Incremental { .. }));
-        assert_eq!(s.create(&p, parts(3), now), 0, "not larger than any");
-        let c = s.create(&p, parts(50), now);
+        assert!(matches!(s.begin(&p, a, 1, false, Changes::default(), now), Context::Incremental { .. }));
+        assert!(matches!(s.begin(&p, b, 1, false, Changes::default(), now), Context::Incremental { .. }));
+        assert_eq!(s.create(&p, false, parts(3), now), 0, "not larger than any");
+        let c = s.create(&p, false, parts(50), now);
         assert!(c > 0);
         assert_eq!(s.evictions.load(Ordering::Relaxed), 1);
-        assert_eq!(s.begin(&p, a, 2, Changes::default(), now), Context::Error(E::FetchSessionIdNotFound.code()), "the smallest went");
-        assert!(matches!(s.begin(&p, b, 2, Changes::default(), now + 10), Context::Incremental { .. }));
+        assert_eq!(s.begin(&p, a, 2, false, Changes::default(), now), Context::Error(E::FetchSessionIdNotFound.code()), "the smallest went");
+        assert!(matches!(s.begin(&p, b, 2, false, Changes::default(), now + 10), Context::Incremental { .. }));
         // A session unused for the eviction time goes first, whatever its
         // size: c was last used at `now`, b at `now + 10`.
-        let d = s.create(&p, parts(1), now + EVICTION_MS + 5);
+        let d = s.create(&p, false, parts(1), now + EVICTION_MS + 5);
         assert!(d > 0);
-        assert_eq!(s.begin(&p, c, 1, Changes::default(), now + EVICTION_MS + 5), Context::Error(E::FetchSessionIdNotFound.code()), "the stale one went");
+        assert_eq!(s.begin(&p, c, 1, false, Changes::default(), now + EVICTION_MS + 5), Context::Error(E::FetchSessionIdNotFound.code()), "the stale one went");
         assert_eq!(s.stats(), (2, 11));
         // The partition bound: a session larger than the cache is never
         // made, and growing one past it ends it.
         let s = FetchSessions::new(10, 100);
-        assert_eq!(s.create(&p, parts(101), 0), 0);
-        let id = s.create(&p, parts(60), 0);
-        let grow = Changes { fetch: (0..50).map(|i| (name("u"), i, 0, 1)).collect(), forget: vec![] };
-        assert_eq!(s.begin(&p, id, 1, grow, 0), Context::Error(E::FetchSessionIdNotFound.code()));
+        assert_eq!(s.create(&p, false, parts(101), 0), 0);
+        let id = s.create(&p, false, parts(60), 0);
+        let grow = Changes { fetch: (0..50).map(|i| ((name("u"), [0; 16], i), 0, 1)).collect(), forget: vec![] };
+        assert_eq!(s.begin(&p, id, 1, false, grow, 0), Context::Error(E::FetchSessionIdNotFound.code()));
         assert_eq!(s.stats(), (0, 0));
     }
 

@@ -8,14 +8,16 @@
 //! contiguous buffer (DESIGN.md: one copy of every fetched byte is
 //! affordable, not three).
 //!
-//! Versions 4–12, where topics are named (13+ address them by id). The
-//! layout follows the Kafka schema; the test below checks the output is
-//! byte-for-byte what `kafka-protocol` encodes for the same response.
+//! Versions 4–18: topics are named up to 12 and addressed by id from 13
+//! (KIP-516). The layout follows the Kafka schema; the test below checks
+//! the output is byte-for-byte what `kafka-protocol` encodes for the same
+//! response. Nothing here has a leader to point to: v12's `CurrentLeader`
+//! and v16's `NodeEndpoints` tagged fields are never written.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub const MIN_VERSION: i16 = 4;
-pub const MAX_VERSION: i16 = 12;
+pub const MAX_VERSION: i16 = 18;
 
 #[derive(Debug, Clone, Default)]
 pub struct PartitionOut {
@@ -32,7 +34,10 @@ pub struct PartitionOut {
 
 #[derive(Debug, Clone, Default)]
 pub struct TopicOut {
+    /// Written up to v12.
     pub name: Bytes,
+    /// Written from v13.
+    pub id: [u8; 16],
     pub partitions: Vec<PartitionOut>,
 }
 
@@ -54,7 +59,11 @@ pub fn encode(correlation_id: i32, version: i16, throttle_ms: i32, error_code: i
     }
     w.array_len(topics.len(), flexible);
     for t in topics {
-        w.string(&t.name, flexible);
+        if version >= 13 {
+            w.cur.put_slice(&t.id);
+        } else {
+            w.string(&t.name, flexible);
+        }
         w.array_len(t.partitions.len(), flexible);
         for p in &t.partitions {
             w.cur.put_i32(p.partition);
@@ -190,7 +199,8 @@ mod tests {
                 .iter()
                 .map(|t| {
                     FetchableTopicResponse::default()
-                        .with_topic(TopicName(StrBytes::from_utf8(t.name.clone()).unwrap()))
+                        .with_topic(if version >= 13 { TopicName::default() } else { TopicName(StrBytes::from_utf8(t.name.clone()).unwrap()) })
+                        .with_topic_id(if version >= 13 { uuid::Uuid::from_bytes(t.id) } else { Default::default() })
                         .with_partitions(
                             t.partitions
                                 .iter()
@@ -244,7 +254,7 @@ mod tests {
                 records: recs.into_iter().map(Bytes::from).collect(),
             });
         proptest::collection::vec(
-            ("[a-z.]{0,20}", proptest::collection::vec(part, 0..3)).prop_map(|(name, partitions)| TopicOut { name: Bytes::from(name), partitions }),
+            ("[a-z.]{0,20}", any::<[u8; 16]>(), proptest::collection::vec(part, 0..3)).prop_map(|(name, id, partitions)| TopicOut { name: Bytes::from(name), id, partitions }),
             0..3,
         )
     }

@@ -125,7 +125,7 @@ async fn bad_input_is_answered_or_closed_and_nothing_else_is_disturbed() {
     let mut resp = c.call(18, 99, &[], false).await.expect("ApiVersions v99 answered");
     let av = ApiVersionsResponse::decode(&mut resp, 0).unwrap();
     assert_eq!(av.error_code, 35);
-    assert!(av.api_keys.iter().any(|k| k.api_key == 1 && k.min_version == 4 && k.max_version == 12));
+    assert!(av.api_keys.iter().any(|k| k.api_key == 1 && k.min_version == 4 && k.max_version == 18));
     c.send_bytes(&Raw::frame(1, 2, 9, &[0; 16])).await;
     assert!(c.closed().await, "Fetch v2 is not served");
     check(&mut steady, addr).await;

@@ -14,6 +14,7 @@ mod crash_recovery;
 mod groups;
 mod group_parity;
 mod fetch_sessions;
+mod topic_ids;
 mod hostile;
 mod idempotence;
 mod long_poll;

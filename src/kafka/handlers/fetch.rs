@@ -15,6 +15,9 @@
 //! Fetch sessions (KIP-227, v7+) are `kafka::fetch_session`'s: a full
 //! request may open one, an incremental one reads every partition of its
 //! session and answers only those with news.
+//!
+//! From v13 topics are named by id (KIP-516): a topic's id, or the id
+//! Metadata gave a subtree stream; an id nothing has is UNKNOWN_TOPIC_ID.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,11 +37,11 @@ use crate::auth::acl::Operation;
 use crate::auth::quota::Kind;
 use crate::kafka::authz::Check;
 use crate::kafka::conn::throttle;
-use crate::kafka::fetch_session::{Answered, Cached, Changes, Context, INITIAL_EPOCH};
+use crate::kafka::fetch_session::{Answered, Cached, Changes, Context, Key, INITIAL_EPOCH};
 use crate::kafka::{conn, errors, Broker};
 use crate::storage::Tp;
 
-pub const VERSIONS: VersionRange = VersionRange { min: 4, max: 12 };
+pub const VERSIONS: VersionRange = VersionRange { min: 4, max: 18 };
 
 struct Want {
     partition: i32,
@@ -49,6 +52,17 @@ struct Want {
     max_bytes: usize,
     /// The reader may not READ the topic: TOPIC_AUTHORIZATION_FAILED.
     denied: bool,
+    /// v13+: no topic (or stream) has the id: UNKNOWN_TOPIC_ID.
+    unknown_id: bool,
+}
+
+/// One topic of the request, its partitions each once.
+struct Asked {
+    /// Resolved from the id from v13 (empty if no topic has it).
+    name: TopicName,
+    /// As the request gave it from v13; the topic's up to v12.
+    id: [u8; 16],
+    parts: Vec<Want>,
 }
 
 /// The fetch answer before framing; encoded by `protocol::fetch`.
@@ -69,9 +83,11 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
     let principal = conn::session().principal();
     let now_ms = broker.engine.now_ms();
     // v7+ carry a session id and epoch; older fetches have no session.
+    // v13+ names topics by id (KIP-516).
+    let by_id = version >= 13;
     let context = if version >= 7 {
-        let changes = if req.session_epoch > INITIAL_EPOCH { changes(&mut req) } else { Changes::default() };
-        broker.fetch_sessions.begin(&principal, req.session_id, req.session_epoch, changes, now_ms)
+        let changes = if req.session_epoch > INITIAL_EPOCH { changes(&mut req, by_id) } else { Changes::default() };
+        broker.fetch_sessions.begin(&principal, req.session_id, req.session_epoch, by_id, changes, now_ms)
     } else {
         Context::Sessionless
     };
@@ -103,11 +119,11 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
     // waited on); a subtree stream carries only the topics the reader may
     // read, filtered inside the merge.
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let wants = Arc::new(wanted(broker, requested, limit, &check));
+    let wants = Arc::new(wanted(broker, requested, by_id, limit, &check));
     // Partitions that exist: only those can move (a made-up partition of a
     // real topic is answered UNKNOWN_TOPIC_OR_PARTITION and never waited on).
-    let tps: Vec<Tp> = wants.iter().flat_map(|(_, ps)| ps.iter().filter(|w| !w.denied).filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
-    let streams = wants.iter().any(|(_, ps)| ps.iter().any(|w| w.subtree.is_some()));
+    let tps: Vec<Tp> = wants.iter().flat_map(|a| a.parts.iter().filter(|w| !w.denied).filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
+    let streams = wants.iter().any(|a| a.parts.iter().any(|w| w.subtree.is_some()));
     let mut stopping = broker.stopping.clone();
     // One registration for the whole poll, made before the first read so
     // nothing produced meanwhile is missed; it unregisters when dropped.
@@ -122,7 +138,7 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
         let (topics, bytes, errors) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
         if !may_wait || bytes >= min_bytes || errors || tokio::time::Instant::now() >= deadline || *stopping.borrow() {
             throttle::charge(Kind::Fetch, bytes);
-            return Some(finish(broker, &context, &principal, &wants, topics));
+            return Some(finish(broker, &context, &principal, by_id, &wants, topics));
         }
         let stop = tokio::select! {
             _ = notify.notified() => false,
@@ -136,38 +152,55 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
             let c = check.clone();
             let (topics, bytes, _) = tokio::task::spawn_blocking(move || read_all(&engine, &w, max_bytes, read_committed, &c)).await.ok()?;
             throttle::charge(Kind::Fetch, bytes);
-            return Some(finish(broker, &context, &principal, &wants, topics));
+            return Some(finish(broker, &context, &principal, by_id, &wants, topics));
         }
     }
 }
 
 /// What the request asks for, each partition once: Kafka keys a fetch by
 /// partition, so a partition listed again moves to the offset and size it
-/// was last given and keeps the place it was first given.
-fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, limit: usize, check: &Option<Check>) -> Vec<(TopicName, Vec<Want>)> {
+/// was last given and keeps the place it was first given. From v13
+/// (`by_id`) topics are found by id; a subtree stream's id is the one
+/// Metadata gave out for it.
+fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, by_id: bool, limit: usize, check: &Option<Check>) -> Vec<Asked> {
     // The common fetch names one partition: nothing to merge, no map.
     let single = topics.iter().map(|t| t.partitions.len()).sum::<usize>() <= 1;
-    let mut at: std::collections::HashMap<(TopicName, i32), (usize, usize)> = std::collections::HashMap::new();
-    let mut out: Vec<(TopicName, Vec<Want>)> = Vec::new();
+    let mut at: std::collections::HashMap<(TopicName, [u8; 16], i32), (usize, usize)> = std::collections::HashMap::new();
+    let mut out: Vec<Asked> = Vec::new();
     for t in topics {
-        let topic = broker.engine.topic(super::name(&t.topic));
-        let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
+        let (name, id, topic, subtree) = if by_id {
+            let id = *t.topic_id.as_bytes();
+            match broker.engine.topic_by_id(&id) {
+                Some(topic) => (super::topic_name(topic.name()), id, Some(topic), None),
+                None => match broker.engine.subtree_by_id(&id) {
+                    Some(s) => (super::topic_name(&s.name()), id, None, Some(s)),
+                    None => (TopicName::default(), id, None, None),
+                },
+            }
+        } else {
+            let topic = broker.engine.topic(super::name(&t.topic));
+            let subtree = if topic.is_none() { broker.engine.subtree(super::name(&t.topic)) } else { None };
+            let id = topic.as_ref().map(|t| t.id()).or(subtree.as_ref().map(Subtree::id)).unwrap_or_default();
+            (t.topic, id, topic, subtree)
+        };
+        let unknown_id = by_id && topic.is_none() && subtree.is_none();
         // Unknown topics too: the answer must not tell a principal without
         // READ whether a topic exists (streams filter inside the merge).
-        let denied = subtree.is_none() && check.as_ref().is_some_and(|c| !c.topic(crate::auth::acl::Operation::Read, super::name(&t.topic)));
+        // An id nothing has names nothing to check.
+        let denied = !unknown_id && subtree.is_none() && check.as_ref().is_some_and(|c| !c.topic(crate::auth::acl::Operation::Read, super::name(&name)));
         let ti = out.len();
         let mut parts = Vec::new();
         for p in t.partitions {
             let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
-            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes, denied };
+            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes, denied, unknown_id };
             if single {
                 parts.push(want(&p));
                 continue;
             }
-            match at.entry((t.topic.clone(), p.partition)) {
+            match at.entry((name.clone(), id, p.partition)) {
                 std::collections::hash_map::Entry::Occupied(e) => {
                     let (i, j) = *e.get();
-                    let w = if i == ti { &mut parts[j] } else { &mut out[i].1[j] };
+                    let w = if i == ti { &mut parts[j] } else { &mut out[i].parts[j] };
                     let w: &mut Want = w;
                     (w.offset, w.max_bytes) = (p.fetch_offset, max_bytes);
                 }
@@ -178,17 +211,26 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
             }
         }
         if !parts.is_empty() {
-            out.push((t.topic, parts));
+            out.push(Asked { name, id, parts });
         }
     }
     out
 }
 
+/// A partition as its session keys it: by name up to v12, by id after.
+fn session_key(by_id: bool, name: &TopicName, id: [u8; 16], partition: i32) -> Key {
+    if by_id {
+        (TopicName::default(), id, partition)
+    } else {
+        (name.clone(), [0; 16], partition)
+    }
+}
+
 /// An incremental request's changes to its session: the partitions it
 /// names (new offsets and sizes, or new partitions) and those it forgets.
-fn changes(req: &mut Request) -> Changes {
-    let fetch = req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), p.partition, p.fetch_offset, p.partition_max_bytes))).collect();
-    let forget = req.forgotten_topics_data.iter().flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p))).collect();
+fn changes(req: &mut Request, by_id: bool) -> Changes {
+    let fetch = req.topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (session_key(by_id, &t.topic, *t.topic_id.as_bytes(), p.partition), p.fetch_offset, p.partition_max_bytes))).collect();
+    let forget = req.forgotten_topics_data.iter().flat_map(|t| t.partitions.iter().map(move |p| session_key(by_id, &t.topic, *t.topic_id.as_bytes(), *p))).collect();
     Changes { fetch, forget }
 }
 
@@ -201,8 +243,8 @@ fn session_topics(partitions: &[Cached]) -> Vec<kafka_protocol::messages::fetch_
     for c in partitions {
         let p = FetchPartition::default().with_partition(c.partition).with_fetch_offset(c.fetch_offset).with_partition_max_bytes(c.max_bytes);
         match out.last_mut() {
-            Some(t) if t.topic == c.topic => t.partitions.push(p),
-            _ => out.push(FetchTopic::default().with_topic(c.topic.clone()).with_partitions(vec![p])),
+            Some(t) if t.topic == c.topic && *t.topic_id.as_bytes() == c.topic_id => t.partitions.push(p),
+            _ => out.push(FetchTopic::default().with_topic(c.topic.clone()).with_topic_id(uuid::Uuid::from_bytes(c.topic_id)).with_partitions(vec![p])),
         }
     }
     out
@@ -215,22 +257,23 @@ fn answered(p: &PartitionOut) -> Answered {
 /// The answer as the session context wants it: a full one opens a session
 /// if there is room; an incremental one keeps only the partitions with
 /// news.
-fn finish(broker: &Broker, context: &Context, principal: &Arc<crate::auth::KafkaPrincipal>, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicOut>) -> Reply {
+fn finish(broker: &Broker, context: &Context, principal: &Arc<crate::auth::KafkaPrincipal>, by_id: bool, wants: &[Asked], topics: Vec<TopicOut>) -> Reply {
     let mut reply = counted(broker, wants, topics);
     match context {
         Context::Full => {
             let cached = wants
                 .iter()
                 .zip(&reply.topics)
-                .flat_map(|((name, ws), t)| {
-                    ws.iter().zip(&t.partitions).map(move |(w, p)| {
-                        let mut c = Cached::new(name.clone(), w.partition, w.offset, w.max_bytes.min(i32::MAX as usize) as i32);
+                .flat_map(|(a, t)| {
+                    a.parts.iter().zip(&t.partitions).map(move |(w, p)| {
+                        let (topic, id, partition) = session_key(by_id, &a.name, a.id, w.partition);
+                        let mut c = Cached::new(topic, id, partition, w.offset, w.max_bytes.min(i32::MAX as usize) as i32);
                         c.must_respond(&answered(p), true);
                         c
                     })
                 })
                 .collect();
-            reply.session_id = broker.fetch_sessions.create(principal, cached, broker.engine.now_ms());
+            reply.session_id = broker.fetch_sessions.create(principal, by_id, cached, broker.engine.now_ms());
         }
         Context::Incremental { id, .. } => {
             let answers: Vec<Answered> = reply.topics.iter().flat_map(|t| t.partitions.iter().map(answered)).collect();
@@ -249,10 +292,10 @@ fn finish(broker: &Broker, context: &Context, principal: &Arc<crate::auth::Kafka
 /// The answer, counted for metrics: its partition errors and the bytes it
 /// carries (counted here, for the reply sent, not for each read of a long
 /// poll).
-fn counted(broker: &Broker, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicOut>) -> Reply {
+fn counted(broker: &Broker, wants: &[Asked], topics: Vec<TopicOut>) -> Reply {
     // `read_all` answers the wants in order, one partition for each.
-    for ((_, ws), t) in wants.iter().zip(&topics) {
-        for (w, p) in ws.iter().zip(&t.partitions) {
+    for (a, t) in wants.iter().zip(&topics) {
+        for (w, p) in a.parts.iter().zip(&t.partitions) {
             broker.probe.error(kafka_protocol::messages::ApiKey::Fetch, p.error_code);
             let bytes = p.records.iter().map(Bytes::len).sum::<usize>() as u64;
             match &w.topic {
@@ -267,15 +310,16 @@ fn counted(broker: &Broker, wants: &[(TopicName, Vec<Want>)], topics: Vec<TopicO
 /// Reads every wanted partition; returns the response topics, the record
 /// bytes gathered and whether to answer without waiting (a partition
 /// carries an error, or a subtree stream has more to read right away).
-fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: usize, read_committed: bool, check: &Option<Check>) -> (Vec<TopicOut>, usize, bool) {
+fn read_all(engine: &Arc<Engine>, wants: &[Asked], max_bytes: usize, read_committed: bool, check: &Option<Check>) -> (Vec<TopicOut>, usize, bool) {
     let mut total = 0usize;
     let mut ahead = Vec::new();
     let mut any_error = false;
     let mut more = false;
     let topics = wants
         .iter()
-        .map(|(name, parts)| {
-            let partitions = parts
+        .map(|a| {
+            let partitions = a
+                .parts
                 .iter()
                 .map(|w| {
                     let mut out = PartitionOut {
@@ -307,6 +351,11 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                                 out.error_code = errors::code(&e);
                             }
                         }
+                        return out;
+                    }
+                    if w.unknown_id {
+                        any_error = true;
+                        out.error_code = ResponseError::UnknownTopicId.code();
                         return out;
                     }
                     if w.denied {
@@ -368,7 +417,7 @@ fn read_all(engine: &Arc<Engine>, wants: &[(TopicName, Vec<Want>)], max_bytes: u
                     out
                 })
                 .collect();
-            TopicOut { name: name.0.clone().into_bytes(), partitions }
+            TopicOut { name: a.name.0.clone().into_bytes(), id: a.id, partitions }
         })
         .collect();
     if !ahead.is_empty() {

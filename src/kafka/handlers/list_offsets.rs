@@ -1,7 +1,12 @@
 //! ListOffsets: earliest (-2), latest (-1: the high watermark, or for
-//! `read_committed` the last stable offset), max timestamp (-3) and by
-//! timestamp, through the time index. Subtree streams answer earliest and
-//! latest; a lookup by time gets INVALID_REQUEST (they have no time index).
+//! `read_committed` the last stable offset), max timestamp (-3, v7+),
+//! earliest local (-4, v8+: the log start, nothing is tiered), latest
+//! tiered (-5, v9+: offset -1, nothing is tiered) and by timestamp, through
+//! the time index. A special timestamp the version may not ask for, or an
+//! unknown one, is UNSUPPORTED_VERSION, as in Kafka. v10's timeout is for
+//! remote storage; answers here never wait. Subtree streams answer earliest
+//! and latest; a lookup by time gets INVALID_REQUEST (they have no time
+//! index).
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 pub use kafka_protocol::messages::{ListOffsetsRequest as Request, ListOffsetsResponse as Response};
@@ -14,12 +19,27 @@ use crate::engine::Engine;
 use crate::kafka::authz::Check;
 use crate::kafka::{errors, Broker};
 
-pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 8 };
+pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 10 };
 
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 const EARLIEST_LOCAL: i64 = -4;
+const LATEST_TIERED: i64 = -5;
+
+/// Whether a special (negative) timestamp is not one this version may ask
+/// for: Kafka answers those UNSUPPORTED_VERSION (unknown ones included).
+fn unsupported(ts: i64, version: i16) -> bool {
+    let since = match ts {
+        LATEST | EARLIEST => 1,
+        MAX_TIMESTAMP => 7,
+        EARLIEST_LOCAL => 8,
+        LATEST_TIERED => 9,
+        ts if ts < 0 => i16::MAX,
+        _ => 0,
+    };
+    version < since
+}
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let engine = broker.engine.clone();
@@ -44,6 +64,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                         let r = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index).with_timestamp(-1).with_offset(-1);
                         if twice.contains(&(t.name.0.clone(), p.partition_index)) {
                             return r.with_error_code(ResponseError::InvalidRequest.code());
+                        }
+                        if unsupported(p.timestamp, version) {
+                            return r.with_error_code(ResponseError::UnsupportedVersion.code());
                         }
                         if denied {
                             return r.with_error_code(ResponseError::TopicAuthorizationFailed.code());
@@ -75,6 +98,7 @@ fn lookup_subtree(engine: &Engine, s: &Subtree, ts: i64, r: ListOffsetsPartition
     match ts {
         LATEST => r.with_offset(hw),
         EARLIEST | EARLIEST_LOCAL => r.with_offset(log_start),
+        LATEST_TIERED => r.with_leader_epoch(-1),
         _ => r.with_error_code(ResponseError::InvalidRequest.code()),
     }
 }
@@ -88,6 +112,9 @@ fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r:
         LATEST if committed => r.with_offset(engine.last_stable_offset(tp, hw)),
         LATEST => r.with_offset(hw),
         EARLIEST | EARLIEST_LOCAL => r.with_offset(log_start),
+        // Nothing is tiered: offset -1 and epoch -1, as Kafka answers when
+        // remote storage is off.
+        LATEST_TIERED => r.with_leader_epoch(-1),
         // The record with the largest timestamp (the first of them), not
         // the last record: Kafka 3.7 and later.
         MAX_TIMESTAMP => match engine.offset_of_max_timestamp(tp) {
@@ -95,7 +122,6 @@ fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r:
             Ok(None) => r,
             Err(e) => r.with_error_code(errors::code(&e)),
         },
-        ts if ts < 0 => r.with_error_code(ResponseError::InvalidRequest.code()),
         ts => match engine.offset_for_timestamp(tp, ts) {
             Ok(Some((offset, found_ts))) => r.with_offset(offset).with_timestamp(found_ts),
             Ok(None) => r,

@@ -38,7 +38,7 @@ use crate::kafka::{errors, Broker, NODE_ID};
 use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
 
-pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 12 };
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 13 };
 
 /// Encoded answers are gathered into parts of about this size.
 const PART_BYTES: usize = 64 << 10;
@@ -194,7 +194,8 @@ async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
 fn frame(correlation_id: i32, version: i16, resp: &Response, count: usize, entries: Vec<Bytes>) -> Vec<Bytes> {
     let mut empty = BytesMut::new();
     resp.encode(&mut empty, version).expect("a metadata response encodes");
-    let after = if (8..=10).contains(&version) { 4 } else { 0 } + usize::from(version >= 9);
+    // cluster_authorized_operations (v8-10), error_code (v13+), tagged fields (v9+).
+    let after = if (8..=10).contains(&version) { 4 } else { 0 } + if version >= 13 { 2 } else { 0 } + usize::from(version >= 9);
     let empty_list = if version >= 9 { 1 } else { 4 };
     let cut = empty.len() - after;
     let (before, tail) = (&empty[..cut - empty_list], &empty[cut..]);
@@ -299,7 +300,10 @@ fn resolve(engine: &Engine, q: &Query, version: i16, check: &Option<Check>) -> (
                 out.push(&match engine.topic_by_id(t.topic_id.as_bytes()) {
                     Some(topic) if !may(Operation::Describe, topic.name()) => error_entry(None, kafka_protocol::ResponseError::TopicAuthorizationFailed.code()).with_topic_id(t.topic_id),
                     Some(topic) => topic_entry(&topic, version),
-                    None => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
+                    None => match engine.subtree_by_id(t.topic_id.as_bytes()) {
+                        Some(s) if may(Operation::Describe, &s.name()) => entry(&s.name(), s.id(), 1, version),
+                        _ => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
+                    },
                 });
             }
             continue;
@@ -340,7 +344,7 @@ fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate:
     // A subtree stream: listed only when asked for by name.
     if Subtree::parse(name).is_some() {
         return match engine.subtree(name) {
-            Some(s) => entry(name, s.id(), 1, version),
+            Some(s) => entry(name, engine.stream_id(&s), 1, version),
             None => error_entry(Some(name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
         };
     }

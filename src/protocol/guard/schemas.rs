@@ -14,9 +14,9 @@ use super::{
 /// Every API the router serves, with the versions its handler decodes.
 pub(super) static APIS: &[Api] = &[
     api(0, "Produce", 3, 12, 9, &produce::REQUEST),
-    api(1, "Fetch", 4, 12, 12, &fetch::REQUEST),
-    api(2, "ListOffsets", 1, 8, 6, &list_offsets::REQUEST),
-    api(3, "Metadata", 0, 12, 9, &metadata::REQUEST),
+    api(1, "Fetch", 4, 18, 12, &fetch::REQUEST),
+    api(2, "ListOffsets", 1, 10, 6, &list_offsets::REQUEST),
+    api(3, "Metadata", 0, 13, 9, &metadata::REQUEST),
     api(8, "OffsetCommit", 2, 9, 8, &offset_commit::REQUEST),
     api(9, "OffsetFetch", 1, 9, 6, &offset_fetch::REQUEST),
     api(10, "FindCoordinator", 0, 6, 3, &find_coordinator::REQUEST),
@@ -168,12 +168,12 @@ pub(super) mod fetch {
     static FETCH_PARTITION: Schema = tagged(
         "FetchPartition",
         &[
-            f("partition", I32, 4, 12),
-            f("current_leader_epoch", I32, 9, 12),
-            f("fetch_offset", I64, 4, 12),
-            f("last_fetched_epoch", I32, 12, 12),
-            f("log_start_offset", I64, 5, 12),
-            f("partition_max_bytes", I32, 4, 12),
+            f("partition", I32, 4, 18),
+            f("current_leader_epoch", I32, 9, 18),
+            f("fetch_offset", I64, 4, 18),
+            f("last_fetched_epoch", I32, 12, 18),
+            f("log_start_offset", I64, 5, 18),
+            f("partition_max_bytes", I32, 4, 18),
         ],
         &[
             t(0, "replica_directory_id", UUID, 17, MAX),
@@ -184,26 +184,31 @@ pub(super) mod fetch {
         "FetchTopic",
         &[
             f("topic", STR, 4, 12),
-            f("partitions", structs(&FETCH_PARTITION), 4, 12),
+            f("topic_id", UUID, 13, 18),
+            f("partitions", structs(&FETCH_PARTITION), 4, 18),
         ],
     );
     static FORGOTTEN_TOPIC: Schema = s(
         "ForgottenTopic",
-        &[f("topic", STR, 7, 12), f("partitions", I32S, 7, 12)],
+        &[
+            f("topic", STR, 7, 12),
+            f("topic_id", UUID, 13, 18),
+            f("partitions", I32S, 7, 18),
+        ],
     );
     pub(super) static REQUEST: Schema = tagged(
         "FetchRequest",
         &[
-            f("replica_id", I32, 4, 12),
-            f("max_wait_ms", I32, 4, 12),
-            f("min_bytes", I32, 4, 12),
-            f("max_bytes", I32, 4, 12),
-            f("isolation_level", I8, 4, 12),
-            f("session_id", I32, 7, 12),
-            f("session_epoch", I32, 7, 12),
-            f("topics", structs(&FETCH_TOPIC), 4, 12),
-            f("forgotten_topics_data", structs(&FORGOTTEN_TOPIC), 7, 12),
-            f("rack_id", STR, 11, 12),
+            f("replica_id", I32, 4, 14),
+            f("max_wait_ms", I32, 4, 18),
+            f("min_bytes", I32, 4, 18),
+            f("max_bytes", I32, 4, 18),
+            f("isolation_level", I8, 4, 18),
+            f("session_id", I32, 7, 18),
+            f("session_epoch", I32, 7, 18),
+            f("topics", structs(&FETCH_TOPIC), 4, 18),
+            f("forgotten_topics_data", structs(&FORGOTTEN_TOPIC), 7, 18),
+            f("rack_id", STR, 11, 18),
         ],
         &[
             t(0, "cluster_id", NSTR, 12, MAX),
@@ -217,24 +222,25 @@ pub(super) mod list_offsets {
     static LIST_OFFSETS_PARTITION: Schema = s(
         "ListOffsetsPartition",
         &[
-            f("partition_index", I32, 1, 8),
-            f("current_leader_epoch", I32, 4, 8),
-            f("timestamp", I64, 1, 8),
+            f("partition_index", I32, 1, 10),
+            f("current_leader_epoch", I32, 4, 10),
+            f("timestamp", I64, 1, 10),
         ],
     );
     static LIST_OFFSETS_TOPIC: Schema = s(
         "ListOffsetsTopic",
         &[
-            f("name", STR, 1, 8),
-            f("partitions", structs(&LIST_OFFSETS_PARTITION), 1, 8),
+            f("name", STR, 1, 10),
+            f("partitions", structs(&LIST_OFFSETS_PARTITION), 1, 10),
         ],
     );
     pub(super) static REQUEST: Schema = s(
         "ListOffsetsRequest",
         &[
-            f("replica_id", I32, 1, 8),
-            f("isolation_level", I8, 2, 8),
-            f("topics", structs(&LIST_OFFSETS_TOPIC), 1, 8),
+            f("replica_id", I32, 1, 10),
+            f("isolation_level", I8, 2, 10),
+            f("topics", structs(&LIST_OFFSETS_TOPIC), 1, 10),
+            f("timeout_ms", I32, 10, 10),
         ],
     );
 }
@@ -244,19 +250,19 @@ pub(super) mod metadata {
     static METADATA_REQUEST_TOPIC: Schema = s(
         "MetadataRequestTopic",
         &[
-            f("topic_id", UUID, 10, 12),
+            f("topic_id", UUID, 10, 13),
             f("name", STR, 0, 9),
-            f("name", NSTR, 10, 12),
+            f("name", NSTR, 10, 13),
         ],
     );
     pub(super) static REQUEST: Schema = s(
         "MetadataRequest",
         &[
             f("topics", structs(&METADATA_REQUEST_TOPIC), 0, 0),
-            f("topics", nstructs(&METADATA_REQUEST_TOPIC), 1, 12),
-            f("allow_auto_topic_creation", BOOL, 4, 12),
+            f("topics", nstructs(&METADATA_REQUEST_TOPIC), 1, 13),
+            f("allow_auto_topic_creation", BOOL, 4, 13),
             f("include_cluster_authorized_operations", BOOL, 8, 10),
-            f("include_topic_authorized_operations", BOOL, 8, 12),
+            f("include_topic_authorized_operations", BOOL, 8, 13),
         ],
     );
 }
