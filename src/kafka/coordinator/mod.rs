@@ -10,6 +10,7 @@
 //! concurrent commits share one flush and each is answered only after it
 //! is durable.
 
+pub mod consumer;
 pub mod group;
 pub mod offsets;
 pub mod transactions;
