@@ -212,7 +212,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         Some(o) => Some(Arc::new(crate::auth::oauth::Validator::load(o).map_err(|e| anyhow::anyhow!("sasl_oauthbearer_jwks_file: {e}"))?)),
         None => None,
     };
-    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), clock.clone(), stop_rx.clone());
+    let coordinator = Coordinator::start(engine.clone(), cfg.groups(), cfg.consumer_groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
         coordinator,

@@ -267,6 +267,12 @@ settings! {
     group_max_session_timeout_ms: i32 = "1800000", "CANOPY_GROUP_MAX_SESSION_TIMEOUT_MS", "group-max-session-timeout-ms";
     "Most members in one group (group.max.size)"
     group_max_size: usize = "1000", "CANOPY_GROUP_MAX_SIZE", "group-max-size";
+    "A consumer-protocol (KIP-848) member not heard from this long leaves its group (group.consumer.session.timeout.ms)"
+    group_consumer_session_timeout_ms: i64 = "45000", "CANOPY_GROUP_CONSUMER_SESSION_TIMEOUT_MS", "group-consumer-session-timeout-ms";
+    "How often consumer-protocol members heartbeat (group.consumer.heartbeat.interval.ms)"
+    group_consumer_heartbeat_interval_ms: i32 = "5000", "CANOPY_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS", "group-consumer-heartbeat-interval-ms";
+    "Most members in one consumer-protocol group (group.consumer.max.size)"
+    group_consumer_max_size: usize = "1000", "CANOPY_GROUP_CONSUMER_MAX_SIZE", "group-consumer-max-size";
     "Committed offsets of a group without members expire after this (offsets.retention.minutes)"
     offsets_retention_minutes: i64 = "10080", "CANOPY_OFFSETS_RETENTION_MINUTES", "offsets-retention-minutes";
     "Idempotent-producer state of a producer idle this long is forgotten (producer.id.expiration.ms)"
@@ -367,6 +373,12 @@ impl Config {
         }
         if self.group_initial_rebalance_delay_ms < 0 {
             return bad("group_initial_rebalance_delay_ms", "must be 0 or more");
+        }
+        if self.group_consumer_session_timeout_ms < 1 {
+            return bad("group_consumer_session_timeout_ms", "must be at least 1");
+        }
+        if self.group_consumer_heartbeat_interval_ms < 1 || self.group_consumer_heartbeat_interval_ms as i64 >= self.group_consumer_session_timeout_ms {
+            return bad("group_consumer_heartbeat_interval_ms", "must be at least 1 and below group_consumer_session_timeout_ms");
         }
         if self.group_min_session_timeout_ms < 1 || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms {
             return bad("group_min_session_timeout_ms", "must be positive and at most group_max_session_timeout_ms");
@@ -680,6 +692,14 @@ impl Config {
             max_session_timeout_ms: self.group_max_session_timeout_ms,
             max_size: self.group_max_size,
             ..Default::default()
+        }
+    }
+
+    pub fn consumer_groups(&self) -> crate::kafka::coordinator::consumer::ConsumerConfig {
+        crate::kafka::coordinator::consumer::ConsumerConfig {
+            session_timeout_ms: self.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms: self.group_consumer_heartbeat_interval_ms,
+            max_size: self.group_consumer_max_size,
         }
     }
 

@@ -8,6 +8,7 @@ mod bad_input;
 mod cleaning;
 mod compaction;
 mod compression;
+mod consumer_protocol;
 mod configs;
 mod crash_loop;
 mod crash_recovery;

@@ -4,6 +4,13 @@
 //! rebalance completes; the task sleeps until the earliest group deadline
 //! (session expiry, join or sync timeout), so timers need no polling.
 //!
+//! Groups of the next-generation protocol (KIP-848, `consumer.rs`) live in
+//! the same task: a group id is a classic group or a consumer group, never
+//! both. An empty group of either kind is taken over by the other kind's
+//! first member (its committed offsets stay); a non-empty one refuses the
+//! other kind (INCONSISTENT_GROUP_PROTOCOL for JoinGroup, GROUP_ID_NOT_FOUND
+//! for ConsumerGroupHeartbeat, as Kafka with migration off).
+//!
 //! Committed offsets live in the sled catalog and belong to the
 //! coordinator alone (`offsets.rs`): every change to them goes through its
 //! keeper thread, which flushes the catalog once for whatever is queued, so
@@ -25,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Clock, Engine};
 use crate::meta::OffsetRecord;
+use consumer::{ConsumerConfig, ConsumerGroup, HeartbeatArgs, HeartbeatResult};
 use group::{Group, GroupConfig, JoinArgs, JoinResult, Reply, State, SyncArgs, SyncResult, Token};
 
 /// What DescribeGroups reports of a member.
@@ -36,6 +44,33 @@ pub struct MemberDescription {
     pub client_host: String,
     pub metadata: Bytes,
     pub assignment: Bytes,
+}
+
+/// What ConsumerGroupDescribe reports of a consumer group member.
+#[derive(Debug, Clone)]
+pub struct ConsumerMemberDescription {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub member_epoch: i32,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed_topic_names: Vec<String>,
+    pub subscribed_topic_regex: Option<String>,
+    pub assignment: consumer::Assignment,
+    pub target_assignment: consumer::Assignment,
+}
+
+/// What ConsumerGroupDescribe reports of a group; None: not a consumer
+/// group (GROUP_ID_NOT_FOUND).
+#[derive(Debug, Clone)]
+pub struct ConsumerGroupDescription {
+    pub group_id: String,
+    pub state: &'static str,
+    pub group_epoch: i32,
+    pub assignment_epoch: i32,
+    pub assignor: &'static str,
+    pub members: Vec<ConsumerMemberDescription>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,7 +93,12 @@ enum Cmd {
     /// members. `version`: the request's (v9+ OffsetCommit answers
     /// GROUP_ID_NOT_FOUND for a group that does not exist).
     CommitCheck { group: String, commit: CommitIds, transactional: bool, version: i16, reply: oneshot::Sender<Result<(), i16>> },
-    List { reply: oneshot::Sender<Vec<(String, String, &'static str)>> },
+    /// (id, protocol type, state, group type).
+    List { reply: oneshot::Sender<Vec<(String, String, &'static str, &'static str)>> },
+    ConsumerHeartbeat { group: String, args: HeartbeatArgs, reply: oneshot::Sender<HeartbeatResult> },
+    ConsumerDescribe { groups: Vec<String>, reply: oneshot::Sender<Vec<(String, Option<ConsumerGroupDescription>)>> },
+    /// OffsetFetch v9 naming a member: Ok, or the error for the group.
+    FetchCheck { group: String, member_id: Option<String>, member_epoch: i32, reply: oneshot::Sender<Result<(), i16>> },
     Describe { groups: Vec<String>, reply: oneshot::Sender<Vec<GroupDescription>> },
     Delete { groups: Vec<String>, reply: oneshot::Sender<Vec<i16>> },
     /// Idle groups (no members, no pending member ids), each with the time
@@ -106,13 +146,14 @@ impl Coordinator {
     /// At shutdown (`stop` turns true) the task ends: parked JoinGroup and
     /// SyncGroup requests are released, their connections closed, and the
     /// clients look for a coordinator again.
-    pub fn start(engine: Arc<Engine>, cfg: GroupConfig, clock: Clock, stop: tokio::sync::watch::Receiver<bool>) -> Coordinator {
+    pub fn start(engine: Arc<Engine>, cfg: GroupConfig, ccfg: ConsumerConfig, clock: Clock, stop: tokio::sync::watch::Receiver<bool>) -> Coordinator {
         let (tx, rx) = mpsc::channel(QUEUE);
         let (ctx, crx) = mpsc::channel(QUEUE);
         let now = clock();
         let known = engine.catalog().offset_groups().unwrap_or_default();
         let groups = known.into_iter().map(|g| (g.clone(), Group::new(g, now))).collect();
-        tokio::spawn(run(rx, groups, cfg, clock, stop));
+        let state = Groups { classic: groups, consumers: HashMap::new(), cfg, ccfg, engine: engine.clone() };
+        tokio::spawn(run(rx, state, clock, stop));
         {
             let engine = engine.clone();
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
@@ -152,8 +193,24 @@ impl Coordinator {
         self.ask(|reply| Cmd::CommitCheck { group, commit, transactional: true, version: 0, reply }).await
     }
 
-    pub async fn list(&self) -> Vec<(String, String, &'static str)> {
+    /// Every group: (id, protocol type, state, group type "classic" or
+    /// "consumer").
+    pub async fn list(&self) -> Vec<(String, String, &'static str, &'static str)> {
         self.ask(|reply| Cmd::List { reply }).await.unwrap_or_default()
+    }
+
+    pub async fn consumer_heartbeat(&self, group: String, args: HeartbeatArgs) -> Option<HeartbeatResult> {
+        self.ask(|reply| Cmd::ConsumerHeartbeat { group, args, reply }).await
+    }
+
+    pub async fn consumer_describe(&self, groups: Vec<String>) -> Vec<(String, Option<ConsumerGroupDescription>)> {
+        self.ask(|reply| Cmd::ConsumerDescribe { groups, reply }).await.unwrap_or_default()
+    }
+
+    /// Whether an OffsetFetch naming this member and epoch may read the
+    /// group's offsets (consumer groups check them; others pass).
+    pub async fn fetch_check(&self, group: String, member_id: Option<String>, member_epoch: i32) -> Option<Result<(), i16>> {
+        self.ask(|reply| Cmd::FetchCheck { group, member_id, member_epoch, reply }).await
     }
 
     pub async fn describe(&self, groups: Vec<String>) -> Vec<GroupDescription> {
@@ -260,12 +317,16 @@ struct Timers {
 
 impl Timers {
     fn schedule(&mut self, g: &Group, cfg: &GroupConfig) {
-        let Some(d) = g.next_deadline(cfg) else { return };
-        if self.scheduled.get(&g.id).is_some_and(|&s| s <= d) {
+        self.schedule_at(&g.id, g.next_deadline(cfg));
+    }
+
+    fn schedule_at(&mut self, id: &str, deadline: Option<i64>) {
+        let Some(d) = deadline else { return };
+        if self.scheduled.get(id).is_some_and(|&s| s <= d) {
             return;
         }
-        self.scheduled.insert(g.id.clone(), d);
-        self.heap.push(Reverse((d, g.id.clone())));
+        self.scheduled.insert(id.to_owned(), d);
+        self.heap.push(Reverse((d, id.to_owned())));
     }
 
     fn next(&self) -> Option<i64> {
@@ -286,11 +347,86 @@ impl Timers {
     }
 }
 
-async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cfg: GroupConfig, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>) {
+/// Everything the coordinator task owns: the groups of both kinds and
+/// what their state machines need.
+struct Groups {
+    classic: HashMap<String, Group>,
+    consumers: HashMap<String, ConsumerGroup>,
+    cfg: GroupConfig,
+    ccfg: ConsumerConfig,
+    engine: Arc<Engine>,
+}
+
+/// The engine's topics as a consumer group sees them.
+struct EngineTopics<'a>(&'a Engine);
+
+impl consumer::Topics for EngineTopics<'_> {
+    fn by_name(&self, name: &str) -> Option<(consumer::TopicId, i32)> {
+        self.0.topic(name).map(|t| (t.id(), t.partitions()))
+    }
+    fn by_id(&self, id: &consumer::TopicId) -> Option<(String, i32)> {
+        self.0.topic_by_id(id).map(|t| (t.name().to_owned(), t.partitions()))
+    }
+    fn matching(&self, re: &regex::Regex) -> std::collections::BTreeSet<String> {
+        self.0.topics().iter().map(|t| t.name()).filter(|n| re.is_match(n)).map(str::to_owned).collect()
+    }
+}
+
+impl Groups {
+    fn consumer_heartbeat(&mut self, now: i64, group: String, args: HeartbeatArgs) -> HeartbeatResult {
+        let fail = |e: kafka_protocol::ResponseError, m: &str| HeartbeatResult { error: e.code(), message: Some(m.to_owned()), member_epoch: -1, ..Default::default() };
+        if let Some(c) = self.classic.get(&group) {
+            if !c.is_idle() {
+                return fail(kafka_protocol::ResponseError::GroupIdNotFound, "the group is a classic group with members");
+            }
+            self.classic.remove(&group);
+        }
+        if !self.consumers.contains_key(&group) {
+            if args.member_epoch != 0 {
+                return fail(kafka_protocol::ResponseError::UnknownMemberId, "unknown member");
+            }
+            self.consumers.insert(group.clone(), ConsumerGroup::new(group.clone(), now));
+        }
+        let g = self.consumers.get_mut(&group).expect("inserted");
+        let client = args.client_id.clone();
+        g.heartbeat(&self.ccfg, now, &EngineTopics(&self.engine), args, || member_id(&client))
+    }
+
+    fn consumer_describe(&self, id: &str) -> Option<ConsumerGroupDescription> {
+        let g = self.consumers.get(id)?;
+        Some(ConsumerGroupDescription {
+            group_id: id.to_owned(),
+            state: g.state(),
+            group_epoch: g.epoch,
+            assignment_epoch: g.assignment_epoch,
+            assignor: g.assignor,
+            members: g
+                .members
+                .values()
+                .map(|m| ConsumerMemberDescription {
+                    member_id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    rack_id: m.rack_id.clone(),
+                    member_epoch: m.epoch,
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    subscribed_topic_names: m.subscribed_names.iter().cloned().collect(),
+                    subscribed_topic_regex: m.regex.clone(),
+                    assignment: m.assigned.clone(),
+                    target_assignment: g.target_of(&m.id),
+                })
+                .collect(),
+        })
+    }
+}
+
+async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut parked: HashMap<Token, Parked> = HashMap::new();
     let mut next_token: Token = 1;
     let mut timers = Timers::default();
     loop {
+        let Groups { classic: groups, consumers, cfg, ccfg, .. } = &mut state;
+        let cfg = &*cfg;
         let now = clock();
         let sleep = timers.next().map(|d| Duration::from_millis((d - now).max(0) as u64)).unwrap_or(Duration::from_secs(3600));
         let cmd = tokio::select! {
@@ -305,6 +441,13 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
         if let Some(cmd) = cmd {
             match cmd {
                 Cmd::Join { group, args, reply } => {
+                    // A consumer group's name: refused while it has
+                    // members, taken over when it has none.
+                    if consumers.get(&group).is_some_and(|c| !c.is_empty()) {
+                        let _ = reply.send(JoinResult { error: kafka_protocol::ResponseError::InconsistentGroupProtocol.code(), generation: -1, member_id: args.member_id, ..Default::default() });
+                        continue;
+                    }
+                    consumers.remove(&group);
                     // A member id for a group that does not exist is not
                     // a member of anything (and creates no group).
                     if !args.member_id.is_empty() && !groups.contains_key(&group) {
@@ -316,7 +459,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                         parked.insert(token, Parked::Join(reply));
                         let g = groups.entry(group.clone()).or_insert_with(|| Group::new(group, now));
                         let client = args.client_id.clone();
-                        replies.extend(g.join(&cfg, now, token, args, || member_id(&client)));
+                        replies.extend(g.join(cfg, now, token, args, || member_id(&client)));
                     }
                 }
                 Cmd::Sync { group, args, reply } => {
@@ -344,7 +487,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                 Cmd::Leave { group, members, reply } => match groups.get_mut(&group) {
                     Some(g) => {
                         touched = Some(group.clone());
-                        let (codes, r) = g.leave(&cfg, now, &members);
+                        let (codes, r) = g.leave(cfg, now, &members);
                         replies.extend(r);
                         let _ = reply.send((0, codes));
                     }
@@ -353,6 +496,14 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     }
                 },
                 Cmd::CommitCheck { group, commit, transactional, version, reply } => {
+                    if let Some(c) = consumers.get_mut(&group) {
+                        let r = c.validate_commit(commit.generation, &commit.member_id, transactional, version);
+                        if r.is_ok() {
+                            c.commits += 1;
+                        }
+                        let _ = reply.send(r);
+                        continue;
+                    }
                     let result = match groups.get_mut(&group) {
                         Some(g) => {
                             let r = g.validate_commit(commit.generation, &commit.member_id, commit.instance_id.as_deref(), transactional);
@@ -375,18 +526,47 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     let _ = reply.send(result);
                 }
                 Cmd::List { reply } => {
-                    let mut v: Vec<_> = groups.values().map(|g| (g.id.clone(), g.protocol_type.clone().unwrap_or_default(), g.state.name())).collect();
+                    let mut v: Vec<_> = groups.values().map(|g| (g.id.clone(), g.protocol_type.clone().unwrap_or_default(), g.state.name(), "classic")).collect();
+                    v.extend(consumers.values().map(|g| (g.id.clone(), "consumer".to_owned(), g.state(), "consumer")));
                     v.sort();
                     let _ = reply.send(v);
                 }
+                Cmd::ConsumerHeartbeat { group, args, reply } => {
+                    let r = state.consumer_heartbeat(now, group.clone(), args);
+                    if let Some(g) = state.consumers.get(&group) {
+                        timers.schedule_at(&group, g.next_deadline(&state.ccfg));
+                    }
+                    let _ = reply.send(r);
+                    continue;
+                }
+                Cmd::ConsumerDescribe { groups: ids, reply } => {
+                    let out = ids.into_iter().map(|id| {
+                        let d = state.consumer_describe(&id);
+                        (id, d)
+                    }).collect();
+                    let _ = reply.send(out);
+                    continue;
+                }
+                Cmd::FetchCheck { group, member_id, member_epoch, reply } => {
+                    let r = consumers.get(&group).map_or(Ok(()), |c| c.validate_fetch(member_epoch, member_id.as_deref()));
+                    let _ = reply.send(r);
+                }
                 Cmd::Describe { groups: ids, reply } => {
-                    let out = ids.into_iter().map(|id| describe(groups.get(&id), id)).collect();
+                    let out = ids
+                        .into_iter()
+                        .map(|id| match consumers.get(&id) {
+                            Some(c) => describe_consumer(c, id),
+                            None => describe(groups.get(&id), id),
+                        })
+                        .collect();
                     let _ = reply.send(out);
                 }
                 Cmd::Delete { groups: ids, reply } => {
                     let codes = ids
                         .into_iter()
                         .map(|id| match groups.get(&id) {
+                            None if consumers.get(&id).is_some_and(|c| !c.is_empty()) => kafka_protocol::ResponseError::NonEmptyGroup.code(),
+                            None if consumers.remove(&id).is_some() => 0,
                             None => kafka_protocol::ResponseError::GroupIdNotFound.code(),
                             Some(g) if !g.is_empty() => kafka_protocol::ResponseError::NonEmptyGroup.code(),
                             Some(_) => {
@@ -398,7 +578,8 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                     let _ = reply.send(codes);
                 }
                 Cmd::Idle { reply } => {
-                    let v = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }).collect();
+                    let mut v: Vec<IdleGroup> = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }).collect();
+                    v.extend(consumers.values().filter(|g| g.is_empty()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }));
                     let _ = reply.send(v);
                 }
                 Cmd::Forget { groups: ids, reply } => {
@@ -406,18 +587,25 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
                         if groups.get(&id).is_some_and(|g| g.is_idle() && g.commits == commits) {
                             groups.remove(&id);
                         }
+                        if consumers.get(&id).is_some_and(|g| g.is_empty() && g.commits == commits) {
+                            consumers.remove(&id);
+                        }
                     }
                     let _ = reply.send(());
                 }
             }
         }
         if let Some(g) = touched.and_then(|id| groups.get(&id)) {
-            timers.schedule(g, &cfg);
+            timers.schedule(g, cfg);
         }
         for id in timers.due(now) {
             if let Some(g) = groups.get_mut(&id) {
-                replies.extend(g.tick(&cfg, now));
-                timers.schedule(g, &cfg);
+                replies.extend(g.tick(cfg, now));
+                timers.schedule(g, cfg);
+            }
+            if let Some(g) = consumers.get_mut(&id) {
+                g.tick(ccfg, now);
+                timers.schedule_at(&id, g.next_deadline(ccfg));
             }
         }
         for r in replies {
@@ -439,6 +627,23 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut groups: HashMap<String, Group>, cf
             Parked::Join(tx) => !tx.is_closed(),
             Parked::Sync(tx) => !tx.is_closed(),
         });
+    }
+}
+
+/// A consumer group as DescribeGroups shows it: its state and members,
+/// with protocol type "consumer" (the members' assignments are
+/// ConsumerGroupDescribe's).
+fn describe_consumer(g: &ConsumerGroup, id: String) -> GroupDescription {
+    GroupDescription {
+        group_id: id,
+        state: Some(g.state()),
+        protocol_type: "consumer".into(),
+        protocol: g.assignor.into(),
+        members: g
+            .members
+            .values()
+            .map(|m| MemberDescription { member_id: m.id.clone(), instance_id: m.instance_id.clone(), client_id: m.client_id.clone(), client_host: m.client_host.clone(), metadata: Bytes::new(), assignment: Bytes::new() })
+            .collect(),
     }
 }
 

@@ -21,13 +21,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         .list()
         .await
         .into_iter()
-        .filter(|(id, _, _)| check.as_ref().is_none_or(|c| c.group(Operation::Describe, id)))
-        .filter(|(_, _, state)| req.states_filter.is_empty() || req.states_filter.iter().any(|s| s.eq_ignore_ascii_case(state)))
-        .filter(|_| req.types_filter.is_empty() || req.types_filter.iter().any(|t| t.eq_ignore_ascii_case("classic")))
-        .map(|(id, protocol_type, state)| {
+        .filter(|(id, _, _, _)| check.as_ref().is_none_or(|c| c.group(Operation::Describe, id)))
+        .filter(|(_, _, state, _)| req.states_filter.is_empty() || req.states_filter.iter().any(|s| s.eq_ignore_ascii_case(state)))
+        .filter(|(_, _, _, kind)| req.types_filter.is_empty() || req.types_filter.iter().any(|t| t.eq_ignore_ascii_case(kind)))
+        .map(|(id, protocol_type, state, kind)| {
             let g = ListedGroup::default().with_group_id(GroupId(str_bytes(id))).with_protocol_type(str_bytes(protocol_type));
             let g = if version >= 4 { g.with_group_state(str_bytes(state)) } else { g };
-            if version >= 5 { g.with_group_type(str_bytes("classic")) } else { g }
+            if version >= 5 { g.with_group_type(str_bytes(kind)) } else { g }
         })
         .collect();
     Some(Response::default().with_groups(groups))

@@ -9,6 +9,8 @@ pub mod add_partitions_to_txn;
 pub mod alter_client_quotas;
 pub mod alter_configs;
 pub mod alter_user_scram_credentials;
+pub mod consumer_group_describe;
+pub mod consumer_group_heartbeat;
 pub mod api_versions;
 pub mod create_acls;
 pub mod create_partitions;
@@ -112,7 +114,7 @@ throttled!(
     DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
     AlterConfigsResponse, IncrementalAlterConfigsResponse, DescribeProducersResponse,
     DescribeTopicPartitionsResponse, DeleteRecordsResponse,
-    DescribeLogDirsResponse;
+    DescribeLogDirsResponse, ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -302,6 +304,8 @@ apis! {
     DescribeTopicPartitions => describe_topic_partitions,
     DeleteRecords => delete_records,
     DescribeLogDirs => describe_log_dirs,
+    ConsumerGroupHeartbeat => consumer_group_heartbeat,
+    ConsumerGroupDescribe => consumer_group_describe,
 }
 
 /// Turns a topic name from the wire into a `&str`.

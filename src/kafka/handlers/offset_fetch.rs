@@ -2,7 +2,8 @@
 //! commit answers offset -1; a null topic list (v2+) means every topic the
 //! group committed. With `require_stable` (v7+), a partition for which an
 //! open transaction holds offsets answers UNSTABLE_OFFSET_COMMIT, which
-//! clients retry, until the transaction ends.
+//! clients retry, until the transaction ends. From v9 a consumer-group
+//! member (KIP-848) names itself and its epoch, which must be current.
 
 use std::collections::{HashMap, HashSet};
 
@@ -76,7 +77,15 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         for g in wanted_groups {
                 let wanted: Wanted = g.topics.map(|ts| ts.into_iter().map(|t| (t.name.0.to_string(), t.partition_indexes)).collect());
                 let out = OffsetFetchResponseGroup::default().with_group_id(g.group_id.clone());
-                groups.push(match lookup(broker, &g.group_id.0, wanted, unstable.get(g.group_id.0.as_str())) {
+                // v9: a consumer-group member names itself and its epoch
+                // (KIP-848); a stale epoch is STALE_MEMBER_EPOCH.
+                let member = (version >= 9).then(|| g.member_id.as_ref().map(|m| m.to_string())).flatten();
+                let checked = match member {
+                    Some(m) if !authz::group_denied(broker, Operation::Describe, &g.group_id.0) => broker.coordinator.fetch_check(g.group_id.0.to_string(), Some(m), g.member_epoch).await?,
+                    _ => Ok(()),
+                };
+                let found = checked.and_then(|()| lookup(broker, &g.group_id.0, wanted, unstable.get(g.group_id.0.as_str())));
+                groups.push(match found {
                     Err(code) => out.with_error_code(code),
                     Ok(topics) => out.with_topics(
                         topics

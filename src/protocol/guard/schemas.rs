@@ -127,6 +127,22 @@ pub(super) static APIS: &[Api] = &[
     ),
     api(21, "DeleteRecords", 0, 2, 2, &delete_records::REQUEST),
     api(35, "DescribeLogDirs", 1, 4, 2, &describe_log_dirs::REQUEST),
+    api(
+        68,
+        "ConsumerGroupHeartbeat",
+        0,
+        1,
+        0,
+        &consumer_group_heartbeat::REQUEST,
+    ),
+    api(
+        69,
+        "ConsumerGroupDescribe",
+        0,
+        1,
+        0,
+        &consumer_group_describe::REQUEST,
+    ),
 ];
 
 /// Newest version of the consumer protocol's embedded encodings.
@@ -1005,6 +1021,40 @@ pub(super) mod describe_log_dirs {
     pub(super) static REQUEST: Schema = s(
         "DescribeLogDirsRequest",
         &[f("topics", nstructs(&DESCRIBABLE_LOG_DIR_TOPIC), 1, 4)],
+    );
+}
+
+pub(super) mod consumer_group_heartbeat {
+    use super::*;
+    static TOPIC_PARTITIONS: Schema = s(
+        "TopicPartitions",
+        &[f("topic_id", UUID, 0, 1), f("partitions", I32S, 0, 1)],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "ConsumerGroupHeartbeatRequest",
+        &[
+            f("group_id", STR, 0, 1),
+            f("member_id", STR, 0, 1),
+            f("member_epoch", I32, 0, 1),
+            f("instance_id", NSTR, 0, 1),
+            f("rack_id", NSTR, 0, 1),
+            f("rebalance_timeout_ms", I32, 0, 1),
+            f("subscribed_topic_names", NSTRS, 0, 1),
+            f("subscribed_topic_regex", NSTR, 1, 1),
+            f("server_assignor", NSTR, 0, 1),
+            f("topic_partitions", nstructs(&TOPIC_PARTITIONS), 0, 1),
+        ],
+    );
+}
+
+pub(super) mod consumer_group_describe {
+    use super::*;
+    pub(super) static REQUEST: Schema = s(
+        "ConsumerGroupDescribeRequest",
+        &[
+            f("group_ids", STRS, 0, 1),
+            f("include_authorized_operations", BOOL, 0, 1),
+        ],
     );
 }
 

@@ -123,6 +123,8 @@ fn every_case() -> Vec<Case> {
         case!(DescribeProducersRequest, describe_producers),
         case!(DescribeTopicPartitionsRequest, describe_topic_partitions),
         case!(DescribeLogDirsRequest, describe_log_dirs),
+        case!(ConsumerGroupHeartbeatRequest, consumer_group_heartbeat),
+        case!(ConsumerGroupDescribeRequest, consumer_group_describe),
     ]
 }
 

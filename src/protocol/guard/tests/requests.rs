@@ -659,3 +659,22 @@ pub(super) fn describe_log_dirs(_v: i16) -> km::DescribeLogDirsRequest {
     use km::describe_log_dirs_request::DescribableLogDirTopic;
     km::DescribeLogDirsRequest::default().with_topics(Some(vec![DescribableLogDirTopic::default().with_topic(km::TopicName(st("app.codestore.commits"))).with_partitions(vec![0, 1])]))
 }
+
+pub(super) fn consumer_group_heartbeat(v: i16) -> km::ConsumerGroupHeartbeatRequest {
+    use km::consumer_group_heartbeat_request::TopicPartitions;
+    km::ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(km::GroupId(st("g")))
+        .with_member_id(st("m-1"))
+        .with_member_epoch(3)
+        .with_instance_id(Some(st("i-1")))
+        .with_rack_id(Some(st("r1")))
+        .with_rebalance_timeout_ms(30_000)
+        .with_subscribed_topic_names(Some(vec![km::TopicName(st("app.codestore.commits")), km::TopicName(st("app.x"))]))
+        .with_subscribed_topic_regex(if v >= 1 { Some(st("^app\\..*")) } else { None })
+        .with_server_assignor(Some(st("uniform")))
+        .with_topic_partitions(Some(vec![TopicPartitions::default().with_topic_id(uuid!()).with_partitions(vec![0, 1, 2])]))
+}
+
+pub(super) fn consumer_group_describe(_v: i16) -> km::ConsumerGroupDescribeRequest {
+    km::ConsumerGroupDescribeRequest::default().with_group_ids(vec![km::GroupId(st("g")), km::GroupId(st("h"))]).with_include_authorized_operations(true)
+}
