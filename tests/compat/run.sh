@@ -160,6 +160,7 @@ RUST_LOG=${RUST_LOG:-info} "$broker" serve \
     --super-users "User:$ADMIN_USER" \
     --authorizer-enabled true --allow-everyone-if-no-acl-found true \
     --admin-listener "$ADMIN" \
+    --group-consumer-heartbeat-interval-ms 500 \
     --rest-listener "127.0.0.1:$rport" \
     --auto-create-topics true \
     --num-partitions 3 \

@@ -194,17 +194,21 @@ def test_metadata(bootstrap, admin, topic):
 class GroupClient:
     """conftest.group_scenario's adapter for a subscribed Consumer."""
 
-    def __init__(self, bootstrap, topic, group, name):
-        self.c = Consumer({
+    def __init__(self, bootstrap, topic, group, name, protocol="classic"):
+        conf = {
             "bootstrap.servers": bootstrap,
             "client.id": name,
             "group.id": group,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
-            "session.timeout.ms": 10000,
-            "heartbeat.interval.ms": 500,
             "fetch.wait.max.ms": 100,
-        })
+        }
+        if protocol == "classic":
+            conf.update({"session.timeout.ms": 10000, "heartbeat.interval.ms": 500})
+        else:
+            # KIP-848: timeouts and intervals are the broker's.
+            conf["group.protocol"] = "consumer"
+        self.c = Consumer(conf)
         self.c.subscribe([topic])
 
     def poll(self):
@@ -250,6 +254,33 @@ def test_group_members_share_commit_and_hand_over(bootstrap, admin):
     admin.delete_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
     listed = admin.list_consumer_groups(request_timeout=10).result(timeout=20)
     assert group not in [g.group_id for g in listed.valid]
+
+
+def test_consumer_protocol_group_members_share_commit_and_hand_over(bootstrap, admin):
+    """The same two-member scenario with KIP-848's protocol
+    (group.protocol=consumer): the broker assigns, members share, commit,
+    one leaves and the other resumes from its commits; the admin API lists
+    it as a consumer group and describes its member."""
+    from confluent_kafka import ConsumerGroupType
+    topic = unique_topic("confluent_kafka_kip848")
+    admin.create_topics([NewTopic(topic, num_partitions=N_PARTITIONS, replication_factor=1)])[topic].result(timeout=30)
+    group = topic + ".group"
+    survivor = group_scenario(topic, lambda start, n: produce(bootstrap, topic, start, n),
+                              lambda name: GroupClient(bootstrap, topic, group, name, protocol="consumer"))
+    try:
+        listed = admin.list_consumer_groups(request_timeout=10).result(timeout=20)
+        [g] = [g for g in listed.valid if g.group_id == group]
+        assert g.type == ConsumerGroupType.CONSUMER, g.type
+        desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
+        assert desc.state == ConsumerGroupState.STABLE, desc.state
+        assert [m.client_id for m in desc.members] == ["member-b"], desc.members
+        assert {tp.partition for tp in desc.members[0].assignment.topic_partitions} == set(range(N_PARTITIONS))
+        committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(timeout=20)
+        offsets = {tp.partition: tp.offset for tp in committed.topic_partitions if tp.topic == topic}
+        ends = {p: admin_watermark(bootstrap, topic, p) for p in range(N_PARTITIONS)}
+        assert offsets == ends, (offsets, ends)
+    finally:
+        finish_member(survivor)
 
 
 def admin_watermark(bootstrap, topic, partition):
