@@ -119,7 +119,9 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
     // waited on); a subtree stream carries only the topics the reader may
     // read, filtered inside the merge.
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let wants = Arc::new(wanted(broker, requested, by_id, limit, &check));
+    // A session's partitions are distinct already: no merging.
+    let distinct = matches!(context, Context::Incremental { .. });
+    let wants = Arc::new(wanted(broker, requested, by_id, distinct, limit, &check));
     // Partitions that exist: only those can move (a made-up partition of a
     // real topic is answered UNKNOWN_TOPIC_OR_PARTITION and never waited on).
     let tps: Vec<Tp> = wants.iter().flat_map(|a| a.parts.iter().filter(|w| !w.denied).filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
@@ -162,9 +164,10 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
 /// was last given and keeps the place it was first given. From v13
 /// (`by_id`) topics are found by id; a subtree stream's id is the one
 /// Metadata gave out for it.
-fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, by_id: bool, limit: usize, check: &Option<Check>) -> Vec<Asked> {
-    // The common fetch names one partition: nothing to merge, no map.
-    let single = topics.iter().map(|t| t.partitions.len()).sum::<usize>() <= 1;
+fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::FetchTopic>, by_id: bool, distinct: bool, limit: usize, check: &Option<Check>) -> Vec<Asked> {
+    // The common fetch names one partition, and a session's are distinct:
+    // nothing to merge, no map.
+    let single = distinct || topics.iter().map(|t| t.partitions.len()).sum::<usize>() <= 1;
     let mut at: std::collections::HashMap<(TopicName, [u8; 16], i32), (usize, usize)> = std::collections::HashMap::new();
     let mut out: Vec<Asked> = Vec::new();
     for t in topics {
