@@ -318,6 +318,9 @@ pub struct Engine {
     /// Subtree streams whose ids Metadata gave out, so Fetch v13+ can find
     /// them by id (their ids are hashes of their names; see `subtree`).
     stream_ids: Mutex<HashMap<[u8; 16], String>>,
+    /// Moves whenever a topic is created, deleted or gains partitions (so
+    /// consumer groups recompute their subscriptions only then).
+    topics_version: std::sync::atomic::AtomicU64,
     /// Serialises topic creation, deletion, partition and config changes.
     admin: Mutex<()>,
     /// Serialises what raises log starts (retention, DeleteRecords): each
@@ -450,6 +453,7 @@ impl Engine {
                 by_id
             }),
             stream_ids: Mutex::new(HashMap::new()),
+            topics_version: std::sync::atomic::AtomicU64::new(0),
             // Already in name order: the sort only checks it.
             topics: RwLock::new(topics.into_iter().map(ByName).collect()),
             admin: Mutex::new(()),
@@ -504,6 +508,19 @@ impl Engine {
 
     pub fn topics(&self) -> Vec<Arc<Topic>> {
         self.topics.read().expect("topics lock").iter().map(|t| t.0.clone()).collect()
+    }
+
+    /// Moves whenever a topic is created, deleted or gains partitions.
+    pub fn topics_version(&self) -> u64 {
+        self.topics_version.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Calls `f` with every topic name, in name order, under the topics
+    /// read lock (no copy of the list).
+    pub fn each_topic_name(&self, mut f: impl FnMut(&str)) {
+        for t in self.topics.read().expect("topics lock").iter() {
+            f(t.0.name());
+        }
     }
 
     pub fn topic_by_id(&self, id: &[u8; 16]) -> Option<Arc<Topic>> {
@@ -569,6 +586,7 @@ impl Engine {
             }
             self.topics.write().expect("topics lock").insert(ByName(topic.clone()));
             self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
+            self.topics_version.fetch_add(1, std::sync::atomic::Ordering::Release);
             tracing::info!(topic = name, partitions = topic.partitions(), "topic created");
         }
         out
@@ -612,6 +630,7 @@ impl Engine {
         self.catalog.flush()?;
         self.topics.write().expect("topics lock").remove(name);
         self.by_id.write().expect("topics lock").remove(&topic.id());
+        self.topics_version.fetch_add(1, std::sync::atomic::Ordering::Release);
         self.switch(storage::Switch::remove_topic(topic.id(), topic.partitions()))?;
         self.txns.write().expect("txns lock").remove_topic(&topic.id());
         tracing::info!(topic = name, "topic deleted");
@@ -645,6 +664,7 @@ impl Engine {
         let topic = Arc::new(topic);
         self.topics.write().expect("topics lock").replace(ByName(topic.clone()));
         self.by_id.write().expect("topics lock").insert(topic.id(), topic);
+        self.topics_version.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     /// Validates the batches in `records` (one produce partition's data)

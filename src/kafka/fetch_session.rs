@@ -61,6 +61,9 @@ pub const FINAL_EPOCH: i32 = -1;
 /// from being evicted by a larger one this long after it was made, and is
 /// stale once unused this long.
 pub const EVICTION_MS: i64 = 120_000;
+/// Most partitions one session holds: the cache's mutex is held while a
+/// session is updated, so no session may make that long.
+pub const MAX_SESSION_PARTITIONS: usize = 100_000;
 
 /// The epoch after `epoch` (Kafka's `nextEpoch`): 1 after the initial one,
 /// wrapping to 1 past the largest.
@@ -141,6 +144,9 @@ pub struct Answered {
 pub type Key = (TopicName, [u8; 16], i32);
 
 struct Session {
+    /// Where each partition is in `partitions`; None after a reorder,
+    /// rebuilt when a request names partitions.
+    index: Option<HashMap<Key, usize>>,
     principal: Arc<KafkaPrincipal>,
     /// Made by a v13+ request: its topics are named by id.
     by_id: bool,
@@ -152,8 +158,9 @@ struct Session {
 }
 
 impl Session {
-    fn index(&self) -> HashMap<Key, usize> {
-        self.partitions.iter().enumerate().map(|(i, c)| (c.key(), i)).collect()
+    fn index(&mut self) -> &mut HashMap<Key, usize> {
+        let partitions = &self.partitions;
+        self.index.get_or_insert_with(|| partitions.iter().enumerate().map(|(i, c)| (c.key(), i)).collect())
     }
 }
 
@@ -233,6 +240,7 @@ impl FetchSessions {
             return Context::Error(E::FetchSessionIdNotFound.code());
         }
         let max_partitions = self.max_partitions;
+        let per_session = MAX_SESSION_PARTITIONS.min(max_partitions);
         let Cache { sessions, partitions: total } = &mut *cache;
         let Some(session) = sessions.get_mut(&session_id).filter(|s| s.principal == *principal) else {
             return Context::Error(E::FetchSessionIdNotFound.code());
@@ -244,26 +252,34 @@ impl FetchSessions {
             return Context::Error(E::FetchSessionTopicIdError.code());
         }
         let before = session.partitions.len();
-        let mut index = session.index();
+        if !changes.fetch.is_empty() {
+            session.index();
+        }
         for (key, offset, max_bytes) in changes.fetch {
-            match index.get(&key) {
-                Some(&i) => {
+            let found = session.index.as_ref().and_then(|ix| ix.get(&key).copied());
+            match found {
+                Some(i) => {
                     let c = &mut session.partitions[i];
                     (c.fetch_offset, c.max_bytes) = (offset, max_bytes);
                 }
                 None => {
-                    index.insert(key.clone(), session.partitions.len());
+                    let at = session.partitions.len();
+                    session.index().insert(key.clone(), at);
                     let (topic, id, partition) = key;
                     session.partitions.push(Cached::new(topic, id, partition, offset, max_bytes));
                 }
+            }
+            if session.partitions.len() > per_session {
+                break;
             }
         }
         if !changes.forget.is_empty() {
             let forget: std::collections::HashSet<Key> = changes.forget.into_iter().collect();
             session.partitions.retain(|c| !forget.contains(&c.key()));
+            session.index = None;
         }
         let after = session.partitions.len();
-        if *total - before + after > max_partitions || after == 0 {
+        if *total - before + after > max_partitions || after > per_session || after == 0 {
             // Too large for the cache, or nothing left to fetch: the
             // session ends (an empty one as Kafka does, answered without a
             // session; an oversized one as not found, so the client starts
@@ -282,7 +298,7 @@ impl FetchSessions {
     /// After a full fetch: makes a session of its partitions (with what
     /// the answer said of each) if it fits. Returns the session id, or 0.
     pub fn create(&self, principal: &Arc<KafkaPrincipal>, by_id: bool, partitions: Vec<Cached>, now_ms: i64) -> i32 {
-        if partitions.is_empty() || partitions.len() > self.max_partitions || self.slots == 0 {
+        if partitions.is_empty() || partitions.len() > self.max_partitions.min(MAX_SESSION_PARTITIONS) || self.slots == 0 {
             return 0;
         }
         let mut cache = self.cache();
@@ -298,34 +314,44 @@ impl FetchSessions {
             }
         };
         cache.partitions += partitions.len();
-        cache.sessions.insert(id, Session { principal: principal.clone(), by_id, epoch: next_epoch(INITIAL_EPOCH), partitions, created_ms: now_ms, last_used_ms: now_ms });
+        cache.sessions.insert(id, Session { index: None, principal: principal.clone(), by_id, epoch: next_epoch(INITIAL_EPOCH), partitions, created_ms: now_ms, last_used_ms: now_ms });
         id
     }
 
     /// After an incremental fetch: what it answered about each partition
-    /// it read (`answers`, in the order of the context's partitions).
-    /// Remembers what was sent and moves the partitions that returned
-    /// records to the end. Returns, for each partition, whether the answer
-    /// includes it.
-    pub fn answered(&self, id: i32, answers: &[Answered]) -> Vec<bool> {
+    /// it read, by key. Remembers what was sent and moves the partitions
+    /// that returned records to the end. Returns, for each answer in order,
+    /// whether the response includes it. Matched by key, not position: a
+    /// later epoch may have changed the session meanwhile (its client went
+    /// on, on another connection); a partition it no longer has is sent.
+    pub fn answered(&self, id: i32, answers: &[(Key, Answered)]) -> Vec<bool> {
         let mut cache = self.cache();
         let Some(session) = cache.sessions.get_mut(&id) else {
             // Closed meanwhile (a full request came on another connection):
             // send everything read.
             return vec![true; answers.len()];
         };
-        if session.partitions.len() != answers.len() {
-            // Changed meanwhile by a request that should not have passed
-            // the epoch check; answer in full and leave the cache alone.
-            debug_assert!(false, "a session changed under an incremental fetch");
-            return vec![true; answers.len()];
+        let by_key: HashMap<&Key, &Answered> = answers.iter().map(|(k, a)| (k, a)).collect();
+        let mut include: HashMap<Key, bool> = HashMap::with_capacity(answers.len());
+        let mut fed = Vec::new();
+        let mut rest = Vec::with_capacity(session.partitions.len());
+        for mut c in std::mem::take(&mut session.partitions) {
+            let key = c.key();
+            match by_key.get(&key) {
+                Some(a) => {
+                    include.insert(key, c.must_respond(a, true));
+                    if a.records > 0 { fed.push(c) } else { rest.push(c) }
+                }
+                None => rest.push(c),
+            }
         }
-        let include: Vec<bool> = session.partitions.iter_mut().zip(answers).map(|(c, a)| c.must_respond(a, true)).collect();
         // Partitions that returned records go to the end, in order.
-        let (mut fed, mut rest): (Vec<(Cached, bool)>, Vec<(Cached, bool)>) = std::mem::take(&mut session.partitions).into_iter().zip(answers.iter().map(|a| a.records > 0)).partition(|(_, got)| *got);
+        if !fed.is_empty() {
+            session.index = None;
+        }
         rest.append(&mut fed);
-        session.partitions = rest.into_iter().map(|(c, _)| c).collect();
-        include
+        session.partitions = rest;
+        answers.iter().map(|(k, _)| include.get(k).copied().unwrap_or(true)).collect()
     }
 
     fn random_id(&self) -> i32 {
@@ -380,6 +406,11 @@ mod tests {
         Answered { error_code: 0, high_watermark: hw, log_start_offset: 0, records }
     }
 
+    /// Answers for partitions 0, 1, 2... of topic "t", in that order.
+    fn keyed(order: &[i32], answers: &[Answered]) -> Vec<(Key, Answered)> {
+        order.iter().zip(answers).map(|(p, a)| ((name("t"), [0; 16], *p), *a)).collect()
+    }
+
     #[test]
     fn a_session_answers_only_what_changed_and_rotates_partitions_that_returned_records() {
         let s = FetchSessions::new(10, 1000);
@@ -391,20 +422,24 @@ mod tests {
         // answer about each is news (the cache has not seen a watermark).
         let Context::Incremental { id: got, partitions } = s.begin(&p, id, 1, false, Changes::default(), 1) else { panic!() };
         assert_eq!((got, partitions.len()), (id, 3));
-        assert_eq!(s.answered(id, &[answered(0, 5), answered(0, 5), answered(0, 5)]), vec![true, true, true]);
+        assert_eq!(s.answered(id, &keyed(&[0, 1, 2], &[answered(0, 5), answered(0, 5), answered(0, 5)])), vec![true, true, true]);
         // Epoch 2: only partition 1 moved.
         let Context::Incremental { partitions, .. } = s.begin(&p, id, 2, false, Changes::default(), 2) else { panic!() };
         assert_eq!(partitions.iter().map(|c| c.partition).collect::<Vec<_>>(), vec![0, 1, 2]);
-        assert_eq!(s.answered(id, &[answered(0, 5), answered(100, 9), answered(0, 5)]), vec![false, true, false]);
+        assert_eq!(s.answered(id, &keyed(&[0, 1, 2], &[answered(0, 5), answered(100, 9), answered(0, 5)])), vec![false, true, false]);
         // It returned records: it goes to the end. The client moves its
         // offset and names only that partition.
         let changes = Changes { fetch: vec![((name("t"), [0; 16], 1), 9, 1024)], forget: vec![] };
         let Context::Incremental { partitions, .. } = s.begin(&p, id, 3, false, changes, 3) else { panic!() };
         assert_eq!(partitions.iter().map(|c| (c.partition, c.fetch_offset)).collect::<Vec<_>>(), vec![(0, 0), (2, 0), (1, 9)]);
         // An error is always sent, and the partition again once it clears.
-        assert_eq!(s.answered(id, &[Answered { error_code: 3, ..answered(0, 5) }, answered(0, 5), answered(0, 9)]), vec![true, false, false]);
+        assert_eq!(s.answered(id, &keyed(&[0, 2, 1], &[Answered { error_code: 3, ..answered(0, 5) }, answered(0, 5), answered(0, 9)])), vec![true, false, false]);
         let Context::Incremental { .. } = s.begin(&p, id, 4, false, Changes::default(), 4) else { panic!() };
-        assert_eq!(s.answered(id, &[answered(0, 5), answered(0, 5), answered(0, 9)]), vec![true, false, false]);
+        assert_eq!(s.answered(id, &keyed(&[0, 2, 1], &[answered(0, 5), answered(0, 5), answered(0, 9)])), vec![true, false, false]);
+        // Answers in another order than the session's (a later epoch went
+        // on meanwhile) still land on their own partitions.
+        let Context::Incremental { .. } = s.begin(&p, id, 5, false, Changes::default(), 5) else { panic!() };
+        assert_eq!(s.answered(id, &keyed(&[1, 0, 7], &[answered(0, 9), answered(0, 6), answered(0, 1)])), vec![false, true, true]);
     }
 
     #[test]

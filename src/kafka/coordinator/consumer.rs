@@ -65,6 +65,10 @@ pub const ASSIGNORS: [&str; 2] = ["uniform", "range"];
 pub const REGEX_REFRESH_MS: i64 = 10_000;
 /// Longest subscription regex accepted.
 pub const MAX_REGEX_LEN: usize = 1024;
+/// Most distinct regular expressions the members of one group may use.
+pub const MAX_GROUP_REGEXES: usize = 32;
+/// Most topic names one member may subscribe to.
+pub const MAX_SUBSCRIBED_NAMES: usize = 100_000;
 
 /// What the group needs to know of topics.
 pub trait Topics {
@@ -72,8 +76,18 @@ pub trait Topics {
     fn by_name(&self, name: &str) -> Option<(TopicId, i32)>;
     /// (name, partition count) of the topic with id `id`.
     fn by_id(&self, id: &TopicId) -> Option<(String, i32)>;
-    /// Every topic name matching `re`.
-    fn matching(&self, re: &regex::Regex) -> BTreeSet<String>;
+    /// Calls `f` with every topic name.
+    fn each_name(&self, f: &mut dyn FnMut(&str));
+    /// Moves whenever a topic is created, deleted or gains partitions.
+    fn version(&self) -> u64;
+}
+
+/// Compiles a subscription regex with Kafka's bounds, or says why not.
+pub fn compile_regex(re: &str) -> Result<regex::Regex, String> {
+    if re.len() > MAX_REGEX_LEN {
+        return Err("the regular expression is too long".into());
+    }
+    regex::RegexBuilder::new(re).size_limit(1 << 20).build().map_err(|e| format!("invalid regular expression: {e}"))
 }
 
 #[derive(Debug, Clone)]
@@ -151,6 +165,13 @@ pub struct HeartbeatResult {
 }
 
 #[derive(Debug)]
+struct SubsCache {
+    members_version: u64,
+    topics_version: u64,
+    per_member: BTreeMap<String, BTreeSet<String>>,
+}
+
+#[derive(Debug)]
 pub struct ConsumerGroup {
     pub id: String,
     pub epoch: i32,
@@ -160,10 +181,19 @@ pub struct ConsumerGroup {
     target: HashMap<String, Assignment>,
     /// Who owns each partition (assigned or being revoked): at most one.
     owners: HashMap<(TopicId, i32), String>,
-    /// What the subscribed topics looked like when the epoch last moved.
+    /// What the subscribed topics looked like when last looked at, and the
+    /// group epoch then: a change of membership or subscription moves the
+    /// epoch once, not again when the fingerprint follows it.
     topics_fingerprint: u64,
-    /// Regex → (matching topics, when matched).
-    regexes: HashMap<String, (BTreeSet<String>, i64)>,
+    epoch_at_fingerprint: i32,
+    /// Regex → (compiled, matching topics, when matched).
+    regexes: HashMap<String, (regex::Regex, BTreeSet<String>, i64)>,
+    /// Each member's subscribed topics, and what they were computed from
+    /// (members' subscriptions, topic metadata, regex matches): recomputed
+    /// only when one of those moved, not on every heartbeat.
+    subs: Option<SubsCache>,
+    /// Moves with every change of membership or subscription.
+    members_version: u64,
     pub assignor: &'static str,
     pub empty_since_ms: i64,
     pub commits: u64,
@@ -204,7 +234,10 @@ impl ConsumerGroup {
             target: HashMap::new(),
             owners: HashMap::new(),
             topics_fingerprint: 0,
+            epoch_at_fingerprint: 0,
             regexes: HashMap::new(),
+            subs: None,
+            members_version: 0,
             assignor: ASSIGNORS[0],
             empty_since_ms: now_ms,
             commits: 0,
@@ -238,6 +271,15 @@ impl ConsumerGroup {
         if let Err(e) = validate(&a) {
             return e;
         }
+        if let Some(re) = a.subscribed_topic_regex.as_ref().filter(|r| !r.is_empty() && !self.regexes.contains_key(*r)) {
+            let distinct: BTreeSet<&String> = self.members.values().filter_map(|m| m.regex.as_ref()).collect();
+            if distinct.len() >= MAX_GROUP_REGEXES {
+                return failure(E::InvalidRegularExpression, "too many distinct regular expressions in the group");
+            }
+            if let Err(e) = compile_regex(re) {
+                return failure(E::InvalidRegularExpression, &e);
+            }
+        }
         if a.member_epoch == -1 || a.member_epoch == -2 {
             return self.leave(cfg, now, &a);
         }
@@ -253,6 +295,12 @@ impl ConsumerGroup {
                         // The same instance back: it takes over its
                         // predecessor's partitions and epoch.
                         let id = if a.member_id.is_empty() { new_member_id() } else { a.member_id.clone() };
+                        if self.members.contains_key(&id) {
+                            // The id is another member's: that one starts
+                            // over (as a rejoin with its id would).
+                            self.remove(&id);
+                            self.epoch += 1;
+                        }
                         let mut m = self.members.remove(&old).expect("static mapping");
                         for tp in flat(&m.assigned).into_iter().chain(flat(&m.pending_revocation)) {
                             self.owners.insert(tp, id.clone());
@@ -267,7 +315,9 @@ impl ConsumerGroup {
                         self.statics.insert(instance, id.clone());
                         a.member_id = id;
                         a.member_epoch = self.members[&a.member_id].epoch;
-                        return self.heartbeat_known(cfg, now, topics, a, true);
+                        self.members_version += 1;
+                        // Its subscription may have changed meanwhile.
+                        return self.heartbeat_known(cfg, now, topics, a, Entry::Returning);
                     }
                 }
             }
@@ -275,6 +325,9 @@ impl ConsumerGroup {
                 // A member starting over with its id: the old one goes.
                 self.remove(&a.member_id.clone());
                 self.epoch += 1;
+            }
+            if a.subscribed_topic_names.as_ref().is_some_and(|n| n.len() > MAX_SUBSCRIBED_NAMES) {
+                return failure(E::InvalidRequest, "too many subscribed topics");
             }
             if self.members.len() >= cfg.max_size {
                 return failure(E::GroupMaxSizeReached, "the group is full");
@@ -306,8 +359,9 @@ impl ConsumerGroup {
                 },
             );
             self.epoch += 1;
+            self.members_version += 1;
             a.member_id = id;
-            return self.heartbeat_known(cfg, now, topics, a, true);
+            return self.heartbeat_known(cfg, now, topics, a, Entry::New);
         }
         if let Some(i) = &a.instance_id {
             match self.statics.get(i) {
@@ -326,15 +380,21 @@ impl ConsumerGroup {
             return failure(E::FencedMemberEpoch, "the member epoch is ahead of the group's");
         }
         if a.member_epoch < m.epoch {
-            let subset = a.owned.as_ref().is_none_or(|owned| owned.iter().all(|(t, ps)| ps.iter().all(|p| m.assigned.get(t).is_some_and(|s| s.contains(p)))));
+            // Without its owned partitions the request proves nothing:
+            // fenced, as Kafka's `isSubset(null)`.
+            let subset = a.owned.as_ref().is_some_and(|owned| owned.iter().all(|(t, ps)| ps.iter().all(|p| m.assigned.get(t).is_some_and(|s| s.contains(p)))));
             if a.member_epoch != m.previous_epoch || !subset {
                 return failure(E::FencedMemberEpoch, "the member epoch is stale");
             }
         }
-        self.heartbeat_known(cfg, now, topics, a, false)
+        if a.subscribed_topic_names.as_ref().is_some_and(|n| n.len() > MAX_SUBSCRIBED_NAMES) {
+            return failure(E::InvalidRequest, "too many subscribed topics");
+        }
+        self.heartbeat_known(cfg, now, topics, a, Entry::Known)
     }
 
-    fn heartbeat_known(&mut self, cfg: &ConsumerConfig, now: i64, topics: &dyn Topics, a: HeartbeatArgs, joined: bool) -> HeartbeatResult {
+    fn heartbeat_known(&mut self, cfg: &ConsumerConfig, now: i64, topics: &dyn Topics, a: HeartbeatArgs, entry: Entry) -> HeartbeatResult {
+        let joined = entry != Entry::Known;
         let id = a.member_id.clone();
         // Take the request's changes.
         let mut changed = false;
@@ -365,14 +425,21 @@ impl ConsumerGroup {
                 m.assignor = Some(s.clone());
             }
         }
-        // Topics: a subscribed topic that appeared or grew moves the epoch
-        // (as do a new member and a changed subscription: once).
+        if changed {
+            self.members_version += 1;
+            if entry != Entry::New {
+                self.epoch += 1;
+            }
+        }
+        // Topics: a subscribed topic that appeared or grew moves the epoch,
+        // unless the epoch already moved since the fingerprint was taken
+        // (a member joined or left, a subscription changed).
         let fingerprint = self.fingerprint(now, topics);
-        let topics_moved = fingerprint != self.topics_fingerprint;
-        self.topics_fingerprint = fingerprint;
-        if !joined && (changed || topics_moved) {
+        if fingerprint != self.topics_fingerprint && self.epoch == self.epoch_at_fingerprint {
             self.epoch += 1;
         }
+        self.topics_fingerprint = fingerprint;
+        self.epoch_at_fingerprint = self.epoch;
         if self.epoch > self.assignment_epoch {
             self.compute_target(now, topics);
         }
@@ -394,15 +461,18 @@ impl ConsumerGroup {
     }
 
     fn leave(&mut self, cfg: &ConsumerConfig, now: i64, a: &HeartbeatArgs) -> HeartbeatResult {
-        let id = match (&a.instance_id, self.members.contains_key(&a.member_id)) {
-            (_, true) => a.member_id.clone(),
-            (Some(i), false) => match self.statics.get(i) {
+        // A static member leaves as its instance: the member id must be the
+        // one the instance maps to (Kafka's FENCED_INSTANCE_ID otherwise).
+        let id = match &a.instance_id {
+            Some(i) => match self.statics.get(i) {
+                None => return failure(E::UnknownMemberId, "unknown static member"),
+                Some(id) if *id != a.member_id => return failure(E::FencedInstanceId, "the instance id belongs to another member"),
                 Some(id) => id.clone(),
-                None => return failure(E::UnknownMemberId, "unknown member"),
             },
-            (None, false) => return failure(E::UnknownMemberId, "unknown member"),
+            None => a.member_id.clone(),
         };
-        if a.member_epoch == -2 && self.members[&id].instance_id.is_some() {
+        let Some(m) = self.members.get(&id) else { return failure(E::UnknownMemberId, "unknown member") };
+        if a.member_epoch == -2 && m.instance_id.is_some() {
             // A static member's temporary leave: its partitions wait for
             // it (no rebalance) until its session would end.
             let m = self.members.get_mut(&id).expect("member");
@@ -420,6 +490,7 @@ impl ConsumerGroup {
     /// Takes a member out: its partitions are free at once (the client
     /// stopped fetching them when it left or was fenced).
     fn remove(&mut self, id: &str) {
+        self.members_version += 1;
         if let Some(m) = self.members.remove(id) {
             if let Some(i) = &m.instance_id {
                 if self.statics.get(i).map(String::as_str) == Some(id) {
@@ -465,31 +536,54 @@ impl ConsumerGroup {
     }
 
     /// The topics some member subscribes to (names and regex matches).
-    fn subscribed(&mut self, now: i64, topics: &dyn Topics) -> BTreeMap<String, BTreeSet<String>> {
-        let mut out = BTreeMap::new();
+    /// Recomputed only when membership, subscriptions or topics moved, or
+    /// a regex is due to be matched again; regexes are matched in one walk
+    /// over the topic names.
+    fn subscribed(&mut self, now: i64, topics: &dyn Topics) -> &BTreeMap<String, BTreeSet<String>> {
         let regexes: BTreeSet<String> = self.members.values().filter_map(|m| m.regex.clone()).collect();
         self.regexes.retain(|r, _| regexes.contains(r));
-        for r in regexes {
-            let stale = self.regexes.get(&r).is_none_or(|(_, at)| now - at >= REGEX_REFRESH_MS);
-            if stale {
-                // Validated on the way in; a regex that no longer compiles
-                // (never, in practice) matches nothing.
-                let matched = regex::Regex::new(&r).map(|re| topics.matching(&re)).unwrap_or_default();
-                self.regexes.insert(r.clone(), (matched, now));
+        let stale: Vec<String> = regexes.into_iter().filter(|r| self.regexes.get(r).is_none_or(|(_, _, at)| now - at >= REGEX_REFRESH_MS)).collect();
+        let mut rematched = false;
+        if !stale.is_empty() {
+            // Validated on the way in; one that does not compile (never, in
+            // practice) matches nothing.
+            let compiled: Vec<(String, regex::Regex)> = stale.into_iter().filter_map(|r| compile_regex(&r).ok().map(|c| (r, c))).collect();
+            let mut matched: Vec<BTreeSet<String>> = vec![BTreeSet::new(); compiled.len()];
+            topics.each_name(&mut |name| {
+                for (i, (_, re)) in compiled.iter().enumerate() {
+                    if re.is_match(name) {
+                        matched[i].insert(name.to_owned());
+                    }
+                }
+            });
+            for ((r, re), m) in compiled.into_iter().zip(matched) {
+                rematched |= self.regexes.get(&r).is_none_or(|(_, old, _)| *old != m);
+                self.regexes.insert(r, (re, m, now));
             }
         }
-        for m in self.members.values() {
-            let mut names = m.subscribed_names.clone();
-            if let Some(r) = &m.regex {
-                names.extend(self.regexes[r].0.iter().cloned());
+        let fresh = self.subs.as_ref().is_some_and(|c| c.members_version == self.members_version && c.topics_version == topics.version()) && !rematched;
+        if !fresh {
+            let mut per_member = BTreeMap::new();
+            for m in self.members.values() {
+                let mut names = m.subscribed_names.clone();
+                if let Some((_, matched, _)) = m.regex.as_ref().and_then(|r| self.regexes.get(r)) {
+                    names.extend(matched.iter().cloned());
+                }
+                per_member.insert(m.id.clone(), names);
             }
-            out.insert(m.id.clone(), names);
+            self.subs = Some(SubsCache { members_version: self.members_version, topics_version: topics.version(), per_member });
         }
-        out
+        &self.subs.as_ref().expect("computed").per_member
     }
 
     fn fingerprint(&mut self, now: i64, topics: &dyn Topics) -> u64 {
-        let all: BTreeSet<String> = self.subscribed(now, topics).into_values().flatten().collect();
+        let (mv, tv) = (self.members_version, topics.version());
+        let cached = self.subs.as_ref().is_some_and(|c| c.members_version == mv && c.topics_version == tv);
+        let regex_due = self.regexes.values().any(|(_, _, at)| now - at >= REGEX_REFRESH_MS) || self.members.values().any(|m| m.regex.as_ref().is_some_and(|r| !self.regexes.contains_key(r)));
+        if cached && !regex_due {
+            return self.topics_fingerprint;
+        }
+        let all: BTreeSet<String> = self.subscribed(now, topics).values().flatten().cloned().collect();
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for name in &all {
             if let Some((id, n)) = topics.by_name(name) {
@@ -501,7 +595,7 @@ impl ConsumerGroup {
 
     /// A new target assignment for the group epoch.
     fn compute_target(&mut self, now: i64, topics: &dyn Topics) {
-        let subs = self.subscribed(now, topics);
+        let subs = self.subscribed(now, topics).clone();
         // The assignor most members ask for (ties: Kafka's default first).
         let mut votes: HashMap<&str, usize> = HashMap::new();
         for m in self.members.values() {
@@ -598,8 +692,10 @@ impl ConsumerGroup {
 
     /// OffsetFetch with a member (v9+): the member must exist at that epoch.
     pub fn validate_fetch(&self, epoch: i32, member_id: Option<&str>) -> Result<(), i16> {
-        let Some(id) = member_id.filter(|_| epoch >= 0) else { return Ok(()) };
-        let m = self.members.get(id).ok_or(err(E::UnknownMemberId))?;
+        if epoch < 0 && member_id.is_none() {
+            return Ok(());
+        }
+        let m = member_id.and_then(|id| self.members.get(id)).ok_or(err(E::UnknownMemberId))?;
         if m.epoch != epoch {
             return Err(err(E::StaleMemberEpoch));
         }
@@ -620,9 +716,20 @@ impl ConsumerGroup {
     }
 }
 
+/// How a heartbeat reached its member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// A new member (the epoch moved for it already).
+    New,
+    /// A static member back under a new id (no epoch move yet).
+    Returning,
+    Known,
+}
+
 /// The request's own bounds and shapes (Kafka's
-/// `throwIfConsumerGroupHeartbeatRequestIsInvalid`).
-fn validate(a: &HeartbeatArgs) -> Result<(), HeartbeatResult> {
+/// `throwIfConsumerGroupHeartbeatRequestIsInvalid`); the regex itself is
+/// compiled by the group (once per distinct regex) and by the handler.
+pub fn validate(a: &HeartbeatArgs) -> Result<(), HeartbeatResult> {
     let invalid = |m: &str| Err(failure(E::InvalidRequest, m));
     if a.version >= 1 && a.member_id.is_empty() {
         return invalid("the member id is required (v1)");
@@ -656,15 +763,8 @@ fn validate(a: &HeartbeatArgs) -> Result<(), HeartbeatResult> {
             return Err(failure(E::UnsupportedAssignor, "unknown server assignor"));
         }
     }
-    if let Some(re) = &a.subscribed_topic_regex {
-        if re.len() > MAX_REGEX_LEN {
-            return Err(failure(E::InvalidRegularExpression, "the regular expression is too long"));
-        }
-        if !re.is_empty() {
-            if let Err(e) = regex::RegexBuilder::new(re).size_limit(1 << 20).build() {
-                return Err(failure(E::InvalidRegularExpression, &format!("invalid regular expression: {e}")));
-            }
-        }
+    if a.subscribed_topic_regex.as_ref().is_some_and(|re| re.len() > MAX_REGEX_LEN) {
+        return Err(failure(E::InvalidRegularExpression, "the regular expression is too long"));
     }
     Ok(())
 }

@@ -367,8 +367,11 @@ impl consumer::Topics for EngineTopics<'_> {
     fn by_id(&self, id: &consumer::TopicId) -> Option<(String, i32)> {
         self.0.topic_by_id(id).map(|t| (t.name().to_owned(), t.partitions()))
     }
-    fn matching(&self, re: &regex::Regex) -> std::collections::BTreeSet<String> {
-        self.0.topics().iter().map(|t| t.name()).filter(|n| re.is_match(n)).map(str::to_owned).collect()
+    fn each_name(&self, f: &mut dyn FnMut(&str)) {
+        self.0.each_topic_name(f)
+    }
+    fn version(&self) -> u64 {
+        self.0.topics_version()
     }
 }
 
@@ -382,6 +385,10 @@ impl Groups {
             self.classic.remove(&group);
         }
         if !self.consumers.contains_key(&group) {
+            // A request that would be refused makes no group.
+            if let Err(e) = consumer::validate(&args) {
+                return e;
+            }
             if args.member_epoch != 0 {
                 return fail(kafka_protocol::ResponseError::UnknownMemberId, "unknown member");
             }

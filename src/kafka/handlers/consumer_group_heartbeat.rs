@@ -9,7 +9,7 @@ use kafka_protocol::ResponseError;
 
 use super::str_bytes;
 use crate::auth::acl::Operation;
-use crate::kafka::coordinator::consumer::HeartbeatArgs;
+use crate::kafka::coordinator::consumer::{self, HeartbeatArgs};
 use crate::kafka::{authz, conn, coordinator, Broker};
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
@@ -28,10 +28,23 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, &group) {
         return Some(error(ResponseError::GroupAuthorizationFailed.code(), "not authorized for the group"));
     }
-    if let (Some(names), true) = (&req.subscribed_topic_names, broker.authorizer.enabled()) {
+    if broker.authorizer.enabled() {
         let check = authz::Check::current(broker);
-        if names.iter().any(|n| !check.topic(Operation::Describe, super::name(n))) {
+        if req.subscribed_topic_names.as_ref().is_some_and(|names| names.iter().any(|n| !check.topic(Operation::Describe, super::name(n)))) {
             return Some(error(ResponseError::TopicAuthorizationFailed.code(), "not authorized for a subscribed topic"));
+        }
+        // The broker matches a regex against every topic, and the group's
+        // members see what it matched: with ACLs on, that needs DESCRIBE
+        // on the cluster (matches are not yet filtered per member).
+        if version >= 1 && req.subscribed_topic_regex.as_ref().is_some_and(|r| !r.is_empty()) && !check.cluster(Operation::Describe) {
+            return Some(error(ResponseError::TopicAuthorizationFailed.code(), "a regex subscription needs DESCRIBE on the cluster while ACLs are on"));
+        }
+    }
+    // Compiled here, on the connection's task, so a bad or costly regex
+    // costs the coordinator nothing.
+    if let Some(re) = req.subscribed_topic_regex.as_ref().filter(|r| version >= 1 && !r.is_empty()) {
+        if let Err(e) = consumer::compile_regex(re) {
+            return Some(error(ResponseError::InvalidRegularExpression.code(), &e));
         }
     }
     let args = HeartbeatArgs {

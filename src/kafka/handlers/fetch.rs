@@ -221,11 +221,13 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
 }
 
 /// A partition as its session keys it: by name up to v12, by id after.
+/// The name is copied: a decoded name is a slice of its request frame,
+/// which a session must not keep alive.
 fn session_key(by_id: bool, name: &TopicName, id: [u8; 16], partition: i32) -> Key {
     if by_id {
         (TopicName::default(), id, partition)
     } else {
-        (name.clone(), [0; 16], partition)
+        (TopicName(kafka_protocol::protocol::StrBytes::from_string(name.0.to_string())), [0; 16], partition)
     }
 }
 
@@ -279,7 +281,11 @@ fn finish(broker: &Broker, context: &Context, principal: &Arc<crate::auth::Kafka
             reply.session_id = broker.fetch_sessions.create(principal, by_id, cached, broker.engine.now_ms());
         }
         Context::Incremental { id, .. } => {
-            let answers: Vec<Answered> = reply.topics.iter().flat_map(|t| t.partitions.iter().map(answered)).collect();
+            let answers: Vec<(Key, Answered)> = wants
+                .iter()
+                .zip(&reply.topics)
+                .flat_map(|(a, t)| t.partitions.iter().map(move |p| (session_key(by_id, &a.name, a.id, p.partition), answered(p))))
+                .collect();
             let mut include = broker.fetch_sessions.answered(*id, &answers).into_iter();
             for t in reply.topics.iter_mut() {
                 t.partitions.retain(|_| include.next().unwrap_or(true));

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 #[derive(Default)]
 struct Catalog {
     topics: BTreeMap<String, (TopicId, i32)>,
+    version: u64,
 }
 
 impl Catalog {
@@ -26,6 +27,7 @@ impl Catalog {
             id
         });
         self.topics.insert(name.to_owned(), (id, partitions));
+        self.version += 1;
     }
 }
 
@@ -36,8 +38,13 @@ impl Topics for Catalog {
     fn by_id(&self, id: &TopicId) -> Option<(String, i32)> {
         self.topics.iter().find(|(_, (i, _))| i == id).map(|(n, (_, p))| (n.clone(), *p))
     }
-    fn matching(&self, re: &regex::Regex) -> BTreeSet<String> {
-        self.topics.keys().filter(|n| re.is_match(n)).cloned().collect()
+    fn each_name(&self, f: &mut dyn FnMut(&str)) {
+        for n in self.topics.keys() {
+            f(n);
+        }
+    }
+    fn version(&self) -> u64 {
+        self.version
     }
 }
 
@@ -427,3 +434,91 @@ proptest! {
     }
 }
 
+
+#[test]
+fn a_takeover_naming_another_members_id_replaces_it_cleanly() {
+    let cfg = ConsumerConfig::default();
+    let topics = Catalog::with(&[("t", 4)]);
+    let mut g = ConsumerGroup::new("g".into(), 0);
+    let mut now = 0;
+    let mut clients = vec![Client { instance: Some("i".into()), ..Client::new("S", &["t"]) }, Client { instance: Some("j".into()), ..Client::new("A", &["t"]) }];
+    settle(&mut g, &mut clients, &mut now, &topics);
+    // S leaves for a while; a new incarnation of `i` claims A's member id.
+    let r = g.heartbeat(&cfg, now, &topics, HeartbeatArgs { member_epoch: -2, ..clients[0].args() }, || unreachable!());
+    assert_eq!(r.error, 0);
+    let mut intruder = Client { instance: Some("i".into()), ..Client::new("A", &["t"]) };
+    intruder.beat(&mut g, now + 1, &topics);
+    assert_eq!(g.members.len(), 1, "A was replaced, not shadowed");
+    assert!(!g.statics.contains_key("j"), "A's instance mapping went with it");
+    // What used to crash the coordinator: A leaves, then `j` leaves by
+    // instance with a made-up member id.
+    let r = g.heartbeat(&cfg, now + 2, &topics, HeartbeatArgs { member_epoch: -1, ..intruder.args() }, || unreachable!());
+    assert_eq!(r.error, 0);
+    let r = g.heartbeat(&cfg, now + 3, &topics, HeartbeatArgs { member_id: "nobody".into(), member_epoch: -2, instance_id: Some("j".into()), ..clients[1].args() }, || unreachable!());
+    assert_eq!(r.error, E::UnknownMemberId.code());
+    g.check_invariants();
+}
+
+#[test]
+fn a_returning_static_member_gets_its_new_subscription() {
+    let cfg = ConsumerConfig::default();
+    let topics = Catalog::with(&[("a", 2), ("b", 2)]);
+    let mut g = ConsumerGroup::new("g".into(), 0);
+    let mut now = 0;
+    let mut clients = vec![Client { instance: Some("i".into()), ..Client::new("m", &["a"]) }];
+    settle(&mut g, &mut clients, &mut now, &topics);
+    assert_eq!(clients[0].owned.len(), 2);
+    let r = g.heartbeat(&cfg, now, &topics, HeartbeatArgs { member_epoch: -2, ..clients[0].args() }, || unreachable!());
+    assert_eq!(r.error, 0);
+    // Back with `b` added to its subscription.
+    let mut back = vec![Client { instance: Some("i".into()), ..Client::new("m2", &["a", "b"]) }];
+    settle(&mut g, &mut back, &mut now, &topics);
+    assert_eq!(back[0].owned.len(), 4, "it got the new topic too");
+}
+
+#[test]
+fn kafkas_finer_points_of_epochs_and_leaves() {
+    let cfg = ConsumerConfig::default();
+    let topics = Catalog::with(&[("t", 4)]);
+    let mut g = ConsumerGroup::new("g".into(), 0);
+    let mut now = 0;
+    let mut clients = vec![Client { instance: Some("i0".into()), ..Client::new("m0", &["t"]) }, Client::new("m1", &["t"])];
+    settle(&mut g, &mut clients, &mut now, &topics);
+    // The previous epoch without owned partitions proves nothing: fenced.
+    let prev = g.members["m0"].previous_epoch;
+    let r = g.heartbeat(&cfg, now, &topics, HeartbeatArgs { member_epoch: prev, owned: None, ..clients[0].args() }, || unreachable!());
+    assert_eq!(r.error, E::FencedMemberEpoch.code());
+    // The previous epoch with partitions it still has is fine (the answer
+    // with the new epoch was lost).
+    if prev > 0 {
+        let r = g.heartbeat(&cfg, now, &topics, HeartbeatArgs { member_epoch: prev, ..clients[0].args() }, || unreachable!());
+        assert_eq!(r.error, 0, "{r:?}");
+    }
+    // A static leave naming the instance with another member id is fenced.
+    let r = g.heartbeat(&cfg, now, &topics, HeartbeatArgs { member_id: "m1".into(), member_epoch: -1, instance_id: Some("i0".into()), ..clients[1].args() }, || unreachable!());
+    assert_eq!(r.error, E::FencedInstanceId.code());
+    assert_eq!(g.members.len(), 2);
+    // A member leaving moves the epoch once, not again at the next
+    // heartbeat (the subscriptions' fingerprint follows the leave).
+    let r = g.heartbeat(&cfg, now, &topics, HeartbeatArgs { member_epoch: -1, ..clients[1].args() }, || unreachable!());
+    assert_eq!(r.error, 0);
+    let epoch = g.epoch;
+    clients.truncate(1);
+    clients[0].beat(&mut g, now + 1, &topics);
+    assert_eq!(g.epoch, epoch, "one leave, one epoch");
+    // OffsetFetch naming a member with a negative epoch still checks it.
+    assert_eq!(g.validate_fetch(-1, Some("ghost")), Err(E::UnknownMemberId.code()));
+    // Distinct regexes are bounded per group.
+    for i in 0..MAX_GROUP_REGEXES + 1 {
+        let mut c = Client { regex: Some(format!("^r{i}$")), ..Client::new(&format!("x{i}"), &[]) };
+        let r = g.heartbeat(&cfg, now, &topics, c.args(), || unreachable!());
+        if i < MAX_GROUP_REGEXES {
+            assert_eq!(r.error, 0);
+            c.epoch = r.member_epoch;
+        } else {
+            assert_eq!(r.error, E::InvalidRegularExpression.code());
+        }
+    }
+    g.check_invariants();
+    let _ = &mut now;
+}
