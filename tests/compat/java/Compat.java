@@ -2,8 +2,11 @@
 // are built on) against Canopy: DescribeTopicPartitions (describeTopics),
 // ListOffsets max timestamp, IncrementalAlterConfigs and DescribeConfigs
 // (sources, types, documentation, a bad value refused), DescribeProducers,
-// DeleteRecords (and an offset past the end refused), DescribeLogDirs, and
-// a null key on a compacted topic refused record by record (KIP-467).
+// DeleteRecords (and an offset past the end refused), DescribeLogDirs,
+// a null key on a compacted topic refused record by record (KIP-467), and
+// KafkaConsumer with the consumer group protocol of KIP-848
+// (group.protocol=consumer: ConsumerGroupHeartbeat, member epochs on
+// OffsetCommit, fetch sessions and Fetch by topic id).
 //
 //   BOOTSTRAP=127.0.0.1:9092 java -cp kafka-clients.jar:slf4j-api.jar:. Compat
 //
@@ -29,6 +32,12 @@ import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.RecordsToDelete;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.admin.ConsumerGroupDescription;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.common.GroupType;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.InvalidRecordException;
@@ -161,6 +170,55 @@ public class Compat {
                     long offset = producer.send(new ProducerRecord<>(topic, 1, b("k"), b("keyed"))).get(30, TimeUnit.SECONDS).offset();
                     expect(offset == 0, offset);
                 }
+            });
+
+            check("consumer group protocol (KIP-848)", () -> {
+                String t = "java_kip848_" + UUID.randomUUID().toString().substring(0, 8);
+                String group = t + ".group";
+                admin.createTopics(List.of(new NewTopic(t, 4, (short) 1))).all().get(30, TimeUnit.SECONDS);
+                try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+                    for (int i = 0; i < 200; i++) {
+                        producer.send(new ProducerRecord<>(t, i % 4, b("k" + i), b("v" + i)));
+                    }
+                    producer.flush();
+                }
+                Properties cp = new Properties();
+                cp.put("bootstrap.servers", bootstrap);
+                cp.put("group.id", group);
+                cp.put("group.protocol", "consumer");
+                cp.put("enable.auto.commit", "false");
+                cp.put("auto.offset.reset", "earliest");
+                cp.put("key.deserializer", ByteArrayDeserializer.class.getName());
+                cp.put("value.deserializer", ByteArrayDeserializer.class.getName());
+                try (KafkaConsumer<byte[], byte[]> c1 = new KafkaConsumer<>(cp)) {
+                    c1.subscribe(List.of(t));
+                    int seen = 0;
+                    long deadline = System.currentTimeMillis() + 60_000;
+                    while (seen < 200) {
+                        expect(System.currentTimeMillis() < deadline, "read " + seen + " of 200");
+                        ConsumerRecords<byte[], byte[]> recs = c1.poll(java.time.Duration.ofMillis(200));
+                        seen += recs.count();
+                    }
+                    expect(seen == 200, seen);
+                    c1.commitSync();
+                    Map<TopicPartition, OffsetAndMetadata> committed = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get(30, TimeUnit.SECONDS);
+                    long sum = committed.values().stream().mapToLong(OffsetAndMetadata::offset).sum();
+                    expect(sum == 200, committed);
+                    ConsumerGroupDescription d = admin.describeConsumerGroups(List.of(group)).all().get(30, TimeUnit.SECONDS).get(group);
+                    expect(d.type() == GroupType.CONSUMER, d);
+                    expect(d.members().size() == 1 && d.members().iterator().next().assignment().topicPartitions().size() == 4, d);
+                    // A second member: the broker moves two partitions to it.
+                    try (KafkaConsumer<byte[], byte[]> c2 = new KafkaConsumer<>(cp)) {
+                        c2.subscribe(List.of(t));
+                        deadline = System.currentTimeMillis() + 60_000;
+                        while (c1.assignment().size() != 2 || c2.assignment().size() != 2) {
+                            expect(System.currentTimeMillis() < deadline, "assignments " + c1.assignment() + " " + c2.assignment());
+                            c1.poll(java.time.Duration.ofMillis(100));
+                            c2.poll(java.time.Duration.ofMillis(100));
+                        }
+                    }
+                }
+                admin.deleteTopics(List.of(t)).all().get(30, TimeUnit.SECONDS);
             });
 
             admin.deleteTopics(List.of(topic)).all().get(30, TimeUnit.SECONDS);
