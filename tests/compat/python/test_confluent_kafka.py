@@ -240,13 +240,7 @@ def test_group_members_share_commit_and_hand_over(bootstrap, admin):
         # commits at the end of every partition.
         listed = admin.list_consumer_groups(request_timeout=10).result(timeout=20)
         assert group in [g.group_id for g in listed.valid], listed.valid
-        desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
-        assert desc.state == ConsumerGroupState.STABLE, desc.state
-        assert [m.client_id for m in desc.members] == ["member-b"], desc.members
-        committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(timeout=20)
-        offsets = {tp.partition: tp.offset for tp in committed.topic_partitions if tp.topic == topic}
-        ends = {p: admin_watermark(bootstrap, topic, p) for p in range(N_PARTITIONS)}
-        assert offsets == ends, (offsets, ends)
+        check_survivor_and_commits(bootstrap, admin, topic, group)
     finally:
         finish_member(survivor)
     desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
@@ -271,16 +265,23 @@ def test_consumer_protocol_group_members_share_commit_and_hand_over(bootstrap, a
         listed = admin.list_consumer_groups(request_timeout=10).result(timeout=20)
         [g] = [g for g in listed.valid if g.group_id == group]
         assert g.type == ConsumerGroupType.CONSUMER, g.type
-        desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
-        assert desc.state == ConsumerGroupState.STABLE, desc.state
-        assert [m.client_id for m in desc.members] == ["member-b"], desc.members
+        desc = check_survivor_and_commits(bootstrap, admin, topic, group)
         assert {tp.partition for tp in desc.members[0].assignment.topic_partitions} == set(range(N_PARTITIONS))
-        committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(timeout=20)
-        offsets = {tp.partition: tp.offset for tp in committed.topic_partitions if tp.topic == topic}
-        ends = {p: admin_watermark(bootstrap, topic, p) for p in range(N_PARTITIONS)}
-        assert offsets == ends, (offsets, ends)
     finally:
         finish_member(survivor)
+
+
+def check_survivor_and_commits(bootstrap, admin, topic, group):
+    """After group_scenario: one Stable member (member-b), and the group's
+    commits at the end of every partition. Returns the description."""
+    desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=20)
+    assert desc.state == ConsumerGroupState.STABLE, desc.state
+    assert [m.client_id for m in desc.members] == ["member-b"], desc.members
+    committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(timeout=20)
+    offsets = {tp.partition: tp.offset for tp in committed.topic_partitions if tp.topic == topic}
+    ends = {p: admin_watermark(bootstrap, topic, p) for p in range(N_PARTITIONS)}
+    assert offsets == ends, (offsets, ends)
+    return desc
 
 
 def admin_watermark(bootstrap, topic, partition):
