@@ -33,6 +33,9 @@ use rdkafka::{Offset, TopicPartitionList};
 
 #[path = "../tests/it/common.rs"]
 mod common;
+#[path = "support/proc_cpu.rs"]
+mod proc_cpu;
+use proc_cpu::cpu_secs;
 
 const TOPIC: &str = "bench.groups";
 const PARTITIONS: i32 = 32;
@@ -255,13 +258,6 @@ fn fsync_rate(dir: &std::path::Path, secs: f64) -> f64 {
     let rate = n as f64 / started.elapsed().as_secs_f64();
     std::fs::remove_file(path).unwrap();
     rate
-}
-
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = after.split(' ').collect();
-    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
 }
 
 /// Commits/s and broker CPU (share of one core) with `clients` connections,

@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer, DefaultProducerContext};
 
 #[path = "../tests/it/common.rs"]
 mod common;
+#[path = "support/proc_cpu.rs"]
+mod proc_cpu;
+use proc_cpu::cpu_secs;
 
 const PARTITIONS: i32 = 44;
 const GROUP: usize = 10;
@@ -54,7 +55,7 @@ fn main() {
     println!("  {:<30} {:>8} {:>12} {:>12} {:>10} {:>14}", "protocol", "first ms", "before r/s", "after r/s", "kept-share", "worst 0.5 s");
     for (label, protocol, assignor) in [("classic, eager range", "classic", "range"), ("classic, cooperative-sticky", "classic", "cooperative-sticky"), ("consumer (KIP-848), uniform", "consumer", "")] {
         let topic = format!("bench.kip848.{}", protocol.to_owned() + assignor);
-        rt.block_on(create(addr, &topic, PARTITIONS));
+        rt.block_on(common::create_topic(addr, &topic, PARTITIONS));
         let r = join_run(addr, &topic, protocol, assignor, rate, window);
         let kept = r.before * (PARTITIONS as f64 - 4.0) / PARTITIONS as f64;
         println!("  {label:<30} {:>8.0} {:>12.0} {:>12.0} {:>9.0}% {:>13.0}%", r.first_ms, r.before, r.after, 100.0 * r.after / kept, 100.0 * r.worst / kept);
@@ -62,18 +63,13 @@ fn main() {
     }
 
     let requests = if quick { 300 } else { 1000 };
-    rt.block_on(create(addr, "bench.sessions", 1000));
+    rt.block_on(common::create_topic(addr, "bench.sessions", 1000));
     let (full, incremental) = rt.block_on(fetch_cpu(addr, broker.child.id(), "bench.sessions", requests));
     println!("\nbroker CPU per Fetch of 1,000 idle partitions, {requests} requests each:");
     println!("  full, no session (baseline)   {:>8.1} µs", full);
     println!("  incremental, in a session     {:>8.1} µs   {:.2}x baseline", incremental, incremental / full);
     println!("  request bytes: full {} vs incremental {}", encoded(&fetch("bench.sessions", (0, -1), 1000)), encoded(&fetch("bench.sessions", (1, 1), 0)));
     broker.terminate();
-}
-
-async fn create(addr: SocketAddr, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
 }
 
 struct JoinRun {
@@ -190,13 +186,6 @@ fn encoded(r: &FetchRequest) -> usize {
     let mut b = bytes::BytesMut::new();
     r.encode(&mut b, 12).unwrap();
     b.len()
-}
-
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = after.split(' ').collect();
-    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
 }
 
 fn fetch(topic: &str, session: (i32, i32), partitions: i32) -> FetchRequest {

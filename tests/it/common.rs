@@ -356,3 +356,18 @@ pub fn pipeline(addr: SocketAddr, req: &[u8], window: usize, deadline: std::time
     done
 }
 
+/// Creates topics (name, partitions) through the AdminClient and waits for
+/// each to be answered without an error.
+pub async fn create_topics(addr: SocketAddr, topics: &[(&str, i32)]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = client(addr).create().unwrap();
+    let new: Vec<NewTopic> = topics.iter().map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1))).collect();
+    for r in admin.create_topics(&new, &AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+}
+
+/// [`create_topics`] for one topic.
+pub async fn create_topic(addr: SocketAddr, topic: &str, partitions: i32) {
+    create_topics(addr, &[(topic, partitions)]).await
+}

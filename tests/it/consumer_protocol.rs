@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer as Base, CommitMode, Consumer, Rebalance};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -165,8 +163,7 @@ async fn members_join_and_leave_and_every_record_is_consumed_once() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(args(dir.path())).await;
     let addr = broker.kafka_addr;
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    common::create_topic(addr, TOPIC, PARTITIONS).await;
 
     // A producer writes throughout.
     const RECORDS: usize = 30_000;
@@ -265,8 +262,7 @@ async fn classic_and_consumer_groups_take_over_each_others_empty_groups_only() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(args(dir.path())).await;
     let addr = broker.kafka_addr;
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(TOPIC, 2, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    common::create_topic(addr, TOPIC, 2).await;
     let new_member = move |protocol: &str| {
         let mut c = config(addr, "shared-name");
         c.set("group.protocol", protocol);

@@ -13,8 +13,6 @@ use std::time::Duration;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic, ForgottenTopic};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::net::TcpStream;
 
@@ -52,11 +50,6 @@ fn answered(r: &FetchResponse) -> Vec<(i32, usize)> {
     r.responses.iter().flat_map(|t| t.partitions.iter().map(|p| (p.partition_index, p.records.as_ref().map(|b| b.len()).unwrap_or(0)))).collect()
 }
 
-async fn create(addr: std::net::SocketAddr, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
-}
-
 async fn produce(producer: &FutureProducer, topic: &str, partition: i32) {
     producer.send(FutureRecord::to(topic).partition(partition).key("k").payload("v"), Duration::from_secs(10)).await.unwrap();
 }
@@ -67,7 +60,7 @@ async fn a_session_of_a_thousand_partitions_answers_only_what_changed() {
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
     const T: &str = "sessions.many";
-    create(addr, T, 1000).await;
+    common::create_topic(addr, T, 1000).await;
     let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
     let mut sock = TcpStream::connect(addr).await.unwrap();
     let all: Vec<(i32, i64)> = (0..1000).map(|p| (p, 0)).collect();
@@ -131,7 +124,7 @@ async fn bad_session_requests_get_kafkas_errors_and_change_nothing() {
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
     const T: &str = "sessions.bad";
-    create(addr, T, 4).await;
+    common::create_topic(addr, T, 4).await;
     let mut sock = TcpStream::connect(addr).await.unwrap();
     let all: Vec<(i32, i64)> = (0..4).map(|p| (p, 0)).collect();
     let r: FetchResponse = common::call(&mut sock, FETCH, V, 1, &request(0, 0, T, &all, &[], 0)).await;
@@ -184,7 +177,7 @@ async fn the_session_cache_is_bounded() {
     let broker = common::start(args).await;
     let addr = broker.kafka_addr;
     const T: &str = "sessions.bounded";
-    create(addr, T, 2).await;
+    common::create_topic(addr, T, 2).await;
     let mut sock = TcpStream::connect(addr).await.unwrap();
     let all = [(0, 0), (1, 0)];
     let mut ids = Vec::new();

@@ -19,8 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer as Base, CommitMode, Consumer, Rebalance};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
@@ -119,14 +117,6 @@ fn consumer(c: &rdkafka::ClientConfig, counts: Counts, topics: &[&str]) -> Arc<C
     Arc::new(consumer)
 }
 
-async fn create(addr: std::net::SocketAddr, topics: &[(&str, i32)]) {
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    let new: Vec<NewTopic> = topics.iter().map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1))).collect();
-    for r in admin.create_topics(&new, &AdminOptions::new()).await.unwrap() {
-        r.unwrap();
-    }
-}
-
 fn owned(c: &Consumer_) -> usize {
     c.assignment().map(|a| a.count()).unwrap_or(0)
 }
@@ -166,7 +156,7 @@ async fn an_unsubscribing_cooperative_member_costs_the_other_one_round() {
     // Kafka's default initial delay (3 s), as librdkafka's test assumes.
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, &[("parity.unsub.a", 2), ("parity.unsub.b", 2)]).await;
+    common::create_topics(addr, &[("parity.unsub.a", 2), ("parity.unsub.b", 2)]).await;
     let cfg = config(addr, "parity-unsubscribe");
     let topics = ["parity.unsub.a", "parity.unsub.b"];
     let c1 = consumer(&cfg, Counts { name: "c1", ..Default::default() }, &topics);
@@ -210,7 +200,7 @@ async fn a_restarted_static_cooperative_member_costs_the_other_no_rebalance() {
     args.group_initial_rebalance_delay_ms = Some(0);
     let broker = common::start(args).await;
     let addr = broker.kafka_addr;
-    create(addr, &[("parity.static", 6)]).await;
+    common::create_topic(addr, "parity.static", 6).await;
     let cfg = |i: usize| {
         let mut c = config(addr, "parity-static");
         c.set("group.instance.id", format!("static-{i}")).set("session.timeout.ms", "10000").set("max.poll.interval.ms", "10000");
@@ -263,7 +253,7 @@ async fn commits_from_revoke_callbacks_get_only_kafkas_answers() {
     let addr = broker.kafka_addr;
     const TOPIC: &str = "parity.commit";
     const PARTITIONS: i32 = 6;
-    create(addr, &[(TOPIC, PARTITIONS)]).await;
+    common::create_topic(addr, TOPIC, PARTITIONS).await;
     let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
     for p in 0..PARTITIONS {
         for i in 0..100 {
@@ -330,7 +320,7 @@ async fn a_committed_query_after_an_async_commit_sees_it() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, &[("parity.async", 1)]).await;
+    common::create_topic(addr, "parity.async", 1).await;
     let c: Consumer_ = config(addr, "parity-async").create_with_context(Counts { name: "async", ..Default::default() }).unwrap();
     let c = Arc::new(c);
     let c2 = c.clone();

@@ -14,23 +14,16 @@ use std::time::Duration;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, TransactionalId};
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-
-async fn create(addr: std::net::SocketAddr, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn librdkafka_idempotent_producer_writes_each_record_once() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, "idem.events", 4).await;
+    common::create_topic(addr, "idem.events", 4).await;
 
     let mut cfg = common::producer_config(addr, "all");
     cfg.set("enable.idempotence", "true").set("max.in.flight.requests.per.connection", "5");
@@ -76,7 +69,7 @@ async fn sequences_and_epochs_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, "idem.wire", 1).await;
+    common::create_topic(addr, "idem.wire", 1).await;
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut id = 0;
     let mut next_id = || {
@@ -170,7 +163,7 @@ async fn retries_are_deduplicated_across_a_clean_restart() {
     let args = common::args(dir.path());
     let broker = common::start(args.clone()).await;
     let addr = broker.kafka_addr;
-    create(addr, "idem.restart", 1).await;
+    common::create_topic(addr, "idem.restart", 1).await;
     let snapshot = dir.path().join("producers.snapshot");
     let broker = retry_across(addr, async move {
         broker.shutdown().await;
@@ -189,7 +182,7 @@ async fn retries_are_deduplicated_across_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::ChildBroker::spawn(dir.path(), &[]);
     let addr = broker.kafka;
-    create(addr, "idem.restart", 1).await;
+    common::create_topic(addr, "idem.restart", 1).await;
     let path = dir.path().to_owned();
     let broker = retry_across(addr, async move {
         // The snapshot written at start covers nothing of this topic: the
@@ -248,7 +241,7 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
     args.advertised_listener = Some(proxy.addr.to_string());
     let broker = common::start(args).await;
     proxy.upstream.set(broker.kafka_addr).unwrap();
-    create(broker.kafka_addr, "idem.cuts", 4).await;
+    common::create_topic(broker.kafka_addr, "idem.cuts", 4).await;
 
     let mut cfg = common::producer_config(proxy.addr, "all");
     cfg.set("enable.idempotence", "true")

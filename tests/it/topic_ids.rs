@@ -14,18 +14,11 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::net::TcpStream;
 
 fn name(s: &str) -> TopicName {
     TopicName(StrBytes::from_string(s.to_owned()))
-}
-
-async fn create(addr: std::net::SocketAddr, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
 }
 
 /// Metadata v13 for `names`: (name, id, error) of each.
@@ -50,7 +43,7 @@ async fn fetches_by_topic_id_from_librdkafka_and_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, "ids.app.events", 2).await;
+    common::create_topic(addr, "ids.app.events", 2).await;
     let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
     for p in 0..2 {
         producer.send(FutureRecord::to("ids.app.events").partition(p).key("k").payload("v"), Duration::from_secs(10)).await.unwrap();
@@ -116,7 +109,7 @@ async fn list_offsets_answers_special_timestamps_as_kafka_does() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, "ids.offsets", 1).await;
+    common::create_topic(addr, "ids.offsets", 1).await;
     let producer: FutureProducer = common::producer_config(addr, "all").create().unwrap();
     for _ in 0..3 {
         producer.send(FutureRecord::to("ids.offsets").partition(0).key("k").payload("v"), Duration::from_secs(10)).await.unwrap();

@@ -18,8 +18,6 @@ use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -27,11 +25,6 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::TopicPartitionList;
 
 type Txp = ThreadedProducer<DefaultProducerContext>;
-
-async fn create(addr: SocketAddr, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
-    admin.create_topics([&NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
-}
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
@@ -109,8 +102,8 @@ async fn committed_and_aborted_transactions_across_partitions_and_offsets() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, "txn.out", 3).await;
-    create(addr, "txn.in", 1).await;
+    common::create_topic(addr, "txn.out", 3).await;
+    common::create_topic(addr, "txn.in", 1).await;
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
 
     let producer = tokio::task::spawn_blocking(move || {
@@ -215,7 +208,7 @@ async fn an_open_transaction_is_aborted_when_the_broker_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let child = common::ChildBroker::spawn(dir.path(), &[]);
     let addr = child.kafka;
-    create(addr, "txn.crash", 1).await;
+    common::create_topic(addr, "txn.crash", 1).await;
     let producer = tokio::task::spawn_blocking(move || {
         let p = txn_producer(addr, "crashy", 60_000);
         p.begin_transaction().unwrap();
@@ -270,7 +263,7 @@ async fn a_transaction_past_its_timeout_is_aborted() {
     args.transaction_timeout_check_ms = Some(100);
     let broker = common::start(args).await;
     let addr = broker.kafka_addr;
-    create(addr, "txn.slow", 1).await;
+    common::create_topic(addr, "txn.slow", 1).await;
     let p = tokio::task::spawn_blocking(move || {
         let p = txn_producer(addr, "slowpoke", 1_000);
         p.begin_transaction().unwrap();
@@ -303,7 +296,7 @@ async fn the_coordinator_refuses_bad_requests_with_kafkas_codes() {
     let dir = tempfile::tempdir().unwrap();
     let broker = common::start(common::args(dir.path())).await;
     let addr = broker.kafka_addr;
-    create(addr, "txn.wire", 2).await;
+    common::create_topic(addr, "txn.wire", 2).await;
     let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut id = 10;
     let mut next = || {

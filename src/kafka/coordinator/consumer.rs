@@ -169,6 +169,8 @@ struct SubsCache {
     members_version: u64,
     topics_version: u64,
     per_member: BTreeMap<String, BTreeSet<String>>,
+    /// Of the subscribed topics that exist: names, ids, partition counts.
+    fingerprint: u64,
 }
 
 #[derive(Debug)]
@@ -571,26 +573,23 @@ impl ConsumerGroup {
                 }
                 per_member.insert(m.id.clone(), names);
             }
-            self.subs = Some(SubsCache { members_version: self.members_version, topics_version: topics.version(), per_member });
+            let all: BTreeSet<&String> = per_member.values().flatten().collect();
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for name in all {
+                if let Some((id, n)) = topics.by_name(name) {
+                    (name, id, n).hash(&mut h);
+                }
+            }
+            self.subs = Some(SubsCache { members_version: self.members_version, topics_version: topics.version(), per_member, fingerprint: h.finish() });
         }
         &self.subs.as_ref().expect("computed").per_member
     }
 
+    /// The subscribed topics' fingerprint, computed with the subscription
+    /// cache (so only when that is recomputed).
     fn fingerprint(&mut self, now: i64, topics: &dyn Topics) -> u64 {
-        let (mv, tv) = (self.members_version, topics.version());
-        let cached = self.subs.as_ref().is_some_and(|c| c.members_version == mv && c.topics_version == tv);
-        let regex_due = self.regexes.values().any(|(_, _, at)| now - at >= REGEX_REFRESH_MS) || self.members.values().any(|m| m.regex.as_ref().is_some_and(|r| !self.regexes.contains_key(r)));
-        if cached && !regex_due {
-            return self.topics_fingerprint;
-        }
-        let all: BTreeSet<String> = self.subscribed(now, topics).values().flatten().cloned().collect();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for name in &all {
-            if let Some((id, n)) = topics.by_name(name) {
-                (name, id, n).hash(&mut h);
-            }
-        }
-        h.finish()
+        self.subscribed(now, topics);
+        self.subs.as_ref().expect("computed").fingerprint
     }
 
     /// A new target assignment for the group epoch.
