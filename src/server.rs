@@ -235,6 +235,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
             connections_max_reauth_ms: cfg.connections_max_reauth_ms,
             failed_authentication_delay: Duration::from_millis(cfg.connection_failed_authentication_delay_ms),
             sasl_max_receive_bytes: cfg.sasl_max_receive_bytes.min(cfg.max_request_bytes),
+            features: kafka::features::Features::new(cfg.transaction_version),
         },
         users,
         authorizer,

@@ -281,6 +281,8 @@ settings! {
     transaction_max_timeout_ms: i32 = "900000", "CANOPY_TRANSACTION_MAX_TIMEOUT_MS", "transaction-max-timeout-ms";
     "A transactional id idle this long is forgotten (transactional.id.expiration.ms)"
     transactional_id_expiration_ms: i64 = "604800000", "CANOPY_TRANSACTIONAL_ID_EXPIRATION_MS", "transactional-id-expiration-ms";
+    "The transaction protocol clients are told to use (the finalized feature transaction.version): 2 is transactions v2 (KIP-890 part 2, an epoch per transaction), 0 or 1 the protocol before it"
+    transaction_version: i16 = "2", "CANOPY_TRANSACTION_VERSION", "transaction-version";
     "How often timed-out transactions are looked for and aborted, in milliseconds"
     transaction_timeout_check_ms: u64 = "1000", "CANOPY_TRANSACTION_TIMEOUT_CHECK_MS", "transaction-timeout-check-ms";
     "Bytes of the newest batches kept in memory, broker-wide (the tip; 0 turns it off)"
@@ -394,6 +396,9 @@ impl Config {
         }
         if self.transaction_max_timeout_ms < 1 {
             return bad("transaction_max_timeout_ms", "must be positive");
+        }
+        if !(0..=crate::kafka::features::TRANSACTION_VERSION_MAX).contains(&self.transaction_version) {
+            return bad("transaction_version", "must be 0, 1 or 2");
         }
         if self.transactional_id_expiration_ms < 1 {
             return bad("transactional_id_expiration_ms", "must be positive");

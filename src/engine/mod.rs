@@ -808,6 +808,12 @@ impl Engine {
         }
     }
 
+    /// Whether the transaction of `producer_id` at `epoch` has added `tp`
+    /// (and not ended since).
+    pub fn txn_admits(&self, producer_id: i64, epoch: i16, tp: &Tp) -> bool {
+        self.any_txns.load(std::sync::atomic::Ordering::Acquire) && self.txns.read().expect("txns lock").admits(producer_id, epoch, tp)
+    }
+
     /// Writes `marker` for `producer_id` at `epoch` to every tp in `tps`
     /// and returns once they are all durable. Partitions deleted meanwhile
     /// are skipped.

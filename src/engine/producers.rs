@@ -238,7 +238,11 @@ impl Producers {
         if let Some(c) = e.batches.iter().find(|c| c.first_seq == ids.base_sequence && c.last_seq == last) {
             return Check::Duplicate { base_offset: c.base_offset, last_offset: c.last_offset };
         }
-        let Some(newest) = e.batches.back() else { return Check::Append };
+        let Some(newest) = e.batches.back() else {
+            // Only a marker made this epoch here (transactions v2 move the
+            // epoch with every end): its sequences start at 0, as in Kafka.
+            return if ids.base_sequence == 0 { Check::Append } else { Check::Refuse(Refusal::OutOfOrder) };
+        };
         if ids.base_sequence == next_seq(newest.last_seq) {
             return Check::Append;
         }
@@ -487,6 +491,13 @@ mod tests {
         // The old epoch's batches are forgotten with it.
         assert_eq!(p.check(tp(), ids(4, 0, 2)), Check::Duplicate { base_offset: 5, last_offset: 6 });
         assert_eq!(p.check(tp(), ids(3, 0, 5)), Check::Refuse(Refusal::StaleEpoch));
+        // A marker of a newer epoch (the end of a transaction v2) fences
+        // the old one and opens the new one at sequence 0.
+        p.fence(tp(), 1000, 5, 0);
+        assert_eq!(p.check(tp(), ids(4, 2, 1)), Check::Refuse(Refusal::StaleEpoch));
+        assert_eq!(p.check(tp(), ids(5, 3, 1)), Check::Refuse(Refusal::OutOfOrder));
+        assert_eq!(append(&mut p, ids(5, 0, 1), &mut next), Check::Append);
+        assert_eq!(append(&mut p, ids(5, 1, 1), &mut next), Check::Append);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod authz;
 pub mod conn;
 pub mod coordinator;
 pub mod errors;
+pub mod features;
 pub mod fetch_session;
 pub mod handlers;
 pub mod listener;
@@ -54,6 +55,8 @@ pub struct KafkaConfig {
     pub failed_authentication_delay: Duration,
     /// Largest frame before authentication on a SASL listener.
     pub sasl_max_receive_bytes: usize,
+    /// The feature levels ApiVersions reports.
+    pub features: features::Features,
 }
 
 /// What every handler can reach.

@@ -100,6 +100,20 @@ pub struct TxnRecord {
     /// still open, never onto a later transaction of the same producer.
     #[serde(default)]
     pub ends: Vec<i64>,
+    /// The producer id this one replaced when its epochs ran out at the
+    /// end of a transaction (transactions v2); -1 if none. A retry of that
+    /// end names it.
+    #[serde(default = "no_producer_id")]
+    pub previous_producer_id: i64,
+    /// Set with the decision of a transaction v2 end whose epochs run out:
+    /// the producer id the producer continues with once it completes; -1
+    /// if none.
+    #[serde(default = "no_producer_id")]
+    pub next_producer_id: i64,
+}
+
+fn no_producer_id() -> i64 {
+    -1
 }
 
 fn group_prefix(group: &str) -> String {
@@ -578,6 +592,8 @@ mod tests {
             groups: vec!["g/1".into()],
             offsets: vec![TxnOffset { group: "g/1".into(), topic: "a.b".into(), partition: 1, record: OffsetRecord { offset: 9, leader_epoch: -1, metadata: None, commit_ms: 6 } }],
             ends: vec![12],
+            previous_producer_id: -1,
+            next_producer_id: 4,
         };
         let a = {
             let c = Catalog::open(dir.path()).unwrap();
@@ -594,7 +610,15 @@ mod tests {
         assert!(c.producer_id_allocated(a), "known after reopen");
         let b = c.allocate_producer_id().unwrap();
         assert!(b > a, "ids survive reopen and are never handed out twice");
-        assert_eq!(c.txns().unwrap(), vec![("tx/odd id".to_string(), TxnRecord { producer_id: a, ..rec })]);
+        assert_eq!(c.txns().unwrap(), vec![("tx/odd id".to_string(), TxnRecord { producer_id: a, ..rec.clone() })]);
+        // A record written before transactions v2 reads with no previous
+        // or next producer id.
+        let mut old = serde_json::to_value(&rec).unwrap();
+        old.as_object_mut().unwrap().retain(|k, _| k != "previous_producer_id" && k != "next_producer_id");
+        let raw = encode(&old);
+        let back: TxnRecord = decode(b"txn/old", &raw).unwrap();
+        assert_eq!((back.previous_producer_id, back.next_producer_id), (-1, -1));
+        assert_eq!(back.ends, rec.ends);
     }
 
     #[test]

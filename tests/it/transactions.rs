@@ -408,3 +408,136 @@ async fn the_coordinator_refuses_bad_requests_with_kafkas_codes() {
     assert_eq!(d.error_code, 105, "TRANSACTIONAL_ID_NOT_FOUND");
     broker.shutdown().await;
 }
+
+/// A transactional batch of producer `pid` at `epoch`, first sequence `seq`.
+fn txn_batch(pid: i64, epoch: i16, seq: i32, value: &str) -> bytes::Bytes {
+    let mut b = common::producer_batch(pid, epoch, seq, &[value.as_bytes()]).to_vec();
+    b[22] |= 0x10; // the transactional attribute bit
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    bytes::Bytes::from(b)
+}
+
+/// Transactions v2 (KIP-890 part 2) as a Kafka 4 producer speaks them:
+/// the broker says `transaction.version` 2, partitions join on Produce v12
+/// and groups on TxnOffsetCommit v5 (no AddPartitionsToTxn, no
+/// AddOffsetsToTxn), every EndTxn v5 moves the epoch and answers it,
+/// retries are told from new ends by their epoch, a late batch of an ended
+/// transaction is refused instead of joining the next, and an abort of a
+/// transaction that wrote nothing ends it. librdkafka (up to 2.15) and
+/// kafkajs do not speak v2; the Java client's run is in the compat suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_v2_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    common::create_topic(addr, "txn2.wire", 2).await;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut id = 100;
+    let mut next = || {
+        id += 1;
+        id
+    };
+    let tid = || TransactionalId(s("v2"));
+
+    let versions: ApiVersionsResponse = common::call(&mut sock, 18, 4, next(), &ApiVersionsRequest::default().with_client_software_name(s("t")).with_client_software_version(s("1"))).await;
+    let tv = versions.finalized_features.iter().find(|f| f.name.as_str() == "transaction.version").expect("transaction.version is finalized");
+    assert_eq!(tv.max_version_level, 2);
+    assert!(versions.finalized_features_epoch > 0, "clients read the levels only from an epoch >= 0");
+    let max = |key: i16| versions.api_keys.iter().find(|k| k.api_key == key).unwrap().max_version;
+    assert_eq!((max(26), max(28)), (5, 5), "EndTxn and TxnOffsetCommit v5");
+
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 5, next(), &InitProducerIdRequest::default().with_transactional_id(Some(tid())).with_transaction_timeout_ms(60_000)).await;
+    assert_eq!(r.error_code, 0);
+    let (pid, e0) = (r.producer_id, r.producer_epoch);
+    let produce = |partition: i32, epoch: i16, seq: i32, value: &str| {
+        ProduceRequest::default().with_transactional_id(Some(tid())).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(s("txn2.wire")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(txn_batch(pid.0, epoch, seq, value)))])])
+    };
+    let code = |r: &ProduceResponse| r.responses[0].partition_responses[0].error_code;
+    let end = |epoch: i16, commit: bool| EndTxnRequest::default().with_transactional_id(tid()).with_producer_id(pid).with_producer_epoch(epoch).with_committed(commit);
+
+    // Produce v12 joins partition 0 to the transaction; below v12 a
+    // transaction still has to add its partitions first.
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce(0, e0, 0, "one")).await;
+    assert_eq!(code(&r), 0, "joined by the produce");
+    let r: ProduceResponse = common::call(&mut sock, 0, 11, next(), &produce(1, e0, 0, "v11")).await;
+    assert_eq!(code(&r), 48, "INVALID_TXN_STATE: v11 does not join");
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce(0, e0, 1, "two")).await;
+    assert_eq!(code(&r), 0);
+    let d = describe(&mut sock, "v2").await;
+    assert_eq!((d.transaction_state.as_str(), d.topics.len(), d.topics[0].partitions.clone()), ("Ongoing", 1, vec![0]));
+    // TxnOffsetCommit v5 brings the group in, without AddOffsetsToTxn.
+    let toc = |version_epoch: i16, offset: i64| {
+        TxnOffsetCommitRequest::default()
+            .with_transactional_id(tid())
+            .with_group_id(GroupId(s("v2-group")))
+            .with_producer_id(pid)
+            .with_producer_epoch(version_epoch)
+            .with_generation_id(-1)
+            .with_topics(vec![txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+                .with_name(TopicName(s("txn2.wire")))
+                .with_partitions(vec![txn_offset_commit_request::TxnOffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(offset)])])
+    };
+    let r: TxnOffsetCommitResponse = common::call(&mut sock, 28, 5, next(), &toc(e0, 42)).await;
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+
+    // Commit: the answer carries the next epoch.
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e0, true)).await;
+    assert_eq!((r.error_code, r.producer_id, r.producer_epoch), (0, pid, e0 + 1));
+    assert_eq!(committed_offset(&mut sock, "v2-group", "txn2.wire").await, 42);
+    // A retry (the epoch before the bump) is answered the same; an abort
+    // of what was committed, or a commit at the new epoch, is not.
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e0, true)).await;
+    assert_eq!((r.error_code, r.producer_id, r.producer_epoch), (0, pid, e0 + 1), "a retried commit");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e0, false)).await;
+    assert_eq!((r.error_code, r.producer_epoch), (48, -1), "INVALID_TXN_STATE");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e0 + 1, true)).await;
+    assert_eq!(r.error_code, 48, "nothing to commit at the new epoch");
+    // The point of KIP-890: a late batch of the committed transaction is
+    // refused, not taken into the next one.
+    let (end_before, _) = latest_offsets(&mut sock, "txn2.wire").await;
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce(0, e0, 2, "late")).await;
+    assert_eq!(code(&r), 47, "INVALID_PRODUCER_EPOCH");
+    assert_eq!(latest_offsets(&mut sock, "txn2.wire").await.0, end_before, "nothing appended");
+
+    // The next transaction, at the new epoch with sequences from 0, aborted.
+    let e1 = e0 + 1;
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce(0, e1, 3, "gap")).await;
+    assert_eq!(code(&r), 45, "OUT_OF_ORDER_SEQUENCE_NUMBER: a new epoch starts at 0");
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce(0, e1, 0, "aborted")).await;
+    assert_eq!(code(&r), 0);
+    let r: TxnOffsetCommitResponse = common::call(&mut sock, 28, 5, next(), &toc(e1, 99)).await;
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e1, false)).await;
+    assert_eq!((r.error_code, r.producer_epoch), (0, e1 + 1));
+    assert_eq!(committed_offset(&mut sock, "v2-group", "txn2.wire").await, 42, "the aborted offset is dropped");
+    // An abort with nothing written (a client that added partitions it
+    // never reached) ends a transaction too, and moves the epoch; a stale
+    // epoch is fenced.
+    let e2 = e1 + 1;
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e2, false)).await;
+    assert_eq!((r.error_code, r.producer_epoch), (0, e2 + 1), "an empty abort");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e0, false)).await;
+    assert_eq!(r.error_code, 90, "PRODUCER_FENCED");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end(e2 + 1, true)).await;
+    assert_eq!(r.error_code, 48, "a commit with nothing begun");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &EndTxnRequest::default().with_transactional_id(TransactionalId(s("nobody"))).with_producer_id(pid).with_producer_epoch(e0).with_committed(true)).await;
+    assert_eq!((r.error_code, r.producer_id, r.producer_epoch), (49, ProducerId(-1), -1), "INVALID_PRODUCER_ID_MAPPING");
+    // A produce of another producer id under this transactional id.
+    let mut other = produce(1, e2 + 1, 0, "other");
+    other.topic_data[0].partition_data[0].records = Some(txn_batch(pid.0 + 1000, e2 + 1, 0, "other"));
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &other).await;
+    assert_eq!(code(&r), 49, "INVALID_PRODUCER_ID_MAPPING");
+    let d = describe(&mut sock, "v2").await;
+    assert_eq!((d.transaction_state.as_str(), d.producer_epoch), ("CompleteAbort", e2 + 1));
+
+    // Readers: read_committed sees the committed two, nothing is left open.
+    let (u, c) = latest_offsets(&mut sock, "txn2.wire").await;
+    assert_eq!(u, c, "no open transaction holds the stable offset back");
+    let (committed, everything) = tokio::task::spawn_blocking(move || (read_values(addr, "txn2.wire", 2, "read_committed", 2), read_values(addr, "txn2.wire", 2, "read_uncommitted", 3))).await.unwrap();
+    assert_eq!(committed, vec!["one", "two"]);
+    assert_eq!(everything, vec!["one", "two", "aborted"]);
+    broker.shutdown().await;
+}

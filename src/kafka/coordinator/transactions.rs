@@ -30,6 +30,17 @@
 //! record does not show gets an abort marker, its producer fenced the same
 //! way. Nothing is left dangling.
 //!
+//! Transactions v2 (KIP-890 part 2, EndTxn v5, `transaction.version` 2):
+//! every end moves the producer's epoch, and the markers carry the new one,
+//! so a batch of the ended transaction that arrives late is refused by its
+//! partition instead of joining the next transaction. The producer gets the
+//! new epoch in the EndTxn answer and starts its sequences over; once its
+//! epochs run out it continues under a new producer id. Partitions join a
+//! transaction when its Produce (v12+) reaches them and a group when its
+//! TxnOffsetCommit (v5+) does, without AddPartitionsToTxn or
+//! AddOffsetsToTxn. Retries and the abort of a transaction that wrote
+//! nothing are told apart by the epoch ([`v2_end`]), as Kafka does.
+//!
 //! Kafka's codes: INVALID_PRODUCER_ID_MAPPING (unknown id or producer id),
 //! PRODUCER_FENCED (INVALID_PRODUCER_EPOCH for request versions before
 //! KIP-588), CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE.
@@ -138,6 +149,76 @@ fn next_epoch(epoch: i16) -> Option<i16> {
     (epoch < i16::MAX - 1).then_some(epoch + 1)
 }
 
+/// How the end of a transaction moves its producer's epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bump {
+    /// The producer ends it (transactions v1): the epoch stays.
+    Keep,
+    /// The coordinator ends it on its own (timeout, a new producer,
+    /// restart) and fences the producer with a new epoch, where one is left.
+    Fence,
+    /// Transactions v2: every end moves the epoch and the markers carry the
+    /// new one. The last epoch goes to the markers only: the producer then
+    /// continues under a new producer id at epoch 0.
+    EveryEnd,
+}
+
+/// What an EndTxn of transactions v2 does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum V2End {
+    /// A retry of an end that completed: answer with the producer id and
+    /// epoch the producer continues with.
+    Done,
+    /// End the transaction (an open one, or an abort of one that wrote
+    /// nothing here) under a new epoch.
+    End(Marker),
+    /// A retry of an end whose markers failed: finish it.
+    Finish(Marker),
+}
+
+/// Kafka's EndTxn decision for transactions v2 (`endTransaction`, and the
+/// table KAFKA-14563 put beside it). The epoch tells a retry from the next
+/// end: a retry names the epoch before the bump (or, after the epochs ran
+/// out, the previous producer id at its last epoch); a request naming the
+/// current epoch is a new end.
+///
+/// | state          | abort, retry | abort, current | commit, retry | commit, current |
+/// |----------------|--------------|----------------|---------------|-----------------|
+/// | Empty          | fenced       | end (no data)  | fenced        | invalid state   |
+/// | CompleteAbort  | done         | end (no data)  | invalid state | invalid state   |
+/// | CompleteCommit | invalid state| end (no data)  | done          | invalid state   |
+///
+/// An Ongoing transaction ends at the current epoch only; a prepared one
+/// (its markers failed) is finished by a retry naming the epoch before it.
+fn v2_end(rec: &TxnRecord, producer_id: i64, epoch: i16, commit: bool) -> Result<V2End, i16> {
+    let retry_on_bump = producer_id == rec.producer_id && i32::from(rec.epoch) == i32::from(epoch) + 1;
+    let retry_on_overflow = producer_id == rec.previous_producer_id && epoch == i16::MAX - 1 && rec.epoch == 0;
+    if producer_id != rec.producer_id && !retry_on_overflow {
+        return Err(E::InvalidProducerIdMapping.code());
+    }
+    let current = producer_id == rec.producer_id && epoch == rec.epoch;
+    let retry = retry_on_bump || retry_on_overflow;
+    let valid = match rec.state {
+        TxnState::Ongoing | TxnState::Empty => current,
+        TxnState::PrepareCommit | TxnState::PrepareAbort => retry_on_bump,
+        TxnState::CompleteCommit | TxnState::CompleteAbort => current || retry,
+    };
+    if !valid {
+        return Err(E::ProducerFenced.code());
+    }
+    let marker = if commit { Marker::Commit } else { Marker::Abort };
+    let invalid = Err(E::InvalidTxnState.code());
+    match (rec.state, commit) {
+        (TxnState::Ongoing, _) => Ok(V2End::End(marker)),
+        (TxnState::PrepareCommit, true) | (TxnState::PrepareAbort, false) => Ok(V2End::Finish(marker)),
+        (TxnState::PrepareCommit | TxnState::PrepareAbort, _) => invalid,
+        (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) if retry => Ok(V2End::Done),
+        (TxnState::CompleteCommit, true) => invalid,
+        (TxnState::CompleteCommit | TxnState::CompleteAbort | TxnState::Empty, false) if !retry => Ok(V2End::End(Marker::Abort)),
+        _ => invalid,
+    }
+}
+
 /// What one transaction looks like to operators.
 #[derive(Debug, Clone)]
 pub struct TxnView {
@@ -164,7 +245,7 @@ impl Transactions {
                 TxnState::PrepareAbort => t.finish(&id, rec, Marker::Abort, true).await,
                 TxnState::Ongoing => {
                     tracing::info!(transactional_id = %id, producer_id = rec.producer_id, "aborting a transaction left open by the last run");
-                    t.end(&id, rec, Marker::Abort, true).await
+                    t.end(&id, rec, Marker::Abort, Bump::Fence).await
                 }
                 _ => Ok(()),
             };
@@ -243,17 +324,28 @@ impl Transactions {
         partitions.iter().filter_map(|w| self.tp(w)).collect()
     }
 
-    /// Ends the Ongoing transaction in `rec`: the decision made durable,
-    /// then markers and offsets. `bump`: the coordinator ends it on its own
-    /// (timeout, a new producer, restart) and fences the producer with a
-    /// new epoch first.
-    async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: bool) -> Result<(), i16> {
+    /// Ends the Ongoing transaction in `rec` (or, under transactions v2,
+    /// one with no data to abort): the decision made durable, then markers
+    /// and offsets. `bump`: how the producer's epoch moves first.
+    async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: Bump) -> Result<(), i16> {
         // The decision goes into a copy, kept only once it is durable.
         let mut next = rec.clone();
-        if bump {
-            if let Some(e) = next_epoch(next.epoch) {
+        match bump {
+            Bump::Keep => {}
+            Bump::Fence => {
+                if let Some(e) = next_epoch(next.epoch) {
+                    next.last_epoch = next.epoch;
+                    next.epoch = e;
+                }
+            }
+            Bump::EveryEnd => {
+                // Producers are handed epochs up to i16::MAX - 1, so the
+                // markers always have one more.
                 next.last_epoch = next.epoch;
-                next.epoch = e;
+                next.epoch = next.epoch.saturating_add(1);
+                if next_epoch(next.last_epoch).is_none() {
+                    next.next_producer_id = self.allocate().await?;
+                }
             }
         }
         next.state = match marker {
@@ -320,6 +412,14 @@ impl Transactions {
         rec.ends.clear();
         rec.start_ms = -1;
         rec.update_ms = self.now();
+        if rec.next_producer_id >= 0 {
+            // The markers took the last epoch: go on under the new id.
+            rec.previous_producer_id = rec.producer_id;
+            rec.producer_id = rec.next_producer_id;
+            rec.next_producer_id = -1;
+            rec.epoch = 0;
+            rec.last_epoch = -1;
+        }
         // Not flushed: were it lost, the Prepare* record finishes again at
         // start-up (see `recovering`).
         self.persist(id, rec, false).await
@@ -354,25 +454,31 @@ impl Transactions {
                 groups: Vec::new(),
                 offsets: Vec::new(),
                 ends: Vec::new(),
+                previous_producer_id: -1,
+                next_producer_id: -1,
             };
             self.persist(id, &rec, true).await?;
             *guard = Some(rec);
             return Ok((pid, 0));
         };
         // KIP-360: a producer naming its id and epoch re-initialises only
-        // if it is the current holder (or was, before a timeout bump).
-        if producer_id >= 0 && (producer_id != rec.producer_id || (epoch != rec.epoch && epoch != rec.last_epoch)) {
+        // if it is the current holder (or was, before a timeout bump, or
+        // before its epochs ran out and it got a new id).
+        let current = producer_id == rec.producer_id && (epoch == rec.epoch || epoch == rec.last_epoch);
+        let rotated = producer_id == rec.previous_producer_id && epoch >= i16::MAX - 1;
+        if producer_id >= 0 && !current && !rotated {
             return Err(fenced(version >= 4));
         }
         match rec.state {
             TxnState::PrepareCommit => self.finish(id, rec, Marker::Commit, false).await?,
             TxnState::PrepareAbort => self.finish(id, rec, Marker::Abort, false).await?,
-            TxnState::Ongoing => self.end(id, rec, Marker::Abort, true).await?,
+            TxnState::Ongoing => self.end(id, rec, Marker::Abort, Bump::Fence).await?,
             _ => {}
         }
         match next_epoch(rec.epoch) {
             Some(e) => rec.epoch = e,
             None => {
+                rec.previous_producer_id = rec.producer_id;
                 rec.producer_id = self.allocate().await?;
                 rec.epoch = 0;
             }
@@ -453,6 +559,18 @@ impl Transactions {
         Ok(codes)
     }
 
+    /// The partitions a transactional Produce of transactions v2 (v12+)
+    /// writes join its transaction, beginning it if need be, as Kafka's
+    /// partition leader asks its coordinator (AddPartitionsToTxn, not
+    /// verify-only) before it appends. Partitions are known to exist.
+    pub async fn add_produced(&self, id: &str, producer_id: i64, epoch: i16, partitions: &[(String, i32)]) -> Result<(), i16> {
+        let codes = self.add_partitions(id, producer_id, epoch, partitions, false, 5).await?;
+        match codes.into_iter().find(|&c| c != 0) {
+            None => Ok(()),
+            Some(code) => Err(code),
+        }
+    }
+
     /// AddOffsetsToTxn.
     pub async fn add_offsets(&self, id: &str, producer_id: i64, epoch: i16, group: &str, version: i16) -> Result<(), i16> {
         let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
@@ -490,8 +608,13 @@ impl Transactions {
         let mut guard = slot.lock().await;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         check_producer(rec, producer_id, epoch, version >= 3)?;
-        if rec.state != TxnState::Ongoing {
-            return Err(E::InvalidTxnState.code());
+        // From v5 (transactions v2) the commit brings its group into the
+        // transaction, beginning it if need be; before, AddOffsetsToTxn did.
+        match rec.state {
+            TxnState::Ongoing => {}
+            TxnState::PrepareCommit | TxnState::PrepareAbort if version >= 5 => return Err(E::ConcurrentTransactions.code()),
+            _ if version >= 5 => {}
+            _ => return Err(E::InvalidTxnState.code()),
         }
         let (generation, member_id, instance) = member;
         match self.inner.groups.txn_commit_check(group.to_owned(), super::CommitIds { generation, member_id, instance_id: instance }).await {
@@ -499,6 +622,7 @@ impl Transactions {
             Some(Err(code)) => return Err(code),
             None => return Err(E::CoordinatorNotAvailable.code()),
         }
+        let began = begin(rec, self.now())?;
         let now = self.now();
         let mut codes = Vec::with_capacity(offsets.len());
         // Where each (group, topic, partition) already sits: a later commit
@@ -526,27 +650,39 @@ impl Transactions {
             rec.groups.push(group.to_owned());
         }
         rec.update_ms = now;
-        self.persist(id, rec, false).await?;
+        // A transaction begun here is flushed, as in `add_partitions`.
+        self.persist(id, rec, began).await?;
         Ok(codes)
     }
 
-    /// EndTxn.
-    pub async fn end_txn(&self, id: &str, producer_id: i64, epoch: i16, commit: bool, version: i16) -> Result<(), i16> {
+    /// EndTxn. Returns the producer id and epoch the producer continues
+    /// with (EndTxn v5 answers them; from transactions v2 on, version 5,
+    /// every end moves the epoch).
+    pub async fn end_txn(&self, id: &str, producer_id: i64, epoch: i16, commit: bool, version: i16) -> Result<(i64, i16), i16> {
         let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
         let mut guard = slot.lock().await;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
+        if version >= 5 {
+            match v2_end(rec, producer_id, epoch, commit)? {
+                V2End::Done => {}
+                V2End::End(marker) => self.end(id, rec, marker, Bump::EveryEnd).await?,
+                V2End::Finish(marker) => self.finish(id, rec, marker, false).await?,
+            }
+            return Ok((rec.producer_id, rec.epoch));
+        }
         check_producer(rec, producer_id, epoch, version >= 2)?;
         let marker = if commit { Marker::Commit } else { Marker::Abort };
         match (rec.state, commit) {
-            (TxnState::Ongoing, _) => self.end(id, rec, marker, false).await,
+            (TxnState::Ongoing, _) => self.end(id, rec, marker, Bump::Keep).await?,
             // A retry of an end that went through.
-            (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => Ok(()),
+            (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => {}
             // An end whose markers failed earlier: finish it now.
-            (TxnState::PrepareCommit, true) => self.finish(id, rec, Marker::Commit, false).await,
-            (TxnState::PrepareAbort, false) => self.finish(id, rec, Marker::Abort, false).await,
-            (TxnState::PrepareCommit | TxnState::PrepareAbort, _) => Err(E::ConcurrentTransactions.code()),
-            _ => Err(E::InvalidTxnState.code()),
+            (TxnState::PrepareCommit, true) => self.finish(id, rec, Marker::Commit, false).await?,
+            (TxnState::PrepareAbort, false) => self.finish(id, rec, Marker::Abort, false).await?,
+            (TxnState::PrepareCommit | TxnState::PrepareAbort, _) => return Err(E::ConcurrentTransactions.code()),
+            _ => return Err(E::InvalidTxnState.code()),
         }
+        Ok((rec.producer_id, rec.epoch))
     }
 
     /// Whether TxnOffsetCommit for `group` has offsets waiting in an open
@@ -612,7 +748,7 @@ impl Transactions {
                 }
             } else if rec.state == TxnState::Ongoing && now - rec.start_ms > rec.timeout_ms as i64 {
                 tracing::info!(transactional_id = %id, producer_id = rec.producer_id, timeout_ms = rec.timeout_ms, "aborting a timed-out transaction");
-                if let Err(code) = self.end(&id, rec, Marker::Abort, true).await {
+                if let Err(code) = self.end(&id, rec, Marker::Abort, Bump::Fence).await {
                     tracing::warn!(transactional_id = %id, code, "aborting a timed-out transaction failed; will retry");
                 }
             } else if matches!(rec.state, TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort) && now - rec.update_ms > self.inner.cfg.id_expiration_ms {
@@ -650,7 +786,72 @@ mod tests {
     use super::*;
 
     fn rec(state: TxnState) -> TxnRecord {
-        TxnRecord { producer_id: 7, epoch: 3, last_epoch: -1, state, timeout_ms: 1000, start_ms: -1, update_ms: 0, partitions: vec![("t".into(), 0)], groups: vec![], offsets: vec![], ends: vec![] }
+        TxnRecord {
+            producer_id: 7,
+            epoch: 3,
+            last_epoch: -1,
+            state,
+            timeout_ms: 1000,
+            start_ms: -1,
+            update_ms: 0,
+            partitions: vec![("t".into(), 0)],
+            groups: vec![],
+            offsets: vec![],
+            ends: vec![],
+            previous_producer_id: -1,
+            next_producer_id: -1,
+        }
+    }
+
+    /// Kafka's table for EndTxn under transactions v2: the producer (7)
+    /// holds epoch 3; a retry names 2, the epoch before the last end.
+    #[test]
+    fn transactions_v2_ends_tell_retries_from_new_ends_by_epoch() {
+        use TxnState::*;
+        let (fenced, invalid) = (Err(E::ProducerFenced.code()), Err(E::InvalidTxnState.code()));
+        let end = |s: TxnState, epoch: i16, commit: bool| v2_end(&rec(s), 7, epoch, commit);
+        let (commit, abort) = (true, false);
+        // Empty: an abort at the current epoch ends a transaction with no
+        // data (the client added partitions it never wrote to); commit is
+        // refused; a retry epoch is a zombie.
+        assert_eq!(end(Empty, 3, abort), Ok(V2End::End(Marker::Abort)));
+        assert_eq!(end(Empty, 2, abort), fenced);
+        assert_eq!(end(Empty, 3, commit), invalid);
+        assert_eq!(end(Empty, 2, commit), fenced);
+        // CompleteAbort: a retried abort is done; a new abort ends an empty
+        // transaction; a commit is refused.
+        assert_eq!(end(CompleteAbort, 2, abort), Ok(V2End::Done));
+        assert_eq!(end(CompleteAbort, 3, abort), Ok(V2End::End(Marker::Abort)));
+        assert_eq!(end(CompleteAbort, 2, commit), invalid);
+        assert_eq!(end(CompleteAbort, 3, commit), invalid);
+        // CompleteCommit: a retried commit is done; a retried abort is not
+        // what happened; a new abort ends an empty transaction.
+        assert_eq!(end(CompleteCommit, 2, commit), Ok(V2End::Done));
+        assert_eq!(end(CompleteCommit, 3, commit), invalid);
+        assert_eq!(end(CompleteCommit, 2, abort), invalid);
+        assert_eq!(end(CompleteCommit, 3, abort), Ok(V2End::End(Marker::Abort)));
+        // Ongoing: ends at the current epoch only.
+        assert_eq!(end(Ongoing, 3, commit), Ok(V2End::End(Marker::Commit)));
+        assert_eq!(end(Ongoing, 3, abort), Ok(V2End::End(Marker::Abort)));
+        assert_eq!(end(Ongoing, 2, commit), fenced);
+        assert_eq!(end(Ongoing, 4, commit), fenced);
+        // Prepared (markers failed): the retry finishes it, the other
+        // result is refused, the current epoch is not a retry.
+        assert_eq!(end(PrepareCommit, 2, commit), Ok(V2End::Finish(Marker::Commit)));
+        assert_eq!(end(PrepareCommit, 2, abort), invalid);
+        assert_eq!(end(PrepareAbort, 2, abort), Ok(V2End::Finish(Marker::Abort)));
+        assert_eq!(end(PrepareAbort, 3, abort), fenced);
+        // Older or newer epochs and other producers.
+        assert_eq!(end(CompleteCommit, 1, commit), fenced);
+        assert_eq!(end(CompleteCommit, 4, commit), fenced);
+        assert_eq!(v2_end(&rec(Ongoing), 8, 3, true), Err(E::InvalidProducerIdMapping.code()));
+        // After the epochs ran out the producer goes on as 9 at epoch 0; a
+        // retry names 7 at the last epoch handed out.
+        let rotated = TxnRecord { producer_id: 9, epoch: 0, previous_producer_id: 7, ..rec(CompleteCommit) };
+        assert_eq!(v2_end(&rotated, 7, i16::MAX - 1, true), Ok(V2End::Done));
+        assert_eq!(v2_end(&rotated, 7, i16::MAX - 1, false), invalid);
+        assert_eq!(v2_end(&rotated, 7, 5, true), Err(E::InvalidProducerIdMapping.code()));
+        assert_eq!(v2_end(&rotated, 9, 0, false), Ok(V2End::End(Marker::Abort)));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! ApiVersions: derived from the routing table, so what is advertised is
-//! exactly what is served.
+//! exactly what is served; v3+ also report the feature levels
+//! (`kafka::features`).
 //!
 //! A client asking with a version we do not serve gets, as Kafka answers, a
 //! v0 body with UNSUPPORTED_VERSION and our ranges, so it can retry with one
@@ -36,6 +37,7 @@ pub fn special(_broker: &Arc<Broker>, h: &RequestHeader, _body: &Bytes) -> Optio
     Some(Route::Run(Box::pin(async move { encode_with_header_version(id, 0, 0, &resp) })))
 }
 
-pub async fn handle(_broker: &Broker, _req: Request, _version: i16) -> Option<Response> {
-    Some(Response::default().with_api_keys(api_keys()).with_finalized_features_epoch(-1))
+pub async fn handle(broker: &Broker, _req: Request, version: i16) -> Option<Response> {
+    let f = &broker.cfg.features;
+    Some(Response::default().with_api_keys(api_keys()).with_supported_features(f.supported(version)).with_finalized_features_epoch(f.epoch).with_finalized_features(f.finalized()))
 }

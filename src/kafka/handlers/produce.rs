@@ -12,6 +12,7 @@
 //! UNSUPPORTED_VERSION per partition by a small hand-written codec, since the
 //! crate has no codec for them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -27,6 +28,7 @@ use crate::engine::{Ack, EngineError};
 use crate::kafka::authz::Check;
 use crate::kafka::conn::throttle;
 use crate::kafka::{errors, Broker};
+use crate::protocol::batch::BatchHeader;
 use crate::protocol::header::RequestHeader;
 
 /// Advertised range.
@@ -225,6 +227,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
             _ => transactional,
         }
     });
+    // Every topic is resolved before any batch is submitted: a transaction
+    // v2 brings the partitions into its transaction first.
+    let transactional_id = req.transactional_id.as_ref().map(|t| t.0.to_string()).filter(|t| !t.is_empty());
+    let mut resolved = Vec::with_capacity(req.topic_data.len());
     for (topic, keep) in req.topic_data.into_iter().zip(keep) {
         if !keep.contains(&true) {
             continue;
@@ -251,20 +257,29 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
             }
             Ok(()) => broker.engine.topic(&name).ok_or(Refused::Engine(EngineError::UnknownTopicOrPartition)),
         };
-        let mut parts = Vec::with_capacity(topic.partition_data.len());
-        for (p, _) in topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k) {
+        let parts: Vec<_> = topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k).map(|(p, _)| p).collect();
+        resolved.push((topic.name, name, found, parts));
+    }
+    let not_joined = match (&transactional_id, ack) {
+        (Some(id), Some(_)) if version >= 12 => join_transaction(broker, id, &resolved).await,
+        _ => HashMap::new(),
+    };
+    for (i, (topic_name, _, found, parts)) in resolved.into_iter().enumerate() {
+        let mut out = Vec::with_capacity(parts.len());
+        for (j, p) in parts.into_iter().enumerate() {
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
                 (Err(Refused::Engine(e)), _) => Err(Some(Failed::of(e))),
                 (Err(e), _) => Err(Some(Failed { code: e.code(), message: None, records: Vec::new() })),
+                (Ok(_), _) if not_joined.contains_key(&(i, j)) => Err(Some(Failed { code: not_joined[&(i, j)], message: None, records: Vec::new() })),
                 (Ok(t), Some(ack)) => {
                     let records = p.records.unwrap_or_default();
                     broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(Failed::of(&e)))
                 }
             };
-            parts.push((p.index, submitted));
+            out.push((p.index, submitted));
         }
-        pending.push((topic.name, parts));
+        pending.push((topic_name, out));
     }
     drop(ticket);
     let mut responses = Vec::with_capacity(pending.len());
@@ -298,6 +313,59 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     }
     Some(Reply::Answer(Response::default().with_responses(responses)))
 }
+
+/// The producer id and epoch of the first transactional batch in `records`.
+fn transactional_producer(records: &Bytes) -> Option<(i64, i16)> {
+    crate::protocol::batch::split(records).filter_map(|b| b.ok().and_then(|b| BatchHeader::parse(b).ok())).find(|h| h.is_transactional()).map(|h| (h.producer_id, h.producer_epoch))
+}
+
+/// Transactions v2 (Produce v12+, KIP-890 part 2): the partitions this
+/// request writes transactional batches to join their transaction, as
+/// Kafka's partition leader asks the coordinator before it appends. Only
+/// partitions the transaction has not added yet are asked for, so a
+/// transaction costs the coordinator one call per partition it touches.
+/// Returns the code for each (topic, partition) position that did not join.
+async fn join_transaction(broker: &Broker, id: &str, resolved: &[Resolved]) -> HashMap<(usize, usize), i16> {
+    let mut wanted: HashMap<(i64, i16), Vec<((usize, usize), (String, i32))>> = HashMap::new();
+    for (i, (_, name, found, parts)) in resolved.iter().enumerate() {
+        let Ok(topic) = found else { continue };
+        for (j, p) in parts.iter().enumerate() {
+            let Some((pid, epoch)) = p.records.as_ref().and_then(transactional_producer) else { continue };
+            // A partition the topic lacks is refused by the append itself.
+            if p.index < 0 || p.index >= topic.partitions() || broker.engine.txn_admits(pid, epoch, &topic.tp(p.index)) {
+                continue;
+            }
+            wanted.entry((pid, epoch)).or_default().push(((i, j), (name.clone(), p.index)));
+        }
+    }
+    let mut refused = HashMap::new();
+    for ((pid, epoch), parts) in wanted {
+        let names: Vec<(String, i32)> = parts.iter().map(|(_, w)| w.clone()).collect();
+        if let Err(code) = broker.transactions.add_produced(id, pid, epoch, &names).await {
+            let code = produce_code(code);
+            refused.extend(parts.into_iter().map(|(at, _)| (at, code)));
+        }
+    }
+    refused
+}
+
+/// What a producer is answered when its partition could not join the
+/// transaction, as Kafka's leader translates its coordinator's answer: a
+/// fenced producer gets INVALID_PRODUCER_EPOCH, which producers expect on
+/// Produce; a coordinator that is busy or away gets NOT_ENOUGH_REPLICAS,
+/// which every producer retries without a metadata refresh.
+fn produce_code(code: i16) -> i16 {
+    use ResponseError as E;
+    match ResponseError::try_from_code(code) {
+        Some(E::ProducerFenced) => E::InvalidProducerEpoch.code(),
+        Some(E::ConcurrentTransactions | E::CoordinatorNotAvailable | E::NotCoordinator | E::CoordinatorLoadInProgress | E::NetworkException) => E::NotEnoughReplicas.code(),
+        _ => code,
+    }
+}
+
+/// A request's topic, resolved: its wire name, name, topic (or why not),
+/// and the partitions kept.
+type Resolved = (kafka_protocol::messages::TopicName, String, Result<Arc<crate::engine::Topic>, Refused>, Vec<kafka_protocol::messages::produce_request::PartitionProduceData>);
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,8 @@
 //! group's generation when the producer names its consumer's membership
 //! (v3+), as Kafka does.
 //!
-//! v5 (KIP-890 part 2: no AddOffsetsToTxn first) is not served.
+//! v5 is transactions v2 (KIP-890 part 2): the commit brings its group
+//! into the transaction, beginning it if need be (no AddOffsetsToTxn first).
 
 use kafka_protocol::messages::txn_offset_commit_response::{TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic};
 pub use kafka_protocol::messages::{TxnOffsetCommitRequest as Request, TxnOffsetCommitResponse as Response};
@@ -14,7 +15,7 @@ use crate::auth::acl::Operation;
 use crate::kafka::authz;
 use crate::kafka::{coordinator, Broker};
 
-pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
+pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let group = req.group_id.0.to_string();

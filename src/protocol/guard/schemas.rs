@@ -52,8 +52,8 @@ pub(super) static APIS: &[Api] = &[
         &add_partitions_to_txn::REQUEST,
     ),
     api(25, "AddOffsetsToTxn", 0, 4, 3, &add_offsets_to_txn::REQUEST),
-    api(26, "EndTxn", 0, 4, 3, &end_txn::REQUEST),
-    api(28, "TxnOffsetCommit", 0, 4, 3, &txn_offset_commit::REQUEST),
+    api(26, "EndTxn", 0, 5, 3, &end_txn::REQUEST),
+    api(28, "TxnOffsetCommit", 0, 5, 3, &txn_offset_commit::REQUEST),
     api(
         65,
         "DescribeTransactions",
@@ -695,10 +695,10 @@ pub(super) mod end_txn {
     pub(super) static REQUEST: Schema = s(
         "EndTxnRequest",
         &[
-            f("transactional_id", STR, 0, 4),
-            f("producer_id", I64, 0, 4),
-            f("producer_epoch", I16, 0, 4),
-            f("committed", BOOL, 0, 4),
+            f("transactional_id", STR, 0, 5),
+            f("producer_id", I64, 0, 5),
+            f("producer_epoch", I16, 0, 5),
+            f("committed", BOOL, 0, 5),
         ],
     );
 }
@@ -708,35 +708,35 @@ pub(super) mod txn_offset_commit {
     static TXN_OFFSET_COMMIT_REQUEST_PARTITION: Schema = s(
         "TxnOffsetCommitRequestPartition",
         &[
-            f("partition_index", I32, 0, 4),
-            f("committed_offset", I64, 0, 4),
-            f("committed_leader_epoch", I32, 2, 4),
-            f("committed_metadata", NSTR, 0, 4),
+            f("partition_index", I32, 0, 5),
+            f("committed_offset", I64, 0, 5),
+            f("committed_leader_epoch", I32, 2, 5),
+            f("committed_metadata", NSTR, 0, 5),
         ],
     );
     static TXN_OFFSET_COMMIT_REQUEST_TOPIC: Schema = s(
         "TxnOffsetCommitRequestTopic",
         &[
-            f("name", STR, 0, 4),
+            f("name", STR, 0, 5),
             f(
                 "partitions",
                 structs(&TXN_OFFSET_COMMIT_REQUEST_PARTITION),
                 0,
-                4,
+                5,
             ),
         ],
     );
     pub(super) static REQUEST: Schema = s(
         "TxnOffsetCommitRequest",
         &[
-            f("transactional_id", STR, 0, 4),
-            f("group_id", STR, 0, 4),
-            f("producer_id", I64, 0, 4),
-            f("producer_epoch", I16, 0, 4),
-            f("generation_id", I32, 3, 4),
-            f("member_id", STR, 3, 4),
-            f("group_instance_id", NSTR, 3, 4),
-            f("topics", structs(&TXN_OFFSET_COMMIT_REQUEST_TOPIC), 0, 4),
+            f("transactional_id", STR, 0, 5),
+            f("group_id", STR, 0, 5),
+            f("producer_id", I64, 0, 5),
+            f("producer_epoch", I16, 0, 5),
+            f("generation_id", I32, 3, 5),
+            f("member_id", STR, 3, 5),
+            f("group_instance_id", NSTR, 3, 5),
+            f("topics", structs(&TXN_OFFSET_COMMIT_REQUEST_TOPIC), 0, 5),
         ],
     );
 }
