@@ -326,7 +326,9 @@ fn transactional_producer(records: &Bytes) -> Option<(i64, i16)> {
 /// transaction costs the coordinator one call per partition it touches.
 /// Returns the code for each (topic, partition) position that did not join.
 async fn join_transaction(broker: &Broker, id: &str, resolved: &[Resolved]) -> HashMap<(usize, usize), i16> {
-    let mut wanted: HashMap<(i64, i16), Vec<((usize, usize), (String, i32))>> = HashMap::new();
+    // Per (producer id, epoch): each partition's position and name.
+    type Positions = Vec<((usize, usize), (String, i32))>;
+    let mut wanted: HashMap<(i64, i16), Positions> = HashMap::new();
     for (i, (_, name, found, parts)) in resolved.iter().enumerate() {
         let Ok(topic) = found else { continue };
         for (j, p) in parts.iter().enumerate() {

@@ -6,7 +6,11 @@
 // a null key on a compacted topic refused record by record (KIP-467), and
 // KafkaConsumer with the consumer group protocol of KIP-848
 // (group.protocol=consumer: ConsumerGroupHeartbeat, member epochs on
-// OffsetCommit, fetch sessions and Fetch by topic id).
+// OffsetCommit, fetch sessions and Fetch by topic id), and the
+// transactional producer with transactions v2 (KIP-890 part 2: the
+// finalized transaction.version, EndTxn v5 moving the epoch per
+// transaction, partitions and offsets joining without AddPartitionsToTxn
+// or AddOffsetsToTxn).
 //
 //   BOOTSTRAP=127.0.0.1:9092 java -cp kafka-clients.jar:slf4j-api.jar:. Compat
 //
@@ -26,6 +30,11 @@ import org.apache.kafka.clients.admin.Config;
 import org.apache.kafka.clients.admin.ConfigEntry;
 import org.apache.kafka.clients.admin.DescribeConfigsOptions;
 import org.apache.kafka.clients.admin.DescribeProducersResult;
+import org.apache.kafka.clients.admin.FeatureMetadata;
+import org.apache.kafka.clients.admin.FinalizedVersionRange;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.admin.TransactionState;
+import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.admin.ListOffsetsResult;
 import org.apache.kafka.clients.admin.LogDirDescription;
 import org.apache.kafka.clients.admin.NewTopic;
@@ -217,6 +226,69 @@ public class Compat {
                             c2.poll(java.time.Duration.ofMillis(100));
                         }
                     }
+                }
+                admin.deleteTopics(List.of(t)).all().get(30, TimeUnit.SECONDS);
+            });
+
+            check("transactions v2 (KIP-890 part 2)", () -> {
+                FeatureMetadata features = admin.describeFeatures().featureMetadata().get(30, TimeUnit.SECONDS);
+                FinalizedVersionRange tv = features.finalizedFeatures().get("transaction.version");
+                expect(tv != null && tv.maxVersionLevel() == 2, features);
+                String t = "java_txn_" + UUID.randomUUID().toString().substring(0, 8);
+                String txnId = t + ".producer";
+                String group = t + ".group";
+                admin.createTopics(List.of(new NewTopic(t, 2, (short) 1))).all().get(30, TimeUnit.SECONDS);
+                Properties tp = new Properties();
+                tp.putAll(pp);
+                tp.put("transactional.id", txnId);
+                try (KafkaProducer<byte[], byte[]> p = new KafkaProducer<>(tp)) {
+                    p.initTransactions();
+                    TransactionDescription before = admin.describeTransactions(List.of(txnId)).description(txnId).get(30, TimeUnit.SECONDS);
+                    // Committed, with the group's offset.
+                    p.beginTransaction();
+                    for (int i = 0; i < 10; i++) {
+                        p.send(new ProducerRecord<>(t, i % 2, b("k"), b("commit-" + i)));
+                    }
+                    p.sendOffsetsToTransaction(Map.of(new TopicPartition(t, 0), new OffsetAndMetadata(7)), new ConsumerGroupMetadata(group));
+                    p.commitTransaction();
+                    // Aborted, with an offset that must not stick.
+                    p.beginTransaction();
+                    for (int i = 0; i < 10; i++) {
+                        p.send(new ProducerRecord<>(t, i % 2, b("k"), b("abort-" + i)));
+                    }
+                    p.sendOffsetsToTransaction(Map.of(new TopicPartition(t, 0), new OffsetAndMetadata(9)), new ConsumerGroupMetadata(group));
+                    p.flush();
+                    p.abortTransaction();
+                    // Committed again, after the aborted records.
+                    p.beginTransaction();
+                    for (int i = 0; i < 5; i++) {
+                        p.send(new ProducerRecord<>(t, i % 2, b("k"), b("final-" + i)));
+                    }
+                    p.commitTransaction();
+                    TransactionDescription after = admin.describeTransactions(List.of(txnId)).description(txnId).get(30, TimeUnit.SECONDS);
+                    // Transactions v1 keep the epoch; v2 moves it once per end.
+                    expect(after.producerId() == before.producerId() && after.producerEpoch() == before.producerEpoch() + 3,
+                        "epoch " + before.producerEpoch() + " -> " + after.producerEpoch() + ": " + after);
+                    expect(after.state() == TransactionState.COMPLETE_COMMIT, after);
+                }
+                long committed = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get(30, TimeUnit.SECONDS).get(new TopicPartition(t, 0)).offset();
+                expect(committed == 7, "committed offset " + committed);
+                Properties cp = new Properties();
+                cp.put("bootstrap.servers", bootstrap);
+                cp.put("isolation.level", "read_committed");
+                cp.put("key.deserializer", ByteArrayDeserializer.class.getName());
+                cp.put("value.deserializer", ByteArrayDeserializer.class.getName());
+                try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(cp)) {
+                    c.assign(List.of(new TopicPartition(t, 0), new TopicPartition(t, 1)));
+                    c.seekToBeginning(c.assignment());
+                    java.util.List<String> seen = new java.util.ArrayList<>();
+                    long deadline = System.currentTimeMillis() + 30_000;
+                    while (seen.size() < 15) {
+                        expect(System.currentTimeMillis() < deadline, "read_committed read " + seen);
+                        c.poll(java.time.Duration.ofMillis(200)).forEach(r -> seen.add(new String(r.value(), StandardCharsets.UTF_8)));
+                    }
+                    c.poll(java.time.Duration.ofMillis(500)).forEach(r -> seen.add(new String(r.value(), StandardCharsets.UTF_8)));
+                    expect(seen.size() == 15 && seen.stream().noneMatch(v -> v.startsWith("abort-")), seen);
                 }
                 admin.deleteTopics(List.of(t)).all().get(30, TimeUnit.SECONDS);
             });
