@@ -14,9 +14,16 @@ const TXN_PRODUCER: i64 = 2_000;
 /// restart a decided transaction finished where its partitions are still
 /// open, an undecided one aborted with the epoch bumped, and one the logs
 /// hold open but the record does not name aborted the same way.
+/// Every other transaction is of transactions v2 (KIP-890 part 2), as a
+/// producer switches when the broker's `transaction.version` changes: its
+/// end moves the epoch and the markers carry the new one, so the next
+/// transaction starts its sequences at 0 and a late batch of the last one
+/// meets a fenced epoch.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Transactor {
     epoch: i16,
+    /// Transactions begun so far.
+    begun: u64,
     /// The next sequence number per tp at this epoch.
     pub(super) seqs: BTreeMap<Tp, i32>,
     /// The transaction under way, until its markers are acknowledged.
@@ -32,6 +39,8 @@ struct Txn {
     /// Decided (PrepareCommit or PrepareAbort), with each partition's log
     /// end when it was closed.
     decided: Option<(Marker, BTreeMap<Tp, i64>)>,
+    /// Transactions v2: the end moves the epoch.
+    v2: bool,
 }
 
 impl Sim {
@@ -91,10 +100,12 @@ impl Sim {
             t.add_partition(TXN_PRODUCER, self.transactor.epoch, *tp);
         }
         drop(t);
+        let v2 = self.transactor.begun % 2 == 1;
+        self.transactor.begun += 1;
         if self.trace {
-            eprintln!("  transaction begins at epoch {} on {:?}", self.transactor.epoch, tps.iter().map(|tp| (tp.topic[15], tp.partition)).collect::<Vec<_>>());
+            eprintln!("  transaction (v{}) begins at epoch {} on {:?}", if v2 { 2 } else { 1 }, self.transactor.epoch, tps.iter().map(|tp| (tp.topic[15], tp.partition)).collect::<Vec<_>>());
         }
-        self.transactor.current = Some(Txn { tps, sent: Vec::new(), decided: None });
+        self.transactor.current = Some(Txn { tps, sent: Vec::new(), decided: None, v2 });
         Ok(())
     }
 
@@ -179,7 +190,8 @@ impl Sim {
     /// The coordinator decides: each partition closed (no batch of the
     /// transaction after this) with its log end noted, the decision made
     /// durable, then the markers. `bump`: the epoch moves on first (an
-    /// abort the coordinator makes on its own).
+    /// abort the coordinator makes on its own); a transaction v2 moves it
+    /// with every end.
     fn end_txn(&mut self, marker: Marker, bump: bool) -> Check {
         let Some(txn) = self.transactor.current.clone() else { return Ok(()) };
         let live: Vec<Tp> = txn.tps.iter().copied().filter(|tp| self.topics.contains_key(&tp.topic)).collect();
@@ -189,7 +201,7 @@ impl Sim {
             let end = self.writer().next_offset(tp).ok_or_else(|| format!("{tp:?} unknown to the writer"))?;
             ends.insert(*tp, end);
         }
-        if bump {
+        if bump || txn.v2 {
             self.bump_epoch(self.transactor.epoch);
         }
         if self.trace {
