@@ -48,6 +48,11 @@ struct Entry {
     /// say. Not so for state picked up mid-stream (expired, lost, or a
     /// producer first seen after a restart): there it is out of order.
     complete: bool,
+    /// A marker moved this entry to a newer epoch and no batch of it came
+    /// since: only sequence 0 may follow (the epoch a transaction v2 end
+    /// hands the producer). Not kept in snapshots: a restart forgets
+    /// entries without batches, and takes the producer from where it is.
+    opened_by_marker: bool,
 }
 
 /// What to do with a batch.
@@ -239,9 +244,11 @@ impl Producers {
             return Check::Duplicate { base_offset: c.base_offset, last_offset: c.last_offset };
         }
         let Some(newest) = e.batches.back() else {
-            // Only a marker made this epoch here (transactions v2 move the
-            // epoch with every end): its sequences start at 0, as in Kafka.
-            return if ids.base_sequence == 0 { Check::Append } else { Check::Refuse(Refusal::OutOfOrder) };
+            // A marker moved the epoch here (transactions v2 move it with
+            // every end): its sequences start at 0, as in Kafka. Otherwise
+            // nothing is known of the sequences (an entry a marker made
+            // from nothing): take the producer from where it is.
+            return if e.opened_by_marker && ids.base_sequence != 0 { Check::Refuse(Refusal::OutOfOrder) } else { Check::Append };
         };
         if ids.base_sequence == next_seq(newest.last_seq) {
             return Check::Append;
@@ -265,11 +272,15 @@ impl Producers {
             last_used_ms: now_ms,
             last_timestamp: -1,
             complete: ids.base_sequence == 0,
+            opened_by_marker: false,
         });
-        if ids.epoch != e.epoch {
+        if ids.epoch != e.epoch || e.opened_by_marker {
+            // A new epoch: its history starts here (from 0, or picked up
+            // mid-stream).
             e.epoch = ids.epoch;
             e.batches.clear();
             e.complete = ids.base_sequence == 0;
+            e.opened_by_marker = false;
         }
         let cached = Cached { first_seq: ids.base_sequence, last_seq: ids.last_seq(), base_offset, last_offset };
         // The same batch twice (a replay over state that already had it)
@@ -290,11 +301,12 @@ impl Producers {
     /// `tp`: a newer epoch fences the older one there (its batches are
     /// refused from now on) and starts its sequences over.
     pub fn fence(&mut self, tp: Tp, producer_id: i64, epoch: i16, now_ms: i64) {
-        let e = self.entry(tp, producer_id, || Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false });
+        let e = self.entry(tp, producer_id, || Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false, opened_by_marker: false });
         if epoch > e.epoch {
             e.epoch = epoch;
             e.batches.clear();
             e.complete = false;
+            e.opened_by_marker = true;
         }
         e.last_used_ms = now_ms;
     }
@@ -412,7 +424,7 @@ impl Producers {
             if e.batches.len() > WINDOW {
                 return Err("more batches than the window".into());
             }
-            p.entries.entry(tp(&e.topic, e.partition)?).or_default().insert(e.producer_id, Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp });
+            p.entries.entry(tp(&e.topic, e.partition)?).or_default().insert(e.producer_id, Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp, opened_by_marker: false });
         }
         let mut covered = HashMap::new();
         for (topic, partition, end) in file.covered {
@@ -498,6 +510,16 @@ mod tests {
         assert_eq!(p.check(tp(), ids(5, 3, 1)), Check::Refuse(Refusal::OutOfOrder));
         assert_eq!(append(&mut p, ids(5, 0, 1), &mut next), Check::Append);
         assert_eq!(append(&mut p, ids(5, 1, 1), &mut next), Check::Append);
+        assert_eq!(p.check(tp(), ids(5, 0, 1)), Check::Duplicate { base_offset: 7, last_offset: 7 });
+        // A marker at the same epoch (transactions v1) changes nothing.
+        p.fence(tp(), 1000, 5, 0);
+        assert_eq!(append(&mut p, ids(5, 2, 1), &mut next), Check::Append);
+        // A marker that finds no entry (state expired, or the log's data
+        // batches retired before it) knows no sequence: the producer is
+        // taken from where it is, as without the marker.
+        let mut q = Producers::default();
+        q.fence(tp(), 1000, 5, 0);
+        assert_eq!(q.check(tp(), ids(5, 9, 1)), Check::Append);
     }
 
     #[test]

@@ -500,6 +500,10 @@ async fn transactions_v2_on_the_wire() {
     let (end_before, _) = latest_offsets(&mut sock, "txn2.wire").await;
     let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce(0, e0, 2, "late")).await;
     assert_eq!(code(&r), 47, "INVALID_PRODUCER_EPOCH");
+    // The partition refuses it on its own too (v11 does not ask the
+    // coordinator): the commit marker carried the new epoch.
+    let r: ProduceResponse = common::call(&mut sock, 0, 11, next(), &produce(0, e0, 2, "late")).await;
+    assert_eq!(code(&r), 47, "INVALID_PRODUCER_EPOCH, not INVALID_TXN_STATE");
     assert_eq!(latest_offsets(&mut sock, "txn2.wire").await.0, end_before, "nothing appended");
 
     // The next transaction, at the new epoch with sequences from 0, aborted.
@@ -539,5 +543,128 @@ async fn transactions_v2_on_the_wire() {
     let (committed, everything) = tokio::task::spawn_blocking(move || (read_values(addr, "txn2.wire", 2, "read_committed", 2), read_values(addr, "txn2.wire", 2, "read_uncommitted", 3))).await.unwrap();
     assert_eq!(committed, vec!["one", "two"]);
     assert_eq!(everything, vec!["one", "two", "aborted"]);
+    broker.shutdown().await;
+}
+
+/// Epochs run out: the end at the last epoch handed out (32,766) writes its
+/// markers at 32,767 and the producer goes on under a new producer id —
+/// after its own end (transactions v2), after a timeout (the coordinator's
+/// fence), and after a restart that finds such an end decided but not
+/// finished. Retries and KIP-360 re-inits naming the old id are still
+/// recognised; a batch of the old id is refused. The records are moved
+/// to their last epochs in the catalog between two runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_run_out_into_a_new_producer_id() {
+    use canopy::meta::{Catalog, TxnRecord, TxnState};
+    const LAST: i16 = i16::MAX - 1;
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = common::args(dir.path());
+    args.transaction_timeout_check_ms = Some(100);
+    let init = |id: &str, timeout: i32| InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(s(id)))).with_transaction_timeout_ms(timeout);
+    let (pid_a, pid_b) = {
+        let broker = common::start(args.clone()).await;
+        common::create_topic(broker.kafka_addr, "txn2.ovf", 1).await;
+        let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+        let a: InitProducerIdResponse = common::call(&mut sock, 22, 5, 1, &init("ovf", 60_000)).await;
+        let b: InitProducerIdResponse = common::call(&mut sock, 22, 5, 2, &init("slow", 1_000)).await;
+        broker.shutdown().await;
+        (a.producer_id.0, b.producer_id.0)
+    };
+    let (prepared_old, prepared_next) = {
+        let c = Catalog::open(&dir.path().join("catalog")).unwrap();
+        for (id, mut rec) in c.txns().unwrap() {
+            rec.epoch = if id == "ovf" { LAST - 1 } else { LAST };
+            c.put_txn(&id, &rec).unwrap();
+        }
+        // A commit decided at the last epoch, its end not finished.
+        let (old, next) = (c.allocate_producer_id().unwrap(), c.allocate_producer_id().unwrap());
+        let rec = TxnRecord {
+            producer_id: old,
+            epoch: i16::MAX,
+            last_epoch: LAST,
+            state: TxnState::PrepareCommit,
+            timeout_ms: 60_000,
+            start_ms: 1,
+            update_ms: 1,
+            partitions: vec![],
+            groups: vec![],
+            offsets: vec![],
+            ends: vec![],
+            previous_producer_id: -1,
+            next_producer_id: next,
+        };
+        c.put_txn("prepared", &rec).unwrap();
+        c.flush().unwrap();
+        (old, next)
+    };
+    let broker = common::start(args).await;
+    let addr = broker.kafka_addr;
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut id = 10;
+    let mut next = || {
+        id += 1;
+        id
+    };
+    let end = |txn: &str, pid: i64, epoch: i16, commit: bool| EndTxnRequest::default().with_transactional_id(TransactionalId(s(txn))).with_producer_id(ProducerId(pid)).with_producer_epoch(epoch).with_committed(commit);
+    let produce = |txn: &str, pid: i64, epoch: i16, seq: i32, value: &str| {
+        ProduceRequest::default().with_transactional_id(Some(TransactionalId(s(txn)))).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(s("txn2.ovf")))
+            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(txn_batch(pid, epoch, seq, value)))])])
+    };
+    let code = |r: &ProduceResponse| r.responses[0].partition_responses[0].error_code;
+
+    // Finished at start-up, under the next id.
+    let d = describe(&mut sock, "prepared").await;
+    assert_eq!((d.transaction_state.as_str(), d.producer_id.0, d.producer_epoch), ("CompleteCommit", prepared_next, 0));
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end("prepared", prepared_old, LAST, true)).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, prepared_next, 0), "a retry naming the old id");
+
+    // The producer's own ends.
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce("ovf", pid_a, LAST - 1, 0, "a")).await;
+    assert_eq!(code(&r), 0);
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end("ovf", pid_a, LAST - 1, true)).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, pid_a, LAST));
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce("ovf", pid_a, LAST, 0, "b")).await;
+    assert_eq!(code(&r), 0);
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end("ovf", pid_a, LAST, true)).await;
+    let new_a = r.producer_id.0;
+    assert_eq!((r.error_code, r.producer_epoch), (0, 0));
+    assert_ne!(new_a, pid_a, "a new producer id");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end("ovf", pid_a, LAST, true)).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, new_a, 0), "a retry naming the old id and its last epoch");
+    // A late batch of the old id at its last epoch: the marker at 32,767
+    // fenced it in the partition (v11 skips the coordinator).
+    let r: ProduceResponse = common::call(&mut sock, 0, 11, next(), &produce("ovf", pid_a, LAST, 1, "late")).await;
+    assert_eq!(code(&r), 47, "INVALID_PRODUCER_EPOCH");
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce("ovf", new_a, 0, 0, "c")).await;
+    assert_eq!(code(&r), 0);
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end("ovf", new_a, 0, true)).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, new_a, 1));
+
+    // A timeout at the last epoch fences by the new id too.
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce("slow", pid_b, LAST, 0, "timed out")).await;
+    assert_eq!(code(&r), 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let new_b = loop {
+        let d = describe(&mut sock, "slow").await;
+        if d.transaction_state.as_str() == "CompleteAbort" {
+            assert_eq!(d.producer_epoch, 0);
+            break d.producer_id.0;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still {}", d.transaction_state.as_str());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_ne!(new_b, pid_b);
+    let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &produce("slow", pid_b, LAST, 1, "after")).await;
+    assert_eq!(code(&r), 49, "INVALID_PRODUCER_ID_MAPPING: the timed-out producer cannot go on");
+    let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &end("slow", pid_b, LAST, false)).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, new_b, 0), "its abort is answered as done, with the new id");
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 5, next(), &init("slow", 1_000).with_producer_id(ProducerId(pid_b)).with_producer_epoch(LAST)).await;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, new_b, 1), "KIP-360 naming the old id at its last epoch");
+
+    let (u, c) = latest_offsets(&mut sock, "txn2.ovf").await;
+    assert_eq!(u, c, "nothing left open");
+    let committed = tokio::task::spawn_blocking(move || read_values(addr, "txn2.ovf", 1, "read_committed", 3)).await.unwrap();
+    assert_eq!(committed, vec!["a", "b", "c"]);
     broker.shutdown().await;
 }

@@ -149,20 +149,6 @@ fn next_epoch(epoch: i16) -> Option<i16> {
     (epoch < i16::MAX - 1).then_some(epoch + 1)
 }
 
-/// How the end of a transaction moves its producer's epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Bump {
-    /// The producer ends it (transactions v1): the epoch stays.
-    Keep,
-    /// The coordinator ends it on its own (timeout, a new producer,
-    /// restart) and fences the producer with a new epoch, where one is left.
-    Fence,
-    /// Transactions v2: every end moves the epoch and the markers carry the
-    /// new one. The last epoch goes to the markers only: the producer then
-    /// continues under a new producer id at epoch 0.
-    EveryEnd,
-}
-
 /// What an EndTxn of transactions v2 does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum V2End {
@@ -192,7 +178,7 @@ enum V2End {
 /// (its markers failed) is finished by a retry naming the epoch before it.
 fn v2_end(rec: &TxnRecord, producer_id: i64, epoch: i16, commit: bool) -> Result<V2End, i16> {
     let retry_on_bump = producer_id == rec.producer_id && i32::from(rec.epoch) == i32::from(epoch) + 1;
-    let retry_on_overflow = producer_id == rec.previous_producer_id && epoch == i16::MAX - 1 && rec.epoch == 0;
+    let retry_on_overflow = rec.previous_producer_id >= 0 && producer_id == rec.previous_producer_id && epoch == i16::MAX - 1 && rec.epoch == 0;
     if producer_id != rec.producer_id && !retry_on_overflow {
         return Err(E::InvalidProducerIdMapping.code());
     }
@@ -245,7 +231,7 @@ impl Transactions {
                 TxnState::PrepareAbort => t.finish(&id, rec, Marker::Abort, true).await,
                 TxnState::Ongoing => {
                     tracing::info!(transactional_id = %id, producer_id = rec.producer_id, "aborting a transaction left open by the last run");
-                    t.end(&id, rec, Marker::Abort, Bump::Fence).await
+                    t.end(&id, rec, Marker::Abort, true).await
                 }
                 _ => Ok(()),
             };
@@ -258,26 +244,40 @@ impl Transactions {
         // say so (the writes that began it were not flushed yet). Abort it
         // there, and fence its producer as for any transaction a restart
         // cut short, so it cannot go on to commit the rest of it.
-        let mut dangling: HashMap<(i64, i16), Vec<Tp>> = HashMap::new();
+        // One pass per producer id, at the newest epoch it has open.
+        let mut dangling: HashMap<i64, (i16, Vec<Tp>)> = HashMap::new();
         for (tp, open) in t.inner.engine.open_txns() {
-            dangling.entry((open.producer_id, open.epoch)).or_default().push(tp);
+            let d = dangling.entry(open.producer_id).or_insert((open.epoch, Vec::new()));
+            d.0 = d.0.max(open.epoch);
+            d.1.push(tp);
         }
-        for ((pid, epoch), tps) in dangling {
+        for (pid, (epoch, tps)) in dangling {
             tracing::info!(producer_id = pid, partitions = tps.len(), "aborting a transaction left open in the logs by the last run");
             let mut marker_epoch = epoch;
             if let Some((id, slot)) = owners.get(&pid) {
                 let mut guard = slot.lock().await;
                 let rec = guard.as_mut().expect("loaded");
-                if let Some(next) = next_epoch(rec.epoch.max(epoch)) {
-                    rec.last_epoch = rec.epoch;
-                    rec.epoch = next;
+                match next_epoch(rec.epoch.max(epoch)) {
+                    Some(next) => {
+                        rec.last_epoch = rec.epoch;
+                        rec.epoch = next;
+                        marker_epoch = next;
+                    }
+                    None => {
+                        // The last epoch fences on the markers; the
+                        // producer goes on under a new producer id.
+                        marker_epoch = i16::MAX;
+                        rec.previous_producer_id = rec.producer_id;
+                        rec.producer_id = t.allocate().await.map_err(|code| anyhow::anyhow!("a new producer id for transaction {id:?} (error {code})"))?;
+                        rec.epoch = 0;
+                        rec.last_epoch = -1;
+                    }
                 }
                 rec.state = TxnState::CompleteAbort;
                 rec.update_ms = t.now();
                 if let Err(code) = t.persist(id, rec, true).await {
                     anyhow::bail!("fencing the producer of transaction {id:?} failed (error {code})");
                 }
-                marker_epoch = rec.epoch;
             }
             t.inner.engine.write_markers(pid, marker_epoch, Marker::Abort, &tps).await?;
         }
@@ -326,24 +326,21 @@ impl Transactions {
 
     /// Ends the Ongoing transaction in `rec` (or, under transactions v2,
     /// one with no data to abort): the decision made durable, then markers
-    /// and offsets. `bump`: how the producer's epoch moves first.
-    async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: Bump) -> Result<(), i16> {
+    /// and offsets. `bump`: the epoch moves first and the markers carry
+    /// the new one — every end of transactions v2, and every end the
+    /// coordinator makes on its own (timeout, a new producer, restart),
+    /// which fences the producer. Epochs are handed out up to
+    /// i16::MAX - 1; from there the markers take i16::MAX and the producer
+    /// goes on under a new producer id at epoch 0 once the end completes.
+    async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: bool) -> Result<(), i16> {
         // The decision goes into a copy, kept only once it is durable.
         let mut next = rec.clone();
-        match bump {
-            Bump::Keep => {}
-            Bump::Fence => {
-                if let Some(e) = next_epoch(next.epoch) {
-                    next.last_epoch = next.epoch;
-                    next.epoch = e;
-                }
-            }
-            Bump::EveryEnd => {
-                // Producers are handed epochs up to i16::MAX - 1, so the
-                // markers always have one more.
-                next.last_epoch = next.epoch;
-                next.epoch = next.epoch.saturating_add(1);
-                if next_epoch(next.last_epoch).is_none() {
+        if bump {
+            next.last_epoch = next.epoch;
+            match next_epoch(next.epoch) {
+                Some(e) => next.epoch = e,
+                None => {
+                    next.epoch = i16::MAX;
                     next.next_producer_id = self.allocate().await?;
                 }
             }
@@ -472,7 +469,7 @@ impl Transactions {
         match rec.state {
             TxnState::PrepareCommit => self.finish(id, rec, Marker::Commit, false).await?,
             TxnState::PrepareAbort => self.finish(id, rec, Marker::Abort, false).await?,
-            TxnState::Ongoing => self.end(id, rec, Marker::Abort, Bump::Fence).await?,
+            TxnState::Ongoing => self.end(id, rec, Marker::Abort, true).await?,
             _ => {}
         }
         match next_epoch(rec.epoch) {
@@ -563,12 +560,24 @@ impl Transactions {
     /// writes join its transaction, beginning it if need be, as Kafka's
     /// partition leader asks its coordinator (AddPartitionsToTxn, not
     /// verify-only) before it appends. Partitions are known to exist.
-    pub async fn add_produced(&self, id: &str, producer_id: i64, epoch: i16, partitions: &[(String, i32)]) -> Result<(), i16> {
-        let codes = self.add_partitions(id, producer_id, epoch, partitions, false, 5).await?;
-        match codes.into_iter().find(|&c| c != 0) {
-            None => Ok(()),
-            Some(code) => Err(code),
+    /// Returns a code per partition, in order. A partition whose topic
+    /// went meanwhile is UNKNOWN_TOPIC_OR_PARTITION and does not hold the
+    /// others back.
+    pub async fn add_produced(&self, id: &str, producer_id: i64, epoch: i16, partitions: &[(String, i32)]) -> Vec<i16> {
+        let (known, gone): (Vec<usize>, Vec<usize>) = (0..partitions.len()).partition(|&i| self.tp(&partitions[i]).is_some());
+        let wanted: Vec<(String, i32)> = known.iter().map(|&i| partitions[i].clone()).collect();
+        let mut codes = vec![0; partitions.len()];
+        for i in gone {
+            codes[i] = E::UnknownTopicOrPartition.code();
         }
+        if wanted.is_empty() {
+            return codes;
+        }
+        match self.add_partitions(id, producer_id, epoch, &wanted, false, 5).await {
+            Ok(answered) => known.into_iter().zip(answered).for_each(|(i, c)| codes[i] = c),
+            Err(code) => known.into_iter().for_each(|i| codes[i] = code),
+        }
+        codes
     }
 
     /// AddOffsetsToTxn.
@@ -665,7 +674,7 @@ impl Transactions {
         if version >= 5 {
             match v2_end(rec, producer_id, epoch, commit)? {
                 V2End::Done => {}
-                V2End::End(marker) => self.end(id, rec, marker, Bump::EveryEnd).await?,
+                V2End::End(marker) => self.end(id, rec, marker, true).await?,
                 V2End::Finish(marker) => self.finish(id, rec, marker, false).await?,
             }
             return Ok((rec.producer_id, rec.epoch));
@@ -673,7 +682,7 @@ impl Transactions {
         check_producer(rec, producer_id, epoch, version >= 2)?;
         let marker = if commit { Marker::Commit } else { Marker::Abort };
         match (rec.state, commit) {
-            (TxnState::Ongoing, _) => self.end(id, rec, marker, Bump::Keep).await?,
+            (TxnState::Ongoing, _) => self.end(id, rec, marker, false).await?,
             // A retry of an end that went through.
             (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => {}
             // An end whose markers failed earlier: finish it now.
@@ -748,7 +757,7 @@ impl Transactions {
                 }
             } else if rec.state == TxnState::Ongoing && now - rec.start_ms > rec.timeout_ms as i64 {
                 tracing::info!(transactional_id = %id, producer_id = rec.producer_id, timeout_ms = rec.timeout_ms, "aborting a timed-out transaction");
-                if let Err(code) = self.end(&id, rec, Marker::Abort, Bump::Fence).await {
+                if let Err(code) = self.end(&id, rec, Marker::Abort, true).await {
                     tracing::warn!(transactional_id = %id, code, "aborting a timed-out transaction failed; will retry");
                 }
             } else if matches!(rec.state, TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort) && now - rec.update_ms > self.inner.cfg.id_expiration_ms {
@@ -852,6 +861,9 @@ mod tests {
         assert_eq!(v2_end(&rotated, 7, i16::MAX - 1, false), invalid);
         assert_eq!(v2_end(&rotated, 7, 5, true), Err(E::InvalidProducerIdMapping.code()));
         assert_eq!(v2_end(&rotated, 9, 0, false), Ok(V2End::End(Marker::Abort)));
+        // A record that never rotated has no previous id: -1 is no one's.
+        let fresh = TxnRecord { epoch: 0, ..rec(CompleteCommit) };
+        assert_eq!(v2_end(&fresh, -1, i16::MAX - 1, true), Err(E::InvalidProducerIdMapping.code()));
     }
 
     #[test]

@@ -343,10 +343,8 @@ async fn join_transaction(broker: &Broker, id: &str, resolved: &[Resolved]) -> H
     let mut refused = HashMap::new();
     for ((pid, epoch), parts) in wanted {
         let names: Vec<(String, i32)> = parts.iter().map(|(_, w)| w.clone()).collect();
-        if let Err(code) = broker.transactions.add_produced(id, pid, epoch, &names).await {
-            let code = produce_code(code);
-            refused.extend(parts.into_iter().map(|(at, _)| (at, code)));
-        }
+        let codes = broker.transactions.add_produced(id, pid, epoch, &names).await;
+        refused.extend(parts.into_iter().zip(codes).filter(|(_, c)| *c != 0).map(|((at, _), c)| (at, produce_code(c))));
     }
     refused
 }
@@ -360,7 +358,7 @@ fn produce_code(code: i16) -> i16 {
     use ResponseError as E;
     match ResponseError::try_from_code(code) {
         Some(E::ProducerFenced) => E::InvalidProducerEpoch.code(),
-        Some(E::ConcurrentTransactions | E::CoordinatorNotAvailable | E::NotCoordinator | E::CoordinatorLoadInProgress | E::NetworkException) => E::NotEnoughReplicas.code(),
+        Some(E::ConcurrentTransactions | E::CoordinatorNotAvailable | E::NotCoordinator | E::CoordinatorLoadInProgress | E::NetworkException | E::OperationNotAttempted) => E::NotEnoughReplicas.code(),
         _ => code,
     }
 }
