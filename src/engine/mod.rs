@@ -301,6 +301,7 @@ impl PendingAppend {
             Ok(Err(AppendFailure::UnknownPartition)) => Err(EngineError::UnknownTopicOrPartition),
             Ok(Err(AppendFailure::Storage(e))) => Err(EngineError::Storage(StorageError::Poisoned(e))),
             Ok(Err(AppendFailure::Refused(why))) => Err(EngineError::ProducerRefused(why)),
+            Ok(Err(AppendFailure::Misplaced(why))) => Err(EngineError::Storage(StorageError::Misplaced(why))),
             Err(_) => Err(EngineError::ShuttingDown),
         }
     }
@@ -708,6 +709,26 @@ impl Engine {
             reply,
         });
         self.writer.send(cmd).await.map_err(|_| EngineError::ShuttingDown)?;
+        Ok(PendingAppend { rx })
+    }
+
+    /// Appends a follower's copy of its leader's batches for one partition
+    /// (cluster mode): they keep the leader's offsets and bytes, and are
+    /// checked for shape and CRC only — the leader applied the produce
+    /// rules. Producer and transaction state follow them, so this replica
+    /// answers retries and fences zombies as its leader did. A batch below
+    /// the partition's log end is refused (`StorageError::Misplaced`).
+    pub async fn replicate(&self, tp: Tp, records: Bytes, ack: Ack) -> Result<PendingAppend, EngineError> {
+        let mut any = false;
+        for b in crate::protocol::batch::split(&records) {
+            crate::protocol::batch::check_shape(b?)?;
+            any = true;
+        }
+        if !any {
+            return Err(BatchError::Truncated { present: records.len(), needed: crate::protocol::batch::HEADER_BYTES }.into());
+        }
+        let (reply, rx) = oneshot::channel();
+        self.writer.send(WriteCmd::Replicate(writer::Replicate { tp, records, ack, reply })).await.map_err(|_| EngineError::ShuttingDown)?;
         Ok(PendingAppend { rx })
     }
 
@@ -1195,6 +1216,66 @@ mod tests {
         let crc = crc32c::crc32c(&b[21..]);
         b[17..21].copy_from_slice(&crc.to_be_bytes());
         Bytes::from(b)
+    }
+
+    /// Every batch of `tp`, concatenated as a fetch would carry them.
+    fn all_batches(engine: &Engine, tp: &Tp) -> Bytes {
+        let r = engine.read(tp, 0, 1 << 20, true).unwrap();
+        assert_eq!(r.next_offset, r.log_end, "one read holds them all");
+        r.records.iter().flat_map(|b| b.iter().copied()).collect::<Vec<u8>>().into()
+    }
+
+    /// A replica's copy (cluster mode's follower append): the leader's
+    /// batches at the leader's offsets, with producer and transaction state
+    /// following them, so the copy answers a producer's retry with the
+    /// leader's offsets and fences the epoch the leader's marker ended; a
+    /// batch below the log end, a corrupt one and an empty copy are refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_takes_its_leaders_batches_and_answers_as_it_would() {
+        let (ld, fd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let leader = Engine::open(EngineConfig::new(ld.path()), system_clock()).unwrap();
+        let follower = Engine::open(EngineConfig::new(fd.path()), system_clock()).unwrap();
+        let (lt, ft) = (leader.create_topic("r.t", 1, BTreeMap::new(), false).unwrap(), follower.create_topic("r.t", 1, BTreeMap::new(), false).unwrap());
+        // Cluster mode hands out producer ids cluster-wide; two fresh
+        // catalogs hand out the same ones.
+        let (pid, txn_pid) = (leader.catalog().allocate_producer_id().unwrap(), leader.catalog().allocate_producer_id().unwrap());
+        assert_eq!((follower.catalog().allocate_producer_id().unwrap(), follower.catalog().allocate_producer_id().unwrap()), (pid, txn_pid));
+        for seq in 0..4 {
+            leader.append(&lt, 0, idempotent(&[b"v"], pid, seq), Ack::Durable).await.unwrap();
+        }
+        let mut t = make_batch(&[b"in a transaction"], 0);
+        crate::protocol::batch::set_transactional(&mut t, txn_pid, 0, 0);
+        leader.add_txn_partitions(txn_pid, 0, &[lt.tp(0)]);
+        leader.append(&lt, 0, Bytes::from(t), Ack::Durable).await.unwrap();
+        // Ended under a new epoch, as transactions v2 end.
+        leader.close_txn_partitions(txn_pid, vec![lt.tp(0)]).await.unwrap();
+        leader.write_markers(txn_pid, 1, Marker::Abort, &[lt.tp(0)]).await.unwrap();
+        let copy = all_batches(&leader, &lt.tp(0));
+
+        let r = follower.replicate(ft.tp(0), copy.clone(), Ack::Durable).await.unwrap().wait().await.unwrap();
+        assert_eq!((r.base_offset, r.last_offset), (0, 5));
+        assert_eq!(all_batches(&follower, &ft.tp(0)), copy, "byte for byte, at the leader's offsets");
+        assert_eq!(follower.offsets(&ft.tp(0)), leader.offsets(&lt.tp(0)));
+        assert!(follower.open_txns().is_empty(), "the abort marker closed the transaction here too");
+        // Now leading: a retry gets the leader's offsets, the sequence goes
+        // on, and the ended epoch is fenced.
+        let retry = follower.append(&ft, 0, idempotent(&[b"v"], pid, 2), Ack::Written).await.unwrap();
+        assert_eq!(retry.base_offset, 2);
+        assert_eq!(follower.append(&ft, 0, idempotent(&[b"v"], pid, 4), Ack::Written).await.unwrap().base_offset, 6);
+        let mut zombie = make_batch(&[b"late"], 0);
+        crate::protocol::batch::set_transactional(&mut zombie, txn_pid, 0, 1);
+        let zombie = follower.append(&ft, 0, Bytes::from(zombie), Ack::Written).await;
+        assert!(matches!(zombie, Err(EngineError::ProducerRefused(producers::Refusal::StaleEpoch))), "{zombie:?}");
+        // Refused: below the log end, corrupt, nothing at all.
+        let again = follower.replicate(ft.tp(0), copy.clone(), Ack::Written).await.unwrap().wait().await;
+        assert!(matches!(again, Err(EngineError::Storage(StorageError::Misplaced(_)))), "{again:?}");
+        let mut bad = copy.to_vec();
+        bad[30] ^= 1;
+        assert!(matches!(follower.replicate(ft.tp(0), Bytes::from(bad), Ack::Written).await, Err(EngineError::Corrupt(BatchError::BadCrc { .. }))));
+        assert!(matches!(follower.replicate(ft.tp(0), Bytes::new(), Ack::Written).await, Err(EngineError::Corrupt(BatchError::Truncated { .. }))));
+        assert_eq!(follower.offsets(&ft.tp(0)).map(|o| o.2), Some(7), "nothing of the refused copies went in");
+        leader.shutdown().await;
+        follower.shutdown().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

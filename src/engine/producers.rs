@@ -341,6 +341,28 @@ impl Producers {
         self.entries.remove(tp);
     }
 
+    /// Takes one batch already in the log into the state — replayed, or a
+    /// follower's copy of its leader's batch: a producer's batch is
+    /// recorded, transactional batches and markers go to `txns` too.
+    /// Returns whether it was a producer's batch.
+    pub fn apply(&mut self, txns: &mut Txns, tp: Tp, b: &[u8], h: &batch::BatchHeader, now_ms: i64) -> bool {
+        if h.producer_id < 0 {
+            return false;
+        }
+        if h.is_control() {
+            if let Some(marker) = batch::marker_of(b, h) {
+                txns.on_marker(tp, h.producer_id, marker, h.base_offset);
+                self.fence(tp, h.producer_id, h.producer_epoch, now_ms);
+            }
+            return true;
+        }
+        self.record(tp, BatchIds::of(h), h.base_offset, h.last_offset(), now_ms);
+        if h.is_transactional() {
+            txns.on_batch(tp, h.producer_id, h.producer_epoch, h.base_offset);
+        }
+        true
+    }
+
     /// Replays the batches of `tp` from `from` to its high watermark into
     /// the state, and transactional batches and markers into `txns`;
     /// returns how many producer batches it saw.
@@ -357,21 +379,11 @@ impl Producers {
                 for b in batch::split(part) {
                     let Ok(b) = b else { break };
                     let Ok(h) = batch::BatchHeader::parse(b) else { break };
-                    let last = h.base_offset + h.last_offset_delta as i64;
-                    if h.producer_id < 0 || last < offset {
+                    if h.last_offset() < offset {
                         continue;
                     }
-                    seen += 1;
-                    if h.is_control() {
-                        if let Some(marker) = batch::marker_of(b, &h) {
-                            txns.on_marker(tp, h.producer_id, marker, h.base_offset);
-                            self.fence(tp, h.producer_id, h.producer_epoch, now_ms);
-                        }
-                        continue;
-                    }
-                    self.record(tp, BatchIds::of(&h), h.base_offset, last, now_ms);
-                    if h.is_transactional() {
-                        txns.on_batch(tp, h.producer_id, h.producer_epoch, h.base_offset);
+                    if self.apply(txns, tp, b, &h, now_ms) {
+                        seen += 1;
                     }
                 }
             }

@@ -22,6 +22,7 @@
 //! thread goes on refusing, so no client waits forever and shutdown still
 //! completes. An I/O failure poisons storage the same way from inside it.
 
+use bytes::Bytes;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -67,6 +68,8 @@ pub(super) enum AppendFailure {
     UnknownPartition,
     Storage(String),
     Refused(Refusal),
+    /// A replicated batch below the log end (see `LogWriter::append_at`).
+    Misplaced(String),
 }
 
 pub(super) type Reply = oneshot::Sender<Result<AppendResult, AppendFailure>>;
@@ -82,8 +85,18 @@ pub(super) struct Append {
     pub reply: Reply,
 }
 
+/// A follower's copy of its leader's batches for one tp (cluster mode):
+/// checked for shape and CRC, not for the produce rules the leader applied.
+pub(super) struct Replicate {
+    pub tp: Tp,
+    pub records: Bytes,
+    pub ack: Ack,
+    pub reply: Reply,
+}
+
 pub(super) enum WriteCmd {
     Append(Append),
+    Replicate(Replicate),
     /// A transaction marker the coordinator writes; acked when durable.
     Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
     /// The coordinator is about to decide a transaction: no more of its
@@ -209,6 +222,7 @@ impl Writer {
         while let Some(cmd) = round.pop() {
             match cmd {
                 WriteCmd::Append(a) => self.append(a, now),
+                WriteCmd::Replicate(r) => self.replicate(r, now),
                 WriteCmd::Marker { tp, producer_id, epoch, marker, reply } => self.marker(tp, producer_id, epoch, marker, reply, now),
                 WriteCmd::CloseTxn { producer_id, tps, reply } => self.close_txn(producer_id, &tps, reply),
                 WriteCmd::Switch { switch, reply } => {
@@ -284,6 +298,47 @@ impl Writer {
         }
         // Validation let no empty batch list through.
         let Some(r) = result else { return };
+        match ack {
+            Ack::Written => self.written.push((reply, r)),
+            Ack::Durable => self.durable.push((reply, r)),
+        }
+    }
+
+    /// A follower's copy: each batch at its leader's offsets and with its
+    /// leader's bytes; producer and transaction state follow it as at
+    /// replay, so this replica can lead at once. No producer check: the
+    /// leader made it. A batch that cannot go where it says stops the copy
+    /// there (what came before it stays, as the log end says).
+    fn replicate(&mut self, r: Replicate, now: i64) {
+        let Replicate { tp, records, ack, reply } = r;
+        let mut result: Option<AppendResult> = None;
+        for b in batch::split(&records) {
+            // The engine checked every batch before queueing them.
+            let Ok(b) = b else { break };
+            let Ok(h) = batch::BatchHeader::parse(b) else { break };
+            let a = match self.log.append_at(tp, b, now) {
+                Ok(a) => a,
+                Err(e) => {
+                    let _ = reply.send(Err(storage_failure(e)));
+                    return;
+                }
+            };
+            self.snapshots.appended += b.len() as u64;
+            let r = result.get_or_insert(AppendResult { base_offset: a.base_offset, last_offset: a.last_offset, log_append_time: -1, log_start: a.log_start });
+            r.last_offset = a.last_offset;
+            if h.producer_id >= 0 {
+                if h.is_transactional() || h.is_control() {
+                    self.shared.any_txns.store(true, Ordering::Release);
+                }
+                let mut txns = self.shared.txns.write().expect("txns lock");
+                self.producers.apply(&mut txns, tp, b, &h, now);
+                self.snapshots.dirty = true;
+            }
+        }
+        let Some(r) = result else {
+            let _ = reply.send(Err(AppendFailure::Storage("no batch to replicate".into())));
+            return;
+        };
         match ack {
             Ack::Written => self.written.push((reply, r)),
             Ack::Durable => self.durable.push((reply, r)),
@@ -389,6 +444,7 @@ pub(crate) fn admit(producers: &producers::Producers, txns: &RwLock<txns::Txns>,
 fn storage_failure(e: StorageError) -> AppendFailure {
     match e {
         StorageError::UnknownPartition => AppendFailure::UnknownPartition,
+        StorageError::Misplaced(why) => AppendFailure::Misplaced(why),
         e => AppendFailure::Storage(e.to_string()),
     }
 }
@@ -396,7 +452,7 @@ fn storage_failure(e: StorageError) -> AppendFailure {
 /// Answers a command that will not run.
 fn refuse(cmd: WriteCmd, why: &str) {
     match cmd {
-        WriteCmd::Append(Append { reply, .. }) | WriteCmd::Marker { reply, .. } => {
+        WriteCmd::Append(Append { reply, .. }) | WriteCmd::Replicate(Replicate { reply, .. }) | WriteCmd::Marker { reply, .. } => {
             let _ = reply.send(Err(AppendFailure::Storage(why.to_owned())));
         }
         WriteCmd::Switch { reply, .. } => {

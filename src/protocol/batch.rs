@@ -168,12 +168,10 @@ impl BatchHeader {
     }
 }
 
-/// Validates one produced batch fully: header, sizes, CRC-32C and the
-/// records-count/offset-delta relationship. `buf` must be exactly one batch.
-pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError> {
-    if buf.len() > max_bytes {
-        return Err(BatchError::TooLarge { size: buf.len(), limit: max_bytes });
-    }
+/// Checks one batch's shape: its header, its length against `buf`
+/// (exactly one batch) and its CRC-32C. What a replica checks of its
+/// leader's batches; a produced batch gets [`validate`].
+pub fn check_shape(buf: &[u8]) -> Result<BatchHeader, BatchError> {
     let header = BatchHeader::parse(buf)?;
     if header.size != buf.len() {
         return Err(BatchError::BadLength(get_i32(buf, OFF_BATCH_LENGTH)));
@@ -183,6 +181,16 @@ pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError>
     if stored != computed {
         return Err(BatchError::BadCrc { stored, computed });
     }
+    Ok(header)
+}
+
+/// Validates one produced batch fully: header, sizes, CRC-32C and the
+/// records-count/offset-delta relationship. `buf` must be exactly one batch.
+pub fn validate(buf: &[u8], max_bytes: usize) -> Result<BatchHeader, BatchError> {
+    if buf.len() > max_bytes {
+        return Err(BatchError::TooLarge { size: buf.len(), limit: max_bytes });
+    }
+    let header = check_shape(buf)?;
     if header.last_offset_delta < 0
         || header.records_count <= 0
         || header.records_count as i64 != header.last_offset_delta as i64 + 1

@@ -11,7 +11,10 @@
 //! delete a topic, append a batch, send an idempotent producer's batch (or
 //! resend those in flight), take a transactional producer's next step,
 //! flush, sync and acknowledge, read a partition, enforce retention,
-//! compact, restart cleanly, or crash. The driver plays the engine's
+//! compact, restart cleanly, or crash. A quarter of the plain appends come
+//! as a follower's copy of its leader's batch would (`append_at`, placed at
+//! the offset the model expects), some after one placed below it that must
+//! be refused without a trace. The driver plays the engine's
 //! part: a batch is acknowledged only after the flush that wrote it and
 //! the sync after that flush, as the engine does for acks=all; the
 //! catalog (topics, log starts, compaction windows) is modelled as
@@ -178,6 +181,10 @@ pub struct Outcome {
     pub txn_commits: u64,
     pub txn_aborts: u64,
     pub txn_refusals: u64,
+    /// Batches appended as a follower's copy (`append_at`), and those
+    /// placed below the next offset and refused as they must be.
+    pub placed_appends: u64,
+    pub misplaced_refusals: u64,
     /// Retention and compaction calls inside which the writer appended,
     /// flushed or synced.
     pub interleaved: u64,
@@ -206,6 +213,8 @@ impl Outcome {
         self.txn_commits += o.txn_commits;
         self.txn_aborts += o.txn_aborts;
         self.txn_refusals += o.txn_refusals;
+        self.placed_appends += o.placed_appends;
+        self.misplaced_refusals += o.misplaced_refusals;
         self.interleaved += o.interleaved;
         self.indexed_segments += o.indexed_segments;
         self.walked_segments += o.walked_segments;
@@ -662,8 +671,29 @@ impl Sim {
 
     fn append(&mut self) -> Check {
         let Some(tp) = self.pick_tp() else { return self.create_topic() };
-        let bytes = self.plain_batch();
+        let mut bytes = self.plain_batch();
         let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
+        if self.rng.below(4) == 0 {
+            // As a follower copies its leader's batch: placed at the offset
+            // the model expects (`append_at`), after, now and then, one
+            // placed below it, which must be refused and change nothing.
+            let next = self.mtp(&tp).next_offset();
+            if next > 0 && self.rng.below(3) == 0 {
+                let mut below = bytes.clone();
+                batch::set_base_offset(&mut below, next - 1 - self.rng.below(next as u64) as i64);
+                let now = self.now_ms;
+                match self.writer().append_at(tp, &below, now) {
+                    Err(StorageError::Misplaced(_)) => self.out.misplaced_refusals += 1,
+                    Ok(a) => return Err(format!("{tp:?}: a batch placed below the next offset {next} was taken at {}", a.base_offset)),
+                    Err(e) => return self.poisoned(e),
+                }
+                ensure(self.writer().next_offset(&tp) == Some(next), || format!("{tp:?}: a refused placement moved the next offset from {next}"))?;
+            }
+            batch::set_base_offset(&mut bytes, next);
+            let placed = self.append_batch_at(tp, bytes, state, Kind::Plain, true)?;
+            self.out.placed_appends += placed.is_some() as u64;
+            return Ok(());
+        }
         self.append_batch(tp, bytes, state, Kind::Plain).map(drop)
     }
 
@@ -685,8 +715,15 @@ impl Sim {
     /// descriptors or space and staged nothing, or it refused for good and
     /// the machine was power-cycled.
     fn append_batch(&mut self, tp: Tp, bytes: Vec<u8>, state: State, kind: Kind) -> Result<Option<crate::storage::Appended>, String> {
+        self.append_batch_at(tp, bytes, state, kind, false)
+    }
+
+    /// `append_batch`; `placed`: as a follower's copy, at the batch's own
+    /// base offset.
+    fn append_batch_at(&mut self, tp: Tp, bytes: Vec<u8>, state: State, kind: Kind, placed: bool) -> Result<Option<crate::storage::Appended>, String> {
         let now = self.now_ms;
-        match self.writer().append(tp, &bytes, now, false) {
+        let appended = if placed { self.writer().append_at(tp, &bytes, now) } else { self.writer().append(tp, &bytes, now, false) };
+        match appended {
             Ok(a) => {
                 self.appended(tp, bytes, &a, state, kind)?;
                 Ok(Some(a))

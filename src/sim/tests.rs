@@ -21,14 +21,16 @@ fn a_few_hundred_seeds_keep_every_invariant() {
     // Transactions committed and aborted, and batches a transaction
     // must not write were refused.
     assert!(total.txn_batches > 500 && total.txn_commits > 50 && total.txn_aborts > 50 && total.txn_refusals > 50, "{total:?}");
+    // Followers' copies were placed, and misplaced ones refused.
+    assert!(total.placed_appends > 500 && total.misplaced_refusals > 100, "{total:?}");
     // The writer worked inside retention and compaction calls.
     assert!(total.interleaved > 100, "{total:?}");
 }
 
 /// The simulator is only as good as the bugs it finds: each planted one
-/// within the first 100 seeds (of 1,000 seeds, 975 find a skipped fsync,
-/// 998 an ack before the flush, 661 a kept torn tail, 64 the retention
-/// off-by-one, first at seed 41; see docs/simulator.md).
+/// within the first 100 seeds (of 1,000 seeds, 972 find a skipped fsync,
+/// 998 an ack before the flush, 673 a kept torn tail, 82 the retention
+/// off-by-one, first at seed 1; see docs/simulator.md).
 #[test]
 fn each_planted_bug_is_found_within_100_seeds() {
     for (name, plant) in Plant::ALL {

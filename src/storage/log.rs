@@ -173,6 +173,10 @@ pub enum StorageError {
     /// A compaction stopped at an injected fault (tests).
     #[error("stopped at {0}")]
     Stopped(String),
+    /// A replicated batch that cannot go where it says
+    /// ([`LogWriter::append_at`]); nothing was staged.
+    #[error("misplaced replicated batch: {0}")]
+    Misplaced(String),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

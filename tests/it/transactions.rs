@@ -342,15 +342,7 @@ async fn the_coordinator_refuses_bad_requests_with_kafkas_codes() {
     assert_eq!(r.error_code, 48, "INVALID_TXN_STATE");
 
     // A transactional batch for a partition the transaction did not add.
-    let produce = |partition: i32, seq: i32| {
-        let mut b = common::producer_batch(pid.0, epoch, seq, &[b"t"]).to_vec();
-        b[22] |= 0x10; // transactional
-        let crc = crc32c::crc32c(&b[21..]);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        ProduceRequest::default().with_transactional_id(Some(tid("wire"))).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(s("txn.wire")))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(bytes::Bytes::from(b)))])])
-    };
+    let produce = |partition: i32, seq: i32| txn_produce("wire", "txn.wire", partition, txn_batch(pid.0, epoch, seq, "t"));
     let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, next(), &add("wire", pid, epoch, "txn.wire", vec![0])).await;
     assert_eq!(codes(&r), vec![0]);
     let r: ProduceResponse = common::call(&mut sock, 0, 8, next(), &produce(1, 0)).await;
@@ -418,6 +410,13 @@ fn txn_batch(pid: i64, epoch: i16, seq: i32, value: &str) -> bytes::Bytes {
     bytes::Bytes::from(b)
 }
 
+/// A Produce (acks=all) of `batch` to one partition, under transactional id `txn`.
+fn txn_produce(txn: &str, topic: &str, partition: i32, batch: bytes::Bytes) -> ProduceRequest {
+    ProduceRequest::default().with_transactional_id(Some(TransactionalId(s(txn)))).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(s(topic)))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch))])])
+}
+
 /// Transactions v2 (KIP-890 part 2) as a Kafka 4 producer speaks them:
 /// the broker says `transaction.version` 2, partitions join on Produce v12
 /// and groups on TxnOffsetCommit v5 (no AddPartitionsToTxn, no
@@ -450,11 +449,7 @@ async fn transactions_v2_on_the_wire() {
     let r: InitProducerIdResponse = common::call(&mut sock, 22, 5, next(), &InitProducerIdRequest::default().with_transactional_id(Some(tid())).with_transaction_timeout_ms(60_000)).await;
     assert_eq!(r.error_code, 0);
     let (pid, e0) = (r.producer_id, r.producer_epoch);
-    let produce = |partition: i32, epoch: i16, seq: i32, value: &str| {
-        ProduceRequest::default().with_transactional_id(Some(tid())).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(s("txn2.wire")))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(txn_batch(pid.0, epoch, seq, value)))])])
-    };
+    let produce = |partition: i32, epoch: i16, seq: i32, value: &str| txn_produce("v2", "txn2.wire", partition, txn_batch(pid.0, epoch, seq, value));
     let code = |r: &ProduceResponse| r.responses[0].partition_responses[0].error_code;
     let end = |epoch: i16, commit: bool| EndTxnRequest::default().with_transactional_id(tid()).with_producer_id(pid).with_producer_epoch(epoch).with_committed(commit);
 
@@ -530,8 +525,7 @@ async fn transactions_v2_on_the_wire() {
     let r: EndTxnResponse = common::call(&mut sock, 26, 5, next(), &EndTxnRequest::default().with_transactional_id(TransactionalId(s("nobody"))).with_producer_id(pid).with_producer_epoch(e0).with_committed(true)).await;
     assert_eq!((r.error_code, r.producer_id, r.producer_epoch), (49, ProducerId(-1), -1), "INVALID_PRODUCER_ID_MAPPING");
     // A produce of another producer id under this transactional id.
-    let mut other = produce(1, e2 + 1, 0, "other");
-    other.topic_data[0].partition_data[0].records = Some(txn_batch(pid.0 + 1000, e2 + 1, 0, "other"));
+    let other = txn_produce("v2", "txn2.wire", 1, txn_batch(pid.0 + 1000, e2 + 1, 0, "other"));
     let r: ProduceResponse = common::call(&mut sock, 0, 12, next(), &other).await;
     assert_eq!(code(&r), 49, "INVALID_PRODUCER_ID_MAPPING");
     let d = describe(&mut sock, "v2").await;
@@ -606,11 +600,7 @@ async fn epochs_run_out_into_a_new_producer_id() {
         id
     };
     let end = |txn: &str, pid: i64, epoch: i16, commit: bool| EndTxnRequest::default().with_transactional_id(TransactionalId(s(txn))).with_producer_id(ProducerId(pid)).with_producer_epoch(epoch).with_committed(commit);
-    let produce = |txn: &str, pid: i64, epoch: i16, seq: i32, value: &str| {
-        ProduceRequest::default().with_transactional_id(Some(TransactionalId(s(txn)))).with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(s("txn2.ovf")))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(txn_batch(pid, epoch, seq, value)))])])
-    };
+    let produce = |txn: &str, pid: i64, epoch: i16, seq: i32, value: &str| txn_produce(txn, "txn2.ovf", 0, txn_batch(pid, epoch, seq, value));
     let code = |r: &ProduceResponse| r.responses[0].partition_responses[0].error_code;
 
     // Finished at start-up, under the next id.

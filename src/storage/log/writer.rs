@@ -139,10 +139,30 @@ impl LogWriter {
     /// `baseOffset` (and the timestamps for LogAppendTime) and frames it.
     /// Nothing is visible to readers until [`LogWriter::flush`].
     pub fn append(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
+        self.stage(tp, batch, now_ms, log_append_time, None)
+    }
+
+    /// Stages a batch another replica already placed (a follower's copy of
+    /// its leader's batch): at the batch's own `baseOffset`, which must not
+    /// be below this tp's next offset (above it is a gap the leader's
+    /// cleaning left); its bytes, timestamps included, are kept as they
+    /// are. Nothing is visible to readers until [`LogWriter::flush`].
+    pub fn append_at(&mut self, tp: Tp, batch: &[u8], now_ms: i64) -> Result<Appended, StorageError> {
+        let at = crate::protocol::batch::BatchHeader::parse(batch).map_err(|e| StorageError::Misplaced(format!("the batch does not parse: {e:?}")))?.base_offset;
+        self.stage(tp, batch, now_ms, false, Some(at))
+    }
+
+    fn stage(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool, at: Option<i64>) -> Result<Appended, StorageError> {
         let LogWriter { log, next_seq, parts, staged: all_staged, spare, preallocate } = self;
         let log = &**log;
         log.check_poison()?;
         let pw = part(parts, log, tp)?;
+        // Checked before anything is staged: a misplaced batch changes nothing.
+        if let Some(at) = at {
+            if at < pw.next_offset {
+                return Err(StorageError::Misplaced(format!("a batch at offset {at} is below the next offset {}", pw.next_offset)));
+            }
+        }
         let branch_name = tip_key(&pw.part.branch);
         let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
 
@@ -192,7 +212,7 @@ impl LogWriter {
 
         let seq = *next_seq;
         *next_seq += 1;
-        let base_offset = pw.next_offset;
+        let base_offset = at.unwrap_or(pw.next_offset);
         let fh = segment::encode_frame(&mut staged.buf, seq, &tp.topic, tp.partition, base_offset, log_append_time.then_some(now_ms), batch);
         let entry = pw.index_entry(&staged.seg, pos, &fh, &log.cfg);
         if log.cfg.tip.bytes > 0 {
@@ -433,5 +453,70 @@ mod tests {
         assert!(s.offsets(&tp(1, 0)).is_none());
         // The survivor goes on from where it was.
         assert_eq!(w.append(tp(2, 0), &make_batch(&[b"z"], 0), 0, false).unwrap().base_offset, 1);
+    }
+
+    /// Every batch of a tp, read from the start, one per element.
+    fn batches(s: &Storage, t: Tp) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut offset = s.offsets(&t).unwrap().0;
+        loop {
+            let r = s.read(&t, offset, 1 << 20, true).unwrap();
+            if r.records.is_empty() {
+                return out;
+            }
+            out.extend(r.records.iter().flat_map(|part| crate::protocol::batch::split(part).map(|b| b.unwrap().to_vec()).collect::<Vec<_>>()));
+            offset = r.next_offset;
+        }
+    }
+
+    /// A follower's copy (`append_at`): the leader's batches at the
+    /// leader's offsets, byte for byte (LogAppendTime stamps included),
+    /// whatever order its tps arrive in; a gap the leader's cleaning left is
+    /// kept; a batch below the next offset is refused and changes nothing;
+    /// all of it survives a restart.
+    #[test]
+    fn a_followers_copy_reads_as_the_leaders_batches() {
+        let (ld, fd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let specs = || vec![PartitionSpec { tp: tp(1, 0), branch: "a".into(), log_start: 0 }, PartitionSpec { tp: tp(2, 0), branch: "a".into(), log_start: 0 }];
+        let (leader, mut lw) = Storage::open(ld.path(), StorageConfig::default(), specs(), true).unwrap();
+        for i in 0..20i64 {
+            let t = tp(1 + (i % 2) as u8, 0);
+            lw.append(t, &make_batch(&[format!("v{i}").as_bytes(), b"x"], 1_000 + i), 5_000 + i, i % 3 == 0).unwrap();
+        }
+        let f = lw.flush().unwrap();
+        leader.publish_hw(&f);
+        let (one, two) = (batches(&leader, tp(1, 0)), batches(&leader, tp(2, 0)));
+        assert_eq!((one.len(), two.len()), (10, 10));
+        let copy = |w: &mut LogWriter, t: Tp, b: &[u8]| w.append_at(t, b, 0).unwrap();
+        let (follower, mut fw) = Storage::open(fd.path(), StorageConfig::default(), specs(), true).unwrap();
+        // Another interleaving than the leader's.
+        for b in two.iter().chain(&one[..5]) {
+            let t = if two.contains(b) { tp(2, 0) } else { tp(1, 0) };
+            copy(&mut fw, t, b);
+        }
+        // Below the next offset: refused, nothing staged.
+        let next = fw.next_offset(&tp(1, 0)).unwrap();
+        assert!(matches!(fw.append_at(tp(1, 0), &one[2], 0), Err(StorageError::Misplaced(_))));
+        assert_eq!(fw.next_offset(&tp(1, 0)), Some(next));
+        for b in &one[5..] {
+            copy(&mut fw, tp(1, 0), b);
+        }
+        // A gap: the leader cleaned offsets away.
+        let mut gap = make_batch(&[b"after the gap"], 9_999);
+        crate::protocol::batch::set_base_offset(&mut gap, 100);
+        assert_eq!(copy(&mut fw, tp(1, 0), &gap).base_offset, 100);
+        assert_eq!(fw.next_offset(&tp(1, 0)), Some(101));
+        let f = fw.flush().unwrap();
+        follower.publish_hw(&f);
+        let with_gap: Vec<Vec<u8>> = one.iter().cloned().chain([gap.clone()]).collect();
+        assert_eq!(batches(&follower, tp(1, 0)), with_gap);
+        assert_eq!(batches(&follower, tp(2, 0)), two);
+        follower.sync().unwrap();
+        drop((follower, fw));
+        let (follower, mut fw) = Storage::open(fd.path(), StorageConfig::default(), specs(), true).unwrap();
+        assert_eq!(batches(&follower, tp(1, 0)), with_gap);
+        assert_eq!(batches(&follower, tp(2, 0)), two);
+        assert_eq!(fw.next_offset(&tp(1, 0)), Some(101));
+        assert_eq!(fw.append(tp(1, 0), &make_batch(&[b"own"], 0), 0, false).unwrap().base_offset, 101, "a follower turned leader goes on from there");
     }
 }
