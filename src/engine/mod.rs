@@ -717,15 +717,25 @@ impl Engine {
     /// checked for shape and CRC only — the leader applied the produce
     /// rules. Producer and transaction state follow them, so this replica
     /// answers retries and fences zombies as its leader did. A batch below
-    /// the partition's log end is refused (`StorageError::Misplaced`).
+    /// the partition's log end is refused (`StorageError::Misplaced`), and
+    /// so is a copy whose batches are not in offset order or cannot be
+    /// placed at all: all of it, before anything is appended.
     pub async fn replicate(&self, tp: Tp, records: Bytes, ack: Ack) -> Result<PendingAppend, EngineError> {
-        let mut any = false;
+        let mut next = 0;
         for b in crate::protocol::batch::split(&records) {
-            crate::protocol::batch::check_shape(b?)?;
-            any = true;
+            let b = b?;
+            if b.len() > self.cfg.max_inflated_batch_bytes {
+                return Err(BatchError::TooLarge { size: b.len(), limit: self.cfg.max_inflated_batch_bytes }.into());
+            }
+            let h = crate::protocol::batch::check_shape(b)?;
+            storage::placeable(h.base_offset, h.last_offset_delta)?;
+            if h.base_offset < next {
+                return Err(StorageError::Misplaced(format!("a copy's batch at offset {} follows one ending at {}", h.base_offset, next - 1)).into());
+            }
+            next = h.last_offset() + 1;
         }
-        if !any {
-            return Err(BatchError::Truncated { present: records.len(), needed: crate::protocol::batch::HEADER_BYTES }.into());
+        if records.is_empty() {
+            return Err(BatchError::Truncated { present: 0, needed: crate::protocol::batch::HEADER_BYTES }.into());
         }
         let (reply, rx) = oneshot::channel();
         self.writer.send(WriteCmd::Replicate(writer::Replicate { tp, records, ack, reply })).await.map_err(|_| EngineError::ShuttingDown)?;
@@ -1251,12 +1261,28 @@ mod tests {
         leader.close_txn_partitions(txn_pid, vec![lt.tp(0)]).await.unwrap();
         leader.write_markers(txn_pid, 1, Marker::Abort, &[lt.tp(0)]).await.unwrap();
         let copy = all_batches(&leader, &lt.tp(0));
+        // In two fetches' worth: the data (the transaction open), then
+        // the marker.
+        let batches: Vec<&[u8]> = crate::protocol::batch::split(&copy).map(|b| b.unwrap()).collect();
+        assert_eq!(batches.len(), 6);
+        let (data, marker): (Vec<u8>, Vec<u8>) = (batches[..5].concat(), batches[5].to_vec());
+        // Refused whole: batches out of order, or a copy below the log end.
+        let swapped = [batches[1], batches[0]].concat();
+        assert!(matches!(follower.replicate(ft.tp(0), Bytes::from(swapped), Ack::Written).await, Err(EngineError::Storage(StorageError::Misplaced(_)))));
+        assert_eq!(follower.offsets(&ft.tp(0)), Some((0, 0, 0)), "nothing of an out-of-order copy went in");
 
-        let r = follower.replicate(ft.tp(0), copy.clone(), Ack::Durable).await.unwrap().wait().await.unwrap();
-        assert_eq!((r.base_offset, r.last_offset), (0, 5));
+        let r = follower.replicate(ft.tp(0), Bytes::from(data), Ack::Durable).await.unwrap().wait().await.unwrap();
+        assert_eq!((r.base_offset, r.last_offset), (0, 4));
+        let open = follower.open_txns();
+        assert_eq!(open.len(), 1);
+        assert_eq!((open[0].1.producer_id, open[0].1.first_offset), (txn_pid, 4), "the copied transactional batch opened its transaction here");
+        let r = follower.replicate(ft.tp(0), Bytes::from(marker), Ack::Durable).await.unwrap().wait().await.unwrap();
+        assert_eq!((r.base_offset, r.last_offset), (5, 5));
         assert_eq!(all_batches(&follower, &ft.tp(0)), copy, "byte for byte, at the leader's offsets");
         assert_eq!(follower.offsets(&ft.tp(0)), leader.offsets(&lt.tp(0)));
-        assert!(follower.open_txns().is_empty(), "the abort marker closed the transaction here too");
+        assert!(follower.open_txns().is_empty(), "the copied abort marker closed the transaction");
+        let (_, lso, aborted) = follower.read_committed(&ft.tp(0), 0, 1 << 20, true).unwrap();
+        assert_eq!((lso, aborted), (6, vec![(txn_pid, 4)]), "a read_committed reader drops the aborted batch");
         // Now leading: a retry gets the leader's offsets, the sequence goes
         // on, and the ended epoch is fenced.
         let retry = follower.append(&ft, 0, idempotent(&[b"v"], pid, 2), Ack::Written).await.unwrap();

@@ -311,6 +311,15 @@ impl Writer {
     /// there (what came before it stays, as the log end says).
     fn replicate(&mut self, r: Replicate, now: i64) {
         let Replicate { tp, records, ack, reply } = r;
+        // The engine checked the batches' order; the first must not be
+        // below the log end, or nothing is staged.
+        let first = batch::split(&records).next().and_then(|b| b.ok()).and_then(|b| batch::BatchHeader::parse(b).ok()).map(|h| h.base_offset);
+        if let (Some(first), Some(next)) = (first, self.log.next_offset(&tp)) {
+            if first < next {
+                let _ = reply.send(Err(AppendFailure::Misplaced(format!("a copy starting at offset {first} is below the log end {next}"))));
+                return;
+            }
+        }
         let mut result: Option<AppendResult> = None;
         for b in batch::split(&records) {
             // The engine checked every batch before queueing them.

@@ -724,6 +724,8 @@ impl Sim {
         let now = self.now_ms;
         let appended = if placed { self.writer().append_at(tp, &bytes, now) } else { self.writer().append(tp, &bytes, now, false) };
         match appended {
+            // Placed where the model expects: never misplaced, faults or not.
+            Err(StorageError::Misplaced(why)) => Err(format!("{tp:?}: a copy placed at the model's next offset was refused: {why}")),
             Ok(a) => {
                 self.appended(tp, bytes, &a, state, kind)?;
                 Ok(Some(a))

@@ -78,7 +78,7 @@ pub use seg_index::reencode as reencode_index_file;
 pub use stream::StreamRead;
 pub use switch::{Apply, Switch};
 use switch::Change;
-pub use writer::LogWriter;
+pub use writer::{placeable, LogWriter};
 use writer::PartWriter;
 
 /// Bounds on one positioned read on the read path: about the bytes the

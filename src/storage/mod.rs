@@ -16,7 +16,7 @@ pub mod subtree;
 pub mod tip;
 
 pub use log::{
-    Apply, CleanConfig, CleanPolicy, Cleaned, CompactConfig, Compacted, Appended, TopicView, Flushed, LogWriter, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
+    placeable, Apply, CleanConfig, CleanPolicy, Cleaned, CompactConfig, Compacted, Appended, TopicView, Flushed, LogWriter, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
     StorageConfig, StorageError, Switch,
 };
 

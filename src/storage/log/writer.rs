@@ -65,6 +65,16 @@ impl PartWriter {
     }
 }
 
+/// Whether a batch at `base` spanning `delta` + 1 offsets can be placed at
+/// all: offsets from 0, at least one, the last one (and the next after it)
+/// within `i64`.
+pub fn placeable(base: i64, delta: i32) -> Result<(), StorageError> {
+    if base < 0 || delta < 0 || base.checked_add(i64::from(delta) + 1).is_none() {
+        return Err(StorageError::Misplaced(format!("a batch at offset {base} with last offset delta {delta} has no place in a log")));
+    }
+    Ok(())
+}
+
 /// One branch's frames staged since the last flush.
 struct Staged {
     seg: Arc<Segment>,
@@ -146,10 +156,14 @@ impl LogWriter {
     /// its leader's batch): at the batch's own `baseOffset`, which must not
     /// be below this tp's next offset (above it is a gap the leader's
     /// cleaning left); its bytes, timestamps included, are kept as they
-    /// are. Nothing is visible to readers until [`LogWriter::flush`].
+    /// are. A batch whose offsets cannot be (a negative base or delta, a
+    /// last offset past `i64::MAX`) is refused too; nothing of a refused
+    /// batch is staged. Nothing is visible to readers until
+    /// [`LogWriter::flush`].
     pub fn append_at(&mut self, tp: Tp, batch: &[u8], now_ms: i64) -> Result<Appended, StorageError> {
-        let at = crate::protocol::batch::BatchHeader::parse(batch).map_err(|e| StorageError::Misplaced(format!("the batch does not parse: {e:?}")))?.base_offset;
-        self.stage(tp, batch, now_ms, false, Some(at))
+        let h = crate::protocol::batch::BatchHeader::parse(batch).map_err(|e| StorageError::Misplaced(format!("the batch does not parse: {e:?}")))?;
+        placeable(h.base_offset, h.last_offset_delta)?;
+        self.stage(tp, batch, now_ms, false, Some(h.base_offset))
     }
 
     fn stage(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool, at: Option<i64>) -> Result<Appended, StorageError> {
@@ -497,6 +511,16 @@ mod tests {
         // Below the next offset: refused, nothing staged.
         let next = fw.next_offset(&tp(1, 0)).unwrap();
         assert!(matches!(fw.append_at(tp(1, 0), &one[2], 0), Err(StorageError::Misplaced(_))));
+        // Offsets no log can hold: a negative delta (the end before the
+        // start), a last offset past i64::MAX.
+        let mut backwards = make_batch(&[b"n"], 0);
+        crate::protocol::batch::set_base_offset(&mut backwards, next);
+        backwards[23..27].copy_from_slice(&(-5i32).to_be_bytes());
+        let mut huge = make_batch(&[b"h"], 0);
+        crate::protocol::batch::set_base_offset(&mut huge, i64::MAX);
+        for b in [&backwards, &huge] {
+            assert!(matches!(fw.append_at(tp(1, 0), b, 0), Err(StorageError::Misplaced(_))));
+        }
         assert_eq!(fw.next_offset(&tp(1, 0)), Some(next));
         for b in &one[5..] {
             copy(&mut fw, tp(1, 0), b);
