@@ -298,28 +298,18 @@ impl Writer {
         }
         // Validation let no empty batch list through.
         let Some(r) = result else { return };
-        match ack {
-            Ack::Written => self.written.push((reply, r)),
-            Ack::Durable => self.durable.push((reply, r)),
-        }
+        self.hold(ack, reply, r);
     }
 
     /// A follower's copy: each batch at its leader's offsets and with its
     /// leader's bytes; producer and transaction state follow it as at
     /// replay, so this replica can lead at once. No producer check: the
-    /// leader made it. A batch that cannot go where it says stops the copy
-    /// there (what came before it stays, as the log end says).
+    /// leader made it. The engine checked the batches' order, so a copy
+    /// starting below the log end is refused at its first batch, before
+    /// anything is staged; a storage failure later stops the copy there
+    /// (what came before it stays, as the log end says).
     fn replicate(&mut self, r: Replicate, now: i64) {
         let Replicate { tp, records, ack, reply } = r;
-        // The engine checked the batches' order; the first must not be
-        // below the log end, or nothing is staged.
-        let first = batch::split(&records).next().and_then(|b| b.ok()).and_then(|b| batch::BatchHeader::parse(b).ok()).map(|h| h.base_offset);
-        if let (Some(first), Some(next)) = (first, self.log.next_offset(&tp)) {
-            if first < next {
-                let _ = reply.send(Err(AppendFailure::Misplaced(format!("a copy starting at offset {first} is below the log end {next}"))));
-                return;
-            }
-        }
         let mut result: Option<AppendResult> = None;
         for b in batch::split(&records) {
             // The engine checked every batch before queueing them.
@@ -348,6 +338,12 @@ impl Writer {
             let _ = reply.send(Err(AppendFailure::Storage("no batch to replicate".into())));
             return;
         };
+        self.hold(ack, reply, r);
+    }
+
+    /// Keeps an append's answer until the flush (acks=1) or the sync
+    /// (acks=all) makes it true.
+    fn hold(&mut self, ack: Ack, reply: Reply, r: AppendResult) {
         match ack {
             Ack::Written => self.written.push((reply, r)),
             Ack::Durable => self.durable.push((reply, r)),

@@ -205,6 +205,15 @@ fn v2_end(rec: &TxnRecord, producer_id: i64, epoch: i16, commit: bool) -> Result
     }
 }
 
+/// The producer goes on under `new_id` at epoch 0 (its epochs ran out);
+/// the old id is kept so that retries and re-inits naming it are known.
+fn rotate(rec: &mut TxnRecord, new_id: i64) {
+    rec.previous_producer_id = rec.producer_id;
+    rec.producer_id = new_id;
+    rec.epoch = 0;
+    rec.last_epoch = -1;
+}
+
 /// What one transaction looks like to operators.
 #[derive(Debug, Clone)]
 pub struct TxnView {
@@ -267,10 +276,8 @@ impl Transactions {
                         // The last epoch fences on the markers; the
                         // producer goes on under a new producer id.
                         marker_epoch = i16::MAX;
-                        rec.previous_producer_id = rec.producer_id;
-                        rec.producer_id = t.allocate().await.map_err(|code| anyhow::anyhow!("a new producer id for transaction {id:?} (error {code})"))?;
-                        rec.epoch = 0;
-                        rec.last_epoch = -1;
+                        let new_id = t.allocate().await.map_err(|code| anyhow::anyhow!("a new producer id for transaction {id:?} (error {code})"))?;
+                        rotate(rec, new_id);
                     }
                 }
                 rec.state = TxnState::CompleteAbort;
@@ -411,11 +418,8 @@ impl Transactions {
         rec.update_ms = self.now();
         if rec.next_producer_id >= 0 {
             // The markers took the last epoch: go on under the new id.
-            rec.previous_producer_id = rec.producer_id;
-            rec.producer_id = rec.next_producer_id;
-            rec.next_producer_id = -1;
-            rec.epoch = 0;
-            rec.last_epoch = -1;
+            let new_id = std::mem::replace(&mut rec.next_producer_id, -1);
+            rotate(rec, new_id);
         }
         // Not flushed: were it lost, the Prepare* record finishes again at
         // start-up (see `recovering`).
@@ -475,9 +479,8 @@ impl Transactions {
         match next_epoch(rec.epoch) {
             Some(e) => rec.epoch = e,
             None => {
-                rec.previous_producer_id = rec.producer_id;
-                rec.producer_id = self.allocate().await?;
-                rec.epoch = 0;
+                let new_id = self.allocate().await?;
+                rotate(rec, new_id);
             }
         }
         rec.last_epoch = -1;

@@ -218,18 +218,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     // Transactional batches need WRITE on the request's transactional id,
     // and a request without one may not carry them (a producer could
     // otherwise write into another's transaction by its id and epoch).
-    let txn_denied = check.as_ref().is_some_and(|c| {
-        let transactional = req.topic_data.iter().flat_map(|t| &t.partition_data).any(|p| {
-            p.records.as_ref().is_some_and(|r| crate::protocol::batch::split(r).any(|b| b.ok().and_then(|b| crate::protocol::batch::BatchHeader::parse(b).ok()).is_some_and(|h| h.is_transactional())))
-        });
-        match &req.transactional_id {
-            Some(id) if !id.0.is_empty() => !c.transactional_id(Operation::Write, id.0.as_str()),
-            _ => transactional,
-        }
+    let transactional_id = req.transactional_id.as_ref().map(|t| t.0.to_string()).filter(|t| !t.is_empty());
+    let txn_denied = check.as_ref().is_some_and(|c| match &transactional_id {
+        Some(id) => !c.transactional_id(Operation::Write, id),
+        None => req.topic_data.iter().flat_map(|t| &t.partition_data).any(|p| p.records.as_ref().and_then(transactional_producer).is_some()),
     });
     // Every topic is resolved before any batch is submitted: a transaction
     // v2 brings the partitions into its transaction first.
-    let transactional_id = req.transactional_id.as_ref().map(|t| t.0.to_string()).filter(|t| !t.is_empty());
     let mut resolved = Vec::with_capacity(req.topic_data.len());
     for (topic, keep) in req.topic_data.into_iter().zip(keep) {
         if !keep.contains(&true) {
