@@ -178,10 +178,12 @@ impl Catalog {
         // default); the catalog is read at start and rarely after, so a
         // small cache bounds its memory whatever the topic count.
         let config = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).cache_capacity(CACHE_BYTES);
-        // sled's I/O threads may hold the file lock a moment after the
-        // catalog that used it is dropped (a tool that opened it just
-        // before): wait up to 2 s, then report the lock (another process).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        // sled's I/O threads hold the file lock until they drop their share
+        // of the log, after the catalog that used it is dropped (a tool that
+        // opened it just before). On a busy disk that outlasts an fsync, and
+        // CI saw more than 2 s: wait up to 10 s, then report the lock
+        // (another process, such as a running broker).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let db = loop {
             match config.open() {
                 Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
