@@ -81,7 +81,7 @@ fn main() {
     let mut offset = 0;
     for (seq, b) in batches.iter().take(8).enumerate() {
         let mut one = Vec::new();
-        let fh = segment::encode_frame(&mut one, seq as u64, &[7; 16], 0, offset, None, b);
+        let fh = segment::encode_frame(&mut one, seq as u64, &[7; 16], 0, offset, None, None, b);
         offset = fh.last_offset() + 1;
         headers.push((fh, one.clone()));
         frames.extend(one);

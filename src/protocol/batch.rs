@@ -35,6 +35,7 @@ pub const LOG_OVERHEAD: usize = 12;
 
 const OFF_BASE_OFFSET: usize = 0;
 const OFF_BATCH_LENGTH: usize = 8;
+const OFF_PARTITION_LEADER_EPOCH: usize = 12;
 const OFF_MAGIC: usize = 16;
 const OFF_CRC: usize = 17;
 const OFF_ATTRIBUTES: usize = 21;
@@ -91,6 +92,8 @@ pub struct BatchHeader {
     pub base_offset: i64,
     /// Total size of the batch in bytes, including the 12-byte log overhead.
     pub size: usize,
+    /// The epoch of the leader that appended it; -1 from producers.
+    pub partition_leader_epoch: i32,
     pub attributes: i16,
     pub last_offset_delta: i32,
     pub base_timestamp: i64,
@@ -123,6 +126,7 @@ impl BatchHeader {
         Ok(BatchHeader {
             base_offset: get_i64(buf, OFF_BASE_OFFSET),
             size,
+            partition_leader_epoch: get_i32(buf, OFF_PARTITION_LEADER_EPOCH),
             attributes: get_i16(buf, OFF_ATTRIBUTES),
             last_offset_delta: get_i32(buf, OFF_LAST_OFFSET_DELTA),
             base_timestamp: get_i64(buf, OFF_BASE_TIMESTAMP),
@@ -363,6 +367,13 @@ pub fn split(buf: &[u8]) -> impl Iterator<Item = Result<&[u8], BatchError>> {
 pub fn set_base_offset(buf: &mut [u8], base_offset: i64) {
     debug_assert!(buf.len() >= HEADER_BYTES);
     buf[OFF_BASE_OFFSET..OFF_BASE_OFFSET + 8].copy_from_slice(&base_offset.to_be_bytes());
+}
+
+/// Rewrites `partitionLeaderEpoch`, which a leader stamps on append. It
+/// lies outside the CRC too.
+pub fn set_partition_leader_epoch(buf: &mut [u8], epoch: i32) {
+    debug_assert!(buf.len() >= HEADER_BYTES);
+    buf[OFF_PARTITION_LEADER_EPOCH..OFF_PARTITION_LEADER_EPOCH + 4].copy_from_slice(&epoch.to_be_bytes());
 }
 
 /// Marks the batch as LogAppendTime with `now_ms` as its max timestamp, the

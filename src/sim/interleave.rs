@@ -83,7 +83,7 @@ impl Sim {
             self.out.interleaved += 1;
         }
         for (tp, bytes, a) in w.appended {
-            self.appended(tp, bytes, &a, State::Staged, Kind::Plain)?;
+            self.appended(tp, bytes, &a, State::Staged, Kind::Plain, false)?;
         }
         if let Some(f) = w.flushed {
             self.flushed(f);

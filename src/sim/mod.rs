@@ -112,7 +112,7 @@ use crate::storage::disk::Disk;
 use crate::storage::subtree::split::Strategy;
 use crate::storage::subtree::{store, Step, WindowRecord};
 use crate::storage::tip::{Pick, TipConfig};
-use crate::storage::{CompactConfig, Flushed, LogWriter, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
+use crate::storage::{CompactConfig, EpochCache, Flushed, LogWriter, PartitionSpec, Planted, RetentionPolicy, Storage, StorageConfig, StorageError, TopicId, Tp};
 
 mod interleave;
 mod producers;
@@ -185,6 +185,10 @@ pub struct Outcome {
     /// placed below the next offset and refused as they must be.
     pub placed_appends: u64,
     pub misplaced_refusals: u64,
+    /// Leader epochs begun, and epochs refused as they must be (a leader's
+    /// below the latest, a copy's going back).
+    pub epochs_begun: u64,
+    pub stale_epoch_refusals: u64,
     /// Retention and compaction calls inside which the writer appended,
     /// flushed or synced.
     pub interleaved: u64,
@@ -215,6 +219,8 @@ impl Outcome {
         self.txn_refusals += o.txn_refusals;
         self.placed_appends += o.placed_appends;
         self.misplaced_refusals += o.misplaced_refusals;
+        self.epochs_begun += o.epochs_begun;
+        self.stale_epoch_refusals += o.stale_epoch_refusals;
         self.interleaved += o.interleaved;
         self.indexed_segments += o.indexed_segments;
         self.walked_segments += o.walked_segments;
@@ -286,6 +292,9 @@ struct MTp {
     log_start: i64,
     /// The highest high watermark seen.
     hw_seen: i64,
+    /// The leader epochs storage must hold, before the cut to the log
+    /// start (which the check applies).
+    epochs: EpochCache,
 }
 
 impl MTp {
@@ -554,6 +563,9 @@ impl Sim {
             let survivors_end = if cut == 0 { m.batches.first().map_or(m.log_start, |b| b.base) } else { m.batches[cut - 1].last + 1 };
             ensure(leo == survivors_end, || format!("{tp:?}: log end {leo} after recovery, but the batches that survived end at {survivors_end}"))?;
             m.batches.truncate(cut);
+            // As recovery cuts them: to the log start, then the log end.
+            m.epochs.truncate_from_start(log_start);
+            m.epochs.truncate_from_end(leo);
             for b in &mut m.batches {
                 b.state = State::Acked;
             }
@@ -637,7 +649,7 @@ impl Sim {
         for p in 0..partitions {
             self.storage().add_partition(PartitionSpec { tp: Tp { topic: id, partition: p as i32 }, branch: branch.to_owned(), log_start: 0 });
         }
-        let parts = vec![MTp { batches: Vec::new(), log_start: 0, hw_seen: 0 }; partitions];
+        let parts = vec![MTp { batches: Vec::new(), log_start: 0, hw_seen: 0, epochs: EpochCache::default() }; partitions];
         self.topics.insert(id, MTopic { name, branch: branch.to_owned(), retention_ms, parts });
         Ok(())
     }
@@ -673,6 +685,9 @@ impl Sim {
         let Some(tp) = self.pick_tp() else { return self.create_topic() };
         let mut bytes = self.plain_batch();
         let state = if self.plant == Some(Plant::AckBeforeFlush) { State::Acked } else { State::Staged };
+        if self.rng.below(16) == 0 {
+            self.begin_epoch(tp)?;
+        }
         if self.rng.below(4) == 0 {
             // As a follower copies its leader's batch: placed at the offset
             // the model expects (`append_at`), after, now and then, one
@@ -690,11 +705,63 @@ impl Sim {
                 ensure(self.writer().next_offset(&tp) == Some(next), || format!("{tp:?}: a refused placement moved the next offset from {next}"))?;
             }
             batch::set_base_offset(&mut bytes, next);
+            // The leader's epoch: none (single-node), the latest, a newer
+            // one (which starts here), or, now and then, an older one,
+            // refused like a misplaced batch.
+            let latest = self.mtp(&tp).epochs.latest().map_or(-1, |l| l.epoch);
+            if latest > 0 && self.rng.below(8) == 0 {
+                let mut older = bytes.clone();
+                batch::set_partition_leader_epoch(&mut older, self.rng.below(latest as u64) as i32);
+                let now = self.now_ms;
+                match self.writer().append_at(tp, &older, now) {
+                    Err(StorageError::Misplaced(_)) => self.out.stale_epoch_refusals += 1,
+                    Ok(_) => return Err(format!("{tp:?}: a copy of an epoch below {latest} was taken")),
+                    Err(e) => return self.poisoned(e),
+                }
+            }
+            let epoch = match self.rng.below(4) {
+                0 if latest < 0 => -1,
+                0 => latest + 1,
+                _ => latest,
+            };
+            batch::set_partition_leader_epoch(&mut bytes, epoch);
             let placed = self.append_batch_at(tp, bytes, state, Kind::Plain, true)?;
+            if placed.is_some_and(|a| epoch >= 0 && a.base_offset == next) {
+                self.mtp(&tp).epochs.assign(epoch, next);
+            }
             self.out.placed_appends += placed.is_some() as u64;
             return Ok(());
         }
         self.append_batch(tp, bytes, state, Kind::Plain).map(drop)
+    }
+
+    /// This node leads `tp` from here in a new epoch (now and then the same
+    /// one again, or a stale one that must be refused).
+    fn begin_epoch(&mut self, tp: Tp) -> Check {
+        let latest = self.mtp(&tp).epochs.latest().map_or(-1, |l| l.epoch);
+        let epoch = match self.rng.below(6) {
+            0 if latest > 0 => self.rng.below(latest as u64) as i32,
+            1 if latest >= 0 => latest,
+            _ => latest + 1 + self.rng.below(2) as i32,
+        };
+        let next = self.mtp(&tp).next_offset();
+        if self.trace {
+            eprintln!("  {tp:?}: begin leader epoch {epoch} at {next} (latest {latest})");
+        }
+        match self.writer().begin_epoch(tp, epoch) {
+            Ok(()) if epoch >= latest => {
+                self.mtp(&tp).epochs.assign(epoch, next);
+                self.out.epochs_begun += 1;
+                Ok(())
+            }
+            Ok(()) => Err(format!("{tp:?}: epoch {epoch} begun below the latest, {latest}")),
+            Err(StorageError::StaleEpoch { .. }) if epoch < latest => {
+                self.out.stale_epoch_refusals += 1;
+                Ok(())
+            }
+            Err(e) if epoch >= latest => self.poisoned(e),
+            Err(e) => Err(format!("{tp:?}: a stale epoch {epoch} (latest {latest}) refused with {e}")),
+        }
     }
 
     /// One to four random records.
@@ -727,7 +794,7 @@ impl Sim {
             // Placed where the model expects: never misplaced, faults or not.
             Err(StorageError::Misplaced(why)) => Err(format!("{tp:?}: a copy placed at the model's next offset was refused: {why}")),
             Ok(a) => {
-                self.appended(tp, bytes, &a, state, kind)?;
+                self.appended(tp, bytes, &a, state, kind, placed)?;
                 Ok(Some(a))
             }
             Err(StorageError::Exhausted { .. }) => Ok(None),
@@ -737,12 +804,17 @@ impl Sim {
 
     /// The model after an append: its offsets follow the model's, and it
     /// joins the model as `state`.
-    fn appended(&mut self, tp: Tp, mut bytes: Vec<u8>, a: &crate::storage::Appended, state: State, kind: Kind) -> Check {
+    /// `placed`: a follower's copy (`append_at`).
+    fn appended(&mut self, tp: Tp, mut bytes: Vec<u8>, a: &crate::storage::Appended, state: State, kind: Kind, placed: bool) -> Check {
         let expected = self.mtp(&tp).next_offset();
         let records = batch::BatchHeader::parse(&bytes).map_err(|e| format!("a batch the simulator built does not parse: {e:?}"))?.last_offset_delta as i64 + 1;
         ensure(a.base_offset == expected, || format!("{tp:?}: append got offset {}, the model expects {expected}", a.base_offset))?;
         ensure(a.last_offset == expected + records - 1, || format!("{tp:?}: {records} records end at {}", a.last_offset))?;
         batch::set_base_offset(&mut bytes, a.base_offset);
+        // A leader's append carries its latest epoch; a copy keeps its own.
+        if let Some(l) = self.mtp(&tp).epochs.latest().filter(|_| !placed) {
+            batch::set_partition_leader_epoch(&mut bytes, l.epoch);
+        }
         self.mtp(&tp).batches.push(MBatch { seq: a.seq, base: a.base_offset, last: a.last_offset, bytes, state, kind });
         self.out.appends += 1;
         Ok(())
@@ -1097,6 +1169,10 @@ impl Sim {
             let model_end = m.next_offset();
             ensure(hw <= model_end, || format!("{tp:?}: high watermark {hw} past everything appended ({model_end})"))?;
             ensure(leo <= model_end, || format!("{tp:?}: log end {leo} past everything appended ({model_end})"))?;
+            let mut expected = m.epochs.clone();
+            expected.truncate_from_start(log_start);
+            let held = self.storage().epochs(&tp).unwrap_or_default();
+            ensure(held == expected.entries(), || format!("{tp:?}: leader epochs {held:?}, the model has {:?} from log start {log_start}", expected.entries()))?;
         }
         self.check_txns()?;
         // One partition read whole per step keeps the cost linear.

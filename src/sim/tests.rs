@@ -23,6 +23,8 @@ fn a_few_hundred_seeds_keep_every_invariant() {
     assert!(total.txn_batches > 500 && total.txn_commits > 50 && total.txn_aborts > 50 && total.txn_refusals > 50, "{total:?}");
     // Followers' copies were placed, and misplaced ones refused.
     assert!(total.placed_appends > 500 && total.misplaced_refusals > 100, "{total:?}");
+    // Leader epochs were begun, and stale ones refused.
+    assert!(total.epochs_begun > 200 && total.stale_epoch_refusals > 20, "{total:?}");
     // The writer worked inside retention and compaction calls.
     assert!(total.interleaved > 100, "{total:?}");
 }

@@ -63,6 +63,7 @@ use crate::protocol::batch;
 
 mod clean;
 mod compact;
+pub mod epochs;
 mod page_cache;
 mod recover;
 mod retention;
@@ -73,6 +74,7 @@ mod switch;
 mod writer;
 pub use clean::{CleanConfig, CleanPolicy, Cleaned};
 pub use compact::{CompactConfig, Compacted, TopicView};
+pub use epochs::{EpochCache, EpochEntry};
 pub use recover::CLEAN_MARKER;
 pub use seg_index::reencode as reencode_index_file;
 pub use stream::StreamRead;
@@ -177,6 +179,10 @@ pub enum StorageError {
     /// ([`LogWriter::append_at`]); nothing was staged.
     #[error("misplaced replicated batch: {0}")]
     Misplaced(String),
+    /// A leader epoch below one the tp already has
+    /// ([`LogWriter::begin_epoch`]); nothing changed.
+    #[error("leader epoch {epoch} is below the partition's latest, {latest}")]
+    StaleEpoch { epoch: i32, latest: i32 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -439,6 +445,9 @@ struct PartState {
     /// The subtree stores holding the tp's older batches, oldest first;
     /// everything in them lies below the first entry of `index`.
     stored: Vec<Arc<StoreFile>>,
+    /// Where each leader epoch starts (`log/epochs.rs`); empty in
+    /// single-node mode, which has no epochs but 0.
+    epochs: EpochCache,
 }
 
 /// A subtree store the log reads from.
@@ -587,7 +596,7 @@ impl Partition {
         Arc::new(Partition {
             tp: spec.tp,
             branch,
-            st: RwLock::new(PartState { log_start: start, leo: start, hw: start, index: VecDeque::new(), stored: Vec::new() }),
+            st: RwLock::new(PartState { log_start: start, leo: start, hw: start, index: VecDeque::new(), stored: Vec::new(), epochs: EpochCache::default() }),
             ahead: Mutex::new(None),
             deleted: AtomicBool::new(false),
         })
@@ -958,6 +967,22 @@ impl Storage {
             let st = p.st.read().expect("partition lock");
             f(tp, st.log_start, st.hw, st.leo);
         }
+    }
+
+    /// Where leader `epoch` ends in `tp`'s log (OffsetForLeaderEpoch, a
+    /// follower's divergence check): see [`EpochCache::end_offset_for`],
+    /// with the published log end. None for a tp storage does not hold.
+    pub fn end_offset_for(&self, tp: &Tp, epoch: i32) -> Option<(i32, i64)> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let st = part.st.read().expect("partition lock");
+        Some(st.epochs.end_offset_for(epoch, st.leo))
+    }
+
+    /// A tp's leader epochs, oldest first (empty in single-node mode).
+    pub fn epochs(&self, tp: &Tp) -> Option<Vec<EpochEntry>> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let entries = part.st.read().expect("partition lock").epochs.entries().to_vec();
+        Some(entries)
     }
 
     /// Offsets of a tp: (log start, high watermark, log end).

@@ -15,7 +15,7 @@ pub mod segment;
 pub mod subtree;
 pub mod tip;
 
-pub use log::{
+pub use log::{EpochCache, EpochEntry, 
     placeable, Apply, CleanConfig, CleanPolicy, Cleaned, CompactConfig, Compacted, Appended, TopicView, Flushed, LogWriter, PartitionSpec, Planted, ReadError, ReadResult, RecoveryReport, RetentionPolicy, Storage,
     StorageConfig, StorageError, Switch,
 };

@@ -97,8 +97,8 @@ impl FrameHeader {
 }
 
 /// Appends one frame to `out`: the header, then a copy of `batch` with its
-/// `baseOffset` set (and, with `log_append_time`, its timestamps rewritten,
-/// the way Kafka does). Patching the copy means the request buffer is never
+/// `baseOffset` set (with `log_append_time`, its timestamps rewritten, the
+/// way Kafka does; with `leader_epoch`, its `partitionLeaderEpoch`). Patching the copy means the request buffer is never
 /// written to and every byte is copied exactly once.
 pub fn encode_frame(
     out: &mut Vec<u8>,
@@ -107,6 +107,7 @@ pub fn encode_frame(
     partition: i32,
     base_offset: i64,
     log_append_time: Option<i64>,
+    leader_epoch: Option<i32>,
     batch: &[u8],
 ) -> FrameHeader {
     use crate::protocol::batch as kb;
@@ -117,6 +118,9 @@ pub fn encode_frame(
     out.extend_from_slice(batch);
     let stored = &mut out[start + FRAME_HEADER_BYTES..];
     kb::set_base_offset(stored, base_offset);
+    if let Some(epoch) = leader_epoch {
+        kb::set_partition_leader_epoch(stored, epoch);
+    }
     let max_timestamp = match log_append_time {
         Some(now_ms) => {
             kb::set_log_append_time(stored, now_ms);
@@ -331,7 +335,7 @@ mod tests {
         let mut bytes = encode_file_header(&FileHeader { base_seq: 7, created_ms: 1 }).to_vec();
         for i in 0..frames {
             let b = make_batch(&[format!("v{i}").as_bytes()], i as i64);
-            encode_frame(&mut bytes, 7 + i as u64, &[3; 16], 0, i as i64, None, &b);
+            encode_frame(&mut bytes, 7 + i as u64, &[3; 16], 0, i as i64, None, None, &b);
         }
         bytes.extend_from_slice(tail);
         std::fs::File::create(path).unwrap().write_all(&bytes).unwrap();

@@ -243,8 +243,39 @@ impl Storage {
                 storage.write_seg_index(&seg, &[]);
             }
         }
-        let writer = LogWriter::new(storage.clone(), next_seq, writers);
+        let cut = storage.load_epochs(&writers)?;
+        let mut writer = LogWriter::new(storage.clone(), next_seq, writers);
+        // What the cut dropped must not come back at the next start, when
+        // the log may have grown past it again: the next flush writes the
+        // checkpoint anew, before its frames.
+        writer.epochs_dirty = cut;
         Ok((storage, writer))
+    }
+
+    /// Each tp's leader epochs from the checkpoint, cut to the log end
+    /// and log start recovery found (`log/epochs.rs`). A checkpoint that
+    /// does not verify refuses the start: without it, a replica could
+    /// answer where its log diverges wrongly. Returns whether anything
+    /// was cut.
+    fn load_epochs(&self, writers: &HashMap<Tp, PartWriter>) -> Result<bool, StorageError> {
+        let Some(bytes) = self.get_state(epochs::CHECKPOINT)? else { return Ok(false) };
+        let path = self.data_dir.join(epochs::CHECKPOINT);
+        let caches = epochs::decode(&bytes).map_err(|why| StorageError::Io { path: path.display().to_string(), source: io::Error::new(io::ErrorKind::InvalidData, why) })?;
+        let mut cut = false;
+        for (tp, mut cache) in caches {
+            // Tps of deleted topics are left out of the next checkpoint.
+            let Some(w) = writers.get(&tp) else {
+                cut = true;
+                continue;
+            };
+            let mut st = w.part.st.write().expect("partition lock");
+            // Start first: an empty log (start = end) keeps no epoch,
+            // whichever cut the last checkpoint saw.
+            cut |= cache.truncate_from_start(st.log_start);
+            cut |= cache.truncate_from_end(w.next_offset);
+            st.epochs = cache;
+        }
+        Ok(cut)
     }
 
     /// Creates the data directory if it is not there (the first start),

@@ -91,6 +91,9 @@ impl LogWriter {
                     if let Some(part) = parts.get(tp) {
                         let mut st = part.st.write().expect("partition lock");
                         st.log_start = st.log_start.max(*start);
+                        // The epochs below it go with the next checkpoint.
+                        let start = st.log_start;
+                        self.epochs_dirty |= st.epochs.truncate_from_start(start);
                     }
                 }
             }

@@ -100,6 +100,9 @@ pub struct LogWriter {
     spare: Spare,
     /// Whether the filesystem reserves space ahead of writes (fallocate).
     preallocate: bool,
+    /// A tp's leader epochs changed since the checkpoint was written
+    /// (`log/epochs.rs`): the next flush writes it before its frames.
+    pub(super) epochs_dirty: bool,
 }
 
 /// Emptied staging buffers, bounded in count and in bytes.
@@ -137,7 +140,7 @@ impl Spare {
 
 impl LogWriter {
     pub(super) fn new(log: Arc<Storage>, next_seq: u64, parts: HashMap<Tp, PartWriter>) -> LogWriter {
-        LogWriter { log, next_seq, parts, staged: HashMap::default(), spare: Spare::default(), preallocate: true }
+        LogWriter { log, next_seq, parts, staged: HashMap::default(), spare: Spare::default(), preallocate: true, epochs_dirty: false }
     }
 
     /// The storage this writer writes to.
@@ -146,8 +149,9 @@ impl LogWriter {
     }
 
     /// Stages one validated batch for `tp`: assigns its offsets, patches
-    /// `baseOffset` (and the timestamps for LogAppendTime) and frames it.
-    /// Nothing is visible to readers until [`LogWriter::flush`].
+    /// `baseOffset` (the timestamps for LogAppendTime, and the tp's latest
+    /// leader epoch if it has one) and frames it. Nothing is visible to
+    /// readers until [`LogWriter::flush`].
     pub fn append(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool) -> Result<Appended, StorageError> {
         self.stage(tp, batch, now_ms, log_append_time, None)
     }
@@ -158,23 +162,55 @@ impl LogWriter {
     /// cleaning left); its bytes, timestamps included, are kept as they
     /// are. A batch whose offsets cannot be (a negative base or delta, a
     /// last offset past `i64::MAX`) is refused too; nothing of a refused
-    /// batch is staged. Nothing is visible to readers until
-    /// [`LogWriter::flush`].
+    /// batch is staged. A batch whose `partitionLeaderEpoch` is new to the
+    /// tp starts that epoch at its base offset; one whose epoch is below
+    /// the tp's latest is refused as misplaced (a follower's log is cut
+    /// back to where it agrees with its leader before it copies more).
+    /// Nothing is visible to readers until [`LogWriter::flush`].
     pub fn append_at(&mut self, tp: Tp, batch: &[u8], now_ms: i64) -> Result<Appended, StorageError> {
         let h = crate::protocol::batch::BatchHeader::parse(batch).map_err(|e| StorageError::Misplaced(format!("the batch does not parse: {e:?}")))?;
         placeable(h.base_offset, h.last_offset_delta)?;
-        self.stage(tp, batch, now_ms, false, Some(h.base_offset))
+        self.stage(tp, batch, now_ms, false, Some((h.base_offset, h.partition_leader_epoch)))
     }
 
-    fn stage(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool, at: Option<i64>) -> Result<Appended, StorageError> {
-        let LogWriter { log, next_seq, parts, staged: all_staged, spare, preallocate } = self;
+    /// This node leads `tp` from now on, in leader `epoch`: the epoch
+    /// starts at the tp's next offset, written or not (Kafka's
+    /// `maybeAssignEpochStartOffset`; a cache built only from batches would
+    /// answer OffsetForLeaderEpoch wrongly for epochs that wrote nothing),
+    /// and later appends are stamped with it. The same epoch again changes
+    /// nothing; one below the tp's latest is refused. Durable with the next
+    /// flush.
+    pub fn begin_epoch(&mut self, tp: Tp, epoch: i32) -> Result<(), StorageError> {
+        self.log.check_poison()?;
+        let pw = part(&mut self.parts, &self.log, tp)?;
+        let mut st = pw.part.st.write().expect("partition lock");
+        match st.epochs.latest() {
+            _ if epoch < 0 => Err(StorageError::StaleEpoch { epoch, latest: -1 }),
+            Some(l) if epoch < l.epoch => Err(StorageError::StaleEpoch { epoch, latest: l.epoch }),
+            _ => {
+                self.epochs_dirty |= st.epochs.assign(epoch, pw.next_offset);
+                Ok(())
+            }
+        }
+    }
+
+    /// `at`: a follower's copy, placed at its base offset, with its epoch.
+    fn stage(&mut self, tp: Tp, batch: &[u8], now_ms: i64, log_append_time: bool, at: Option<(i64, i32)>) -> Result<Appended, StorageError> {
+        let LogWriter { log, next_seq, parts, staged: all_staged, spare, preallocate, epochs_dirty } = self;
         let log = &**log;
         log.check_poison()?;
         let pw = part(parts, log, tp)?;
+        let (log_start, latest_epoch) = {
+            let st = pw.part.st.read().expect("partition lock");
+            (st.log_start, st.epochs.latest())
+        };
         // Checked before anything is staged: a misplaced batch changes nothing.
-        if let Some(at) = at {
+        if let Some((at, epoch)) = at {
             if at < pw.next_offset {
                 return Err(StorageError::Misplaced(format!("a batch at offset {at} is below the next offset {}", pw.next_offset)));
+            }
+            if let Some(l) = latest_epoch.filter(|l| epoch < l.epoch) {
+                return Err(StorageError::Misplaced(format!("a batch of leader epoch {epoch} at offset {at} follows epoch {} (from offset {})", l.epoch, l.start)));
             }
         }
         let branch_name = tip_key(&pw.part.branch);
@@ -196,7 +232,9 @@ impl LogWriter {
         let too_big = seg_len > FILE_HEADER_BYTES && seg_len + frame_len > log.cfg.segment_bytes;
         let too_old = seg_len > FILE_HEADER_BYTES && now_ms - staged.seg.created_ms >= log.cfg.segment_ms;
         if too_big || too_old {
-            let sealed = write_staged(log, &mut staged)
+            // The roll writes what is staged: epochs first, as a flush does.
+            let sealed = write_epochs(log, epochs_dirty)
+                .and_then(|_| write_staged(log, &mut staged))
                 .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
                 .map(|_| log.note_synced(&staged.seg, staged.start))
                 .map(|_| sealed(log, &staged))
@@ -226,8 +264,10 @@ impl LogWriter {
 
         let seq = *next_seq;
         *next_seq += 1;
-        let base_offset = at.unwrap_or(pw.next_offset);
-        let fh = segment::encode_frame(&mut staged.buf, seq, &tp.topic, tp.partition, base_offset, log_append_time.then_some(now_ms), batch);
+        let base_offset = at.map_or(pw.next_offset, |(at, _)| at);
+        // A leader's append carries its epoch; a copy keeps its leader's.
+        let stamp = if at.is_none() { latest_epoch.map(|l| l.epoch) } else { None };
+        let fh = segment::encode_frame(&mut staged.buf, seq, &tp.topic, tp.partition, base_offset, log_append_time.then_some(now_ms), stamp, batch);
         let entry = pw.index_entry(&staged.seg, pos, &fh, &log.cfg);
         if log.cfg.tip.bytes > 0 {
             let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;
@@ -237,7 +277,9 @@ impl LogWriter {
         staged.seg.mark(seq, pos, fh.crc);
         pw.next_offset = fh.last_offset() + 1;
         staged.published.push((pw.part.clone(), pw.next_offset, entry));
-        let log_start = pw.part.st.read().expect("partition lock").log_start;
+        if let Some((at, epoch)) = at.filter(|&(at, e)| e >= 0 && latest_epoch.is_none_or(|l| l.epoch != e || at < l.start)) {
+            *epochs_dirty |= pw.part.st.write().expect("partition lock").epochs.assign(epoch, at);
+        }
         all_staged.insert(branch_name, staged);
         Ok(Appended { base_offset, last_offset: fh.last_offset(), seq, log_start })
     }
@@ -246,10 +288,9 @@ impl LogWriter {
     /// publishes the new log end offsets. Returns what moved, for
     /// [`Storage::publish_hw`].
     pub fn flush(&mut self) -> Result<Flushed, StorageError> {
-        let log = &*self.log;
         let mut moved = Vec::new();
         let seq_end = self.next_seq;
-        if let Err(e) = log.check_poison() {
+        if let Err(e) = self.log.check_poison() {
             self.staged.clear();
             return Err(e);
         }
@@ -258,6 +299,13 @@ impl LogWriter {
         // by address, and the order of writes must not depend on where the
         // allocator put a branch (the simulator replays a seed's faults by
         // write order).
+        // Epochs first: the checkpoint never misses an epoch whose batches
+        // a crash could leave in the log.
+        if let Err(e) = write_epochs(&self.log, &mut self.epochs_dirty) {
+            self.staged.clear();
+            return Err(self.log.poison(e));
+        }
+        let log = &*self.log;
         let mut round: Vec<Staged> = self.staged.drain().map(|(_, s)| s).collect();
         round.sort_unstable_by(|a, b| (a.seg.base_seq, &a.seg.path).cmp(&(b.seg.base_seq, &b.seg.path)));
         for mut staged in round {
@@ -320,6 +368,25 @@ fn part<'p>(parts: &'p mut HashMap<Tp, PartWriter>, log: &Storage, tp: Tp) -> Re
             Ok(v.insert(PartWriter::new(part, leo)))
         }
     }
+}
+
+/// Replaces the leader-epoch checkpoint with every tp's epochs, if any
+/// changed since it was written. Before any frame is written: the
+/// checkpoint never misses an epoch whose batches a crash could leave in
+/// the log.
+fn write_epochs(log: &Storage, dirty: &mut bool) -> Result<(), StorageError> {
+    if !*dirty {
+        return Ok(());
+    }
+    let parts: Vec<Arc<Partition>> = log.parts.read().expect("parts lock").values().cloned().collect();
+    let caches: Vec<(Tp, EpochCache)> = parts
+        .iter()
+        .map(|p| (p.tp, p.st.read().expect("partition lock").epochs.clone()))
+        .filter(|(_, c)| !c.entries().is_empty())
+        .collect();
+    log.put_state(epochs::CHECKPOINT, &epochs::encode(caches.iter().map(|(tp, c)| (*tp, c))))?;
+    *dirty = false;
+    Ok(())
 }
 
 fn write_staged(log: &Storage, staged: &mut Staged) -> Result<(), StorageError> {
@@ -542,5 +609,98 @@ mod tests {
         assert_eq!(batches(&follower, tp(2, 0)), two);
         assert_eq!(fw.next_offset(&tp(1, 0)), Some(101));
         assert_eq!(fw.append(tp(1, 0), &make_batch(&[b"own"], 0), 0, false).unwrap().base_offset, 101, "a follower turned leader goes on from there");
+    }
+
+    /// Leader epochs: a leader's appends carry its epoch, which starts at
+    /// the log end when it begins (written or not); a follower's copy takes
+    /// its leader's epochs from the batches and refuses one that goes back;
+    /// the checkpoint brings them back after a restart, cut to what a crash
+    /// left of the log and to a raised log start.
+    #[test]
+    fn leader_epochs_are_stamped_copied_and_survive_restarts_cut_to_the_log() {
+        use crate::storage::disk::sim::{Faults, SimDisk};
+        let disk = SimDisk::new(7, Faults::default());
+        let cfg = || StorageConfig { disk: Arc::new(disk.clone()), ..StorageConfig::default() };
+        let spec = |dir: &str| PartitionSpec { tp: tp(1, 0), branch: dir.into(), log_start: 0 };
+        let open = |dir: &str| Storage::open(Path::new(dir), cfg(), vec![spec("a")], true).unwrap();
+        let entries = |s: &Storage| s.epochs(&tp(1, 0)).unwrap().iter().map(|e| (e.epoch, e.start)).collect::<Vec<_>>();
+        let epoch_of = |b: &[u8]| crate::protocol::batch::BatchHeader::parse(b).unwrap().partition_leader_epoch;
+        let t = tp(1, 0);
+
+        let (leader, mut lw) = open("/leader");
+        // No epoch begun (single-node mode): the producer's -1 is kept.
+        lw.append(t, &make_batch(&[b"a"], 0), 0, false).unwrap();
+        lw.begin_epoch(t, 2).unwrap();
+        lw.append(t, &make_batch(&[b"b", b"c"], 0), 0, false).unwrap();
+        // Epoch 3 wrote nothing here; epoch 5 starts at the same offset.
+        lw.begin_epoch(t, 3).unwrap();
+        lw.begin_epoch(t, 5).unwrap();
+        assert!(matches!(lw.begin_epoch(t, 4), Err(StorageError::StaleEpoch { epoch: 4, latest: 5 })));
+        lw.begin_epoch(t, 5).unwrap();
+        lw.append(t, &make_batch(&[b"d"], 0), 0, false).unwrap();
+        let f = lw.flush().unwrap();
+        leader.publish_hw(&f);
+        leader.sync().unwrap();
+        assert_eq!(entries(&leader), [(2, 1), (5, 3)]);
+        let written = batches(&leader, t);
+        assert_eq!(written.iter().map(|b| epoch_of(b)).collect::<Vec<_>>(), [-1, 2, 5]);
+        // Where each epoch ends, as OffsetForLeaderEpoch answers.
+        assert_eq!(leader.end_offset_for(&t, 2), Some((2, 3)));
+        assert_eq!(leader.end_offset_for(&t, 3), Some((2, 3)));
+        assert_eq!(leader.end_offset_for(&t, 5), Some((5, 4)));
+        assert_eq!(leader.end_offset_for(&t, 1), Some((1, 1)));
+        assert_eq!(leader.end_offset_for(&t, 6), Some(epochs::UNDEFINED));
+
+        // The follower's copy: epochs from the batches, none for epochs
+        // that wrote nothing.
+        let (follower, mut fw) = open("/follower");
+        for b in &written {
+            fw.append_at(t, b, 0).unwrap();
+        }
+        assert_eq!(entries(&follower), [(2, 1), (5, 3)]);
+        let mut old = make_batch(&[b"late"], 0);
+        crate::protocol::batch::set_base_offset(&mut old, 4);
+        crate::protocol::batch::set_partition_leader_epoch(&mut old, 2);
+        assert!(matches!(fw.append_at(t, &old, 0), Err(StorageError::Misplaced(_))));
+        assert_eq!(fw.next_offset(&t), Some(4));
+        fw.flush().unwrap();
+        follower.sync().unwrap();
+
+        // A new epoch flushed but never synced: its batch is lost in the
+        // crash, and so is its entry, though the checkpoint kept it.
+        lw.begin_epoch(t, 7).unwrap();
+        lw.append(t, &make_batch(&[b"e"], 0), 0, false).unwrap();
+        lw.flush().unwrap();
+        assert_eq!(entries(&leader), [(2, 1), (5, 3), (7, 4)]);
+        drop((leader, lw, follower, fw));
+        disk.crash();
+        let (leader, mut lw) = open("/leader");
+        assert_eq!(entries(&leader), [(2, 1), (5, 3)]);
+        assert_eq!(leader.end_offset_for(&t, 5), Some((5, 4)));
+        let (follower, _fw) = open("/follower");
+        assert_eq!(entries(&follower), [(2, 1), (5, 3)]);
+        // A raised log start cuts the epochs below it, and stays cut.
+        lw.apply(Switch::log_starts(vec![(t, 2)])).unwrap();
+        assert_eq!(entries(&leader), [(2, 2), (5, 3)]);
+        lw.flush().unwrap();
+        drop((leader, lw));
+        let (leader, _lw) = Storage::open(Path::new("/leader"), cfg(), vec![PartitionSpec { log_start: 2, ..spec("a") }], true).unwrap();
+        assert_eq!(entries(&leader), [(2, 2), (5, 3)]);
+    }
+
+    #[test]
+    fn a_damaged_epoch_checkpoint_refuses_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let specs = || vec![PartitionSpec { tp: tp(1, 0), branch: "a".into(), log_start: 0 }];
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), specs(), true).unwrap();
+        w.begin_epoch(tp(1, 0), 1).unwrap();
+        w.flush().unwrap();
+        drop((s, w));
+        let path = dir.path().join(epochs::CHECKPOINT);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[20] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = Storage::open(dir.path(), StorageConfig::default(), specs(), true).err().expect("refused");
+        assert!(err.to_string().contains("leader-epochs") && err.to_string().contains("checksum"), "{err}");
     }
 }
