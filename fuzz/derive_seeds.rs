@@ -75,22 +75,23 @@ fn main() {
     // A segment and a store holding some of those batches.
     let dir = tempfile::tempdir().unwrap();
     let seg_path = dir.path().join("seg");
-    let f = segment::create(&seg_path, &segment::FileHeader { base_seq: 0, created_ms: 1_700_000_000_000 }).unwrap();
+    let disk = canopy::storage::disk::RealDisk;
+    let f = segment::create(&disk, &seg_path, &segment::FileHeader { base_seq: 0, created_ms: 1_700_000_000_000 }).unwrap();
     let mut frames = Vec::new();
     let mut headers = Vec::new();
     let mut offset = 0;
     for (seq, b) in batches.iter().take(8).enumerate() {
         let mut one = Vec::new();
-        let fh = segment::encode_frame(&mut one, seq as u64, &[7; 16], 0, offset, None, None, b);
+        let fh = segment::encode_frame(&mut one, seq as u64, &[7; 16], 0, offset, segment::Patch::default(), b);
         offset = fh.last_offset() + 1;
         headers.push((fh, one.clone()));
         frames.extend(one);
     }
-    std::os::unix::fs::FileExt::write_all_at(&f, &frames, segment::FILE_HEADER_BYTES).unwrap();
+    f.write_all_at(&frames, segment::FILE_HEADER_BYTES).unwrap();
     let mut seed = vec![0u8];
     seed.extend(fs::read(&seg_path).unwrap());
     write(&root.join("storage_files"), "segment", &seed);
-    let mut w = StoreWriter::create(&dir.path().join("store"), 1, 0, 4096).unwrap();
+    let mut w = StoreWriter::create(&disk, &dir.path().join("store"), 1, 0, 4096).unwrap();
     for (fh, frame) in &headers {
         w.push(fh, frame).unwrap();
     }

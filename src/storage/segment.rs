@@ -96,9 +96,17 @@ impl FrameHeader {
     }
 }
 
+/// What a leader changes in a batch it appends, besides `baseOffset`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Patch {
+    /// LogAppendTime: the timestamps, rewritten the way Kafka does.
+    pub log_append_time: Option<i64>,
+    /// Its `partitionLeaderEpoch`.
+    pub leader_epoch: Option<i32>,
+}
+
 /// Appends one frame to `out`: the header, then a copy of `batch` with its
-/// `baseOffset` set (with `log_append_time`, its timestamps rewritten, the
-/// way Kafka does; with `leader_epoch`, its `partitionLeaderEpoch`). Patching the copy means the request buffer is never
+/// `baseOffset` set and `patch` applied. Patching the copy means the request buffer is never
 /// written to and every byte is copied exactly once.
 pub fn encode_frame(
     out: &mut Vec<u8>,
@@ -106,8 +114,7 @@ pub fn encode_frame(
     topic_id: &TopicId,
     partition: i32,
     base_offset: i64,
-    log_append_time: Option<i64>,
-    leader_epoch: Option<i32>,
+    patch: Patch,
     batch: &[u8],
 ) -> FrameHeader {
     use crate::protocol::batch as kb;
@@ -118,10 +125,10 @@ pub fn encode_frame(
     out.extend_from_slice(batch);
     let stored = &mut out[start + FRAME_HEADER_BYTES..];
     kb::set_base_offset(stored, base_offset);
-    if let Some(epoch) = leader_epoch {
+    if let Some(epoch) = patch.leader_epoch {
         kb::set_partition_leader_epoch(stored, epoch);
     }
-    let max_timestamp = match log_append_time {
+    let max_timestamp = match patch.log_append_time {
         Some(now_ms) => {
             kb::set_log_append_time(stored, now_ms);
             now_ms
@@ -335,7 +342,7 @@ mod tests {
         let mut bytes = encode_file_header(&FileHeader { base_seq: 7, created_ms: 1 }).to_vec();
         for i in 0..frames {
             let b = make_batch(&[format!("v{i}").as_bytes()], i as i64);
-            encode_frame(&mut bytes, 7 + i as u64, &[3; 16], 0, i as i64, None, None, &b);
+            encode_frame(&mut bytes, 7 + i as u64, &[3; 16], 0, i as i64, Patch::default(), &b);
         }
         bytes.extend_from_slice(tail);
         std::fs::File::create(path).unwrap().write_all(&bytes).unwrap();

@@ -380,7 +380,7 @@ impl Storage {
                         Fate::Rewrite(new) => {
                             records_out += BatchHeader::parse(&new).map_or(0, |n| n.records_count.max(0) as u64);
                             frame.clear();
-                            let nfh = segment::encode_frame(&mut frame, fh.seq, &fh.topic_id, fh.partition, fh.base_offset, None, None, &new);
+                            let nfh = segment::encode_frame(&mut frame, fh.seq, &fh.topic_id, fh.partition, fh.base_offset, segment::Patch::default(), &new);
                             w.push(&nfh, &frame)?;
                         }
                     }

@@ -267,7 +267,7 @@ impl LogWriter {
         let base_offset = at.map_or(pw.next_offset, |(at, _)| at);
         // A leader's append carries its epoch; a copy keeps its leader's.
         let stamp = if at.is_none() { latest_epoch.map(|l| l.epoch) } else { None };
-        let fh = segment::encode_frame(&mut staged.buf, seq, &tp.topic, tp.partition, base_offset, log_append_time.then_some(now_ms), stamp, batch);
+        let fh = segment::encode_frame(&mut staged.buf, seq, &tp.topic, tp.partition, base_offset, segment::Patch { log_append_time: log_append_time.then_some(now_ms), leader_epoch: stamp }, batch);
         let entry = pw.index_entry(&staged.seg, pos, &fh, &log.cfg);
         if log.cfg.tip.bytes > 0 {
             let at = (pos - staged.start) as usize + FRAME_HEADER_BYTES;

@@ -411,7 +411,7 @@ mod tests {
         let mut out = Vec::new();
         let vals: Vec<Vec<u8>> = (0..n).map(|i| vec![b'v'; 20 + i]).collect();
         let refs: Vec<&[u8]> = vals.iter().map(|v| v.as_slice()).collect();
-        let fh = segment::encode_frame(&mut out, seq, &[topic; 16], 0, offset, None, None, &make_batch(&refs, 100));
+        let fh = segment::encode_frame(&mut out, seq, &[topic; 16], 0, offset, segment::Patch::default(), &make_batch(&refs, 100));
         (fh, out)
     }
 
