@@ -81,8 +81,8 @@ fn main() -> ExitCode {
     }
     let t = &total;
     println!(
-        "{runs} seeds passed: {} steps, {} batches acknowledged, {} crashes, {} disk faults and {} catalog failures injected, {} idempotent batches appended and {} answered to their producers, {} transactional batches appended, {} transactions committed and {} aborted, {} batches refused to a transaction, {} placed as a follower's copy and {} placed below the log end and refused, {} leader epochs begun and {} stale epochs refused, {} retention and compaction calls with the writer working inside, {} segments recovered from index files and {} by walking, history digest {:016x}, {:.1} s",
-        t.steps, t.acked, t.crashes, t.disk.faults, t.catalog_faults, t.idempotent_appends, t.producer_answers, t.txn_batches, t.txn_commits, t.txn_aborts, t.txn_refusals, t.placed_appends, t.misplaced_refusals, t.epochs_begun, t.stale_epoch_refusals, t.interleaved, t.indexed_segments, t.walked_segments, t.disk.history,
+        "{runs} seeds passed: {} steps, {} batches acknowledged, {} crashes, {} disk faults and {} catalog failures injected, {} idempotent batches appended and {} answered to their producers, {} transactional batches appended, {} transactions committed and {} aborted, {} batches refused to a transaction, {} placed as a follower's copy and {} placed below the log end and refused, {} leader epochs begun and {} stale epochs refused, {} truncations made and {} refused, {} retention and compaction calls with the writer working inside, {} segments recovered from index files and {} by walking, history digest {:016x}, {:.1} s",
+        t.steps, t.acked, t.crashes, t.disk.faults, t.catalog_faults, t.idempotent_appends, t.producer_answers, t.txn_batches, t.txn_commits, t.txn_aborts, t.txn_refusals, t.placed_appends, t.misplaced_refusals, t.epochs_begun, t.stale_epoch_refusals, t.truncations, t.refused_truncations, t.interleaved, t.indexed_segments, t.walked_segments, t.disk.history,
         started.elapsed().as_secs_f64()
     );
     if plant.is_some() {

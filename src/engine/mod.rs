@@ -38,7 +38,7 @@ mod restore;
 pub mod validate;
 mod waiters;
 mod writer;
-pub(crate) use restore::{covered_ends, restore_producers, snapshot_producers};
+pub(crate) use restore::{covered_ends, replace_producer_snapshot, restore_producers, snapshot_producers};
 pub(crate) use writer::admit;
 
 use std::collections::{BTreeMap, HashMap};

@@ -116,6 +116,15 @@ pub(crate) fn snapshot_producers(state: &producers::Producers, txns: &txns::Txns
     write_snapshot(storage, &state.encode_snapshot(&txns.to_snapshot(), &covered_ends(state, storage).0));
 }
 
+/// [`snapshot_producers`] where the snapshot must land: after a
+/// truncation (`LogWriter::truncate`) the one on disk covers offsets the
+/// cut took, which new batches fill again, and a restore from it would
+/// skip them (found by the simulator: a retried batch appended twice).
+/// A failure leaves the writer unable to go on.
+pub(crate) fn replace_producer_snapshot(state: &producers::Producers, txns: &txns::Txns, storage: &Storage) -> Result<(), StorageError> {
+    storage.put_state(PRODUCER_SNAPSHOT, &state.encode_snapshot(&txns.to_snapshot(), &covered_ends(state, storage).0))
+}
+
 /// The log ends a producer snapshot covers: every tp holding data, and
 /// every tp a producer has state in even if retention emptied it (so a
 /// restore knows how far the snapshot's knowledge of it went). With the

@@ -14,7 +14,10 @@
 //! compact, restart cleanly, or crash. A quarter of the plain appends come
 //! as a follower's copy of its leader's batch would (`append_at`, placed at
 //! the offset the model expects), some after one placed below it that must
-//! be refused without a trace. The driver plays the engine's
+//! be refused without a trace. Leader epochs are begun on tps now and then
+//! (leader appends then carry them, copies carry their own), and tails of
+//! plain batches are cut as a follower cuts its divergent tail (see
+//! `docs/simulator.md`). The driver plays the engine's
 //! part: a batch is acknowledged only after the flush that wrote it and
 //! the sync after that flush, as the engine does for acks=all; the
 //! catalog (topics, log starts, compaction windows) is modelled as
@@ -189,6 +192,9 @@ pub struct Outcome {
     /// below the latest, a copy's going back).
     pub epochs_begun: u64,
     pub stale_epoch_refusals: u64,
+    /// Truncations made, and refused as they must be.
+    pub truncations: u64,
+    pub refused_truncations: u64,
     /// Retention and compaction calls inside which the writer appended,
     /// flushed or synced.
     pub interleaved: u64,
@@ -221,6 +227,8 @@ impl Outcome {
         self.misplaced_refusals += o.misplaced_refusals;
         self.epochs_begun += o.epochs_begun;
         self.stale_epoch_refusals += o.stale_epoch_refusals;
+        self.truncations += o.truncations;
+        self.refused_truncations += o.refused_truncations;
         self.interleaved += o.interleaved;
         self.indexed_segments += o.indexed_segments;
         self.walked_segments += o.walked_segments;
@@ -372,6 +380,10 @@ struct Sim {
     /// Opens so far: an action that may crash and reopen storage midway
     /// (any append) stops when this moved.
     opens: u64,
+    /// A truncation that failed writing its cut: (tp, where it cuts, the
+    /// sequence number of the tp's last cut before it). Whether it holds
+    /// is for recovery to say.
+    pending_cut: Option<(Tp, i64, u64)>,
     out: Outcome,
     step: usize,
     trace: bool,
@@ -461,6 +473,7 @@ impl Sim {
             clients: BTreeMap::new(),
             transactor: Transactor::default(),
             opens: 0,
+            pending_cut: None,
             out: Outcome::default(),
             step: 0,
             trace: false,
@@ -535,6 +548,12 @@ impl Sim {
         self.txns = std::sync::RwLock::new(txns);
         self.unsynced.clear();
         self.opens += 1;
+        // A truncation that failed midway: the cut holds if recovery has it.
+        if let Some((tp, at, before)) = self.pending_cut.take() {
+            if self.topics.contains_key(&tp.topic) && self.storage().cuts_of(&tp).iter().any(|c| c.seq > before && c.end == at) {
+                self.cut_model(tp, at);
+            }
+        }
         // Every client's connection broke: what it has in flight goes again.
         for c in self.clients.values_mut() {
             c.resend = true;
@@ -688,6 +707,9 @@ impl Sim {
         if self.rng.below(16) == 0 {
             self.begin_epoch(tp)?;
         }
+        if self.rng.below(12) == 0 {
+            return self.truncate(tp);
+        }
         if self.rng.below(4) == 0 {
             // As a follower copies its leader's batch: placed at the offset
             // the model expects (`append_at`), after, now and then, one
@@ -762,6 +784,87 @@ impl Sim {
             Err(e) if epoch >= latest => self.poisoned(e),
             Err(e) => Err(format!("{tp:?}: a stale epoch {epoch} (latest {latest}) refused with {e}")),
         }
+    }
+
+    /// Cuts `tp` back inside one of its last batches, as a follower cuts
+    /// its divergent tail (`LogWriter::truncate`). Only plain batches are
+    /// cut: the engine's producer and transaction state do not follow a
+    /// cut yet. Refused as it must be: below the log start or into what
+    /// stores hold (misplaced), with batches of the tp staged (busy).
+    fn truncate(&mut self, tp: Tp) -> Check {
+        let m = self.mtp(&tp);
+        let plain_from = m.batches.iter().rposition(|b| b.kind != Kind::Plain).map_or(0, |i| i + 1);
+        if plain_from == m.batches.len() {
+            return Ok(());
+        }
+        let staged = m.batches.iter().any(|b| b.state == State::Staged);
+        let n = m.batches.len();
+        let k = plain_from + self.rng.below((n - plain_from) as u64) as usize;
+        let (base, last) = (self.mtp(&tp).batches[k].base, self.mtp(&tp).batches[k].last);
+        let end = base + self.rng.below((last - base + 1) as u64) as i64;
+        let (log_start, _, _) = self.storage().offsets(&tp).ok_or_else(|| format!("{tp:?} unknown to storage"))?;
+        let into_stores = self.storage().stored_to(&tp).is_some_and(|l| l >= end);
+        let before = self.storage().cuts_of(&tp).last().map_or(0, |c| c.seq);
+        if self.trace {
+            eprintln!("  {tp:?}: truncate to {end} (batch {base}..={last}; log start {log_start}, staged {staged}, into stores {into_stores})");
+        }
+        self.pending_cut = Some((tp, base, before));
+        let now = self.now_ms;
+        let r = self.writer().truncate(tp, end, now);
+        match r {
+            Ok(at) => {
+                ensure(end >= log_start && !staged && !into_stores, || format!("{tp:?}: a truncation to {end} was taken (log start {log_start}, staged {staged}, into stores {into_stores})"))?;
+                ensure(at == base, || format!("{tp:?}: a truncation to {end}, inside the batch {base}..={last}, cut at {at}"))?;
+                self.pending_cut = None;
+                self.cut_model(tp, at);
+                self.out.truncations += 1;
+                // The engine's part: the producer snapshot on disk covers
+                // what the cut took; it is replaced before anything more is
+                // appended, or the writer stops. A snapshot is taken right
+                // after a flush (it covers the log ends the flush
+                // published, and producer state of what it wrote).
+                let flushed = self.writer().flush();
+                match flushed {
+                    Ok(f) => self.flushed(f),
+                    Err(e) => return self.poisoned(e),
+                }
+                let replaced = crate::engine::replace_producer_snapshot(&self.producers, &self.txns.read().expect("txns lock"), self.storage());
+                match replaced {
+                    Ok(()) => Ok(()),
+                    Err(e) => self.poisoned(e),
+                }
+            }
+            Err(StorageError::Misplaced(_)) if end < log_start || (!staged && into_stores) => {
+                self.pending_cut = None;
+                self.out.refused_truncations += 1;
+                Ok(())
+            }
+            Err(StorageError::Busy(_)) if staged && end >= log_start => {
+                self.pending_cut = None;
+                self.out.refused_truncations += 1;
+                Ok(())
+            }
+            Err(StorageError::Exhausted { .. }) => {
+                self.pending_cut = None;
+                Ok(())
+            }
+            Err(e @ (StorageError::Misplaced(_) | StorageError::Busy(_))) => Err(format!("{tp:?}: a truncation to {end} refused: {e} (log start {log_start}, staged {staged}, into stores {into_stores})")),
+            // Failed writing the cut: whether it holds is for recovery to
+            // say (`open` looks).
+            Err(e) => self.poisoned(e),
+        }
+    }
+
+    /// The model after a cut of `tp` at `at`.
+    fn cut_model(&mut self, tp: Tp, at: i64) {
+        let log_start = self.storage().offsets(&tp).map_or(0, |o| o.0);
+        let m = self.mtp(&tp);
+        m.batches.retain(|b| b.base < at);
+        m.hw_seen = m.hw_seen.min(at);
+        // Storage's epochs were cut to the log start as it rose: so the
+        // model's, before the cut to the end.
+        m.epochs.truncate_from_start(log_start);
+        m.epochs.truncate_from_end(at);
     }
 
     /// One to four random records.
@@ -1033,6 +1136,17 @@ impl Sim {
             },
             &mut |sw| writer.borrow_mut().apply(sw),
         );
+        // Retention retires only what its policy lets go: every batch
+        // below a new log start (and at or past the old one) expired.
+        if let Ok((starts, _)) = &r {
+            for (tp, start) in starts {
+                let Some(Some(ms)) = self.topics.get(&tp.topic).map(|t| t.retention_ms) else { continue };
+                let m = self.mtp(tp);
+                if let Some(b) = m.batches.iter().filter(|b| b.base < *start && b.last >= m.log_start).find(|b| batch::BatchHeader::parse(&b.bytes).map_or(true, |h| h.max_timestamp >= now - ms)) {
+                    return Err(format!("{tp:?}: retention moved the log start to {start}, past the batch {}..={} that has not expired", b.base, b.last));
+                }
+            }
+        }
         // The catalog took what storage handed it, whatever came next.
         for (tp, start) in persisted {
             if self.topics.contains_key(&tp.topic) {

@@ -25,6 +25,8 @@ fn a_few_hundred_seeds_keep_every_invariant() {
     assert!(total.placed_appends > 500 && total.misplaced_refusals > 100, "{total:?}");
     // Leader epochs were begun, and stale ones refused.
     assert!(total.epochs_begun > 200 && total.stale_epoch_refusals > 20, "{total:?}");
+    // Tails were cut, and cuts refused as they must be.
+    assert!(total.truncations > 50 && total.refused_truncations > 50, "{total:?}");
     // The writer worked inside retention and compaction calls.
     assert!(total.interleaved > 100, "{total:?}");
 }

@@ -23,8 +23,10 @@
 //!
 //! # Invariants
 //!
-//! - Offsets of a tp are dense and assigned here, once (`next_offset`).
-//! - `hw <= leo <= next_offset`, none ever decreases.
+//! - Offsets of a tp are assigned here, once (`next_offset`): dense on
+//!   a leader; a follower's copy keeps its leader's, gaps included.
+//! - `hw <= leo <= next_offset`, none ever decreases, except that a
+//!   truncation (`log/cuts.rs`) lowers all three to its cut.
 //! - A reader never reads past a segment's published length, so it never sees
 //!   a half-written frame.
 //! - A segment file is deleted only when every frame in it is below its tp's
@@ -63,6 +65,7 @@ use crate::protocol::batch;
 
 mod clean;
 mod compact;
+pub mod cuts;
 pub mod epochs;
 mod page_cache;
 mod recover;
@@ -183,6 +186,9 @@ pub enum StorageError {
     /// ([`LogWriter::begin_epoch`]); nothing changed.
     #[error("leader epoch {epoch} is below the partition's latest, {latest}")]
     StaleEpoch { epoch: i32, latest: i32 },
+    /// Not now: retry later ([`LogWriter::truncate`]); nothing changed.
+    #[error("storage is busy: {0}")]
+    Busy(String),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -737,6 +743,12 @@ pub struct Storage {
     cached: Mutex<page_cache::CacheWindow>,
     /// Bytes the page cache was told to drop, written and read.
     cache_dropped_bytes: AtomicU64,
+    /// Every truncation in force (`log/cuts.rs`), replaced whole by the
+    /// writer; readers' cursors take the current one when they start.
+    cuts: RwLock<Arc<cuts::Cuts>>,
+    /// Whether `cuts` holds any: single-node mode never truncates, and
+    /// its cursors skip the lock.
+    any_cuts: AtomicBool,
 }
 
 /// What the maintenance lock guards.
@@ -923,10 +935,16 @@ impl Storage {
     /// stream up to the flush's sequence number.
     pub fn publish_hw(&self, flushed: &Flushed) {
         let parts = self.parts.read().expect("parts lock");
+        let cuts = self.cuts_in_force();
         for (tp, end) in &flushed.moved {
             if let Some(p) = parts.get(tp) {
                 let mut st = p.st.write().expect("partition lock");
-                let end = (*end).min(st.leo);
+                let mut end = (*end).min(st.leo);
+                // A flush before a truncation vouches for nothing past the
+                // cut: offsets there may be the new tail, not yet durable.
+                for c in cuts.as_ref().and_then(|c| c.get(tp)).into_iter().flatten().filter(|c| c.seq >= flushed.seq_end) {
+                    end = end.min(c.end);
+                }
                 if end > st.hw {
                     st.hw = end;
                 }
@@ -935,6 +953,27 @@ impl Storage {
         // After the tps: a subtree read never serves a batch its tp's own
         // fetch could not.
         self.visible_seq.fetch_max(flushed.seq_end, Ordering::AcqRel);
+    }
+
+    /// The truncations in force, if any (see `log/cuts.rs`).
+    fn cuts_in_force(&self) -> Option<Arc<cuts::Cuts>> {
+        if !self.any_cuts.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.cuts.read().expect("cuts lock").clone())
+    }
+
+    /// The last offset of `tp` that subtree stores hold, if any: a
+    /// truncation may not reach below it.
+    pub fn stored_to(&self, tp: &Tp) -> Option<i64> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let st = part.st.read().expect("partition lock");
+        st.stored.iter().filter_map(|s| s.store.tps.get(tp)).map(|t| t.last_offset).max()
+    }
+
+    /// `tp`'s truncations in force (tests, the simulator).
+    pub fn cuts_of(&self, tp: &Tp) -> Vec<cuts::Cut> {
+        self.cuts_in_force().and_then(|c| c.get(tp).cloned()).unwrap_or_default()
     }
 
     /// Every tp storage holds.
@@ -1366,6 +1405,9 @@ impl FrameFile for StoreFile {
 struct Frames<'a> {
     storage: &'a Storage,
     files: Vec<(Arc<dyn FrameFile>, u64)>,
+    /// The truncations in force when the cursor started: their dead frames
+    /// are passed by.
+    cuts: Option<Arc<cuts::Cuts>>,
     seg: usize,
     /// File position of `buf[0]` in `files[seg]`.
     buf_pos: u64,
@@ -1405,7 +1447,7 @@ impl<'a> Frames<'a> {
     /// Walks `files` in order, each from its position.
     fn chain(storage: &'a Storage, files: Vec<(Arc<dyn FrameFile>, u64)>, chunk: usize) -> Frames<'a> {
         let buf_pos = files.first().map_or(FILE_HEADER_BYTES, |f| f.1);
-        Frames { storage, files, seg: 0, buf_pos, buf: Bytes::new(), at: 0, chunk, guide: None }
+        Frames { storage, files, cuts: storage.cuts_in_force(), seg: 0, buf_pos, buf: Bytes::new(), at: 0, chunk, guide: None }
     }
 
     /// The next frame: its header, the buffer holding it and the range of
@@ -1421,6 +1463,9 @@ impl<'a> Frames<'a> {
                 if self.at + flen <= self.buf.len() {
                     let range = self.at + FRAME_HEADER_BYTES..self.at + flen;
                     self.at += flen;
+                    if self.cuts.as_ref().is_some_and(|c| cuts::dead(c, &fh)) {
+                        continue;
+                    }
                     return Ok(Some((fh, self.buf.clone(), range)));
                 }
                 // Straddles the end of this chunk: read it whole next.

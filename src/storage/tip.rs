@@ -381,7 +381,9 @@ impl Tip {
         }
     }
 
-    fn clear(&mut self) {
+    /// Empties the ring (a truncation: its dead batches cannot be told
+    /// from live ones).
+    pub fn clear(&mut self) {
         while !self.ring.is_empty() {
             self.evict();
         }

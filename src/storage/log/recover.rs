@@ -59,6 +59,15 @@ impl Storage {
                 .or_insert_with(|| Branch::new(log_dir.join(branch_dir_name(name)), &*disk))
                 .clone()
         };
+        // Truncations in force (`log/cuts.rs`), applied below as each
+        // branch's segments pass them; the persisted log starts bound
+        // what a cut may lower.
+        let loaded_cuts = match state::read_state(&*disk, dir, cuts::CHECKPOINT)? {
+            Some(bytes) => cuts::decode(&bytes).map_err(|why| StorageError::Io { path: dir.join(cuts::CHECKPOINT).display().to_string(), source: io::Error::new(io::ErrorKind::InvalidData, why) })?,
+            None => cuts::Cuts::default(),
+        };
+        let mut kept_cuts = cuts::Cuts::default();
+        let spec_starts: HashMap<Tp, i64> = specs.iter().map(|s| (s.tp, s.log_start)).collect();
         for spec in &specs {
             let branch = storage_branch(&mut branches, &spec.branch);
             let part = Partition::new(spec, branch);
@@ -106,6 +115,21 @@ impl Storage {
             if files.len() < before {
                 sync_dir(&*disk, &branch.dir)?;
             }
+            // This branch's cuts, in sequence order; one with no segment
+            // based below it any more killed frames that are gone.
+            let first_base = files.first().map_or(u64::MAX, |(seq, _)| *seq);
+            let mut pending: VecDeque<(Tp, cuts::Cut)> = {
+                let mut v: Vec<(Tp, cuts::Cut)> = loaded_cuts
+                    .iter()
+                    .filter(|(tp, _)| writers.get(tp).is_some_and(|w| Arc::ptr_eq(&w.part.branch, &branch)))
+                    .flat_map(|(tp, cs)| cs.iter().filter(|c| c.seq > first_base).map(move |c| (*tp, *c)))
+                    .collect();
+                v.sort_by_key(|(tp, c)| (c.seq, *tp));
+                v.into()
+            };
+            for (tp, c) in &pending {
+                kept_cuts.entry(*tp).or_default().push(*c);
+            }
             let count = files.len();
             let mut lens = Vec::with_capacity(count);
             for (_, path) in &files {
@@ -120,7 +144,12 @@ impl Storage {
             // unsynced writes, as the active one may.
             let active = lens.iter().rposition(|&l| l > FILE_HEADER_BYTES).unwrap_or(count.saturating_sub(1));
             let mut segs = Vec::with_capacity(count);
-            for (i, (_, path)) in files.into_iter().enumerate() {
+            for (i, (file_base, path)) in files.into_iter().enumerate() {
+                // The segments before a cut are all read: it applies now.
+                while pending.front().is_some_and(|(_, c)| c.seq <= file_base) {
+                    let (tp, c) = pending.pop_front().expect("checked");
+                    apply_cut(writers.get_mut(&tp).expect("a kept cut's tp"), c, &segs, spec_starts[&tp]);
+                }
                 let is_active = i >= active;
                 let len = lens[i];
                 if len < FILE_HEADER_BYTES && is_active {
@@ -200,6 +229,9 @@ impl Storage {
                 }
                 segs.push(seg);
             }
+            for (tp, c) in pending {
+                apply_cut(writers.get_mut(&tp).expect("a kept cut's tp"), c, &segs, spec_starts[&tp]);
+            }
             // Index files whose segment is gone (deleted by retention or
             // compaction, or just now) go too.
             for (seq, path) in &index_files {
@@ -234,7 +266,15 @@ impl Storage {
             checkpoints: Mutex::default(),
             cached: Mutex::default(),
             cache_dropped_bytes: AtomicU64::new(0),
+            any_cuts: AtomicBool::new(!kept_cuts.is_empty()),
+            cuts: RwLock::new(Arc::new(kept_cuts)),
         });
+        // Cuts dropped above (their dead frames are gone, or their topic)
+        // leave the file.
+        if storage.cuts.read().expect("cuts lock").as_ref() != &loaded_cuts {
+            let bytes = cuts::encode(&storage.cuts.read().expect("cuts lock"));
+            storage.put_state(cuts::CHECKPOINT, &bytes)?;
+        }
         // Sealed segments walked for want of an index file get one now,
         // so the next start reads it (active ones get theirs at a clean
         // stop).
@@ -370,6 +410,25 @@ fn apply_index(seg: &Segment, ix: &seg_index::SegIndex, writers: &mut HashMap<Tp
         st.leo = w.next_offset;
         st.hw = w.next_offset;
     }
+}
+
+/// A truncation met in recovery: what the segments before it (and the
+/// stores) left of the tp is cut at `cut.end`, as [`LogWriter::truncate`]
+/// cut it at run time. The log start may only have risen to the first
+/// surviving batch, which may be a dead one: it comes back to the cut or
+/// to the persisted start, whichever is later.
+fn apply_cut(w: &mut PartWriter, cut: cuts::Cut, segs: &[Arc<Segment>], persisted_start: i64) {
+    let mut st = w.part.st.write().expect("partition lock");
+    st.log_start = st.log_start.min(cut.end.max(persisted_start));
+    w.next_offset = w.next_offset.min(cut.end).max(st.log_start);
+    st.leo = w.next_offset;
+    st.hw = w.next_offset;
+    while st.index.back().is_some_and(|e| e.offset >= cut.end) {
+        st.index.pop_back();
+    }
+    w.last_entry = None;
+    w.bytes_since_entry = 0;
+    super::writer::clamp_summaries(segs, &w.part.tp, cut);
 }
 
 /// Opens the stores the catalog lists (`windows`), deletes every other file

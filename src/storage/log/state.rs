@@ -34,16 +34,8 @@ impl Storage {
 
     /// The contents of the state file `name`; `None` if there is none.
     pub fn get_state(&self, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
-        let disk = &*self.cfg.disk;
-        let path = self.state_path(name)?;
-        if !disk.exists(&path) {
-            return Ok(None);
-        }
-        let f = disk.open(&path, Mode::Read).map_err(open_err(&path))?;
-        let len = f.len().map_err(io_err(&path))?;
-        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| StorageError::Io { path: path.display().to_string(), source: io::Error::other("too large") })?];
-        f.read_exact_at(&mut buf, 0).map_err(io_err(&path))?;
-        Ok(Some(buf))
+        self.state_path(name)?;
+        read_state(&*self.cfg.disk, &self.data_dir, name)
     }
 
     /// A state file's path: a plain name in the data directory, never one
@@ -56,6 +48,20 @@ impl Storage {
         }
         Ok(self.data_dir.join(name))
     }
+}
+
+/// The contents of the state file `name` in `data_dir` (also before
+/// storage is open: recovery reads its own state files).
+pub(super) fn read_state(disk: &dyn Disk, data_dir: &Path, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
+    let path = data_dir.join(name);
+    if !disk.exists(&path) {
+        return Ok(None);
+    }
+    let f = disk.open(&path, Mode::Read).map_err(open_err(&path))?;
+    let len = f.len().map_err(io_err(&path))?;
+    let mut buf = vec![0u8; usize::try_from(len).map_err(|_| StorageError::Io { path: path.display().to_string(), source: io::Error::other("too large") })?];
+    f.read_exact_at(&mut buf, 0).map_err(io_err(&path))?;
+    Ok(Some(buf))
 }
 
 #[cfg(test)]

@@ -232,26 +232,11 @@ impl LogWriter {
         let too_big = seg_len > FILE_HEADER_BYTES && seg_len + frame_len > log.cfg.segment_bytes;
         let too_old = seg_len > FILE_HEADER_BYTES && now_ms - staged.seg.created_ms >= log.cfg.segment_ms;
         if too_big || too_old {
-            // The roll writes what is staged: epochs first, as a flush does.
-            let sealed = write_epochs(log, epochs_dirty)
-                .and_then(|_| write_staged(log, &mut staged))
-                .and_then(|_| staged.file.sync_data().map_err(io_err(&staged.seg.path)))
-                .map(|_| log.note_synced(&staged.seg, staged.start))
-                .map(|_| sealed(log, &staged))
-                .and_then(|_| roll(log, &pw.part.branch, *next_seq, now_ms));
-            // Frames written above are published with the next flush.
-            let published = std::mem::take(&mut staged.published);
-            match sealed {
-                // The sealed segment's buffer is written and empty.
-                Ok((seg, file)) => staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: std::mem::take(&mut staged.buf), published },
-                Err(e) => {
-                    // The sealed segment's frames are written and synced;
-                    // a roll that ran out of resources is tried again by
-                    // the next append.
-                    staged.published = published;
-                    all_staged.insert(branch_name, staged);
-                    return Err(log.poison_unless_exhausted(e));
-                }
+            if let Err(e) = seal_and_roll(log, &mut staged, &pw.part.branch, *next_seq, now_ms, epochs_dirty) {
+                // A roll that ran out of resources is tried again by the
+                // next append.
+                all_staged.insert(branch_name, staged);
+                return Err(log.poison_unless_exhausted(e));
             }
         }
         // Disk space for the frame is reserved before it is given offsets:
@@ -282,6 +267,107 @@ impl LogWriter {
         }
         all_staged.insert(branch_name, staged);
         Ok(Appended { base_offset, last_offset: fh.last_offset(), seq, log_start })
+    }
+
+    /// Cuts `tp`'s log back to `end`, a follower's divergent tail (see
+    /// `log/cuts.rs`): the batch holding `end` and every later one go, so
+    /// the log end becomes that batch's base offset, which is returned
+    /// (`end` itself at a batch boundary; the log end, unchanged, when
+    /// `end` is at or past it). Durable when it returns; the tp's leader
+    /// epochs past the cut go with the next checkpoint. Refused, changing
+    /// nothing: below the log start, or into what subtree stores hold
+    /// (`Misplaced`); while batches of the tp are staged (flush first) or
+    /// compaction or retention runs (`Busy`, retriable).
+    pub fn truncate(&mut self, tp: Tp, end: i64, now_ms: i64) -> Result<i64, StorageError> {
+        let log = self.log.clone();
+        let LogWriter { next_seq, parts, staged: all_staged, spare, epochs_dirty, .. } = self;
+        log.check_poison()?;
+        let pw = part(parts, &log, tp)?;
+        if end >= pw.next_offset {
+            return Ok(pw.next_offset);
+        }
+        // Compaction must not copy frames this cut kills, from a cursor
+        // that started before it; retention's plan must not miss it.
+        let Ok(_maintenance) = log.maintenance.try_lock() else { return Err(StorageError::Busy("compaction or retention is running".into())) };
+        {
+            let st = pw.part.st.read().expect("partition lock");
+            if end < st.log_start {
+                return Err(StorageError::Misplaced(format!("a truncation to {end} is below the log start {}", st.log_start)));
+            }
+            if st.leo != pw.next_offset {
+                return Err(StorageError::Busy("batches of the partition are staged: flush first".into()));
+            }
+            if let Some(l) = st.stored.iter().filter_map(|s| s.store.tps.get(&tp)).map(|t| t.last_offset).filter(|&l| l >= end).max() {
+                return Err(StorageError::Misplaced(format!("a truncation to {end} reaches into what subtree stores hold (to offset {l})")));
+            }
+        }
+        // The cut starts at the batch holding `end`.
+        let mut at = end;
+        let mut scanned = 0;
+        log.walk(&pw.part, |st| st.start_at(&tp, end, 0), i64::MAX, &std::cell::Cell::new(MIN_READ_CHUNK), &mut scanned, |fh, _, _| {
+            if fh.last_offset() < end {
+                return Walk::Skip;
+            }
+            at = fh.base_offset.min(end);
+            Walk::Stop
+        })
+        .map_err(|e| StorageError::Io { path: pw.part.branch.dir.display().to_string(), source: e })?;
+        // Every frame before the cut into segments based below it, every
+        // later one into segments based at or above it: the branch rolls
+        // (its active segment written, synced and sealed), unless the
+        // active one is empty and based where the next frame goes.
+        let branch = pw.part.branch.clone();
+        let key = tip_key(&branch);
+        let mut staged = match all_staged.remove(&key) {
+            Some(s) => s,
+            None => {
+                let (seg, file) = active_segment(&log, &branch, *next_seq, now_ms).map_err(|e| log.poison_unless_exhausted(e))?;
+                let start = seg.len.load(Ordering::Acquire);
+                let (buf, published) = spare.take();
+                Staged { seg, file, start, buf, published }
+            }
+        };
+        let empty = staged.start + staged.buf.len() as u64 <= FILE_HEADER_BYTES;
+        if !(empty && staged.seg.base_seq == *next_seq) {
+            if let Err(e) = seal_and_roll(&log, &mut staged, &branch, *next_seq, now_ms, epochs_dirty) {
+                all_staged.insert(key, staged);
+                return Err(log.poison_unless_exhausted(e));
+            }
+        }
+        let cut = cuts::Cut { seq: staged.seg.base_seq, end: at };
+        debug_assert_eq!(cut.seq, *next_seq);
+        all_staged.insert(key, staged);
+        // Durable before anything changes for readers.
+        let mut all: cuts::Cuts = log.cuts.read().expect("cuts lock").as_ref().clone();
+        let cs = all.entry(tp).or_default();
+        match cs.last_mut() {
+            // Cut again before anything was written: one cut, the lower.
+            Some(l) if l.seq == cut.seq => l.end = l.end.min(cut.end),
+            _ => cs.push(cut),
+        }
+        if let Err(e) = log.put_state(cuts::CHECKPOINT, &cuts::encode(&all)) {
+            return Err(log.poison(e));
+        }
+        *log.cuts.write().expect("cuts lock") = Arc::new(all);
+        log.any_cuts.store(true, Ordering::Release);
+        pw.next_offset = at;
+        // The next batch gets an index entry whatever the spacing.
+        pw.last_entry = None;
+        pw.bytes_since_entry = 0;
+        {
+            let mut st = pw.part.st.write().expect("partition lock");
+            st.leo = at;
+            st.hw = st.hw.min(at);
+            while st.index.back().is_some_and(|e| e.offset >= at) {
+                st.index.pop_back();
+            }
+            *epochs_dirty |= st.epochs.truncate_from_end(at);
+        }
+        clamp_summaries(&branch.segs.read().expect("branch lock"), &tp, cut);
+        // The tip cannot tell dead batches from live ones: it starts over.
+        log.tip.write().expect("tip lock").clear();
+        *pw.part.ahead.lock().expect("read-ahead lock") = None;
+        Ok(at)
     }
 
     /// Writes every staged frame (one positioned write per branch) and
@@ -366,6 +452,35 @@ fn part<'p>(parts: &'p mut HashMap<Tp, PartWriter>, log: &Storage, tp: Tp) -> Re
             // Nothing was appended to it yet: its end is where it starts.
             let leo = part.st.read().expect("partition lock").leo;
             Ok(v.insert(PartWriter::new(part, leo)))
+        }
+    }
+}
+
+/// Seals the staged segment (leader epochs first, then its frames written
+/// and synced, then its index file) and rolls the branch to a new one
+/// based at `next_seq`. Frames written here are published with the next
+/// flush. On failure the staged frames stay staged.
+fn seal_and_roll(log: &Storage, staged: &mut Staged, branch: &Arc<Branch>, next_seq: u64, now_ms: i64, epochs_dirty: &mut bool) -> Result<(), StorageError> {
+    write_epochs(log, epochs_dirty)?;
+    write_staged(log, staged)?;
+    staged.file.sync_data().map_err(io_err(&staged.seg.path))?;
+    log.note_synced(&staged.seg, staged.start);
+    sealed(log, staged);
+    let (seg, file) = roll(log, branch, next_seq, now_ms)?;
+    // The sealed segment's buffer is written and empty.
+    let published = std::mem::take(&mut staged.published);
+    *staged = Staged { start: seg.len.load(Ordering::Acquire), seg, file, buf: std::mem::take(&mut staged.buf), published };
+    Ok(())
+}
+
+/// After `cut`, the segments before it hold nothing of `tp` that is live
+/// past its end: their summaries say so, so that retention never raises
+/// the tp's log start past the cut for a segment of dead frames (the live
+/// offsets there are in later segments).
+pub(super) fn clamp_summaries(segs: &[Arc<Segment>], tp: &Tp, cut: cuts::Cut) {
+    for seg in segs.iter().filter(|s| s.base_seq < cut.seq) {
+        if let Some(s) = seg.tps.lock().expect("segment tps lock").get_mut(tp) {
+            s.last_offset = s.last_offset.min(cut.end - 1);
         }
     }
 }
@@ -702,5 +817,77 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let err = Storage::open(dir.path(), StorageConfig::default(), specs(), true).err().expect("refused");
         assert!(err.to_string().contains("leader-epochs") && err.to_string().contains("checksum"), "{err}");
+    }
+
+    /// A follower's divergent tail, cut inside a shared branch: the cut
+    /// starts at the batch holding the offset asked for; the sibling and
+    /// the tp's earlier batches stay; new batches take the cut offsets;
+    /// tp reads and the subtree stream skip the dead frames, across clean
+    /// and unclean restarts; what cannot be cut is refused.
+    #[test]
+    fn a_truncation_cuts_one_tp_of_a_shared_log_and_holds_across_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let specs = || vec![PartitionSpec { tp: tp(1, 0), branch: "a".into(), log_start: 0 }, PartitionSpec { tp: tp(2, 0), branch: "a".into(), log_start: 0 }];
+        let (t, sib) = (tp(1, 0), tp(2, 0));
+        let open = || Storage::open(dir.path(), StorageConfig::default(), specs(), true).unwrap();
+        let (s, mut w) = open();
+        let flush = |s: &Storage, w: &mut LogWriter| {
+            let f = w.flush().unwrap();
+            s.sync().unwrap();
+            s.publish_hw(&f);
+        };
+        // t: [0,1] [2] [3,4] [5]; the sibling's batches in between.
+        for (i, n) in [2, 1, 2, 1].into_iter().enumerate() {
+            let values: Vec<Vec<u8>> = (0..n).map(|k| format!("old{i}.{k}").into_bytes()).collect();
+            w.append(t, &make_batch(&values.iter().map(|v| &v[..]).collect::<Vec<_>>(), 0), 0, false).unwrap();
+            w.append(sib, &make_batch(&[format!("sib{i}").as_bytes()], 0), 0, false).unwrap();
+        }
+        flush(&s, &mut w);
+        w.begin_epoch(t, 3).unwrap();
+        // Staged batches of the tp: flush first.
+        w.append(t, &make_batch(&[b"staged"], 0), 0, false).unwrap();
+        assert!(matches!(w.truncate(t, 4, 0), Err(StorageError::Busy(_))));
+        flush(&s, &mut w);
+        assert_eq!(s.offsets(&t), Some((0, 7, 7)));
+        // Past the end: nothing to cut.
+        assert_eq!(w.truncate(t, 9, 0).unwrap(), 7);
+        // Inside the batch [3,4]: the cut starts at 3.
+        assert_eq!(w.truncate(t, 4, 0).unwrap(), 3);
+        assert_eq!(s.offsets(&t), Some((0, 3, 3)));
+        assert_eq!(s.epochs(&t).unwrap(), [], "epoch 3 began at 6, past the cut");
+        assert_eq!(w.next_offset(&t), Some(3));
+        let new = w.append(t, &make_batch(&[b"new3", b"new4"], 0), 0, false).unwrap();
+        assert_eq!(new.base_offset, 3);
+        w.append(sib, &make_batch(&[b"sib4"], 0), 0, false).unwrap();
+        flush(&s, &mut w);
+        let expect_t = |s: &Storage| {
+            let got = batches(s, t);
+            let spans: Vec<(i64, i64)> = got.iter().map(|b| crate::protocol::batch::BatchHeader::parse(b).map(|h| (h.base_offset, h.last_offset())).unwrap()).collect();
+            assert_eq!(spans, [(0, 1), (2, 2), (3, 4)]);
+            let holds = |b: &[u8], v: &[u8]| b.windows(v.len()).any(|w| w == v);
+            assert!(holds(&got[2], b"new3") && !got.iter().any(|b| holds(b, b"old2")), "the new batch, not the cut one");
+            assert_eq!(batches(s, sib).len(), 5);
+            // The stream: every live batch once, in order; no dead one.
+            let mut pick = |_: u64, _: &Tp, _: i64, _: &[u8]| crate::storage::tip::Pick::Take;
+            let r = s.read_stream(&["a".to_owned()], 0, 1 << 20, true, &mut pick).unwrap();
+            let of_t: Vec<(i64, i64)> = r.batches.iter().filter(|m| m.tp == t).map(|m| (m.base_offset, m.last_offset)).collect();
+            assert_eq!(of_t, [(0, 1), (2, 2), (3, 4)]);
+            assert_eq!(r.batches.len(), 8);
+        };
+        expect_t(&s);
+        // Below the log start: refused.
+        w.apply(Switch::log_starts(vec![(t, 2)])).unwrap();
+        assert!(matches!(w.truncate(t, 1, 0), Err(StorageError::Misplaced(_))));
+        s.mark_clean().unwrap();
+        drop((s, w));
+        let specs2 = || vec![PartitionSpec { tp: t, branch: "a".into(), log_start: 2 }, PartitionSpec { tp: sib, branch: "a".into(), log_start: 0 }];
+        let (s, w) = Storage::open(dir.path(), StorageConfig::default(), specs2(), true).unwrap();
+        assert_eq!(s.offsets(&t), Some((2, 5, 5)));
+        assert_eq!(s.cuts_of(&t).len(), 1);
+        drop((s, w));
+        // Unclean: the active segment is scanned, the cut applied again.
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), specs2(), false).unwrap();
+        assert_eq!(s.offsets(&t), Some((2, 5, 5)));
+        assert_eq!(w.append(t, &make_batch(&[b"next"], 0), 0, false).unwrap().base_offset, 5);
     }
 }
