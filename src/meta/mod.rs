@@ -172,21 +172,26 @@ const CACHE_BYTES: u64 = 64 << 20;
 
 impl Catalog {
     pub fn open(dir: &Path) -> Result<Catalog, MetaError> {
+        // sled's I/O threads hold the file lock until they drop their share
+        // of the log, after the catalog that used it is dropped (a tool that
+        // opened it just before). On a busy disk that outlasts an fsync:
+        // wait up to 10 s, then report the lock (another process, such as a
+        // running broker).
+        Catalog::open_waiting(dir, std::time::Duration::from_secs(10))
+    }
+
+    fn open_waiting(dir: &Path, wait: std::time::Duration) -> Result<Catalog, MetaError> {
         // No background flusher: every change is followed by an explicit flush,
         // and a lingering flusher thread would hold the lock after close.
         // sled keeps pages in memory up to its cache capacity (1 GiB by
         // default); the catalog is read at start and rarely after, so a
         // small cache bounds its memory whatever the topic count.
         let config = sled::Config::new().path(dir).mode(sled::Mode::HighThroughput).flush_every_ms(None).cache_capacity(CACHE_BYTES);
-        // sled's I/O threads hold the file lock until they drop their share
-        // of the log, after the catalog that used it is dropped (a tool that
-        // opened it just before). On a busy disk that outlasts an fsync, and
-        // CI saw more than 2 s: wait up to 10 s, then report the lock
-        // (another process, such as a running broker).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + wait;
         let db = loop {
             match config.open() {
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
+                // sled reports the lock as an `Other` error naming it.
+                Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 r => break r?,
@@ -566,6 +571,22 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A catalog still held (sled's threads finishing after a tool's
+    /// close) is waited for; one held past the wait is reported.
+    #[test]
+    fn an_open_waits_for_the_lock_then_reports_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = Catalog::open(dir.path()).unwrap();
+        let err = Catalog::open_waiting(dir.path(), std::time::Duration::from_millis(100)).err().expect("locked");
+        assert!(err.to_string().contains("could not acquire lock"), "{err}");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(held);
+        });
+        Catalog::open_waiting(dir.path(), std::time::Duration::from_secs(10)).expect("opened once the other let go");
+        release.join().unwrap();
+    }
 
     #[test]
     fn expiry_removes_only_old_offsets() {
