@@ -550,7 +550,9 @@ impl Sim {
         self.opens += 1;
         // A truncation that failed midway: the cut holds if recovery has it.
         if let Some((tp, at, before)) = self.pending_cut.take() {
-            if self.topics.contains_key(&tp.topic) && self.storage().cuts_of(&tp).iter().any(|c| c.seq > before && c.end == at) {
+            // (`>=`: a cut again before anything was written merges into
+            // the one before, with the same sequence number.)
+            if self.topics.contains_key(&tp.topic) && self.storage().cuts_of(&tp).iter().any(|c| c.seq >= before && c.end == at) {
                 self.cut_model(tp, at);
             }
         }
@@ -792,6 +794,23 @@ impl Sim {
     /// cut yet. Refused as it must be: below the log start or into what
     /// stores hold (misplaced), with batches of the tp staged (busy).
     fn truncate(&mut self, tp: Tp) -> Check {
+        if self.rng.below(6) == 0 {
+            // At the log end: nothing is cut, but an epoch begun there and
+            // never written goes (a node that led briefly, then follows).
+            let next = self.mtp(&tp).next_offset();
+            let now = self.now_ms;
+            return match self.writer().truncate(tp, next, now) {
+                Ok(n) => {
+                    ensure(n == next, || format!("{tp:?}: a truncation at the log end {next} answered {n}"))?;
+                    let log_start = self.storage().offsets(&tp).map_or(0, |o| o.0);
+                    let m = self.mtp(&tp);
+                    m.epochs.truncate_from_start(log_start);
+                    m.epochs.truncate_from_end(next);
+                    Ok(())
+                }
+                Err(e) => self.poisoned(e),
+            };
+        }
         let m = self.mtp(&tp);
         let plain_from = m.batches.iter().rposition(|b| b.kind != Kind::Plain).map_or(0, |i| i + 1);
         if plain_from == m.batches.len() {

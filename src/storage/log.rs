@@ -29,9 +29,10 @@
 //!   truncation (`log/cuts.rs`) lowers all three to its cut.
 //! - A reader never reads past a segment's published length, so it never sees
 //!   a half-written frame.
-//! - A segment file is deleted only when every frame in it is below its tp's
-//!   log start offset (or belongs to a deleted topic), and only after the new
-//!   log start offsets were handed to the caller to persist.
+//! - A segment file is deleted only when every live frame in it is below
+//!   its tp's log start offset (or belongs to a deleted topic; a dead frame,
+//!   past a truncation, counts as at its cut), and only after the new log
+//!   start offsets were handed to the caller to persist.
 //!
 //! # Indexes
 //!

@@ -16,10 +16,22 @@
 //!
 //! Dead frames stay in their segments until retention or compaction
 //! retires those; compaction copies only live frames, so stores never hold
-//! a dead one. A truncation into what stores already hold is refused (a
-//! follower does not cut below its high watermark, and compaction will
-//! wait for it). A cut is dropped once its branch keeps no segment based
-//! below it: its dead frames are gone.
+//! a dead one. A truncation into what stores already hold is refused: a
+//! follower does not cut below its high watermark, and in cluster mode
+//! compaction must wait for the high watermark (not built yet: until then
+//! such a follower is refused every time). A cut is dropped at a start
+//! once its branch keeps no segment based below it: its dead frames are
+//! gone.
+//!
+//! Not yet: the bytes and largest timestamps segments record for a tp
+//! still count its dead frames until those segments go, so
+//! `retention.bytes` and partition sizes over-count (retention by bytes
+//! may retire live batches early) and ListOffsets by the largest
+//! timestamp may find none; a read-ahead computed across a cut can keep
+//! dead batches in its slot, and a read that took the high watermark
+//! before a cut and its start after may return a new batch past the cut
+//! with the old high watermark. None of this arises before the engine
+//! truncates (cluster step 3), which must settle it.
 //!
 //! Recovery takes the segments in order and applies each cut when it
 //! reaches the first segment based at or above it, to what the segments

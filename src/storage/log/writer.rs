@@ -273,10 +273,11 @@ impl LogWriter {
     /// `log/cuts.rs`): the batch holding `end` and every later one go, so
     /// the log end becomes that batch's base offset, which is returned
     /// (`end` itself at a batch boundary; the log end, unchanged, when
-    /// `end` is at or past it). Durable when it returns; the tp's leader
-    /// epochs past the cut go with the next checkpoint. Refused, changing
-    /// nothing: below the log start, or into what subtree stores hold
-    /// (`Misplaced`); while batches of the tp are staged (flush first) or
+    /// `end` is at or past it, when only epochs starting there go).
+    /// Durable when it returns; the tp's leader epochs past the cut go
+    /// with the next checkpoint. Refused, changing nothing: below the log
+    /// start or through the batch holding it, or into what subtree stores
+    /// hold (`Misplaced`); while batches of the tp are staged (flush first) or
     /// compaction or retention runs (`Busy`, retriable).
     pub fn truncate(&mut self, tp: Tp, end: i64, now_ms: i64) -> Result<i64, StorageError> {
         let log = self.log.clone();
@@ -284,6 +285,10 @@ impl LogWriter {
         log.check_poison()?;
         let pw = part(parts, &log, tp)?;
         if end >= pw.next_offset {
+            // Nothing to cut, but an epoch begun at the end and never
+            // written goes (Kafka's `truncateTo` does the same): a node
+            // that led briefly must take its new leader's older epoch.
+            *epochs_dirty |= pw.part.st.write().expect("partition lock").epochs.truncate_from_end(end);
             return Ok(pw.next_offset);
         }
         // Compaction must not copy frames this cut kills, from a cursor
@@ -312,6 +317,12 @@ impl LogWriter {
             Walk::Stop
         })
         .map_err(|e| StorageError::Io { path: pw.part.branch.dir.display().to_string(), source: e })?;
+        // A log start inside that batch (DeleteRecords): cutting it whole
+        // would end the log below its start.
+        let log_start = pw.part.st.read().expect("partition lock").log_start;
+        if at < log_start {
+            return Err(StorageError::Misplaced(format!("a truncation to {end} cuts the batch from {at}, which holds the log start {log_start}")));
+        }
         // Every frame before the cut into segments based below it, every
         // later one into segments based at or above it: the branch rolls
         // (its active segment written, synced and sealed), unless the
@@ -889,5 +900,33 @@ mod tests {
         let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), specs2(), false).unwrap();
         assert_eq!(s.offsets(&t), Some((2, 5, 5)));
         assert_eq!(w.append(t, &make_batch(&[b"next"], 0), 0, false).unwrap().base_offset, 5);
+    }
+
+    /// Kafka's `truncateTo` at or past the log end cuts no batch but drops
+    /// an epoch begun there (a node that led briefly and wrote nothing
+    /// then takes its new leader's older epoch); a log start inside the
+    /// batch a cut would take refuses the cut.
+    #[test]
+    fn a_cut_at_the_end_drops_an_unwritten_epoch_and_none_goes_through_the_log_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tp(1, 0);
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![PartitionSpec { tp: t, branch: "a".into(), log_start: 0 }], true).unwrap();
+        w.begin_epoch(t, 4).unwrap();
+        w.append(t, &make_batch(&[b"a", b"b", b"c"], 0), 0, false).unwrap();
+        w.begin_epoch(t, 5).unwrap();
+        w.flush().unwrap();
+        assert_eq!(s.epochs(&t).unwrap().iter().map(|e| (e.epoch, e.start)).collect::<Vec<_>>(), [(4, 0), (5, 3)]);
+        assert_eq!(w.truncate(t, 3, 0).unwrap(), 3);
+        assert_eq!(s.epochs(&t).unwrap().iter().map(|e| (e.epoch, e.start)).collect::<Vec<_>>(), [(4, 0)]);
+        // An epoch-4 copy is taken again.
+        let mut copy = make_batch(&[b"d"], 0);
+        crate::protocol::batch::set_base_offset(&mut copy, 3);
+        crate::protocol::batch::set_partition_leader_epoch(&mut copy, 4);
+        w.append_at(t, &copy, 0).unwrap();
+        w.flush().unwrap();
+        // DeleteRecords put the log start inside the batch [0, 2].
+        w.apply(Switch::log_starts(vec![(t, 1)])).unwrap();
+        assert!(matches!(w.truncate(t, 2, 0), Err(StorageError::Misplaced(_))));
+        assert_eq!(w.next_offset(&t), Some(4));
     }
 }
