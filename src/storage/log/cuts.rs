@@ -81,42 +81,26 @@ pub fn dead(cuts: &Cuts, fh: &FrameHeader) -> bool {
 pub fn encode(cuts: &Cuts) -> Vec<u8> {
     let mut all: Vec<(Tp, Cut)> = cuts.iter().flat_map(|(tp, cs)| cs.iter().map(move |c| (*tp, *c))).collect();
     all.sort_by_key(|(tp, c)| (c.seq, *tp));
-    let mut out = Vec::with_capacity(14 + all.len() * CUT_BYTES + 4);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_be_bytes());
-    out.extend_from_slice(&(all.len() as u32).to_be_bytes());
-    for (tp, c) in all {
-        out.extend_from_slice(&tp.topic);
-        out.extend_from_slice(&tp.partition.to_be_bytes());
-        out.extend_from_slice(&c.seq.to_be_bytes());
-        out.extend_from_slice(&c.end.to_be_bytes());
+    let mut records = Vec::with_capacity(all.len() * CUT_BYTES);
+    for (tp, c) in &all {
+        records.extend_from_slice(&tp.topic);
+        records.extend_from_slice(&tp.partition.to_be_bytes());
+        records.extend_from_slice(&c.seq.to_be_bytes());
+        records.extend_from_slice(&c.end.to_be_bytes());
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_be_bytes());
-    out
+    state::framed(MAGIC, VERSION, all.len() as u32, &records)
 }
 
 /// Reads the state file back; anything that does not verify is an error
 /// naming what.
 pub fn decode(bytes: &[u8]) -> Result<Cuts, String> {
-    let body_len = bytes.len().checked_sub(4).filter(|&l| l >= 14).ok_or("too short")?;
-    let (body, crc) = bytes.split_at(body_len);
-    if crc32fast::hash(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
-        return Err("checksum mismatch".into());
-    }
-    if &body[..8] != MAGIC {
-        return Err("not a truncation file".into());
-    }
-    let version = u16::from_be_bytes([body[8], body[9]]);
-    if version != VERSION {
-        return Err(format!("unknown version {version}"));
-    }
-    let n = u32::from_be_bytes(body[10..14].try_into().expect("4 bytes")) as usize;
-    if n.checked_mul(CUT_BYTES) != Some(body.len() - 14) {
-        return Err(format!("{n} cuts in {} bytes", body.len() - 14));
+    let (n, body) = state::unframe(bytes, MAGIC, VERSION, "truncation file")?;
+    let n = n as usize;
+    if n.checked_mul(CUT_BYTES) != Some(body.len()) {
+        return Err(format!("{n} cuts in {} bytes", body.len()));
     }
     let mut cuts = Cuts::default();
-    for rec in body[14..].chunks_exact(CUT_BYTES) {
+    for rec in body.chunks_exact(CUT_BYTES) {
         let tp = Tp { topic: rec[..16].try_into().expect("16 bytes"), partition: i32::from_be_bytes(rec[16..20].try_into().expect("4 bytes")) };
         let cut = Cut { seq: u64::from_be_bytes(rec[20..28].try_into().expect("8 bytes")), end: i64::from_be_bytes(rec[28..36].try_into().expect("8 bytes")) };
         let cs = cuts.entry(tp).or_default();

@@ -139,45 +139,27 @@ impl EpochCache {
 
 /// The checkpoint's bytes for `caches` (empty caches are left out).
 pub fn encode<'a>(caches: impl Iterator<Item = (Tp, &'a EpochCache)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_be_bytes());
-    out.extend_from_slice(&0u32.to_be_bytes());
+    let mut records = Vec::with_capacity(64);
     let mut n = 0u32;
     for (tp, cache) in caches.filter(|(_, c)| !c.entries.is_empty()) {
         n += 1;
-        out.extend_from_slice(&tp.topic);
-        out.extend_from_slice(&tp.partition.to_be_bytes());
-        out.extend_from_slice(&(cache.entries.len() as u32).to_be_bytes());
+        records.extend_from_slice(&tp.topic);
+        records.extend_from_slice(&tp.partition.to_be_bytes());
+        records.extend_from_slice(&(cache.entries.len() as u32).to_be_bytes());
         for e in &cache.entries {
-            out.extend_from_slice(&e.epoch.to_be_bytes());
-            out.extend_from_slice(&e.start.to_be_bytes());
+            records.extend_from_slice(&e.epoch.to_be_bytes());
+            records.extend_from_slice(&e.start.to_be_bytes());
         }
     }
-    out[10..14].copy_from_slice(&n.to_be_bytes());
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_be_bytes());
-    out
+    state::framed(MAGIC, VERSION, n, &records)
 }
 
 /// Reads a checkpoint back. Anything that does not verify (magic,
 /// version, checksum, counts that overrun it, entries that do not
 /// increase) is an error naming what.
 pub fn decode(bytes: &[u8]) -> Result<Vec<(Tp, EpochCache)>, String> {
-    let body_len = bytes.len().checked_sub(4).filter(|&l| l >= 14).ok_or("too short")?;
-    let (body, crc) = bytes.split_at(body_len);
-    if crc32fast::hash(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
-        return Err("checksum mismatch".into());
-    }
-    if &body[..8] != MAGIC {
-        return Err("not a leader-epoch checkpoint".into());
-    }
-    let version = u16::from_be_bytes([body[8], body[9]]);
-    if version != VERSION {
-        return Err(format!("unknown version {version}"));
-    }
-    let mut r = Cursor { b: body, at: 14 };
-    let n = u32::from_be_bytes(body[10..14].try_into().expect("4 bytes"));
+    let (n, body) = state::unframe(bytes, MAGIC, VERSION, "leader-epoch checkpoint")?;
+    let mut r = Cursor { b: body, at: 0 };
     let mut out = Vec::new();
     for _ in 0..n {
         let topic: TopicId = r.take(16)?.try_into().expect("16 bytes");

@@ -50,6 +50,38 @@ impl Storage {
     }
 }
 
+/// The framing storage's own small state files share: magic (8 bytes),
+/// version (u16), a record count (u32), the records, and a crc32 (IEEE)
+/// of everything before it. `framed` writes it around `records`;
+/// `unframe` checks it and returns the count and the records' bytes.
+pub(super) fn framed(magic: &[u8; 8], version: u16, count: u32, records: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(14 + records.len() + 4);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_be_bytes());
+    out.extend_from_slice(&count.to_be_bytes());
+    out.extend_from_slice(records);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// See [`framed`]; `what` names the file in the error.
+pub(super) fn unframe<'a>(bytes: &'a [u8], magic: &[u8; 8], version: u16, what: &str) -> Result<(u32, &'a [u8]), String> {
+    let body_len = bytes.len().checked_sub(4).filter(|&l| l >= 14).ok_or("too short")?;
+    let (body, crc) = bytes.split_at(body_len);
+    if crc32fast::hash(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
+        return Err("checksum mismatch".into());
+    }
+    if &body[..8] != magic {
+        return Err(format!("not a {what}"));
+    }
+    let found = u16::from_be_bytes([body[8], body[9]]);
+    if found != version {
+        return Err(format!("unknown version {found}"));
+    }
+    Ok((u32::from_be_bytes(body[10..14].try_into().expect("4 bytes")), &body[14..]))
+}
+
 /// The contents of the state file `name` in `data_dir` (also before
 /// storage is open: recovery reads its own state files).
 pub(super) fn read_state(disk: &dyn Disk, data_dir: &Path, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
