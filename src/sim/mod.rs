@@ -119,6 +119,7 @@ use crate::storage::{CompactConfig, EpochCache, Flushed, LogWriter, PartitionSpe
 
 mod interleave;
 mod producers;
+mod replica;
 mod txns;
 
 use producers::Client;
@@ -757,133 +758,6 @@ impl Sim {
             return Ok(());
         }
         self.append_batch(tp, bytes, state, Kind::Plain).map(drop)
-    }
-
-    /// This node leads `tp` from here in a new epoch (now and then the same
-    /// one again, or a stale one that must be refused).
-    fn begin_epoch(&mut self, tp: Tp) -> Check {
-        let latest = self.mtp(&tp).epochs.latest().map_or(-1, |l| l.epoch);
-        let epoch = match self.rng.below(6) {
-            0 if latest > 0 => self.rng.below(latest as u64) as i32,
-            1 if latest >= 0 => latest,
-            _ => latest + 1 + self.rng.below(2) as i32,
-        };
-        let next = self.mtp(&tp).next_offset();
-        if self.trace {
-            eprintln!("  {tp:?}: begin leader epoch {epoch} at {next} (latest {latest})");
-        }
-        match self.writer().begin_epoch(tp, epoch) {
-            Ok(()) if epoch >= latest => {
-                self.mtp(&tp).epochs.assign(epoch, next);
-                self.out.epochs_begun += 1;
-                Ok(())
-            }
-            Ok(()) => Err(format!("{tp:?}: epoch {epoch} begun below the latest, {latest}")),
-            Err(StorageError::StaleEpoch { .. }) if epoch < latest => {
-                self.out.stale_epoch_refusals += 1;
-                Ok(())
-            }
-            Err(e) if epoch >= latest => self.poisoned(e),
-            Err(e) => Err(format!("{tp:?}: a stale epoch {epoch} (latest {latest}) refused with {e}")),
-        }
-    }
-
-    /// Cuts `tp` back inside one of its last batches, as a follower cuts
-    /// its divergent tail (`LogWriter::truncate`). Only plain batches are
-    /// cut: the engine's producer and transaction state do not follow a
-    /// cut yet. Refused as it must be: below the log start or into what
-    /// stores hold (misplaced), with batches of the tp staged (busy).
-    fn truncate(&mut self, tp: Tp) -> Check {
-        if self.rng.below(6) == 0 {
-            // At the log end: nothing is cut, but an epoch begun there and
-            // never written goes (a node that led briefly, then follows).
-            let next = self.mtp(&tp).next_offset();
-            let now = self.now_ms;
-            return match self.writer().truncate(tp, next, now) {
-                Ok(n) => {
-                    ensure(n == next, || format!("{tp:?}: a truncation at the log end {next} answered {n}"))?;
-                    let log_start = self.storage().offsets(&tp).map_or(0, |o| o.0);
-                    let m = self.mtp(&tp);
-                    m.epochs.truncate_from_start(log_start);
-                    m.epochs.truncate_from_end(next);
-                    Ok(())
-                }
-                Err(e) => self.poisoned(e),
-            };
-        }
-        let m = self.mtp(&tp);
-        let plain_from = m.batches.iter().rposition(|b| b.kind != Kind::Plain).map_or(0, |i| i + 1);
-        if plain_from == m.batches.len() {
-            return Ok(());
-        }
-        let staged = m.batches.iter().any(|b| b.state == State::Staged);
-        let n = m.batches.len();
-        let k = plain_from + self.rng.below((n - plain_from) as u64) as usize;
-        let (base, last) = (self.mtp(&tp).batches[k].base, self.mtp(&tp).batches[k].last);
-        let end = base + self.rng.below((last - base + 1) as u64) as i64;
-        let (log_start, _, _) = self.storage().offsets(&tp).ok_or_else(|| format!("{tp:?} unknown to storage"))?;
-        let into_stores = self.storage().stored_to(&tp).is_some_and(|l| l >= end);
-        let before = self.storage().cuts_of(&tp).last().map_or(0, |c| c.seq);
-        if self.trace {
-            eprintln!("  {tp:?}: truncate to {end} (batch {base}..={last}; log start {log_start}, staged {staged}, into stores {into_stores})");
-        }
-        self.pending_cut = Some((tp, base, before));
-        let now = self.now_ms;
-        let r = self.writer().truncate(tp, end, now);
-        match r {
-            Ok(at) => {
-                ensure(end >= log_start && !staged && !into_stores, || format!("{tp:?}: a truncation to {end} was taken (log start {log_start}, staged {staged}, into stores {into_stores})"))?;
-                ensure(at == base, || format!("{tp:?}: a truncation to {end}, inside the batch {base}..={last}, cut at {at}"))?;
-                self.pending_cut = None;
-                self.cut_model(tp, at);
-                self.out.truncations += 1;
-                // The engine's part: the producer snapshot on disk covers
-                // what the cut took; it is replaced before anything more is
-                // appended, or the writer stops. A snapshot is taken right
-                // after a flush (it covers the log ends the flush
-                // published, and producer state of what it wrote).
-                let flushed = self.writer().flush();
-                match flushed {
-                    Ok(f) => self.flushed(f),
-                    Err(e) => return self.poisoned(e),
-                }
-                let replaced = crate::engine::replace_producer_snapshot(&self.producers, &self.txns.read().expect("txns lock"), self.storage());
-                match replaced {
-                    Ok(()) => Ok(()),
-                    Err(e) => self.poisoned(e),
-                }
-            }
-            Err(StorageError::Misplaced(_)) if end < log_start || (!staged && into_stores) => {
-                self.pending_cut = None;
-                self.out.refused_truncations += 1;
-                Ok(())
-            }
-            Err(StorageError::Busy(_)) if staged && end >= log_start => {
-                self.pending_cut = None;
-                self.out.refused_truncations += 1;
-                Ok(())
-            }
-            Err(StorageError::Exhausted { .. }) => {
-                self.pending_cut = None;
-                Ok(())
-            }
-            Err(e @ (StorageError::Misplaced(_) | StorageError::Busy(_))) => Err(format!("{tp:?}: a truncation to {end} refused: {e} (log start {log_start}, staged {staged}, into stores {into_stores})")),
-            // Failed writing the cut: whether it holds is for recovery to
-            // say (`open` looks).
-            Err(e) => self.poisoned(e),
-        }
-    }
-
-    /// The model after a cut of `tp` at `at`.
-    fn cut_model(&mut self, tp: Tp, at: i64) {
-        let log_start = self.storage().offsets(&tp).map_or(0, |o| o.0);
-        let m = self.mtp(&tp);
-        m.batches.retain(|b| b.base < at);
-        m.hw_seen = m.hw_seen.min(at);
-        // Storage's epochs were cut to the log start as it rose: so the
-        // model's, before the cut to the end.
-        m.epochs.truncate_from_start(log_start);
-        m.epochs.truncate_from_end(at);
     }
 
     /// One to four random records.

@@ -586,6 +586,11 @@ impl PartState {
     }
 
     /// The tp's shares of stores that hold anything from `log_start` on.
+    /// The last offset of `tp` that subtree stores hold, if any.
+    fn stored_to(&self, tp: &Tp) -> Option<i64> {
+        self.stored.iter().filter_map(|s| s.store.tps.get(tp)).map(|t| t.last_offset).max()
+    }
+
     fn live_stored<'a>(&'a self, tp: &'a Tp) -> impl Iterator<Item = &'a StoreTp> + 'a {
         self.stored.iter().filter_map(move |s| s.store.tps.get(tp)).filter(move |t| t.last_offset >= self.log_start)
     }
@@ -956,27 +961,6 @@ impl Storage {
         self.visible_seq.fetch_max(flushed.seq_end, Ordering::AcqRel);
     }
 
-    /// The truncations in force, if any (see `log/cuts.rs`).
-    fn cuts_in_force(&self) -> Option<Arc<cuts::Cuts>> {
-        if !self.any_cuts.load(Ordering::Acquire) {
-            return None;
-        }
-        Some(self.cuts.read().expect("cuts lock").clone())
-    }
-
-    /// The last offset of `tp` that subtree stores hold, if any: a
-    /// truncation may not reach below it.
-    pub fn stored_to(&self, tp: &Tp) -> Option<i64> {
-        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
-        let st = part.st.read().expect("partition lock");
-        st.stored.iter().filter_map(|s| s.store.tps.get(tp)).map(|t| t.last_offset).max()
-    }
-
-    /// `tp`'s truncations in force (tests, the simulator).
-    pub fn cuts_of(&self, tp: &Tp) -> Vec<cuts::Cut> {
-        self.cuts_in_force().and_then(|c| c.get(tp).cloned()).unwrap_or_default()
-    }
-
     /// Every tp storage holds.
     pub fn tps(&self) -> Vec<Tp> {
         self.parts.read().expect("parts lock").keys().copied().collect()
@@ -1007,22 +991,6 @@ impl Storage {
             let st = p.st.read().expect("partition lock");
             f(tp, st.log_start, st.hw, st.leo);
         }
-    }
-
-    /// Where leader `epoch` ends in `tp`'s log (OffsetForLeaderEpoch, a
-    /// follower's divergence check): see [`EpochCache::end_offset_for`],
-    /// with the published log end. None for a tp storage does not hold.
-    pub fn end_offset_for(&self, tp: &Tp, epoch: i32) -> Option<(i32, i64)> {
-        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
-        let st = part.st.read().expect("partition lock");
-        Some(st.epochs.end_offset_for(epoch, st.leo))
-    }
-
-    /// A tp's leader epochs, oldest first (empty in single-node mode).
-    pub fn epochs(&self, tp: &Tp) -> Option<Vec<EpochEntry>> {
-        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
-        let entries = part.st.read().expect("partition lock").epochs.entries().to_vec();
-        Some(entries)
     }
 
     /// Offsets of a tp: (log start, high watermark, log end).

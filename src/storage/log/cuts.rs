@@ -73,6 +73,29 @@ impl Cut {
 /// Every cut in force, by tp, each tp's in sequence order.
 pub type Cuts = HashMap<Tp, Vec<Cut>>;
 
+impl Storage {
+    /// The truncations in force, if any.
+    pub(super) fn cuts_in_force(&self) -> Option<Arc<Cuts>> {
+        if !self.any_cuts.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.cuts.read().expect("cuts lock").clone())
+    }
+
+    /// `tp`'s truncations in force (tests, the simulator).
+    pub fn cuts_of(&self, tp: &Tp) -> Vec<Cut> {
+        self.cuts_in_force().and_then(|c| c.get(tp).cloned()).unwrap_or_default()
+    }
+
+    /// The last offset of `tp` that subtree stores hold, if any: a
+    /// truncation may not reach below it.
+    pub fn stored_to(&self, tp: &Tp) -> Option<i64> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let stored = part.st.read().expect("partition lock").stored_to(tp);
+        stored
+    }
+}
+
 /// Whether any of `cuts` kills the frame.
 pub fn dead(cuts: &Cuts, fh: &FrameHeader) -> bool {
     cuts.get(&Tp { topic: fh.topic_id, partition: fh.partition }).is_some_and(|cs| cs.iter().any(|c| c.kills(fh)))

@@ -137,6 +137,24 @@ impl EpochCache {
     }
 }
 
+impl Storage {
+    /// Where leader `epoch` ends in `tp`'s log (OffsetForLeaderEpoch, a
+    /// follower's divergence check): see [`EpochCache::end_offset_for`],
+    /// with the published log end. None for a tp storage does not hold.
+    pub fn end_offset_for(&self, tp: &Tp, epoch: i32) -> Option<(i32, i64)> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let st = part.st.read().expect("partition lock");
+        Some(st.epochs.end_offset_for(epoch, st.leo))
+    }
+
+    /// A tp's leader epochs, oldest first (empty in single-node mode).
+    pub fn epochs(&self, tp: &Tp) -> Option<Vec<EpochEntry>> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let entries = part.st.read().expect("partition lock").epochs.entries().to_vec();
+        Some(entries)
+    }
+}
+
 /// The checkpoint's bytes for `caches` (empty caches are left out).
 pub fn encode<'a>(caches: impl Iterator<Item = (Tp, &'a EpochCache)>) -> Vec<u8> {
     let mut records = Vec::with_capacity(64);

@@ -62,10 +62,7 @@ impl Storage {
         // Truncations in force (`log/cuts.rs`), applied below as each
         // branch's segments pass them; the persisted log starts bound
         // what a cut may lower.
-        let loaded_cuts = match state::read_state(&*disk, dir, cuts::CHECKPOINT)? {
-            Some(bytes) => cuts::decode(&bytes).map_err(|why| StorageError::Io { path: dir.join(cuts::CHECKPOINT).display().to_string(), source: io::Error::new(io::ErrorKind::InvalidData, why) })?,
-            None => cuts::Cuts::default(),
-        };
+        let loaded_cuts = state::load_state(&*disk, dir, cuts::CHECKPOINT, cuts::decode)?.unwrap_or_default();
         let mut kept_cuts = cuts::Cuts::default();
         let spec_starts: HashMap<Tp, i64> = specs.iter().map(|s| (s.tp, s.log_start)).collect();
         for spec in &specs {
@@ -271,9 +268,9 @@ impl Storage {
         });
         // Cuts dropped above (their dead frames are gone, or their topic)
         // leave the file.
-        if storage.cuts.read().expect("cuts lock").as_ref() != &loaded_cuts {
-            let bytes = cuts::encode(&storage.cuts.read().expect("cuts lock"));
-            storage.put_state(cuts::CHECKPOINT, &bytes)?;
+        let kept = storage.cuts.read().expect("cuts lock").clone();
+        if *kept != loaded_cuts {
+            storage.put_state(cuts::CHECKPOINT, &cuts::encode(&kept))?;
         }
         // Sealed segments walked for want of an index file get one now,
         // so the next start reads it (active ones get theirs at a clean
@@ -298,9 +295,7 @@ impl Storage {
     /// answer where its log diverges wrongly. Returns whether anything
     /// was cut.
     fn load_epochs(&self, writers: &HashMap<Tp, PartWriter>) -> Result<bool, StorageError> {
-        let Some(bytes) = self.get_state(epochs::CHECKPOINT)? else { return Ok(false) };
-        let path = self.data_dir.join(epochs::CHECKPOINT);
-        let caches = epochs::decode(&bytes).map_err(|why| StorageError::Io { path: path.display().to_string(), source: io::Error::new(io::ErrorKind::InvalidData, why) })?;
+        let Some(caches) = state::load_state(&*self.cfg.disk, &self.data_dir, epochs::CHECKPOINT, epochs::decode)? else { return Ok(false) };
         let mut cut = false;
         for (tp, mut cache) in caches {
             // Tps of deleted topics are left out of the next checkpoint.

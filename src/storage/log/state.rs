@@ -82,6 +82,15 @@ pub(super) fn unframe<'a>(bytes: &'a [u8], magic: &[u8; 8], version: u16, what: 
     Ok((u32::from_be_bytes(body[10..14].try_into().expect("4 bytes")), &body[14..]))
 }
 
+/// The state file `name` in `data_dir`, decoded; one that does not
+/// decode is an error naming the file and why (storage's own state files
+/// are replaced whole, so damage is the disk's).
+pub(super) fn load_state<T>(disk: &dyn Disk, data_dir: &Path, name: &str, decode: impl FnOnce(&[u8]) -> Result<T, String>) -> Result<Option<T>, StorageError> {
+    let Some(bytes) = read_state(disk, data_dir, name)? else { return Ok(None) };
+    let bad = |why| StorageError::Io { path: data_dir.join(name).display().to_string(), source: io::Error::new(io::ErrorKind::InvalidData, why) };
+    decode(&bytes).map(Some).map_err(bad)
+}
+
 /// The contents of the state file `name` in `data_dir` (also before
 /// storage is open: recovery reads its own state files).
 pub(super) fn read_state(disk: &dyn Disk, data_dir: &Path, name: &str) -> Result<Option<Vec<u8>>, StorageError> {

@@ -216,17 +216,9 @@ impl LogWriter {
         let branch_name = tip_key(&pw.part.branch);
         let frame_len = (FRAME_HEADER_BYTES + batch.len()) as u64;
 
-        let mut staged = match all_staged.remove(&branch_name) {
-            Some(s) => s,
-            None => {
-                // Out of descriptors or disk space here, nothing of this
-                // batch is staged: the append fails, storage carries on.
-                let (seg, file) = active_segment(log, &pw.part.branch, *next_seq, now_ms).map_err(|e| log.poison_unless_exhausted(e))?;
-                let start = seg.len.load(Ordering::Acquire);
-                let (buf, published) = spare.take();
-                Staged { seg, file, start, buf, published }
-            }
-        };
+        // Out of descriptors or disk space here, nothing of this batch is
+        // staged: the append fails, storage carries on.
+        let mut staged = take_staged(log, all_staged, spare, &pw.part.branch, *next_seq, now_ms)?;
         // Roll first if this frame would overfill the active segment.
         let seg_len = staged.start + staged.buf.len() as u64;
         let too_big = seg_len > FILE_HEADER_BYTES && seg_len + frame_len > log.cfg.segment_bytes;
@@ -294,7 +286,7 @@ impl LogWriter {
         // Compaction must not copy frames this cut kills, from a cursor
         // that started before it; retention's plan must not miss it.
         let Ok(_maintenance) = log.maintenance.try_lock() else { return Err(StorageError::Busy("compaction or retention is running".into())) };
-        {
+        let log_start = {
             let st = pw.part.st.read().expect("partition lock");
             if end < st.log_start {
                 return Err(StorageError::Misplaced(format!("a truncation to {end} is below the log start {}", st.log_start)));
@@ -302,10 +294,11 @@ impl LogWriter {
             if st.leo != pw.next_offset {
                 return Err(StorageError::Busy("batches of the partition are staged: flush first".into()));
             }
-            if let Some(l) = st.stored.iter().filter_map(|s| s.store.tps.get(&tp)).map(|t| t.last_offset).filter(|&l| l >= end).max() {
+            if let Some(l) = st.stored_to(&tp).filter(|&l| l >= end) {
                 return Err(StorageError::Misplaced(format!("a truncation to {end} reaches into what subtree stores hold (to offset {l})")));
             }
-        }
+            st.log_start
+        };
         // The cut starts at the batch holding `end`.
         let mut at = end;
         let mut scanned = 0;
@@ -319,7 +312,6 @@ impl LogWriter {
         .map_err(|e| StorageError::Io { path: pw.part.branch.dir.display().to_string(), source: e })?;
         // A log start inside that batch (DeleteRecords): cutting it whole
         // would end the log below its start.
-        let log_start = pw.part.st.read().expect("partition lock").log_start;
         if at < log_start {
             return Err(StorageError::Misplaced(format!("a truncation to {end} cuts the batch from {at}, which holds the log start {log_start}")));
         }
@@ -329,15 +321,7 @@ impl LogWriter {
         // active one is empty and based where the next frame goes.
         let branch = pw.part.branch.clone();
         let key = tip_key(&branch);
-        let mut staged = match all_staged.remove(&key) {
-            Some(s) => s,
-            None => {
-                let (seg, file) = active_segment(&log, &branch, *next_seq, now_ms).map_err(|e| log.poison_unless_exhausted(e))?;
-                let start = seg.len.load(Ordering::Acquire);
-                let (buf, published) = spare.take();
-                Staged { seg, file, start, buf, published }
-            }
-        };
+        let mut staged = take_staged(&log, all_staged, spare, &branch, *next_seq, now_ms)?;
         let empty = staged.start + staged.buf.len() as u64 <= FILE_HEADER_BYTES;
         if !(empty && staged.seg.base_seq == *next_seq) {
             if let Err(e) = seal_and_roll(&log, &mut staged, &branch, *next_seq, now_ms, epochs_dirty) {
@@ -391,11 +375,6 @@ impl LogWriter {
             self.staged.clear();
             return Err(e);
         }
-        // In segment order (base sequence, then path: two branches' active
-        // segments can start at the same one), not the map's: it is keyed
-        // by address, and the order of writes must not depend on where the
-        // allocator put a branch (the simulator replays a seed's faults by
-        // write order).
         // Epochs first: the checkpoint never misses an epoch whose batches
         // a crash could leave in the log.
         if let Err(e) = write_epochs(&self.log, &mut self.epochs_dirty) {
@@ -403,6 +382,11 @@ impl LogWriter {
             return Err(self.log.poison(e));
         }
         let log = &*self.log;
+        // In segment order (base sequence, then path: two branches' active
+        // segments can start at the same one), not the map's: it is keyed
+        // by address, and the order of writes must not depend on where the
+        // allocator put a branch (the simulator replays a seed's faults by
+        // write order).
         let mut round: Vec<Staged> = self.staged.drain().map(|(_, s)| s).collect();
         round.sort_unstable_by(|a, b| (a.seg.base_seq, &a.seg.path).cmp(&(b.seg.base_seq, &b.seg.path)));
         for mut staged in round {
@@ -465,6 +449,19 @@ fn part<'p>(parts: &'p mut HashMap<Tp, PartWriter>, log: &Storage, tp: Tp) -> Re
             Ok(v.insert(PartWriter::new(part, leo)))
         }
     }
+}
+
+/// The branch's staged frames, taken out of `all_staged` (the caller puts
+/// them back); with none, an empty buffer over the branch's active segment
+/// (created if the branch has none).
+fn take_staged(log: &Storage, all_staged: &mut HashMap<u64, Staged>, spare: &mut Spare, branch: &Arc<Branch>, next_seq: u64, now_ms: i64) -> Result<Staged, StorageError> {
+    if let Some(s) = all_staged.remove(&tip_key(branch)) {
+        return Ok(s);
+    }
+    let (seg, file) = active_segment(log, branch, next_seq, now_ms).map_err(|e| log.poison_unless_exhausted(e))?;
+    let start = seg.len.load(Ordering::Acquire);
+    let (buf, published) = spare.take();
+    Ok(Staged { seg, file, start, buf, published })
 }
 
 /// Seals the staged segment (leader epochs first, then its frames written
