@@ -5,7 +5,8 @@
 //! - `seeds/consumer_protocol`: every JoinGroup member metadata and
 //!   SyncGroup assignment the clients sent;
 //! - `seeds/storage_files`: a segment file and a subtree store file built
-//!   from those batches (first byte 0: segment, 1: store);
+//!   from those batches (first byte 0: segment, 1: store), and the two
+//!   state files of replicas (3: leader epochs, 4: truncations);
 //! - `seeds/rest_body`: one body per REST route and format (first byte:
 //!   the route, as `rest_body` reads it).
 //!
@@ -16,7 +17,10 @@ use std::path::Path;
 
 use bytes::Bytes;
 use canopy::protocol::{guard, header};
+use canopy::storage::log::epochs::{self, EpochCache};
+use canopy::storage::log::cuts;
 use canopy::storage::segment;
+use canopy::storage::Tp;
 use canopy::storage::subtree::store::StoreWriter;
 use kafka_protocol::messages::{ApiKey, JoinGroupRequest, ProduceRequest, SyncGroupRequest};
 use kafka_protocol::protocol::Decodable;
@@ -99,6 +103,21 @@ fn main() {
     let mut seed = vec![1u8];
     seed.extend(fs::read(store_path).unwrap());
     write(&root.join("storage_files"), "store", &seed);
+    let (a, b) = (Tp { topic: [1; 16], partition: 0 }, Tp { topic: [2; 16], partition: 3 });
+    let mut caches = vec![(a, EpochCache::default()), (b, EpochCache::default())];
+    for (epoch, start) in [(0, 0), (2, 40), (5, 41)] {
+        caches[0].1.assign(epoch, start);
+    }
+    caches[1].1.assign(7, 1000);
+    let mut seed = vec![3u8];
+    seed.extend(epochs::encode(caches.iter().map(|(tp, c)| (*tp, c))));
+    write(&root.join("storage_files"), "leader-epochs", &seed);
+    let mut found = cuts::Cuts::default();
+    found.insert(a, vec![cuts::Cut { seq: 10, end: 40 }, cuts::Cut { seq: 30, end: 12 }]);
+    found.insert(b, vec![cuts::Cut { seq: 20, end: 1000 }]);
+    let mut seed = vec![4u8];
+    seed.extend(cuts::encode(&found));
+    write(&root.join("storage_files"), "truncations", &seed);
 
     // REST bodies, by route (the index `rest_body` reads from byte 0).
     let rest = [
@@ -115,5 +134,5 @@ fn main() {
         seed.extend_from_slice(body.as_bytes());
         write(&root.join("rest_body"), &format!("route-{route}"), &seed);
     }
-    println!("{} batches, {} consumer protocol blobs, 2 storage files, {} REST bodies", batches.len(), blobs.len(), rest.len());
+    println!("{} batches, {} consumer protocol blobs, 4 storage files, {} REST bodies", batches.len(), blobs.len(), rest.len());
 }

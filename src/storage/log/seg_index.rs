@@ -212,7 +212,7 @@ impl SegIndex {
             (0, 0) if covered_len == FILE_HEADER_BYTES && last_pos == 0 && last_crc == 0 => None,
             (0, _) | (_, 0) => return Err("frame count and end sequence disagree"),
             _ => {
-                if end_seq <= base_seq || last_pos < FILE_HEADER_BYTES || last_pos + FRAME_HEADER_BYTES as u64 > covered_len {
+                if end_seq <= base_seq || last_pos < FILE_HEADER_BYTES || last_pos.checked_add(FRAME_HEADER_BYTES as u64).is_none_or(|end| end > covered_len) {
                     return Err("last frame outside the covered length");
                 }
                 Some(LastFrame { pos: last_pos, seq: end_seq - 1, crc: last_crc })
@@ -556,6 +556,8 @@ mod tests {
         assert_eq!(reencode(&|ix| ix.tps[0].last_offset = 5), Err("index entry out of place"));
         assert_eq!(reencode(&|ix| ix.last = Some(LastFrame { pos: 8990, seq: 103, crc: 1 })), Err("last frame outside the covered length"));
         assert_eq!(reencode(&|ix| ix.frames = 0), Err("frame count and end sequence disagree"));
+        // A last frame so far out that its end overflows (found by the fuzz target).
+        assert_eq!(reencode(&|ix| ix.last = Some(LastFrame { pos: u64::MAX - 8, seq: 103, crc: 1 })), Err("last frame outside the covered length"));
         // A count claiming 2^32 - 1 records, with the checksum fixed up.
         let mut b = sample().encode();
         b[68..72].copy_from_slice(&u32::MAX.to_be_bytes());
