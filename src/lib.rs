@@ -2,6 +2,7 @@
 //! See DESIGN.md (shared) for the words, layers and invariants.
 
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod kafka;

@@ -40,6 +40,8 @@ pub struct Running {
     background: JoinHandle<()>,
     compactor: JoinHandle<()>,
     expiry: JoinHandle<()>,
+    /// Cluster mode's etcd session (it revokes the lease when it ends).
+    cluster: Option<JoinHandle<()>>,
 }
 
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {
@@ -106,12 +108,13 @@ struct Started {
     background: JoinHandle<()>,
     compactor: JoinHandle<()>,
     expiry: JoinHandle<()>,
+    cluster: Option<JoinHandle<()>>,
 }
 
 impl Started {
     fn finish(self, admin_addr: SocketAddr, health: Arc<Health>, stop: watch::Sender<bool>, admin: JoinHandle<()>) -> Running {
-        let Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry } = self;
-        Running { kafka_addr, kafka_listeners, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry }
+        let Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry, cluster } = self;
+        Running { kafka_addr, kafka_listeners, admin_addr, rest_addr, engine, health, stop, kafka, admin, rest, background, compactor, expiry, cluster }
     }
 }
 
@@ -168,7 +171,15 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         })
         .collect();
     let first = &listeners[0].0;
-    let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), clock, stop_rx.clone()).await?;
+    // This node as the cluster sees it: every listener's advertised address.
+    let me = crate::cluster::NodeRecord {
+        id: cfg.node_id,
+        rack: cfg.rack(),
+        incarnation: 0,
+        endpoints: listeners.iter().map(|(l, _, _)| crate::cluster::Endpoint { listener: l.name.clone(), host: l.advertised_host.clone(), port: l.advertised_port }).collect(),
+    };
+    let (membership, cluster) = join_cluster(cfg, engine.cluster_id(), me, stop_rx.clone()).await?;
+    let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), Some(membership), clock, stop_rx.clone()).await?;
     let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
     let kafka_probe = broker.probe.clone();
     let kafka_listeners: Vec<(String, SocketAddr)> = listeners.iter().map(|(l, _, a)| (l.name.clone(), *a)).collect();
@@ -196,14 +207,38 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
-    Ok(Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry })
+    Ok(Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry, cluster })
+}
+
+/// Single-node mode: a cluster of `me` alone. Cluster mode: `me`
+/// registered in etcd, and the session's task.
+async fn join_cluster(cfg: &Config, cluster_id: &str, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<JoinHandle<()>>)> {
+    let Some(cluster) = cfg.cluster() else {
+        return Ok((Arc::new(crate::cluster::Membership::single(cluster_id.to_owned(), me)), None));
+    };
+    #[cfg(feature = "cluster")]
+    {
+        let session = crate::cluster::etcd::join(cluster, me, stop_rx).await.context("joining the cluster")?;
+        Ok((session.membership, Some(session.task)))
+    }
+    #[cfg(not(feature = "cluster"))]
+    {
+        let _ = (cluster, stop_rx);
+        anyhow::bail!("etcd_endpoints is set, but this binary was built without cluster mode")
+    }
 }
 
 /// The Kafka side of a broker over an open engine: the group and
 /// transaction coordinators (started), the limits, and the listener's
 /// settings, advertising `advertised` (host, port). The fuzz target
 /// drives requests through one of these without a socket.
-pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32), clock: Clock, stop_rx: watch::Receiver<bool>) -> anyhow::Result<Arc<Broker>> {
+/// `cluster` is the node's membership; `None`: a cluster of this node
+/// alone, advertising `advertised` on a PLAINTEXT listener.
+pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32), cluster: Option<Arc<crate::cluster::Membership>>, clock: Clock, stop_rx: watch::Receiver<bool>) -> anyhow::Result<Arc<Broker>> {
+    let cluster = cluster.unwrap_or_else(|| {
+        let endpoint = crate::cluster::Endpoint { listener: "PLAINTEXT".into(), host: advertised.0.clone(), port: advertised.1 };
+        Arc::new(crate::cluster::Membership::single(engine.cluster_id().to_owned(), crate::cluster::NodeRecord { id: cfg.node_id, rack: cfg.rack(), incarnation: 0, endpoints: vec![endpoint] }))
+    });
     let users = Arc::new(crate::auth::users::UserStore::load(engine.catalog()).context("loading SCRAM credentials")?);
     let super_users = cfg.super_user_list().map_err(|e| anyhow::anyhow!("super_users: {e}"))?;
     let authorizer = Arc::new(crate::auth::acl::Authorizer::load(engine.catalog(), cfg.authorizer_enabled, super_users, cfg.allow_everyone_if_no_acl_found).context("loading ACLs")?);
@@ -215,6 +250,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), cfg.consumer_groups(), clock.clone(), stop_rx.clone());
     let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
+        cluster,
         coordinator,
         transactions,
         stopping: stop_rx,
@@ -335,6 +371,9 @@ impl Running {
         let _ = self.background.await;
         let _ = self.compactor.await;
         let _ = self.expiry.await;
+        if let Some(cluster) = self.cluster {
+            let _ = cluster.await;
+        }
         self.engine.shutdown().await;
         let _ = self.admin.await;
     }

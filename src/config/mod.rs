@@ -293,6 +293,18 @@ settings! {
     tip_lookup: String = "index", "CANOPY_TIP_LOOKUP", "tip-lookup";
     "Appends queued for the writer thread before producers wait"
     write_queue: usize = "4096", "CANOPY_WRITE_QUEUE", "write-queue";
+    "This broker's id (node.id); in cluster mode unique among the cluster's brokers"
+    node_id: i32 = "0", "CANOPY_NODE_ID", "node-id";
+    "Cluster mode: etcd client URLs separated by commas (http://host:port); empty: single-node mode. Needs a build with the cluster feature"
+    etcd_endpoints: String = "", "CANOPY_ETCD_ENDPOINTS", "etcd-endpoints";
+    "Cluster mode: the cluster's name, its etcd keys are under /canopy/<name>/ (one etcd can hold several clusters)"
+    cluster_name: String = "canopy", "CANOPY_CLUSTER_NAME", "cluster-name";
+    "The rack of this broker (broker.rack), for replica placement; empty: none"
+    broker_rack: String = "", "CANOPY_BROKER_RACK", "broker-rack";
+    "Cluster mode: a broker whose etcd lease is not renewed for this long leaves the cluster, in milliseconds (broker.session.timeout.ms; etcd rounds up to whole seconds)"
+    broker_session_timeout_ms: u64 = "3000", "CANOPY_BROKER_SESSION_TIMEOUT_MS", "broker-session-timeout-ms";
+    "Cluster mode: how often the broker renews its etcd lease, in milliseconds (broker.heartbeat.interval.ms)"
+    broker_heartbeat_interval_ms: u64 = "1000", "CANOPY_BROKER_HEARTBEAT_INTERVAL_MS", "broker-heartbeat-interval-ms";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -324,6 +336,20 @@ impl Config {
         let bad = |key, why: &str| Err(ConfigError::Invalid { key, why: why.to_owned() });
         if self.num_partitions < 1 {
             return bad("num_partitions", "must be at least 1");
+        }
+        if self.node_id < 0 {
+            return bad("node_id", "must be 0 or more");
+        }
+        if !self.etcd_endpoints.is_empty() {
+            if !cfg!(feature = "cluster") {
+                return bad("etcd_endpoints", "this binary was built without cluster mode (cargo build --release --features cluster, which needs protoc)");
+            }
+            if !crate::cluster::keys::valid_cluster_name(&self.cluster_name) {
+                return bad("cluster_name", "must be 1 to 64 letters, digits, '-', '_' or '.'");
+            }
+            if self.broker_heartbeat_interval_ms == 0 || self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms {
+                return bad("broker_heartbeat_interval_ms", "must be positive and at most half of broker_session_timeout_ms");
+            }
         }
         if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
             return bad("max_request_bytes", "must be between 1024 and 2147483647");
@@ -648,6 +674,24 @@ impl Config {
             ("segment_ms", "log.roll.ms", self.segment_ms.to_string()),
         ];
         all.into_iter().filter(|(setting, _, _)| self.explicit.contains(setting)).map(|(_, key, value)| (key.to_owned(), value)).collect()
+    }
+
+    /// Cluster mode's settings, if `etcd_endpoints` names any.
+    pub fn cluster(&self) -> Option<crate::cluster::ClusterConfig> {
+        let endpoints: Vec<String> = self.etcd_endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+        (!endpoints.is_empty()).then(|| crate::cluster::ClusterConfig {
+            node_id: self.node_id,
+            etcd_endpoints: endpoints,
+            cluster_name: self.cluster_name.clone(),
+            rack: self.rack(),
+            session_timeout_ms: self.broker_session_timeout_ms,
+            heartbeat_interval_ms: self.broker_heartbeat_interval_ms,
+        })
+    }
+
+    /// `broker_rack`, if set.
+    pub fn rack(&self) -> Option<String> {
+        (!self.broker_rack.is_empty()).then(|| self.broker_rack.clone())
     }
 
     pub fn engine(&self) -> EngineConfig {

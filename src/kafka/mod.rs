@@ -24,8 +24,15 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::engine::Engine;
 
-/// The broker's node id; a single-node cluster.
-pub const NODE_ID: i32 = 0;
+/// A broker as Metadata, DescribeCluster and FindCoordinator give it: its
+/// address on the listener the request came in on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerAddr {
+    pub id: i32,
+    pub host: String,
+    pub port: i32,
+    pub rack: Option<String>,
+}
 
 #[derive(Debug, Clone)]
 pub struct KafkaConfig {
@@ -61,6 +68,9 @@ pub struct KafkaConfig {
 
 /// What every handler can reach.
 pub struct Broker {
+    /// The cluster's nodes and controller, and this node's id (single-node
+    /// mode: this node alone).
+    pub cluster: Arc<crate::cluster::Membership>,
     pub engine: Arc<Engine>,
     pub coordinator: coordinator::Coordinator,
     pub transactions: coordinator::transactions::Transactions,
@@ -83,6 +93,38 @@ pub struct Broker {
     pub oauth: Option<Arc<crate::auth::oauth::Validator>>,
     /// Fetch sessions (KIP-227), shared by every connection.
     pub fetch_sessions: Arc<fetch_session::FetchSessions>,
+}
+
+impl Broker {
+    /// This broker's node id.
+    pub fn node_id(&self) -> i32 {
+        self.cluster.node_id()
+    }
+
+    /// Every live broker, with its address on the running request's
+    /// listener (outside a request: on its first listener). As in Kafka, a
+    /// broker without that listener is left out. This broker gives the
+    /// listener's own advertised address.
+    pub fn brokers(&self) -> Vec<BrokerAddr> {
+        let view = self.cluster.view();
+        let listener = conn::listener_name();
+        let me = self.node_id();
+        view.nodes
+            .values()
+            .filter_map(|n| {
+                let (host, port) = if n.id == me {
+                    conn::advertised(self)
+                } else {
+                    let e = match &listener {
+                        Some(l) => n.endpoint(l)?,
+                        None => n.endpoints.first()?,
+                    };
+                    (e.host.clone(), e.port)
+                };
+                Some(BrokerAddr { id: n.id, host, port, rack: n.rack.clone() })
+            })
+            .collect()
+    }
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true, then

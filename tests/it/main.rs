@@ -6,6 +6,8 @@ mod acls;
 mod admin;
 mod bad_input;
 mod cleaning;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod compaction;
 mod compression;
 mod consumer_protocol;

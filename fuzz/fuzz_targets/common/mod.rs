@@ -35,7 +35,7 @@ pub fn broker() -> &'static InProcess {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let (broker, bridge) = rt.block_on(async {
             let engine = Engine::open(cfg.engine(), system_clock()).expect("the engine opens");
-            let broker = canopy::server::broker(&cfg, engine.clone(), ("127.0.0.1".into(), 9092), system_clock(), stop_rx).await.expect("the broker starts");
+            let broker = canopy::server::broker(&cfg, engine.clone(), ("127.0.0.1".into(), 9092), None, system_clock(), stop_rx).await.expect("the broker starts");
             let bridge = Arc::new(Bridge::new(engine, cfg.rest().expect("REST settings"), Arc::default(), Arc::default(), broker.budget.clone()));
             (broker, bridge)
         });

@@ -166,6 +166,12 @@ pub fn advertised(broker: &Broker) -> (String, i32) {
         .unwrap_or_else(|_| (broker.cfg.advertised_host.clone(), broker.cfg.advertised_port))
 }
 
+/// The name of the running request's listener (`None` outside a
+/// connection).
+pub fn listener_name() -> Option<String> {
+    REQUEST.try_with(|c| c.session.listener.name.clone()).ok()
+}
+
 /// Held by a running Produce until it has handed its batches to the writer;
 /// dropping it lets the next Produce of the connection start.
 pub struct ProduceTicket {

@@ -99,7 +99,7 @@ async fn one(broker: &Broker, check: Option<&Check>, resource_type: i8, name: &s
             Box::new(move || engine.alter_topic_configs(&name, alter, validate_only))
         }
         BROKER => {
-            let scope: BrokerScope = broker_scope(&name).map_err(invalid)?;
+            let scope: BrokerScope = broker_scope(&name, broker.node_id()).map_err(invalid)?;
             if check.is_some_and(|c| !c.cluster(Operation::AlterConfigs)) {
                 return Err((E::ClusterAuthorizationFailed.code(), "Cluster authorization failed.".into()));
             }

@@ -12,7 +12,7 @@ use super::str_bytes;
 use crate::auth::acl::Operation;
 use crate::engine::{BrokerScope, Described, Source};
 use crate::kafka::authz::Check;
-use crate::kafka::{Broker, NODE_ID};
+use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 1, max: 4 };
 
@@ -21,13 +21,13 @@ pub const BROKER: i8 = 4;
 
 /// A BROKER resource name: "" is the cluster-wide default, else it must
 /// be this broker's id (Kafka's messages).
-pub fn broker_scope(name: &str) -> Result<BrokerScope, String> {
+pub fn broker_scope(name: &str, node_id: i32) -> Result<BrokerScope, String> {
     if name.is_empty() {
         return Ok(BrokerScope::Cluster);
     }
     match name.parse::<i32>() {
-        Ok(id) if id == NODE_ID => Ok(BrokerScope::Node),
-        Ok(id) => Err(format!("Unexpected broker id, expected {NODE_ID} or empty string, but received {id}")),
+        Ok(id) if id == node_id => Ok(BrokerScope::Node),
+        Ok(id) => Err(format!("Unexpected broker id, expected {node_id} or empty string, but received {id}")),
         Err(_) => Err(format!("Node id must be an integer, but it is: {name}")),
     }
 }
@@ -58,7 +58,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                     Some(t) => broker.engine.describe_topic_configs(&t),
                     None => return out.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
                 },
-                BROKER => match broker_scope(&res.resource_name) {
+                BROKER => match broker_scope(&res.resource_name, broker.node_id()) {
                     Ok(BrokerScope::Cluster) => broker.engine.describe_broker_configs(BrokerScope::Cluster),
                     Ok(BrokerScope::Node) => {
                         let mut all = broker.engine.describe_broker_configs(BrokerScope::Node);
@@ -109,8 +109,8 @@ pub fn static_broker_configs(broker: &Broker) -> Vec<Described> {
         doc,
     };
     vec![
-        fixed("node.id", NODE_ID.to_string(), Kind::Int, "This broker's id."),
-        fixed("broker.id", NODE_ID.to_string(), Kind::Int, "This broker's id."),
+        fixed("node.id", broker.node_id().to_string(), Kind::Int, "This broker's id (node_id)."),
+        fixed("broker.id", broker.node_id().to_string(), Kind::Int, "This broker's id (node_id)."),
         fixed("log.dirs", c.data_dir.display().to_string(), Kind::String, "The data directory (data_dir)."),
         fixed("num.partitions", c.num_partitions.to_string(), Kind::Int, "Partitions of an auto-created topic (num_partitions)."),
         fixed("auto.create.topics.enable", c.auto_create_topics.to_string(), Kind::Boolean, "Whether topics are created when first used (auto_create_topics)."),

@@ -17,7 +17,7 @@ use kafka_protocol::ResponseError as E;
 
 use crate::auth::acl::Operation;
 use crate::kafka::authz::Check;
-use crate::kafka::{Broker, NODE_ID};
+use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
 
@@ -77,10 +77,10 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             .map(|p| {
                 DescribeTopicPartitionsResponsePartition::default()
                     .with_partition_index(p)
-                    .with_leader_id(NODE_ID.into())
+                    .with_leader_id(broker.node_id().into())
                     .with_leader_epoch(0)
-                    .with_replica_nodes(vec![NODE_ID.into()])
-                    .with_isr_nodes(vec![NODE_ID.into()])
+                    .with_replica_nodes(vec![broker.node_id().into()])
+                    .with_isr_nodes(vec![broker.node_id().into()])
                     .with_eligible_leader_replicas(Some(Vec::new()))
                     .with_last_known_elr(Some(Vec::new()))
             })

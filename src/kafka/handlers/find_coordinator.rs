@@ -10,13 +10,14 @@ use kafka_protocol::protocol::VersionRange;
 use super::str_bytes;
 use crate::auth::acl::Operation;
 use crate::kafka::authz;
-use crate::kafka::{Broker, NODE_ID};
+use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 6 };
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
     let (host, port) = crate::kafka::conn::advertised(broker);
     let host = str_bytes(host);
+    let me = broker.node_id();
     // DESCRIBE on the group or the transactional id, as Kafka asks.
     let denied = |key: &str| match req.key_type {
         0 => authz::group_denied(broker, Operation::Describe, key).then_some(kafka_protocol::ResponseError::GroupAuthorizationFailed),
@@ -29,13 +30,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             .iter()
             .map(|key| match denied(key.as_str()) {
                 Some(e) => Coordinator::default().with_key(key.clone()).with_node_id((-1).into()).with_port(-1).with_error_code(e.code()),
-                None => Coordinator::default().with_key(key.clone()).with_node_id(NODE_ID.into()).with_host(host.clone()).with_port(port),
+                None => Coordinator::default().with_key(key.clone()).with_node_id(me.into()).with_host(host.clone()).with_port(port),
             })
             .collect();
         Some(Response::default().with_coordinators(coordinators))
     } else if let Some(e) = denied(req.key.as_str()) {
         Some(Response::default().with_error_code(e.code()).with_node_id((-1).into()).with_port(-1))
     } else {
-        Some(Response::default().with_node_id(NODE_ID.into()).with_host(host).with_port(port))
+        Some(Response::default().with_node_id(me.into()).with_host(host).with_port(port))
     }
 }

@@ -34,7 +34,7 @@ use crate::engine::subtree::Subtree;
 use crate::engine::{topics, Engine, EngineError, Topic};
 use crate::kafka::authz::Check;
 use crate::kafka::probe::Closed;
-use crate::kafka::{errors, Broker, NODE_ID};
+use crate::kafka::{errors, Broker};
 use crate::protocol::guard;
 use crate::protocol::header::RequestHeader;
 
@@ -168,19 +168,23 @@ impl IntoReply for Option<Answer> {
 
 async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
     let engine = broker.engine.clone();
+    let leader = broker.node_id();
     // With the authorizer: only topics the principal may DESCRIBE are
     // listed; one asked for by name without it is TOPIC_AUTHORIZATION_FAILED,
     // and creating one on the way needs CREATE (cluster or topic).
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version, &check)).await.ok()?;
-    let (host, port) = crate::kafka::conn::advertised(broker);
-    let broker_entry = MetadataResponseBroker::default().with_node_id(NODE_ID.into()).with_host(str_bytes(host)).with_port(port);
-    let mut resp = Response::default().with_brokers(vec![broker_entry]);
+    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version, leader, &check)).await.ok()?;
+    let brokers = broker
+        .brokers()
+        .into_iter()
+        .map(|b| MetadataResponseBroker::default().with_node_id(b.id.into()).with_host(str_bytes(b.host)).with_port(b.port).with_rack(b.rack.map(str_bytes)))
+        .collect();
+    let mut resp = Response::default().with_brokers(brokers);
     if version >= 2 {
-        resp = resp.with_cluster_id(Some(str_bytes(broker.engine.cluster_id())));
+        resp = resp.with_cluster_id(Some(str_bytes(broker.cluster.view().cluster_id.clone())));
     }
     if version >= 1 {
-        resp = resp.with_controller_id(NODE_ID.into());
+        resp = resp.with_controller_id(broker.cluster.controller_id().into());
     }
     if (8..=10).contains(&version) {
         resp = resp.with_cluster_authorized_operations(-2147483648);
@@ -242,18 +246,18 @@ impl Entries {
     }
 }
 
-pub fn topic_entry(t: &Topic, version: i16) -> MetadataResponseTopic {
-    entry(t.name(), t.id(), t.partitions(), version)
+pub fn topic_entry(t: &Topic, version: i16, leader: i32) -> MetadataResponseTopic {
+    entry(t.name(), t.id(), t.partitions(), version, leader)
 }
 
-fn entry(name: &str, id: [u8; 16], partitions: i32, version: i16) -> MetadataResponseTopic {
+fn entry(name: &str, id: [u8; 16], partitions: i32, version: i16, leader: i32) -> MetadataResponseTopic {
     let partitions = (0..partitions)
         .map(|p| {
             let mut part = MetadataResponsePartition::default()
                 .with_partition_index(p)
-                .with_leader_id(NODE_ID.into())
-                .with_replica_nodes(vec![NODE_ID.into()])
-                .with_isr_nodes(vec![NODE_ID.into()]);
+                .with_leader_id(leader.into())
+                .with_replica_nodes(vec![leader.into()])
+                .with_isr_nodes(vec![leader.into()]);
             if version >= 7 {
                 part = part.with_leader_epoch(0);
             }
@@ -276,13 +280,13 @@ fn error_entry(name: Option<&str>, code: i16) -> MetadataResponseTopic {
 
 /// Answers every topic the query names (or all), each once, encoded as it
 /// goes. Blocking: it may create topics.
-fn resolve(engine: &Engine, q: &Query, version: i16, check: &Option<Check>) -> (usize, Vec<Bytes>) {
+fn resolve(engine: &Engine, q: &Query, version: i16, leader: i32, check: &Option<Check>) -> (usize, Vec<Bytes>) {
     let mut out = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
     let may = |op: Operation, name: &str| check.as_ref().is_none_or(|c| c.topic(op, name));
     let Some((count, start)) = q.topics else {
         for t in engine.topics() {
             if may(Operation::Describe, t.name()) {
-                out.push(&topic_entry(&t, version));
+                out.push(&topic_entry(&t, version, leader));
             }
         }
         return out.finish();
@@ -299,9 +303,9 @@ fn resolve(engine: &Engine, q: &Query, version: i16, check: &Option<Check>) -> (
             if ids.insert(t.topic_id) {
                 out.push(&match engine.topic_by_id(t.topic_id.as_bytes()) {
                     Some(topic) if !may(Operation::Describe, topic.name()) => error_entry(None, kafka_protocol::ResponseError::TopicAuthorizationFailed.code()).with_topic_id(t.topic_id),
-                    Some(topic) => topic_entry(&topic, version),
+                    Some(topic) => topic_entry(&topic, version, leader),
                     None => match engine.subtree_by_id(t.topic_id.as_bytes()) {
-                        Some(s) if may(Operation::Describe, &s.name()) => entry(&s.name(), s.id(), 1, version),
+                        Some(s) if may(Operation::Describe, &s.name()) => entry(&s.name(), s.id(), 1, version, leader),
                         _ => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
                     },
                 });
@@ -324,7 +328,7 @@ fn resolve(engine: &Engine, q: &Query, version: i16, check: &Option<Check>) -> (
             out.push(&error_entry(Some(name), kafka_protocol::ResponseError::TopicAuthorizationFailed.code()));
             continue;
         }
-        out.push(&named(engine, name, q.allow_create, &mut allowance, version));
+        out.push(&named(engine, name, q.allow_create, &mut allowance, version, leader));
     }
     out.finish()
 }
@@ -340,11 +344,11 @@ fn name_in<'b>(body: &'b Bytes, from: usize, name: &str) -> &'b str {
     std::str::from_utf8(&body[at..at + name.len()]).expect("guard-checked UTF-8")
 }
 
-fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate::engine::AutoCreate, version: i16) -> MetadataResponseTopic {
+fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate::engine::AutoCreate, version: i16, leader: i32) -> MetadataResponseTopic {
     // A subtree stream: listed only when asked for by name.
     if Subtree::parse(name).is_some() {
         return match engine.subtree(name) {
-            Some(s) => entry(name, engine.stream_id(&s), 1, version),
+            Some(s) => entry(name, engine.stream_id(&s), 1, version, leader),
             None => error_entry(Some(name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
         };
     }
@@ -353,7 +357,7 @@ fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate:
     }
     let found = if allow_create { engine.topic_or_create(name, allowance) } else { engine.topic(name).ok_or(EngineError::UnknownTopicOrPartition) };
     match found {
-        Ok(t) => topic_entry(&t, version),
+        Ok(t) => topic_entry(&t, version, leader),
         Err(e) => error_entry(Some(name), errors::code(&e)),
     }
 }
@@ -393,13 +397,13 @@ mod tests {
     #[test]
     fn the_spliced_response_decodes_as_kafka_protocol_encodes_it() {
         for version in VERSIONS.min..=VERSIONS.max {
-            let topics: Vec<MetadataResponseTopic> = (0..3).map(|i| entry(&format!("t{i}"), [i as u8; 16], i + 1, version)).collect();
+            let topics: Vec<MetadataResponseTopic> = (0..3).map(|i| entry(&format!("t{i}"), [i as u8; 16], i + 1, version, 0)).collect();
             let mut e = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
             for t in &topics {
                 e.push(t);
             }
             let (count, parts) = e.finish();
-            let mut resp = Response::default().with_brokers(vec![MetadataResponseBroker::default().with_node_id(NODE_ID.into()).with_host(str_bytes("h")).with_port(9)]);
+            let mut resp = Response::default().with_brokers(vec![MetadataResponseBroker::default().with_node_id(0.into()).with_host(str_bytes("h")).with_port(9)]);
             if version >= 2 {
                 resp = resp.with_cluster_id(Some(str_bytes("c")));
             }

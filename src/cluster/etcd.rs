@@ -1,0 +1,315 @@
+//! A node's session with the cluster's etcd: registration under a lease,
+//! the lease kept alive (and the local [`Fence`] with it), the controller
+//! campaign, and the watch that keeps the [`ClusterView`] current.
+//!
+//! - **Registration.** `nodes/<id>` is created under the node's lease by a
+//!   transaction that requires the key to be absent: two live processes
+//!   never share a node id. A restarted node waits for its previous
+//!   incarnation's lease to lapse (at most one session timeout), then
+//!   registers with a new incarnation (its new lease id).
+//! - **Keep-alive.** Every heartbeat interval; each acknowledged one moves
+//!   the fence to its send time plus the TTL etcd granted, minus 5%. A
+//!   lease etcd reports expired (TTL 0) revokes the fence at once and the
+//!   node registers again with a new lease.
+//! - **Controller.** Whenever the view has no controller, a node in good
+//!   standing tries to create `controller` under its lease; the key's create
+//!   revision is the controller epoch. The lease ends with the node, and so
+//!   does its controllership.
+//! - **Watch.** A full read of the prefix, then a watch from the next
+//!   revision; if the watch fails or is compacted away, the node reads
+//!   everything again. Requests carry etcd's `require leader` flag, so a
+//!   node attached to an etcd member cut off from its quorum gets errors
+//!   instead of a silent watch.
+//! - **Leaving.** A clean stop revokes the lease: the others see the node
+//!   go at once instead of after the session timeout.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::keys::Keys;
+use super::{ClusterConfig, ClusterView, Fence, KeyEvent, Membership, NodeRecord, ViewBuilder};
+
+/// A running session: the membership handlers read, and the task that
+/// keeps it (it ends, revoking the lease, when `stop` turns true).
+pub struct Session {
+    pub membership: Arc<Membership>,
+    pub task: JoinHandle<()>,
+}
+
+/// Connects, registers `me` (its incarnation is replaced by the lease id)
+/// and starts the session; returns once the node is registered and has
+/// read the cluster once.
+pub async fn join(cfg: ClusterConfig, me: NodeRecord, stop: watch::Receiver<bool>) -> anyhow::Result<Session> {
+    let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(5)).with_require_leader(true);
+    let mut client = Client::connect(&cfg.etcd_endpoints, Some(opts)).await.with_context(|| format!("connecting to etcd at {:?}", cfg.etcd_endpoints))?;
+    let keys = Keys::new(&cfg.cluster_name);
+    let cluster_id = cluster_id(&mut client, &keys).await.with_context(|| format!("etcd at {:?}", cfg.etcd_endpoints))?;
+    let ttl_s = cfg.session_timeout_ms.div_ceil(1000).max(1) as i64;
+    let fence = Arc::new(Fence::lapsed());
+    let lease = Arc::new(AtomicI64::new(0));
+    let mut s = State { client, keys, cfg, me, fence: fence.clone(), lease: lease.clone(), ttl_s };
+    s.register(Duration::from_millis(s.cfg.session_timeout_ms * 2 + 2000)).await?;
+    let (builder, revision) = s.read_all().await?;
+    let mut first = builder.view().clone();
+    if first.cluster_id.is_empty() {
+        first.cluster_id = cluster_id;
+    }
+    let (tx, rx) = watch::channel(Arc::new(first));
+    let membership = Arc::new(Membership::new(s.me.id, rx, fence));
+    tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
+    let task = tokio::spawn(s.run(builder, revision, tx, stop));
+    Ok(Session { membership, task })
+}
+
+/// The cluster id: created by the first node to ask, read by the rest.
+async fn cluster_id(client: &mut Client, keys: &Keys) -> anyhow::Result<String> {
+    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    let txn = Txn::new()
+        .when([Compare::create_revision(keys.cluster_id(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(keys.cluster_id(), fresh.clone(), None)])
+        .or_else([TxnOp::get(keys.cluster_id(), None)]);
+    let resp = client.txn(txn).await.context("reading the cluster id")?;
+    if resp.succeeded() {
+        return Ok(fresh);
+    }
+    for op in resp.op_responses() {
+        if let TxnOpResponse::Get(g) = op {
+            if let Some(kv) = g.kvs().first() {
+                return String::from_utf8(kv.value().to_vec()).context("the cluster id is not UTF-8");
+            }
+        }
+    }
+    bail!("the cluster id key vanished while it was read")
+}
+
+struct State {
+    client: Client,
+    keys: Keys,
+    cfg: ClusterConfig,
+    me: NodeRecord,
+    fence: Arc<Fence>,
+    lease: Arc<AtomicI64>,
+    ttl_s: i64,
+}
+
+impl State {
+    /// Grants a lease and creates `nodes/<id>` under it, retrying while
+    /// another registration of this id holds the key, for at most `wait`.
+    async fn register(&mut self, wait: Duration) -> anyhow::Result<()> {
+        let give_up = Instant::now() + wait;
+        loop {
+            let sent = Instant::now();
+            let lease = self.client.lease_grant(self.ttl_s, None).await.context("granting a lease")?;
+            self.me.incarnation = lease.id();
+            let record = serde_json::to_vec(&self.me).expect("a node record encodes");
+            let key = self.keys.node(self.me.id);
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.clone(), record, Some(PutOptions::new().with_lease(lease.id())))])
+                .or_else([TxnOp::get(key, None)]);
+            let resp = self.client.txn(txn).await.context("registering the node")?;
+            if resp.succeeded() {
+                self.lease.store(lease.id(), Ordering::Release);
+                self.fence.extend(sent + lease_margin(Duration::from_secs(lease.ttl().max(0) as u64)));
+                return Ok(());
+            }
+            let _ = self.client.lease_revoke(lease.id()).await;
+            if Instant::now() >= give_up {
+                bail!("node id {} is registered by a live node (its lease did not lapse within {wait:?}); is another broker running with this node_id?", self.me.id);
+            }
+            tracing::info!(node_id = self.me.id, "node id still registered (a previous incarnation?); waiting for its lease to lapse");
+            tokio::time::sleep(Duration::from_millis(self.cfg.heartbeat_interval_ms)).await;
+        }
+    }
+
+    /// Every key of the cluster, as a view, and the revision it was read at.
+    async fn read_all(&mut self) -> anyhow::Result<(ViewBuilder, i64)> {
+        let resp = self.client.get(self.keys.prefix(), Some(GetOptions::new().with_prefix())).await.context("reading the cluster's keys")?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut b = ViewBuilder::default();
+        for kv in resp.kvs() {
+            if let Err(why) = b.apply(&self.keys, KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision() }, revision) {
+                tracing::warn!(%why, "ignoring a cluster key that does not decode");
+            }
+        }
+        Ok((b, revision))
+    }
+
+    /// Tries once to become the controller (if there is none).
+    async fn campaign(&mut self) {
+        let lease = self.lease.load(Ordering::Acquire);
+        if lease == 0 || !self.fence.alive() {
+            return;
+        }
+        let key = self.keys.controller();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, self.me.id.to_string(), Some(PutOptions::new().with_lease(lease)))]);
+        match self.client.txn(txn).await {
+            Ok(r) if r.succeeded() => tracing::info!(node_id = self.me.id, epoch = r.header().map_or(0, |h| h.revision()), "became the controller"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "controller campaign failed"),
+        }
+    }
+
+    async fn run(mut self, mut builder: ViewBuilder, mut revision: i64, tx: watch::Sender<Arc<ClusterView>>, mut stop: watch::Receiver<bool>) {
+        let cluster_id = tx.borrow().cluster_id.clone();
+        let publish = |b: &ViewBuilder| {
+            let mut v = b.view().clone();
+            if v.cluster_id.is_empty() {
+                v.cluster_id = cluster_id.clone();
+            }
+            tx.send_replace(Arc::new(v));
+        };
+        let keeper = tokio::spawn(keep_alive(self.client.clone(), self.lease.clone(), self.fence.clone(), Duration::from_millis(self.cfg.heartbeat_interval_ms), stop.clone()));
+        let mut backoff = Duration::from_millis(100);
+        'session: loop {
+            if builder.view().controller.is_none() {
+                self.campaign().await;
+            }
+            let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+            let (_watcher, mut stream) = match self.client.watch(self.keys.prefix(), Some(opts)).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching the cluster failed; retrying");
+                    if !pause(&mut stop, &mut backoff).await {
+                        break 'session;
+                    }
+                    continue;
+                }
+            };
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    _ = stop.changed() => break 'session,
+                    // Registration lost (lease expired): register again,
+                    // then read everything (what changed meanwhile).
+                    _ = tokio::time::sleep(Duration::from_millis(self.cfg.heartbeat_interval_ms)), if self.lease.load(Ordering::Acquire) == 0 => {
+                        if let Err(e) = self.register(Duration::from_millis(self.cfg.session_timeout_ms * 2 + 2000)).await {
+                            tracing::error!(error = %e, "registering again failed");
+                        }
+                        continue 'session;
+                    }
+                };
+                let resp = match msg {
+                    Ok(Some(r)) => r,
+                    Ok(None) | Err(_) => {
+                        tracing::warn!(error = ?msg.err(), "the cluster watch ended; reading the cluster again");
+                        break;
+                    }
+                };
+                if resp.canceled() || resp.compact_revision() > 0 {
+                    tracing::warn!(reason = resp.cancel_reason(), compacted = resp.compact_revision(), "the cluster watch was cancelled; reading the cluster again");
+                    break;
+                }
+                let at = resp.header().map_or(revision, |h| h.revision());
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let event = match ev.event_type() {
+                        EventType::Put => KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision() },
+                        EventType::Delete => KeyEvent::Delete { key: kv.key() },
+                    };
+                    if let Err(why) = builder.apply(&self.keys, event, kv.mod_revision()) {
+                        tracing::warn!(%why, "ignoring a cluster key that does not decode");
+                    }
+                }
+                revision = revision.max(at);
+                publish(&builder);
+                if builder.view().controller.is_none() {
+                    self.campaign().await;
+                }
+                // Our own registration gone while we hold the lease: etcd
+                // expired it; the keep-alive will see TTL 0 and register.
+                backoff = Duration::from_millis(100);
+            }
+            if !pause(&mut stop, &mut backoff).await {
+                break 'session;
+            }
+            match self.read_all().await {
+                Ok((b, r)) => {
+                    (builder, revision) = (b, r);
+                    publish(&builder);
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the cluster failed; retrying"),
+            }
+        }
+        keeper.abort();
+        // Leave: the others see this node go now, not a session later.
+        let lease = self.lease.swap(0, Ordering::AcqRel);
+        self.fence.revoke();
+        if lease != 0 {
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.lease_revoke(lease)).await;
+        }
+        tracing::info!(node_id = self.me.id, "left the cluster");
+    }
+}
+
+/// What a lease of `ttl` certainly covers locally: 5% less, for clocks
+/// that run at different rates.
+fn lease_margin(ttl: Duration) -> Duration {
+    ttl - ttl / 20
+}
+
+/// Sleeps `backoff` (doubling it up to 2 s); false if the node stops.
+async fn pause(stop: &mut watch::Receiver<bool>, backoff: &mut Duration) -> bool {
+    let d = *backoff;
+    *backoff = (*backoff * 2).min(Duration::from_secs(2));
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = stop.changed() => false,
+    }
+}
+
+/// Renews the lease every `every`; each acknowledged renewal extends the
+/// fence from its send time. A lease etcd no longer knows (TTL 0) sets the
+/// shared lease id to 0, which tells the session to register again.
+async fn keep_alive(mut client: Client, lease: Arc<AtomicI64>, fence: Arc<Fence>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stream: Option<(i64, etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let id = lease.load(Ordering::Acquire);
+        if id == 0 {
+            stream = None;
+            continue;
+        }
+        if stream.as_ref().is_none_or(|(held, _, _)| *held != id) {
+            match client.lease_keep_alive(id).await {
+                Ok((k, s)) => stream = Some((id, k, s)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "opening the lease keep-alive failed");
+                    continue;
+                }
+            }
+        }
+        let (_, keeper, responses) = stream.as_mut().expect("opened above");
+        let sent = Instant::now();
+        let answer = async {
+            keeper.keep_alive().await?;
+            responses.message().await
+        };
+        match tokio::time::timeout(every.max(Duration::from_millis(500)), answer).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => fence.extend(sent + lease_margin(Duration::from_secs(r.ttl() as u64))),
+            Ok(Ok(Some(_))) => {
+                tracing::warn!(lease = id, "the node's lease expired; registering again");
+                fence.revoke();
+                let _ = lease.compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire);
+                stream = None;
+            }
+            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                tracing::warn!(lease = id, "a lease keep-alive went unanswered");
+                stream = None;
+            }
+        }
+    }
+}
