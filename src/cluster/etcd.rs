@@ -184,17 +184,26 @@ impl State {
                     continue;
                 }
             };
+            let mut check = tokio::time::interval(Duration::from_millis(self.cfg.heartbeat_interval_ms));
             loop {
                 let msg = tokio::select! {
                     m = stream.message() => m,
                     _ = stop.changed() => break 'session,
-                    // Registration lost (lease expired): register again,
-                    // then read everything (what changed meanwhile).
-                    _ = tokio::time::sleep(Duration::from_millis(self.cfg.heartbeat_interval_ms)), if self.lease.load(Ordering::Acquire) == 0 => {
-                        if let Err(e) = self.register(Duration::from_millis(self.cfg.session_timeout_ms * 2 + 2000)).await {
-                            tracing::error!(error = %e, "registering again failed");
+                    _ = check.tick() => {
+                        // Registration lost (the keep-alive found the lease
+                        // expired): register again, then read everything
+                        // (what changed meanwhile).
+                        if self.lease.load(Ordering::Acquire) == 0 {
+                            if let Err(e) = self.register(Duration::from_millis(self.cfg.session_timeout_ms * 2 + 2000)).await {
+                                tracing::error!(error = %e, "registering again failed");
+                            }
+                            break;
                         }
-                        continue 'session;
+                        // A campaign that failed on an etcd error is tried again.
+                        if builder.view().controller.is_none() {
+                            self.campaign().await;
+                        }
+                        continue;
                     }
                 };
                 let resp = match msg {
@@ -224,8 +233,6 @@ impl State {
                 if builder.view().controller.is_none() {
                     self.campaign().await;
                 }
-                // Our own registration gone while we hold the lease: etcd
-                // expired it; the keep-alive will see TTL 0 and register.
                 backoff = Duration::from_millis(100);
             }
             if !pause(&mut stop, &mut backoff).await {

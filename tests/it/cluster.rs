@@ -7,7 +7,8 @@
 //! What is shown: nodes register and one becomes the controller; every
 //! node (and librdkafka, bootstrapping from any one) sees the same cluster;
 //! a node killed with -9 leaves when its lease lapses and the controller
-//! moves; a restarted node registers again; a node stopped cleanly leaves;
+//! moves; a restarted node registers again; a node paused past its session
+//! is expired and registers again when woken; a node stopped cleanly leaves;
 //! a second process with a live node's id, and a node whose etcd cannot be
 //! reached, refuse to start.
 
@@ -181,6 +182,16 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     let back = port(&nodes[old as usize]);
     wait_until(survivor, "the restarted node back", |s| s.0.len() == 3 && s.0.contains(&(old, back))).await;
 
+    // A node paused past its session (SIGSTOP) is expired; woken, it finds
+    // its lease gone, registers again and is back.
+    let paused = (1..=3).map(|id| id as i32).find(|id| *id != after.1 && *id != old).unwrap();
+    let pid = nodes[paused as usize].as_ref().unwrap().child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let seen = wait_until(survivor_of(&nodes, paused), "the paused node expired", |s| s.0.len() == 2 && !s.0.iter().any(|(id, _)| *id == paused)).await;
+    assert_eq!(seen.1, after.1, "the controller did not change");
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    wait_until(survivor_of(&nodes, paused), "the paused node back", |s| s.0.len() == 3).await;
+
     // A second process with a live node's id waits out a lease, then
     // refuses to start, naming the reason.
     let live = after.1;
@@ -196,6 +207,11 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     let controller_addr = nodes[live as usize].as_ref().unwrap().kafka;
     let seen = wait_until(controller_addr, "the stopped node gone", |s| s.0.len() == 2 && !s.0.iter().any(|(id, _)| *id == quiet)).await;
     assert_eq!(seen.1, live, "the controller did not change");
+}
+
+/// The Kafka address of a running node other than `not`.
+fn survivor_of(nodes: &[Option<ChildBroker>], not: i32) -> SocketAddr {
+    nodes.iter().enumerate().find(|(id, n)| *id as i32 != not && n.is_some()).and_then(|(_, n)| n.as_ref()).unwrap().kafka
 }
 
 /// Starts a node expected to fail; returns its stderr.
