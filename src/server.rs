@@ -1,9 +1,10 @@
 //! Composition root: opens the engine, binds the listeners, schedules
 //! background work, and shuts everything down in order.
 //!
-//! Shutdown: stop accepting and stop reading new requests; let every
-//! connection finish its in-flight requests; drain the writer, sync, write
-//! the clean-shutdown marker.
+//! Shutdown: stop accepting and stop reading new requests (in cluster mode
+//! the etcd lease is revoked at the same time: the others see this node
+//! go); let every connection finish its in-flight requests; drain the
+//! writer, sync, write the clean-shutdown marker.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -178,7 +179,13 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         incarnation: 0,
         endpoints: listeners.iter().map(|(l, _, _)| crate::cluster::Endpoint { listener: l.name.clone(), host: l.advertised_host.clone(), port: l.advertised_port }).collect(),
     };
-    let (membership, cluster) = join_cluster(cfg, engine.cluster_id(), me, stop_rx.clone()).await?;
+    if cfg.cluster().is_some() {
+        if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
+            anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
+        }
+        tracing::warn!("cluster mode is incomplete (issue 24): brokers register and elect a controller, but each still serves its own topics; point clients at one broker only");
+    }
+    let (membership, cluster) = join_cluster(cfg, &engine, me, stop_rx.clone()).await?;
     let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), Some(membership), clock, stop_rx.clone()).await?;
     let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
     let kafka_probe = broker.probe.clone();
@@ -197,9 +204,10 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         }
     });
     let (authorizer, quotas, users) = (broker.authorizer.clone(), broker.quotas.clone(), broker.users.clone());
+    let cluster_id = broker.cluster.view().cluster_id.clone();
     let bridge = rest_listener.as_ref().map(|_| {
         let probe = Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled));
-        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users))
+        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()))
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics, fetch_sessions: broker.fetch_sessions.clone(), fetch_session_slots: cfg.max_incremental_fetch_session_cache_slots, fetch_session_partitions: cfg.max_incremental_fetch_session_cache_partitions };
@@ -212,18 +220,32 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
 
 /// Single-node mode: a cluster of `me` alone. Cluster mode: `me`
 /// registered in etcd, and the session's task.
-async fn join_cluster(cfg: &Config, cluster_id: &str, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<JoinHandle<()>>)> {
+async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<JoinHandle<()>>)> {
     let Some(cluster) = cfg.cluster() else {
-        return Ok((Arc::new(crate::cluster::Membership::single(cluster_id.to_owned(), me)), None));
+        return Ok((Arc::new(crate::cluster::Membership::single(engine.cluster_id().to_owned(), me)), None));
     };
     #[cfg(feature = "cluster")]
     {
-        let session = crate::cluster::etcd::join(cluster, me, stop_rx).await.context("joining the cluster")?;
+        let session = crate::cluster::etcd::join(cluster, me, engine.catalog().producer_ids_below(), stop_rx.clone()).await.context("joining the cluster")?;
+        // Producer ids other nodes hand out are real here too: Produce
+        // refuses ids below no block.
+        let (mut views, engine) = (session.membership.subscribe(), engine.clone());
+        let mut stop = stop_rx;
+        tokio::spawn(async move {
+            loop {
+                let end = views.borrow_and_update().producer_ids_end;
+                engine.catalog().raise_producer_ids_below(end);
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { return },
+                    _ = stop.changed() => return,
+                }
+            }
+        });
         Ok((session.membership, Some(session.task)))
     }
     #[cfg(not(feature = "cluster"))]
     {
-        let _ = (cluster, stop_rx);
+        let _ = (cluster, stop_rx, engine);
         anyhow::bail!("etcd_endpoints is set, but this binary was built without cluster mode")
     }
 }
@@ -248,7 +270,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         None => None,
     };
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), cfg.consumer_groups(), clock.clone(), stop_rx.clone());
-    let transactions = Transactions::start(engine.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
+    let transactions = Transactions::start(engine.clone(), cluster.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
         cluster,
         coordinator,

@@ -6,15 +6,18 @@
 //!   transaction that requires the key to be absent: two live processes
 //!   never share a node id. A restarted node waits for its previous
 //!   incarnation's lease to lapse (at most one session timeout), then
-//!   registers with a new incarnation (its new lease id).
+//!   registers with a new incarnation (the key's new create revision).
 //! - **Keep-alive.** Every heartbeat interval; each acknowledged one moves
 //!   the fence to its send time plus the TTL etcd granted, minus 5%. A
-//!   lease etcd reports expired (TTL 0) revokes the fence at once and the
-//!   node registers again with a new lease.
+//!   lease etcd no longer knows (TTL 0 on a keep-alive stream, or a stream
+//!   that cannot be reopened for it) revokes the fence at once and the
+//!   node registers again with a new lease. HTTP/2 pings every heartbeat
+//!   interval find a dead path to etcd that TCP would take minutes to.
 //! - **Controller.** Whenever the view has no controller, a node in good
-//!   standing tries to create `controller` under its lease; the key's create
-//!   revision is the controller epoch. The lease ends with the node, and so
-//!   does its controllership.
+//!   standing tries to create `controller` under its lease (a
+//!   create-if-absent transaction); the key's create revision is the
+//!   controller epoch. The lease ends with the node, and so does its
+//!   controllership.
 //! - **Watch.** A full read of the prefix, then a watch from the next
 //!   revision; if the watch fails or is compacted away, the node reads
 //!   everything again. Requests carry etcd's `require leader` flag, so a
@@ -27,13 +30,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::boot_now;
+
 use anyhow::{bail, Context};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::keys::Keys;
-use super::{ClusterConfig, ClusterView, Fence, KeyEvent, Membership, NodeRecord, ViewBuilder};
+use super::{ClusterConfig, ClusterView, Fence, IdBlocks, KeyEvent, Membership, NodeRecord, ViewBuilder, PRODUCER_ID_BLOCK};
 
 /// A running session: the membership handlers read, and the task that
 /// keeps it (it ends, revoking the lease, when `stop` turns true).
@@ -45,8 +50,17 @@ pub struct Session {
 /// Connects, registers `me` (its incarnation is replaced by the lease id)
 /// and starts the session; returns once the node is registered and has
 /// read the cluster once.
-pub async fn join(cfg: ClusterConfig, me: NodeRecord, stop: watch::Receiver<bool>) -> anyhow::Result<Session> {
-    let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(5)).with_require_leader(true);
+///
+/// `producer_id_floor`: ids below it were handed out by this node before
+/// (single-node mode); its blocks start at or above it.
+pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, stop: watch::Receiver<bool>) -> anyhow::Result<Session> {
+    let heartbeat = Duration::from_millis(cfg.heartbeat_interval_ms);
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5))
+        .with_require_leader(true)
+        .with_keep_alive(heartbeat, heartbeat.max(Duration::from_secs(1)))
+        .with_keep_alive_while_idle(true);
     let mut client = Client::connect(&cfg.etcd_endpoints, Some(opts)).await.with_context(|| format!("connecting to etcd at {:?}", cfg.etcd_endpoints))?;
     let keys = Keys::new(&cfg.cluster_name);
     let cluster_id = cluster_id(&mut client, &keys).await.with_context(|| format!("etcd at {:?}", cfg.etcd_endpoints))?;
@@ -54,22 +68,37 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, stop: watch::Receiver<bool
     let fence = Arc::new(Fence::lapsed());
     let lease = Arc::new(AtomicI64::new(0));
     let mut s = State { client, keys, cfg, me, fence: fence.clone(), lease: lease.clone(), ttl_s };
-    s.register(Duration::from_millis(s.cfg.session_timeout_ms * 2 + 2000)).await?;
+    let mut stopping = stop.clone();
+    if !s.register(&mut stopping).await? {
+        bail!("stopped while registering");
+    }
+    // The first block before the first read: the view then already says
+    // that its ids are real.
+    let producer_ids = Arc::new(ProducerIds { client: s.client.clone(), key: s.keys.producer_ids(), floor: producer_id_floor, blocks: tokio::sync::Mutex::new(IdBlocks::default()) });
+    producer_ids.allocate_block().await.context("taking a block of producer ids")?;
     let (builder, revision) = s.read_all().await?;
     let mut first = builder.view().clone();
     if first.cluster_id.is_empty() {
         first.cluster_id = cluster_id;
     }
     let (tx, rx) = watch::channel(Arc::new(first));
-    let membership = Arc::new(Membership::new(s.me.id, rx, fence));
+    let membership = Arc::new(Membership::new(&s.me, rx, fence.clone(), producer_ids));
     tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
-    let task = tokio::spawn(s.run(builder, revision, tx, stop));
+    let session = tokio::spawn(s.run(builder, revision, tx, stop));
+    // A session that dies (a panic) must not leave the node looking like a
+    // member: it says so, and the fence falls.
+    let task = tokio::spawn(async move {
+        if let Err(e) = session.await {
+            fence.revoke();
+            tracing::error!(error = %e, "the cluster session failed; this node no longer follows the cluster");
+        }
+    });
     Ok(Session { membership, task })
 }
 
 /// The cluster id: created by the first node to ask, read by the rest.
 async fn cluster_id(client: &mut Client, keys: &Keys) -> anyhow::Result<String> {
-    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    let fresh = crate::engine::short_id(&uuid::Uuid::new_v4());
     let txn = Txn::new()
         .when([Compare::create_revision(keys.cluster_id(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(keys.cluster_id(), fresh.clone(), None)])
@@ -88,6 +117,61 @@ async fn cluster_id(client: &mut Client, keys: &Keys) -> anyhow::Result<String> 
     bail!("the cluster id key vanished while it was read")
 }
 
+/// Cluster mode's producer ids: blocks of [`PRODUCER_ID_BLOCK`] taken
+/// from the `producer_ids` counter by compare-and-swap (KIP-730), so no
+/// two nodes ever hand out the same id. Ids of a block a node took and
+/// did not hand out before it stopped are never used.
+pub struct ProducerIds {
+    client: Client,
+    key: Vec<u8>,
+    floor: i64,
+    blocks: tokio::sync::Mutex<IdBlocks>,
+}
+
+impl ProducerIds {
+    /// The next id; takes a block first when the held ones run low. Only an
+    /// empty hand fails when etcd cannot be reached.
+    pub async fn allocate(&self) -> Result<i64, String> {
+        let mut blocks = self.blocks.lock().await;
+        if blocks.wants_block() {
+            match self.claim().await {
+                Ok(block) => blocks.add(block),
+                Err(e) => tracing::warn!(error = %e, "taking a block of producer ids failed"),
+            }
+        }
+        blocks.take().ok_or_else(|| "no producer ids held and etcd did not give a block".to_owned())
+    }
+
+    async fn allocate_block(&self) -> anyhow::Result<()> {
+        let block = self.claim().await?;
+        self.blocks.lock().await.add(block);
+        Ok(())
+    }
+
+    /// Moves the counter one block on; the ids passed over are ours.
+    async fn claim(&self) -> anyhow::Result<std::ops::Range<i64>> {
+        let mut client = self.client.clone();
+        for _ in 0..64 {
+            let resp = client.get(self.key.clone(), None).await?;
+            let (start, compare) = match resp.kvs().first() {
+                Some(kv) => {
+                    let at = std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<i64>().ok()).filter(|n| *n >= 1).context("the producer id counter is not a positive number")?;
+                    (at, Compare::mod_revision(self.key.clone(), CompareOp::Equal, kv.mod_revision()))
+                }
+                None => (1, Compare::create_revision(self.key.clone(), CompareOp::Equal, 0)),
+            };
+            let start = start.max(self.floor);
+            let end = start.checked_add(PRODUCER_ID_BLOCK).context("producer ids exhausted")?;
+            let txn = Txn::new().when([compare]).and_then([TxnOp::put(self.key.clone(), end.to_string(), None)]);
+            if client.txn(txn).await?.succeeded() {
+                tracing::info!(start, end, "took a block of producer ids");
+                return Ok(start..end);
+            }
+        }
+        bail!("the producer id counter kept moving (64 tries)")
+    }
+}
+
 struct State {
     client: Client,
     keys: Keys,
@@ -100,13 +184,14 @@ struct State {
 
 impl State {
     /// Grants a lease and creates `nodes/<id>` under it, retrying while
-    /// another registration of this id holds the key, for at most `wait`.
-    async fn register(&mut self, wait: Duration) -> anyhow::Result<()> {
+    /// another registration of this id holds the key, for at most two
+    /// sessions; false if the node stops meanwhile.
+    async fn register(&mut self, stop: &mut watch::Receiver<bool>) -> anyhow::Result<bool> {
+        let wait = Duration::from_millis(self.cfg.session_timeout_ms.saturating_mul(2).saturating_add(2000));
         let give_up = Instant::now() + wait;
         loop {
-            let sent = Instant::now();
+            let sent = boot_now();
             let lease = self.client.lease_grant(self.ttl_s, None).await.context("granting a lease")?;
-            self.me.incarnation = lease.id();
             let record = serde_json::to_vec(&self.me).expect("a node record encodes");
             let key = self.keys.node(self.me.id);
             let txn = Txn::new()
@@ -115,16 +200,21 @@ impl State {
                 .or_else([TxnOp::get(key, None)]);
             let resp = self.client.txn(txn).await.context("registering the node")?;
             if resp.succeeded() {
+                // The put's revision is the key's create revision.
+                self.me.incarnation = resp.header().map_or(0, |h| h.revision());
                 self.lease.store(lease.id(), Ordering::Release);
                 self.fence.extend(sent + lease_margin(Duration::from_secs(lease.ttl().max(0) as u64)));
-                return Ok(());
+                return Ok(true);
             }
             let _ = self.client.lease_revoke(lease.id()).await;
             if Instant::now() >= give_up {
                 bail!("node id {} is registered by a live node (its lease did not lapse within {wait:?}); is another broker running with this node_id?", self.me.id);
             }
             tracing::info!(node_id = self.me.id, "node id still registered (a previous incarnation?); waiting for its lease to lapse");
-            tokio::time::sleep(Duration::from_millis(self.cfg.heartbeat_interval_ms)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(self.cfg.heartbeat_interval_ms)) => {}
+                _ = stop.changed() => return Ok(false),
+            }
         }
     }
 
@@ -194,9 +284,16 @@ impl State {
                         // expired): register again, then read everything
                         // (what changed meanwhile).
                         if self.lease.load(Ordering::Acquire) == 0 {
-                            if let Err(e) = self.register(Duration::from_millis(self.cfg.session_timeout_ms * 2 + 2000)).await {
-                                tracing::error!(error = %e, "registering again failed");
+                            match self.register(&mut stop).await {
+                                Ok(true) => tracing::info!(node_id = self.me.id, incarnation = self.me.incarnation, "registered again"),
+                                Ok(false) => break 'session,
+                                Err(e) => tracing::error!(error = %e, "registering again failed"),
                             }
+                            break;
+                        }
+                        // No keep-alive acknowledged for a session: what the
+                        // watch says may be stale; read everything again.
+                        if !self.fence.alive() {
                             break;
                         }
                         // A campaign that failed on an etcd error is tried again.
@@ -217,7 +314,8 @@ impl State {
                     tracing::warn!(reason = resp.cancel_reason(), compacted = resp.compact_revision(), "the cluster watch was cancelled; reading the cluster again");
                     break;
                 }
-                let at = resp.header().map_or(revision, |h| h.revision());
+                // Resumed from the last event applied, not the header's
+                // revision: a catch-up batch may stop short of it.
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
                     let event = match ev.event_type() {
@@ -227,8 +325,8 @@ impl State {
                     if let Err(why) = builder.apply(&self.keys, event, kv.mod_revision()) {
                         tracing::warn!(%why, "ignoring a cluster key that does not decode");
                     }
+                    revision = revision.max(kv.mod_revision());
                 }
-                revision = revision.max(at);
                 publish(&builder);
                 if builder.view().controller.is_none() {
                     self.campaign().await;
@@ -293,6 +391,14 @@ async fn keep_alive(mut client: Client, lease: Arc<AtomicI64>, fence: Arc<Fence>
         if stream.as_ref().is_none_or(|(held, _, _)| *held != id) {
             match client.lease_keep_alive(id).await {
                 Ok((k, s)) => stream = Some((id, k, s)),
+                // Opening sends a first keep-alive; etcd-client reports a
+                // lease etcd does not know (TTL 0) as this error.
+                Err(etcd_client::Error::LeaseKeepAliveError(why)) => {
+                    tracing::warn!(lease = id, %why, "the node's lease expired; registering again");
+                    fence.revoke();
+                    let _ = lease.compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire);
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "opening the lease keep-alive failed");
                     continue;
@@ -300,7 +406,7 @@ async fn keep_alive(mut client: Client, lease: Arc<AtomicI64>, fence: Arc<Fence>
             }
         }
         let (_, keeper, responses) = stream.as_mut().expect("opened above");
-        let sent = Instant::now();
+        let sent = boot_now();
         let answer = async {
             keeper.keep_alive().await?;
             responses.message().await

@@ -5,6 +5,7 @@
 //! | `cluster_id` | the cluster id (written once, by the first node) |
 //! | `nodes/<id>` | a node's [`super::NodeRecord`], JSON, under its lease |
 //! | `controller` | the controller's node id, under its lease |
+//! | `producer_ids` | every producer id below this was handed out in a block (KIP-730) |
 //!
 //! Later steps add `topics/`, `units/` and `producer_ids` (docs/cluster.md).
 
@@ -14,6 +15,7 @@ pub enum Key {
     ClusterId,
     Node(i32),
     Controller,
+    ProducerIds,
 }
 
 /// The keys of one cluster.
@@ -44,6 +46,10 @@ impl Keys {
         format!("{}controller", self.prefix).into_bytes()
     }
 
+    pub fn producer_ids(&self) -> Vec<u8> {
+        format!("{}producer_ids", self.prefix).into_bytes()
+    }
+
     /// What `key` names; `None` for keys outside the prefix or of kinds
     /// this version does not know (a newer node's).
     pub fn parse(&self, key: &[u8]) -> Option<Key> {
@@ -51,6 +57,7 @@ impl Keys {
         match rest {
             "cluster_id" => Some(Key::ClusterId),
             "controller" => Some(Key::Controller),
+            "producer_ids" => Some(Key::ProducerIds),
             _ => {
                 let id = rest.strip_prefix("nodes/")?;
                 // Only the canonical spelling (no sign, no leading zero).
@@ -76,6 +83,7 @@ mod tests {
         assert_eq!(k.parse(&k.node(12)), Some(Key::Node(12)));
         assert_eq!(k.parse(&k.controller()), Some(Key::Controller));
         assert_eq!(k.parse(&k.cluster_id()), Some(Key::ClusterId));
+        assert_eq!(k.parse(&k.producer_ids()), Some(Key::ProducerIds));
         for bad in ["/canopy/prod/nodes/", "/canopy/prod/nodes/-1", "/canopy/prod/nodes/01", "/canopy/prod/nodes/+1", "/canopy/prod/nodes/1/x", "/canopy/prod/nodes/99999999999", "/canopy/prodx/controller", "/canopy/prod/units/a~0", "controller"] {
             assert_eq!(k.parse(bad.as_bytes()), None, "{bad}");
         }

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -57,18 +57,18 @@ pub struct Endpoint {
 pub struct NodeRecord {
     pub id: i32,
     pub rack: Option<String>,
-    /// Tells a node's registrations apart: a restarted node registers again
-    /// with a new one (its lease id in cluster mode; the broker epoch that
-    /// fetches and KIP-951 answers carry).
+    /// Tells a node's registrations apart, increasing: the etcd create
+    /// revision of its `nodes/<id>` key (not in the value); a restarted
+    /// node registers again with a larger one. The broker epoch fetches
+    /// and KIP-951 answers will carry. 0 in single-node mode.
+    #[serde(default, skip)]
     pub incarnation: i64,
     pub endpoints: Vec<Endpoint>,
 }
 
 impl NodeRecord {
-    /// The node's address on `listener`, else on its first listener (a
-    /// node whose listeners differ from this one's is still reachable by
-    /// clients on some listener; Kafka requires the same names on every
-    /// broker and would leave such a node out).
+    /// The node's address on `listener` (Kafka lists a broker only on the
+    /// listener a request came in on).
     pub fn endpoint(&self, listener: &str) -> Option<&Endpoint> {
         self.endpoints.iter().find(|e| e.listener == listener)
     }
@@ -88,6 +88,9 @@ pub struct ClusterView {
     pub cluster_id: String,
     pub nodes: BTreeMap<i32, NodeRecord>,
     pub controller: Option<Controller>,
+    /// Every producer id below this was handed out in some node's block
+    /// (0: none yet, or single-node mode).
+    pub producer_ids_end: i64,
     /// The etcd revision this view reflects (0 in single-node mode).
     pub revision: i64,
 }
@@ -96,27 +99,54 @@ pub struct ClusterView {
 /// view, and whether the node may still act as a member.
 pub struct Membership {
     node_id: i32,
+    rack: Option<String>,
     view: watch::Receiver<Arc<ClusterView>>,
     fence: Arc<Fence>,
+    /// Cluster mode's producer id blocks.
+    #[cfg(feature = "cluster")]
+    producer_ids: Option<Arc<etcd::ProducerIds>>,
 }
 
 impl Membership {
     /// Single-node mode: `me`, alone and the controller, for ever.
     pub fn single(cluster_id: String, me: NodeRecord) -> Membership {
-        let id = me.id;
-        let view = ClusterView { cluster_id, nodes: BTreeMap::from([(id, me)]), controller: Some(Controller { id, epoch: 1 }), revision: 0 };
+        let (id, rack) = (me.id, me.rack.clone());
+        let view = ClusterView { cluster_id, nodes: BTreeMap::from([(id, me)]), controller: Some(Controller { id, epoch: 1 }), producer_ids_end: 0, revision: 0 };
         let (tx, rx) = watch::channel(Arc::new(view));
         // Nothing publishes again; the receiver keeps the last value.
         drop(tx);
-        Membership { node_id: id, view: rx, fence: Arc::new(Fence::forever()) }
+        Membership {
+            node_id: id,
+            rack,
+            view: rx,
+            fence: Arc::new(Fence::forever()),
+            #[cfg(feature = "cluster")]
+            producer_ids: None,
+        }
     }
 
-    pub(crate) fn new(node_id: i32, view: watch::Receiver<Arc<ClusterView>>, fence: Arc<Fence>) -> Membership {
-        Membership { node_id, view, fence }
+    #[cfg(feature = "cluster")]
+    pub(crate) fn new(me: &NodeRecord, view: watch::Receiver<Arc<ClusterView>>, fence: Arc<Fence>, producer_ids: Arc<etcd::ProducerIds>) -> Membership {
+        Membership { node_id: me.id, rack: me.rack.clone(), view, fence, producer_ids: Some(producer_ids) }
+    }
+
+    /// A producer id from this node's block of the cluster's ids (cluster
+    /// mode); `None` in single-node mode, where the catalog hands them out.
+    pub async fn allocate_producer_id(&self) -> Option<Result<i64, String>> {
+        #[cfg(feature = "cluster")]
+        if let Some(p) = &self.producer_ids {
+            return Some(p.allocate().await);
+        }
+        None
     }
 
     pub fn node_id(&self) -> i32 {
         self.node_id
+    }
+
+    /// This node's rack (`broker_rack`).
+    pub fn rack(&self) -> Option<&str> {
+        self.rack.as_deref()
     }
 
     /// The latest view (cheap: an `Arc`).
@@ -136,35 +166,46 @@ impl Membership {
         self.fence.alive()
     }
 
+}
+
+impl ClusterView {
     /// The controller's id, or -1 while there is none (Kafka's answer).
     pub fn controller_id(&self) -> i32 {
-        self.view().controller.map_or(-1, |c| c.id)
+        self.controller.map_or(-1, |c| c.id)
     }
 }
 
-/// The local deadline of a node's lease, on the monotonic clock: the send
-/// time of the last keep-alive etcd acknowledged, plus the lease's TTL,
-/// minus a margin for clock rate differences. A paused process (SIGSTOP)
-/// wakes past it, and then knows it may have been expired.
+/// Now on the boot-time clock: monotonic, and also counting the time the
+/// machine or VM was suspended (`Instant` does not), as a lease in etcd
+/// goes on expiring meanwhile.
+pub(crate) fn boot_now() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// The local deadline of a node's lease, on the boot-time clock
+/// ([`boot_now`]): the send time of the last keep-alive etcd acknowledged,
+/// plus the lease's TTL, minus a margin for clock rate differences. A
+/// paused process (SIGSTOP) or a suspended machine wakes past it, and then
+/// knows it may have been expired.
 pub(crate) struct Fence {
-    origin: Instant,
-    /// Microseconds since `origin`; `u64::MAX`: no deadline (single node);
+    /// Microseconds of [`boot_now`]; `u64::MAX`: no deadline (single node);
     /// 0: no lease.
     deadline_us: AtomicU64,
 }
 
 impl Fence {
     pub(crate) fn forever() -> Fence {
-        Fence { origin: Instant::now(), deadline_us: AtomicU64::new(u64::MAX) }
+        Fence { deadline_us: AtomicU64::new(u64::MAX) }
     }
 
     pub(crate) fn lapsed() -> Fence {
-        Fence { origin: Instant::now(), deadline_us: AtomicU64::new(0) }
+        Fence { deadline_us: AtomicU64::new(0) }
     }
 
-    /// The lease is certainly alive until `until`.
-    pub(crate) fn extend(&self, until: Instant) {
-        let us = until.saturating_duration_since(self.origin).as_micros().min(u64::MAX as u128 - 1) as u64;
+    /// The lease is certainly alive until `until` (a [`boot_now`] time).
+    pub(crate) fn extend(&self, until: Duration) {
+        let us = until.as_micros().min(u64::MAX as u128 - 1) as u64;
         self.deadline_us.fetch_max(us, Ordering::AcqRel);
     }
 
@@ -176,7 +217,47 @@ impl Fence {
 
     pub(crate) fn alive(&self) -> bool {
         let d = self.deadline_us.load(Ordering::Acquire);
-        d == u64::MAX || (self.origin.elapsed().as_micros() as u64) < d
+        d == u64::MAX || (boot_now().as_micros() as u64) < d
+    }
+}
+
+/// How many producer ids a node takes from etcd at a time (KIP-730's
+/// block size).
+pub const PRODUCER_ID_BLOCK: i64 = 1000;
+
+/// The producer ids a node holds: the block it hands out from, and the
+/// next, taken ahead once the current one is half used, so that an id is
+/// handed out well after its block was recorded in etcd (where the other
+/// nodes learn, through their watch, that ids below it are real).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IdBlocks {
+    current: std::ops::Range<i64>,
+    ahead: Option<std::ops::Range<i64>>,
+}
+
+impl IdBlocks {
+    /// The next id, if one is held.
+    pub fn take(&mut self) -> Option<i64> {
+        if self.current.is_empty() {
+            self.current = self.ahead.take()?;
+        }
+        let id = self.current.start;
+        self.current.start += 1;
+        Some(id)
+    }
+
+    /// Whether a block should be taken now: nothing is held ahead and the
+    /// current block is at least half used.
+    pub fn wants_block(&self) -> bool {
+        self.ahead.is_none() && (self.current.end - self.current.start) * 2 <= PRODUCER_ID_BLOCK
+    }
+
+    pub fn add(&mut self, block: std::ops::Range<i64>) {
+        if self.current.is_empty() && self.ahead.is_none() {
+            self.current = block;
+        } else {
+            self.ahead = Some(block);
+        }
     }
 }
 
@@ -210,26 +291,31 @@ impl ViewBuilder {
             KeyEvent::Delete { key } => (key, None),
         };
         match keys.parse(key) {
-            Some(keys::Key::Node(id)) => match value {
-                None => {
-                    self.view.nodes.remove(&id);
-                }
-                Some((v, _)) => {
-                    let rec: NodeRecord = serde_json::from_slice(v).map_err(|e| format!("node {id}: {e}"))?;
+            Some(keys::Key::Node(id)) => {
+                // A record that does not decode leaves the node out (not
+                // its previous record in).
+                self.view.nodes.remove(&id);
+                if let Some((v, create_revision)) = value {
+                    let mut rec: NodeRecord = serde_json::from_slice(v).map_err(|e| format!("node {id}: {e}"))?;
                     if rec.id != id {
                         return Err(format!("node {id}: the record names node {}", rec.id));
                     }
+                    rec.incarnation = create_revision;
                     self.view.nodes.insert(id, rec);
                 }
-            },
+            }
             Some(keys::Key::Controller) => {
-                self.view.controller = match value {
-                    None => None,
-                    Some((v, create_revision)) => {
-                        let id = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok()).ok_or("controller: not a node id")?;
-                        Some(Controller { id, epoch: create_revision })
-                    }
-                };
+                self.view.controller = None;
+                if let Some((v, create_revision)) = value {
+                    let id = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok()).ok_or("controller: not a node id")?;
+                    self.view.controller = Some(Controller { id, epoch: create_revision });
+                }
+            }
+            Some(keys::Key::ProducerIds) => {
+                if let Some((v, _)) = value {
+                    let end = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()).filter(|n| *n >= 1).ok_or("producer_ids: not a positive number")?;
+                    self.view.producer_ids_end = self.view.producer_ids_end.max(end);
+                }
             }
             Some(keys::Key::ClusterId) => {
                 if let Some((v, _)) = value {
@@ -260,17 +346,27 @@ mod tests {
         b.apply(&k, KeyEvent::Put { key: &k.node(1), value: &one, create_revision: 3 }, 3).unwrap();
         b.apply(&k, KeyEvent::Put { key: &k.node(2), value: &two, create_revision: 4 }, 4).unwrap();
         b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"2", create_revision: 5 }, 5).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.producer_ids(), value: b"2001", create_revision: 3 }, 5).unwrap();
+        assert_eq!(b.view().producer_ids_end, 2001);
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.producer_ids(), value: b"-4", create_revision: 3 }, 5).is_err());
         assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(b.view().controller, Some(Controller { id: 2, epoch: 5 }));
         assert_eq!((b.view().cluster_id.as_str(), b.view().revision), ("abc", 5));
 
-        // Damage: a record that is not JSON, one naming another node, a
-        // controller that is not a number. Each is refused, the view kept.
-        let before = b.view().clone();
+        assert_eq!(b.view().nodes[&2].incarnation, 4, "a registration's incarnation is its create revision");
+
+        // Damage: a record that is not JSON, one naming another node. Each
+        // is refused and leaves that node out, the others kept.
         assert!(b.apply(&k, KeyEvent::Put { key: &k.node(3), value: b"{not json", create_revision: 6 }, 6).is_err());
         assert!(b.apply(&k, KeyEvent::Put { key: &k.node(3), value: &one, create_revision: 7 }, 7).is_err());
+        assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(2), value: b"[]", create_revision: 4 }, 7).is_err());
+        assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1], "a damaged update is no stale record");
+        b.apply(&k, KeyEvent::Put { key: &k.node(2), value: &two, create_revision: 4 }, 7).unwrap();
+        // A controller that is not a number: no controller known.
         assert!(b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"two", create_revision: 8 }, 8).is_err());
-        assert_eq!((&b.view().nodes, b.view().controller), (&before.nodes, before.controller));
+        assert_eq!(b.view().controller, None);
+        b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"2", create_revision: 5 }, 8).unwrap();
         // Keys of other clusters or unknown kinds change nothing.
         let other = keys::Keys::new("c2");
         b.apply(&k, KeyEvent::Put { key: &other.node(4), value: &one, create_revision: 9 }, 9).unwrap();
@@ -285,17 +381,38 @@ mod tests {
     }
 
     #[test]
+    fn id_blocks_hand_out_each_id_once_and_ask_ahead_at_half() {
+        let mut b = IdBlocks::default();
+        assert!(b.wants_block());
+        assert_eq!(b.take(), None);
+        b.add(1..1001);
+        let mut seen = Vec::new();
+        while !b.wants_block() {
+            seen.push(b.take().unwrap());
+        }
+        assert_eq!(seen.len(), 500, "a block is asked for once half of the current one is used");
+        b.add(5001..6001);
+        assert!(!b.wants_block(), "one block ahead is enough");
+        while let Some(id) = b.take() {
+            seen.push(id);
+        }
+        let expected: Vec<i64> = (1..1001).chain(5001..6001).collect();
+        assert_eq!(seen, expected, "every id of both blocks, in order, once");
+        assert!(b.wants_block());
+    }
+
+    #[test]
     fn a_fence_holds_until_its_deadline_and_not_after_a_revoke() {
         let f = Fence::lapsed();
         assert!(!f.alive());
-        f.extend(Instant::now() + std::time::Duration::from_secs(60));
+        f.extend(boot_now() + Duration::from_secs(60));
         assert!(f.alive());
         // An older keep-alive's answer arriving late does not shorten it.
-        f.extend(Instant::now());
+        f.extend(boot_now());
         assert!(f.alive());
         f.revoke();
         assert!(!f.alive());
-        f.extend(Instant::now() - std::time::Duration::from_millis(1));
+        f.extend(boot_now() - Duration::from_millis(1));
         assert!(!f.alive(), "a deadline in the past is no standing");
         assert!(Fence::forever().alive());
     }
@@ -303,7 +420,7 @@ mod tests {
     #[test]
     fn single_node_mode_is_a_cluster_of_one_controlled_by_itself() {
         let m = Membership::single("id".into(), rec(0));
-        assert_eq!((m.node_id(), m.controller_id()), (0, 0));
+        assert_eq!((m.node_id(), m.view().controller_id()), (0, 0));
         assert!(m.in_good_standing());
         assert_eq!(m.view().nodes.len(), 1);
         assert_eq!(m.view().nodes[&0].endpoint("PLAINTEXT").map(|e| e.port), Some(9092));

@@ -340,12 +340,15 @@ impl Config {
         if self.node_id < 0 {
             return bad("node_id", "must be 0 or more");
         }
-        if !self.etcd_endpoints.is_empty() {
+        if self.cluster().is_some() {
             if !cfg!(feature = "cluster") {
                 return bad("etcd_endpoints", "this binary was built without cluster mode (cargo build --release --features cluster, which needs protoc)");
             }
             if !crate::cluster::keys::valid_cluster_name(&self.cluster_name) {
                 return bad("cluster_name", "must be 1 to 64 letters, digits, '-', '_' or '.'");
+            }
+            if !(1000..=3_600_000).contains(&self.broker_session_timeout_ms) {
+                return bad("broker_session_timeout_ms", "must be between 1000 and 3600000");
             }
             if self.broker_heartbeat_interval_ms == 0 || self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms {
                 return bad("broker_heartbeat_interval_ms", "must be positive and at most half of broker_session_timeout_ms");

@@ -1055,7 +1055,9 @@ impl Engine {
     }
 }
 
-fn short_id(u: &uuid::Uuid) -> String {
+/// A cluster id as Kafka writes them: a UUID in 22 characters of
+/// URL-safe base64.
+pub fn short_id(u: &uuid::Uuid) -> String {
     // Kafka cluster ids are 22-character URL-safe base64 UUIDs.
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut bits = u.as_u128();

@@ -101,29 +101,50 @@ impl Broker {
         self.cluster.node_id()
     }
 
-    /// Every live broker, with its address on the running request's
-    /// listener (outside a request: on its first listener). As in Kafka, a
-    /// broker without that listener is left out. This broker gives the
-    /// listener's own advertised address.
-    pub fn brokers(&self) -> Vec<BrokerAddr> {
-        let view = self.cluster.view();
+    /// Every live broker in `view`, with its address on the running
+    /// request's listener (outside a request: its first listener). As in
+    /// Kafka, a broker without that listener is left out. This broker is
+    /// always listed, with the listener's own advertised address, also
+    /// while its registration is being renewed: it names itself as a
+    /// leader, and clients must be able to reach what they are told.
+    pub fn brokers_in(&self, view: &crate::cluster::ClusterView) -> Vec<BrokerAddr> {
         let listener = conn::listener_name();
         let me = self.node_id();
-        view.nodes
-            .values()
-            .filter_map(|n| {
-                let (host, port) = if n.id == me {
-                    conn::advertised(self)
-                } else {
-                    let e = match &listener {
-                        Some(l) => n.endpoint(l)?,
-                        None => n.endpoints.first()?,
-                    };
-                    (e.host.clone(), e.port)
-                };
-                Some(BrokerAddr { id: n.id, host, port, rack: n.rack.clone() })
-            })
-            .collect()
+        let (host, port) = conn::advertised(self);
+        let mut out = vec![BrokerAddr { id: me, host, port, rack: self.cluster.rack().map(str::to_owned) }];
+        out.extend(view.nodes.values().filter(|n| n.id != me).filter_map(|n| {
+            let e = match &listener {
+                Some(l) => n.endpoint(l)?,
+                None => n.endpoints.first()?,
+            };
+            Some(BrokerAddr { id: n.id, host: e.host.clone(), port: e.port, rack: n.rack.clone() })
+        }));
+        out.sort_by_key(|b| b.id);
+        out
+    }
+}
+
+/// A producer id never handed out before (InitProducerId, and new
+/// transactional ids): from this node's block of the cluster's ids in
+/// cluster mode, else from the catalog, durably. The error is the code to
+/// answer.
+pub async fn allocate_producer_id(engine: &Arc<Engine>, cluster: &crate::cluster::Membership) -> Result<i64, i16> {
+    use kafka_protocol::ResponseError as E;
+    if let Some(got) = cluster.allocate_producer_id().await {
+        // Kafka's answer while its next block has not arrived: retriable.
+        return got.map_err(|why| {
+            tracing::warn!(%why, "allocating a producer id failed");
+            E::CoordinatorLoadInProgress.code()
+        });
+    }
+    let engine = engine.clone();
+    match tokio::task::spawn_blocking(move || engine.catalog().allocate_producer_id()).await {
+        Ok(Ok(id)) => Ok(id),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "allocating a producer id failed");
+            Err(E::KafkaStorageError.code())
+        }
+        Err(_) => Err(E::CoordinatorNotAvailable.code()),
     }
 }
 

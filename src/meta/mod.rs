@@ -451,6 +451,13 @@ impl Catalog {
         id >= 1 && id < self.producer_ids_below()
     }
 
+    /// Ids below `below` were handed out elsewhere (by another node of
+    /// the cluster): Produce accepts them. Never lowers the bound, and
+    /// writes nothing (the local counter is this node's own history).
+    pub fn raise_producer_ids_below(&self, below: i64) {
+        self.next_producer_id.fetch_max(below, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// Every id handed out so far is below this.
     pub fn producer_ids_below(&self) -> i64 {
         self.next_producer_id.load(std::sync::atomic::Ordering::Acquire)

@@ -184,6 +184,8 @@ pub struct Bridge {
     /// The Kafka listener's SCRAM users: HTTP Basic passwords are checked
     /// against them, as SASL PLAIN is.
     users: Option<Arc<crate::auth::users::UserStore>>,
+    /// The cluster's id (cluster mode: etcd's; else the engine's).
+    cluster_id: Option<String>,
     /// Basic credentials verified lately (see [`Verified`]).
     verified: Verified,
 }
@@ -251,6 +253,7 @@ impl Bridge {
             authorizer: None,
             quotas: None,
             users: None,
+            cluster_id: None,
             verified: Verified::default(),
         }
     }
@@ -277,6 +280,16 @@ impl Bridge {
     pub fn with_quotas(mut self, quotas: Arc<crate::auth::quota::Quotas>) -> Bridge {
         self.quotas = Some(quotas);
         self
+    }
+
+    /// The id `/v3/clusters` answers (Kafka's Metadata gives the same).
+    pub fn with_cluster_id(mut self, id: String) -> Bridge {
+        self.cluster_id = Some(id);
+        self
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        self.cluster_id.as_deref().unwrap_or_else(|| self.engine.cluster_id())
     }
 
     /// The producer quota that applies to `who` (none configured: `None`).

@@ -27,7 +27,7 @@ fn json_ok(status: StatusCode, v: Value) -> Response {
 }
 
 fn check_cluster(b: &Bridge, id: &str) -> Result<(), RestError> {
-    if id == b.engine.cluster_id() {
+    if id == b.cluster_id() {
         Ok(())
     } else {
         Err(RestError::new(StatusCode::NOT_FOUND, 404, format!("Cluster {id} not found.")))
@@ -38,7 +38,7 @@ pub async fn clusters(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Respo
     if let Err(e) = b.authorize(&headers, None).await {
         return e.into_response();
     }
-    json_ok(StatusCode::OK, json!({"kind": "KafkaClusterList", "metadata": {}, "data": [{"kind": "KafkaCluster", "cluster_id": b.engine.cluster_id()}]}))
+    json_ok(StatusCode::OK, json!({"kind": "KafkaClusterList", "metadata": {}, "data": [{"kind": "KafkaCluster", "cluster_id": b.cluster_id()}]}))
 }
 
 pub async fn topics(State(b): State<Arc<Bridge>>, Path(cluster): Path<String>, headers: HeaderMap) -> Response {

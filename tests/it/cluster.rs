@@ -6,9 +6,14 @@
 //!
 //! What is shown: nodes register and one becomes the controller; every
 //! node (and librdkafka, bootstrapping from any one) sees the same cluster;
+//! producer ids come from blocks in etcd, never twice, and are taken by
+//! every node's Produce;
 //! a node killed with -9 leaves when its lease lapses and the controller
-//! moves; a restarted node registers again; a node paused past its session
-//! is expired and registers again when woken; a node stopped cleanly leaves;
+//! moves; a restarted node registers again (at once, or after waiting out
+//! its previous lease); the controller paused past its session is expired,
+//! replaced, and registers again when woken; after etcd itself is paused
+//! past every session, all nodes register again; a node stopped cleanly
+//! leaves at once;
 //! a second process with a live node's id, and a node whose etcd cannot be
 //! reached, refuse to start.
 
@@ -18,7 +23,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kafka_protocol::messages::{DescribeClusterRequest, DescribeClusterResponse};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{DescribeClusterRequest, DescribeClusterResponse, InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::common::{self, ChildBroker};
@@ -86,6 +93,13 @@ impl Etcd {
     fn endpoints(&self) -> String {
         self.endpoints.join(",")
     }
+
+    /// The value of `key` (empty if absent), by etcdctl.
+    fn get(&self, key: &str) -> String {
+        let out = Command::new("etcdctl").env("ETCDCTL_API", "3").args(["--endpoints", &self.endpoints(), "get", "--print-value-only", key]).output().expect("etcdctl");
+        assert!(out.status.success(), "etcdctl get: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
 }
 
 impl Drop for Etcd {
@@ -151,10 +165,10 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     // Every node describes the same three brokers, controller and id.
     let first = wait_until(nodes[1].as_ref().unwrap().kafka, "three nodes", |s| s.0 == all && s.1 > 0).await;
     for (id, node) in nodes.iter().enumerate().skip(2) {
-        let seen = wait_until(node.as_ref().unwrap().kafka, "the same view", |s| s.0 == all).await;
+        let seen = wait_until(node.as_ref().unwrap().kafka, "the same view", |s| s.0 == all && s.1 > 0).await;
         assert_eq!((seen.1, &seen.2), (first.1, &first.2), "node {id} sees another controller or cluster");
     }
-    assert_eq!(first.2.len(), 32, "a generated cluster id: {}", first.2);
+    assert_eq!(first.2.len(), 22, "a generated cluster id, as Kafka writes them: {}", first.2);
 
     // librdkafka, bootstrapping from node 3 only, learns all three.
     let addr = nodes[3].as_ref().unwrap().kafka;
@@ -166,6 +180,22 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     .await
     .unwrap();
     assert_eq!(md, all.iter().copied().collect::<BTreeSet<_>>(), "librdkafka's view of the cluster");
+
+    // Producer ids come from blocks in etcd: no two nodes hand out the
+    // same one, and an id one node handed out is taken by another's
+    // Produce (ids below no block are refused there, as before).
+    let mut ids = BTreeSet::new();
+    for node in nodes.iter().flatten() {
+        for _ in 0..5 {
+            assert!(ids.insert(init_producer_id(node.kafka).await), "a producer id handed out twice: {ids:?}");
+        }
+    }
+    let (a, b) = (nodes[1].as_ref().unwrap().kafka, nodes[2].as_ref().unwrap().kafka);
+    let pid = init_producer_id(a).await;
+    common::create_topic(b, "ids", 1).await;
+    assert_eq!(produce(b, "ids", common::producer_batch(pid, 0, 0, &[b"x"])).await, 0, "node 2 takes node 1's producer id");
+    let never = ids.iter().max().unwrap() + 100_000;
+    assert_ne!(produce(b, "ids", common::producer_batch(never, 0, 0, &[b"y"])).await, 0, "an id no block holds is refused");
 
     // kill -9 the controller: it leaves once its lease lapses, and one of
     // the two others takes over.
@@ -182,31 +212,96 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     let back = port(&nodes[old as usize]);
     wait_until(survivor, "the restarted node back", |s| s.0.len() == 3 && s.0.contains(&(old, back))).await;
 
-    // A node paused past its session (SIGSTOP) is expired; woken, it finds
-    // its lease gone, registers again and is back.
-    let paused = (1..=3).map(|id| id as i32).find(|id| *id != after.1 && *id != old).unwrap();
+    // The restarted node hands out ids from a new block, not its old one's.
+    let fresh = init_producer_id(nodes[old as usize].as_ref().unwrap().kafka).await;
+    assert!(!ids.contains(&fresh) && fresh > *ids.iter().max().unwrap(), "{fresh} after {ids:?}");
+
+    // The controller paused past its session (SIGSTOP) is expired and
+    // another takes over; woken, it finds its lease gone, registers again
+    // and is back, no longer the controller.
+    let paused = after.1;
     let pid = nodes[paused as usize].as_ref().unwrap().child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
-    let seen = wait_until(survivor_of(&nodes, paused), "the paused node expired", |s| s.0.len() == 2 && !s.0.iter().any(|(id, _)| *id == paused)).await;
-    assert_eq!(seen.1, after.1, "the controller did not change");
+    let seen = wait_until(survivor_of(&nodes, paused), "the paused controller expired", |s| s.0.len() == 2 && !s.0.iter().any(|(id, _)| *id == paused) && s.1 > 0 && s.1 != paused).await;
+    let controller = seen.1;
     assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
-    wait_until(survivor_of(&nodes, paused), "the paused node back", |s| s.0.len() == 3).await;
+    wait_log(nodes[paused as usize].as_ref().unwrap(), "registered again").await;
+    // (Seen by another node: a node always lists itself.)
+    wait_until(survivor_of(&nodes, paused), "the paused node back", |s| s.0.len() == 3 && s.1 == controller).await;
+
+    // kill -9 and an immediate restart: the new process waits out its old
+    // lease, then registers.
+    let hasty = (1..=3i32).find(|id| *id != controller).unwrap();
+    nodes[hasty as usize].take().unwrap().kill9();
+    nodes[hasty as usize] = Some(spawn_node(root.path(), hasty, &etcd));
+    let again = port(&nodes[hasty as usize]);
+    let log: Vec<String> = nodes[hasty as usize].as_ref().unwrap().log.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("waiting for its lease to lapse")), "the restart did not wait for the old lease");
+    wait_until(survivor_of(&nodes, hasty), "the hasty restart registered", |s| s.0.len() == 3 && s.0.contains(&(hasty, again))).await;
+
+    // etcd itself stops answering for longer than a session (all three
+    // members paused): every lease lapses. When etcd is back, every node
+    // finds its lease gone, registers again, and a controller is elected.
+    let members: Vec<String> = etcd.members.iter().map(|m| m.id().to_string()).collect();
+    for m in &members {
+        assert!(Command::new("kill").args(["-STOP", m]).status().unwrap().success());
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for m in &members {
+        assert!(Command::new("kill").args(["-CONT", m]).status().unwrap().success());
+    }
+    for node in nodes.iter().flatten() {
+        wait_log(node, "registered again").await;
+    }
+    let mut live = -1;
+    for node in nodes.iter().flatten() {
+        live = wait_until(node.kafka, "every node back after etcd's outage", |s| s.0.len() == 3 && s.1 > 0).await.1;
+    }
 
     // A second process with a live node's id waits out a lease, then
     // refuses to start, naming the reason.
-    let live = after.1;
     let dup = root.path().join("duplicate");
     std::fs::create_dir_all(&dup).unwrap();
     let out = refused_start(&dup, &node_args(live, &etcd, 2000));
     assert!(out.contains("is registered by a live node"), "{out}");
 
-    // A clean stop leaves the cluster (the lease is revoked, not left to lapse).
-    let quiet = (1..=3).map(|id| id as i32).find(|id| *id != live).unwrap();
+    // A clean stop leaves the cluster at once: the lease is revoked, so the
+    // node's key is gone as soon as the process has exited (no lapse).
+    let quiet = (1..=3i32).find(|id| *id != live).unwrap();
     let status = nodes[quiet as usize].take().unwrap().terminate();
     assert!(status.success(), "{status:?}");
-    let controller_addr = nodes[live as usize].as_ref().unwrap().kafka;
-    let seen = wait_until(controller_addr, "the stopped node gone", |s| s.0.len() == 2 && !s.0.iter().any(|(id, _)| *id == quiet)).await;
+    assert_eq!(etcd.get(&format!("/canopy/it/nodes/{quiet}")), "", "the stopped node's registration outlived it");
+    let seen = wait_until(nodes[live as usize].as_ref().unwrap().kafka, "the stopped node gone", |s| s.0.len() == 2 && !s.0.iter().any(|(id, _)| *id == quiet)).await;
     assert_eq!(seen.1, live, "the controller did not change");
+}
+
+async fn init_producer_id(addr: SocketAddr) -> i64 {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let r: InitProducerIdResponse = common::call(&mut sock, 22, 4, 1, &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000)).await;
+    assert_eq!(r.error_code, 0);
+    r.producer_id.0
+}
+
+/// Produces `batch` (acks=all) to partition 0 of `topic`; the error code.
+async fn produce(addr: SocketAddr, topic: &str, batch: bytes::Bytes) -> i16 {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch))])]);
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, 2, &req).await;
+    r.responses[0].partition_responses[0].error_code
+}
+
+/// Waits (at most 60 s) for a log line of `node` containing `needle`.
+async fn wait_log(node: &ChildBroker, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if node.log.try_iter().any(|l| l.contains(needle)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {needle:?} in the log of the node on {} after 60 s", node.kafka);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The Kafka address of a running node other than `not`.
@@ -233,5 +328,5 @@ fn a_node_whose_etcd_cannot_be_reached_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let nobody = format!("http://127.0.0.1:{}", free_port());
     let out = refused_start(dir.path(), &["--node-id", "1", "--etcd-endpoints", &nobody].map(String::from));
-    assert!(out.contains("etcd"), "{out}");
+    assert!(out.contains("reading the cluster id") && out.contains(&nobody), "{out}");
 }

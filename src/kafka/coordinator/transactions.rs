@@ -84,6 +84,8 @@ pub struct Transactions {
 
 struct Inner {
     engine: Arc<Engine>,
+    /// Where producer ids come from in cluster mode.
+    cluster: Arc<crate::cluster::Membership>,
     groups: Coordinator,
     cfg: TxnConfig,
     clock: Clock,
@@ -224,10 +226,10 @@ pub struct TxnView {
 impl Transactions {
     /// Loads every transactional id and brings every transaction to an end
     /// (see the module docs), then starts the timeout loop.
-    pub async fn start(engine: Arc<Engine>, groups: Coordinator, cfg: TxnConfig, clock: Clock, stop: watch::Receiver<bool>) -> anyhow::Result<Transactions> {
+    pub async fn start(engine: Arc<Engine>, cluster: Arc<crate::cluster::Membership>, groups: Coordinator, cfg: TxnConfig, clock: Clock, stop: watch::Receiver<bool>) -> anyhow::Result<Transactions> {
         let e = engine.clone();
         let records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
-        let t = Transactions { inner: Arc::new(Inner { engine, groups, cfg, clock, ids: Mutex::new(HashMap::new()) }) };
+        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()) }) };
         // Each producer id's transactional id, for the pass below.
         let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
         for (id, rec) in records {
@@ -492,15 +494,7 @@ impl Transactions {
     }
 
     async fn allocate(&self) -> Result<i64, i16> {
-        let engine = self.inner.engine.clone();
-        match tokio::task::spawn_blocking(move || engine.catalog().allocate_producer_id()).await {
-            Ok(Ok(pid)) => Ok(pid),
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "allocating a producer id failed");
-                Err(E::KafkaStorageError.code())
-            }
-            Err(_) => Err(E::CoordinatorNotAvailable.code()),
-        }
+        crate::kafka::allocate_producer_id(&self.inner.engine, &self.inner.cluster).await
     }
 
     /// AddPartitionsToTxn for one transaction. Returns a code for the whole

@@ -11,15 +11,16 @@ use crate::kafka::Broker;
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
 
 pub async fn handle(broker: &Broker, _req: Request, _version: i16) -> Option<Response> {
+    let view = broker.cluster.view();
     let brokers = broker
-        .brokers()
+        .brokers_in(&view)
         .into_iter()
         .map(|b| DescribeClusterBroker::default().with_broker_id(b.id.into()).with_host(str_bytes(b.host)).with_port(b.port).with_rack(b.rack.map(str_bytes)))
         .collect();
     Some(
         Response::default()
-            .with_cluster_id(str_bytes(broker.cluster.view().cluster_id.clone()))
-            .with_controller_id(broker.cluster.controller_id().into())
+            .with_cluster_id(str_bytes(view.cluster_id.clone()))
+            .with_controller_id(view.controller_id().into())
             .with_brokers(brokers),
     )
 }

@@ -38,14 +38,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             Err(code) => fail(code),
         };
     }
-    let engine = broker.engine.clone();
-    let allocated = tokio::task::spawn_blocking(move || engine.catalog().allocate_producer_id()).await;
-    match allocated {
-        Ok(Ok(id)) => Some(Response::default().with_producer_id(ProducerId(id)).with_producer_epoch(0)),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "InitProducerId: catalog failed");
-            fail(E::KafkaStorageError.code())
-        }
-        Err(_) => fail(E::CoordinatorNotAvailable.code()),
+    match crate::kafka::allocate_producer_id(&broker.engine, &broker.cluster).await {
+        Ok(id) => Some(Response::default().with_producer_id(ProducerId(id)).with_producer_epoch(0)),
+        Err(code) => fail(code),
     }
 }

@@ -174,17 +174,18 @@ async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
     // and creating one on the way needs CREATE (cluster or topic).
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
     let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version, leader, &check)).await.ok()?;
+    let view = broker.cluster.view();
     let brokers = broker
-        .brokers()
+        .brokers_in(&view)
         .into_iter()
         .map(|b| MetadataResponseBroker::default().with_node_id(b.id.into()).with_host(str_bytes(b.host)).with_port(b.port).with_rack(b.rack.map(str_bytes)))
         .collect();
     let mut resp = Response::default().with_brokers(brokers);
     if version >= 2 {
-        resp = resp.with_cluster_id(Some(str_bytes(broker.cluster.view().cluster_id.clone())));
+        resp = resp.with_cluster_id(Some(str_bytes(view.cluster_id.clone())));
     }
     if version >= 1 {
-        resp = resp.with_controller_id(broker.cluster.controller_id().into());
+        resp = resp.with_controller_id(view.controller_id().into());
     }
     if (8..=10).contains(&version) {
         resp = resp.with_cluster_authorized_operations(-2147483648);
