@@ -226,9 +226,13 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     };
     #[cfg(feature = "cluster")]
     {
-        let session = crate::cluster::etcd::join(cluster, me, engine.catalog().producer_ids_below(), stop_rx.clone()).await.context("joining the cluster")?;
+        let catalog_engine = engine.clone();
+        let reserve: crate::cluster::etcd::Reserve = Arc::new(move |below| catalog_engine.catalog().reserve_producer_ids_below(below).map_err(|e| e.to_string()));
+        let session = crate::cluster::etcd::join(cluster, me, engine.catalog().producer_ids_below(), reserve, stop_rx.clone()).await.context("joining the cluster")?;
         // Producer ids other nodes hand out are real here too: Produce
-        // refuses ids below no block.
+        // refuses ids below no block. Raised once before serving, then at
+        // every view.
+        engine.catalog().raise_producer_ids_below(session.membership.view().producer_ids_end);
         let (mut views, engine) = (session.membership.subscribe(), engine.clone());
         let mut stop = stop_rx;
         tokio::spawn(async move {

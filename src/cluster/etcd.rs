@@ -11,8 +11,9 @@
 //!   the fence to its send time plus the TTL etcd granted, minus 5%. A
 //!   lease etcd no longer knows (TTL 0 on a keep-alive stream, or a stream
 //!   that cannot be reopened for it) revokes the fence at once and the
-//!   node registers again with a new lease. HTTP/2 pings every heartbeat
-//!   interval find a dead path to etcd that TCP would take minutes to.
+//!   node registers again with a new lease. No keep-alive acknowledged for
+//!   a session (a dead path to etcd) lets the fence lapse, and the watch
+//!   starts again from a full read.
 //! - **Controller.** Whenever the view has no controller, a node in good
 //!   standing tries to create `controller` under its lease (a
 //!   create-if-absent transaction); the key's create revision is the
@@ -47,20 +48,18 @@ pub struct Session {
     pub task: JoinHandle<()>,
 }
 
-/// Connects, registers `me` (its incarnation is replaced by the lease id)
-/// and starts the session; returns once the node is registered and has
-/// read the cluster once.
+/// Connects, registers `me` (its incarnation becomes its registration's
+/// create revision) and starts the session; returns once the node is
+/// registered, holds a block of producer ids and has read the cluster once.
 ///
 /// `producer_id_floor`: ids below it were handed out by this node before
-/// (single-node mode); its blocks start at or above it.
-pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, stop: watch::Receiver<bool>) -> anyhow::Result<Session> {
-    let heartbeat = Duration::from_millis(cfg.heartbeat_interval_ms);
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(5))
-        .with_require_leader(true)
-        .with_keep_alive(heartbeat, heartbeat.max(Duration::from_secs(1)))
-        .with_keep_alive_while_idle(true);
+/// (its catalog's counter, which `reserve` raises); its blocks start at or
+/// above it.
+pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, reserve: Reserve, stop: watch::Receiver<bool>) -> anyhow::Result<Session> {
+    // No HTTP/2 keep-alive pings: etcd refuses pings more often than every
+    // 5 s and drops the connection. A dead path shows as unanswered lease
+    // keep-alives, and the lapsed fence makes the watch start again.
+    let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(5)).with_require_leader(true);
     let mut client = Client::connect(&cfg.etcd_endpoints, Some(opts)).await.with_context(|| format!("connecting to etcd at {:?}", cfg.etcd_endpoints))?;
     let keys = Keys::new(&cfg.cluster_name);
     let cluster_id = cluster_id(&mut client, &keys).await.with_context(|| format!("etcd at {:?}", cfg.etcd_endpoints))?;
@@ -74,8 +73,16 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, st
     }
     // The first block before the first read: the view then already says
     // that its ids are real.
-    let producer_ids = Arc::new(ProducerIds { client: s.client.clone(), key: s.keys.producer_ids(), floor: producer_id_floor, blocks: tokio::sync::Mutex::new(IdBlocks::default()) });
-    producer_ids.allocate_block().await.context("taking a block of producer ids")?;
+    let producer_ids = Arc::new(ProducerIds {
+        client: s.client.clone(),
+        key: s.keys.producer_ids(),
+        floor: producer_id_floor,
+        reserve,
+        blocks: tokio::sync::Mutex::new(IdBlocks::default()),
+        claiming: std::sync::atomic::AtomicBool::new(false),
+    });
+    let first_block = producer_ids.claim().await.context("taking a block of producer ids")?;
+    producer_ids.blocks.lock().await.add(first_block);
     let (builder, revision) = s.read_all().await?;
     let mut first = builder.view().clone();
     if first.cluster_id.is_empty() {
@@ -84,13 +91,22 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, st
     let (tx, rx) = watch::channel(Arc::new(first));
     let membership = Arc::new(Membership::new(&s.me, rx, fence.clone(), producer_ids));
     tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
+    let keeper = tokio::spawn(keep_alive(s.client.clone(), lease.clone(), fence.clone(), Duration::from_millis(s.cfg.heartbeat_interval_ms), stop.clone()));
+    let mut client = s.client.clone();
     let session = tokio::spawn(s.run(builder, revision, tx, stop));
-    // A session that dies (a panic) must not leave the node looking like a
-    // member: it says so, and the fence falls.
+    // The keep-alive ends with the session, however it ends: a session that
+    // dies (a panic) must not leave the node registered and looking like a
+    // member. It says so, the fence falls and the lease is revoked.
     let task = tokio::spawn(async move {
-        if let Err(e) = session.await {
+        let ended = session.await;
+        keeper.abort();
+        if let Err(e) = ended {
             fence.revoke();
             tracing::error!(error = %e, "the cluster session failed; this node no longer follows the cluster");
+            let id = lease.swap(0, Ordering::AcqRel);
+            if id != 0 {
+                let _ = tokio::time::timeout(Duration::from_secs(5), client.lease_revoke(id)).await;
+            }
         }
     });
     Ok(Session { membership, task })
@@ -117,38 +133,61 @@ async fn cluster_id(client: &mut Client, keys: &Keys) -> anyhow::Result<String> 
     bail!("the cluster id key vanished while it was read")
 }
 
+/// Records durably, before a block's ids are used, that ids below the
+/// given bound were handed out by this node (its catalog's counter): a
+/// later start, in either mode, never hands them out again, even if etcd's
+/// counter were lost.
+pub type Reserve = Arc<dyn Fn(i64) -> Result<(), String> + Send + Sync>;
+
 /// Cluster mode's producer ids: blocks of [`PRODUCER_ID_BLOCK`] taken
 /// from the `producer_ids` counter by compare-and-swap (KIP-730), so no
-/// two nodes ever hand out the same id. Ids of a block a node took and
-/// did not hand out before it stopped are never used.
+/// two nodes ever hand out the same id. The next block is taken in the
+/// background once half of the current one is used, so a request waits
+/// on etcd only when the node holds no id at all (then, after 5 s, it is
+/// answered COORDINATOR_LOAD_IN_PROGRESS, as Kafka's ProducerIdManager
+/// answers). Ids of a block a node took and did not hand out before it
+/// stopped are never used.
 pub struct ProducerIds {
     client: Client,
     key: Vec<u8>,
     floor: i64,
+    reserve: Reserve,
     blocks: tokio::sync::Mutex<IdBlocks>,
+    /// A background claim is running (or backing off after a failure).
+    claiming: std::sync::atomic::AtomicBool,
 }
 
 impl ProducerIds {
-    /// The next id; takes a block first when the held ones run low. Only an
-    /// empty hand fails when etcd cannot be reached.
-    pub async fn allocate(&self) -> Result<i64, String> {
+    /// The next id.
+    pub async fn allocate(self: &Arc<Self>) -> Result<i64, String> {
         let mut blocks = self.blocks.lock().await;
-        if blocks.wants_block() {
-            match self.claim().await {
-                Ok(block) => blocks.add(block),
-                Err(e) => tracing::warn!(error = %e, "taking a block of producer ids failed"),
-            }
+        if blocks.is_empty() {
+            // Nothing in hand: wait for a block (others wait behind the
+            // lock; they would have nothing either).
+            let block = tokio::time::timeout(Duration::from_secs(5), self.claim()).await.map_err(|_| "etcd did not give a block of producer ids within 5 s".to_owned())?.map_err(|e| format!("taking a block of producer ids: {e:#}"))?;
+            blocks.add(block);
         }
-        blocks.take().ok_or_else(|| "no producer ids held and etcd did not give a block".to_owned())
+        let id = blocks.take().expect("a block is held");
+        if blocks.wants_block() && !self.claiming.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(Duration::from_secs(5), me.claim()).await {
+                    Ok(Ok(block)) => me.blocks.lock().await.add(block),
+                    Ok(Err(e)) => tracing::error!(error = %format!("{e:#}"), "taking the next block of producer ids failed"),
+                    Err(_) => tracing::error!("etcd did not give the next block of producer ids within 5 s"),
+                }
+                // After a failure, the next try waits a second.
+                if me.blocks.lock().await.wants_block() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                me.claiming.store(false, Ordering::Release);
+            });
+        }
+        Ok(id)
     }
 
-    async fn allocate_block(&self) -> anyhow::Result<()> {
-        let block = self.claim().await?;
-        self.blocks.lock().await.add(block);
-        Ok(())
-    }
-
-    /// Moves the counter one block on; the ids passed over are ours.
+    /// Moves the counter one block on and reserves the block in the
+    /// catalog; the ids passed over are ours.
     async fn claim(&self) -> anyhow::Result<std::ops::Range<i64>> {
         let mut client = self.client.clone();
         for _ in 0..64 {
@@ -164,6 +203,8 @@ impl ProducerIds {
             let end = start.checked_add(PRODUCER_ID_BLOCK).context("producer ids exhausted")?;
             let txn = Txn::new().when([compare]).and_then([TxnOp::put(self.key.clone(), end.to_string(), None)]);
             if client.txn(txn).await?.succeeded() {
+                let reserve = self.reserve.clone();
+                tokio::task::spawn_blocking(move || reserve(end)).await?.map_err(|e| anyhow::anyhow!("recording the block in the catalog: {e}"))?;
                 tracing::info!(start, end, "took a block of producer ids");
                 return Ok(start..end);
             }
@@ -257,7 +298,6 @@ impl State {
             }
             tx.send_replace(Arc::new(v));
         };
-        let keeper = tokio::spawn(keep_alive(self.client.clone(), self.lease.clone(), self.fence.clone(), Duration::from_millis(self.cfg.heartbeat_interval_ms), stop.clone()));
         let mut backoff = Duration::from_millis(100);
         'session: loop {
             if builder.view().controller.is_none() {
@@ -344,12 +384,14 @@ impl State {
                 Err(e) => tracing::warn!(error = %e, "reading the cluster failed; retrying"),
             }
         }
-        keeper.abort();
         // Leave: the others see this node go now, not a session later.
         let lease = self.lease.swap(0, Ordering::AcqRel);
         self.fence.revoke();
         if lease != 0 {
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.lease_revoke(lease)).await;
+            let give = Duration::from_millis(self.cfg.session_timeout_ms);
+            if !matches!(tokio::time::timeout(give, self.client.lease_revoke(lease)).await, Ok(Ok(_))) {
+                tracing::warn!("revoking the lease failed; the registration lapses with it");
+            }
         }
         tracing::info!(node_id = self.me.id, "left the cluster");
     }

@@ -7,7 +7,7 @@
 //! | `controller` | the controller's node id, under its lease |
 //! | `producer_ids` | every producer id below this was handed out in a block (KIP-730) |
 //!
-//! Later steps add `topics/`, `units/` and `producer_ids` (docs/cluster.md).
+//! Later steps add `topics/` and `units/` (docs/cluster.md).
 
 /// What a key under the prefix names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

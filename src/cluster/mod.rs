@@ -178,9 +178,17 @@ impl ClusterView {
 /// Now on the boot-time clock: monotonic, and also counting the time the
 /// machine or VM was suspended (`Instant` does not), as a lease in etcd
 /// goes on expiring meanwhile.
+#[cfg(any(target_os = "linux", target_os = "android"))]
 pub(crate) fn boot_now() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Elsewhere, the monotonic clock (which may stop while suspended).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub(crate) fn boot_now() -> Duration {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed() + Duration::from_secs(1)
 }
 
 /// The local deadline of a node's lease, on the boot-time clock
@@ -194,6 +202,8 @@ pub(crate) struct Fence {
     deadline_us: AtomicU64,
 }
 
+// Without the `cluster` feature only single-node mode's fence is made.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 impl Fence {
     pub(crate) fn forever() -> Fence {
         Fence { deadline_us: AtomicU64::new(u64::MAX) }
@@ -250,6 +260,11 @@ impl IdBlocks {
     /// current block is at least half used.
     pub fn wants_block(&self) -> bool {
         self.ahead.is_none() && (self.current.end - self.current.start) * 2 <= PRODUCER_ID_BLOCK
+    }
+
+    /// Whether no id is held.
+    pub fn is_empty(&self) -> bool {
+        self.current.is_empty() && self.ahead.as_ref().is_none_or(|a| a.is_empty())
     }
 
     pub fn add(&mut self, block: std::ops::Range<i64>) {

@@ -451,6 +451,28 @@ impl Catalog {
         id >= 1 && id < self.producer_ids_below()
     }
 
+    /// Ids below `below` are this node's to hand out or handed out (a
+    /// block of the cluster's): recorded durably, so that no later start,
+    /// in either mode, hands them out again.
+    pub fn reserve_producer_ids_below(&self, below: i64) -> Result<(), MetaError> {
+        const KEY: &[u8] = NEXT_PRODUCER_ID;
+        let mut bad = None;
+        self.db.fetch_and_update(KEY, |old| match old.map(|raw| decode::<i64>(KEY, raw)) {
+            Some(Err(e)) => {
+                bad = Some(e);
+                old.map(<[u8]>::to_vec)
+            }
+            Some(Ok(n)) if n >= below => old.map(<[u8]>::to_vec),
+            _ => Some(encode(&below)),
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        self.flush()?;
+        self.raise_producer_ids_below(below);
+        Ok(())
+    }
+
     /// Ids below `below` were handed out elsewhere (by another node of
     /// the cluster): Produce accepts them. Never lowers the bound, and
     /// writes nothing (the local counter is this node's own history).
@@ -605,6 +627,25 @@ mod tests {
         assert_eq!(c.group_offsets("g").unwrap().iter().map(|(_, p, _)| *p).collect::<Vec<_>>(), vec![1]);
         assert!(!c.expire_offsets("g", 1_000).unwrap());
         assert!(c.group_offsets("g").unwrap().is_empty());
+    }
+
+    /// Cluster mode's blocks are recorded before use: a later start (in
+    /// either mode) hands out ids above them; a raise from another node's
+    /// block is not recorded; nothing lowers the bound.
+    #[test]
+    fn reserved_producer_id_blocks_survive_reopen_and_raises_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let c = Catalog::open(dir.path()).unwrap();
+            c.reserve_producer_ids_below(2001).unwrap();
+            c.reserve_producer_ids_below(1001).unwrap();
+            assert_eq!(c.producer_ids_below(), 2001);
+            c.raise_producer_ids_below(9001);
+            assert!(c.producer_id_allocated(9000), "another node's id is taken");
+        }
+        let c = Catalog::open(dir.path()).unwrap();
+        assert_eq!(c.producer_ids_below(), 2001, "the reserve is durable, the raise is not");
+        assert_eq!(c.allocate_producer_id().unwrap(), 2001);
     }
 
     #[test]

@@ -6,7 +6,6 @@ mod acls;
 mod admin;
 mod bad_input;
 mod cleaning;
-#[cfg(feature = "cluster")]
 mod cluster;
 mod compaction;
 mod compression;
