@@ -179,12 +179,6 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
         incarnation: 0,
         endpoints: listeners.iter().map(|(l, _, _)| crate::cluster::Endpoint { listener: l.name.clone(), host: l.advertised_host.clone(), port: l.advertised_port }).collect(),
     };
-    if cfg.cluster().is_some() {
-        if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
-            anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
-        }
-        tracing::warn!("cluster mode is incomplete (issue 24): brokers register and elect a controller, but each still serves its own topics; point clients at one broker only");
-    }
     let (membership, cluster) = join_cluster(cfg, &engine, me, stop_rx.clone()).await?;
     let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), Some(membership), clock, stop_rx.clone()).await?;
     let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
@@ -224,6 +218,10 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     let Some(cluster) = cfg.cluster() else {
         return Ok((Arc::new(crate::cluster::Membership::single(engine.cluster_id().to_owned(), me)), None));
     };
+    if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
+        anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
+    }
+    tracing::warn!("cluster mode is incomplete (issue 24): brokers register and elect a controller, but each still serves its own topics; point clients at one broker only");
     #[cfg(feature = "cluster")]
     {
         let catalog_engine = engine.clone();
@@ -237,12 +235,12 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
         let mut stop = stop_rx;
         tokio::spawn(async move {
             loop {
-                let end = views.borrow_and_update().producer_ids_end;
-                engine.catalog().raise_producer_ids_below(end);
                 tokio::select! {
                     changed = views.changed() => if changed.is_err() { return },
                     _ = stop.changed() => return,
                 }
+                let end = views.borrow_and_update().producer_ids_end;
+                engine.catalog().raise_producer_ids_below(end);
             }
         });
         Ok((session.membership, Some(session.task)))

@@ -31,15 +31,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::boot_now;
-
 use anyhow::{bail, Context};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::keys::Keys;
-use super::{ClusterConfig, ClusterView, Fence, IdBlocks, KeyEvent, Membership, NodeRecord, ViewBuilder, PRODUCER_ID_BLOCK};
+use super::{boot_now, ClusterConfig, ClusterView, Fence, IdBlocks, KeyEvent, Membership, NodeRecord, ViewBuilder, PRODUCER_ID_BLOCK};
 
 /// A running session: the membership handlers read, and the task that
 /// keeps it (it ends, revoking the lease, when `stop` turns true).
@@ -66,7 +64,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
     let ttl_s = cfg.session_timeout_ms.div_ceil(1000).max(1) as i64;
     let fence = Arc::new(Fence::lapsed());
     let lease = Arc::new(AtomicI64::new(0));
-    let mut s = State { client, keys, cfg, me, fence: fence.clone(), lease: lease.clone(), ttl_s };
+    let mut s = State { client, keys, cluster_id, cfg, me, fence: fence.clone(), lease: lease.clone(), ttl_s };
     let mut stopping = stop.clone();
     if !s.register(&mut stopping).await? {
         bail!("stopped while registering");
@@ -84,11 +82,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
     let first_block = producer_ids.claim().await.context("taking a block of producer ids")?;
     producer_ids.blocks.lock().await.add(first_block);
     let (builder, revision) = s.read_all().await?;
-    let mut first = builder.view().clone();
-    if first.cluster_id.is_empty() {
-        first.cluster_id = cluster_id;
-    }
-    let (tx, rx) = watch::channel(Arc::new(first));
+    let (tx, rx) = watch::channel(Arc::new(builder.view().clone()));
     let membership = Arc::new(Membership::new(&s.me, rx, fence.clone(), producer_ids));
     tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
     let keeper = tokio::spawn(keep_alive(s.client.clone(), lease.clone(), fence.clone(), Duration::from_millis(s.cfg.heartbeat_interval_ms), stop.clone()));
@@ -216,6 +210,8 @@ impl ProducerIds {
 struct State {
     client: Client,
     keys: Keys,
+    /// Every view starts from it (the key holds the same).
+    cluster_id: String,
     cfg: ClusterConfig,
     me: NodeRecord,
     fence: Arc<Fence>,
@@ -263,7 +259,7 @@ impl State {
     async fn read_all(&mut self) -> anyhow::Result<(ViewBuilder, i64)> {
         let resp = self.client.get(self.keys.prefix(), Some(GetOptions::new().with_prefix())).await.context("reading the cluster's keys")?;
         let revision = resp.header().map_or(0, |h| h.revision());
-        let mut b = ViewBuilder::default();
+        let mut b = ViewBuilder::new(self.cluster_id.clone());
         for kv in resp.kvs() {
             if let Err(why) = b.apply(&self.keys, KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision() }, revision) {
                 tracing::warn!(%why, "ignoring a cluster key that does not decode");
@@ -290,13 +286,8 @@ impl State {
     }
 
     async fn run(mut self, mut builder: ViewBuilder, mut revision: i64, tx: watch::Sender<Arc<ClusterView>>, mut stop: watch::Receiver<bool>) {
-        let cluster_id = tx.borrow().cluster_id.clone();
         let publish = |b: &ViewBuilder| {
-            let mut v = b.view().clone();
-            if v.cluster_id.is_empty() {
-                v.cluster_id = cluster_id.clone();
-            }
-            tx.send_replace(Arc::new(v));
+            tx.send_replace(Arc::new(b.view().clone()));
         };
         let mut backoff = Duration::from_millis(100);
         'session: loop {

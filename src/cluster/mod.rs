@@ -29,13 +29,11 @@ pub mod keys;
 /// outlives its last keep-alive.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    pub node_id: i32,
     /// etcd client URLs (`http://host:port`).
     pub etcd_endpoints: Vec<String>,
     /// The etcd key prefix is `/canopy/<cluster_name>/`: one etcd can hold
     /// several clusters.
     pub cluster_name: String,
-    pub rack: Option<String>,
     /// A node whose lease is not renewed for this long leaves the cluster
     /// (Kafka's `broker.session.timeout.ms`); etcd counts leases in whole
     /// seconds, so it is rounded up to one.
@@ -165,7 +163,6 @@ impl Membership {
     pub fn in_good_standing(&self) -> bool {
         self.fence.alive()
     }
-
 }
 
 impl ClusterView {
@@ -293,6 +290,11 @@ pub enum KeyEvent<'a> {
 }
 
 impl ViewBuilder {
+    /// A view of the cluster `cluster_id` with nothing seen yet.
+    pub fn new(cluster_id: String) -> ViewBuilder {
+        ViewBuilder { view: ClusterView { cluster_id, ..ClusterView::default() } }
+    }
+
     pub fn view(&self) -> &ClusterView {
         &self.view
     }

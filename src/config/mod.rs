@@ -683,10 +683,8 @@ impl Config {
     pub fn cluster(&self) -> Option<crate::cluster::ClusterConfig> {
         let endpoints: Vec<String> = self.etcd_endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
         (!endpoints.is_empty()).then(|| crate::cluster::ClusterConfig {
-            node_id: self.node_id,
             etcd_endpoints: endpoints,
             cluster_name: self.cluster_name.clone(),
-            rack: self.rack(),
             session_timeout_ms: self.broker_session_timeout_ms,
             heartbeat_interval_ms: self.broker_heartbeat_interval_ms,
         })
