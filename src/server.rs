@@ -201,7 +201,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     let cluster_id = broker.cluster.view().cluster_id.clone();
     let bridge = rest_listener.as_ref().map(|_| {
         let probe = Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled));
-        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()))
+        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()).map_cluster(cfg.cluster().is_some().then(|| broker.cluster.clone())))
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics, fetch_sessions: broker.fetch_sessions.clone(), fetch_session_slots: cfg.max_incremental_fetch_session_cache_slots, fetch_session_partitions: cfg.max_incremental_fetch_session_cache_partitions };
@@ -216,31 +216,60 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
 /// registered in etcd, and the session's task.
 async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<JoinHandle<()>>)> {
     let Some(cluster) = cfg.cluster() else {
+        if let Some(id) = engine.catalog().member_of()? {
+            anyhow::bail!("the data directory belongs to cluster {id} (cluster mode): start it with that cluster's etcd_endpoints, or use another data directory for single-node mode");
+        }
         return Ok((Arc::new(crate::cluster::Membership::single(engine.cluster_id().to_owned(), me)), None));
     };
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): brokers register and elect a controller, but each still serves its own topics; point clients at one broker only");
+    tracing::warn!("cluster mode is incomplete (issue 24): topics are spread over the brokers without replication (replication factor 1), and consumer groups and transactions are coordinated per broker");
     #[cfg(feature = "cluster")]
     {
         let catalog_engine = engine.clone();
         let reserve: crate::cluster::etcd::Reserve = Arc::new(move |below| catalog_engine.catalog().reserve_producer_ids_below(below).map_err(|e| e.to_string()));
+        let endpoints = cluster.etcd_endpoints.clone();
         let session = crate::cluster::etcd::join(cluster, me, engine.catalog().producer_ids_below(), reserve, stop_rx.clone()).await.context("joining the cluster")?;
+        // A data directory belongs to one cluster (as Kafka's
+        // meta.properties): another cluster's topics, or single-node
+        // mode's, must not be taken for this cluster's.
+        let cluster_id = session.membership.view().cluster_id.clone();
+        match engine.catalog().member_of()? {
+            Some(id) if id != cluster_id => anyhow::bail!("the data directory belongs to cluster {id}, but etcd at {endpoints:?} holds cluster {cluster_id}"),
+            Some(_) => {}
+            None if !engine.topics().is_empty() => anyhow::bail!("the data directory holds single-node mode's topics; a cluster node starts from an empty data directory (or one its cluster used)"),
+            None => engine.catalog().set_member_of(&cluster_id)?,
+        }
+        // Topics are the cluster's from now on: changes go to etcd first,
+        // and this node follows what etcd holds, once before serving.
+        engine.set_directory(Arc::new(crate::cluster::etcd::Directory::new(&session, tokio::runtime::Handle::current())));
+        let follow = |engine: Arc<Engine>, view: Arc<crate::cluster::ClusterView>| async move {
+            let wanted = crate::cluster::topics::topic_records(&view);
+            tokio::task::spawn_blocking(move || engine.follow_topics(&wanted)).await.unwrap_or(0)
+        };
+        let first = session.membership.view();
+        let changed = follow(engine.clone(), first.clone()).await;
+        tracing::info!(topics = first.topics.len(), changed, "following the cluster's topics");
         // Producer ids other nodes hand out are real here too: Produce
         // refuses ids below no block. Raised once before serving, then at
         // every view.
-        engine.catalog().raise_producer_ids_below(session.membership.view().producer_ids_end);
+        engine.catalog().raise_producer_ids_below(first.producer_ids_end);
         let (mut views, engine) = (session.membership.subscribe(), engine.clone());
         let mut stop = stop_rx;
         tokio::spawn(async move {
+            let mut topics = first.topics.clone();
             loop {
                 tokio::select! {
                     changed = views.changed() => if changed.is_err() { return },
                     _ = stop.changed() => return,
                 }
-                let end = views.borrow_and_update().producer_ids_end;
-                engine.catalog().raise_producer_ids_below(end);
+                let view = views.borrow_and_update().clone();
+                engine.catalog().raise_producer_ids_below(view.producer_ids_end);
+                if !Arc::ptr_eq(&topics, &view.topics) {
+                    topics = view.topics.clone();
+                    follow(engine.clone(), view).await;
+                }
             }
         });
         Ok((session.membership, Some(session.task)))

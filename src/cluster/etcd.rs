@@ -37,6 +37,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::keys::Keys;
+use super::topics::{self, TopicEntry, UnitRecord};
+use crate::engine::{EngineError, TopicDirectory};
+use crate::meta::TopicRecord;
 use super::{boot_now, ClusterConfig, ClusterView, Fence, IdBlocks, KeyEvent, Membership, NodeRecord, ViewBuilder, PRODUCER_ID_BLOCK};
 
 /// A running session: the membership handlers read, and the task that
@@ -44,6 +47,8 @@ use super::{boot_now, ClusterConfig, ClusterView, Fence, IdBlocks, KeyEvent, Mem
 pub struct Session {
     pub membership: Arc<Membership>,
     pub task: JoinHandle<()>,
+    client: Client,
+    keys: Keys,
 }
 
 /// Connects, registers `me` (its incarnation becomes its registration's
@@ -87,6 +92,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
     tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
     let keeper = tokio::spawn(keep_alive(s.client.clone(), lease.clone(), fence.clone(), Duration::from_millis(s.cfg.heartbeat_interval_ms), stop.clone()));
     let mut client = s.client.clone();
+    let (session_client, session_keys) = (s.client.clone(), s.keys.clone());
     let session = tokio::spawn(s.run(builder, revision, tx, stop));
     // The keep-alive ends with the session, however it ends: a session that
     // dies (a panic) must not leave the node registered and looking like a
@@ -103,7 +109,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
             }
         }
     });
-    Ok(Session { membership, task })
+    Ok(Session { membership, task, client: session_client, keys: session_keys })
 }
 
 /// The cluster id: created by the first node to ask, read by the rest.
@@ -261,7 +267,7 @@ impl State {
         let revision = resp.header().map_or(0, |h| h.revision());
         let mut b = ViewBuilder::new(self.cluster_id.clone());
         for kv in resp.kvs() {
-            if let Err(why) = b.apply(&self.keys, KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision() }, revision) {
+            if let Err(why) = b.apply(&self.keys, KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision(), mod_revision: kv.mod_revision() }, revision) {
                 tracing::warn!(%why, "ignoring a cluster key that does not decode");
             }
         }
@@ -282,6 +288,38 @@ impl State {
             Ok(r) if r.succeeded() => tracing::info!(node_id = self.me.id, epoch = r.header().map_or(0, |h| h.revision()), "became the controller"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "controller campaign failed"),
+        }
+    }
+
+    /// As the controller (and only while its lease is certainly alive):
+    /// writes the elections the view calls for ([`topics::elections`]),
+    /// each guarded by the unit's revision and by the controller key's
+    /// create revision being this controller's epoch, so a deposed
+    /// controller's writes fail. A failed write is tried again at the
+    /// next event or heartbeat, from the view then.
+    async fn control(&mut self, view: &ClusterView) {
+        let Some(c) = view.controller.filter(|c| c.id == self.me.id) else { return };
+        if !self.fence.alive() {
+            return;
+        }
+        let changes = topics::elections(view);
+        for chunk in changes.chunks(OPS_PER_TXN) {
+            let mut when = vec![Compare::create_revision(self.keys.controller(), CompareOp::Equal, c.epoch)];
+            let mut ops = Vec::with_capacity(chunk.len());
+            for (name, unit) in chunk {
+                let key = self.keys.unit(name);
+                when.push(Compare::mod_revision(key.clone(), CompareOp::Equal, unit.mod_revision));
+                ops.push(TxnOp::put(key, serde_json::to_vec(unit).expect("a unit encodes"), None));
+            }
+            match self.client.txn(Txn::new().when(when).and_then(ops)).await {
+                Ok(r) if r.succeeded() => {
+                    for (name, unit) in chunk {
+                        tracing::info!(unit = %name, leader = unit.leader, leader_epoch = unit.leader_epoch, isr = ?unit.isr, "unit changed by the controller");
+                    }
+                }
+                Ok(_) => tracing::debug!("an election lost a race (the unit or the controller changed); trying again from the next view"),
+                Err(e) => tracing::warn!(error = %e, "writing elections failed"),
+            }
         }
     }
 
@@ -331,6 +369,8 @@ impl State {
                         if builder.view().controller.is_none() {
                             self.campaign().await;
                         }
+                        // So is an election whose write failed.
+                        self.control(builder.view()).await;
                         continue;
                     }
                 };
@@ -350,7 +390,7 @@ impl State {
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
                     let event = match ev.event_type() {
-                        EventType::Put => KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision() },
+                        EventType::Put => KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision(), mod_revision: kv.mod_revision() },
                         EventType::Delete => KeyEvent::Delete { key: kv.key() },
                     };
                     if let Err(why) = builder.apply(&self.keys, event, kv.mod_revision()) {
@@ -362,6 +402,7 @@ impl State {
                 if builder.view().controller.is_none() {
                     self.campaign().await;
                 }
+                self.control(builder.view()).await;
                 backoff = Duration::from_millis(100);
             }
             if !pause(&mut stop, &mut backoff).await {
@@ -457,5 +498,167 @@ async fn keep_alive(mut client: Client, lease: Arc<AtomicI64>, fence: Arc<Fence>
                 stream = None;
             }
         }
+    }
+}
+
+/// Nested transactions per etcd transaction: etcd refuses more than 128
+/// operations in one (`--max-txn-ops`), and a nested one counts its own.
+const OPS_PER_TXN: usize = 60;
+
+/// How long an admin change waits for etcd before it is answered as a
+/// timeout (the client retries).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The cluster's topics in etcd: the engine's [`TopicDirectory`] in
+/// cluster mode. Any node writes them (a topic change is rare and each
+/// write is a compare-and-swap, so no forwarding to the controller is
+/// needed); every node follows them through its watch.
+///
+/// - **Create.** The topic's units that do not exist yet are created
+///   first, each only if still absent, placed over the registered nodes
+///   ([`topics::place`]); then the topic, only if its name is free. A
+///   unit left behind by a create that lost the race serves the next
+///   topic of its branch.
+/// - **Delete** removes the topic's key if it still holds the same id.
+///   Its units stay: the branch's other topics (or its next ones) use them.
+/// - **Update** (partitions, configs) rewrites the key from its current
+///   value, by compare-and-swap; new partitions get their units first.
+///
+/// The engine calls it from blocking threads; each call runs on the
+/// node's runtime.
+pub struct Directory {
+    client: Client,
+    keys: Keys,
+    view: watch::Receiver<Arc<ClusterView>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Directory {
+    pub fn new(session: &Session, runtime: tokio::runtime::Handle) -> Directory {
+        Directory { client: session.client.clone(), keys: session.keys.clone(), view: session.membership.subscribe(), runtime }
+    }
+
+    fn run<T>(&self, what: &str, f: impl std::future::Future<Output = Result<T, EngineError>>) -> Result<T, EngineError> {
+        match self.runtime.block_on(tokio::time::timeout(ADMIN_TIMEOUT, f)) {
+            Ok(r) => r,
+            Err(_) => Err(EngineError::Cluster(format!("etcd did not answer {what} within {ADMIN_TIMEOUT:?}"))),
+        }
+    }
+
+    /// Creates the units of `names` that do not exist, each only if still
+    /// absent.
+    async fn ensure_units(&self, names: Vec<String>) -> Result<(), EngineError> {
+        let view = self.view.borrow().clone();
+        let missing: Vec<String> = names.into_iter().filter(|u| !view.units.contains_key(u)).collect();
+        let placed = topics::place(&view, &missing, 1).map_err(EngineError::InvalidReplicationFactor)?;
+        let mut client = self.client.clone();
+        let placed: Vec<(String, UnitRecord)> = placed.into_iter().collect();
+        for chunk in placed.chunks(OPS_PER_TXN) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(name, unit)| {
+                    let key = self.keys.unit(name);
+                    let value = serde_json::to_vec(unit).expect("a unit encodes");
+                    TxnOp::txn(Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]))
+                })
+                .collect();
+            client.txn(Txn::new().and_then(ops)).await.map_err(etcd_failed)?;
+        }
+        Ok(())
+    }
+
+    /// Waits (within the call's timeout) until this node's view reflects
+    /// `revision`: a change answered here is then seen here (its
+    /// partitions have leaders in Metadata, a deleted topic is gone).
+    async fn seen(&self, revision: i64) {
+        let mut view = self.view.clone();
+        let _ = view.wait_for(|v| v.revision >= revision).await;
+    }
+
+    /// The topic's key as etcd holds it now: its entry and mod revision.
+    async fn current(&self, name: &str) -> Result<Option<(TopicEntry, i64)>, EngineError> {
+        let mut client = self.client.clone();
+        let resp = client.get(self.keys.topic(name), None).await.map_err(etcd_failed)?;
+        let Some(kv) = resp.kvs().first() else { return Ok(None) };
+        let entry: TopicEntry = serde_json::from_slice(kv.value()).map_err(|e| EngineError::Cluster(format!("topic {name} in etcd does not decode: {e}")))?;
+        Ok(Some((entry, kv.mod_revision())))
+    }
+}
+
+fn etcd_failed(e: etcd_client::Error) -> EngineError {
+    EngineError::Cluster(format!("etcd: {e}"))
+}
+
+fn entry_of(t: &TopicRecord) -> TopicEntry {
+    TopicEntry { id: uuid::Uuid::from_bytes(t.id).to_string(), partitions: t.partitions, replication_factor: 1, configs: t.configs.clone(), created_ms: t.created_ms }
+}
+
+impl TopicDirectory for Directory {
+    fn create(&self, t: &TopicRecord) -> Result<(), EngineError> {
+        self.run("a topic creation", async {
+            self.ensure_units((0..t.partitions).map(|p| topics::unit_of(&t.name, p)).collect()).await?;
+            let key = self.keys.topic(&t.name);
+            let value = serde_json::to_vec(&entry_of(t)).expect("a topic entry encodes");
+            let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]);
+            let resp = self.client.clone().txn(txn).await.map_err(etcd_failed)?;
+            if resp.succeeded() {
+                tracing::info!(topic = %t.name, partitions = t.partitions, "topic recorded in the cluster");
+                self.seen(resp.header().map_or(0, |h| h.revision())).await;
+                Ok(())
+            } else {
+                Err(EngineError::TopicExists)
+            }
+        })
+    }
+
+    fn delete(&self, t: &TopicRecord) -> Result<(), EngineError> {
+        self.run("a topic deletion", async {
+            let key = self.keys.topic(&t.name);
+            for _ in 0..16 {
+                let Some((entry, rev)) = self.current(&t.name).await? else { return Err(EngineError::UnknownTopicOrPartition) };
+                if entry.id_bytes() != Some(t.id) {
+                    return Err(EngineError::UnknownTopicOrPartition);
+                }
+                let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then([TxnOp::delete(key.clone(), None)]);
+                let resp = self.client.clone().txn(txn).await.map_err(etcd_failed)?;
+                if resp.succeeded() {
+                    self.seen(resp.header().map_or(0, |h| h.revision())).await;
+                    return Ok(());
+                }
+            }
+            Err(EngineError::Cluster(format!("topic {} kept changing", t.name)))
+        })
+    }
+
+    fn update(&self, old: &TopicRecord, new: &TopicRecord) -> Result<(), EngineError> {
+        self.run("a topic change", async {
+            let key = self.keys.topic(&old.name);
+            for _ in 0..16 {
+                let Some((mut entry, rev)) = self.current(&old.name).await? else { return Err(EngineError::UnknownTopicOrPartition) };
+                if entry.id_bytes() != Some(old.id) {
+                    return Err(EngineError::UnknownTopicOrPartition);
+                }
+                if new.partitions != old.partitions {
+                    // Against what the cluster has, which may be ahead of
+                    // this node's copy.
+                    if new.partitions <= entry.partitions {
+                        return Err(EngineError::InvalidPartitions(new.partitions));
+                    }
+                    self.ensure_units((entry.partitions..new.partitions).map(|p| topics::unit_of(&old.name, p)).collect()).await?;
+                    entry.partitions = new.partitions;
+                }
+                if new.configs != old.configs {
+                    entry.configs = new.configs.clone();
+                }
+                let value = serde_json::to_vec(&entry).expect("a topic entry encodes");
+                let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then([TxnOp::put(key.clone(), value, None)]);
+                let resp = self.client.clone().txn(txn).await.map_err(etcd_failed)?;
+                if resp.succeeded() {
+                    self.seen(resp.header().map_or(0, |h| h.revision())).await;
+                    return Ok(());
+                }
+            }
+            Err(EngineError::Cluster(format!("topic {} kept changing", old.name)))
+        })
     }
 }

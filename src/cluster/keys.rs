@@ -6,16 +6,18 @@
 //! | `nodes/<id>` | a node's [`super::NodeRecord`], JSON, under its lease |
 //! | `controller` | the controller's node id, under its lease |
 //! | `producer_ids` | every producer id below this was handed out in a block (KIP-730) |
-//!
-//! Later steps add `topics/` and `units/` (docs/cluster.md).
+//! | `topics/<name>` | a [`super::TopicEntry`], JSON |
+//! | `units/<branch>~<p>` | a [`super::UnitRecord`], JSON |
 
 /// What a key under the prefix names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key {
     ClusterId,
     Node(i32),
     Controller,
     ProducerIds,
+    Topic(String),
+    Unit(String),
 }
 
 /// The keys of one cluster.
@@ -50,6 +52,14 @@ impl Keys {
         format!("{}producer_ids", self.prefix).into_bytes()
     }
 
+    pub fn topic(&self, name: &str) -> Vec<u8> {
+        format!("{}topics/{name}", self.prefix).into_bytes()
+    }
+
+    pub fn unit(&self, name: &str) -> Vec<u8> {
+        format!("{}units/{name}", self.prefix).into_bytes()
+    }
+
     /// What `key` names; `None` for keys outside the prefix or of kinds
     /// this version does not know (a newer node's).
     pub fn parse(&self, key: &[u8]) -> Option<Key> {
@@ -58,6 +68,19 @@ impl Keys {
             "cluster_id" => Some(Key::ClusterId),
             "controller" => Some(Key::Controller),
             "producer_ids" => Some(Key::ProducerIds),
+            _ if rest.starts_with("topics/") => {
+                let name = &rest["topics/".len()..];
+                crate::engine::topics::validate_name(name).ok()?;
+                Some(Key::Topic(name.to_owned()))
+            }
+            _ if rest.starts_with("units/") => {
+                // `<branch>~<p>`: a branch is a legal topic name (its first
+                // one or two segments), p a canonical partition number.
+                let (branch, p) = rest["units/".len()..].rsplit_once('~')?;
+                crate::engine::topics::validate_name(branch).ok()?;
+                p.parse::<i32>().ok().filter(|n| *n >= 0 && n.to_string() == p)?;
+                Some(Key::Unit(format!("{branch}~{p}")))
+            }
             _ => {
                 let id = rest.strip_prefix("nodes/")?;
                 // Only the canonical spelling (no sign, no leading zero).
@@ -84,7 +107,27 @@ mod tests {
         assert_eq!(k.parse(&k.controller()), Some(Key::Controller));
         assert_eq!(k.parse(&k.cluster_id()), Some(Key::ClusterId));
         assert_eq!(k.parse(&k.producer_ids()), Some(Key::ProducerIds));
-        for bad in ["/canopy/prod/nodes/", "/canopy/prod/nodes/-1", "/canopy/prod/nodes/01", "/canopy/prod/nodes/+1", "/canopy/prod/nodes/1/x", "/canopy/prod/nodes/99999999999", "/canopy/prodx/controller", "/canopy/prod/units/a~0", "controller"] {
+        assert_eq!(k.parse(&k.topic("app.web.clicks")), Some(Key::Topic("app.web.clicks".into())));
+        assert_eq!(k.parse(&k.unit("app.web~12")), Some(Key::Unit("app.web~12".into())));
+        for bad in [
+            "/canopy/prod/nodes/",
+            "/canopy/prod/nodes/-1",
+            "/canopy/prod/nodes/01",
+            "/canopy/prod/nodes/+1",
+            "/canopy/prod/nodes/1/x",
+            "/canopy/prod/nodes/99999999999",
+            "/canopy/prodx/controller",
+            "/canopy/prod/topics/",
+            "/canopy/prod/topics/a b",
+            "/canopy/prod/topics/a~0",
+            "/canopy/prod/units/a",
+            "/canopy/prod/units/a~",
+            "/canopy/prod/units/a~01",
+            "/canopy/prod/units/a~-1",
+            "/canopy/prod/units/~0",
+            "/canopy/prod/units/a/b~0",
+            "controller",
+        ] {
             assert_eq!(k.parse(bad.as_bytes()), None, "{bad}");
         }
         assert_eq!(k.parse(&[0xff, 0xfe]), None);

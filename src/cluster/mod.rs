@@ -24,6 +24,9 @@ use tokio::sync::watch;
 #[cfg(feature = "cluster")]
 pub mod etcd;
 pub mod keys;
+pub mod topics;
+
+pub use topics::{PartState, TopicEntry, UnitRecord};
 
 /// How a node reaches the cluster's etcd, and how long its registration
 /// outlives its last keep-alive.
@@ -80,9 +83,12 @@ pub struct Controller {
     pub epoch: i64,
 }
 
-/// The cluster as one node has seen it: the live nodes and the controller.
+/// The cluster as one node has seen it: the live nodes, the controller,
+/// the topics and their units.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterView {
+    /// Single-node mode: this node leads every partition (no units).
+    pub single: bool,
     pub cluster_id: String,
     pub nodes: BTreeMap<i32, NodeRecord>,
     pub controller: Option<Controller>,
@@ -91,6 +97,11 @@ pub struct ClusterView {
     pub producer_ids_end: i64,
     /// The etcd revision this view reflects (0 in single-node mode).
     pub revision: i64,
+    /// Topics by name (cluster mode). Shared between views: a new view
+    /// copies the map only when a topic changed.
+    pub topics: Arc<BTreeMap<String, TopicEntry>>,
+    /// Replication units by name (`<branch>~<p>`, cluster mode).
+    pub units: Arc<BTreeMap<String, UnitRecord>>,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -109,7 +120,7 @@ impl Membership {
     /// Single-node mode: `me`, alone and the controller, for ever.
     pub fn single(cluster_id: String, me: NodeRecord) -> Membership {
         let (id, rack) = (me.id, me.rack.clone());
-        let view = ClusterView { cluster_id, nodes: BTreeMap::from([(id, me)]), controller: Some(Controller { id, epoch: 1 }), producer_ids_end: 0, revision: 0 };
+        let view = ClusterView { single: true, cluster_id, nodes: BTreeMap::from([(id, me)]), controller: Some(Controller { id, epoch: 1 }), ..ClusterView::default() };
         let (tx, rx) = watch::channel(Arc::new(view));
         // Nothing publishes again; the receiver keeps the last value.
         drop(tx);
@@ -285,7 +296,8 @@ pub struct ViewBuilder {
 /// One change to a key under the cluster's prefix.
 #[derive(Debug, Clone)]
 pub enum KeyEvent<'a> {
-    Put { key: &'a [u8], value: &'a [u8], create_revision: i64 },
+    /// `mod_revision`: the key's revision after this put.
+    Put { key: &'a [u8], value: &'a [u8], create_revision: i64, mod_revision: i64 },
     Delete { key: &'a [u8] },
 }
 
@@ -304,7 +316,7 @@ impl ViewBuilder {
     pub fn apply(&mut self, keys: &keys::Keys, event: KeyEvent<'_>, revision: i64) -> Result<(), String> {
         self.view.revision = self.view.revision.max(revision);
         let (key, value) = match event {
-            KeyEvent::Put { key, value, create_revision } => (key, Some((value, create_revision))),
+            KeyEvent::Put { key, value, create_revision, mod_revision } => (key, Some((value, create_revision, mod_revision))),
             KeyEvent::Delete { key } => (key, None),
         };
         match keys.parse(key) {
@@ -312,7 +324,7 @@ impl ViewBuilder {
                 // A record that does not decode leaves the node out (not
                 // its previous record in).
                 self.view.nodes.remove(&id);
-                if let Some((v, create_revision)) = value {
+                if let Some((v, create_revision, _)) = value {
                     let mut rec: NodeRecord = serde_json::from_slice(v).map_err(|e| format!("node {id}: {e}"))?;
                     if rec.id != id {
                         return Err(format!("node {id}: the record names node {}", rec.id));
@@ -323,19 +335,38 @@ impl ViewBuilder {
             }
             Some(keys::Key::Controller) => {
                 self.view.controller = None;
-                if let Some((v, create_revision)) = value {
+                if let Some((v, create_revision, _)) = value {
                     let id = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i32>().ok()).ok_or("controller: not a node id")?;
                     self.view.controller = Some(Controller { id, epoch: create_revision });
                 }
             }
             Some(keys::Key::ProducerIds) => {
-                if let Some((v, _)) = value {
+                if let Some((v, _, _)) = value {
                     let end = std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()).filter(|n| *n >= 1).ok_or("producer_ids: not a positive number")?;
                     self.view.producer_ids_end = self.view.producer_ids_end.max(end);
                 }
             }
+            Some(keys::Key::Topic(name)) => {
+                let topics = Arc::make_mut(&mut self.view.topics);
+                topics.remove(&name);
+                if let Some((v, _, _)) = value {
+                    let entry: TopicEntry = serde_json::from_slice(v).map_err(|e| format!("topic {name}: {e}"))?;
+                    entry.check().map_err(|why| format!("topic {name}: {why}"))?;
+                    topics.insert(name, entry);
+                }
+            }
+            Some(keys::Key::Unit(name)) => {
+                let units = Arc::make_mut(&mut self.view.units);
+                units.remove(&name);
+                if let Some((v, _, mod_revision)) = value {
+                    let mut unit: UnitRecord = serde_json::from_slice(v).map_err(|e| format!("unit {name}: {e}"))?;
+                    unit.check().map_err(|why| format!("unit {name}: {why}"))?;
+                    unit.mod_revision = mod_revision;
+                    units.insert(name, unit);
+                }
+            }
             Some(keys::Key::ClusterId) => {
-                if let Some((v, _)) = value {
+                if let Some((v, _, _)) = value {
                     self.view.cluster_id = String::from_utf8(v.to_vec()).map_err(|_| "cluster id: not UTF-8")?;
                 }
             }
@@ -359,13 +390,13 @@ mod tests {
         let mut b = ViewBuilder::default();
         let one = serde_json::to_vec(&rec(1)).unwrap();
         let two = serde_json::to_vec(&rec(2)).unwrap();
-        b.apply(&k, KeyEvent::Put { key: &k.cluster_id(), value: b"abc", create_revision: 2 }, 2).unwrap();
-        b.apply(&k, KeyEvent::Put { key: &k.node(1), value: &one, create_revision: 3 }, 3).unwrap();
-        b.apply(&k, KeyEvent::Put { key: &k.node(2), value: &two, create_revision: 4 }, 4).unwrap();
-        b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"2", create_revision: 5 }, 5).unwrap();
-        b.apply(&k, KeyEvent::Put { key: &k.producer_ids(), value: b"2001", create_revision: 3 }, 5).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.cluster_id(), value: b"abc", create_revision: 2, mod_revision: 2 }, 2).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.node(1), value: &one, create_revision: 3, mod_revision: 3 }, 3).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.node(2), value: &two, create_revision: 4, mod_revision: 4 }, 4).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"2", create_revision: 5, mod_revision: 5 }, 5).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.producer_ids(), value: b"2001", create_revision: 3, mod_revision: 5 }, 5).unwrap();
         assert_eq!(b.view().producer_ids_end, 2001);
-        assert!(b.apply(&k, KeyEvent::Put { key: &k.producer_ids(), value: b"-4", create_revision: 3 }, 5).is_err());
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.producer_ids(), value: b"-4", create_revision: 3, mod_revision: 5 }, 5).is_err());
         assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(b.view().controller, Some(Controller { id: 2, epoch: 5 }));
         assert_eq!((b.view().cluster_id.as_str(), b.view().revision), ("abc", 5));
@@ -374,20 +405,20 @@ mod tests {
 
         // Damage: a record that is not JSON, one naming another node. Each
         // is refused and leaves that node out, the others kept.
-        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(3), value: b"{not json", create_revision: 6 }, 6).is_err());
-        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(3), value: &one, create_revision: 7 }, 7).is_err());
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(3), value: b"{not json", create_revision: 6, mod_revision: 6 }, 6).is_err());
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(3), value: &one, create_revision: 7, mod_revision: 7 }, 7).is_err());
         assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
-        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(2), value: b"[]", create_revision: 4 }, 7).is_err());
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.node(2), value: b"[]", create_revision: 4, mod_revision: 7 }, 7).is_err());
         assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1], "a damaged update is no stale record");
-        b.apply(&k, KeyEvent::Put { key: &k.node(2), value: &two, create_revision: 4 }, 7).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.node(2), value: &two, create_revision: 4, mod_revision: 7 }, 7).unwrap();
         // A controller that is not a number: no controller known.
-        assert!(b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"two", create_revision: 8 }, 8).is_err());
+        assert!(b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"two", create_revision: 8, mod_revision: 8 }, 8).is_err());
         assert_eq!(b.view().controller, None);
-        b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"2", create_revision: 5 }, 8).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &k.controller(), value: b"2", create_revision: 5, mod_revision: 8 }, 8).unwrap();
         // Keys of other clusters or unknown kinds change nothing.
         let other = keys::Keys::new("c2");
-        b.apply(&k, KeyEvent::Put { key: &other.node(4), value: &one, create_revision: 9 }, 9).unwrap();
-        b.apply(&k, KeyEvent::Put { key: b"/canopy/c1/later/x", value: b"", create_revision: 10 }, 10).unwrap();
+        b.apply(&k, KeyEvent::Put { key: &other.node(4), value: &one, create_revision: 9, mod_revision: 9 }, 9).unwrap();
+        b.apply(&k, KeyEvent::Put { key: b"/canopy/c1/later/x", value: b"", create_revision: 10, mod_revision: 10 }, 10).unwrap();
         assert_eq!(b.view().nodes.len(), 2);
 
         // A node's lease lapses; the controller with it.

@@ -72,6 +72,9 @@ impl Engine {
         }
         let mut record = topic.record.clone();
         record.configs = set;
+        if let Some(d) = self.directory.get() {
+            d.update(&topic.record, &record)?;
+        }
         self.catalog.put_topic(&record)?;
         self.catalog.flush()?;
         tracing::info!(topic = name, configs = ?record.configs, "topic configs changed");

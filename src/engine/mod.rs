@@ -203,6 +203,12 @@ pub enum EngineError {
     /// An idempotent or transactional producer's batch refused.
     #[error("producer batch refused: {0:?}")]
     ProducerRefused(producers::Refusal),
+    /// Cluster mode: the cluster's directory (etcd) did not answer or
+    /// refused the change; retriable.
+    #[error("cluster: {0}")]
+    Cluster(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
 }
 
 /// A topic in the engine's by-name index, ordered and found by its own
@@ -350,6 +356,24 @@ pub struct Engine {
     auto_create_rate: Option<crate::limits::TokenBucket>,
     /// Auto-creations refused (per-request bound or rate).
     pub auto_create_refused: std::sync::atomic::AtomicU64,
+    /// Cluster mode: where topics are decided (see [`TopicDirectory`]).
+    directory: std::sync::OnceLock<Arc<dyn TopicDirectory>>,
+}
+
+/// Cluster mode: where topics are decided (the cluster's etcd). The engine
+/// asks it before it creates, deletes, grows or reconfigures a topic, and
+/// changes its own copy only once it agreed; every other node follows what
+/// it decided ([`Engine::follow_topics`]). Single-node mode has none: the
+/// catalog decides alone. Calls block, as the engine's admin calls do.
+pub trait TopicDirectory: Send + Sync {
+    /// Records a new topic (its id chosen); `TopicExists` if its name is
+    /// taken in the cluster.
+    fn create(&self, topic: &TopicRecord) -> Result<(), EngineError>;
+    /// Removes the topic of this name and id.
+    fn delete(&self, topic: &TopicRecord) -> Result<(), EngineError>;
+    /// Replaces the topic's record (more partitions, other configs),
+    /// provided the cluster still holds `old`.
+    fn update(&self, old: &TopicRecord, new: &TopicRecord) -> Result<(), EngineError>;
 }
 
 /// Counters of the idempotent-producer check, kept by the writer.
@@ -472,6 +496,7 @@ impl Engine {
             cpu: pool::CpuPool::new(cfg_threads),
             auto_create_rate,
             auto_create_refused: Default::default(),
+            directory: std::sync::OnceLock::new(),
         }))
     }
 
@@ -565,6 +590,13 @@ impl Engine {
         if validate_only {
             return out;
         }
+        if let Some(d) = self.directory.get() {
+            for r in out.iter_mut() {
+                if let Err(e) = r.as_ref().map(|t| d.create(&t.record)).unwrap_or(Ok(())) {
+                    *r = Err(e);
+                }
+            }
+        }
         for r in out.iter_mut() {
             if let Ok(topic) = r {
                 if let Err(e) = self.catalog.put_topic(&topic.record) {
@@ -581,14 +613,7 @@ impl Engine {
             return out;
         }
         for topic in out.iter().flatten() {
-            let name = topic.name();
-            for p in 0..topic.partitions() {
-                self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
-            }
-            self.topics.write().expect("topics lock").insert(ByName(topic.clone()));
-            self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
-            self.topics_version.fetch_add(1, std::sync::atomic::Ordering::Release);
-            tracing::info!(topic = name, partitions = topic.partitions(), "topic created");
+            self.serve_topic(topic.clone());
         }
         out
     }
@@ -625,6 +650,15 @@ impl Engine {
     pub fn delete_topic(&self, name: &str) -> Result<(), EngineError> {
         let _admin = self.admin.lock().expect("admin lock");
         let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
+        if let Some(d) = self.directory.get() {
+            d.delete(&topic.record)?;
+        }
+        self.remove_topic(&topic)
+    }
+
+    /// Removes a topic from this node (under `admin`).
+    fn remove_topic(&self, topic: &Topic) -> Result<(), EngineError> {
+        let name = topic.name();
         self.catalog.remove_topic(&topic.record)?;
         // Committed offsets of a deleted topic go with it.
         self.catalog.remove_topic_offsets(name)?;
@@ -649,15 +683,120 @@ impl Engine {
             return Ok(());
         }
         let mut record = topic.record.clone();
-        let old = record.partitions;
         record.partitions = total;
+        if let Some(d) = self.directory.get() {
+            d.update(&topic.record, &record)?;
+        }
+        self.grow_topic(&topic, record)
+    }
+
+    /// Gives a topic the partitions `record` has and it lacks (under `admin`).
+    fn grow_topic(&self, topic: &Topic, record: TopicRecord) -> Result<(), EngineError> {
+        let old = topic.partitions();
         self.catalog.put_topic(&record)?;
         self.catalog.flush()?;
-        for p in old..total {
-            self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
+        for p in old..record.partitions {
+            self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(topic.name()).to_owned(), log_start: 0 });
         }
         self.replace_topic(Topic { record, config: topic.config.clone(), traffic: topic.traffic.clone() });
         Ok(())
+    }
+
+    /// Cluster mode: topics are decided by `directory` from now on.
+    pub fn set_directory(&self, directory: Arc<dyn TopicDirectory>) {
+        if self.directory.set(directory).is_err() {
+            panic!("a topic directory is set once");
+        }
+    }
+
+    /// Cluster mode: makes this node's topics those of `wanted` (the
+    /// cluster's, by name): creates the missing ones with their ids,
+    /// removes those the cluster no longer has (or has under another id:
+    /// deleted and created again meanwhile), adds partitions and takes
+    /// new configs. A topic whose configs this node cannot apply keeps
+    /// what it has, with a warning. Returns how many topics changed.
+    /// Blocking.
+    pub fn follow_topics(&self, wanted: &BTreeMap<String, TopicRecord>) -> usize {
+        let _admin = self.admin.lock().expect("admin lock");
+        let mut changed = 0;
+        for t in self.topics() {
+            if wanted.get(t.name()).is_none_or(|w| w.id != t.id()) {
+                match self.remove_topic(&t) {
+                    Ok(()) => changed += 1,
+                    Err(e) => tracing::error!(topic = t.name(), error = %e, "removing a topic the cluster deleted failed"),
+                }
+            }
+        }
+        let limit = self.cfg.topic_defaults.max_message_bytes_limit;
+        let mut new = Vec::new();
+        for (name, w) in wanted {
+            let result = match self.topic(name) {
+                None => {
+                    let (config, skipped) = self.defaults().topic.overlay_stored(&w.configs, limit);
+                    for e in skipped {
+                        tracing::warn!(topic = %name, key = %e.key, error = %e, "a topic config from the cluster does not apply here; left out");
+                    }
+                    new.push(Arc::new(Topic { record: w.clone(), config, traffic: Arc::new(probe::Traffic::new(self.cfg.probe.traffic.clone())) }));
+                    continue;
+                }
+                Some(t) if t.partitions() < w.partitions => self.grow_topic(&t, TopicRecord { configs: t.record.configs.clone(), ..w.clone() }).map(|()| true),
+                Some(_) => Ok(false),
+            };
+            let result = result.and_then(|grown| {
+                let t = self.topic(name).expect("present");
+                if t.record.configs == w.configs {
+                    return Ok(grown);
+                }
+                let (config, _) = self.defaults().topic.overlay_stored(&w.configs, limit);
+                let record = TopicRecord { configs: w.configs.clone(), ..t.record.clone() };
+                self.catalog.put_topic(&record)?;
+                self.catalog.flush()?;
+                self.replace_topic(Topic { record, config, traffic: t.traffic.clone() });
+                Ok(true)
+            });
+            match result {
+                Ok(true) => changed += 1,
+                Ok(false) => {}
+                Err(e) => tracing::error!(topic = %name, error = %e, "following the cluster's topic failed"),
+            }
+        }
+        if !new.is_empty() {
+            changed += self.add_topics(new);
+        }
+        changed
+    }
+
+    /// Makes new topics durable in the catalog, then serves them (under
+    /// `admin`); returns how many were added.
+    fn add_topics(&self, new: Vec<Arc<Topic>>) -> usize {
+        let mut kept = Vec::with_capacity(new.len());
+        for t in new {
+            match self.catalog.put_topic(&t.record) {
+                Ok(()) => kept.push(t),
+                Err(e) => tracing::error!(topic = t.name(), error = %e, "recording a topic failed"),
+            }
+        }
+        if let Err(e) = self.catalog.flush() {
+            tracing::error!(error = %e, "recording topics failed");
+            return 0;
+        }
+        for topic in &kept {
+            self.serve_topic(topic.clone());
+        }
+        kept.len()
+    }
+
+    /// Adds a topic the catalog holds to storage and to the name and id
+    /// maps (under `admin`).
+    fn serve_topic(&self, topic: Arc<Topic>) {
+        let name = topic.name();
+        for p in 0..topic.partitions() {
+            self.storage.add_partition(PartitionSpec { tp: topic.tp(p), branch: storage::branch_of(name).to_owned(), log_start: 0 });
+        }
+        self.topics.write().expect("topics lock").insert(ByName(topic.clone()));
+        self.by_id.write().expect("topics lock").insert(topic.id(), topic.clone());
+        self.topics_version.fetch_add(1, std::sync::atomic::Ordering::Release);
+        tracing::info!(topic = name, partitions = topic.partitions(), "topic created");
     }
 
     /// Puts a changed topic in place of the one of its name and id.

@@ -26,6 +26,8 @@ pub fn code(e: &EngineError) -> i16 {
         EngineError::MessageTooLarge { .. } => E::MessageTooLarge.code(),
         EngineError::TooManyTopics(_) => E::PolicyViolation.code(),
         EngineError::AutoCreateDeferred => E::LeaderNotAvailable.code(),
+        EngineError::Cluster(_) => E::RequestTimedOut.code(),
+        EngineError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
         EngineError::Storage(_) => E::KafkaStorageError.code(),
         EngineError::Meta(_) => E::KafkaStorageError.code(),
         EngineError::Read(ReadError::UnknownPartition) => E::UnknownTopicOrPartition.code(),

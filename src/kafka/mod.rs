@@ -124,6 +124,43 @@ impl Broker {
     }
 }
 
+/// Where a partition's leader is, for a request this node may not serve:
+/// NOT_LEADER_OR_FOLLOWER's hints (KIP-951). `leader` is -1 while the
+/// partition has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotLeader {
+    pub leader: i32,
+    pub leader_epoch: i32,
+}
+
+impl Broker {
+    /// Whether this node leads `topic`'s partition `partition` now: the
+    /// view names it, and its registration is certainly alive (a node past
+    /// its lease may have been replaced). `Ok`: the leader epoch. Always
+    /// `Ok(0)` in single-node mode.
+    pub fn lead(&self, view: &crate::cluster::ClusterView, topic: &str, partition: i32) -> Result<i32, NotLeader> {
+        let me = self.node_id();
+        let s = view.partition(me, topic, partition);
+        if s.leader == me && self.cluster.in_good_standing() {
+            return Ok(s.leader_epoch);
+        }
+        Err(NotLeader { leader: if s.leader == me { -1 } else { s.leader }, leader_epoch: s.leader_epoch })
+    }
+}
+
+/// KIP-320: a request naming the leader epoch it knows (`asked`; -1:
+/// none) is refused when it is not the leader's: FENCED_LEADER_EPOCH when
+/// older (the client refreshes its metadata), UNKNOWN_LEADER_EPOCH when
+/// newer (this node has not seen it yet).
+pub fn epoch_error(asked: i32, mine: i32) -> Option<i16> {
+    use kafka_protocol::ResponseError as E;
+    match asked {
+        a if a < 0 || a == mine => None,
+        a if a < mine => Some(E::FencedLeaderEpoch.code()),
+        _ => Some(E::UnknownLeaderEpoch.code()),
+    }
+}
+
 /// A producer id never handed out before (InitProducerId, and new
 /// transactional ids): from this node's block of the cluster's ids in
 /// cluster mode, else from the catalog, durably. The error is the code to

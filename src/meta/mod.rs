@@ -7,6 +7,7 @@
 //!
 //! ```text
 //! cluster_id                      → v1 JSON string
+//! member_of                       → v1 JSON string: the etcd cluster id of the cluster this directory's node belongs to (cluster mode)
 //! topic/<name>                    → v1 JSON TopicRecord
 //! log_start/<topic id hex>/<p>    → v1 JSON i64 (raised by retention)
 //! offset/<len>:<group>/<topic>/<p> → v1 JSON OffsetRecord (a group's committed offset)
@@ -219,6 +220,18 @@ impl Catalog {
         self.db.insert(b"cluster_id", encode(&id))?;
         self.flush()?;
         Ok(id)
+    }
+
+    /// The cluster (its etcd cluster id) this data directory belongs to,
+    /// once a node in cluster mode used it; `None`: single-node mode's.
+    pub fn member_of(&self) -> Result<Option<String>, MetaError> {
+        self.db.get(b"member_of")?.map(|raw| decode(b"member_of", &raw)).transpose()
+    }
+
+    /// Ties the data directory to the cluster `id`, durably.
+    pub fn set_member_of(&self, id: &str) -> Result<(), MetaError> {
+        self.db.insert(b"member_of", encode(&id))?;
+        self.flush()
     }
 
     pub fn topics(&self) -> Result<Vec<TopicRecord>, MetaError> {

@@ -34,6 +34,28 @@ pub async fn append_with(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], 
 
 async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
     let now = b.engine.now_ms();
+    // Cluster mode: a partition another node leads is refused (retriable:
+    // leadership moves), until routing to leaders is built.
+    let view = b.view();
+    let rerouted: Vec<Result<i32, RestError>>;
+    let placed = match view.as_deref() {
+        Some(v) if placed.iter().any(|p| p.as_ref().is_ok_and(|p| !b.leads(Some(v), t.name(), *p))) => {
+            rerouted = placed
+                .iter()
+                .map(|p| match p {
+                    Ok(p) if !b.leads(Some(v), t.name(), *p) => {
+                        let leader = v.partition(-1, t.name(), *p).leader;
+                        let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("this broker does not lead partition {p} of {} (its leader is broker {leader}); produce to that broker's REST bridge", t.name()));
+                        e.retry_after = Some(1);
+                        Err(e)
+                    }
+                    other => other.clone(),
+                })
+                .collect();
+            &rerouted[..]
+        }
+        _ => placed,
+    };
     let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, p) in placed.iter().enumerate() {
         if let Ok(p) = p {

@@ -163,6 +163,10 @@ pub struct Bridge {
     pub cfg: RestConfig,
     /// Keyless records, per bridge (not per topic: good enough to spread).
     pub round_robin: partition::RoundRobin,
+    /// Cluster mode: which partitions this node leads. Records go only to
+    /// those (keyless ones are spread over them); the others are refused
+    /// until routing to their leaders is built (docs/cluster.md).
+    cluster: Option<Arc<crate::cluster::Membership>>,
     /// Who may produce where; empty: no authentication.
     pub principals: Arc<Principals>,
     rate: Buckets,
@@ -242,6 +246,7 @@ impl Bridge {
             engine,
             cfg,
             round_robin: Default::default(),
+            cluster: None,
             principals,
             rate: Buckets::default(),
             auth_failures: Buckets::default(),
@@ -286,6 +291,41 @@ impl Bridge {
     pub fn with_cluster_id(mut self, id: String) -> Bridge {
         self.cluster_id = Some(id);
         self
+    }
+
+    /// Cluster mode (`Some`): records go only to partitions this node leads.
+    pub fn map_cluster(mut self, membership: Option<Arc<crate::cluster::Membership>>) -> Bridge {
+        self.cluster = membership;
+        self
+    }
+
+    /// Whether this node leads `topic`'s partition `p` (always, in
+    /// single-node mode).
+    pub fn leads(&self, view: Option<&crate::cluster::ClusterView>, topic: &str, p: i32) -> bool {
+        match (&self.cluster, view) {
+            (Some(m), Some(v)) => v.partition(m.node_id(), topic, p).leader == m.node_id() && m.in_good_standing(),
+            _ => true,
+        }
+    }
+
+    /// The view partitions are placed by (cluster mode).
+    pub fn view(&self) -> Option<Arc<crate::cluster::ClusterView>> {
+        self.cluster.as_ref().map(|m| m.view())
+    }
+
+    /// A partition for a keyless record: round-robin (sticky for a while)
+    /// over the partitions this node leads; over all when it leads none
+    /// (then the append is refused, naming why).
+    pub fn pick(&self, view: Option<&crate::cluster::ClusterView>, t: &crate::engine::Topic) -> i32 {
+        let n = t.partitions();
+        if view.is_none() {
+            return self.round_robin.pick(n);
+        }
+        let led: Vec<i32> = (0..n).filter(|p| self.leads(view, t.name(), *p)).collect();
+        match led.len() {
+            0 => self.round_robin.pick(n),
+            k => led[self.round_robin.pick(k as i32) as usize],
+        }
     }
 
     pub fn cluster_id(&self) -> &str {
@@ -577,7 +617,7 @@ pub(crate) fn engine_error(e: EngineError, topic: &str) -> RestError {
         EngineError::RecordsRefused(e) => RestError::unprocessable(e.to_string()),
         EngineError::MessageTooLarge { .. } => RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, e.to_string()),
         EngineError::ShuttingDown => RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string()),
-        EngineError::AutoCreateDeferred => {
+        EngineError::AutoCreateDeferred | EngineError::Cluster(_) => {
             let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, e.to_string());
             e.retry_after = Some(1);
             e

@@ -33,7 +33,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{DescribeClusterRequest, DescribeClusterResponse, InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{DescribeClusterRequest, DescribeClusterResponse, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -218,6 +219,9 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     let (a, b) = (nodes[3].as_ref().unwrap().kafka, nodes[1].as_ref().unwrap().kafka);
     let pid = init_producer_id(a).await;
     common::create_topic(b, "ids", 1).await;
+    // The first unit goes to the lowest node id (loads all equal): node 1
+    // leads the partition, and knows it once CreateTopics is answered.
+    assert_eq!(layout(b, "ids").await.map(|l| l.1), Some(vec![(1, 0, 0)]), "node 1 leads ids-0");
     assert_eq!(produce(b, "ids", common::producer_batch(pid, 0, 0, &[b"x"])).await, 0, "node 1 takes node 3's producer id");
     let never = ids.iter().max().unwrap() + 100_000;
     assert_eq!(produce(b, "ids", common::producer_batch(never, 0, 0, &[b"y"])).await, 59, "an id no block holds: UNKNOWN_PRODUCER_ID");
@@ -366,4 +370,176 @@ fn a_node_whose_etcd_cannot_be_reached_refuses_to_start() {
     let nobody = format!("http://127.0.0.1:{}", free_port());
     let out = refused_start(dir.path(), &["--node-id", "1", "--etcd-endpoints", &nobody].map(String::from));
     assert!(out.contains("reading the cluster id") && out.contains(&nobody), "{out}");
+}
+
+/// (topic id, per partition (leader, leader epoch, error code)) as `addr`
+/// describes `topic` (Metadata v12); `None` while it does not know it.
+async fn layout(addr: SocketAddr, topic: &str) -> Option<(uuid::Uuid, Vec<(i32, i32, i16)>)> {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))])).with_allow_auto_topic_creation(false);
+    let r: MetadataResponse = common::call(&mut sock, 3, 12, 3, &req).await;
+    let t = &r.topics[0];
+    if t.error_code == 3 {
+        return None;
+    }
+    assert_eq!(t.error_code, 0, "{t:?}");
+    let mut parts: Vec<(i32, (i32, i32, i16))> = t.partitions.iter().map(|p| (p.partition_index, (p.leader_id.0, p.leader_epoch, p.error_code))).collect();
+    parts.sort();
+    Some((t.topic_id, parts.into_iter().map(|(_, l)| l).collect()))
+}
+
+/// Polls `addr` until its layout of `topic` satisfies `done`.
+async fn wait_layout(addr: SocketAddr, topic: &str, what: &str, done: impl Fn(&Option<(uuid::Uuid, Vec<(i32, i32, i16)>)>) -> bool) -> Option<(uuid::Uuid, Vec<(i32, i32, i16)>)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = layout(addr, topic).await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(Instant::now() < deadline, "{what}: {addr} still says {seen:?} after 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every record of `topic` (partitions 0..n) read from the start through
+/// a librdkafka consumer bootstrapping from `addr`, until `count` are in:
+/// per partition, the values in offset order.
+async fn read_all(addr: SocketAddr, topic: &'static str, partitions: i32, count: usize) -> Vec<Vec<String>> {
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::Message;
+        let c: BaseConsumer = common::client(addr).set("group.id", "reader").set("enable.auto.commit", "false").create().unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning).unwrap();
+        }
+        c.assign(&tpl).unwrap();
+        let mut out = vec![Vec::new(); partitions as usize];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while out.iter().map(Vec::len).sum::<usize>() < count {
+            assert!(Instant::now() < deadline, "read {} of {count} records in 60 s", out.iter().map(Vec::len).sum::<usize>());
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+                out[m.partition() as usize].push(String::from_utf8(m.payload().unwrap().to_vec()).unwrap());
+            }
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// Topics live in etcd (step 2 of docs/cluster.md, replication factor 1):
+/// a topic created through one node is followed by every node with the
+/// same id; its partitions' units are spread over the nodes; librdkafka,
+/// bootstrapping from one node, produces to every leader and reads it all
+/// back through another; a node that does not lead a partition answers
+/// NOT_LEADER_OR_FOLLOWER naming the leader (KIP-951); a leader killed
+/// with -9 leaves its partitions without a leader (no other copy) while
+/// the rest go on, and leads them again in a new epoch, with their
+/// records, when it returns; a deletion through any node reaches all; a
+/// cluster node's data directory refuses single-node mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
+async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
+    let root = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(root.path());
+    let mut nodes: Vec<Option<ChildBroker>> = vec![None];
+    for id in 1..=3 {
+        nodes.push(Some(spawn_node(root.path(), id, &etcd)));
+    }
+    let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
+    wait_until(addr(&nodes, 1), "three nodes", |s| s.0.len() == 3 && s.1 > 0).await;
+
+    // Created through node 2; recorded in etcd; every node follows it, with
+    // one id and one layout, two partitions led by each node.
+    common::create_topic(addr(&nodes, 2), "spread", 6).await;
+    assert!(etcd.get("/canopy/it/topics/spread").contains("\"partitions\":6"), "{}", etcd.get("/canopy/it/topics/spread"));
+    let led = |l: &Option<(uuid::Uuid, Vec<(i32, i32, i16)>)>| l.as_ref().is_some_and(|(_, ps)| ps.len() == 6 && ps.iter().all(|(leader, epoch, e)| *leader > 0 && *epoch == 0 && *e == 0));
+    let first = wait_layout(addr(&nodes, 1), "spread", "created", led).await.unwrap();
+    for id in 2..=3 {
+        assert_eq!(wait_layout(addr(&nodes, id), "spread", "created", led).await.unwrap(), first, "node {id} sees another id or layout");
+    }
+    let leader_of: Vec<i32> = first.1.iter().map(|(l, _, _)| *l).collect();
+    for id in 1..=3 {
+        assert_eq!(leader_of.iter().filter(|l| **l == id).count(), 2, "leaders {leader_of:?}");
+    }
+
+    // librdkafka produces to every partition bootstrapping from node 1,
+    // and reads it all back bootstrapping from node 3.
+    let bootstrap = addr(&nodes, 1);
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let p: FutureProducer = common::client(bootstrap).set("acks", "all").set("enable.idempotence", "true").create().unwrap();
+        let values: Vec<String> = (0..600).map(|i| format!("v{i}")).collect();
+        // All queued first (librdkafka batches them), then each awaited.
+        let sent: Vec<_> = values.iter().enumerate().map(|(i, v)| p.send_result(FutureRecord::to("spread").partition(i as i32 % 6).key(v).payload(v)).map_err(|(e, _)| e).expect("queued")).collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for d in sent {
+            rt.block_on(d).expect("delivered").expect("every record acknowledged");
+        }
+    })
+    .await
+    .unwrap();
+    let expected: Vec<Vec<String>> = (0..6).map(|p| (0..600).filter(|i| i % 6 == p).map(|i| format!("v{i}")).collect()).collect();
+    assert_eq!(read_all(addr(&nodes, 3), "spread", 6, 600).await, expected, "every record, once, in order, per partition");
+
+    // Asked of a node that does not lead it, a partition is refused with
+    // the leader's id, epoch and address (Produce v10+, KIP-951).
+    let (p, leader) = (0, leader_of[0]);
+    let other = (1..=3).find(|id| *id != leader).unwrap();
+    let mut sock = tokio::net::TcpStream::connect(addr(&nodes, other)).await.unwrap();
+    let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_static_str("spread")))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(p).with_records(Some(common::producer_batch(-1, -1, -1, &[b"misplaced"])))])]);
+    let r: ProduceResponse = common::call(&mut sock, 0, 11, 4, &req).await;
+    let pr = &r.responses[0].partition_responses[0];
+    assert_eq!((pr.error_code, pr.current_leader.leader_id.0, pr.current_leader.leader_epoch), (6, leader, 0), "{pr:?}");
+    let hint: Vec<(i32, i32)> = r.node_endpoints.iter().map(|n| (n.node_id.0, n.port)).collect();
+    assert_eq!(hint, vec![(leader, addr(&nodes, leader).port() as i32)]);
+
+    // kill -9 of a leader: with one copy, its partitions have no leader
+    // (LEADER_NOT_AVAILABLE, epoch moved); the others go on.
+    let victim = leader_of[5];
+    let witness = (1..=3).find(|id| *id != victim).unwrap();
+    nodes[victim as usize].take().unwrap().kill9();
+    let orphaned = |l: &Option<(uuid::Uuid, Vec<(i32, i32, i16)>)>| {
+        l.as_ref().is_some_and(|(_, ps)| ps.iter().zip(&leader_of).all(|((leader, epoch, e), was)| if *was == victim { (*leader, *epoch, *e) == (-1, 1, 5) } else { (*leader, *epoch, *e) == (*was, 0, 0) }))
+    };
+    wait_layout(addr(&nodes, witness), "spread", "the killed leader's partitions orphaned", orphaned).await;
+    let alive = leader_of.iter().position(|l| *l == witness).unwrap() as i32;
+    let mut sock = tokio::net::TcpStream::connect(addr(&nodes, witness)).await.unwrap();
+    let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_static_str("spread")))
+        .with_partition_data(vec![PartitionProduceData::default().with_index(alive).with_records(Some(common::producer_batch(-1, -1, -1, &[b"meanwhile"])))])]);
+    let r: ProduceResponse = common::call(&mut sock, 0, 11, 5, &req).await;
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0, "a partition led by a live node goes on");
+
+    // Back, the node leads its partitions again in a new epoch, with
+    // every record it had.
+    nodes[victim as usize] = Some(spawn_node(root.path(), victim, &etcd));
+    let back = |l: &Option<(uuid::Uuid, Vec<(i32, i32, i16)>)>| {
+        l.as_ref().is_some_and(|(_, ps)| ps.iter().zip(&leader_of).all(|((leader, epoch, e), was)| *leader == *was && *e == 0 && *epoch == if *was == victim { 2 } else { 0 }))
+    };
+    wait_layout(addr(&nodes, witness), "spread", "the leader back", back).await;
+    let mut again = expected.clone();
+    again[alive as usize].push("meanwhile".into());
+    assert_eq!(read_all(addr(&nodes, victim), "spread", 6, 601).await, again);
+
+    // Deleted through node 3: gone from etcd and from every node.
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 3)).create().unwrap();
+        for r in admin.delete_topics(&["spread"], &AdminOptions::new()).await.unwrap() {
+            r.expect("deleted");
+        }
+    }
+    assert_eq!(etcd.get("/canopy/it/topics/spread"), "");
+    for id in 1..=3 {
+        wait_layout(addr(&nodes, id), "spread", "deleted", Option::is_none).await;
+    }
+
+    // A cluster node's data directory is its cluster's: single-node mode
+    // refuses it.
+    nodes[1].take().unwrap().kill9();
+    let out = refused_start(&root.path().join("node1"), &[]);
+    assert!(out.contains("belongs to cluster"), "{out}");
 }

@@ -38,7 +38,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 continue;
             }
             if t.replication_factor > 1 {
-                answers.push((fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1) on a single-node broker".into()), None));
+                answers.push((fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1): Canopy does not replicate yet".into()), None));
                 continue;
             }
             let partitions = if !t.assignments.is_empty() {

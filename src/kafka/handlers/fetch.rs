@@ -54,6 +54,9 @@ struct Want {
     denied: bool,
     /// v13+: no topic (or stream) has the id: UNKNOWN_TOPIC_ID.
     unknown_id: bool,
+    /// This node does not lead the partition (NOT_LEADER_OR_FOLLOWER), or
+    /// the client names another leader epoch (KIP-320).
+    refused: Option<i16>,
 }
 
 /// One topic of the request, its partitions each once.
@@ -169,6 +172,7 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
     // nothing to merge, no map.
     let single = distinct || topics.iter().map(|t| t.partitions.len()).sum::<usize>() <= 1;
     let mut at: std::collections::HashMap<(TopicName, [u8; 16], i32), (usize, usize)> = std::collections::HashMap::new();
+    let view = broker.cluster.view();
     let mut out: Vec<Asked> = Vec::new();
     for t in topics {
         let (name, id, topic, subtree) = if by_id {
@@ -195,7 +199,11 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
         let mut parts = Vec::new();
         for p in t.partitions {
             let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
-            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes, denied, unknown_id };
+            let refused = topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| match broker.lead(&view, t.name(), p.partition) {
+                Ok(epoch) => crate::kafka::epoch_error(p.current_leader_epoch, epoch),
+                Err(_) => Some(ResponseError::NotLeaderOrFollower.code()),
+            });
+            let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes, denied, unknown_id, refused };
             if single {
                 parts.push(want(&p));
                 continue;
@@ -205,7 +213,7 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
                     let (i, j) = *e.get();
                     let w = if i == ti { &mut parts[j] } else { &mut out[i].parts[j] };
                     let w: &mut Want = w;
-                    (w.offset, w.max_bytes) = (p.fetch_offset, max_bytes);
+                    (w.offset, w.max_bytes, w.refused) = (p.fetch_offset, max_bytes, refused);
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert((ti, parts.len()));
@@ -377,6 +385,11 @@ fn read_all(engine: &Arc<Engine>, wants: &[Asked], max_bytes: usize, read_commit
                         out.error_code = ResponseError::UnknownTopicOrPartition.code();
                         return out;
                     };
+                    if let Some(code) = w.refused {
+                        any_error = true;
+                        out.error_code = code;
+                        return out;
+                    }
                     let tp = topic.tp(w.partition);
                     let room = max_bytes.saturating_sub(total).min(w.max_bytes);
                     let result = if room == 0 && total > 0 {

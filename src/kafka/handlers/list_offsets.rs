@@ -46,6 +46,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let committed = req.isolation_level == 1;
     // DESCRIBE on each topic (or stream name), as Kafka asks.
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
+    // Which partitions this node leads, in which epoch (KIP-320).
+    let view = broker.cluster.view();
+    let led: std::collections::HashMap<(String, i32), Result<i32, crate::kafka::NotLeader>> =
+        req.topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (super::name(&t.name).to_owned(), p.partition_index))).map(|(n, p)| {
+            let l = broker.lead(&view, &n, p);
+            ((n, p), l)
+        }).collect();
     let topics = tokio::task::spawn_blocking(move || {
         // As Kafka: a partition named twice gets one answer, INVALID_REQUEST.
         let twice = super::repeated(req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.0.clone(), p.partition_index))));
@@ -75,9 +82,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                             return lookup_subtree(&engine, s, p.timestamp, r, version);
                         }
                         match &topic {
-                            Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => {
-                                lookup(&engine, &topic.tp(p.partition_index), p.timestamp, committed, r, version)
-                            }
+                            Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => match led[&(topic.name().to_owned(), p.partition_index)] {
+                                Err(_) => r.with_error_code(ResponseError::NotLeaderOrFollower.code()),
+                                Ok(epoch) => match crate::kafka::epoch_error(p.current_leader_epoch, epoch) {
+                                    Some(code) => r.with_error_code(code),
+                                    None => lookup(&engine, &topic.tp(p.partition_index), p.timestamp, committed, r, version, epoch),
+                                },
+                            },
                             _ => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
                         }
                     })
@@ -103,11 +114,11 @@ fn lookup_subtree(engine: &Engine, s: &Subtree, ts: i64, r: ListOffsetsPartition
     }
 }
 
-fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r: ListOffsetsPartitionResponse, version: i16) -> ListOffsetsPartitionResponse {
+fn lookup(engine: &Engine, tp: &crate::storage::Tp, ts: i64, committed: bool, r: ListOffsetsPartitionResponse, version: i16, epoch: i32) -> ListOffsetsPartitionResponse {
     let Some((log_start, hw, _)) = engine.offsets(tp) else {
         return r.with_error_code(ResponseError::UnknownTopicOrPartition.code());
     };
-    let r = if version >= 4 { r.with_leader_epoch(0) } else { r };
+    let r = if version >= 4 { r.with_leader_epoch(epoch) } else { r };
     match ts {
         LATEST if committed => r.with_offset(engine.last_stable_offset(tp, hw)),
         LATEST => r.with_offset(hw),

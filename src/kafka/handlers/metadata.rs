@@ -168,12 +168,12 @@ impl IntoReply for Option<Answer> {
 
 async fn answer(broker: &Broker, q: Query, version: i16) -> Option<Answer> {
     let engine = broker.engine.clone();
-    let leader = broker.node_id();
+    let place = Place { view: broker.cluster.view(), me: broker.node_id() };
     // With the authorizer: only topics the principal may DESCRIBE are
     // listed; one asked for by name without it is TOPIC_AUTHORIZATION_FAILED,
     // and creating one on the way needs CREATE (cluster or topic).
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
-    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version, leader, &check)).await.ok()?;
+    let (count, parts) = tokio::task::spawn_blocking(move || resolve(&engine, &q, version, &place, &check)).await.ok()?;
     let view = broker.cluster.view();
     let brokers = broker
         .brokers_in(&view)
@@ -247,22 +247,46 @@ impl Entries {
     }
 }
 
-pub fn topic_entry(t: &Topic, version: i16, leader: i32) -> MetadataResponseTopic {
-    entry(t.name(), t.id(), t.partitions(), version, leader)
+/// Where partitions are led, as this node describes them: its view of
+/// the cluster.
+pub struct Place {
+    pub view: Arc<crate::cluster::ClusterView>,
+    pub me: i32,
 }
 
-fn entry(name: &str, id: [u8; 16], partitions: i32, version: i16, leader: i32) -> MetadataResponseTopic {
+impl Place {
+    fn partition(&self, topic: &str, p: i32) -> crate::cluster::PartState {
+        self.view.partition(self.me, topic, p)
+    }
+
+    /// A subtree stream is served by the node asked (docs/cluster.md).
+    fn stream(&self) -> crate::cluster::PartState {
+        crate::cluster::PartState { leader: self.me, leader_epoch: 0, replicas: vec![self.me], isr: vec![self.me], offline: Vec::new() }
+    }
+}
+
+pub fn topic_entry(t: &Topic, version: i16, place: &Place) -> MetadataResponseTopic {
+    entry(t.name(), t.id(), t.partitions(), version, &|p| place.partition(t.name(), p))
+}
+
+fn entry(name: &str, id: [u8; 16], partitions: i32, version: i16, state: &dyn Fn(i32) -> crate::cluster::PartState) -> MetadataResponseTopic {
+    let ids = |v: Vec<i32>| v.into_iter().map(Into::into).collect::<Vec<_>>();
     let partitions = (0..partitions)
         .map(|p| {
-            let mut part = MetadataResponsePartition::default()
-                .with_partition_index(p)
-                .with_leader_id(leader.into())
-                .with_replica_nodes(vec![leader.into()])
-                .with_isr_nodes(vec![leader.into()]);
-            if version >= 7 {
-                part = part.with_leader_epoch(0);
+            let s = state(p);
+            let mut part = MetadataResponsePartition::default().with_partition_index(p).with_leader_id(s.leader.into());
+            // No leader now (its node is gone, or the unit is not seen
+            // yet): clients retry.
+            if s.leader < 0 {
+                part = part.with_error_code(kafka_protocol::ResponseError::LeaderNotAvailable.code());
             }
-            part
+            if version >= 7 {
+                part = part.with_leader_epoch(s.leader_epoch);
+            }
+            if version >= 5 {
+                part = part.with_offline_replicas(ids(s.offline));
+            }
+            part.with_replica_nodes(ids(s.replicas)).with_isr_nodes(ids(s.isr))
         })
         .collect();
     let mut entry = MetadataResponseTopic::default().with_name(Some(topic_name(name))).with_partitions(partitions);
@@ -281,13 +305,13 @@ fn error_entry(name: Option<&str>, code: i16) -> MetadataResponseTopic {
 
 /// Answers every topic the query names (or all), each once, encoded as it
 /// goes. Blocking: it may create topics.
-fn resolve(engine: &Engine, q: &Query, version: i16, leader: i32, check: &Option<Check>) -> (usize, Vec<Bytes>) {
+fn resolve(engine: &Engine, q: &Query, version: i16, place: &Place, check: &Option<Check>) -> (usize, Vec<Bytes>) {
     let mut out = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
     let may = |op: Operation, name: &str| check.as_ref().is_none_or(|c| c.topic(op, name));
     let Some((count, start)) = q.topics else {
         for t in engine.topics() {
             if may(Operation::Describe, t.name()) {
-                out.push(&topic_entry(&t, version, leader));
+                out.push(&topic_entry(&t, version, place));
             }
         }
         return out.finish();
@@ -304,9 +328,9 @@ fn resolve(engine: &Engine, q: &Query, version: i16, leader: i32, check: &Option
             if ids.insert(t.topic_id) {
                 out.push(&match engine.topic_by_id(t.topic_id.as_bytes()) {
                     Some(topic) if !may(Operation::Describe, topic.name()) => error_entry(None, kafka_protocol::ResponseError::TopicAuthorizationFailed.code()).with_topic_id(t.topic_id),
-                    Some(topic) => topic_entry(&topic, version, leader),
+                    Some(topic) => topic_entry(&topic, version, place),
                     None => match engine.subtree_by_id(t.topic_id.as_bytes()) {
-                        Some(s) if may(Operation::Describe, &s.name()) => entry(&s.name(), s.id(), 1, version, leader),
+                        Some(s) if may(Operation::Describe, &s.name()) => entry(&s.name(), s.id(), 1, version, &|_| place.stream()),
                         _ => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
                     },
                 });
@@ -329,7 +353,7 @@ fn resolve(engine: &Engine, q: &Query, version: i16, leader: i32, check: &Option
             out.push(&error_entry(Some(name), kafka_protocol::ResponseError::TopicAuthorizationFailed.code()));
             continue;
         }
-        out.push(&named(engine, name, q.allow_create, &mut allowance, version, leader));
+        out.push(&named(engine, name, q.allow_create, &mut allowance, version, place));
     }
     out.finish()
 }
@@ -345,11 +369,11 @@ fn name_in<'b>(body: &'b Bytes, from: usize, name: &str) -> &'b str {
     std::str::from_utf8(&body[at..at + name.len()]).expect("guard-checked UTF-8")
 }
 
-fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate::engine::AutoCreate, version: i16, leader: i32) -> MetadataResponseTopic {
+fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate::engine::AutoCreate, version: i16, place: &Place) -> MetadataResponseTopic {
     // A subtree stream: listed only when asked for by name.
     if Subtree::parse(name).is_some() {
         return match engine.subtree(name) {
-            Some(s) => entry(name, engine.stream_id(&s), 1, version, leader),
+            Some(s) => entry(name, engine.stream_id(&s), 1, version, &|_| place.stream()),
             None => error_entry(Some(name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
         };
     }
@@ -358,7 +382,7 @@ fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate:
     }
     let found = if allow_create { engine.topic_or_create(name, allowance) } else { engine.topic(name).ok_or(EngineError::UnknownTopicOrPartition) };
     match found {
-        Ok(t) => topic_entry(&t, version, leader),
+        Ok(t) => topic_entry(&t, version, place),
         Err(e) => error_entry(Some(name), errors::code(&e)),
     }
 }
@@ -398,7 +422,8 @@ mod tests {
     #[test]
     fn the_spliced_response_decodes_as_kafka_protocol_encodes_it() {
         for version in VERSIONS.min..=VERSIONS.max {
-            let topics: Vec<MetadataResponseTopic> = (0..3).map(|i| entry(&format!("t{i}"), [i as u8; 16], i + 1, version, 0)).collect();
+            let place = Place { view: Arc::new(crate::cluster::ClusterView { single: true, ..Default::default() }), me: 0 };
+            let topics: Vec<MetadataResponseTopic> = (0..3).map(|i| entry(&format!("t{i}"), [i as u8; 16], i + 1, version, &|p| place.partition("t", p))).collect();
             let mut e = Entries { version, count: 0, parts: Vec::new(), cur: BytesMut::new() };
             for t in &topics {
                 e.push(t);

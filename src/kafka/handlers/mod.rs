@@ -318,9 +318,10 @@ pub fn topic_name(s: &str) -> kafka_protocol::messages::TopicName {
 }
 
 /// A request's partitions, by topic: each refused with its error code
-/// (TOPIC_AUTHORIZATION_FAILED without `op` on the topic, or
-/// UNKNOWN_TOPIC_OR_PARTITION) or handed on as `asks[i]`. A topic or a
-/// partition named twice counts once.
+/// (TOPIC_AUTHORIZATION_FAILED without `op` on the topic,
+/// UNKNOWN_TOPIC_OR_PARTITION, or NOT_LEADER_OR_FOLLOWER: these are
+/// requests for the partition's leader) or handed on as `asks[i]`. A
+/// topic or a partition named twice counts once.
 pub struct PartitionAsks<A> {
     pub topics: Vec<(kafka_protocol::messages::TopicName, Vec<(i32, Result<usize, i16>)>)>,
     pub asks: Vec<A>,
@@ -341,6 +342,7 @@ impl<A> PartitionAsks<A> {
         use kafka_protocol::ResponseError as E;
         let check = broker.authorizer.enabled().then(|| crate::kafka::authz::Check::current(broker));
         let mut out = PartitionAsks { topics: Vec::new(), asks: Vec::new() };
+        let view = broker.cluster.view();
         for t in first_occurrences(topics, |t| name(t).0.clone()) {
             let topic_name = name(&t).clone();
             let denied = check.as_ref().is_some_and(|c| !c.topic(op, self::name(&topic_name)));
@@ -351,6 +353,7 @@ impl<A> PartitionAsks<A> {
                     let i = index(&p);
                     let r = match &topic {
                         _ if denied => Err(E::TopicAuthorizationFailed.code()),
+                        Some(topic) if i >= 0 && i < topic.partitions() && broker.lead(&view, topic.name(), i).is_err() => Err(E::NotLeaderOrFollower.code()),
                         Some(topic) if i >= 0 && i < topic.partitions() => {
                             out.asks.push(ask(topic.tp(i), p));
                             Ok(out.asks.len() - 1)

@@ -1,7 +1,12 @@
-//! OffsetForLeaderEpoch: a single-node broker has had one leader epoch (0)
-//! for every partition, so the end offset of any epoch a client knows is the
-//! high watermark. Clients use it to validate their position after a
-//! metadata change; there is never a divergence to report.
+//! OffsetForLeaderEpoch. Clients use it to validate their position after
+//! a leader change (KIP-320): the answer is the end offset of the largest
+//! epoch at or below the one asked for. No log here ever diverged from
+//! another copy (single-node mode, and cluster mode's replication factor
+//! 1 keep one copy of each partition), so every epoch a client knows ends
+//! at the high watermark: that is the answer, with the epoch asked for
+//! (capped at the leader's). A partition this node does not lead is
+//! NOT_LEADER_OR_FOLLOWER; a `current_leader_epoch` other than the
+//! leader's is FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH.
 
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 pub use kafka_protocol::messages::{OffsetForLeaderEpochRequest as Request, OffsetForLeaderEpochResponse as Response};
@@ -17,6 +22,7 @@ pub const VERSIONS: VersionRange = VersionRange { min: 2, max: 4 };
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
     // DESCRIBE on each topic, as Kafka asks of clients.
     let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
+    let view = broker.cluster.view();
     let topics = req
         .topics
         .into_iter()
@@ -33,12 +39,18 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                         (Some(s), 0) => Some(broker.engine.subtree_offsets(s)).map(|(ls, hw)| (ls, hw, hw)),
                         _ => topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| broker.engine.offsets(&t.tp(p.partition))),
                     };
-                    match offsets {
+                    // A stream is served by the node asked, in epoch 0.
+                    let led = match &topic {
+                        Some(t) if subtree.is_none() => broker.lead(&view, t.name(), p.partition),
+                        _ => Ok(0),
+                    };
+                    match (offsets, led) {
                         _ if denied => r.with_error_code(ResponseError::TopicAuthorizationFailed.code()),
-                        None => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
-                        Some(_) if p.current_leader_epoch > 0 => r.with_error_code(ResponseError::UnknownLeaderEpoch.code()),
-                        Some((_, hw, _)) if p.leader_epoch >= 0 => r.with_leader_epoch(0).with_end_offset(hw),
-                        Some(_) => r,
+                        (None, _) => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
+                        (Some(_), Err(_)) => r.with_error_code(ResponseError::NotLeaderOrFollower.code()),
+                        (Some(_), Ok(epoch)) if crate::kafka::epoch_error(p.current_leader_epoch, epoch).is_some() => r.with_error_code(crate::kafka::epoch_error(p.current_leader_epoch, epoch).expect("checked")),
+                        (Some((_, hw, _)), Ok(epoch)) if p.leader_epoch >= 0 => r.with_leader_epoch(p.leader_epoch.min(epoch)).with_end_offset(hw),
+                        (Some(_), Ok(_)) => r,
                     }
                 })
                 .collect();

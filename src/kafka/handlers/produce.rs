@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::produce_response::{BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{BatchIndexAndErrorMessage, LeaderIdAndEpoch, NodeEndpoint, PartitionProduceResponse, TopicProduceResponse};
 pub use kafka_protocol::messages::{ProduceRequest as Request, ProduceResponse as Response};
 use kafka_protocol::protocol::VersionRange;
 use kafka_protocol::ResponseError;
@@ -141,21 +141,30 @@ struct Failed {
     code: i16,
     message: Option<String>,
     records: Vec<(i32, String)>,
+    /// NOT_LEADER_OR_FOLLOWER's leader hint (KIP-951, v10+).
+    leader: Option<crate::kafka::NotLeader>,
 }
 
 impl Failed {
+    fn not_leader(hint: crate::kafka::NotLeader) -> Failed {
+        Failed { code: ResponseError::NotLeaderOrFollower.code(), message: None, records: Vec::new(), leader: Some(hint) }
+    }
+
     fn of(e: &EngineError) -> Failed {
         let code = errors::code(e);
         match e {
-            EngineError::RecordsRefused(r) => Failed { code, message: Some(r.message.clone()), records: r.records.clone() },
+            EngineError::RecordsRefused(r) => Failed { code, message: Some(r.message.clone()), records: r.records.clone(), leader: None },
             // What the client sent is wrong: say what.
-            EngineError::Corrupt(_) | EngineError::MessageTooLarge { .. } | EngineError::InvalidTopic(_) => Failed { code, message: Some(e.to_string()), records: Vec::new() },
-            _ => Failed { code, message: None, records: Vec::new() },
+            EngineError::Corrupt(_) | EngineError::MessageTooLarge { .. } | EngineError::InvalidTopic(_) => Failed { code, message: Some(e.to_string()), records: Vec::new(), leader: None },
+            _ => Failed { code, message: None, records: Vec::new(), leader: None },
         }
     }
 
     fn answer(self, r: PartitionProduceResponse, version: i16) -> PartitionProduceResponse {
-        let r = r.with_error_code(self.code);
+        let mut r = r.with_error_code(self.code);
+        if let Some(hint) = self.leader.filter(|_| version >= 10) {
+            r = r.with_current_leader(LeaderIdAndEpoch::default().with_leader_id(hint.leader.into()).with_leader_epoch(hint.leader_epoch));
+        }
         if version < 8 {
             return r;
         }
@@ -259,14 +268,23 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
         (Some(id), Some(_)) if version >= 12 => join_transaction(broker, id, &resolved).await,
         _ => HashMap::new(),
     };
-    for (i, (topic_name, _, found, parts)) in resolved.into_iter().enumerate() {
+    let view = broker.cluster.view();
+    // Leaders named in NOT_LEADER_OR_FOLLOWER answers (their endpoints go
+    // in the response, v10+).
+    let mut moved = std::collections::BTreeSet::new();
+    for (i, (topic_name, name, found, parts)) in resolved.into_iter().enumerate() {
         let mut out = Vec::with_capacity(parts.len());
         for (j, p) in parts.into_iter().enumerate() {
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
                 (Err(Refused::Engine(e)), _) => Err(Some(Failed::of(e))),
-                (Err(e), _) => Err(Some(Failed { code: e.code(), message: None, records: Vec::new() })),
-                (Ok(_), _) if not_joined.contains_key(&(i, j)) => Err(Some(Failed { code: not_joined[&(i, j)], message: None, records: Vec::new() })),
+                (Err(e), _) => Err(Some(Failed { code: e.code(), message: None, records: Vec::new(), leader: None })),
+                (Ok(t), _) if p.index >= 0 && p.index < t.partitions() && broker.lead(&view, &name, p.index).is_err() => {
+                    let hint = broker.lead(&view, &name, p.index).expect_err("not led here");
+                    moved.insert(hint.leader);
+                    Err(Some(Failed::not_leader(hint)))
+                }
+                (Ok(_), _) if not_joined.contains_key(&(i, j)) => Err(Some(Failed { code: not_joined[&(i, j)], message: None, records: Vec::new(), leader: None })),
                 (Ok(t), Some(ack)) => {
                     let records = p.records.unwrap_or_default();
                     broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(Failed::of(&e)))
@@ -286,6 +304,10 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                 Err(None) => r = r.with_error_code(ResponseError::InvalidRequiredAcks.code()),
                 Err(Some(failed)) => r = failed.answer(r, version),
                 Ok(wait) => match wait.wait().await {
+                    // The fence is checked when the answer goes out, not only
+                    // when the request came in: a node paused past its lease
+                    // (or cut off from etcd) may have been replaced meanwhile.
+                    Ok(_) if !broker.cluster.in_good_standing() => r = Failed::not_leader(crate::kafka::NotLeader { leader: -1, leader_epoch: -1 }).answer(r, version),
                     Ok(a) => {
                         r = r.with_base_offset(a.base_offset).with_log_append_time_ms(a.log_append_time);
                         if version >= 5 {
@@ -306,7 +328,18 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
         let failed = responses.iter().flat_map(|t| &t.partition_responses).any(|p| p.error_code != 0);
         return if failed { None } else { Some(Reply::Silent) };
     }
-    Some(Reply::Answer(Response::default().with_responses(responses)))
+    let mut resp = Response::default().with_responses(responses);
+    if version >= 10 {
+        resp = resp.with_node_endpoints(
+            broker
+                .brokers_in(&view)
+                .into_iter()
+                .filter(|b| moved.contains(&b.id))
+                .map(|b| NodeEndpoint::default().with_node_id(b.id.into()).with_host(super::str_bytes(b.host)).with_port(b.port).with_rack(b.rack.map(super::str_bytes)))
+                .collect(),
+        );
+    }
+    Some(Reply::Answer(resp))
 }
 
 /// The producer id and epoch of the first transactional batch in `records`.

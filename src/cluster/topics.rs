@@ -1,0 +1,320 @@
+//! Topics and replication units as the cluster's etcd holds them, and the
+//! decisions taken over them (docs/cluster.md): where a new unit's
+//! replicas go, and who leads a unit after a node goes or comes back.
+//!
+//! - `topics/<name>` holds a [`TopicEntry`]: the topic's id, partition
+//!   count, replication factor and the configs it was created with.
+//! - `units/<branch>~<p>` holds a [`UnitRecord`]: partition `p` of every
+//!   topic of one branch shares one log per replica, so it shares one
+//!   replica set, leader, leader epoch and ISR.
+//!
+//! Everything here is pure: the etcd writes are in `etcd.rs`, and these
+//! functions say what to write.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::ClusterView;
+
+/// A topic as etcd holds it (`topics/<name>`, JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicEntry {
+    /// The topic id, as a hyphenated UUID: every node creates its local
+    /// copy of the topic with this id, so clients see one id everywhere.
+    pub id: String,
+    pub partitions: i32,
+    pub replication_factor: i16,
+    /// The configs given at creation (not the defaults).
+    #[serde(default)]
+    pub configs: BTreeMap<String, String>,
+    pub created_ms: i64,
+}
+
+impl TopicEntry {
+    /// The id's bytes; `None` when it is not a UUID.
+    pub fn id_bytes(&self) -> Option<[u8; 16]> {
+        uuid::Uuid::parse_str(&self.id).ok().map(|u| *u.as_bytes())
+    }
+
+    /// Why the entry cannot be a topic, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        match self.id_bytes() {
+            None => Err(format!("topic id {:?} is not a UUID", self.id)),
+            Some(id) if id == [0; 16] => Err("topic id is zero".into()),
+            Some(_) if self.partitions < 1 => Err(format!("{} partitions", self.partitions)),
+            Some(_) if self.replication_factor < 1 => Err(format!("replication factor {}", self.replication_factor)),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// The cluster's topics as the engine records them (what
+/// `Engine::follow_topics` makes this node's topics).
+pub fn topic_records(view: &ClusterView) -> BTreeMap<String, crate::meta::TopicRecord> {
+    view.topics
+        .iter()
+        .filter_map(|(name, e)| Some((name.clone(), crate::meta::TopicRecord { name: name.clone(), id: e.id_bytes()?, partitions: e.partitions, configs: e.configs.clone(), created_ms: e.created_ms })))
+        .collect()
+}
+
+/// A replication unit as etcd holds it (`units/<unit>`, JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitRecord {
+    /// The nodes holding the unit, in preference order (the first is the
+    /// preferred leader).
+    pub replicas: Vec<i32>,
+    /// The leader, or -1 while no replica may lead.
+    pub leader: i32,
+    /// Moves at every change of leader (to -1 too).
+    pub leader_epoch: i32,
+    /// The in-sync replicas: only they may be elected.
+    pub isr: Vec<i32>,
+    /// The key's mod revision (not in the value): a change is written only
+    /// if the key still has it.
+    #[serde(default, skip)]
+    pub mod_revision: i64,
+}
+
+impl UnitRecord {
+    /// Why the record cannot describe a unit, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let distinct: BTreeSet<i32> = self.replicas.iter().copied().collect();
+        if self.replicas.is_empty() || distinct.len() != self.replicas.len() || self.replicas.iter().any(|r| *r < 0) {
+            return Err(format!("replicas {:?}", self.replicas));
+        }
+        if self.leader != -1 && !distinct.contains(&self.leader) {
+            return Err(format!("leader {} is not a replica", self.leader));
+        }
+        if self.leader_epoch < 0 || self.isr.is_empty() || !self.isr.iter().all(|n| distinct.contains(n)) {
+            return Err(format!("isr {:?} or epoch {}", self.isr, self.leader_epoch));
+        }
+        Ok(())
+    }
+}
+
+/// The unit partition `partition` of `topic` belongs to: its branch and
+/// the partition (`~` is not legal in topic names, so no name collides).
+pub fn unit_of(topic: &str, partition: i32) -> String {
+    format!("{}~{partition}", crate::storage::branch_of(topic))
+}
+
+/// A partition as clients are told of it (Metadata, and the leader hints
+/// of NOT_LEADER_OR_FOLLOWER).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartState {
+    /// A live leader, or -1.
+    pub leader: i32,
+    pub leader_epoch: i32,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+    /// Replicas that are not registered now.
+    pub offline: Vec<i32>,
+}
+
+impl ClusterView {
+    /// Partition `partition` of `topic` as node `me` describes it. In
+    /// single-node mode `me` leads everything, in epoch 0; in cluster mode
+    /// the partition's unit says, and a leader that is not registered is
+    /// no leader (-1).
+    pub fn partition(&self, me: i32, topic: &str, partition: i32) -> PartState {
+        if self.single {
+            return PartState { leader: me, leader_epoch: 0, replicas: vec![me], isr: vec![me], offline: Vec::new() };
+        }
+        match self.units.get(&unit_of(topic, partition)) {
+            Some(u) => PartState {
+                leader: if self.nodes.contains_key(&u.leader) { u.leader } else { -1 },
+                leader_epoch: u.leader_epoch,
+                replicas: u.replicas.clone(),
+                isr: u.isr.clone(),
+                offline: u.replicas.iter().copied().filter(|r| !self.nodes.contains_key(r)).collect(),
+            },
+            // Created, but its unit not seen yet.
+            None => PartState { leader: -1, leader_epoch: -1, replicas: Vec::new(), isr: Vec::new(), offline: Vec::new() },
+        }
+    }
+}
+
+/// Replicas for each of `units` (new units: none exists yet), `rf` each,
+/// over the registered nodes: for each replica the node that holds the
+/// fewest replicas so far (counting the units placed before it), not in a
+/// rack the unit already uses while another rack is left, ties going
+/// round-robin. The first replica leads, in epoch 0, with every replica in
+/// sync. `Err` when fewer nodes are registered than `rf`.
+pub fn place(view: &ClusterView, units: &[String], rf: usize) -> Result<BTreeMap<String, UnitRecord>, String> {
+    let nodes: Vec<(i32, Option<&str>)> = view.nodes.values().map(|n| (n.id, n.rack.as_deref())).collect();
+    if rf == 0 || rf > nodes.len() {
+        return Err(format!("replication factor {rf} is larger than the {} registered brokers", nodes.len()));
+    }
+    let mut load: BTreeMap<i32, usize> = nodes.iter().map(|(id, _)| (*id, 0)).collect();
+    for u in view.units.values() {
+        for r in &u.replicas {
+            if let Some(l) = load.get_mut(r) {
+                *l += 1;
+            }
+        }
+    }
+    let racks: BTreeSet<Option<&str>> = nodes.iter().map(|(_, r)| *r).collect();
+    let mut out = BTreeMap::new();
+    for (i, unit) in units.iter().enumerate() {
+        let mut replicas: Vec<i32> = Vec::with_capacity(rf);
+        let mut used_racks: BTreeSet<Option<&str>> = BTreeSet::new();
+        for _ in 0..rf {
+            let all_racks_used = used_racks.len() == racks.len();
+            let best = nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, (id, _))| !replicas.contains(id))
+                .min_by_key(|(j, (id, rack))| {
+                    let rack_taken = !all_racks_used && used_racks.contains(rack);
+                    // Ties rotate with the unit, so equal loads spread.
+                    (rack_taken, load[id], (j + nodes.len() - i % nodes.len()) % nodes.len())
+                })
+                .map(|(_, n)| *n)
+                .expect("rf <= nodes");
+            replicas.push(best.0);
+            used_racks.insert(best.1);
+            *load.get_mut(&best.0).expect("a registered node") += 1;
+        }
+        let leader = replicas[0];
+        out.insert(unit.clone(), UnitRecord { isr: replicas.clone(), replicas, leader, leader_epoch: 0, mod_revision: 0 });
+    }
+    Ok(out)
+}
+
+/// The controller's changes to units after nodes went or came back (Kafka's
+/// fencing and election of a broker, without unclean election): registered
+/// ISR members stay in the ISR (if none is registered, the ISR is kept, so
+/// that its members can lead again when they return); a leader that is not
+/// registered is replaced by the first registered ISR member in replica
+/// order, or by -1; every change of leader moves the epoch. Each changed
+/// record keeps the mod revision it was read with (the write's guard).
+pub fn elections(view: &ClusterView) -> Vec<(String, UnitRecord)> {
+    let live = |n: &i32| view.nodes.contains_key(n);
+    let mut out = Vec::new();
+    for (name, u) in view.units.iter() {
+        let in_sync: Vec<i32> = u.isr.iter().copied().filter(live).collect();
+        let isr = if in_sync.is_empty() { u.isr.clone() } else { in_sync };
+        let leader = if u.leader >= 0 && live(&u.leader) { u.leader } else { u.replicas.iter().copied().find(|r| live(r) && isr.contains(r)).unwrap_or(-1) };
+        if leader == u.leader && isr == u.isr {
+            continue;
+        }
+        let epoch = if leader == u.leader { u.leader_epoch } else { u.leader_epoch + 1 };
+        out.push((name.clone(), UnitRecord { replicas: u.replicas.clone(), leader, leader_epoch: epoch, isr, mod_revision: u.mod_revision }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{Endpoint, NodeRecord};
+    use std::sync::Arc;
+
+    fn view(nodes: &[(i32, Option<&str>)]) -> ClusterView {
+        let nodes = nodes
+            .iter()
+            .map(|(id, rack)| (*id, NodeRecord { id: *id, rack: rack.map(str::to_owned), incarnation: 1, endpoints: vec![Endpoint { listener: "PLAINTEXT".into(), host: "h".into(), port: 1 }] }))
+            .collect();
+        ClusterView { nodes, ..ClusterView::default() }
+    }
+
+    fn unit(replicas: &[i32], leader: i32, epoch: i32, isr: &[i32]) -> UnitRecord {
+        UnitRecord { replicas: replicas.to_vec(), leader, leader_epoch: epoch, isr: isr.to_vec(), mod_revision: 9 }
+    }
+
+    #[test]
+    fn units_are_per_branch_and_partition() {
+        assert_eq!(unit_of("app.codestore.commits", 3), "app.codestore~3");
+        assert_eq!(unit_of("app.codestore.pushes", 3), "app.codestore~3");
+        assert_eq!(unit_of("clicks", 0), "clicks~0");
+    }
+
+    #[test]
+    fn placement_spreads_units_evenly_and_over_racks() {
+        let v = view(&[(1, None), (2, None), (3, None)]);
+        let units: Vec<String> = (0..12).map(|p| unit_of("t", p)).collect();
+        let placed = place(&v, &units, 1).unwrap();
+        let mut load = BTreeMap::new();
+        for u in placed.values() {
+            u.check().unwrap();
+            assert_eq!((u.leader, u.isr.clone()), (u.replicas[0], u.replicas.clone()));
+            *load.entry(u.leader).or_insert(0) += 1;
+        }
+        assert_eq!(load.values().copied().collect::<Vec<_>>(), vec![4, 4, 4], "{load:?}");
+
+        // Existing load counts: a new unit goes to the emptiest node.
+        let mut v2 = v.clone();
+        Arc::make_mut(&mut v2.units).insert("a~0".into(), unit(&[1], 1, 0, &[1]));
+        Arc::make_mut(&mut v2.units).insert("a~1".into(), unit(&[2], 2, 0, &[2]));
+        assert_eq!(place(&v2, &["b~0".into()], 1).unwrap()["b~0"].replicas, vec![3]);
+
+        // Three replicas over three racks of two nodes: one per rack.
+        let racked = view(&[(1, Some("a")), (2, Some("a")), (3, Some("b")), (4, Some("b")), (5, Some("c")), (6, Some("c"))]);
+        for u in place(&racked, &units, 3).unwrap().values() {
+            let racks: BTreeSet<_> = u.replicas.iter().map(|r| racked.nodes[r].rack.clone()).collect();
+            assert_eq!(racks.len(), 3, "{u:?}");
+        }
+        assert!(place(&v, &units, 4).is_err(), "more replicas than brokers");
+        assert!(place(&v, &units, 0).is_err());
+    }
+
+    #[test]
+    fn elections_replace_gone_leaders_from_the_isr_and_move_the_epoch() {
+        let mut v = view(&[(1, None), (3, None)]);
+        let units = Arc::make_mut(&mut v.units);
+        units.insert("a~0".into(), unit(&[2, 1, 3], 2, 4, &[2, 3]));
+        units.insert("a~1".into(), unit(&[1, 2], 1, 0, &[1, 2]));
+        units.insert("a~2".into(), unit(&[2], 2, 7, &[2]));
+        units.insert("a~3".into(), unit(&[1], 1, 2, &[1]));
+        units.insert("a~4".into(), unit(&[2, 3], -1, 5, &[3]));
+        let got: BTreeMap<String, UnitRecord> = elections(&v).into_iter().collect();
+        // The leader went: the first registered ISR member in replica order
+        // (1 is registered but not in sync).
+        assert_eq!(got["a~0"], unit(&[2, 1, 3], 3, 5, &[3]));
+        // A follower went: it leaves the ISR, the leader stays.
+        assert_eq!(got["a~1"], unit(&[1, 2], 1, 0, &[1]));
+        // The only replica went: no leader, the ISR kept for its return.
+        assert_eq!(got["a~2"], unit(&[2], -1, 8, &[2]));
+        // Nothing to change.
+        assert!(!got.contains_key("a~3"));
+        // A leaderless unit whose ISR member came back.
+        assert_eq!(got["a~4"], unit(&[2, 3], 3, 6, &[3]));
+        assert!(got.values().all(|u| u.mod_revision == 9), "writes are guarded by the revision read");
+
+        // Node 2 returns: the unit it alone holds is led again.
+        let mut back = v.clone();
+        back.nodes.insert(2, view(&[(2, None)]).nodes[&2].clone());
+        Arc::make_mut(&mut back.units).insert("a~2".into(), got["a~2"].clone());
+        let again: BTreeMap<String, UnitRecord> = elections(&back).into_iter().collect();
+        assert_eq!(again["a~2"], unit(&[2], 2, 9, &[2]));
+    }
+
+    #[test]
+    fn records_that_cannot_be_units_or_topics_are_refused() {
+        assert!(unit(&[], -1, 0, &[1]).check().is_err());
+        assert!(unit(&[1, 1], 1, 0, &[1]).check().is_err());
+        assert!(unit(&[1], 2, 0, &[1]).check().is_err());
+        assert!(unit(&[1], 1, -1, &[1]).check().is_err());
+        assert!(unit(&[1], 1, 0, &[2]).check().is_err());
+        assert!(unit(&[1], 1, 0, &[]).check().is_err());
+        unit(&[1, 2], -1, 3, &[2]).check().unwrap();
+        let t = TopicEntry { id: uuid::Uuid::new_v4().to_string(), partitions: 3, replication_factor: 1, configs: BTreeMap::new(), created_ms: 0 };
+        t.check().unwrap();
+        assert!(TopicEntry { id: "x".into(), ..t.clone() }.check().is_err());
+        assert!(TopicEntry { id: uuid::Uuid::nil().to_string(), ..t.clone() }.check().is_err());
+        assert!(TopicEntry { partitions: 0, ..t.clone() }.check().is_err());
+        assert!(TopicEntry { replication_factor: 0, ..t }.check().is_err());
+    }
+
+    #[test]
+    fn partitions_are_described_from_their_unit() {
+        let mut v = view(&[(1, None), (3, None)]);
+        Arc::make_mut(&mut v.units).insert("a.b~0".into(), unit(&[2, 1], 2, 4, &[2, 1]));
+        let p = v.partition(1, "a.b.c", 0);
+        assert_eq!((p.leader, p.leader_epoch, p.offline), (-1, 4, vec![2]), "a leader that is not registered is none");
+        assert_eq!(v.partition(1, "a.b.c", 1).leader, -1, "no unit seen yet");
+        let single = ClusterView { single: true, ..ClusterView::default() };
+        assert_eq!(single.partition(7, "x", 3), PartState { leader: 7, leader_epoch: 0, replicas: vec![7], isr: vec![7], offline: vec![] });
+    }
+}
