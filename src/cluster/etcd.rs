@@ -88,7 +88,8 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
     producer_ids.blocks.lock().await.add(first_block);
     let (builder, revision) = s.read_all().await?;
     let (tx, rx) = watch::channel(Arc::new(builder.view().clone()));
-    let membership = Arc::new(Membership::new(&s.me, rx, fence.clone(), producer_ids));
+    let shards = Arc::new(Shards { client: s.client.clone(), keys: s.keys.clone(), view: rx.clone(), creating: std::sync::atomic::AtomicBool::new(false) });
+    let membership = Arc::new(Membership::new(&s.me, rx, fence.clone(), producer_ids, shards));
     tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
     let keeper = tokio::spawn(keep_alive(s.client.clone(), lease.clone(), fence.clone(), Duration::from_millis(s.cfg.heartbeat_interval_ms), stop.clone()));
     let mut client = s.client.clone();
@@ -545,26 +546,9 @@ impl Directory {
         }
     }
 
-    /// Creates the units of `names` that do not exist, each only if still
-    /// absent.
     async fn ensure_units(&self, names: Vec<String>) -> Result<(), EngineError> {
         let view = self.view.borrow().clone();
-        let missing: Vec<String> = names.into_iter().filter(|u| !view.units.contains_key(u)).collect();
-        let placed = topics::place(&view, &missing, 1).map_err(EngineError::InvalidReplicationFactor)?;
-        let mut client = self.client.clone();
-        let placed: Vec<(String, UnitRecord)> = placed.into_iter().collect();
-        for chunk in placed.chunks(OPS_PER_TXN) {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|(name, unit)| {
-                    let key = self.keys.unit(name);
-                    let value = serde_json::to_vec(unit).expect("a unit encodes");
-                    TxnOp::txn(Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]))
-                })
-                .collect();
-            client.txn(Txn::new().and_then(ops)).await.map_err(etcd_failed)?;
-        }
-        Ok(())
+        ensure_units(&self.client, &self.keys, &view, names).await
     }
 
     /// Waits (within the call's timeout) until this node's view reflects
@@ -582,6 +566,57 @@ impl Directory {
         let Some(kv) = resp.kvs().first() else { return Ok(None) };
         let entry: TopicEntry = serde_json::from_slice(kv.value()).map_err(|e| EngineError::Cluster(format!("topic {name} in etcd does not decode: {e}")))?;
         Ok(Some((entry, kv.mod_revision())))
+    }
+}
+
+/// Creates the units of `names` that `view` lacks, each only if still
+/// absent in etcd, placed over the nodes `view` has registered.
+async fn ensure_units(client: &Client, keys: &Keys, view: &ClusterView, names: Vec<String>) -> Result<(), EngineError> {
+    let missing: Vec<String> = names.into_iter().filter(|u| !view.units.contains_key(u)).collect();
+    let placed = topics::place(view, &missing, 1).map_err(EngineError::InvalidReplicationFactor)?;
+    let mut client = client.clone();
+    let placed: Vec<(String, UnitRecord)> = placed.into_iter().collect();
+    for chunk in placed.chunks(OPS_PER_TXN) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|(name, unit)| {
+                let key = keys.unit(name);
+                let value = serde_json::to_vec(unit).expect("a unit encodes");
+                TxnOp::txn(Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]))
+            })
+            .collect();
+        client.txn(Txn::new().and_then(ops)).await.map_err(etcd_failed)?;
+    }
+    Ok(())
+}
+
+/// The coordinator shards' units, created when a coordinator is first
+/// looked up (as Kafka creates `__consumer_offsets` at the first
+/// FindCoordinator), over the nodes registered then; until they exist,
+/// FindCoordinator answers COORDINATOR_NOT_AVAILABLE and clients retry.
+pub(crate) struct Shards {
+    client: Client,
+    keys: Keys,
+    view: watch::Receiver<Arc<ClusterView>>,
+    creating: std::sync::atomic::AtomicBool,
+}
+
+impl Shards {
+    /// Starts creating the missing shards, unless that is under way.
+    pub(crate) fn ensure(self: &Arc<Self>) {
+        if self.creating.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let view = me.view.borrow().clone();
+            match tokio::time::timeout(ADMIN_TIMEOUT, ensure_units(&me.client, &me.keys, &view, topics::coordinator_units())).await {
+                Ok(Ok(())) => tracing::info!(nodes = view.nodes.len(), "coordinator shards created"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "creating the coordinator shards failed"),
+                Err(_) => tracing::warn!("etcd did not create the coordinator shards within {ADMIN_TIMEOUT:?}"),
+            }
+            me.creating.store(false, Ordering::Release);
+        });
     }
 }
 

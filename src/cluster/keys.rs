@@ -77,7 +77,9 @@ impl Keys {
                 // `<branch>~<p>`: a branch is a legal topic name (its first
                 // one or two segments), p a canonical partition number.
                 let (branch, p) = rest["units/".len()..].rsplit_once('~')?;
-                crate::engine::topics::validate_name(branch).ok()?;
+                if branch != super::topics::COORDINATOR_BRANCH {
+                    crate::engine::topics::validate_name(branch).ok()?;
+                }
                 p.parse::<i32>().ok().filter(|n| *n >= 0 && n.to_string() == p)?;
                 Some(Key::Unit(format!("{branch}~{p}")))
             }
@@ -109,6 +111,7 @@ mod tests {
         assert_eq!(k.parse(&k.producer_ids()), Some(Key::ProducerIds));
         assert_eq!(k.parse(&k.topic("app.web.clicks")), Some(Key::Topic("app.web.clicks".into())));
         assert_eq!(k.parse(&k.unit("app.web~12")), Some(Key::Unit("app.web~12".into())));
+        assert_eq!(k.parse(&k.unit("__canopy.coordinators~49")), Some(Key::Unit("__canopy.coordinators~49".into())));
         for bad in [
             "/canopy/prod/nodes/",
             "/canopy/prod/nodes/-1",
@@ -126,6 +129,7 @@ mod tests {
             "/canopy/prod/units/a~-1",
             "/canopy/prod/units/~0",
             "/canopy/prod/units/a/b~0",
+            "/canopy/prod/units/__canopy.other~0",
             "controller",
         ] {
             assert_eq!(k.parse(bad.as_bytes()), None, "{bad}");

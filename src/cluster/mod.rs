@@ -114,6 +114,9 @@ pub struct Membership {
     /// Cluster mode's producer id blocks.
     #[cfg(feature = "cluster")]
     producer_ids: Option<Arc<etcd::ProducerIds>>,
+    /// Cluster mode's coordinator shards, created when first looked up.
+    #[cfg(feature = "cluster")]
+    shards: Option<Arc<etcd::Shards>>,
 }
 
 impl Membership {
@@ -131,12 +134,32 @@ impl Membership {
             fence: Arc::new(Fence::forever()),
             #[cfg(feature = "cluster")]
             producer_ids: None,
+            #[cfg(feature = "cluster")]
+            shards: None,
         }
     }
 
     #[cfg(feature = "cluster")]
-    pub(crate) fn new(me: &NodeRecord, view: watch::Receiver<Arc<ClusterView>>, fence: Arc<Fence>, producer_ids: Arc<etcd::ProducerIds>) -> Membership {
-        Membership { node_id: me.id, rack: me.rack.clone(), view, fence, producer_ids: Some(producer_ids) }
+    pub(crate) fn new(me: &NodeRecord, view: watch::Receiver<Arc<ClusterView>>, fence: Arc<Fence>, producer_ids: Arc<etcd::ProducerIds>, shards: Arc<etcd::Shards>) -> Membership {
+        Membership { node_id: me.id, rack: me.rack.clone(), view, fence, producer_ids: Some(producer_ids), shards: Some(shards) }
+    }
+
+    /// The node coordinating the group or transactional id `key`
+    /// ([`ClusterView::coordinator`]); the first lookup in a cluster
+    /// without coordinator shards starts creating them (`None` meanwhile,
+    /// and while the shard has no leader).
+    pub fn coordinator(&self, key: &str) -> Option<i32> {
+        match self.view().coordinator(self.node_id, key) {
+            Ok(id) => Some(id),
+            Err(missing) => {
+                #[cfg(feature = "cluster")]
+                if let (true, Some(s)) = (missing, &self.shards) {
+                    s.ensure();
+                }
+                let _ = missing;
+                None
+            }
+        }
     }
 
     /// A producer id from this node's block of the cluster's ids (cluster

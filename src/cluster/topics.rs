@@ -99,6 +99,24 @@ pub fn unit_of(topic: &str, partition: i32) -> String {
     format!("{}~{partition}", crate::storage::branch_of(topic))
 }
 
+/// The branch of the coordinator shards' units (`__canopy.coordinators~<s>`):
+/// not a legal topic name, so no topic's unit collides with them.
+pub const COORDINATOR_BRANCH: &str = "__canopy.coordinators";
+
+/// How many shards groups and transactional ids are spread over (as
+/// Kafka's 50 partitions of `__consumer_offsets`).
+pub const COORDINATOR_SHARDS: u32 = 50;
+
+/// The unit whose leader coordinates the group or transactional id `key`.
+pub fn coordinator_unit(key: &str) -> String {
+    format!("{COORDINATOR_BRANCH}~{}", crc32fast::hash(key.as_bytes()) % COORDINATOR_SHARDS)
+}
+
+/// Every coordinator shard's unit.
+pub fn coordinator_units() -> Vec<String> {
+    (0..COORDINATOR_SHARDS).map(|s| format!("{COORDINATOR_BRANCH}~{s}")).collect()
+}
+
 /// A partition as clients are told of it (Metadata, and the leader hints
 /// of NOT_LEADER_OR_FOLLOWER).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +149,23 @@ impl ClusterView {
             },
             // Created, but its unit not seen yet.
             None => PartState { leader: -1, leader_epoch: -1, replicas: Vec::new(), isr: Vec::new(), offline: Vec::new() },
+        }
+    }
+}
+
+impl ClusterView {
+    /// The node coordinating `key` (a group or transactional id): the
+    /// leader of its shard's unit. `Err(true)`: the shards are not
+    /// created yet; `Err(false)`: its shard has no leader now. Always this
+    /// node in single-node mode.
+    pub fn coordinator(&self, me: i32, key: &str) -> Result<i32, bool> {
+        if self.single {
+            return Ok(me);
+        }
+        match self.units.get(&coordinator_unit(key)) {
+            None => Err(true),
+            Some(u) if self.nodes.contains_key(&u.leader) => Ok(u.leader),
+            Some(_) => Err(false),
         }
     }
 }
@@ -288,6 +323,28 @@ mod tests {
         Arc::make_mut(&mut back.units).insert("a~2".into(), got["a~2"].clone());
         let again: BTreeMap<String, UnitRecord> = elections(&back).into_iter().collect();
         assert_eq!(again["a~2"], unit(&[2], 2, 9, &[2]));
+    }
+
+    #[test]
+    fn coordinators_are_their_shards_leaders() {
+        let mut v = view(&[(1, None), (2, None)]);
+        assert_eq!(v.coordinator(1, "g"), Err(true), "no shards yet");
+        let placed = place(&v, &coordinator_units(), 1).unwrap();
+        assert_eq!(placed.len(), COORDINATOR_SHARDS as usize);
+        Arc::make_mut(&mut v.units).extend(placed.clone());
+        let shard = coordinator_unit("group-a");
+        assert!(shard.starts_with("__canopy.coordinators~"));
+        assert_eq!(v.coordinator(1, "group-a"), Ok(placed[&shard].leader));
+        assert_eq!(coordinator_unit("group-a"), shard, "stable");
+        // Its node gone: no coordinator until it returns.
+        let gone = placed[&shard].leader;
+        v.nodes.remove(&gone);
+        assert_eq!(v.coordinator(1, "group-a"), Err(false));
+        let single = ClusterView { single: true, ..ClusterView::default() };
+        assert_eq!(single.coordinator(4, "anything"), Ok(4));
+        // Groups spread over the shards.
+        let shards: BTreeSet<String> = (0..1000).map(|i| coordinator_unit(&format!("g{i}"))).collect();
+        assert_eq!(shards.len(), COORDINATOR_SHARDS as usize);
     }
 
     #[test]

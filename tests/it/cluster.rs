@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{DescribeClusterRequest, DescribeClusterResponse, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::messages::{DescribeClusterRequest, DescribeClusterResponse, FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -435,8 +435,10 @@ async fn read_all(addr: SocketAddr, topic: &'static str, partitions: i32, count:
 /// NOT_LEADER_OR_FOLLOWER naming the leader (KIP-951); a leader killed
 /// with -9 leaves its partitions without a leader (no other copy) while
 /// the rest go on, and leads them again in a new epoch, with their
-/// records, when it returns; a deletion through any node reaches all; a
-/// cluster node's data directory refuses single-node mode.
+/// records, when it returns; every node names the same coordinator for a
+/// group, whose commits any node's clients read; a deletion through any
+/// node reaches all; a cluster node's data directory refuses single-node
+/// mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
 async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
@@ -481,6 +483,60 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     .unwrap();
     let expected: Vec<Vec<String>> = (0..6).map(|p| (0..600).filter(|i| i % 6 == p).map(|i| format!("v{i}")).collect()).collect();
     assert_eq!(read_all(addr(&nodes, 3), "spread", 6, 600).await, expected, "every record, once, in order, per partition");
+
+    // Consumer groups: every node names the same coordinator for a group
+    // (its shard's leader; the shards are created at the first lookup), a
+    // group member bootstrapping from node 2 reads everything and commits,
+    // and the commits are read back through node 3.
+    let mut coordinator = None;
+    for id in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let found = loop {
+            let mut sock = tokio::net::TcpStream::connect(addr(&nodes, id)).await.unwrap();
+            let r: FindCoordinatorResponse = common::call(&mut sock, 10, 3, 6, &FindCoordinatorRequest::default().with_key(StrBytes::from_static_str("readers"))).await;
+            if r.error_code == 0 {
+                break (r.node_id.0, r.port);
+            }
+            assert_eq!(r.error_code, 15, "COORDINATOR_NOT_AVAILABLE until the shards exist");
+            assert!(Instant::now() < deadline, "no coordinator from node {id} in 60 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(found.1, addr(&nodes, found.0).port() as i32);
+        assert_eq!(*coordinator.get_or_insert(found), found, "node {id} names another coordinator");
+    }
+    let member = addr(&nodes, 2);
+    let consumed = tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::CommitMode;
+        let c: BaseConsumer = common::client(member).set("group.id", "readers").set("enable.auto.commit", "false").set("auto.offset.reset", "earliest").create().unwrap();
+        c.subscribe(&["spread"]).unwrap();
+        let mut n = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while n < 600 {
+            assert!(Instant::now() < deadline, "the group read {n} of 600 records in 60 s");
+            if let Some(m) = c.poll(Duration::from_millis(200)) {
+                m.unwrap();
+                n += 1;
+            }
+        }
+        c.commit_consumer_state(CommitMode::Sync).unwrap();
+        n
+    })
+    .await
+    .unwrap();
+    assert_eq!(consumed, 600);
+    let other = addr(&nodes, 3);
+    let committed = tokio::task::spawn_blocking(move || {
+        let c: BaseConsumer = common::client(other).set("group.id", "readers").create().unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..6 {
+            tpl.add_partition("spread", p);
+        }
+        let got = c.committed_offsets(tpl, Duration::from_secs(30)).unwrap();
+        got.elements().iter().map(|e| e.offset()).collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert_eq!(committed, vec![rdkafka::Offset::Offset(100); 6], "the group's commits, read through another node");
 
     // Asked of a node that does not lead it, a partition is refused with
     // the leader's id, epoch and address (Produce v10+, KIP-951).
