@@ -170,6 +170,19 @@ impl ClusterView {
     }
 }
 
+impl ClusterView {
+    /// The node that serves a subtree stream covering `units` (cluster
+    /// mode, docs/cluster.md): the leader of the first unit in name order,
+    /// provided it leads every other one too (it then holds all their
+    /// records: replication factor 1). `None` when no node does. A stream
+    /// over nothing is served by the node asked (`me`).
+    pub fn stream_server(&self, me: i32, units: &BTreeSet<String>) -> Option<i32> {
+        let Some(first) = units.iter().next() else { return Some(me) };
+        let leader = self.units.get(first).map(|u| u.leader).filter(|l| self.nodes.contains_key(l))?;
+        units.iter().all(|u| self.units.get(u).is_some_and(|u| u.leader == leader)).then_some(leader)
+    }
+}
+
 /// Replicas for each of `units` (new units: none exists yet), `rf` each,
 /// over the registered nodes: for each replica the node that holds the
 /// fewest replicas so far (counting the units placed before it), not in a
@@ -345,6 +358,22 @@ mod tests {
         // Groups spread over the shards.
         let shards: BTreeSet<String> = (0..1000).map(|i| coordinator_unit(&format!("g{i}"))).collect();
         assert_eq!(shards.len(), COORDINATOR_SHARDS as usize);
+    }
+
+    #[test]
+    fn a_stream_is_served_by_the_node_leading_all_it_covers() {
+        let mut v = view(&[(1, None), (2, None)]);
+        let units = Arc::make_mut(&mut v.units);
+        units.insert("a.b~0".into(), unit(&[2], 2, 0, &[2]));
+        units.insert("a.b~1".into(), unit(&[2], 2, 0, &[2]));
+        units.insert("a.c~0".into(), unit(&[1], 1, 0, &[1]));
+        let set = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+        assert_eq!(v.stream_server(1, &set(&["a.b~0", "a.b~1"])), Some(2));
+        assert_eq!(v.stream_server(1, &set(&["a.b~0", "a.c~0"])), None, "split over two nodes");
+        assert_eq!(v.stream_server(1, &set(&[])), Some(1));
+        assert_eq!(v.stream_server(1, &set(&["a.d~0"])), None, "a unit not seen");
+        v.nodes.remove(&2);
+        assert_eq!(v.stream_server(1, &set(&["a.b~0"])), None, "its node gone");
     }
 
     #[test]

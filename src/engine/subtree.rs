@@ -126,6 +126,14 @@ impl Engine {
         exists.then_some(s)
     }
 
+    /// The topics of the subtree, in name order. Linear in the number of
+    /// topics when the subtree is `__all`, else in the subtree's.
+    pub fn subtree_topics(&self, s: &Subtree) -> Vec<Arc<Topic>> {
+        let topics = self.topics.read().expect("topics lock");
+        let Some(p) = &s.prefix else { return topics.iter().map(|t| t.0.clone()).collect() };
+        topics.range::<str, _>((std::ops::Bound::Included(p.as_str()), std::ops::Bound::Unbounded)).take_while(|t| t.0.name().starts_with(p.as_str())).filter(|t| s.contains(t.0.name())).map(|t| t.0.clone()).collect()
+    }
+
     /// The stream's id, remembered so [`Engine::subtree_by_id`] finds it
     /// (Metadata gives ids out through here). The memory is bounded: past
     /// `STREAM_IDS` streams it starts over, and a client whose id was

@@ -148,6 +148,34 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Whether this node serves the subtree stream `s` now. Always in
+    /// single-node mode; in cluster mode only the node leading every unit
+    /// the stream covers does ([`crate::cluster::ClusterView::stream_server`]).
+    /// `Err(Some(node))`: that node serves it (NOT_LEADER_OR_FOLLOWER);
+    /// `Err(None)`: no node can (its topics are led by several).
+    pub fn serve_stream(&self, view: &crate::cluster::ClusterView, s: &crate::engine::subtree::Subtree) -> Result<(), Option<i32>> {
+        if view.single {
+            return Ok(());
+        }
+        match stream_server(&self.engine, view, self.node_id(), s) {
+            Some(n) if n == self.node_id() && self.cluster.in_good_standing() => Ok(()),
+            Some(n) if n == self.node_id() => Err(None),
+            other => Err(other),
+        }
+    }
+}
+
+/// The node serving the subtree stream `s` as `view` says (cluster mode;
+/// `me` is the node asking): see [`crate::cluster::ClusterView::stream_server`].
+pub fn stream_server(engine: &Engine, view: &crate::cluster::ClusterView, me: i32, s: &crate::engine::subtree::Subtree) -> Option<i32> {
+    if view.single {
+        return Some(me);
+    }
+    let units: std::collections::BTreeSet<String> = engine.subtree_topics(s).iter().flat_map(|t| (0..t.partitions()).map(|p| crate::cluster::topics::unit_of(t.name(), p))).collect();
+    view.stream_server(me, &units)
+}
+
 /// KIP-320: a request naming the leader epoch it knows (`asked`; -1:
 /// none) is refused when it is not the leader's: FENCED_LEADER_EPOCH when
 /// older (the client refreshes its metadata), UNKNOWN_LEADER_EPOCH when

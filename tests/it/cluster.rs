@@ -435,7 +435,8 @@ async fn read_all(addr: SocketAddr, topic: &'static str, partitions: i32, count:
 /// NOT_LEADER_OR_FOLLOWER naming the leader (KIP-951); a leader killed
 /// with -9 leaves its partitions without a leader (no other copy) while
 /// the rest go on, and leads them again in a new epoch, with their
-/// records, when it returns; every node names the same coordinator for a
+/// records, when it returns; a subtree stream is served by the node that
+/// leads all it covers; every node names the same coordinator for a
 /// group, whose commits any node's clients read; a deletion through any
 /// node reaches all; a cluster node's data directory refuses single-node
 /// mode.
@@ -537,6 +538,27 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     .await
     .unwrap();
     assert_eq!(committed, vec![rdkafka::Offset::Offset(100); 6], "the group's commits, read through another node");
+
+    // A subtree stream is served by the node leading every unit it covers:
+    // a branch's topics share its units, so `app.s.__all` has one server,
+    // which every node names and librdkafka follows; `app.__all` spans two
+    // branches led by two nodes, so no node holds it all.
+    common::create_topics(addr(&nodes, 1), &[("app.s.a", 1), ("app.s.b", 1)]).await;
+    common::create_topic(addr(&nodes, 1), "app.t.a", 1).await;
+    let leader_at = |l: Option<(uuid::Uuid, Vec<(i32, i32, i16)>)>| l.expect("known").1[0].0;
+    let s_leader = leader_at(layout(addr(&nodes, 1), "app.s.a").await);
+    assert_eq!(leader_at(layout(addr(&nodes, 1), "app.s.b").await), s_leader, "one branch, one unit");
+    assert_ne!(leader_at(layout(addr(&nodes, 1), "app.t.a").await), s_leader, "placement spreads the two branches (precondition)");
+    for (t, v) in [("app.s.a", b"sa".as_slice()), ("app.s.b", b"sb".as_slice())] {
+        assert_eq!(produce(addr(&nodes, s_leader), t, common::producer_batch(-1, -1, -1, &[v])).await, 0);
+    }
+    let elsewhere = (1..=3).find(|id| *id != s_leader).unwrap();
+    for id in 1..=3 {
+        assert_eq!(leader_at(layout(addr(&nodes, id), "app.s.__all").await), s_leader, "node {id} names the stream's server");
+        assert_eq!(layout(addr(&nodes, id), "app.__all").await, None, "no node holds both branches");
+    }
+    let stream = read_all(addr(&nodes, elsewhere), "app.s.__all", 1, 2).await;
+    assert_eq!(stream, vec![vec!["sa".to_owned(), "sb".to_owned()]], "the stream, in arrival order, through its server");
 
     // Asked of a node that does not lead it, a partition is refused with
     // the leader's id, epoch and address (Produce v10+, KIP-951).

@@ -199,10 +199,18 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
         let mut parts = Vec::new();
         for p in t.partitions {
             let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
-            let refused = topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| match broker.lead(&view, t.name(), p.partition) {
-                Ok(epoch) => crate::kafka::epoch_error(p.current_leader_epoch, epoch),
-                Err(_) => Some(ResponseError::NotLeaderOrFollower.code()),
-            });
+            let refused = match (&topic, &subtree) {
+                (Some(t), _) if p.partition >= 0 && p.partition < t.partitions() => match broker.lead(&view, t.name(), p.partition) {
+                    Ok(epoch) => crate::kafka::epoch_error(p.current_leader_epoch, epoch),
+                    Err(_) => Some(ResponseError::NotLeaderOrFollower.code()),
+                },
+                (_, Some(s)) if p.partition == 0 => match broker.serve_stream(&view, s) {
+                    Ok(()) => None,
+                    Err(Some(_)) => Some(ResponseError::NotLeaderOrFollower.code()),
+                    Err(None) => Some(ResponseError::UnknownTopicOrPartition.code()),
+                },
+                _ => None,
+            };
             let want = |p: &kafka_protocol::messages::fetch_request::FetchPartition| Want { partition: p.partition, topic: topic.clone(), subtree: subtree.clone(), offset: p.fetch_offset, max_bytes, denied, unknown_id, refused };
             if single {
                 parts.push(want(&p));
@@ -348,6 +356,11 @@ fn read_all(engine: &Arc<Engine>, wants: &[Asked], max_bytes: usize, read_commit
                         ..PartitionOut::default()
                     };
                     if let (Some(s), 0) = (&w.subtree, w.partition) {
+                        if let Some(code) = w.refused {
+                            any_error = true;
+                            out.error_code = code;
+                            return out;
+                        }
                         let room = max_bytes.saturating_sub(total).min(w.max_bytes);
                         let may_read = |topic: &str| check.as_ref().is_none_or(|c| c.topic(Operation::Read, topic));
                         match engine.read_subtree(s, w.offset, room.max(1), total == 0, read_committed, &may_read) {

@@ -53,6 +53,20 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             let l = broker.lead(&view, &n, p);
             ((n, p), l)
         }).collect();
+    // Subtree streams this node may not serve (cluster mode).
+    let stream_refused: std::collections::HashMap<String, i16> = req
+        .topics
+        .iter()
+        .filter_map(|t| {
+            let s = broker.engine.subtree(super::name(&t.name))?;
+            let code = match broker.serve_stream(&view, &s) {
+                Ok(()) => return None,
+                Err(Some(_)) => ResponseError::NotLeaderOrFollower.code(),
+                Err(None) => ResponseError::UnknownTopicOrPartition.code(),
+            };
+            Some((super::name(&t.name).to_owned(), code))
+        })
+        .collect();
     let topics = tokio::task::spawn_blocking(move || {
         // As Kafka: a partition named twice gets one answer, INVALID_REQUEST.
         let twice = super::repeated(req.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.0.clone(), p.partition_index))));
@@ -79,6 +93,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                             return r.with_error_code(ResponseError::TopicAuthorizationFailed.code());
                         }
                         if let (Some(s), 0) = (&subtree, p.partition_index) {
+                            if let Some(code) = stream_refused.get(super::name(&t.name)) {
+                                return r.with_error_code(*code);
+                            }
                             return lookup_subtree(&engine, s, p.timestamp, r, version);
                         }
                         match &topic {

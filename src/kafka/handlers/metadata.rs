@@ -259,9 +259,12 @@ impl Place {
         self.view.partition(self.me, topic, p)
     }
 
-    /// A subtree stream is served by the node asked (docs/cluster.md).
-    fn stream(&self) -> crate::cluster::PartState {
-        crate::cluster::PartState { leader: self.me, leader_epoch: 0, replicas: vec![self.me], isr: vec![self.me], offline: Vec::new() }
+    /// A subtree stream's one partition: served by the node leading every
+    /// unit it covers, in epoch 0 (docs/cluster.md); `None` when no node
+    /// does.
+    fn stream(&self, engine: &Engine, s: &Subtree) -> Option<crate::cluster::PartState> {
+        let n = crate::kafka::stream_server(engine, &self.view, self.me, s)?;
+        Some(crate::cluster::PartState { leader: n, leader_epoch: 0, replicas: vec![n], isr: vec![n], offline: Vec::new() })
     }
 }
 
@@ -330,7 +333,10 @@ fn resolve(engine: &Engine, q: &Query, version: i16, place: &Place, check: &Opti
                     Some(topic) if !may(Operation::Describe, topic.name()) => error_entry(None, kafka_protocol::ResponseError::TopicAuthorizationFailed.code()).with_topic_id(t.topic_id),
                     Some(topic) => topic_entry(&topic, version, place),
                     None => match engine.subtree_by_id(t.topic_id.as_bytes()) {
-                        Some(s) if may(Operation::Describe, &s.name()) => entry(&s.name(), s.id(), 1, version, &|_| place.stream()),
+                        Some(s) if may(Operation::Describe, &s.name()) => match place.stream(engine, &s) {
+                            Some(state) => entry(&s.name(), s.id(), 1, version, &|_| state.clone()),
+                            None => error_entry(None, kafka_protocol::ResponseError::UnknownTopicOrPartition.code()).with_topic_id(t.topic_id),
+                        },
                         _ => error_entry(None, kafka_protocol::ResponseError::UnknownTopicId.code()).with_topic_id(t.topic_id),
                     },
                 });
@@ -373,7 +379,11 @@ fn named(engine: &Engine, name: &str, allow_create: bool, allowance: &mut crate:
     // A subtree stream: listed only when asked for by name.
     if Subtree::parse(name).is_some() {
         return match engine.subtree(name) {
-            Some(s) => entry(name, engine.stream_id(&s), 1, version, &|_| place.stream()),
+            Some(s) => match place.stream(engine, &s) {
+                Some(state) => entry(name, engine.stream_id(&s), 1, version, &|_| state.clone()),
+                // Its topics are led by several nodes: none holds it all.
+                None => error_entry(Some(name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
+            },
             None => error_entry(Some(name), kafka_protocol::ResponseError::UnknownTopicOrPartition.code()),
         };
     }

@@ -39,10 +39,11 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                         (Some(s), 0) => Some(broker.engine.subtree_offsets(s)).map(|(ls, hw)| (ls, hw, hw)),
                         _ => topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| broker.engine.offsets(&t.tp(p.partition))),
                     };
-                    // A stream is served by the node asked, in epoch 0.
-                    let led = match &topic {
-                        Some(t) if subtree.is_none() => broker.lead(&view, t.name(), p.partition),
-                        _ => Ok(0),
+                    // A stream is served in epoch 0, by one node (cluster mode).
+                    let led = match (&topic, &subtree) {
+                        (Some(t), _) => broker.lead(&view, t.name(), p.partition),
+                        (None, Some(s)) => broker.serve_stream(&view, s).map(|()| 0).map_err(|_| crate::kafka::NotLeader { leader: -1, leader_epoch: -1 }),
+                        (None, None) => Ok(0),
                     };
                     match (offsets, led) {
                         _ if denied => r.with_error_code(ResponseError::TopicAuthorizationFailed.code()),
