@@ -166,6 +166,15 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Whether this node coordinates the group or transactional id `key`
+    /// now (always in single-node mode): requests for it elsewhere get
+    /// NOT_COORDINATOR, and the client looks its coordinator up again.
+    pub fn coordinates(&self, key: &str) -> bool {
+        self.cluster.coordinator(key) == Some(self.node_id()) && self.cluster.in_good_standing()
+    }
+}
+
 /// The node serving the subtree stream `s` as `view` says (cluster mode;
 /// `me` is the node asking): see [`crate::cluster::ClusterView::stream_server`].
 pub fn stream_server(engine: &Engine, view: &crate::cluster::ClusterView, me: i32, s: &crate::engine::subtree::Subtree) -> Option<i32> {

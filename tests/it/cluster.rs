@@ -539,6 +539,59 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     .unwrap();
     assert_eq!(committed, vec![rdkafka::Offset::Offset(100); 6], "the group's commits, read through another node");
 
+    // Elsewhere, the group's requests are NOT_COORDINATOR (the client looks
+    // its coordinator up again): a commit there would be lost to it.
+    let (coord, _) = coordinator.unwrap();
+    let stranger = (1..=3).find(|id| *id != coord).unwrap();
+    {
+        use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+        use kafka_protocol::messages::{GroupId, OffsetCommitRequest, OffsetCommitResponse};
+        let mut sock = tokio::net::TcpStream::connect(addr(&nodes, stranger)).await.unwrap();
+        let req = OffsetCommitRequest::default().with_group_id(GroupId(StrBytes::from_static_str("readers"))).with_generation_id_or_member_epoch(-1).with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(TopicName(StrBytes::from_static_str("spread")))
+            .with_partitions(vec![OffsetCommitRequestPartition::default().with_partition_index(0).with_committed_offset(7)])]);
+        let r: OffsetCommitResponse = common::call(&mut sock, 8, 8, 7, &req).await;
+        assert_eq!(r.topics[0].partitions[0].error_code, 16, "NOT_COORDINATOR");
+    }
+
+    // Transactions: a transactional id's coordinator is its shard's leader;
+    // there, a partition it leads joins the transaction, one another node
+    // leads is refused (its markers would be written on the wrong node).
+    {
+        use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+        use kafka_protocol::messages::{AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, ProducerId, TransactionalId};
+        let mut txn_coordinator = None;
+        for attempt in 0.. {
+            let mut sock = tokio::net::TcpStream::connect(addr(&nodes, 1)).await.unwrap();
+            let r: FindCoordinatorResponse = common::call(&mut sock, 10, 3, 8, &FindCoordinatorRequest::default().with_key(StrBytes::from_static_str("tx-1")).with_key_type(1)).await;
+            if r.error_code == 0 {
+                txn_coordinator = Some(r.node_id.0);
+                break;
+            }
+            assert!(attempt < 600, "no transaction coordinator");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let tc = txn_coordinator.unwrap();
+        let mut sock = tokio::net::TcpStream::connect(addr(&nodes, tc)).await.unwrap();
+        let init: InitProducerIdResponse = common::call(&mut sock, 22, 4, 9, &InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("tx-1")))).with_transaction_timeout_ms(60_000)).await;
+        assert_eq!(init.error_code, 0);
+        let here = leader_of.iter().position(|l| *l == tc).unwrap() as i32;
+        let there = leader_of.iter().position(|l| *l != tc).unwrap() as i32;
+        let add = |p: i32| AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_static_str("tx-1")))
+            .with_v3_and_below_producer_id(ProducerId(init.producer_id.0))
+            .with_v3_and_below_producer_epoch(init.producer_epoch)
+            .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default().with_name(TopicName(StrBytes::from_static_str("spread"))).with_partitions(vec![p])]);
+        let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, 10, &add(there)).await;
+        assert_eq!(r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code, 48, "INVALID_TXN_STATE for a partition led elsewhere");
+        let r: AddPartitionsToTxnResponse = common::call(&mut sock, 24, 3, 11, &add(here)).await;
+        assert_eq!(r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code, 0, "a partition led by the coordinator joins");
+        let other = (1..=3).find(|id| *id != tc).unwrap();
+        let mut sock = tokio::net::TcpStream::connect(addr(&nodes, other)).await.unwrap();
+        let init: InitProducerIdResponse = common::call(&mut sock, 22, 4, 12, &InitProducerIdRequest::default().with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("tx-1")))).with_transaction_timeout_ms(60_000)).await;
+        assert_eq!(init.error_code, 16, "NOT_COORDINATOR elsewhere");
+    }
+
     // A subtree stream is served by the node leading every unit it covers:
     // a branch's topics share its units, so `app.s.__all` has one server,
     // which every node names and librdkafka follows; `app.__all` spans two

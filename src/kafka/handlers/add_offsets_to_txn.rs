@@ -22,6 +22,16 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, group) {
         return Some(Response::default().with_error_code(E::GroupAuthorizationFailed.code()));
     }
+    if !broker.coordinates(&req.transactional_id.0) {
+        return Some(Response::default().with_error_code(E::NotCoordinator.code()));
+    }
+    // Cluster mode: the group's offsets are committed by the transaction's
+    // coordinator, on its node; a group coordinated elsewhere cannot join
+    // the transaction until coordinators reach each other (step 4).
+    if !broker.coordinates(group) {
+        tracing::warn!(transactional_id = %req.transactional_id.0, group, "refusing a transaction's offsets for a group another broker coordinates (not supported yet in cluster mode)");
+        return Some(Response::default().with_error_code(E::InvalidTxnState.code()));
+    }
     let code = match broker.transactions.add_offsets(&req.transactional_id.0, req.producer_id.0, req.producer_epoch, group, version).await {
         Ok(()) => 0,
         Err(code) => code,

@@ -47,6 +47,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             return Some(error(ResponseError::InvalidRegularExpression.code(), &e));
         }
     }
+    if !broker.coordinates(&group) {
+        return Some(error(ResponseError::NotCoordinator.code(), "this broker does not coordinate the group"));
+    }
     let args = HeartbeatArgs {
         version,
         member_id: req.member_id.to_string(),

@@ -13,6 +13,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     if authz::group_denied(broker, Operation::Read, req.group_id.0.as_str()) {
         return Some(Response::default().with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code()));
     }
+    if !broker.coordinates(req.group_id.0.as_str()) {
+        return Some(Response::default().with_error_code(kafka_protocol::ResponseError::NotCoordinator.code()));
+    }
     let code = broker
         .coordinator
         .heartbeat(req.group_id.0.to_string(), req.generation_id, req.member_id.to_string(), req.group_instance_id.map(|s| s.to_string()))

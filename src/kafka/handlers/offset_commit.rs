@@ -36,6 +36,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, &group) {
         return Some(Response::default().with_topics(all(ResponseError::GroupAuthorizationFailed.code(), &req.topics)));
     }
+    if !broker.coordinates(&group) {
+        return Some(Response::default().with_topics(all(ResponseError::NotCoordinator.code(), &req.topics)));
+    }
     let acl = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let check = broker
         .coordinator

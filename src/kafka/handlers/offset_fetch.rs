@@ -32,6 +32,9 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSe
     if authz::group_denied(broker, Operation::Describe, group) {
         return Err(kafka_protocol::ResponseError::GroupAuthorizationFailed.code());
     }
+    if !broker.coordinates(group) {
+        return Err(kafka_protocol::ResponseError::NotCoordinator.code());
+    }
     let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let may = |t: &str| check.as_ref().is_none_or(|c| c.topic(Operation::Describe, t));
     let asked = wanted.is_some();
@@ -81,6 +84,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 // (KIP-848); a stale epoch is STALE_MEMBER_EPOCH.
                 let member = (version >= 9).then(|| g.member_id.as_ref().map(|m| m.to_string())).flatten();
                 let checked = match member {
+                    _ if !authz::group_denied(broker, Operation::Describe, &g.group_id.0) && !broker.coordinates(&g.group_id.0) => Err(kafka_protocol::ResponseError::NotCoordinator.code()),
                     Some(m) if !authz::group_denied(broker, Operation::Describe, &g.group_id.0) => broker.coordinator.fetch_check(g.group_id.0.to_string(), Some(m), g.member_epoch).await?,
                     _ => Ok(()),
                 };

@@ -369,6 +369,12 @@ async fn join_transaction(broker: &Broker, id: &str, resolved: &[Resolved]) -> H
         }
     }
     let mut refused = HashMap::new();
+    // Cluster mode: the transaction's coordinator must be this node (it
+    // writes the markers here; step 4 makes them reach other leaders).
+    if !broker.coordinates(id) {
+        refused.extend(wanted.into_values().flatten().map(|(at, _)| (at, ResponseError::InvalidTxnState.code())));
+        return refused;
+    }
     for ((pid, epoch), parts) in wanted {
         let names: Vec<(String, i32)> = parts.iter().map(|(_, w)| w.clone()).collect();
         let codes = broker.transactions.add_produced(id, pid, epoch, &names).await;

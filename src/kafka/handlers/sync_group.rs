@@ -16,6 +16,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, req.group_id.0.as_str()) {
         return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()));
     }
+    if !broker.coordinates(req.group_id.0.as_str()) {
+        return Some(Response::default().with_error_code(ResponseError::NotCoordinator.code()));
+    }
     let args = SyncArgs {
         generation: req.generation_id,
         member_id: req.member_id.to_string(),
