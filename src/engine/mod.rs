@@ -714,7 +714,8 @@ impl Engine {
     /// removes those the cluster no longer has (or has under another id:
     /// deleted and created again meanwhile), adds partitions and takes
     /// new configs. A topic whose configs this node cannot apply keeps
-    /// what it has, with a warning. Returns how many topics changed.
+    /// what it has, with a warning. Returns how many changes it made (a
+    /// topic replaced under another id counts twice).
     /// Blocking.
     pub fn follow_topics(&self, wanted: &BTreeMap<String, TopicRecord>) -> usize {
         let _admin = self.admin.lock().expect("admin lock");

@@ -257,3 +257,88 @@ async fn traffic_counts_what_reached_the_log_and_outlives_the_topic() {
     assert_eq!(load(&totals.records_in), 2);
     engine.shutdown().await;
 }
+
+/// A directory that records what the engine asked of it, refusing
+/// creations of `taken` names (another node created them first).
+#[derive(Default)]
+struct Recorder {
+    asked: Mutex<Vec<String>>,
+    taken: Vec<String>,
+}
+
+impl TopicDirectory for Recorder {
+    fn create(&self, topic: &TopicRecord) -> Result<(), EngineError> {
+        self.asked.lock().unwrap().push(format!("create {}", topic.name));
+        if self.taken.contains(&topic.name) {
+            return Err(EngineError::TopicExists);
+        }
+        Ok(())
+    }
+    fn delete(&self, topic: &TopicRecord) -> Result<(), EngineError> {
+        self.asked.lock().unwrap().push(format!("delete {}", topic.name));
+        Ok(())
+    }
+    fn update(&self, old: &TopicRecord, new: &TopicRecord) -> Result<(), EngineError> {
+        self.asked.lock().unwrap().push(format!("update {} {}->{}", old.name, old.partitions, new.partitions));
+        Ok(())
+    }
+}
+
+/// Cluster mode's topics: every change is asked of the directory first
+/// (a refusal changes nothing here), and `follow_topics` makes the local
+/// topics the cluster's: created with the cluster's id, deleted, replaced
+/// when created again under another id, grown, reconfigured; durable in
+/// the catalog across a restart; records of a topic the cluster dropped
+/// are gone with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_mode_topics_are_the_directorys() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig::new(dir.path());
+    let engine = Engine::open(cfg.clone(), system_clock()).unwrap();
+    let directory = Arc::new(Recorder { taken: vec!["b.taken".into()], ..Recorder::default() });
+    engine.set_directory(directory.clone());
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        e.create_topic("a.mine", 2, BTreeMap::new(), false).unwrap();
+        assert!(matches!(e.create_topic("b.taken", 1, BTreeMap::new(), false), Err(EngineError::TopicExists)), "the cluster has it");
+        assert!(e.topic("b.taken").is_none(), "a refused creation leaves nothing here");
+        e.create_partitions("a.mine", 3, false).unwrap();
+        e.delete_topic("a.mine").unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(*directory.asked.lock().unwrap(), vec!["create a.mine", "create b.taken", "update a.mine 2->3", "delete a.mine"]);
+
+    let record = |name: &str, id: u8, partitions: i32, configs: &[(&str, &str)]| TopicRecord { name: name.into(), id: [id; 16], partitions, configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), created_ms: 5 };
+    let follow = |wanted: Vec<TopicRecord>| {
+        let e = engine.clone();
+        async move { tokio::task::spawn_blocking(move || e.follow_topics(&wanted.into_iter().map(|t| (t.name.clone(), t)).collect())).await.unwrap() }
+    };
+    // Another node's topics arrive, with their ids.
+    assert_eq!(follow(vec![record("c.one", 1, 1, &[]), record("c.two", 2, 2, &[("retention.ms", "7000")])]).await, 2);
+    assert_eq!(engine.topic("c.one").unwrap().id(), [1; 16]);
+    assert_eq!(engine.topic("c.two").unwrap().config.retention_ms, 7000);
+    let one = engine.topic("c.one").unwrap();
+    engine.append(&one, 0, Bytes::from(make_batch(&[b"old"], 1)), Ack::Durable).await.unwrap();
+    // Nothing changed: nothing done.
+    assert_eq!(follow(vec![record("c.one", 1, 1, &[]), record("c.two", 2, 2, &[("retention.ms", "7000")])]).await, 0);
+    // c.one deleted and created again (another id), c.two grown and
+    // reconfigured, c.three new.
+    let later = vec![record("c.one", 9, 1, &[]), record("c.two", 2, 4, &[("retention.ms", "8000")]), record("c.three", 3, 1, &[])];
+    assert_eq!(follow(later.clone()).await, 4, "c.one removed and added, c.two, c.three");
+    let one = engine.topic("c.one").unwrap();
+    assert_eq!(one.id(), [9; 16]);
+    assert_eq!(engine.read(&one.tp(0), 0, 1 << 20, true).unwrap().records.len(), 0, "the old topic's records went with it");
+    let two = engine.topic("c.two").unwrap();
+    assert_eq!((two.partitions(), two.config.retention_ms), (4, 8000));
+    assert!(engine.offsets(&two.tp(3)).is_some(), "the new partitions exist");
+    // Gone from the cluster: gone here.
+    assert_eq!(follow(vec![record("c.three", 3, 1, &[])]).await, 2);
+    assert_eq!(engine.topics().iter().map(|t| t.name().to_owned()).collect::<Vec<_>>(), vec!["c.three"]);
+    engine.shutdown().await;
+    drop(engine);
+    // What was followed is durable.
+    let engine = Engine::open(cfg, system_clock()).unwrap();
+    assert_eq!(engine.topics().iter().map(|t| (t.name().to_owned(), t.id())).collect::<Vec<_>>(), vec![("c.three".to_owned(), [3; 16])]);
+    engine.shutdown().await;
+}
