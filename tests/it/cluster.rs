@@ -435,7 +435,8 @@ async fn read_all(addr: SocketAddr, topic: &'static str, partitions: i32, count:
 /// NOT_LEADER_OR_FOLLOWER naming the leader (KIP-951); a leader killed
 /// with -9 leaves its partitions without a leader (no other copy) while
 /// the rest go on, and leads them again in a new epoch, with their
-/// records, when it returns; a subtree stream is served by the node that
+/// records, when it returns; auto-created topics and config changes are
+/// the cluster's; a subtree stream is served by the node that
 /// leads all it covers; every node names the same coordinator for a
 /// group, whose commits any node's clients read; a deletion through any
 /// node reaches all; a cluster node's data directory refuses single-node
@@ -484,6 +485,37 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     .unwrap();
     let expected: Vec<Vec<String>> = (0..6).map(|p| (0..600).filter(|i| i % 6 == p).map(|i| format!("v{i}")).collect()).collect();
     assert_eq!(read_all(addr(&nodes, 3), "spread", 6, 600).await, expected, "every record, once, in order, per partition");
+
+    // A topic auto-created by a produce through node 3 is the cluster's;
+    // a config changed through node 1 is what node 2 describes.
+    let via3 = addr(&nodes, 3);
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+        let p: ThreadedProducer<DefaultProducerContext> = common::client(via3).set("acks", "all").create().unwrap();
+        p.send(BaseRecord::<str, str>::to("auto.made").payload("first")).map_err(|(e, _)| e).unwrap();
+        p.flush(Duration::from_secs(30)).unwrap();
+        assert_eq!(p.in_flight_count(), 0, "delivered");
+    })
+    .await
+    .unwrap();
+    assert!(etcd.get("/canopy/it/topics/auto.made").contains("\"partitions\""), "auto-created in the cluster");
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 1)).create().unwrap();
+        let r = admin.alter_configs(&[AlterConfig::new(ResourceSpecifier::Topic("spread")).set("retention.ms", "12345678")], &AdminOptions::new()).await.unwrap();
+        r[0].as_ref().expect("altered");
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 2)).create().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let d = admin.describe_configs(&[ResourceSpecifier::Topic("spread")], &AdminOptions::new()).await.unwrap();
+            let value = d[0].as_ref().unwrap().get("retention.ms").and_then(|e| e.value.clone());
+            if value.as_deref() == Some("12345678") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node 2 still describes retention.ms {value:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
     // Consumer groups: every node names the same coordinator for a group
     // (its shard's leader; the shards are created at the first lookup), a
