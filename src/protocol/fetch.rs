@@ -11,8 +11,9 @@
 //! Versions 4–18: topics are named up to 12 and addressed by id from 13
 //! (KIP-516). The layout follows the Kafka schema; the test below checks
 //! the output is byte-for-byte what `kafka-protocol` encodes for the same
-//! response. Nothing here has a leader to point to: v12's `CurrentLeader`
-//! and v16's `NodeEndpoints` tagged fields are never written.
+//! response, the KIP-951 tagged fields included: a partition's
+//! `CurrentLeader` (v12+, for NOT_LEADER_OR_FOLLOWER) and the response's
+//! `NodeEndpoints` (v16+, the leaders it names).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -30,6 +31,19 @@ pub struct PartitionOut {
     pub aborted_transactions: Option<Vec<(i64, i64)>>,
     /// Concatenated, these are the partition's record bytes.
     pub records: Vec<Bytes>,
+    /// (leader id, leader epoch): where the partition is led, for a
+    /// NOT_LEADER_OR_FOLLOWER answer (v12+; (-1, -1), Kafka's default, is
+    /// not written).
+    pub current_leader: Option<(i32, i32)>,
+}
+
+/// A broker's address, for the response's `NodeEndpoints` (v16+).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub node_id: i32,
+    pub host: Bytes,
+    pub port: i32,
+    pub rack: Option<Bytes>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -44,6 +58,11 @@ pub struct TopicOut {
 /// Builds the framed response (length prefix, response header, body) as a
 /// list of parts to write in order.
 pub fn encode(correlation_id: i32, version: i16, throttle_ms: i32, error_code: i16, session_id: i32, topics: &[TopicOut]) -> Vec<Bytes> {
+    encode_with(correlation_id, version, throttle_ms, error_code, session_id, topics, &[])
+}
+
+/// [`encode`], naming `endpoints` in the response (v16+).
+pub fn encode_with(correlation_id: i32, version: i16, throttle_ms: i32, error_code: i16, session_id: i32, topics: &[TopicOut], endpoints: &[Endpoint]) -> Vec<Bytes> {
     assert!((MIN_VERSION..=MAX_VERSION).contains(&version), "fetch v{version} is not encoded here");
     let flexible = version >= 12;
     let mut w = Parts { parts: Vec::new(), cur: BytesMut::with_capacity(256) };
@@ -99,15 +118,44 @@ pub fn encode(correlation_id: i32, version: i16, throttle_ms: i32, error_code: i
             for r in &p.records {
                 w.splice(r.clone());
             }
-            if flexible {
-                w.cur.put_u8(0);
+            match p.current_leader.filter(|l| flexible && *l != (-1, -1)) {
+                // One tagged field: tag 1, 9 bytes (two int32s, no tags).
+                Some((leader, epoch)) => {
+                    w.cur.put_slice(&[1, 1, 9]);
+                    w.cur.put_i32(leader);
+                    w.cur.put_i32(epoch);
+                    w.cur.put_u8(0);
+                }
+                None if flexible => w.cur.put_u8(0),
+                None => {}
             }
         }
         if flexible {
             w.cur.put_u8(0);
         }
     }
-    if flexible {
+    if version >= 16 && !endpoints.is_empty() {
+        // One tagged field: tag 0, the endpoint array.
+        let mut data = BytesMut::new();
+        put_uvarint(&mut data, endpoints.len() as u64 + 1);
+        for e in endpoints {
+            data.put_i32(e.node_id);
+            put_uvarint(&mut data, e.host.len() as u64 + 1);
+            data.put_slice(&e.host);
+            data.put_i32(e.port);
+            match &e.rack {
+                Some(r) => {
+                    put_uvarint(&mut data, r.len() as u64 + 1);
+                    data.put_slice(r);
+                }
+                None => data.put_u8(0),
+            }
+            data.put_u8(0);
+        }
+        w.cur.put_slice(&[1, 0]);
+        put_uvarint(&mut w.cur, data.len() as u64);
+        w.cur.put_slice(&data);
+    } else if flexible {
         w.cur.put_u8(0);
     }
     w.finish()
@@ -193,8 +241,12 @@ mod tests {
     use kafka_protocol::protocol::{Encodable, StrBytes};
     use proptest::prelude::*;
 
-    fn reference(id: i32, version: i16, throttle_ms: i32, error_code: i16, session_id: i32, topics: &[TopicOut]) -> Vec<u8> {
-        let resp = FetchResponse::default().with_throttle_time_ms(throttle_ms).with_error_code(error_code).with_session_id(session_id).with_responses(
+    fn reference(id: i32, version: i16, throttle_ms: i32, error_code: i16, session_id: i32, topics: &[TopicOut], endpoints: &[Endpoint]) -> Vec<u8> {
+        use kafka_protocol::messages::fetch_response::{LeaderIdAndEpoch, NodeEndpoint};
+        let text = |b: &Bytes| StrBytes::from_utf8(b.clone()).unwrap();
+        let nodes = endpoints.iter().map(|e| NodeEndpoint::default().with_node_id(e.node_id.into()).with_host(text(&e.host)).with_port(e.port).with_rack(e.rack.as_ref().map(text))).collect();
+        let resp = FetchResponse::default()
+            .with_node_endpoints(if version >= 16 { nodes } else { Vec::new() }).with_throttle_time_ms(throttle_ms).with_error_code(error_code).with_session_id(session_id).with_responses(
             topics
                 .iter()
                 .map(|t| {
@@ -219,6 +271,10 @@ mod tests {
                                             l.iter().map(|(a, b)| AbortedTransaction::default().with_producer_id((*a).into()).with_first_offset(*b)).collect()
                                         }))
                                         .with_records(Some(Bytes::from(records)))
+                                        .with_current_leader(match p.current_leader.filter(|_| version >= 12) {
+                                            Some((l, e)) => LeaderIdAndEpoch::default().with_leader_id(l.into()).with_leader_epoch(e),
+                                            None => LeaderIdAndEpoch::default(),
+                                        })
                                 })
                                 .collect(),
                         )
@@ -243,8 +299,9 @@ mod tests {
             any::<i64>(),
             proptest::option::of(proptest::collection::vec((any::<i64>(), any::<i64>()), 0..3)),
             proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..6000), 0..3),
+            proptest::option::of((-1..5i32, -1..5i32)),
         )
-            .prop_map(|(partition, error_code, hw, lso, ls, aborted, recs)| PartitionOut {
+            .prop_map(|(partition, error_code, hw, lso, ls, aborted, recs, current_leader)| PartitionOut {
                 partition,
                 error_code,
                 high_watermark: hw,
@@ -252,6 +309,7 @@ mod tests {
                 log_start_offset: ls,
                 aborted_transactions: aborted,
                 records: recs.into_iter().map(Bytes::from).collect(),
+                current_leader,
             });
         proptest::collection::vec(
             ("[a-z.]{0,20}", any::<[u8; 16]>(), proptest::collection::vec(part, 0..3)).prop_map(|(name, id, partitions)| TopicOut { name: Bytes::from(name), id, partitions }),
@@ -259,13 +317,21 @@ mod tests {
         )
     }
 
+    fn arb_endpoints() -> impl Strategy<Value = Vec<Endpoint>> {
+        proptest::collection::vec(
+            (any::<i32>(), "[a-z0-9.]{0,30}", any::<i32>(), proptest::option::of("[a-z0-9-]{0,10}"))
+                .prop_map(|(node_id, host, port, rack)| Endpoint { node_id, host: Bytes::from(host), port, rack: rack.map(Bytes::from) }),
+            0..3,
+        )
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         #[test]
-        fn matches_kafka_protocol_byte_for_byte(id in any::<i32>(), version in MIN_VERSION..=MAX_VERSION, throttle in any::<i32>(), err in any::<i16>(), session in any::<i32>(), topics in arb_topics()) {
+        fn matches_kafka_protocol_byte_for_byte(id in any::<i32>(), version in MIN_VERSION..=MAX_VERSION, throttle in any::<i32>(), err in any::<i16>(), session in any::<i32>(), topics in arb_topics(), endpoints in arb_endpoints()) {
             let (err, session) = if version >= 7 { (err, session) } else { (0, 0) };
-            let ours: Vec<u8> = encode(id, version, throttle, err, session, &topics).iter().flat_map(|b| b.iter().copied()).collect();
-            prop_assert_eq!(ours, reference(id, version, throttle, err, session, &topics));
+            let ours: Vec<u8> = encode_with(id, version, throttle, err, session, &topics, &endpoints).iter().flat_map(|b| b.iter().copied()).collect();
+            prop_assert_eq!(ours, reference(id, version, throttle, err, session, &topics, &endpoints));
         }
     }
 }

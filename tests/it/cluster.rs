@@ -658,6 +658,26 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     assert_eq!((pr.error_code, pr.current_leader.leader_id.0, pr.current_leader.leader_epoch), (6, leader, 0), "{pr:?}");
     let hint: Vec<(i32, i32)> = r.node_endpoints.iter().map(|n| (n.node_id.0, n.port)).collect();
     assert_eq!(hint, vec![(leader, addr(&nodes, leader).port() as i32)]);
+    // The same for Fetch (v16: by topic id, with the hints).
+    {
+        use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+        use kafka_protocol::messages::{FetchRequest, FetchResponse};
+        let req = FetchRequest::default().with_max_wait_ms(0).with_max_bytes(1 << 20).with_session_epoch(-1).with_topics(vec![FetchTopic::default()
+            .with_topic_id(first.0)
+            .with_partitions(vec![FetchPartition::default().with_partition(p).with_fetch_offset(0).with_partition_max_bytes(1 << 20).with_current_leader_epoch(-1)])]);
+        let r: FetchResponse = common::call(&mut sock, 1, 16, 5, &req).await;
+        let part = &r.responses[0].partitions[0];
+        assert_eq!((part.error_code, part.current_leader.leader_id.0, part.current_leader.leader_epoch), (6, leader, 0), "{part:?}");
+        let hint: Vec<(i32, i32)> = r.node_endpoints.iter().map(|n| (n.node_id.0, n.port)).collect();
+        assert_eq!(hint, vec![(leader, addr(&nodes, leader).port() as i32)]);
+        // At the leader, an epoch the client should not know yet is
+        // UNKNOWN_LEADER_EPOCH (KIP-320).
+        let mut at_leader = tokio::net::TcpStream::connect(addr(&nodes, leader)).await.unwrap();
+        let mut ahead = req.clone();
+        ahead.topics[0].partitions[0].current_leader_epoch = 3;
+        let r: FetchResponse = common::call(&mut at_leader, 1, 16, 6, &ahead).await;
+        assert_eq!(r.responses[0].partitions[0].error_code, 75, "UNKNOWN_LEADER_EPOCH");
+    }
 
     // kill -9 of a leader: with one copy, its partitions have no leader
     // (LEADER_NOT_AVAILABLE, epoch moved); the others go on.

@@ -54,9 +54,10 @@ struct Want {
     denied: bool,
     /// v13+: no topic (or stream) has the id: UNKNOWN_TOPIC_ID.
     unknown_id: bool,
-    /// This node does not lead the partition (NOT_LEADER_OR_FOLLOWER), or
-    /// the client names another leader epoch (KIP-320).
-    refused: Option<i16>,
+    /// This node does not lead the partition (NOT_LEADER_OR_FOLLOWER, with
+    /// the leader and its epoch when one is known), or the client names
+    /// another leader epoch (KIP-320).
+    refused: Option<(i16, Option<(i32, i32)>)>,
 }
 
 /// One topic of the request, its partitions each once.
@@ -73,12 +74,14 @@ pub struct Reply {
     error_code: i16,
     session_id: i32,
     topics: Vec<TopicOut>,
+    /// The leaders NOT_LEADER_OR_FOLLOWER answers name (v16+, KIP-951).
+    endpoints: Vec<wire::Endpoint>,
 }
 
 impl IntoReply for Option<Reply> {
     fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
         let r = self?;
-        Some(wire::encode(correlation_id, version, throttle_ms, r.error_code, r.session_id, &r.topics))
+        Some(wire::encode_with(correlation_id, version, throttle_ms, r.error_code, r.session_id, &r.topics, &r.endpoints))
     }
 }
 
@@ -95,7 +98,7 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
         Context::Sessionless
     };
     let session_id = match &context {
-        Context::Error(code) => return Some(Reply { error_code: *code, session_id: 0, topics: Vec::new() }),
+        Context::Error(code) => return Some(Reply { error_code: *code, session_id: 0, topics: Vec::new(), endpoints: Vec::new() }),
         Context::Incremental { id, .. } => *id,
         Context::Sessionless | Context::Full => 0,
     };
@@ -103,7 +106,7 @@ pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<R
     // wait, as Kafka does; nothing is read for it (an incremental session
     // has moved to its next epoch, as in Kafka).
     if !throttle::charge(Kind::Fetch, 0).is_zero() {
-        return Some(Reply { error_code: 0, session_id, topics: Vec::new() });
+        return Some(Reply { error_code: 0, session_id, topics: Vec::new(), endpoints: Vec::new() });
     }
     let requested = match &context {
         Context::Incremental { partitions, .. } => session_topics(partitions),
@@ -201,13 +204,13 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
             let max_bytes = (p.partition_max_bytes.max(0) as usize).min(limit);
             let refused = match (&topic, &subtree) {
                 (Some(t), _) if p.partition >= 0 && p.partition < t.partitions() => match broker.lead(&view, t.name(), p.partition) {
-                    Ok(epoch) => crate::kafka::epoch_error(p.current_leader_epoch, epoch),
-                    Err(_) => Some(ResponseError::NotLeaderOrFollower.code()),
+                    Ok(epoch) => crate::kafka::epoch_error(p.current_leader_epoch, epoch).map(|code| (code, None)),
+                    Err(hint) => Some((ResponseError::NotLeaderOrFollower.code(), Some((hint.leader, hint.leader_epoch)))),
                 },
                 (_, Some(s)) if p.partition == 0 => match broker.serve_stream(&view, s) {
                     Ok(()) => None,
-                    Err(Some(_)) => Some(ResponseError::NotLeaderOrFollower.code()),
-                    Err(None) => Some(ResponseError::UnknownTopicOrPartition.code()),
+                    Err(Some(n)) => Some((ResponseError::NotLeaderOrFollower.code(), Some((n, 0)))),
+                    Err(None) => Some((ResponseError::UnknownTopicOrPartition.code(), None)),
                 },
                 _ => None,
             };
@@ -329,7 +332,16 @@ fn counted(broker: &Broker, wants: &[Asked], topics: Vec<TopicOut>) -> Reply {
             }
         }
     }
-    Reply { error_code: 0, session_id: 0, topics }
+    // The leaders named, by their address on this listener.
+    let named: std::collections::BTreeSet<i32> = topics.iter().flat_map(|t| &t.partitions).filter_map(|p| p.current_leader).map(|(l, _)| l).filter(|l| *l >= 0).collect();
+    let endpoints = if named.is_empty() {
+        Vec::new()
+    } else {
+        let view = broker.cluster.view();
+        let brokers = broker.brokers_in(&view);
+        brokers.into_iter().filter(|b| named.contains(&b.id)).map(|b| wire::Endpoint { node_id: b.id, host: Bytes::from(b.host), port: b.port, rack: b.rack.map(Bytes::from) }).collect()
+    };
+    Reply { error_code: 0, session_id: 0, topics, endpoints }
 }
 
 /// Reads every wanted partition; returns the response topics, the record
@@ -356,9 +368,9 @@ fn read_all(engine: &Arc<Engine>, wants: &[Asked], max_bytes: usize, read_commit
                         ..PartitionOut::default()
                     };
                     if let (Some(s), 0) = (&w.subtree, w.partition) {
-                        if let Some(code) = w.refused {
+                        if let Some((code, leader)) = w.refused {
                             any_error = true;
-                            out.error_code = code;
+                            (out.error_code, out.current_leader) = (code, leader);
                             return out;
                         }
                         let room = max_bytes.saturating_sub(total).min(w.max_bytes);
@@ -398,9 +410,9 @@ fn read_all(engine: &Arc<Engine>, wants: &[Asked], max_bytes: usize, read_commit
                         out.error_code = ResponseError::UnknownTopicOrPartition.code();
                         return out;
                     };
-                    if let Some(code) = w.refused {
+                    if let Some((code, leader)) = w.refused {
                         any_error = true;
-                        out.error_code = code;
+                        (out.error_code, out.current_leader) = (code, leader);
                         return out;
                     }
                     let tp = topic.tp(w.partition);
