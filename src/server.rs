@@ -224,7 +224,7 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): topics are spread over the brokers without replication (replication factor 1), and consumer groups and transactions are coordinated per broker");
+    tracing::warn!("cluster mode is incomplete (issue 24): partitions are spread over the brokers without replication (one copy each), and a transaction may span only partitions its coordinator leads");
     #[cfg(feature = "cluster")]
     {
         let catalog_engine = engine.clone();
