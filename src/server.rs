@@ -244,21 +244,25 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
         // Topics are the cluster's from now on: changes go to etcd first,
         // and this node follows what etcd holds, once before serving.
         engine.set_directory(Arc::new(crate::cluster::etcd::Directory::new(&session, tokio::runtime::Handle::current())));
-        let follow = |engine: Arc<Engine>, view: Arc<crate::cluster::ClusterView>| async move {
-            let wanted = crate::cluster::topics::topic_records(&view);
-            tokio::task::spawn_blocking(move || engine.follow_topics(&wanted)).await.unwrap_or(0)
+        // The view is read under the engine's admin lock (see follow_topics).
+        let follow = |engine: Arc<Engine>, membership: Arc<crate::cluster::Membership>| async move {
+            let read = move || {
+                let view = membership.view();
+                (crate::cluster::topics::topic_records(&view), (*view.damaged_topics).clone())
+            };
+            tokio::task::spawn_blocking(move || engine.follow_topics(read)).await.unwrap_or(0)
         };
         let first = session.membership.view();
-        let changed = follow(engine.clone(), first.clone()).await;
+        let changed = follow(engine.clone(), session.membership.clone()).await;
         tracing::info!(topics = first.topics.len(), changed, "following the cluster's topics");
         // Producer ids other nodes hand out are real here too: Produce
         // refuses ids below no block. Raised once before serving, then at
         // every view.
         engine.catalog().raise_producer_ids_below(first.producer_ids_end);
-        let (mut views, engine) = (session.membership.subscribe(), engine.clone());
+        let (mut views, engine, membership) = (session.membership.subscribe(), engine.clone(), session.membership.clone());
         let mut stop = stop_rx;
         tokio::spawn(async move {
-            let mut topics = first.topics.clone();
+            let (mut topics, mut damaged) = (first.topics.clone(), first.damaged_topics.clone());
             loop {
                 tokio::select! {
                     changed = views.changed() => if changed.is_err() { return },
@@ -266,9 +270,10 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
                 }
                 let view = views.borrow_and_update().clone();
                 engine.catalog().raise_producer_ids_below(view.producer_ids_end);
-                if !Arc::ptr_eq(&topics, &view.topics) {
+                if !Arc::ptr_eq(&topics, &view.topics) || !Arc::ptr_eq(&damaged, &view.damaged_topics) {
+                    damaged = view.damaged_topics.clone();
                     topics = view.topics.clone();
-                    follow(engine.clone(), view).await;
+                    follow(engine.clone(), membership.clone()).await;
                 }
             }
         });

@@ -683,6 +683,13 @@ impl TopicDirectory for Directory {
                     entry.partitions = new.partitions;
                 }
                 if new.configs != old.configs {
+                    // Computed from this node's copy: if another node
+                    // changed them meanwhile, writing over theirs would
+                    // lose that change. The client retries once this node
+                    // has followed it.
+                    if entry.configs != old.configs {
+                        return Err(EngineError::Cluster(format!("the configs of {} changed meanwhile on another broker; retry", old.name)));
+                    }
                     entry.configs = new.configs.clone();
                 }
                 let value = serde_json::to_vec(&entry).expect("a topic entry encodes");

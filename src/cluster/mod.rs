@@ -102,6 +102,9 @@ pub struct ClusterView {
     pub topics: Arc<BTreeMap<String, TopicEntry>>,
     /// Replication units by name (`<branch>~<p>`, cluster mode).
     pub units: Arc<BTreeMap<String, UnitRecord>>,
+    /// Topics whose key does not decode: nodes keep what they have of
+    /// them (see [`ViewBuilder::apply`]).
+    pub damaged_topics: Arc<std::collections::BTreeSet<String>>,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -370,12 +373,27 @@ impl ViewBuilder {
                 }
             }
             Some(keys::Key::Topic(name)) => {
-                let topics = Arc::make_mut(&mut self.view.topics);
-                topics.remove(&name);
-                if let Some((v, _, _)) = value {
-                    let entry: TopicEntry = serde_json::from_slice(v).map_err(|e| format!("topic {name}: {e}"))?;
-                    entry.check().map_err(|why| format!("topic {name}: {why}"))?;
-                    topics.insert(name, entry);
+                // Unlike a node's record, a damaged topic key must not read
+                // as a deleted topic (every node would drop its data): its
+                // last good entry stays, and its name is marked so nodes
+                // keep what they have of it.
+                let Some((v, _, _)) = value else {
+                    Arc::make_mut(&mut self.view.topics).remove(&name);
+                    Arc::make_mut(&mut self.view.damaged_topics).remove(&name);
+                    return Ok(());
+                };
+                let decoded = serde_json::from_slice::<TopicEntry>(v).map_err(|e| e.to_string()).and_then(|entry| entry.check().map(|()| entry));
+                match decoded {
+                    Ok(entry) => {
+                        Arc::make_mut(&mut self.view.topics).insert(name.clone(), entry);
+                        if self.view.damaged_topics.contains(&name) {
+                            Arc::make_mut(&mut self.view.damaged_topics).remove(&name);
+                        }
+                    }
+                    Err(why) => {
+                        Arc::make_mut(&mut self.view.damaged_topics).insert(name.clone());
+                        return Err(format!("topic {name}: {why}"));
+                    }
                 }
             }
             Some(keys::Key::Unit(name)) => {
@@ -449,6 +467,38 @@ mod tests {
         b.apply(&k, KeyEvent::Delete { key: &k.controller() }, 11).unwrap();
         assert_eq!(b.view().nodes.keys().copied().collect::<Vec<_>>(), vec![1]);
         assert_eq!((b.view().controller, b.view().revision), (None, 11));
+    }
+
+    #[test]
+    fn topics_and_units_follow_their_keys_and_a_damaged_topic_is_not_a_deleted_one() {
+        let k = keys::Keys::new("c1");
+        let mut b = ViewBuilder::new("id".into());
+        let entry = TopicEntry { id: uuid::Uuid::new_v4().to_string(), partitions: 2, replication_factor: 1, configs: BTreeMap::new(), created_ms: 1 };
+        let good = serde_json::to_vec(&entry).unwrap();
+        let put = |b: &mut ViewBuilder, key: &[u8], value: &[u8], rev: i64| b.apply(&k, KeyEvent::Put { key, value, create_revision: 2, mod_revision: rev }, rev);
+        put(&mut b, &k.topic("a.b"), &good, 2).unwrap();
+        assert_eq!(b.view().topics.get("a.b"), Some(&entry));
+        // Damaged: the last good entry stays, and the name is marked.
+        assert!(put(&mut b, &k.topic("a.b"), b"{\"id\":1}", 3).is_err());
+        assert!(put(&mut b, &k.topic("a.b"), &serde_json::to_vec(&TopicEntry { partitions: 0, ..entry.clone() }).unwrap(), 4).is_err());
+        assert_eq!(b.view().topics.get("a.b"), Some(&entry));
+        assert!(b.view().damaged_topics.contains("a.b"));
+        // Damaged from the first read: nothing to follow, but marked.
+        assert!(put(&mut b, &k.topic("c.d"), b"not json", 5).is_err());
+        assert!(b.view().damaged_topics.contains("c.d") && !b.view().topics.contains_key("c.d"));
+        // Repaired, then deleted.
+        put(&mut b, &k.topic("a.b"), &good, 6).unwrap();
+        assert!(!b.view().damaged_topics.contains("a.b"));
+        b.apply(&k, KeyEvent::Delete { key: &k.topic("c.d") }, 7).unwrap();
+        b.apply(&k, KeyEvent::Delete { key: &k.topic("a.b") }, 7).unwrap();
+        assert!(b.view().topics.is_empty() && b.view().damaged_topics.is_empty());
+
+        // Units carry their key's revision; a damaged one is left out.
+        let unit = UnitRecord { replicas: vec![1], leader: 1, leader_epoch: 3, isr: vec![1], mod_revision: 0 };
+        put(&mut b, &k.unit("a.b~0"), &serde_json::to_vec(&unit).unwrap(), 8).unwrap();
+        assert_eq!(b.view().units["a.b~0"], UnitRecord { mod_revision: 8, ..unit.clone() });
+        assert!(put(&mut b, &k.unit("a.b~0"), &serde_json::to_vec(&UnitRecord { leader: 5, ..unit }).unwrap(), 9).is_err(), "a leader that is no replica");
+        assert!(b.view().units.is_empty());
     }
 
     #[test]

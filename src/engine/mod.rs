@@ -641,6 +641,10 @@ impl Engine {
         }
         allowance.left -= 1;
         match self.create_topic(name, self.cfg.num_partitions, BTreeMap::new(), false) {
+            // Cluster mode: another node created it and this one has not
+            // followed yet; retriable, as Kafka answers while a creation
+            // is in flight.
+            Err(EngineError::TopicExists) if self.directory.get().is_some() => self.topic(name).ok_or(EngineError::AutoCreateDeferred),
             Err(EngineError::TopicExists) => self.topic(name).ok_or(EngineError::UnknownTopicOrPartition),
             other => other,
         }
@@ -712,16 +716,23 @@ impl Engine {
     /// Cluster mode: makes this node's topics those of `wanted` (the
     /// cluster's, by name): creates the missing ones with their ids,
     /// removes those the cluster no longer has (or has under another id:
-    /// deleted and created again meanwhile), adds partitions and takes
-    /// new configs. A topic whose configs this node cannot apply keeps
+    /// deleted and created again meanwhile; never one named in `keep`,
+    /// whose record in the cluster is unreadable), adds partitions and
+    /// takes new configs. A topic whose configs this node cannot apply keeps
     /// what it has, with a warning. Returns how many changes it made (a
     /// topic replaced under another id counts twice).
     /// Blocking.
-    pub fn follow_topics(&self, wanted: &BTreeMap<String, TopicRecord>) -> usize {
+    ///
+    /// `read` gives (wanted, keep) and is called under the admin lock, so
+    /// what is followed is the cluster as it is then: a view read before
+    /// a creation or deletion this node made meanwhile (and answered)
+    /// would undo it.
+    pub fn follow_topics(&self, read: impl FnOnce() -> (BTreeMap<String, TopicRecord>, std::collections::BTreeSet<String>)) -> usize {
         let _admin = self.admin.lock().expect("admin lock");
+        let (wanted, keep) = read();
         let mut changed = 0;
         for t in self.topics() {
-            if wanted.get(t.name()).is_none_or(|w| w.id != t.id()) {
+            if !keep.contains(t.name()) && wanted.get(t.name()).is_none_or(|w| w.id != t.id()) {
                 match self.remove_topic(&t) {
                     Ok(()) => changed += 1,
                     Err(e) => tracing::error!(topic = t.name(), error = %e, "removing a topic the cluster deleted failed"),
@@ -730,7 +741,7 @@ impl Engine {
         }
         let limit = self.cfg.topic_defaults.max_message_bytes_limit;
         let mut new = Vec::new();
-        for (name, w) in wanted {
+        for (name, w) in &wanted {
             let result = match self.topic(name) {
                 None => {
                     let (config, skipped) = self.defaults().topic.overlay_stored(&w.configs, limit);

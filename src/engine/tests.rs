@@ -312,7 +312,7 @@ async fn in_cluster_mode_topics_are_the_directorys() {
     let record = |name: &str, id: u8, partitions: i32, configs: &[(&str, &str)]| TopicRecord { name: name.into(), id: [id; 16], partitions, configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), created_ms: 5 };
     let follow = |wanted: Vec<TopicRecord>| {
         let e = engine.clone();
-        async move { tokio::task::spawn_blocking(move || e.follow_topics(&wanted.into_iter().map(|t| (t.name.clone(), t)).collect())).await.unwrap() }
+        async move { tokio::task::spawn_blocking(move || e.follow_topics(|| (wanted.into_iter().map(|t| (t.name.clone(), t)).collect(), Default::default()))).await.unwrap() }
     };
     // Another node's topics arrive, with their ids.
     assert_eq!(follow(vec![record("c.one", 1, 1, &[]), record("c.two", 2, 2, &[("retention.ms", "7000")])]).await, 2);
@@ -332,6 +332,10 @@ async fn in_cluster_mode_topics_are_the_directorys() {
     let two = engine.topic("c.two").unwrap();
     assert_eq!((two.partitions(), two.config.retention_ms), (4, 8000));
     assert!(engine.offsets(&two.tp(3)).is_some(), "the new partitions exist");
+    // A topic whose record the cluster cannot read is kept.
+    let e = engine.clone();
+    let kept = tokio::task::spawn_blocking(move || e.follow_topics(|| (BTreeMap::new(), ["c.two".to_owned(), "c.three".to_owned(), "c.one".to_owned()].into()))).await.unwrap();
+    assert_eq!((kept, engine.topics().len()), (0, 3), "unreadable is not deleted");
     // Gone from the cluster: gone here.
     assert_eq!(follow(vec![record("c.three", 3, 1, &[])]).await, 2);
     assert_eq!(engine.topics().iter().map(|t| t.name().to_owned()).collect::<Vec<_>>(), vec!["c.three"]);
@@ -340,5 +344,56 @@ async fn in_cluster_mode_topics_are_the_directorys() {
     // What was followed is durable.
     let engine = Engine::open(cfg, system_clock()).unwrap();
     assert_eq!(engine.topics().iter().map(|t| (t.name().to_owned(), t.id())).collect::<Vec<_>>(), vec![("c.three".to_owned(), [3; 16])]);
+    engine.shutdown().await;
+}
+
+/// A directory holding the cluster's topics itself; `create` waits for
+/// the gate (when set) before it records the topic.
+struct Gated {
+    topics: Arc<Mutex<BTreeMap<String, TopicRecord>>>,
+    gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl TopicDirectory for Gated {
+    fn create(&self, topic: &TopicRecord) -> Result<(), EngineError> {
+        if let Some(rx) = self.gate.lock().unwrap().take() {
+            rx.recv().unwrap();
+        }
+        self.topics.lock().unwrap().insert(topic.name.clone(), topic.clone());
+        Ok(())
+    }
+    fn delete(&self, topic: &TopicRecord) -> Result<(), EngineError> {
+        self.topics.lock().unwrap().remove(&topic.name);
+        Ok(())
+    }
+    fn update(&self, _: &TopicRecord, new: &TopicRecord) -> Result<(), EngineError> {
+        self.topics.lock().unwrap().insert(new.name.clone(), new.clone());
+        Ok(())
+    }
+}
+
+/// A follow that starts while this node is creating a topic reads the
+/// cluster only once it may act (under the admin lock): it must not undo
+/// the creation with the cluster as it was before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_racing_a_creation_does_not_undo_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+    let cluster = Arc::new(Mutex::new(BTreeMap::new()));
+    let (open, gate) = std::sync::mpsc::channel();
+    engine.set_directory(Arc::new(Gated { topics: cluster.clone(), gate: Mutex::new(Some(gate)) }));
+    let e = engine.clone();
+    let creating = tokio::task::spawn_blocking(move || e.create_topic("race.new", 1, BTreeMap::new(), false).map(|_| ()));
+    // The creation holds the admin lock, waiting on the gate.
+    while engine.admin.try_lock().is_ok() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (e, c) = (engine.clone(), cluster.clone());
+    let following = tokio::task::spawn_blocking(move || e.follow_topics(move || (c.lock().unwrap().clone(), Default::default())));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    open.send(()).unwrap();
+    creating.await.unwrap().unwrap();
+    assert_eq!(following.await.unwrap(), 0, "nothing to change");
+    assert!(engine.topic("race.new").is_some(), "the follow undid the creation");
     engine.shutdown().await;
 }

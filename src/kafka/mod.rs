@@ -139,6 +139,9 @@ impl Broker {
     /// its lease may have been replaced). `Ok`: the leader epoch. Always
     /// `Ok(0)` in single-node mode.
     pub fn lead(&self, view: &crate::cluster::ClusterView, topic: &str, partition: i32) -> Result<i32, NotLeader> {
+        if view.single {
+            return Ok(0);
+        }
         let me = self.node_id();
         let s = view.partition(me, topic, partition);
         if s.leader == me && self.cluster.in_good_standing() {
@@ -160,7 +163,9 @@ impl Broker {
         }
         match stream_server(&self.engine, view, self.node_id(), s) {
             Some(n) if n == self.node_id() && self.cluster.in_good_standing() => Ok(()),
-            Some(n) if n == self.node_id() => Err(None),
+            // Past its lease this node may have been replaced: no leader
+            // known (as `lead`).
+            Some(n) if n == self.node_id() => Err(Some(-1)),
             other => Err(other),
         }
     }
@@ -183,6 +188,17 @@ pub fn stream_server(engine: &Engine, view: &crate::cluster::ClusterView, me: i3
     }
     let units: std::collections::BTreeSet<String> = engine.subtree_topics(s).iter().flat_map(|t| (0..t.partitions()).map(|p| crate::cluster::topics::unit_of(t.name(), p))).collect();
     view.stream_server(me, &units)
+}
+
+/// The error for a subtree stream this node does not serve
+/// ([`Broker::serve_stream`]): NOT_LEADER_OR_FOLLOWER when a node serves
+/// it, UNKNOWN_TOPIC_OR_PARTITION when none can.
+pub fn stream_refusal(server: Option<i32>) -> i16 {
+    use kafka_protocol::ResponseError as E;
+    match server {
+        Some(_) => E::NotLeaderOrFollower.code(),
+        None => E::UnknownTopicOrPartition.code(),
+    }
 }
 
 /// KIP-320: a request naming the leader epoch it knows (`asked`; -1:

@@ -703,6 +703,21 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
         l.as_ref().is_some_and(|(_, ps)| ps.iter().zip(&leader_of).all(|((leader, epoch, e), was)| *leader == *was && *e == 0 && *epoch == if *was == victim { 2 } else { 0 }))
     };
     wait_layout(addr(&nodes, witness), "spread", "the leader back", back).await;
+    // A client still naming the epoch before the restart is told it is
+    // fenced (KIP-320), and one naming the new epoch is served.
+    {
+        use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+        use kafka_protocol::messages::{FetchRequest, FetchResponse};
+        let mine = leader_of.iter().position(|l| *l == victim).unwrap() as i32;
+        let fetch = |epoch: i32| FetchRequest::default().with_max_wait_ms(0).with_max_bytes(1 << 20).with_session_epoch(-1).with_topics(vec![FetchTopic::default()
+            .with_topic_id(first.0)
+            .with_partitions(vec![FetchPartition::default().with_partition(mine).with_fetch_offset(0).with_partition_max_bytes(1 << 20).with_current_leader_epoch(epoch)])]);
+        let mut sock = tokio::net::TcpStream::connect(addr(&nodes, victim)).await.unwrap();
+        let r: FetchResponse = common::call(&mut sock, 1, 16, 20, &fetch(0)).await;
+        assert_eq!(r.responses[0].partitions[0].error_code, 74, "FENCED_LEADER_EPOCH");
+        let r: FetchResponse = common::call(&mut sock, 1, 16, 21, &fetch(2)).await;
+        assert_eq!(r.responses[0].partitions[0].error_code, 0);
+    }
     let mut again = expected.clone();
     again[alive as usize].push("meanwhile".into());
     assert_eq!(read_all(addr(&nodes, victim), "spread", 6, 601).await, again);

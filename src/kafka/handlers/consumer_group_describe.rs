@@ -29,13 +29,16 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     // Each group once, in the order first asked.
     let mut seen = std::collections::HashSet::new();
     let ids: Vec<String> = req.group_ids.iter().map(|g| g.0.to_string()).filter(|g| seen.insert(g.clone())).collect();
-    let allowed: Vec<String> = ids.iter().filter(|g| !authz::group_denied(broker, Operation::Describe, g)).cloned().collect();
+    let allowed: Vec<String> = ids.iter().filter(|g| !authz::group_denied(broker, Operation::Describe, g) && broker.coordinates(g)).cloned().collect();
     let mut found: std::collections::HashMap<String, Option<crate::kafka::coordinator::ConsumerGroupDescription>> = broker.coordinator.consumer_describe(allowed).await.into_iter().collect();
     let groups = ids
         .into_iter()
         .map(|id| {
             let g = DescribedGroup::default().with_group_id(kafka_protocol::messages::GroupId(str_bytes(id.clone())));
             let Some(d) = found.remove(&id) else {
+                if !authz::group_denied(broker, Operation::Describe, &id) {
+                    return g.with_error_code(ResponseError::NotCoordinator.code());
+                }
                 return g.with_error_code(ResponseError::GroupAuthorizationFailed.code());
             };
             let Some(d) = d else {

@@ -18,15 +18,23 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     // described once (clients match answers by group id).
     let wanted = super::first_occurrences(req.groups, |g| g.0.clone());
     // DESCRIBE on each group, as Kafka asks; a refused one is not looked at.
-    let denied: Vec<bool> = wanted.iter().map(|g| authz::group_denied(broker, Operation::Describe, g.0.as_str())).collect();
-    let ids: Vec<String> = wanted.iter().zip(&denied).filter(|(_, d)| !**d).map(|(g, _)| g.0.to_string()).collect();
+    // A group another node coordinates: NOT_COORDINATOR, not looked at.
+    let refused: Vec<Option<i16>> = wanted
+        .iter()
+        .map(|g| match g.0.as_str() {
+            g if authz::group_denied(broker, Operation::Describe, g) => Some(kafka_protocol::ResponseError::GroupAuthorizationFailed.code()),
+            g if !broker.coordinates(g) => Some(kafka_protocol::ResponseError::NotCoordinator.code()),
+            _ => None,
+        })
+        .collect();
+    let ids: Vec<String> = wanted.iter().zip(&refused).filter(|(_, r)| r.is_none()).map(|(g, _)| g.0.to_string()).collect();
     let mut described = broker.coordinator.describe(ids).await.into_iter();
     let groups = wanted
         .into_iter()
-        .zip(denied)
-        .map(|(id, denied)| {
-            if denied {
-                return DescribedGroup::default().with_group_id(id).with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code());
+        .zip(refused)
+        .map(|(id, refused)| {
+            if let Some(code) = refused {
+                return DescribedGroup::default().with_group_id(id).with_error_code(code);
             }
             let d = described.next().expect("one description per group looked at");
             let Some(state) = d.state else {

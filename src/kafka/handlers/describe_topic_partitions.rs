@@ -30,6 +30,7 @@ const TOPIC_OPERATIONS: [Operation; 8] =
     [Operation::Read, Operation::Write, Operation::Create, Operation::Delete, Operation::Alter, Operation::Describe, Operation::DescribeConfigs, Operation::AlterConfigs];
 
 pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Response> {
+    let view = broker.cluster.view();
     let check = broker.authorizer.enabled().then(|| Check::current(broker));
     let may = |op: Operation, name: &str| check.as_ref().is_none_or(|c| c.topic(op, name));
     let limit = usize::try_from(req.response_partition_limit).unwrap_or(0).clamp(1, MAX_PARTITIONS);
@@ -73,16 +74,21 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             break;
         }
         let end = topic.partitions().min(first.saturating_add(room as i32));
+        // Each partition as its unit says (cluster mode), as Metadata.
+        let ids = |v: Vec<i32>| v.into_iter().map(Into::into).collect::<Vec<_>>();
         let partitions: Vec<_> = (first..end)
             .map(|p| {
-                DescribeTopicPartitionsResponsePartition::default()
+                let s = view.partition(broker.node_id(), &name, p);
+                let part = DescribeTopicPartitionsResponsePartition::default()
                     .with_partition_index(p)
-                    .with_leader_id(broker.node_id().into())
-                    .with_leader_epoch(0)
-                    .with_replica_nodes(vec![broker.node_id().into()])
-                    .with_isr_nodes(vec![broker.node_id().into()])
+                    .with_leader_id(s.leader.into())
+                    .with_leader_epoch(s.leader_epoch)
+                    .with_replica_nodes(ids(s.replicas))
+                    .with_isr_nodes(ids(s.isr))
+                    .with_offline_replicas(ids(s.offline))
                     .with_eligible_leader_replicas(Some(Vec::new()))
-                    .with_last_known_elr(Some(Vec::new()))
+                    .with_last_known_elr(Some(Vec::new()));
+                if s.leader < 0 { part.with_error_code(E::LeaderNotAvailable.code()) } else { part }
             })
             .collect();
         room -= partitions.len();

@@ -34,6 +34,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             if check.as_ref().is_some_and(|c| !c.transactional_id(Operation::Describe, &id.0)) {
                 return out.with_error_code(E::TransactionalIdAuthorizationFailed.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1);
             }
+            if !broker.coordinates(&id.0) {
+                return out.with_error_code(E::NotCoordinator.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1);
+            }
             let Some(rec) = rec else { return out.with_error_code(E::TransactionalIdNotFound.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1) };
             let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
             for (t, p) in rec.partitions.iter().filter(|(t, _)| check.as_ref().is_none_or(|c| c.topic(Operation::Describe, t))) {

@@ -209,8 +209,7 @@ fn wanted(broker: &Broker, topics: Vec<kafka_protocol::messages::fetch_request::
                 },
                 (_, Some(s)) if p.partition == 0 => match broker.serve_stream(&view, s) {
                     Ok(()) => None,
-                    Err(Some(n)) => Some((ResponseError::NotLeaderOrFollower.code(), Some((n, 0)))),
-                    Err(None) => Some((ResponseError::UnknownTopicOrPartition.code(), None)),
+                    Err(server) => Some((crate::kafka::stream_refusal(server), server.map(|n| (n, 0)))),
                 },
                 _ => None,
             };

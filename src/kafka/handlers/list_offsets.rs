@@ -59,12 +59,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         .iter()
         .filter_map(|t| {
             let s = broker.engine.subtree(super::name(&t.name))?;
-            let code = match broker.serve_stream(&view, &s) {
-                Ok(()) => return None,
-                Err(Some(_)) => ResponseError::NotLeaderOrFollower.code(),
-                Err(None) => ResponseError::UnknownTopicOrPartition.code(),
-            };
-            Some((super::name(&t.name).to_owned(), code))
+            let server = broker.serve_stream(&view, &s).err()?;
+            Some((super::name(&t.name).to_owned(), crate::kafka::stream_refusal(server)))
         })
         .collect();
     let topics = tokio::task::spawn_blocking(move || {
@@ -99,7 +95,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                             return lookup_subtree(&engine, s, p.timestamp, r, version);
                         }
                         match &topic {
-                            Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => match led[&(topic.name().to_owned(), p.partition_index)] {
+                            Some(topic) if p.partition_index >= 0 && p.partition_index < topic.partitions() => match led.get(&(topic.name().to_owned(), p.partition_index)).copied().unwrap_or(Err(crate::kafka::NotLeader { leader: -1, leader_epoch: -1 })) {
                                 Err(_) => r.with_error_code(ResponseError::NotLeaderOrFollower.code()),
                                 Ok(epoch) => match crate::kafka::epoch_error(p.current_leader_epoch, epoch) {
                                     Some(code) => r.with_error_code(code),

@@ -40,16 +40,17 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                         _ => topic.as_ref().filter(|t| p.partition >= 0 && p.partition < t.partitions()).and_then(|t| broker.engine.offsets(&t.tp(p.partition))),
                     };
                     // A stream is served in epoch 0, by one node (cluster mode).
+                    // Err: the code refusing the partition here.
                     let led = match (&topic, &subtree) {
-                        (Some(t), _) => broker.lead(&view, t.name(), p.partition),
-                        (None, Some(s)) => broker.serve_stream(&view, s).map(|()| 0).map_err(|_| crate::kafka::NotLeader { leader: -1, leader_epoch: -1 }),
+                        (Some(t), _) => broker.lead(&view, t.name(), p.partition).map_err(|_| ResponseError::NotLeaderOrFollower.code()),
+                        (None, Some(s)) => broker.serve_stream(&view, s).map(|()| 0).map_err(crate::kafka::stream_refusal),
                         (None, None) => Ok(0),
                     };
+                    let led = led.and_then(|epoch| crate::kafka::epoch_error(p.current_leader_epoch, epoch).map_or(Ok(epoch), Err));
                     match (offsets, led) {
                         _ if denied => r.with_error_code(ResponseError::TopicAuthorizationFailed.code()),
                         (None, _) => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
-                        (Some(_), Err(_)) => r.with_error_code(ResponseError::NotLeaderOrFollower.code()),
-                        (Some(_), Ok(epoch)) if crate::kafka::epoch_error(p.current_leader_epoch, epoch).is_some() => r.with_error_code(crate::kafka::epoch_error(p.current_leader_epoch, epoch).expect("checked")),
+                        (Some(_), Err(code)) => r.with_error_code(code),
                         (Some((_, hw, _)), Ok(epoch)) if p.leader_epoch >= 0 => r.with_leader_epoch(p.leader_epoch.min(epoch)).with_end_offset(hw),
                         (Some(_), Ok(_)) => r,
                     }

@@ -275,12 +275,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     for (i, (topic_name, name, found, parts)) in resolved.into_iter().enumerate() {
         let mut out = Vec::with_capacity(parts.len());
         for (j, p) in parts.into_iter().enumerate() {
+            let elsewhere = found.as_ref().ok().filter(|t| p.index >= 0 && p.index < t.partitions()).and_then(|_| broker.lead(&view, &name, p.index).err());
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
                 (Err(Refused::Engine(e)), _) => Err(Some(Failed::of(e))),
                 (Err(e), _) => Err(Some(Failed { code: e.code(), message: None, records: Vec::new(), leader: None })),
-                (Ok(t), _) if p.index >= 0 && p.index < t.partitions() && broker.lead(&view, &name, p.index).is_err() => {
-                    let hint = broker.lead(&view, &name, p.index).expect_err("not led here");
+                (Ok(_), Some(_)) if elsewhere.is_some() => {
+                    let hint = elsewhere.unwrap_or(crate::kafka::NotLeader { leader: -1, leader_epoch: -1 });
                     moved.insert(hint.leader);
                     Err(Some(Failed::not_leader(hint)))
                 }
@@ -357,12 +358,14 @@ async fn join_transaction(broker: &Broker, id: &str, resolved: &[Resolved]) -> H
     // Per (producer id, epoch): each partition's position and name.
     type Positions = Vec<((usize, usize), (String, i32))>;
     let mut wanted: HashMap<(i64, i16), Positions> = HashMap::new();
+    let view = broker.cluster.view();
     for (i, (_, name, found, parts)) in resolved.iter().enumerate() {
         let Ok(topic) = found else { continue };
         for (j, p) in parts.iter().enumerate() {
             let Some((pid, epoch)) = p.records.as_ref().and_then(transactional_producer) else { continue };
-            // A partition the topic lacks is refused by the append itself.
-            if p.index < 0 || p.index >= topic.partitions() || broker.engine.txn_admits(pid, epoch, &topic.tp(p.index)) {
+            // A partition the topic lacks, or another node leads, is
+            // refused by the append itself: it does not join.
+            if p.index < 0 || p.index >= topic.partitions() || broker.lead(&view, name, p.index).is_err() || broker.engine.txn_admits(pid, epoch, &topic.tp(p.index)) {
                 continue;
             }
             wanted.entry((pid, epoch)).or_default().push(((i, j), (name.clone(), p.index)));
