@@ -184,6 +184,27 @@ impl Membership {
         self.rack.as_deref()
     }
 
+    /// Whether this node leads `topic`'s partition `partition` in `view`
+    /// now: the view names it, and its registration is certainly alive (a
+    /// node past its lease may have been replaced). `Ok`: the leader
+    /// epoch; `Err`: the (leader, epoch) clients should go to, leader -1
+    /// when none is known. Always `Ok(0)` in single-node mode.
+    pub fn lead(&self, view: &ClusterView, topic: &str, partition: i32) -> Result<i32, (i32, i32)> {
+        if view.single {
+            return Ok(0);
+        }
+        let s = view.partition(self.node_id, topic, partition);
+        if s.leader == self.node_id && self.in_good_standing() {
+            return Ok(s.leader_epoch);
+        }
+        Err((if s.leader == self.node_id { -1 } else { s.leader }, s.leader_epoch))
+    }
+
+    /// [`Membership::lead`] as a yes or no.
+    pub fn leads(&self, view: &ClusterView, topic: &str, partition: i32) -> bool {
+        self.lead(view, topic, partition).is_ok()
+    }
+
     /// The latest view (cheap: an `Arc`).
     pub fn view(&self) -> Arc<ClusterView> {
         self.view.borrow().clone()

@@ -134,20 +134,10 @@ pub struct NotLeader {
 }
 
 impl Broker {
-    /// Whether this node leads `topic`'s partition `partition` now: the
-    /// view names it, and its registration is certainly alive (a node past
-    /// its lease may have been replaced). `Ok`: the leader epoch. Always
-    /// `Ok(0)` in single-node mode.
+    /// Whether this node leads `topic`'s partition `partition` now
+    /// ([`crate::cluster::Membership::lead`]); `Err`: where the leader is.
     pub fn lead(&self, view: &crate::cluster::ClusterView, topic: &str, partition: i32) -> Result<i32, NotLeader> {
-        if view.single {
-            return Ok(0);
-        }
-        let me = self.node_id();
-        let s = view.partition(me, topic, partition);
-        if s.leader == me && self.cluster.in_good_standing() {
-            return Ok(s.leader_epoch);
-        }
-        Err(NotLeader { leader: if s.leader == me { -1 } else { s.leader }, leader_epoch: s.leader_epoch })
+        self.cluster.lead(view, topic, partition).map_err(|(leader, leader_epoch)| NotLeader { leader, leader_epoch })
     }
 }
 

@@ -99,8 +99,8 @@ async fn run(b: Arc<Bridge>, path: String, q: Params, headers: HeaderMap, body: 
     };
     let t: Arc<Topic> = b.topic(&topic).await?;
     let n = t.partitions();
-    let view = b.view();
-    let placed: Vec<Result<i32, RestError>> = keys.iter().map(|k| Ok(k.as_ref().map_or_else(|| b.pick(view.as_deref(), &t), |k| partition::for_key(k, n)))).collect();
+    let keyless = b.keyless(b.view().as_deref(), &t);
+    let placed: Vec<Result<i32, RestError>> = keys.iter().map(|k| Ok(k.as_ref().map_or_else(|| keyless.pick(), |k| partition::for_key(k, n)))).collect();
     let records: Vec<NewRecord<'_>> = events.iter().zip(&keys).map(|(e, k)| NewRecord { key: k.as_deref(), value: Some(e), headers: Vec::new() }).collect();
     let Some(ack) = ack else {
         // acks=0: 202 once every batch is queued with the writer (which

@@ -237,6 +237,23 @@ impl Verified {
     }
 }
 
+/// Keyless records' partitions for one request ([`Bridge::keyless`]).
+pub struct Keyless<'b> {
+    bridge: &'b Bridge,
+    partitions: i32,
+    /// Cluster mode: the partitions this node leads (none: all).
+    led: Option<Vec<i32>>,
+}
+
+impl Keyless<'_> {
+    pub fn pick(&self) -> i32 {
+        match &self.led {
+            Some(led) => led[self.bridge.round_robin.pick(led.len() as i32) as usize],
+            None => self.bridge.round_robin.pick(self.partitions),
+        }
+    }
+}
+
 /// The client id REST produce requests count under in client quotas.
 pub const REST_CLIENT_ID: &str = "canopy-rest";
 
@@ -303,7 +320,7 @@ impl Bridge {
     /// single-node mode).
     pub fn leads(&self, view: Option<&crate::cluster::ClusterView>, topic: &str, p: i32) -> bool {
         match (&self.cluster, view) {
-            (Some(m), Some(v)) => v.partition(m.node_id(), topic, p).leader == m.node_id() && m.in_good_standing(),
+            (Some(m), Some(v)) => m.leads(v, topic, p),
             _ => true,
         }
     }
@@ -313,19 +330,13 @@ impl Bridge {
         self.cluster.as_ref().map(|m| m.view())
     }
 
-    /// A partition for a keyless record: round-robin (sticky for a while)
-    /// over the partitions this node leads; over all when it leads none
-    /// (then the append is refused, naming why).
-    pub fn pick(&self, view: Option<&crate::cluster::ClusterView>, t: &crate::engine::Topic) -> i32 {
-        let n = t.partitions();
-        if view.is_none() {
-            return self.round_robin.pick(n);
-        }
-        let led: Vec<i32> = (0..n).filter(|p| self.leads(view, t.name(), *p)).collect();
-        match led.len() {
-            0 => self.round_robin.pick(n),
-            k => led[self.round_robin.pick(k as i32) as usize],
-        }
+    /// Where one request's keyless records go: round-robin (sticky for a
+    /// while) over the partitions this node leads; over all when it leads
+    /// none (the append is then refused, naming why), and always over all
+    /// in single-node mode.
+    pub fn keyless(&self, view: Option<&crate::cluster::ClusterView>, t: &crate::engine::Topic) -> Keyless<'_> {
+        let led = view.map(|v| (0..t.partitions()).filter(|p| self.leads(Some(v), t.name(), *p)).collect::<Vec<i32>>()).filter(|led| !led.is_empty());
+        Keyless { bridge: self, partitions: t.partitions(), led }
     }
 
     pub fn cluster_id(&self) -> &str {

@@ -172,7 +172,7 @@ async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, he
         }
     }
     // Each record's partition, or its error.
-    let view = b.view();
+    let keyless = b.keyless(b.view().as_deref(), &t);
     let placed: Vec<Result<i32, (u32, String)>> = records
         .iter()
         .map(|r| match route_partition.or(r.partition) {
@@ -180,7 +180,7 @@ async fn produce(b: Arc<Bridge>, topic: String, route_partition: Option<i32>, he
             Some(p) => Err((40402, format!("Partition {p} not found."))),
             None => Ok(match &r.key {
                 Some(k) => partition::for_key(k, n),
-                None => b.pick(view.as_deref(), &t),
+                None => keyless.pick(),
             }),
         })
         .collect();

@@ -103,7 +103,7 @@ fn decode(v: &Value) -> Result<Rec, String> {
 /// partition, one writer round; each gets its delivery report (v3 shape)
 /// or error, in order.
 async fn produce_many(b: &Bridge, cluster: &str, t: &Arc<Topic>, recs: Vec<Result<Rec, String>>) -> Vec<(StatusCode, Value)> {
-    let view = b.view();
+    let keyless = b.keyless(b.view().as_deref(), t);
     let fail = |status: StatusCode, code: u32, msg: String| (status, json!({"error_code": code, "message": msg}));
     let n = t.partitions();
     let mut reports: Vec<Option<(StatusCode, Value)>> = Vec::with_capacity(recs.len());
@@ -123,7 +123,7 @@ async fn produce_many(b: &Bridge, cluster: &str, t: &Arc<Topic>, recs: Vec<Resul
                 continue;
             }
             Some(p) => p,
-            None => r.key.as_ref().map_or_else(|| b.pick(view.as_deref(), t), |k| partition::for_key(k, n)),
+            None => r.key.as_ref().map_or_else(|| keyless.pick(), |k| partition::for_key(k, n)),
         };
         good.push((i, r, p));
     }

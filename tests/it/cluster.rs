@@ -658,6 +658,36 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     assert_eq!((pr.error_code, pr.current_leader.leader_id.0, pr.current_leader.leader_epoch), (6, leader, 0), "{pr:?}");
     let hint: Vec<(i32, i32)> = r.node_endpoints.iter().map(|n| (n.node_id.0, n.port)).collect();
     assert_eq!(hint, vec![(leader, addr(&nodes, leader).port() as i32)]);
+    // The REST bridge of a node takes records only for partitions it
+    // leads: keyless ones are spread over those, one for another node's
+    // partition is refused (retriable).
+    {
+        common::create_topic(addr(&nodes, 1), "via.rest", 6).await;
+        let led: Vec<i32> = layout(addr(&nodes, 1), "via.rest").await.unwrap().1.iter().map(|(l, _, _)| *l).collect();
+        let node = led[0];
+        let rest = nodes[node as usize].as_ref().unwrap().rest;
+        let http = reqwest::Client::new();
+        let post = |path: String, n: usize| {
+            let records: Vec<serde_json::Value> = (0..n).map(|i| serde_json::json!({"value": {"n": i}})).collect();
+            http.post(format!("http://{rest}{path}")).header("content-type", "application/vnd.kafka.json.v2+json").body(serde_json::json!({"records": records}).to_string()).send()
+        };
+        let json = |b: bytes::Bytes| serde_json::from_slice::<serde_json::Value>(&b).unwrap();
+        let r = json(post("/topics/via.rest".into(), 1000).await.unwrap().bytes().await.unwrap());
+        let mine: BTreeSet<i64> = led.iter().enumerate().filter(|(_, l)| **l == node).map(|(p, _)| p as i64).collect();
+        let used: BTreeSet<i64> = r["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                assert!(o["error_code"].is_null(), "{o}");
+                o["partition"].as_i64().unwrap()
+            })
+            .collect();
+        assert_eq!(used, mine, "keyless records go to the partitions node {node} leads");
+        let q = led.iter().position(|l| *l != node).expect("six partitions are not all led by one of three nodes");
+        let r = json(post(format!("/topics/via.rest/partitions/{q}"), 1).await.unwrap().bytes().await.unwrap());
+        assert_eq!(r["offsets"][0]["error_code"], 50302, "{r}");
+    }
     // The same for Fetch (v16: by topic id, with the hints).
     {
         use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
