@@ -687,7 +687,7 @@ impl TopicDirectory for Directory {
                     // changed them meanwhile, writing over theirs would
                     // lose that change. The client retries once this node
                     // has followed it.
-                    if entry.configs != old.configs {
+                    if entry.configs != old.configs && entry.configs != new.configs {
                         return Err(EngineError::Cluster(format!("the configs of {} changed meanwhile on another broker; retry", old.name)));
                     }
                     entry.configs = new.configs.clone();

@@ -743,6 +743,9 @@ impl Engine {
         let mut new = Vec::new();
         for (name, w) in &wanted {
             let result = match self.topic(name) {
+                // Kept under another id (its record unreadable now): left
+                // alone, not grown into the other topic.
+                Some(t) if keep.contains(name) && t.id() != w.id => continue,
                 None => {
                     let (config, skipped) = self.defaults().topic.overlay_stored(&w.configs, limit);
                     for e in skipped {

@@ -634,6 +634,9 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     let s_leader = leader_at(layout(addr(&nodes, 1), "app.s.a").await);
     assert_eq!(leader_at(layout(addr(&nodes, 1), "app.s.b").await), s_leader, "one branch, one unit");
     assert_ne!(leader_at(layout(addr(&nodes, 1), "app.t.a").await), s_leader, "placement spreads the two branches (precondition)");
+    for t in ["app.s.a", "app.s.b"] {
+        wait_layout(addr(&nodes, s_leader), t, "followed", Option::is_some).await;
+    }
     for (t, v) in [("app.s.a", b"sa".as_slice()), ("app.s.b", b"sb".as_slice())] {
         assert_eq!(produce(addr(&nodes, s_leader), t, common::producer_batch(-1, -1, -1, &[v])).await, 0);
     }
@@ -665,6 +668,8 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
         common::create_topic(addr(&nodes, 1), "via.rest", 6).await;
         let led: Vec<i32> = layout(addr(&nodes, 1), "via.rest").await.unwrap().1.iter().map(|(l, _, _)| *l).collect();
         let node = led[0];
+        // The node has followed the topic (it was created through node 1).
+        wait_layout(addr(&nodes, node), "via.rest", "followed", Option::is_some).await;
         let rest = nodes[node as usize].as_ref().unwrap().rest;
         let http = reqwest::Client::new();
         let post = |path: String, n: usize| {

@@ -21,20 +21,24 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     // Each id is described once: an answer lists the transaction's
     // partitions, which repeats would multiply.
     let wanted = super::first_occurrences(req.transactional_ids, |t| t.0.clone());
-    let ids: Vec<String> = wanted.iter().map(|t| t.0.to_string()).collect();
-    let found = broker.transactions.describe(&ids).await;
+    // Ids another node coordinates are NOT_COORDINATOR, not looked up.
+    let here: Vec<bool> = wanted.iter().map(|t| broker.coordinates(&t.0)).collect();
+    let ids: Vec<String> = wanted.iter().zip(&here).filter(|(_, h)| **h).map(|(t, _)| t.0.to_string()).collect();
+    let mut found = broker.transactions.describe(&ids).await.into_iter();
     // DESCRIBE on each transactional id, as Kafka asks; its partitions of
     // topics the principal may not DESCRIBE are left out.
     let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let states = wanted
         .into_iter()
-        .zip(found)
-        .map(|(id, rec)| {
+        .zip(here)
+        .map(|(id, here)| {
+            // One record for each id looked up, in order.
+            let rec = if here { found.next().flatten() } else { None };
             let out = TransactionState::default().with_transactional_id(id.clone());
             if check.as_ref().is_some_and(|c| !c.transactional_id(Operation::Describe, &id.0)) {
                 return out.with_error_code(E::TransactionalIdAuthorizationFailed.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1);
             }
-            if !broker.coordinates(&id.0) {
+            if !here {
                 return out.with_error_code(E::NotCoordinator.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1);
             }
             let Some(rec) = rec else { return out.with_error_code(E::TransactionalIdNotFound.code()).with_producer_id(ProducerId(-1)).with_producer_epoch(-1) };

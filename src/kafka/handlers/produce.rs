@@ -264,11 +264,13 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
         let parts: Vec<_> = topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k).map(|(p, _)| p).collect();
         resolved.push((topic.name, name, found, parts));
     }
+    // One view for the request: what joins a transaction and what is
+    // appended agree on who leads.
+    let view = broker.cluster.view();
     let not_joined = match (&transactional_id, ack) {
-        (Some(id), Some(_)) if version >= 12 => join_transaction(broker, id, &resolved).await,
+        (Some(id), Some(_)) if version >= 12 => join_transaction(broker, &view, id, &resolved).await,
         _ => HashMap::new(),
     };
-    let view = broker.cluster.view();
     // Leaders named in NOT_LEADER_OR_FOLLOWER answers (their endpoints go
     // in the response, v10+).
     let mut moved = std::collections::BTreeSet::new();
@@ -354,18 +356,17 @@ fn transactional_producer(records: &Bytes) -> Option<(i64, i16)> {
 /// partitions the transaction has not added yet are asked for, so a
 /// transaction costs the coordinator one call per partition it touches.
 /// Returns the code for each (topic, partition) position that did not join.
-async fn join_transaction(broker: &Broker, id: &str, resolved: &[Resolved]) -> HashMap<(usize, usize), i16> {
+async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, id: &str, resolved: &[Resolved]) -> HashMap<(usize, usize), i16> {
     // Per (producer id, epoch): each partition's position and name.
     type Positions = Vec<((usize, usize), (String, i32))>;
     let mut wanted: HashMap<(i64, i16), Positions> = HashMap::new();
-    let view = broker.cluster.view();
     for (i, (_, name, found, parts)) in resolved.iter().enumerate() {
         let Ok(topic) = found else { continue };
         for (j, p) in parts.iter().enumerate() {
             let Some((pid, epoch)) = p.records.as_ref().and_then(transactional_producer) else { continue };
             // A partition the topic lacks, or another node leads, is
             // refused by the append itself: it does not join.
-            if p.index < 0 || p.index >= topic.partitions() || broker.lead(&view, name, p.index).is_err() || broker.engine.txn_admits(pid, epoch, &topic.tp(p.index)) {
+            if p.index < 0 || p.index >= topic.partitions() || broker.lead(view, name, p.index).is_err() || broker.engine.txn_admits(pid, epoch, &topic.tp(p.index)) {
                 continue;
             }
             wanted.entry((pid, epoch)).or_default().push(((i, j), (name.clone(), p.index)));
