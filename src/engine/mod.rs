@@ -35,6 +35,7 @@ pub mod producers;
 pub mod subtree;
 pub mod topics;
 pub mod txns;
+mod replica;
 mod restore;
 pub mod validate;
 

@@ -363,15 +363,16 @@ impl Producers {
         true
     }
 
-    /// Replays the batches of `tp` from `from` to its high watermark into
-    /// the state, and transactional batches and markers into `txns`;
-    /// returns how many producer batches it saw.
+    /// Replays the batches of `tp` from `from` to its log end into the
+    /// state, and transactional batches and markers into `txns`; returns
+    /// how many producer batches it saw. (At start-up the log end is the
+    /// high watermark; after a follower's truncation it may be past it.)
     pub fn replay(&mut self, txns: &mut Txns, storage: &Storage, tp: Tp, from: i64, now_ms: i64) -> Result<usize, crate::storage::ReadError> {
-        let Some((log_start, hw, _)) = storage.offsets(&tp) else { return Ok(0) };
+        let Some((log_start, _, end)) = storage.offsets(&tp) else { return Ok(0) };
         let mut offset = from.max(log_start);
         let mut seen = 0;
-        while offset < hw {
-            let r = storage.read(&tp, offset, 1 << 20, true)?;
+        while offset < end {
+            let r = storage.read_for_replica(&tp, offset, 1 << 20)?;
             if r.records.is_empty() {
                 break;
             }

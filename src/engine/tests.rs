@@ -232,6 +232,53 @@ async fn a_replica_takes_its_leaders_batches_and_answers_as_it_would() {
     follower.shutdown().await;
 }
 
+/// A follower's life in the engine (cluster mode): its leader's epochs
+/// come with the copies; a divergent tail is cut, and the producer state
+/// of the cut batches goes with it, so the producer's retry of a cut batch
+/// is appended again, not answered as a duplicate at offsets that no
+/// longer hold it; the hw stays under the cap replication puts on it;
+/// leading, the node stamps its own epoch into what it appends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cuts_its_divergent_tail_and_leads_in_its_own_epoch() {
+    let (ld, fd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = Engine::open(EngineConfig::new(ld.path()), system_clock()).unwrap();
+    let follower = Engine::open(EngineConfig::new(fd.path()), system_clock()).unwrap();
+    let (lt, ft) = (leader.create_topic("r.t", 1, BTreeMap::new(), false).unwrap(), follower.create_topic("r.t", 1, BTreeMap::new(), false).unwrap());
+    let (l, f) = (lt.tp(0), ft.tp(0));
+    let pid = leader.catalog().allocate_producer_id().unwrap();
+    assert_eq!(follower.catalog().allocate_producer_id().unwrap(), pid, "as the cluster's id blocks would have it");
+    leader.begin_epoch(vec![l], 3).await.unwrap();
+    for seq in 0..4 {
+        leader.append(&lt, 0, idempotent(&[b"v"], pid, seq), Ack::Durable).await.unwrap();
+    }
+    let copy = all_batches(&leader, &l);
+    assert!(crate::protocol::batch::split(&copy).all(|b| crate::protocol::batch::BatchHeader::parse(b.unwrap()).unwrap().partition_leader_epoch == 3), "stamped with the leader's epoch");
+    // The follower's cap: its leader's hw, 2, though it has 4 durable.
+    follower.limit_hw(&f, 2);
+    follower.replicate(f, copy, Ack::Durable).await.unwrap().wait().await.unwrap();
+    assert_eq!(follower.offsets(&f), Some((0, 2, 4)));
+    assert_eq!((follower.durable_end(&f), follower.latest_epoch(&f)), (Some(4), 3));
+    assert_eq!(follower.read_for_replica(&f, 2, 1 << 20).unwrap().next_offset, 4, "a replica reads past the hw");
+    assert_eq!(follower.end_offset_for(&f, 3), Some((3, 4)));
+    // The leader it followed lost offsets 2 and 3 (they never reached
+    // the ISR): the follower cuts there.
+    assert_eq!(follower.truncate(f, 2).await.unwrap(), 2);
+    assert_eq!(follower.offsets(&f), Some((0, 2, 2)));
+    // Leading now, in epoch 4: the producer's retry of sequence 2 is new
+    // here, and lands at 2 in the new epoch.
+    follower.limit_hw(&f, i64::MAX);
+    follower.begin_epoch(vec![f], 4).await.unwrap();
+    let r = follower.append(&ft, 0, idempotent(&[b"v"], pid, 2), Ack::Durable).await.unwrap();
+    assert_eq!((r.base_offset, follower.offsets(&f).map(|o| o.2)), (2, Some(3)), "the cut batch's producer state went with it: appended, not a duplicate");
+    let retry = follower.append(&ft, 0, idempotent(&[b"v"], pid, 1), Ack::Durable).await.unwrap();
+    assert_eq!(retry.base_offset, 1, "what was kept still answers a retry");
+    assert_eq!(follower.end_offset_for(&f, 3), Some((3, 2)));
+    assert_eq!(follower.latest_epoch(&f), 4);
+    assert!(matches!(follower.begin_epoch(vec![f], 2).await, Err(EngineError::Storage(StorageError::StaleEpoch { .. }))));
+    leader.shutdown().await;
+    follower.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_counts_what_reached_the_log_and_outlives_the_topic() {
     let dir = tempfile::tempdir().unwrap();

@@ -106,6 +106,12 @@ pub(super) enum WriteCmd {
     /// A change to the log's structure that retention or compaction
     /// prepared (see `storage::log::switch`); answered once applied.
     Switch { switch: Switch, reply: oneshot::Sender<Result<(), StorageError>> },
+    /// This node leads `tps` in leader `epoch` from their next offsets
+    /// (cluster mode; every tp of a unit at once).
+    BeginEpoch { tps: Vec<Tp>, epoch: i32, reply: oneshot::Sender<Result<(), StorageError>> },
+    /// Cuts a follower's divergent tail of `tp` at `end`; answers the new
+    /// log end.
+    Truncate { tp: Tp, end: i64, reply: oneshot::Sender<Result<i64, StorageError>> },
     /// The producers with state in each tp (DescribeProducers): the writer
     /// owns that state, so it answers, in order with the appends.
     DescribeProducers { tps: Vec<Tp>, reply: oneshot::Sender<Vec<Vec<producers::ActiveProducer>>> },
@@ -228,6 +234,12 @@ impl Writer {
                 WriteCmd::Switch { switch, reply } => {
                     let _ = reply.send(self.log.apply(switch));
                 }
+                WriteCmd::BeginEpoch { tps, epoch, reply } => {
+                    let _ = reply.send(tps.into_iter().try_for_each(|tp| self.log.begin_epoch(tp, epoch)));
+                }
+                WriteCmd::Truncate { tp, end, reply } => {
+                    let _ = reply.send(self.truncate(tp, end, now));
+                }
                 WriteCmd::DescribeProducers { tps, reply } => {
                     let _ = reply.send(self.producers.describe(&tps, &self.shared.txns.read().expect("txns lock")));
                 }
@@ -339,6 +351,25 @@ impl Writer {
             return;
         };
         self.hold(ack, reply, r);
+    }
+
+    /// A follower's divergent tail of `tp` cut at `end`. What the round
+    /// staged so far is written and answered first (storage cuts only a
+    /// tp with nothing staged). The tp's producer and transaction state
+    /// are rebuilt from what is left of its log, so a retry of a cut batch
+    /// is appended again rather than answered as a duplicate.
+    fn truncate(&mut self, tp: Tp, end: i64, now: i64) -> Result<i64, StorageError> {
+        let moved = self.flush();
+        self.answer(moved, None);
+        let at = self.log.truncate(tp, end, now)?;
+        let mut txns = self.shared.txns.write().expect("txns lock");
+        self.producers.forget_tp(&tp);
+        txns.forget_tp(&tp);
+        if let Err(e) = self.producers.replay(&mut txns, self.log.storage(), tp, 0, now) {
+            tracing::error!(?tp, error = %e, "rebuilding producer state after a truncation failed");
+        }
+        self.snapshots.dirty = true;
+        Ok(at)
     }
 
     /// Keeps an append's answer until the flush (acks=1) or the sync
@@ -460,7 +491,10 @@ fn refuse(cmd: WriteCmd, why: &str) {
         WriteCmd::Append(Append { reply, .. }) | WriteCmd::Replicate(Replicate { reply, .. }) | WriteCmd::Marker { reply, .. } => {
             let _ = reply.send(Err(AppendFailure::Storage(why.to_owned())));
         }
-        WriteCmd::Switch { reply, .. } => {
+        WriteCmd::Switch { reply, .. } | WriteCmd::BeginEpoch { reply, .. } => {
+            let _ = reply.send(Err(StorageError::Poisoned(why.to_owned())));
+        }
+        WriteCmd::Truncate { reply, .. } => {
             let _ = reply.send(Err(StorageError::Poisoned(why.to_owned())));
         }
         // Dropping the reply tells the caller the writer is gone.

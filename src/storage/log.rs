@@ -447,7 +447,16 @@ struct PartState {
     log_start: i64,
     /// Published end: every offset below it is in a file.
     leo: i64,
+    /// What readers may see: `min(durable, hw_limit)`, never lowered but
+    /// by a truncation.
     hw: i64,
+    /// What flushes made durable (or written, with a flush policy that
+    /// does not wait for fsync): [`Storage::publish_hw`].
+    durable: i64,
+    /// The ceiling replication puts on the hw (cluster mode: what the
+    /// in-sync replicas have, [`Storage::limit_hw`]); `i64::MAX` for a tp
+    /// nothing replicates.
+    hw_limit: i64,
     index: VecDeque<IndexEntry>,
     /// The subtree stores holding the tp's older batches, oldest first;
     /// everything in them lies below the first entry of `index`.
@@ -515,6 +524,30 @@ enum GuideFile {
 const GUIDE_ENTRIES: usize = 4096;
 
 impl PartState {
+    /// A flush made everything below `end` durable.
+    fn made_durable(&mut self, end: i64) {
+        self.durable = self.durable.max(end);
+        self.raise_hw();
+    }
+
+    /// The hw rises to what is durable, as far as replication lets it.
+    fn raise_hw(&mut self) {
+        self.hw = self.hw.max(self.durable.min(self.hw_limit));
+    }
+
+    /// Recovery found everything below `end` on disk (or a truncation cut
+    /// the tp there): durable and visible, bar a replication cap.
+    pub(super) fn recovered_to(&mut self, end: i64) {
+        self.durable = end;
+        self.hw = end.min(self.hw_limit);
+    }
+
+    /// A truncation at `at`: nothing from it on is durable or visible.
+    pub(super) fn cut_at(&mut self, at: i64) {
+        self.durable = self.durable.min(at);
+        self.hw = self.hw.min(at);
+    }
+
     /// Where to start for a batch that `in_store` says a store share holds
     /// (then `pos_in` picks the entry) or else that `in_log` finds, with up
     /// to `guide` entries ahead (0: only where to start, as the tip lookup
@@ -608,7 +641,7 @@ impl Partition {
         Arc::new(Partition {
             tp: spec.tp,
             branch,
-            st: RwLock::new(PartState { log_start: start, leo: start, hw: start, index: VecDeque::new(), stored: Vec::new(), epochs: EpochCache::default() }),
+            st: RwLock::new(PartState { log_start: start, leo: start, hw: start, durable: start, hw_limit: i64::MAX, index: VecDeque::new(), stored: Vec::new(), epochs: EpochCache::default() }),
             ahead: Mutex::new(None),
             deleted: AtomicBool::new(false),
         })
@@ -951,14 +984,33 @@ impl Storage {
                 for c in cuts.as_ref().and_then(|c| c.get(tp)).into_iter().flatten().filter(|c| c.seq >= flushed.seq_end) {
                     end = end.min(c.end);
                 }
-                if end > st.hw {
-                    st.hw = end;
-                }
+                st.made_durable(end);
             }
         }
         // After the tps: a subtree read never serves a batch its tp's own
         // fetch could not.
         self.visible_seq.fetch_max(flushed.seq_end, Ordering::AcqRel);
+    }
+
+    /// Caps `tp`'s high watermark at `limit` (cluster mode: the offset
+    /// every in-sync replica has; on a follower, its leader's hw), and
+    /// raises it to what is durable below the cap. The hw never goes down
+    /// here: a lower cap only stops it. Returns the hw when it moved.
+    pub fn limit_hw(&self, tp: &Tp, limit: i64) -> Option<i64> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let mut st = part.st.write().expect("partition lock");
+        st.hw_limit = limit;
+        let before = st.hw;
+        st.raise_hw();
+        (st.hw > before).then_some(st.hw)
+    }
+
+    /// What is durable of `tp` (its end as far as flushes reached disk):
+    /// a leader's own share of the high watermark.
+    pub fn durable_end(&self, tp: &Tp) -> Option<i64> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let st = part.st.read().expect("partition lock");
+        Some(st.durable)
     }
 
     /// Every tp storage holds.
@@ -1054,6 +1106,18 @@ impl Storage {
     /// consumer always makes progress (Kafka does the same for the first
     /// partition of a fetch response).
     pub fn read(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool) -> Result<ReadResult, ReadError> {
+        self.read_within(tp, offset, max_bytes, min_one, false)
+    }
+
+    /// [`Storage::read`] for a follower replica (cluster mode): up to the
+    /// log end, not the high watermark, since what followers have is what
+    /// moves the high watermark. Read-ahead slots are consumers' and are
+    /// left alone.
+    pub fn read_for_replica(&self, tp: &Tp, offset: i64, max_bytes: usize) -> Result<ReadResult, ReadError> {
+        self.read_within(tp, offset, max_bytes, true, true)
+    }
+
+    fn read_within(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool, to_end: bool) -> Result<ReadResult, ReadError> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
         let (start, log_start, hw, leo) = {
             let st = part.st.read().expect("partition lock");
@@ -1066,10 +1130,12 @@ impl Storage {
         };
         let mut result = ReadResult { records: Vec::new(), high_watermark: hw, log_start, log_end: leo, bytes_scanned: 0, next_offset: offset, from_tip: false };
         let Some(start) = start else { return Ok(result) };
+        // Where this read stops; `hw` below is that bound.
+        let hw = if to_end { leo } else { hw };
         if offset >= hw {
             return Ok(result);
         }
-        {
+        if !to_end {
             // A read-ahead slot for another offset is stale: the consumer
             // moved on (cleared before the tip answers, so it does not
             // keep its share of the read-ahead budget).
@@ -1091,7 +1157,7 @@ impl Storage {
                 }
             }
         }
-        {
+        if !to_end {
             let mut slot = part.ahead.lock().expect("read-ahead lock");
             if slot.as_ref().is_some_and(|a| a.len <= max_bytes.max(if min_one { usize::MAX } else { 0 })) {
                 let mut a = slot.take().expect("checked");
@@ -1662,6 +1728,36 @@ mod tests {
         s.sync().unwrap();
         s.publish_hw(&moved);
         assert_eq!(s.read(&tp(1, 0), 0, 100, true).unwrap().len(), b.len());
+    }
+
+    #[test]
+    fn a_replication_cap_holds_the_hw_and_replicas_read_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, mut w) = Storage::open(dir.path(), StorageConfig::default(), vec![spec(1, 0, "t")], true).unwrap();
+        let t = tp(1, 0);
+        // Capped before anything is durable: the flush is held at the cap.
+        assert_eq!(s.limit_hw(&t, 1), None);
+        for v in [b"a", b"b", b"c"] {
+            w.append(t, &make_batch(&[v], 0), 0, false).unwrap();
+        }
+        let moved = w.flush().unwrap();
+        s.sync().unwrap();
+        s.publish_hw(&moved);
+        assert_eq!(s.offsets(&t), Some((0, 1, 3)));
+        assert_eq!(s.durable_end(&t), Some(3));
+        assert_eq!(s.read(&t, 0, 1000, true).unwrap().next_offset, 1);
+        assert!(s.read(&t, 1, 1000, true).unwrap().records.is_empty());
+        // A follower reads to the log end, and learns the hw beside it.
+        let r = s.read_for_replica(&t, 1, 1000).unwrap();
+        assert_eq!((r.next_offset, r.high_watermark, r.log_end), (3, 1, 3));
+        // A higher cap lets the hw up to what is durable, no further; a
+        // lower one never takes it back.
+        assert_eq!(s.limit_hw(&t, 10), Some(3));
+        assert_eq!(s.limit_hw(&t, 2), None);
+        assert_eq!(s.offsets(&t), Some((0, 3, 3)));
+        // Uncapped again, a tp is what single-node mode makes it.
+        assert_eq!(s.limit_hw(&t, i64::MAX), None);
+        assert_eq!(s.limit_hw(&tp(9, 0), 1), None, "an unknown tp");
     }
 
     #[test]

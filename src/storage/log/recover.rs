@@ -211,7 +211,7 @@ impl Storage {
                     }
                     w.next_offset = w.next_offset.max(fh.last_offset() + 1);
                     st.leo = w.next_offset;
-                    st.hw = w.next_offset;
+                    st.recovered_to(w.next_offset);
                     // Frames below a persisted log start stay indexed;
                     // the log start itself may only rise to the first
                     // surviving batch.
@@ -403,7 +403,7 @@ fn apply_index(seg: &Segment, ix: &seg_index::SegIndex, writers: &mut HashMap<Tp
         st.index.extend(t.entries.iter().copied());
         w.restore(seg.base_seq, t);
         st.leo = w.next_offset;
-        st.hw = w.next_offset;
+        st.recovered_to(w.next_offset);
     }
 }
 
@@ -417,7 +417,7 @@ fn apply_cut(w: &mut PartWriter, cut: cuts::Cut, segs: &[Arc<Segment>], persiste
     st.log_start = st.log_start.min(cut.end.max(persisted_start));
     w.next_offset = w.next_offset.min(cut.end).max(st.log_start);
     st.leo = w.next_offset;
-    st.hw = w.next_offset;
+    st.recovered_to(w.next_offset);
     while st.index.back().is_some_and(|e| e.offset >= cut.end) {
         st.index.pop_back();
     }
@@ -493,7 +493,7 @@ fn open_stores(
             st.stored.push(file.clone());
             w.next_offset = w.next_offset.max(share.last_offset + 1);
             st.leo = w.next_offset;
-            st.hw = w.next_offset;
+            st.recovered_to(w.next_offset);
         }
         report.stores += 1;
         report.bytes += file.store.file_len;

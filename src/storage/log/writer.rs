@@ -352,7 +352,7 @@ impl LogWriter {
         {
             let mut st = pw.part.st.write().expect("partition lock");
             st.leo = at;
-            st.hw = st.hw.min(at);
+            st.cut_at(at);
             while st.index.back().is_some_and(|e| e.offset >= at) {
                 st.index.pop_back();
             }

@@ -1,0 +1,65 @@
+//! What cluster mode's replication asks of the engine (docs/cluster.md,
+//! "Replication protocol"): leader epochs begun when this node takes a
+//! unit's leadership, a follower's divergent tail cut, reads for
+//! followers up to the log end, and the high watermark replication
+//! decides. Appending a leader's copy is [`Engine::replicate`].
+
+use tokio::sync::oneshot;
+
+use super::writer::WriteCmd;
+use super::{Engine, EngineError};
+use crate::storage::{ReadResult, Tp};
+
+impl Engine {
+    /// This node leads `tps` (every tp of a unit) in leader `epoch` from
+    /// their next offsets: later appends are stamped with it, and
+    /// OffsetForLeaderEpoch answers from it. The same epoch again changes
+    /// nothing; a stale one is refused (`StorageError::StaleEpoch`).
+    pub async fn begin_epoch(&self, tps: Vec<Tp>, epoch: i32) -> Result<(), EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer.send(WriteCmd::BeginEpoch { tps, epoch, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+        Ok(rx.await.map_err(|_| EngineError::ShuttingDown)??)
+    }
+
+    /// Cuts `tp` back to `end` (a follower's divergent tail; see
+    /// `LogWriter::truncate`) and answers the new log end. Refused while
+    /// compaction or retention runs (`StorageError::Busy`: retry).
+    pub async fn truncate(&self, tp: Tp, end: i64) -> Result<i64, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer.send(WriteCmd::Truncate { tp, end, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+        Ok(rx.await.map_err(|_| EngineError::ShuttingDown)??)
+    }
+
+    /// Reads `tp` for a follower: from `offset` up to the log end. Does
+    /// file I/O.
+    pub fn read_for_replica(&self, tp: &Tp, offset: i64, max_bytes: usize) -> Result<ReadResult, EngineError> {
+        Ok(self.storage.read_for_replica(tp, offset, max_bytes)?)
+    }
+
+    /// Caps `tp`'s high watermark at `limit` (what every in-sync replica
+    /// has, or a follower's leader's hw) and wakes the fetches waiting on
+    /// it when it moved. `i64::MAX` lifts the cap.
+    pub fn limit_hw(&self, tp: &Tp, limit: i64) {
+        if let Some(hw) = self.storage.limit_hw(tp, limit) {
+            self.waiters.wake(&[(*tp, hw)]);
+        }
+    }
+
+    /// What is durable of `tp` here: a leader's own share of its high
+    /// watermark.
+    pub fn durable_end(&self, tp: &Tp) -> Option<i64> {
+        self.storage.durable_end(tp)
+    }
+
+    /// Where leader `epoch` ends in `tp`'s log: (the largest epoch at or
+    /// below it, the start of the next epoch or the log end).
+    pub fn end_offset_for(&self, tp: &Tp, epoch: i32) -> Option<(i32, i64)> {
+        self.storage.end_offset_for(tp, epoch)
+    }
+
+    /// The latest leader epoch `tp`'s log holds (-1: none), a follower's
+    /// `LastFetchedEpoch`.
+    pub fn latest_epoch(&self, tp: &Tp) -> i32 {
+        self.storage.epochs(tp).and_then(|e| e.last().map(|e| e.epoch)).unwrap_or(-1)
+    }
+}
