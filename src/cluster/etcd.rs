@@ -546,9 +546,9 @@ impl Directory {
         }
     }
 
-    async fn ensure_units(&self, names: Vec<String>) -> Result<(), EngineError> {
+    async fn ensure_units(&self, names: Vec<String>, rf: i16) -> Result<(), EngineError> {
         let view = self.view.borrow().clone();
-        ensure_units(&self.client, &self.keys, &view, names).await
+        ensure_units(&self.client, &self.keys, &view, names, rf).await
     }
 
     /// Waits (within the call's timeout) until this node's view reflects
@@ -570,10 +570,19 @@ impl Directory {
 }
 
 /// Creates the units of `names` that `view` lacks, each only if still
-/// absent in etcd, placed over the nodes `view` has registered.
-async fn ensure_units(client: &Client, keys: &Keys, view: &ClusterView, names: Vec<String>) -> Result<(), EngineError> {
+/// absent in etcd, with `rf` replicas placed over the nodes `view` has
+/// registered. A unit that exists with another replica count is refused:
+/// a branch's topics share their units' replica sets (docs/cluster.md;
+/// units per replication factor are not built yet).
+async fn ensure_units(client: &Client, keys: &Keys, view: &ClusterView, names: Vec<String>, rf: i16) -> Result<(), EngineError> {
+    if let Some((name, u)) = names.iter().find_map(|n| view.units.get(n).filter(|u| u.replicas.len() != rf as usize).map(|u| (n, u))) {
+        return Err(EngineError::InvalidReplicationFactor(format!(
+            "replication factor {rf}: unit {name} of this topic's branch has {} replicas, and a branch's topics share them (create the topic under a branch of its own)",
+            u.replicas.len()
+        )));
+    }
     let missing: Vec<String> = names.into_iter().filter(|u| !view.units.contains_key(u)).collect();
-    let placed = topics::place(view, &missing, 1).map_err(EngineError::InvalidReplicationFactor)?;
+    let placed = topics::place(view, &missing, rf.max(1) as usize).map_err(EngineError::InvalidReplicationFactor)?;
     let mut client = client.clone();
     let placed: Vec<(String, UnitRecord)> = placed.into_iter().collect();
     for chunk in placed.chunks(OPS_PER_TXN) {
@@ -602,6 +611,21 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
+    /// A unit's leader changes its ISR (Kafka's AlterPartition): written
+    /// only if the unit's key still has the revision `from` was read at,
+    /// so a stale leader's change, or one that raced the controller's,
+    /// fails (`Ok(false)`) and is decided again from a newer view.
+    pub(crate) async fn alter_isr(&self, unit: &str, from: &UnitRecord, isr: Vec<i32>) -> Result<bool, String> {
+        let key = self.keys.unit(unit);
+        let new = UnitRecord { isr, ..from.clone() };
+        let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, from.mod_revision)]).and_then([TxnOp::put(key, serde_json::to_vec(&new).expect("a unit encodes"), None)]);
+        match tokio::time::timeout(ADMIN_TIMEOUT, self.client.clone().txn(txn)).await {
+            Ok(Ok(r)) => Ok(r.succeeded()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("etcd did not answer within {ADMIN_TIMEOUT:?}")),
+        }
+    }
+
     /// Starts creating the missing shards, unless that is under way.
     pub(crate) fn ensure(self: &Arc<Self>) {
         if self.creating.swap(true, Ordering::AcqRel) {
@@ -610,7 +634,7 @@ impl Shards {
         let me = self.clone();
         tokio::spawn(async move {
             let view = me.view.borrow().clone();
-            match tokio::time::timeout(ADMIN_TIMEOUT, ensure_units(&me.client, &me.keys, &view, topics::coordinator_units())).await {
+            match tokio::time::timeout(ADMIN_TIMEOUT, ensure_units(&me.client, &me.keys, &view, topics::coordinator_units(), 1)).await {
                 Ok(Ok(())) => tracing::info!(nodes = view.nodes.len(), "coordinator shards created"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "creating the coordinator shards failed"),
                 Err(_) => tracing::warn!("etcd did not create the coordinator shards within {ADMIN_TIMEOUT:?}"),
@@ -625,13 +649,13 @@ fn etcd_failed(e: etcd_client::Error) -> EngineError {
 }
 
 fn entry_of(t: &TopicRecord) -> TopicEntry {
-    TopicEntry { id: uuid::Uuid::from_bytes(t.id).to_string(), partitions: t.partitions, replication_factor: 1, configs: t.configs.clone(), created_ms: t.created_ms }
+    TopicEntry { id: uuid::Uuid::from_bytes(t.id).to_string(), partitions: t.partitions, replication_factor: t.replication_factor, configs: t.configs.clone(), created_ms: t.created_ms }
 }
 
 impl TopicDirectory for Directory {
     fn create(&self, t: &TopicRecord) -> Result<(), EngineError> {
         self.run("a topic creation", async {
-            self.ensure_units((0..t.partitions).map(|p| topics::unit_of(&t.name, p)).collect()).await?;
+            self.ensure_units((0..t.partitions).map(|p| topics::unit_of(&t.name, p)).collect(), t.replication_factor).await?;
             let key = self.keys.topic(&t.name);
             let value = serde_json::to_vec(&entry_of(t)).expect("a topic entry encodes");
             let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, value, None)]);
@@ -679,7 +703,7 @@ impl TopicDirectory for Directory {
                     if new.partitions <= entry.partitions {
                         return Err(EngineError::InvalidPartitions(new.partitions));
                     }
-                    self.ensure_units((entry.partitions..new.partitions).map(|p| topics::unit_of(&old.name, p)).collect()).await?;
+                    self.ensure_units((entry.partitions..new.partitions).map(|p| topics::unit_of(&old.name, p)).collect(), entry.replication_factor).await?;
                     entry.partitions = new.partitions;
                 }
                 if new.configs != old.configs {

@@ -165,6 +165,18 @@ impl Membership {
         }
     }
 
+    /// Writes `isr` as unit `unit`'s in-sync replicas, if the unit is still
+    /// as `from` was read (see `etcd::Shards::alter_isr`); `Ok(false)`:
+    /// it changed meanwhile, or single-node mode (which has no units).
+    pub async fn alter_isr(&self, unit: &str, from: &topics::UnitRecord, isr: Vec<i32>) -> Result<bool, String> {
+        #[cfg(feature = "cluster")]
+        if let Some(s) = &self.shards {
+            return s.alter_isr(unit, from, isr).await;
+        }
+        let _ = (unit, from, isr);
+        Ok(false)
+    }
+
     /// A producer id from this node's block of the cluster's ids (cluster
     /// mode); `None` in single-node mode, where the catalog hands them out.
     pub async fn allocate_producer_id(&self) -> Option<Result<i64, String>> {

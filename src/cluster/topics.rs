@@ -54,7 +54,7 @@ impl TopicEntry {
 pub fn topic_records(view: &ClusterView) -> BTreeMap<String, crate::meta::TopicRecord> {
     view.topics
         .iter()
-        .filter_map(|(name, e)| Some((name.clone(), crate::meta::TopicRecord { name: name.clone(), id: e.id_bytes()?, partitions: e.partitions, configs: e.configs.clone(), created_ms: e.created_ms })))
+        .filter_map(|(name, e)| Some((name.clone(), crate::meta::TopicRecord { name: name.clone(), id: e.id_bytes()?, partitions: e.partitions, replication_factor: e.replication_factor, configs: e.configs.clone(), created_ms: e.created_ms })))
         .collect()
 }
 

@@ -185,6 +185,8 @@ settings! {
     auto_create_topics: bool = "true", "CANOPY_AUTO_CREATE_TOPICS", "auto-create-topics";
     "Partition count of auto-created topics (Kafka's num.partitions)"
     num_partitions: i32 = "1", "CANOPY_NUM_PARTITIONS", "num-partitions";
+    "Copies of each partition of topics created without a replication factor (Kafka's default.replication.factor; above 1 only in cluster mode)"
+    default_replication_factor: i16 = "1", "CANOPY_DEFAULT_REPLICATION_FACTOR", "default-replication-factor";
     "Largest request frame accepted, in bytes (socket.request.max.bytes)"
     max_request_bytes: usize = "104857600", "CANOPY_MAX_REQUEST_BYTES", "max-request-bytes";
     "Requests read ahead of their responses on one connection"
@@ -334,6 +336,9 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |key, why: &str| Err(ConfigError::Invalid { key, why: why.to_owned() });
+        if self.default_replication_factor < 1 {
+            return bad("default_replication_factor", "must be at least 1");
+        }
         if self.num_partitions < 1 {
             return bad("num_partitions", "must be at least 1");
         }
@@ -711,6 +716,7 @@ impl Config {
         e.topic_defaults = TopicDefaults { statics: self.static_topic_defaults(), max_message_bytes_limit: self.max_message_bytes_limit() };
         e.auto_create_topics = self.auto_create_topics;
         e.num_partitions = self.num_partitions;
+        e.default_replication_factor = self.default_replication_factor;
         e.max_topics = self.max_topics;
         e.write_queue = self.write_queue;
         e.producer_id_expiration_ms = self.producer_id_expiration_ms;

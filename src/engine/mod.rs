@@ -106,6 +106,9 @@ pub struct EngineConfig {
     pub topic_defaults: TopicDefaults,
     pub auto_create_topics: bool,
     pub num_partitions: i32,
+    /// Copies of each partition of a topic created without a replication
+    /// factor (Kafka's default.replication.factor; cluster mode).
+    pub default_replication_factor: i16,
     pub max_partitions_per_topic: i32,
     pub max_topics: usize,
     /// Appends queued for the writer thread before producers wait.
@@ -142,6 +145,7 @@ impl EngineConfig {
             topic_defaults: TopicDefaults::default(),
             auto_create_topics: true,
             num_partitions: 1,
+            default_replication_factor: 1,
             max_partitions_per_topic: 10_000,
             max_topics: 1_000_000,
             write_queue: 4096,
@@ -251,6 +255,8 @@ impl Ord for ByName {
 pub struct NewTopic {
     pub name: String,
     pub partitions: i32,
+    /// -1: the broker's default (`default_replication_factor`).
+    pub replication_factor: i16,
     pub configs: BTreeMap<String, String>,
 }
 
@@ -544,7 +550,7 @@ impl Engine {
 
     /// Creates a topic; returns after the catalog is durable. Blocking.
     pub fn create_topic(&self, name: &str, partitions: i32, configs: BTreeMap<String, String>, validate_only: bool) -> Result<Arc<Topic>, EngineError> {
-        let new = NewTopic { name: name.to_owned(), partitions, configs };
+        let new = NewTopic { name: name.to_owned(), partitions, replication_factor: -1, configs };
         self.create_topics(vec![new], validate_only).pop().expect("one answer per topic")
     }
 
@@ -571,8 +577,14 @@ impl Engine {
                 if count >= self.cfg.max_topics {
                     return Err(EngineError::TooManyTopics(self.cfg.max_topics));
                 }
+                let replication_factor = if t.replication_factor == -1 { self.cfg.default_replication_factor } else { t.replication_factor };
+                // Placement checks it against the brokers (cluster mode);
+                // one node holds one copy.
+                if replication_factor < 1 || (replication_factor > 1 && self.directory.get().is_none()) {
+                    return Err(EngineError::InvalidReplicationFactor(format!("replication factor {replication_factor}: this node is a cluster of one")));
+                }
                 count += 1;
-                let record = TopicRecord { id: *uuid::Uuid::new_v4().as_bytes(), name: t.name, partitions: t.partitions, configs: t.configs, created_ms: self.now_ms() };
+                let record = TopicRecord { id: *uuid::Uuid::new_v4().as_bytes(), name: t.name, partitions: t.partitions, replication_factor, configs: t.configs, created_ms: self.now_ms() };
                 Ok(Arc::new(Topic { record, config, traffic: Arc::new(probe::Traffic::new(self.cfg.probe.traffic.clone())) }))
             })
             .collect();

@@ -19,7 +19,7 @@ async fn stored_configs_that_no_longer_pass_do_not_stop_the_broker() {
     {
         let catalog = Catalog::open(&dir.path().join("catalog")).unwrap();
         let configs: BTreeMap<String, String> = [("segment.bytes", "102400"), ("retention.ms", "5000")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        catalog.put_topic(&TopicRecord { id: [7; 16], name: "old.topic".into(), partitions: 1, configs, created_ms: 0 }).unwrap();
+        catalog.put_topic(&TopicRecord { id: [7; 16], name: "old.topic".into(), partitions: 1, replication_factor: 1, configs, created_ms: 0 }).unwrap();
         let bad: BTreeMap<String, String> = [("log.retention.bytes".to_string(), "lots".to_string()), ("log.retention.ms".to_string(), "9000".to_string())].into();
         catalog.put_broker_configs("default", &bad).unwrap();
         catalog.flush().unwrap();
@@ -356,7 +356,7 @@ async fn in_cluster_mode_topics_are_the_directorys() {
     .unwrap();
     assert_eq!(*directory.asked.lock().unwrap(), vec!["create a.mine", "create b.taken", "update a.mine 2->3", "delete a.mine"]);
 
-    let record = |name: &str, id: u8, partitions: i32, configs: &[(&str, &str)]| TopicRecord { name: name.into(), id: [id; 16], partitions, configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), created_ms: 5 };
+    let record = |name: &str, id: u8, partitions: i32, configs: &[(&str, &str)]| TopicRecord { name: name.into(), id: [id; 16], partitions, replication_factor: 1, configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), created_ms: 5 };
     let follow = |wanted: Vec<TopicRecord>| {
         let e = engine.clone();
         async move { tokio::task::spawn_blocking(move || e.follow_topics(|| (wanted.into_iter().map(|t| (t.name.clone(), t)).collect(), Default::default()))).await.unwrap() }

@@ -116,6 +116,8 @@ pub struct TopicConfig {
     pub min_compaction_lag_ms: i64,
     pub max_compaction_lag_ms: i64,
     pub min_cleanable_dirty_ratio: f64,
+    /// Cluster mode: acks=all needs this many in-sync replicas.
+    pub min_insync_replicas: i32,
 }
 
 impl TopicConfig {
@@ -135,6 +137,7 @@ impl TopicConfig {
             min_compaction_lag_ms: 0,
             max_compaction_lag_ms: i64::MAX,
             min_cleanable_dirty_ratio: 0.5,
+            min_insync_replicas: 1,
         }
     }
 }

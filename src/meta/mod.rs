@@ -133,11 +133,19 @@ fn parse_offset_key(key: &[u8]) -> Option<(String, String, i32)> {
     Some((group, topic.to_owned(), p.parse().ok()?))
 }
 
+fn one() -> i16 {
+    1
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicRecord {
     pub name: String,
     pub id: [u8; 16],
     pub partitions: i32,
+    /// Copies of each partition (cluster mode; 1 in single-node mode, and
+    /// in records written before replication).
+    #[serde(default = "one")]
+    pub replication_factor: i16,
     pub configs: BTreeMap<String, String>,
     pub created_ms: i64,
 }
@@ -708,7 +716,7 @@ mod tests {
     #[test]
     fn topics_and_log_starts_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let t = TopicRecord { name: "a.b".into(), id: [7; 16], partitions: 3, configs: BTreeMap::new(), created_ms: 5 };
+        let t = TopicRecord { name: "a.b".into(), id: [7; 16], partitions: 3, replication_factor: 1, configs: BTreeMap::new(), created_ms: 5 };
         {
             let c = Catalog::open(dir.path()).unwrap();
             assert_eq!(c.cluster_id(|| "abc".into()).unwrap(), "abc");

@@ -37,10 +37,6 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 answers.push((fail(r, ResponseError::TopicAuthorizationFailed.code(), "Authorization failed.".into()), None));
                 continue;
             }
-            if t.replication_factor > 1 {
-                answers.push((fail(r, ResponseError::InvalidReplicationFactor.code(), "replication factor must be 1 (or -1): Canopy does not replicate yet".into()), None));
-                continue;
-            }
             let partitions = if !t.assignments.is_empty() {
                 t.assignments.len() as i32
             } else if t.num_partitions == -1 {
@@ -50,7 +46,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             };
             let configs: BTreeMap<String, String> = t.configs.iter().filter_map(|c| c.value.as_ref().map(|v| (c.name.to_string(), v.to_string()))).collect();
             answers.push((r, Some(new.len())));
-            new.push(NewTopic { name: super::name(&t.name).to_owned(), partitions, configs });
+            new.push(NewTopic { name: super::name(&t.name).to_owned(), partitions, replication_factor: t.replication_factor, configs });
         }
         let names: Vec<String> = new.iter().map(|t| t.name.clone()).collect();
         let mut created: Vec<Option<Result<_, EngineError>>> = engine.create_topics(new, req.validate_only).into_iter().map(Some).collect();
@@ -61,7 +57,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 match created[i].take().expect("one answer per topic") {
                     Ok(topic) => {
                         if version >= 5 {
-                            r = r.with_num_partitions(topic.partitions()).with_replication_factor(1).with_configs(Some(
+                            r = r.with_num_partitions(topic.partitions()).with_replication_factor(topic.record.replication_factor).with_configs(Some(
                                 engine
                                     .describe_topic_configs(&topic)
                                     .into_iter()
