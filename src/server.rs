@@ -181,6 +181,10 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     };
     let (membership, cluster) = join_cluster(cfg, &engine, me, stop_rx.clone()).await?;
     let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), Some(membership), clock, stop_rx.clone()).await?;
+    if cluster.is_some() {
+        // Ends with the broker (at `stop_rx`); its fetchers with it.
+        kafka::replication::Replication::start(broker.clone(), stop_rx.clone());
+    }
     let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
     let kafka_probe = broker.probe.clone();
     let kafka_listeners: Vec<(String, SocketAddr)> = listeners.iter().map(|(l, _, a)| (l.name.clone(), *a)).collect();
@@ -338,6 +342,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         budget: Arc::new(crate::limits::MemoryBudget::new(cfg.queued_max_request_bytes)),
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
         fetch_sessions: Arc::new(kafka::fetch_session::FetchSessions::new(cfg.max_incremental_fetch_session_cache_slots, cfg.max_incremental_fetch_session_cache_partitions)),
+        replication: kafka::replication::Replication::new(cfg.node_id, cfg.replica_lag_time_max_ms),
     }))
 }
 

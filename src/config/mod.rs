@@ -305,6 +305,8 @@ settings! {
     broker_rack: String = "", "CANOPY_BROKER_RACK", "broker-rack";
     "Cluster mode: a broker whose etcd lease is not renewed for this long leaves the cluster, in milliseconds (broker.session.timeout.ms; etcd rounds up to whole seconds)"
     broker_session_timeout_ms: u64 = "3000", "CANOPY_BROKER_SESSION_TIMEOUT_MS", "broker-session-timeout-ms";
+    "Cluster mode: a follower that has not caught up with its leader for this long leaves the ISR (Kafka's replica.lag.time.max.ms)"
+    replica_lag_time_max_ms: i64 = "30000", "CANOPY_REPLICA_LAG_TIME_MAX_MS", "replica-lag-time-max-ms";
     "Cluster mode: how often the broker renews its etcd lease, in milliseconds (broker.heartbeat.interval.ms)"
     broker_heartbeat_interval_ms: u64 = "1000", "CANOPY_BROKER_HEARTBEAT_INTERVAL_MS", "broker-heartbeat-interval-ms";
 }

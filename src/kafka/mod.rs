@@ -15,6 +15,7 @@ pub mod handlers;
 pub mod listener;
 pub mod session;
 pub mod probe;
+pub mod replication;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +94,8 @@ pub struct Broker {
     pub oauth: Option<Arc<crate::auth::oauth::Validator>>,
     /// Fetch sessions (KIP-227), shared by every connection.
     pub fetch_sessions: Arc<fetch_session::FetchSessions>,
+    /// Replication between brokers (cluster mode).
+    pub replication: Arc<replication::Replication>,
 }
 
 impl Broker {
@@ -136,8 +139,16 @@ pub struct NotLeader {
 impl Broker {
     /// Whether this node leads `topic`'s partition `partition` now
     /// ([`crate::cluster::Membership::lead`]); `Err`: where the leader is.
+    /// In cluster mode the node must also have begun that leader epoch in
+    /// the partition ([`replication::Replication::leads`]), so everything
+    /// it appends carries the epoch; until then it names itself, and the
+    /// client retries.
     pub fn lead(&self, view: &crate::cluster::ClusterView, topic: &str, partition: i32) -> Result<i32, NotLeader> {
-        self.cluster.lead(view, topic, partition).map_err(|(leader, leader_epoch)| NotLeader { leader, leader_epoch })
+        let epoch = self.cluster.lead(view, topic, partition).map_err(|(leader, leader_epoch)| NotLeader { leader, leader_epoch })?;
+        if view.single || self.engine.topic(topic).is_some_and(|t| self.replication.leads(&t.tp(partition), epoch)) {
+            return Ok(epoch);
+        }
+        Err(NotLeader { leader: self.node_id(), leader_epoch: epoch })
     }
 }
 

@@ -776,3 +776,118 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     let out = refused_start(&root.path().join("node1"), &[]);
     assert!(out.contains("belongs to cluster"), "{out}");
 }
+
+/// Per partition of `topic`, (leader, leader epoch, ISR sorted) as `addr`
+/// describes it (Metadata v12); empty while it does not know the topic.
+async fn isrs(addr: SocketAddr, topic: &str) -> Vec<(i32, i32, Vec<i32>)> {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))])).with_allow_auto_topic_creation(false);
+    let r: MetadataResponse = common::call(&mut sock, 3, 12, 3, &req).await;
+    let mut parts: Vec<(i32, (i32, i32, Vec<i32>))> = r.topics[0]
+        .partitions
+        .iter()
+        .map(|p| {
+            let mut isr: Vec<i32> = p.isr_nodes.iter().map(|n| n.0).collect();
+            isr.sort();
+            (p.partition_index, (p.leader_id.0, p.leader_epoch, isr))
+        })
+        .collect();
+    parts.sort();
+    parts.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Polls `addr` until its ISRs of `topic` satisfy `done`.
+async fn wait_isrs(addr: SocketAddr, topic: &str, what: &str, done: impl Fn(&[(i32, i32, Vec<i32>)]) -> bool) -> Vec<(i32, i32, Vec<i32>)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = isrs(addr, topic).await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(Instant::now() < deadline, "{what}: {addr} still says {seen:?} after 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `count` records `<tag><i>` produced idempotently with acks=all through
+/// a librdkafka producer bootstrapping from `addr`, to partition i % 2;
+/// every one must be acknowledged.
+async fn produce_acked(addr: SocketAddr, topic: &'static str, tag: &'static str, count: usize) {
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let p: FutureProducer = common::client(addr).set("acks", "all").set("enable.idempotence", "true").set("message.timeout.ms", "60000").create().unwrap();
+        let values: Vec<String> = (0..count).map(|i| format!("{tag}{i}")).collect();
+        let sent: Vec<_> = values.iter().enumerate().map(|(i, v)| p.send_result(FutureRecord::to(topic).partition(i as i32 % 2).key(v).payload(v)).map_err(|(e, _)| e).expect("queued")).collect();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for d in sent {
+            rt.block_on(d).expect("delivered").expect("every record acknowledged");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Replication (step 3 of docs/cluster.md): a topic with replication
+/// factor 3 and min.insync.replicas 2 has every node in each partition's
+/// ISR; librdkafka's idempotent acks=all records survive the kill -9 of
+/// a partition's leader, whose successor comes from the ISR in a new
+/// epoch and takes produce at once; the killed node, restarted, catches
+/// up and joins the ISR again; after the next leader's death every
+/// acknowledged record is still there, once and in order; with one node
+/// left of three, acks=all is refused with NOT_ENOUGH_REPLICAS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
+async fn replicated_records_survive_their_leaders_death() {
+    let root = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(root.path());
+    let mut nodes: Vec<Option<ChildBroker>> = vec![None];
+    for id in 1..=3 {
+        nodes.push(Some(spawn_node(root.path(), id, &etcd)));
+    }
+    let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
+    wait_until(addr(&nodes, 1), "three nodes", |s| s.0.len() == 3 && s.1 > 0).await;
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 1)).create().unwrap();
+        let r = admin.create_topics(&[NewTopic::new("rep.t", 2, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")], &AdminOptions::new()).await.unwrap();
+        r[0].as_ref().expect("created with three replicas");
+        let r = admin.create_topics(&[NewTopic::new("four", 1, TopicReplication::Fixed(4))], &AdminOptions::new()).await.unwrap();
+        assert!(matches!(r[0], Err((_, rdkafka::types::RDKafkaErrorCode::InvalidReplicationFactor))), "{r:?}");
+    }
+    let all = |ps: &[(i32, i32, Vec<i32>)]| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *isr == vec![1, 2, 3]);
+    let first = wait_isrs(addr(&nodes, 1), "rep.t", "every node in sync", all).await;
+
+    produce_acked(addr(&nodes, 2), "rep.t", "a", 400).await;
+    // The leader of partition 0 dies: a follower from its ISR takes over
+    // in the next epoch, and the ISR loses the dead node.
+    let (dead, epoch) = (first[0].0, first[0].1);
+    nodes[dead as usize].take().unwrap().kill9();
+    let survivor = survivor_of(&nodes, dead);
+    let after = wait_isrs(survivor, "rep.t", "a new leader for partition 0", |ps| ps.len() == 2 && ps[0].0 > 0 && ps[0].0 != dead && ps[0].1 > epoch && !ps[0].2.contains(&dead)).await;
+    assert_eq!(after[0].2.len(), 2, "{after:?}");
+    produce_acked(survivor, "rep.t", "b", 400).await;
+    let expected = |tags: &[(&str, usize)]| -> Vec<Vec<String>> {
+        (0..2).map(|p| tags.iter().flat_map(|(tag, n)| (0..*n).filter(move |i| i % 2 == p).map(move |i| format!("{tag}{i}"))).collect()).collect()
+    };
+    assert_eq!(read_all(survivor, "rep.t", 2, 800).await, expected(&[("a", 400), ("b", 400)]), "every acknowledged record, once, in order");
+
+    // Back, the killed node catches up and joins every ISR again.
+    nodes[dead as usize] = Some(spawn_node(root.path(), dead, &etcd));
+    let back = wait_isrs(survivor, "rep.t", "the restarted node in sync again", all).await;
+    produce_acked(survivor, "rep.t", "c", 200).await;
+
+    // The next leader of partition 0 dies too: what its successor (either
+    // of the others, the restarted node among them) has is everything.
+    let next = back[0].0;
+    nodes[next as usize].take().unwrap().kill9();
+    let survivor = survivor_of(&nodes, next);
+    wait_isrs(survivor, "rep.t", "partition 0 led again", |ps| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *l != next && !isr.contains(&next))).await;
+    assert_eq!(read_all(survivor, "rep.t", 2, 1000).await, expected(&[("a", 400), ("b", 400), ("c", 200)]), "every acknowledged record after two leaders died");
+
+    // One node of three left: acks=all is refused before anything is
+    // appended (min.insync.replicas 2).
+    let other = (1..=3).find(|id| *id != next && nodes[*id as usize].is_some() && addr(&nodes, *id) != survivor).unwrap();
+    nodes[other as usize].take().unwrap().kill9();
+    wait_isrs(survivor, "rep.t", "one node left in the ISR", |ps| ps.len() == 2 && ps.iter().all(|(_, _, isr)| isr.len() == 1)).await;
+    assert_eq!(produce(survivor, "rep.t", common::producer_batch(-1, -1, -1, &[b"alone"])).await, 19, "NOT_ENOUGH_REPLICAS");
+}

@@ -78,6 +78,13 @@ pub struct Reply {
     endpoints: Vec<wire::Endpoint>,
 }
 
+impl Reply {
+    /// An answer without sessions or leader endpoints (a follower's).
+    pub(super) fn new(error_code: i16, topics: Vec<TopicOut>) -> Reply {
+        Reply { error_code, session_id: 0, topics, endpoints: Vec::new() }
+    }
+}
+
 impl IntoReply for Option<Reply> {
     fn into_reply(self, correlation_id: i32, version: i16, throttle_ms: i32) -> Option<Vec<Bytes>> {
         let r = self?;
@@ -86,6 +93,11 @@ impl IntoReply for Option<Reply> {
 }
 
 pub async fn handle(broker: &Broker, mut req: Request, version: i16) -> Option<Reply> {
+    // A follower's fetch (cluster mode; single-node mode has no
+    // followers and answers it as a consumer's, as before).
+    if let Some(replica) = super::replica_fetch::replica_of(&req, version).filter(|_| !broker.cluster.view().single) {
+        return super::replica_fetch::handle(broker, req, version, replica).await;
+    }
     let principal = conn::session().principal();
     let now_ms = broker.engine.now_ms();
     // v7+ carry a session id and epoch; older fetches have no session.

@@ -195,6 +195,8 @@ impl super::IntoReply for Option<Reply> {
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply> {
     debug_assert!(version >= DECODED.min && version <= DECODED.max);
     let acks = req.acks;
+    // acks=all in cluster mode waits for the in-sync replicas this long.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(req.timeout_ms.max(0) as u64);
     // The producer byte rate is charged the request's records; acks=0
     // requests are not charged for their time (as in Kafka).
     let size: usize = req.topic_data.iter().flat_map(|t| &t.partition_data).map(|p| p.records.as_ref().map_or(0, |r| r.len())).sum();
@@ -277,7 +279,14 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     for (i, (topic_name, name, found, parts)) in resolved.into_iter().enumerate() {
         let mut out = Vec::with_capacity(parts.len());
         for (j, p) in parts.into_iter().enumerate() {
-            let elsewhere = found.as_ref().ok().filter(|t| p.index >= 0 && p.index < t.partitions()).and_then(|_| broker.lead(&view, &name, p.index).err());
+            let led = found.as_ref().ok().filter(|t| p.index >= 0 && p.index < t.partitions()).map(|_| broker.lead(&view, &name, p.index));
+            let elsewhere = led.and_then(Result::err);
+            // acks=all in cluster mode: answered once the in-sync replicas
+            // have it, in the epoch it was appended in.
+            let replicated = match (&found, led) {
+                (Ok(t), Some(Ok(epoch))) if ack == Some(Ack::Durable) && !view.single => Some((t.clone(), epoch)),
+                _ => None,
+            };
             let submitted = match (&found, ack) {
                 (_, None) => Err(None),
                 (Err(Refused::Engine(e)), _) => Err(Some(Failed::of(e))),
@@ -288,12 +297,15 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                     Err(Some(Failed::not_leader(hint)))
                 }
                 (Ok(_), _) if not_joined.contains_key(&(i, j)) => Err(Some(Failed { code: not_joined[&(i, j)], message: None, records: Vec::new(), leader: None })),
+                (Ok(t), Some(Ack::Durable)) if !crate::kafka::replication::Replication::enough_replicas(&view, t, p.index) => {
+                    Err(Some(Failed { code: ResponseError::NotEnoughReplicas.code(), message: Some(format!("fewer in-sync replicas than min.insync.replicas ({})", t.config.min_insync_replicas)), records: Vec::new(), leader: None }))
+                }
                 (Ok(t), Some(ack)) => {
                     let records = p.records.unwrap_or_default();
                     broker.engine.submit(t, p.index, records, ack).await.map_err(|e| Some(Failed::of(&e)))
                 }
             };
-            out.push((p.index, submitted));
+            out.push((p.index, submitted, replicated));
         }
         pending.push((topic_name, out));
     }
@@ -301,7 +313,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     let mut responses = Vec::with_capacity(pending.len());
     for (name, parts) in pending {
         let mut partition_responses = Vec::with_capacity(parts.len());
-        for (index, submitted) in parts {
+        for (index, submitted, replicated) in parts {
             let mut r = PartitionProduceResponse::default().with_index(index).with_base_offset(-1).with_log_append_time_ms(-1).with_log_start_offset(-1);
             match submitted {
                 Err(None) => r = r.with_error_code(ResponseError::InvalidRequiredAcks.code()),
@@ -311,6 +323,19 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                     // when the request came in: a node paused past its lease
                     // (or cut off from etcd) may have been replaced meanwhile.
                     Ok(_) if !broker.cluster.in_good_standing() => r = Failed::not_leader(crate::kafka::NotLeader { leader: -1, leader_epoch: -1 }).answer(r, version),
+                    Ok(a) if replicated.is_some() && a.last_offset >= 0 => {
+                        let (topic, epoch) = replicated.as_ref().expect("checked");
+                        match broker.replication.replicated(broker, topic, index, *epoch, a.last_offset + 1, deadline).await {
+                            Ok(()) => {
+                                r = r.with_base_offset(a.base_offset).with_log_append_time_ms(a.log_append_time);
+                                if version >= 5 {
+                                    r = r.with_log_start_offset(a.log_start);
+                                }
+                            }
+                            Err(code) if code == ResponseError::NotLeaderOrFollower.code() => r = Failed::not_leader(crate::kafka::NotLeader { leader: -1, leader_epoch: -1 }).answer(r, version),
+                            Err(code) => r = Failed { code, message: None, records: Vec::new(), leader: None }.answer(r, version),
+                        }
+                    }
                     Ok(a) => {
                         r = r.with_base_offset(a.base_offset).with_log_append_time_ms(a.log_append_time);
                         if version >= 5 {

@@ -1,0 +1,372 @@
+//! Replication between brokers (cluster mode; docs/cluster.md,
+//! "Replication protocol"): Kafka's own. Followers fetch from their
+//! unit's leader with Fetch and a replica id (`fetcher.rs`); the leader
+//! answers them up to its log end (`handlers::replica_fetch`), keeps
+//! each follower's position, and lets a tp's high watermark rise to what
+//! every in-sync replica has. The leader also keeps the ISR: a follower
+//! that has not caught up within `replica_lag_time_max_ms` leaves it, one
+//! that has everything below the hw joins again, each by a
+//! compare-and-swap on the unit's etcd key.
+//!
+//! Roles follow the view: [`Replication::reconcile`] begins this node's
+//! leader epoch in every tp of a unit it now leads (before any produce is
+//! taken in that epoch: `Broker::lead` asks [`Replication::leads`]),
+//! freezes the hw of tps it no longer leads until their new leader says
+//! more, and runs one fetcher per leader it follows.
+//!
+//! Single-node mode has none of this: every tp is led in epoch 0, with no
+//! cap on its hw.
+
+pub mod fetcher;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::cluster::topics::{unit_of, UnitRecord};
+use crate::cluster::ClusterView;
+use crate::engine::Topic;
+use crate::kafka::Broker;
+use crate::storage::Tp;
+
+/// How often roles and ISRs are looked at besides view changes (a new
+/// topic in a unit, a follower falling behind).
+const TICK: Duration = Duration::from_millis(250);
+
+/// Replication's state on one node.
+pub struct Replication {
+    me: i32,
+    /// Kafka's replica.lag.time.max.ms: a follower not caught up for this
+    /// long leaves the ISR.
+    lag_max_ms: i64,
+    state: Mutex<State>,
+    /// Bumped whenever what this node follows changes; fetchers watch it.
+    follows: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    led: HashMap<Tp, Led>,
+    followed: HashMap<Tp, Followed>,
+    fetchers: HashMap<i32, JoinHandle<()>>,
+    /// ISR members this node added to a unit it leads, until its view
+    /// shows them: counted in the hw meanwhile (Kafka's maximal ISR), since
+    /// etcd may already let them be elected.
+    adding: HashMap<String, Vec<i32>>,
+}
+
+/// A tp this node leads.
+struct Led {
+    unit: String,
+    epoch: i32,
+    /// Where this node's epoch starts (its log end when it began): a
+    /// follower joins the ISR only once it has that much.
+    epoch_start: i64,
+    /// When this node began leading (a follower's caught-up time before
+    /// its first fetch).
+    since_ms: i64,
+    followers: HashMap<i32, Position>,
+}
+
+/// A follower's progress in one tp, as its fetches tell it.
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    fetch_offset: i64,
+    /// The last time it had everything the leader had (Kafka's
+    /// lastCaughtUpTimeMs).
+    caught_up_ms: i64,
+    last_fetch_ms: i64,
+    /// The leader's log end at its last fetch.
+    end_at_last_fetch: i64,
+}
+
+/// A tp this node follows.
+#[derive(Clone)]
+pub struct Followed {
+    /// -1 while the unit has no live leader.
+    pub leader: i32,
+    pub leader_epoch: i32,
+    pub topic: Arc<Topic>,
+    pub partition: i32,
+}
+
+impl Replication {
+    pub fn new(me: i32, lag_max_ms: i64) -> Arc<Replication> {
+        Arc::new(Replication { me, lag_max_ms, state: Mutex::new(State::default()), follows: watch::Sender::new(0) })
+    }
+
+    /// Whether this node has begun leader epoch `epoch` in `tp`: only then
+    /// does it take produce there (its appends carry the epoch).
+    pub fn leads(&self, tp: &Tp, epoch: i32) -> bool {
+        self.state.lock().expect("replication lock").led.get(tp).is_some_and(|l| l.epoch == epoch)
+    }
+
+    /// The tps this node follows from `leader`.
+    pub fn followed_from(&self, leader: i32) -> Vec<Followed> {
+        self.state.lock().expect("replication lock").followed.values().filter(|f| f.leader == leader).cloned().collect()
+    }
+
+    /// Runs roles, ISR upkeep and fetchers until `stop`.
+    pub fn start(broker: Arc<Broker>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut views = broker.cluster.subscribe();
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { break },
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => break,
+                }
+                let r = broker.replication.clone();
+                r.reconcile(&broker).await;
+                r.keep_isrs(&broker).await;
+            }
+            for (_, f) in broker.replication.state.lock().expect("replication lock").fetchers.drain() {
+                f.abort();
+            }
+        })
+    }
+
+    /// Takes up the roles the view gives this node (see the module doc).
+    pub async fn reconcile(self: &Arc<Self>, broker: &Arc<Broker>) {
+        let view = broker.cluster.view();
+        if view.single {
+            return;
+        }
+        let standing = broker.cluster.in_good_standing();
+        let mut lead: HashMap<Tp, (String, i32)> = HashMap::new();
+        let mut follow: HashMap<Tp, Followed> = HashMap::new();
+        for topic in broker.engine.topics() {
+            for p in 0..topic.partitions() {
+                let unit = unit_of(topic.name(), p);
+                let Some(u) = view.units.get(&unit) else { continue };
+                if u.leader == self.me && standing {
+                    lead.insert(topic.tp(p), (unit, u.leader_epoch));
+                } else if u.replicas.contains(&self.me) && u.leader != self.me {
+                    let leader = if view.nodes.contains_key(&u.leader) { u.leader } else { -1 };
+                    follow.insert(topic.tp(p), Followed { leader, leader_epoch: u.leader_epoch, topic: topic.clone(), partition: p });
+                }
+            }
+        }
+        // Epochs to begin, grouped (one writer command per epoch).
+        let mut begin: BTreeMap<i32, Vec<(Tp, String)>> = BTreeMap::new();
+        let mut frozen = Vec::new();
+        let follows_changed;
+        {
+            let mut st = self.state.lock().expect("replication lock");
+            st.led.retain(|tp, l| {
+                let keep = lead.get(tp).is_some_and(|(_, e)| *e == l.epoch);
+                if !keep {
+                    frozen.push(*tp);
+                }
+                keep
+            });
+            for (tp, (unit, epoch)) in &lead {
+                if !st.led.contains_key(tp) {
+                    begin.entry(*epoch).or_default().push((*tp, unit.clone()));
+                }
+            }
+            for tp in follow.keys() {
+                if !st.followed.contains_key(tp) {
+                    frozen.push(*tp);
+                }
+            }
+            follows_changed = st.followed.len() != follow.len() || follow.iter().any(|(tp, f)| st.followed.get(tp).is_none_or(|o| o.leader != f.leader || o.leader_epoch != f.leader_epoch));
+            st.followed = follow;
+            // Additions the view shows are in the ISR proper now.
+            st.adding.retain(|unit, added| view.units.get(unit).is_some_and(|u| u.leader == self.me && !added.iter().all(|m| u.isr.contains(m))));
+        }
+        // A tp this node stops leading, or starts following, keeps the hw
+        // it has until its leader says more.
+        for tp in frozen {
+            if let Some((_, hw, _)) = broker.engine.offsets(&tp) {
+                broker.engine.limit_hw(&tp, hw);
+            }
+        }
+        for (epoch, tps) in begin {
+            let list: Vec<Tp> = tps.iter().map(|(tp, _)| *tp).collect();
+            match broker.engine.begin_epoch(list, epoch).await {
+                Ok(()) => {
+                    let now = broker.engine.now_ms();
+                    let mut st = self.state.lock().expect("replication lock");
+                    for (tp, unit) in tps {
+                        let epoch_start = broker.engine.offsets(&tp).map_or(0, |o| o.2);
+                        st.led.insert(tp, Led { unit, epoch, epoch_start, since_ms: now, followers: HashMap::new() });
+                    }
+                    drop(st);
+                    for tp in tps_of(&lead, epoch) {
+                        self.advance(broker, &view, &tp);
+                    }
+                    tracing::info!(epoch, "leading in a new leader epoch");
+                }
+                Err(e) => tracing::warn!(epoch, error = %e, "beginning a leader epoch failed; trying again"),
+            }
+        }
+        if follows_changed {
+            self.follows.send_modify(|n| *n += 1);
+        }
+        self.run_fetchers(broker);
+    }
+
+    /// One fetcher per leader this node follows a tp from; a fetcher
+    /// whose leader leads nothing of ours any more ends by itself.
+    fn run_fetchers(&self, broker: &Arc<Broker>) {
+        let mut st = self.state.lock().expect("replication lock");
+        let leaders: HashSet<i32> = st.followed.values().map(|f| f.leader).filter(|l| *l >= 0).collect();
+        st.fetchers.retain(|leader, h| {
+            let keep = leaders.contains(leader) && !h.is_finished();
+            if !keep {
+                h.abort();
+            }
+            keep
+        });
+        for leader in leaders {
+            if !st.fetchers.contains_key(&leader) {
+                let task = tokio::spawn(fetcher::run(broker.clone(), leader, self.follows.subscribe()));
+                st.fetchers.insert(leader, task);
+            }
+        }
+    }
+
+    /// A follower fetched `tp` from `fetch_offset` while this node's log
+    /// ended at `end`: its position, and whether it is caught up.
+    pub fn fetched(&self, follower: i32, tp: &Tp, fetch_offset: i64, end: i64, now_ms: i64) {
+        let mut st = self.state.lock().expect("replication lock");
+        let Some(led) = st.led.get_mut(tp) else { return };
+        let since = led.since_ms;
+        let p = led.followers.entry(follower).or_insert(Position { fetch_offset, caught_up_ms: since, last_fetch_ms: now_ms, end_at_last_fetch: -1 });
+        if fetch_offset >= end {
+            p.caught_up_ms = now_ms;
+        } else if fetch_offset >= p.end_at_last_fetch {
+            p.caught_up_ms = p.caught_up_ms.max(p.last_fetch_ms);
+        }
+        p.fetch_offset = fetch_offset;
+        p.last_fetch_ms = now_ms;
+        p.end_at_last_fetch = end;
+    }
+
+    /// Raises `tp`'s hw cap to what every member of its unit's maximal ISR
+    /// has (this node's own durable end is storage's share of the min).
+    /// While the ISR is smaller than `min.insync.replicas`, the hw waits.
+    pub fn advance(&self, broker: &Broker, view: &ClusterView, tp: &Tp) {
+        let limit = {
+            let st = self.state.lock().expect("replication lock");
+            let Some(led) = st.led.get(tp) else { return };
+            let Some(u) = view.units.get(&led.unit).filter(|u| u.leader_epoch == led.epoch) else { return };
+            let Some(topic) = broker.engine.topic_by_id(&tp.topic) else { return };
+            let mut isr = u.isr.clone();
+            isr.extend(st.adding.get(&led.unit).into_iter().flatten().filter(|m| !u.isr.contains(m)));
+            if (isr.len() as i32) < topic.config.min_insync_replicas {
+                return;
+            }
+            let hw = broker.engine.offsets(tp).map_or(0, |o| o.1);
+            isr.iter().filter(|m| **m != self.me).map(|m| led.followers.get(m).map_or(hw, |p| p.fetch_offset)).min().unwrap_or(i64::MAX)
+        };
+        broker.engine.limit_hw(tp, limit);
+    }
+
+    /// Whether a produce with acks=all may go to `tp` of `topic`: its
+    /// unit's ISR has at least `min.insync.replicas` members.
+    pub fn enough_replicas(view: &ClusterView, topic: &Topic, partition: i32) -> bool {
+        view.single || view.units.get(&unit_of(topic.name(), partition)).is_some_and(|u| u.isr.len() as i32 >= topic.config.min_insync_replicas)
+    }
+
+    /// Waits until `tp`'s hw reaches `end` (an acks=all produce), at most
+    /// until `deadline`. Err: the error code to answer (NOT_LEADER_OR_FOLLOWER
+    /// when this node stopped leading in `epoch`,
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below
+    /// `min.insync.replicas`, REQUEST_TIMED_OUT at the deadline).
+    pub async fn replicated(&self, broker: &Broker, topic: &Topic, partition: i32, epoch: i32, end: i64, deadline: tokio::time::Instant) -> Result<(), i16> {
+        use kafka_protocol::ResponseError as E;
+        let tp = topic.tp(partition);
+        let notify = Arc::new(Notify::new());
+        let _registration = broker.engine.subscribe(vec![tp], false, &notify);
+        let mut views = broker.cluster.subscribe();
+        loop {
+            if broker.engine.offsets(&tp).is_some_and(|o| o.1 >= end) {
+                return Ok(());
+            }
+            if !self.leads(&tp, epoch) || !broker.cluster.in_good_standing() {
+                return Err(E::NotLeaderOrFollower.code());
+            }
+            if !Self::enough_replicas(&views.borrow_and_update(), topic, partition) {
+                return Err(E::NotEnoughReplicasAfterAppend.code());
+            }
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = views.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => return Err(E::RequestTimedOut.code()),
+            }
+        }
+    }
+
+    /// The leader's ISR upkeep for every unit it leads: followers that
+    /// have not caught up within `replica_lag_time_max_ms` leave, replicas
+    /// that have everything below every tp's hw (and this epoch's start)
+    /// join.
+    async fn keep_isrs(&self, broker: &Arc<Broker>) {
+        let view = broker.cluster.view();
+        if view.single || !broker.cluster.in_good_standing() {
+            return;
+        }
+        let now = broker.engine.now_ms();
+        let changes: Vec<(String, UnitRecord, Vec<i32>, Vec<i32>)> = {
+            let st = self.state.lock().expect("replication lock");
+            let mut units: BTreeMap<&str, Vec<(&Tp, &Led)>> = BTreeMap::new();
+            for (tp, l) in &st.led {
+                units.entry(l.unit.as_str()).or_default().push((tp, l));
+            }
+            units
+                .into_iter()
+                .filter_map(|(name, tps)| {
+                    let u = view.units.get(name).filter(|u| u.leader == self.me && u.leader_epoch == tps[0].1.epoch)?;
+                    let lagging: Vec<i32> = u.isr.iter().copied().filter(|m| *m != self.me).filter(|m| tps.iter().any(|(_, l)| now - l.followers.get(m).map_or(l.since_ms, |p| p.caught_up_ms) > self.lag_max_ms)).collect();
+                    let joining: Vec<i32> = u
+                        .replicas
+                        .iter()
+                        .copied()
+                        .filter(|r| !u.isr.contains(r) && view.nodes.contains_key(r))
+                        .filter(|r| {
+                            tps.iter().all(|(tp, l)| {
+                                let hw = broker.engine.offsets(tp).map_or(i64::MAX, |o| o.1);
+                                l.followers.get(r).is_some_and(|p| p.fetch_offset >= hw && p.fetch_offset >= l.epoch_start)
+                            })
+                        })
+                        .collect();
+                    if lagging.is_empty() && joining.is_empty() {
+                        return None;
+                    }
+                    let mut isr: Vec<i32> = u.isr.iter().copied().filter(|m| !lagging.contains(m)).collect();
+                    isr.extend(&joining);
+                    Some((name.to_owned(), u.clone(), isr, joining))
+                })
+                .collect()
+        };
+        for (unit, from, isr, joining) in changes {
+            if !joining.is_empty() {
+                // Counted before etcd may elect them.
+                self.state.lock().expect("replication lock").adding.insert(unit.clone(), joining.clone());
+            }
+            let written = broker.cluster.alter_isr(&unit, &from, isr.clone()).await;
+            match &written {
+                Ok(true) => tracing::info!(%unit, from = ?from.isr, to = ?isr, "ISR changed"),
+                Ok(false) => tracing::debug!(%unit, "an ISR change lost a race; deciding again from the next view"),
+                Err(e) => tracing::warn!(%unit, error = %e, "changing an ISR failed"),
+            }
+            // Certainly not written: not counted. (An error may hide a
+            // write that went through: counted until the view says.)
+            if matches!(written, Ok(false)) {
+                self.state.lock().expect("replication lock").adding.remove(&unit);
+            }
+        }
+    }
+}
+
+/// The tps of `lead` in `epoch`.
+fn tps_of(lead: &HashMap<Tp, (String, i32)>, epoch: i32) -> Vec<Tp> {
+    lead.iter().filter(|(_, (_, e))| *e == epoch).map(|(tp, _)| *tp).collect()
+}
