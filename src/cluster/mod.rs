@@ -120,7 +120,13 @@ pub struct Membership {
     /// Cluster mode's coordinator shards, created when first looked up.
     #[cfg(feature = "cluster")]
     shards: Option<Arc<etcd::Shards>>,
+    /// Whether this node has begun leader epoch `epoch` in a topic's
+    /// partition (set by replication: see [`Membership::lead`]).
+    begun: std::sync::OnceLock<Begun>,
 }
+
+/// (topic, partition, epoch) → whether the node has begun that epoch.
+pub type Begun = Arc<dyn Fn(&str, i32, i32) -> bool + Send + Sync>;
 
 impl Membership {
     /// Single-node mode: `me`, alone and the controller, for ever.
@@ -139,12 +145,13 @@ impl Membership {
             producer_ids: None,
             #[cfg(feature = "cluster")]
             shards: None,
+            begun: std::sync::OnceLock::new(),
         }
     }
 
     #[cfg(feature = "cluster")]
     pub(crate) fn new(me: &NodeRecord, view: watch::Receiver<Arc<ClusterView>>, fence: Arc<Fence>, producer_ids: Arc<etcd::ProducerIds>, shards: Arc<etcd::Shards>) -> Membership {
-        Membership { node_id: me.id, rack: me.rack.clone(), view, fence, producer_ids: Some(producer_ids), shards: Some(shards) }
+        Membership { node_id: me.id, rack: me.rack.clone(), view, fence, producer_ids: Some(producer_ids), shards: Some(shards), begun: std::sync::OnceLock::new() }
     }
 
     /// The node coordinating the group or transactional id `key`
@@ -200,16 +207,27 @@ impl Membership {
     /// now: the view names it, and its registration is certainly alive (a
     /// node past its lease may have been replaced). `Ok`: the leader
     /// epoch; `Err`: the (leader, epoch) clients should go to, leader -1
-    /// when none is known. Always `Ok(0)` in single-node mode.
+    /// when none is known. Always `Ok(0)` in single-node mode. Once
+    /// replication runs ([`Membership::set_begun`]), the node must also
+    /// have begun the epoch in the partition, so everything it appends
+    /// carries it; until then it names itself, and clients retry.
     pub fn lead(&self, view: &ClusterView, topic: &str, partition: i32) -> Result<i32, (i32, i32)> {
         if view.single {
             return Ok(0);
         }
         let s = view.partition(self.node_id, topic, partition);
         if s.leader == self.node_id && self.in_good_standing() {
-            return Ok(s.leader_epoch);
+            return match self.begun.get() {
+                Some(begun) if !begun(topic, partition, s.leader_epoch) => Err((self.node_id, s.leader_epoch)),
+                _ => Ok(s.leader_epoch),
+            };
         }
         Err((if s.leader == self.node_id { -1 } else { s.leader }, s.leader_epoch))
+    }
+
+    /// Replication's answer to whether an epoch is begun (once).
+    pub fn set_begun(&self, begun: Begun) {
+        let _ = self.begun.set(begun);
     }
 
     /// [`Membership::lead`] as a yes or no.

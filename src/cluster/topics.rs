@@ -174,12 +174,14 @@ impl ClusterView {
     /// The node that serves a subtree stream covering `units` (cluster
     /// mode, docs/cluster.md): the leader of the first unit in name order,
     /// provided it leads every other one too (it then holds all their
-    /// records: replication factor 1). `None` when no node does. A stream
-    /// over nothing is served by the node asked (`me`).
+    /// records). `None` when no node does, and when a unit has more than
+    /// one replica: a stream does not stop at each tp's high watermark
+    /// yet, so it could hand out records the in-sync replicas do not have.
+    /// A stream over nothing is served by the node asked (`me`).
     pub fn stream_server(&self, me: i32, units: &BTreeSet<String>) -> Option<i32> {
         let Some(first) = units.iter().next() else { return Some(me) };
         let leader = self.units.get(first).map(|u| u.leader).filter(|l| self.nodes.contains_key(l))?;
-        units.iter().all(|u| self.units.get(u).is_some_and(|u| u.leader == leader)).then_some(leader)
+        units.iter().all(|u| self.units.get(u).is_some_and(|u| u.leader == leader && u.replicas.len() == 1)).then_some(leader)
     }
 }
 
@@ -372,6 +374,8 @@ mod tests {
         assert_eq!(v.stream_server(1, &set(&["a.b~0", "a.c~0"])), None, "split over two nodes");
         assert_eq!(v.stream_server(1, &set(&[])), Some(1));
         assert_eq!(v.stream_server(1, &set(&["a.d~0"])), None, "a unit not seen");
+        Arc::make_mut(&mut v.units).insert("r.s~0".into(), unit(&[2, 1], 2, 0, &[2, 1]));
+        assert_eq!(v.stream_server(1, &set(&["r.s~0"])), None, "replicated: a stream does not stop at the hw yet");
         v.nodes.remove(&2);
         assert_eq!(v.stream_server(1, &set(&["a.b~0"])), None, "its node gone");
     }

@@ -139,16 +139,8 @@ pub struct NotLeader {
 impl Broker {
     /// Whether this node leads `topic`'s partition `partition` now
     /// ([`crate::cluster::Membership::lead`]); `Err`: where the leader is.
-    /// In cluster mode the node must also have begun that leader epoch in
-    /// the partition ([`replication::Replication::leads`]), so everything
-    /// it appends carries the epoch; until then it names itself, and the
-    /// client retries.
     pub fn lead(&self, view: &crate::cluster::ClusterView, topic: &str, partition: i32) -> Result<i32, NotLeader> {
-        let epoch = self.cluster.lead(view, topic, partition).map_err(|(leader, leader_epoch)| NotLeader { leader, leader_epoch })?;
-        if view.single || self.engine.topic(topic).is_some_and(|t| self.replication.leads(&t.tp(partition), epoch)) {
-            return Ok(epoch);
-        }
-        Err(NotLeader { leader: self.node_id(), leader_epoch: epoch })
+        self.cluster.lead(view, topic, partition).map_err(|(leader, leader_epoch)| NotLeader { leader, leader_epoch })
     }
 }
 

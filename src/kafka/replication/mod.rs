@@ -111,6 +111,8 @@ impl Replication {
 
     /// Runs roles, ISR upkeep and fetchers until `stop`.
     pub fn start(broker: Arc<Broker>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+        let (engine, me) = (broker.engine.clone(), broker.replication.clone());
+        broker.cluster.set_begun(Arc::new(move |topic, partition, epoch| engine.topic(topic).is_some_and(|t| me.leads(&t.tp(partition), epoch))));
         tokio::spawn(async move {
             let mut views = broker.cluster.subscribe();
             let mut tick = tokio::time::interval(TICK);
