@@ -228,7 +228,12 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): partitions are spread over the brokers without replication (one copy each), and a transaction may span only partitions its coordinator leads");
+    tracing::warn!("cluster mode is incomplete (issue 24): replication is a first cut, committed offsets and transactions live on their coordinator only, and a transaction may span only partitions its coordinator leads");
+    if cfg.authorizer_enabled {
+        // No inter-node listener yet: followers fetch on the leader's
+        // first listener, unauthenticated.
+        tracing::warn!("with authorizer_enabled, followers' fetches need CLUSTER_ACTION on the cluster for the principal of the first listener's unauthenticated connections (User:ANONYMOUS), or replication stops; the authenticated inter-node listener is not built yet");
+    }
     #[cfg(feature = "cluster")]
     {
         let catalog_engine = engine.clone();

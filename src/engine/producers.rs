@@ -372,7 +372,7 @@ impl Producers {
         let mut offset = from.max(log_start);
         let mut seen = 0;
         while offset < end {
-            let r = storage.read_for_replica(&tp, offset, 1 << 20)?;
+            let r = storage.read_for_replica(&tp, offset, 1 << 20, true)?;
             if r.records.is_empty() {
                 break;
             }

@@ -32,8 +32,8 @@ impl Engine {
 
     /// Reads `tp` for a follower: from `offset` up to the log end. Does
     /// file I/O.
-    pub fn read_for_replica(&self, tp: &Tp, offset: i64, max_bytes: usize) -> Result<ReadResult, EngineError> {
-        Ok(self.storage.read_for_replica(tp, offset, max_bytes)?)
+    pub fn read_for_replica(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool) -> Result<ReadResult, EngineError> {
+        Ok(self.storage.read_for_replica(tp, offset, max_bytes, min_one)?)
     }
 
     /// Caps `tp`'s high watermark at `limit` (what every in-sync replica

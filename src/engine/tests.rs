@@ -258,7 +258,7 @@ async fn a_follower_cuts_its_divergent_tail_and_leads_in_its_own_epoch() {
     follower.replicate(f, copy, Ack::Durable).await.unwrap().wait().await.unwrap();
     assert_eq!(follower.offsets(&f), Some((0, 2, 4)));
     assert_eq!((follower.durable_end(&f), follower.latest_epoch(&f)), (Some(4), 3));
-    assert_eq!(follower.read_for_replica(&f, 2, 1 << 20).unwrap().next_offset, 4, "a replica reads past the hw");
+    assert_eq!(follower.read_for_replica(&f, 2, 1 << 20, true).unwrap().next_offset, 4, "a replica reads past the hw");
     assert_eq!(follower.end_offset_for(&f, 3), Some((3, 4)));
     // The leader it followed lost offsets 2 and 3 (they never reached
     // the ISR): the follower cuts there.

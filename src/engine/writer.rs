@@ -361,7 +361,12 @@ impl Writer {
     fn truncate(&mut self, tp: Tp, end: i64, now: i64) -> Result<i64, StorageError> {
         let moved = self.flush();
         self.answer(moved, None);
+        let before = self.log.next_offset(&tp);
         let at = self.log.truncate(tp, end, now)?;
+        if Some(at) == before {
+            // Nothing cut (at most an unwritten epoch): the state stands.
+            return Ok(at);
+        }
         let mut txns = self.shared.txns.write().expect("txns lock");
         self.producers.forget_tp(&tp);
         txns.forget_tp(&tp);

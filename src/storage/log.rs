@@ -1113,8 +1113,8 @@ impl Storage {
     /// log end, not the high watermark, since what followers have is what
     /// moves the high watermark. Read-ahead slots are consumers' and are
     /// left alone.
-    pub fn read_for_replica(&self, tp: &Tp, offset: i64, max_bytes: usize) -> Result<ReadResult, ReadError> {
-        self.read_within(tp, offset, max_bytes, true, true)
+    pub fn read_for_replica(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool) -> Result<ReadResult, ReadError> {
+        self.read_within(tp, offset, max_bytes, min_one, true)
     }
 
     fn read_within(&self, tp: &Tp, offset: i64, max_bytes: usize, min_one: bool, to_end: bool) -> Result<ReadResult, ReadError> {
@@ -1748,7 +1748,7 @@ mod tests {
         assert_eq!(s.read(&t, 0, 1000, true).unwrap().next_offset, 1);
         assert!(s.read(&t, 1, 1000, true).unwrap().records.is_empty());
         // A follower reads to the log end, and learns the hw beside it.
-        let r = s.read_for_replica(&t, 1, 1000).unwrap();
+        let r = s.read_for_replica(&t, 1, 1000, true).unwrap();
         assert_eq!((r.next_offset, r.high_watermark, r.log_end), (3, 1, 3));
         // A higher cap lets the hw up to what is durable, no further; a
         // lower one never takes it back.

@@ -834,7 +834,8 @@ async fn produce_acked(addr: SocketAddr, topic: &'static str, tag: &'static str,
 /// epoch and takes produce at once; the killed node, restarted, catches
 /// up and joins the ISR again; after the next leader's death every
 /// acknowledged record is still there, once and in order; with one node
-/// left of three, acks=all is refused with NOT_ENOUGH_REPLICAS.
+/// left of three, acks=all is refused with NOT_ENOUGH_REPLICAS, and taken
+/// once min.insync.replicas is lowered to 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
 async fn replicated_records_survive_their_leaders_death() {
@@ -890,4 +891,13 @@ async fn replicated_records_survive_their_leaders_death() {
     nodes[other as usize].take().unwrap().kill9();
     wait_isrs(survivor, "rep.t", "one node left in the ISR", |ps| ps.len() == 2 && ps.iter().all(|(_, _, isr)| isr.len() == 1)).await;
     assert_eq!(produce(survivor, "rep.t", common::producer_batch(-1, -1, -1, &[b"alone"])).await, 19, "NOT_ENOUGH_REPLICAS");
+    // With min.insync.replicas 1, the lone leader's hw moves with what it
+    // makes durable, no follower fetching: acks=all goes through.
+    {
+        use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(survivor).create().unwrap();
+        let r = admin.alter_configs(&[AlterConfig::new(ResourceSpecifier::Topic("rep.t")).set("min.insync.replicas", "1")], &AdminOptions::new()).await.unwrap();
+        r[0].as_ref().expect("altered");
+    }
+    assert_eq!(produce(survivor, "rep.t", common::producer_batch(-1, -1, -1, &[b"alone"])).await, 0, "acks=all with the leader alone in sync");
 }

@@ -297,7 +297,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                     Err(Some(Failed::not_leader(hint)))
                 }
                 (Ok(_), _) if not_joined.contains_key(&(i, j)) => Err(Some(Failed { code: not_joined[&(i, j)], message: None, records: Vec::new(), leader: None })),
-                (Ok(t), Some(Ack::Durable)) if !crate::kafka::replication::Replication::enough_replicas(&view, t, p.index) => {
+                (Ok(t), Some(Ack::Durable)) if p.index >= 0 && p.index < t.partitions() && !crate::kafka::replication::Replication::enough_replicas(&view, t, p.index) => {
                     Err(Some(Failed { code: ResponseError::NotEnoughReplicas.code(), message: Some(format!("fewer in-sync replicas than min.insync.replicas ({})", t.config.min_insync_replicas)), records: Vec::new(), leader: None }))
                 }
                 (Ok(t), Some(ack)) => {

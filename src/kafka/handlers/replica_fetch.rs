@@ -94,6 +94,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16, replica: i32) -
 async fn read_all(broker: &Broker, asked: &Arc<Vec<(Bytes, [u8; 16], Vec<Want>)>>, replica: i32, max_bytes: usize, by_id: bool) -> Option<(Vec<TopicOut>, usize, bool)> {
     let view = broker.cluster.view();
     let now = broker.engine.now_ms();
+    // Positions are kept per registration of the follower; an unregistered
+    // one follows nothing.
+    let incarnation = view.nodes.get(&replica).map(|n| n.incarnation);
     let mut total = 0usize;
     let mut any_error = false;
     let mut out = Vec::with_capacity(asked.len());
@@ -113,7 +116,7 @@ async fn read_all(broker: &Broker, asked: &Arc<Vec<(Bytes, [u8; 16], Vec<Want>)>
                 Ok(epoch) => match crate::kafka::epoch_error(w.current_leader_epoch, epoch) {
                     Some(code) => Some((code, None)),
                     // Only a replica of the unit follows it.
-                    None if !view.units.get(&unit_of(topic.name(), w.partition)).is_some_and(|u| u.replicas.contains(&replica)) => Some((ResponseError::NotLeaderOrFollower.code(), None)),
+                    None if incarnation.is_none() || !view.units.get(&unit_of(topic.name(), w.partition)).is_some_and(|u| u.replicas.contains(&replica)) => Some((ResponseError::NotLeaderOrFollower.code(), None)),
                     None => None,
                 },
             };
@@ -147,13 +150,15 @@ async fn read_all(broker: &Broker, asked: &Arc<Vec<(Bytes, [u8; 16], Vec<Want>)>
                 continue;
             };
             if w.fetch_offset <= end {
-                broker.replication.fetched(replica, &tp, w.fetch_offset, end, now);
+                broker.replication.fetched(replica, incarnation.unwrap_or(-1), &tp, w.fetch_offset, end, now);
                 broker.replication.advance(broker, &view, &tp);
             }
             let room = max_bytes.saturating_sub(total).min(w.max_bytes);
             let engine = broker.engine.clone();
-            let (offset, read_room) = (w.fetch_offset, room.max(1));
-            let read = if room == 0 && total > 0 { None } else { Some(tokio::task::spawn_blocking(move || engine.read_for_replica(&tp, offset, read_room)).await.ok()?) };
+            // Only the answer's first batch may go past the room (Kafka's
+            // rule), so an answer stays near what the follower asked.
+            let (offset, read_room, min_one) = (w.fetch_offset, room.max(1), total == 0);
+            let read = if room == 0 && total > 0 { None } else { Some(tokio::task::spawn_blocking(move || engine.read_for_replica(&tp, offset, read_room, min_one)).await.ok()?) };
             match read {
                 None => {
                     if let Some((ls, hw, _)) = broker.engine.offsets(&tp) {

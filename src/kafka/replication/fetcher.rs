@@ -35,8 +35,6 @@ const VERSION: i16 = 14;
 const MAX_WAIT_MS: i32 = 500;
 const MAX_BYTES: i32 = 16 << 20;
 const PARTITION_MAX_BYTES: i32 = 1 << 20;
-/// Largest answer read: the asked bytes plus room for headers.
-const MAX_FRAME: usize = MAX_BYTES as usize + (4 << 20);
 const BACKOFF: Duration = Duration::from_millis(200);
 
 /// Fetches from `leader` for as long as this node follows any tp there.
@@ -149,7 +147,10 @@ async fn round_trip(stream: &mut TcpStream, broker: &Broker, correlation: i32, t
     buf[..4].copy_from_slice(&len.to_be_bytes());
     stream.write_all(&buf).await.map_err(|e| e.to_string())?;
     let len = stream.read_i32().await.map_err(|e| e.to_string())?;
-    let len = usize::try_from(len).ok().filter(|l| *l <= MAX_FRAME).ok_or_else(|| format!("an answer of {len} bytes"))?;
+    // The asked bytes, plus the one batch an answer may carry past them
+    // (no batch is larger than a request), plus headers.
+    let max_frame = MAX_BYTES as usize + broker.cfg.max_request_bytes + (1 << 20);
+    let len = usize::try_from(len).ok().filter(|l| *l <= max_frame).ok_or_else(|| format!("an answer of {len} bytes"))?;
     let mut body = vec![0; len];
     stream.read_exact(&mut body).await.map_err(|e| e.to_string())?;
     let answer = decode_response(VERSION, &Bytes::from(body)).map_err(|e| format!("the answer does not decode: {e}"))?;
@@ -182,7 +183,12 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
     for (a, p) in got {
         let Some(f) = tps.iter().find(|f| f.topic.id() == a.id && f.partition == a.partition) else { continue };
         let tp = f.topic.tp(f.partition);
-        if let Some((epoch, end)) = p.diverging_epoch {
+        // The role may have changed while the fetch was out (this node
+        // may lead now): nothing is cut or appended for an old one.
+        if !broker.replication.follows(&tp, leader, f.leader_epoch) {
+            continue;
+        }
+        if let Some((epoch, end)) = p.diverging_epoch.filter(|(e, end)| *e >= 0 && *end >= 0) {
             // Kafka's follower: cut where its own log leaves the leader's
             // for that epoch.
             let (mine, my_end) = broker.engine.end_offset_for(&tp, epoch).unwrap_or((-1, 0));
@@ -198,11 +204,16 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
         }
         if p.error_code != 0 {
             if p.error_code == ResponseError::OffsetOutOfRange.code() {
-                tracing::warn!(topic = f.topic.name(), partition = f.partition, leader, log_start = p.log_start_offset, "the leader no longer has what this replica needs next (its log start moved past it); this replica stays behind");
+                // Starting the log over at the leader's log start is not
+                // built (docs/cluster.md): said once a minute, and the
+                // other tps go on at full speed.
+                if broker.replication.warn_out_of_range(&tp, broker.engine.now_ms()) {
+                    tracing::warn!(topic = f.topic.name(), partition = f.partition, leader, log_start = p.log_start_offset, "the leader no longer has what this replica needs next (its log start moved past it); this replica stays behind");
+                }
             } else {
                 tracing::debug!(topic = f.topic.name(), partition = f.partition, leader, code = p.error_code, "the leader refused a partition");
+                fine = false;
             }
-            fine = false;
             continue;
         }
         if !p.records.is_empty() {

@@ -56,6 +56,8 @@ struct State {
     /// shows them: counted in the hw meanwhile (Kafka's maximal ISR), since
     /// etcd may already let them be elected.
     adding: HashMap<String, Vec<i32>>,
+    /// When each tp last warned that its leader's log start passed it.
+    out_of_range: HashMap<Tp, i64>,
 }
 
 /// A tp this node leads.
@@ -74,6 +76,9 @@ struct Led {
 /// A follower's progress in one tp, as its fetches tell it.
 #[derive(Debug, Clone, Copy)]
 struct Position {
+    /// The follower's registration it fetched in: a restarted node may
+    /// have lost what it had (KIP-903), so its positions start over.
+    incarnation: i64,
     fetch_offset: i64,
     /// The last time it had everything the leader had (Kafka's
     /// lastCaughtUpTimeMs).
@@ -104,6 +109,23 @@ impl Replication {
         self.state.lock().expect("replication lock").led.get(tp).is_some_and(|l| l.epoch == epoch)
     }
 
+    /// Whether this node still follows `tp` from `leader` in `epoch`.
+    pub fn follows(&self, tp: &Tp, leader: i32, epoch: i32) -> bool {
+        self.state.lock().expect("replication lock").followed.get(tp).is_some_and(|f| f.leader == leader && f.leader_epoch == epoch)
+    }
+
+    /// Whether to warn now that `tp`'s leader no longer has what this
+    /// replica needs (once a minute per tp).
+    pub fn warn_out_of_range(&self, tp: &Tp, now_ms: i64) -> bool {
+        let mut st = self.state.lock().expect("replication lock");
+        let last = st.out_of_range.entry(*tp).or_insert(i64::MIN);
+        let due = now_ms.saturating_sub(*last) >= 60_000;
+        if due {
+            *last = now_ms;
+        }
+        due
+    }
+
     /// The tps this node follows from `leader`.
     pub fn followed_from(&self, leader: i32) -> Vec<Followed> {
         self.state.lock().expect("replication lock").followed.values().filter(|f| f.leader == leader).cloned().collect()
@@ -126,6 +148,9 @@ impl Replication {
                 let r = broker.replication.clone();
                 r.reconcile(&broker).await;
                 r.keep_isrs(&broker).await;
+                // An ISR that shrank lets the hw up without any fetch (to
+                // this node's own durable end when it is alone).
+                r.advance_all(&broker);
             }
             for (_, f) in broker.replication.state.lock().expect("replication lock").fetchers.drain() {
                 f.abort();
@@ -154,8 +179,9 @@ impl Replication {
                 }
             }
         }
-        // Epochs to begin, grouped (one writer command per epoch).
-        let mut begin: BTreeMap<i32, Vec<(Tp, String)>> = BTreeMap::new();
+        // Epochs to begin, per unit (one writer command each: a refusal in
+        // one unit holds up no other).
+        let mut begin: BTreeMap<(String, i32), Vec<(Tp, String)>> = BTreeMap::new();
         let mut frozen = Vec::new();
         let follows_changed;
         {
@@ -169,7 +195,7 @@ impl Replication {
             });
             for (tp, (unit, epoch)) in &lead {
                 if !st.led.contains_key(tp) {
-                    begin.entry(*epoch).or_default().push((*tp, unit.clone()));
+                    begin.entry((unit.clone(), *epoch)).or_default().push((*tp, unit.clone()));
                 }
             }
             for tp in follow.keys() {
@@ -179,8 +205,15 @@ impl Replication {
             }
             follows_changed = st.followed.len() != follow.len() || follow.iter().any(|(tp, f)| st.followed.get(tp).is_none_or(|o| o.leader != f.leader || o.leader_epoch != f.leader_epoch));
             st.followed = follow;
-            // Additions the view shows are in the ISR proper now.
-            st.adding.retain(|unit, added| view.units.get(unit).is_some_and(|u| u.leader == self.me && !added.iter().all(|m| u.isr.contains(m))));
+            // Additions the view shows are in the ISR proper now; a node
+            // gone is counted no more (the controller takes it out).
+            st.adding.retain(|unit, added| {
+                added.retain(|m| view.nodes.contains_key(m));
+                !added.is_empty() && view.units.get(unit).is_some_and(|u| u.leader == self.me && !added.iter().all(|m| u.isr.contains(m)))
+            });
+            for l in st.led.values_mut() {
+                l.followers.retain(|id, p| view.nodes.get(id).is_some_and(|n| n.incarnation == p.incarnation));
+            }
         }
         // A tp this node stops leading, or starts following, keeps the hw
         // it has until its leader says more.
@@ -189,9 +222,9 @@ impl Replication {
                 broker.engine.limit_hw(&tp, hw);
             }
         }
-        for (epoch, tps) in begin {
+        for ((unit, epoch), tps) in begin {
             let list: Vec<Tp> = tps.iter().map(|(tp, _)| *tp).collect();
-            match broker.engine.begin_epoch(list, epoch).await {
+            match broker.engine.begin_epoch(list.clone(), epoch).await {
                 Ok(()) => {
                     let now = broker.engine.now_ms();
                     let mut st = self.state.lock().expect("replication lock");
@@ -200,12 +233,12 @@ impl Replication {
                         st.led.insert(tp, Led { unit, epoch, epoch_start, since_ms: now, followers: HashMap::new() });
                     }
                     drop(st);
-                    for tp in tps_of(&lead, epoch) {
-                        self.advance(broker, &view, &tp);
+                    for tp in &list {
+                        self.advance(broker, &view, tp);
                     }
-                    tracing::info!(epoch, "leading in a new leader epoch");
+                    tracing::info!(%unit, epoch, "leading in a new leader epoch");
                 }
-                Err(e) => tracing::warn!(epoch, error = %e, "beginning a leader epoch failed; trying again"),
+                Err(e) => tracing::warn!(%unit, epoch, error = %e, "beginning a leader epoch failed; trying again"),
             }
         }
         if follows_changed {
@@ -236,11 +269,15 @@ impl Replication {
 
     /// A follower fetched `tp` from `fetch_offset` while this node's log
     /// ended at `end`: its position, and whether it is caught up.
-    pub fn fetched(&self, follower: i32, tp: &Tp, fetch_offset: i64, end: i64, now_ms: i64) {
+    pub fn fetched(&self, follower: i32, incarnation: i64, tp: &Tp, fetch_offset: i64, end: i64, now_ms: i64) {
         let mut st = self.state.lock().expect("replication lock");
         let Some(led) = st.led.get_mut(tp) else { return };
         let since = led.since_ms;
-        let p = led.followers.entry(follower).or_insert(Position { fetch_offset, caught_up_ms: since, last_fetch_ms: now_ms, end_at_last_fetch: -1 });
+        let fresh = Position { incarnation, fetch_offset, caught_up_ms: since, last_fetch_ms: now_ms, end_at_last_fetch: -1 };
+        let p = led.followers.entry(follower).or_insert(fresh);
+        if p.incarnation != incarnation {
+            *p = fresh;
+        }
         if fetch_offset >= end {
             p.caught_up_ms = now_ms;
         } else if fetch_offset >= p.end_at_last_fetch {
@@ -262,13 +299,23 @@ impl Replication {
             let Some(topic) = broker.engine.topic_by_id(&tp.topic) else { return };
             let mut isr = u.isr.clone();
             isr.extend(st.adding.get(&led.unit).into_iter().flatten().filter(|m| !u.isr.contains(m)));
-            if (isr.len() as i32) < topic.config.min_insync_replicas {
-                return;
-            }
             let hw = broker.engine.offsets(tp).map_or(0, |o| o.1);
-            isr.iter().filter(|m| **m != self.me).map(|m| led.followers.get(m).map_or(hw, |p| p.fetch_offset)).min().unwrap_or(i64::MAX)
+            if (isr.len() as i32) < topic.config.min_insync_replicas {
+                hw
+            } else {
+                isr.iter().filter(|m| **m != self.me).map(|m| led.followers.get(m).map_or(hw, |p| p.fetch_offset)).min().unwrap_or(i64::MAX)
+            }
         };
         broker.engine.limit_hw(tp, limit);
+    }
+
+    /// [`Replication::advance`] for every tp this node leads.
+    fn advance_all(&self, broker: &Broker) {
+        let view = broker.cluster.view();
+        let tps: Vec<Tp> = self.state.lock().expect("replication lock").led.keys().copied().collect();
+        for tp in tps {
+            self.advance(broker, &view, &tp);
+        }
     }
 
     /// Whether a produce with acks=all may go to `tp` of `topic`: its
@@ -280,8 +327,9 @@ impl Replication {
     /// Waits until `tp`'s hw reaches `end` (an acks=all produce), at most
     /// until `deadline`. Err: the error code to answer (NOT_LEADER_OR_FOLLOWER
     /// when this node stopped leading in `epoch`,
-    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank below
-    /// `min.insync.replicas`, REQUEST_TIMED_OUT at the deadline).
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND when the hw got there with the ISR
+    /// shrunk below `min.insync.replicas`, REQUEST_TIMED_OUT at the
+    /// deadline).
     pub async fn replicated(&self, broker: &Broker, topic: &Topic, partition: i32, epoch: i32, end: i64, deadline: tokio::time::Instant) -> Result<(), i16> {
         use kafka_protocol::ResponseError as E;
         let tp = topic.tp(partition);
@@ -289,14 +337,13 @@ impl Replication {
         let _registration = broker.engine.subscribe(vec![tp], false, &notify);
         let mut views = broker.cluster.subscribe();
         loop {
+            let enough = Self::enough_replicas(&views.borrow_and_update(), topic, partition);
             if broker.engine.offsets(&tp).is_some_and(|o| o.1 >= end) {
-                return Ok(());
+                // Kafka's rule: there, but the ISR shrank meanwhile.
+                return if enough { Ok(()) } else { Err(E::NotEnoughReplicasAfterAppend.code()) };
             }
             if !self.leads(&tp, epoch) || !broker.cluster.in_good_standing() {
                 return Err(E::NotLeaderOrFollower.code());
-            }
-            if !Self::enough_replicas(&views.borrow_and_update(), topic, partition) {
-                return Err(E::NotEnoughReplicasAfterAppend.code());
             }
             tokio::select! {
                 _ = notify.notified() => {}
@@ -335,7 +382,8 @@ impl Replication {
                         .filter(|r| {
                             tps.iter().all(|(tp, l)| {
                                 let hw = broker.engine.offsets(tp).map_or(i64::MAX, |o| o.1);
-                                l.followers.get(r).is_some_and(|p| p.fetch_offset >= hw && p.fetch_offset >= l.epoch_start)
+                                let incarnation = view.nodes.get(r).map(|n| n.incarnation);
+                                l.followers.get(r).is_some_and(|p| Some(p.incarnation) == incarnation && p.fetch_offset >= hw && p.fetch_offset >= l.epoch_start)
                             })
                         })
                         .collect();
@@ -349,6 +397,15 @@ impl Replication {
                 .collect()
         };
         for (unit, from, isr, joining) in changes {
+            // A member leaving starts over: it joins again only on what it
+            // fetches from now on.
+            let leaving: Vec<i32> = from.isr.iter().copied().filter(|m| !isr.contains(m)).collect();
+            if !leaving.is_empty() {
+                let mut st = self.state.lock().expect("replication lock");
+                for l in st.led.values_mut().filter(|l| l.unit == unit) {
+                    l.followers.retain(|id, _| !leaving.contains(id));
+                }
+            }
             if !joining.is_empty() {
                 // Counted before etcd may elect them.
                 self.state.lock().expect("replication lock").adding.insert(unit.clone(), joining.clone());
@@ -366,9 +423,4 @@ impl Replication {
             }
         }
     }
-}
-
-/// The tps of `lead` in `epoch`.
-fn tps_of(lead: &HashMap<Tp, (String, i32)>, epoch: i32) -> Vec<Tp> {
-    lead.iter().filter(|(_, (_, e))| *e == epoch).map(|(tp, _)| *tp).collect()
 }
