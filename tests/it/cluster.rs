@@ -163,15 +163,52 @@ async fn seen_from(addr: SocketAddr) -> (Vec<(i32, i32)>, i32, String) {
 /// Polls `addr` until its view satisfies `done` (a bound for a liveness
 /// property, not a timing claim: leases lapse in 3 s here).
 async fn wait_until(addr: SocketAddr, what: &str, done: impl Fn(&(Vec<(i32, i32)>, i32, String)) -> bool) -> (Vec<(i32, i32)>, i32, String) {
+    poll(addr, what, seen_from, done).await
+}
+
+/// Asks `addr` (with `ask`) every 100 ms until the answer satisfies
+/// `done`; fails after 60 s.
+async fn poll<T: std::fmt::Debug, F: std::future::Future<Output = T>>(addr: SocketAddr, what: &str, ask: impl Fn(SocketAddr) -> F, done: impl Fn(&T) -> bool) -> T {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let seen = seen_from(addr).await;
+        let seen = ask(addr).await;
         if done(&seen) {
             return seen;
         }
-        assert!(Instant::now() < deadline, "{what}: still {seen:?} after 60 s");
+        assert!(Instant::now() < deadline, "{what}: {addr} still says {seen:?} after 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until `addr` serves `partitions` of `topic` as their leader: a
+/// node whose view names it leader begins its leader epoch first (a
+/// moment later), answering NOT_LEADER_OR_FOLLOWER meanwhile, which
+/// clients retry.
+async fn wait_leading(addr: SocketAddr, topic: &str, partitions: &[i32]) {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{FetchRequest, FetchResponse};
+    let req = FetchRequest::default().with_max_wait_ms(0).with_max_bytes(1024).with_session_epoch(-1).with_topics(vec![FetchTopic::default()
+        .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+        .with_partitions(partitions.iter().map(|p| FetchPartition::default().with_partition(*p).with_partition_max_bytes(1024)).collect())]);
+    let ask = |a: SocketAddr| {
+        let req = req.clone();
+        async move {
+            let mut sock = tokio::net::TcpStream::connect(a).await.unwrap();
+            let r: FetchResponse = common::call(&mut sock, 1, 12, 1, &req).await;
+            r.responses.iter().flat_map(|t| t.partitions.iter().map(|p| p.error_code)).collect::<Vec<i16>>()
+        }
+    };
+    poll(addr, "leading", ask, |codes: &Vec<i16>| codes.len() == partitions.len() && codes.iter().all(|c| *c == 0)).await;
+}
+
+/// Three nodes (ids 1 to 3; index 0 is empty), registered.
+async fn three_nodes(root: &Path, etcd: &Etcd) -> Vec<Option<ChildBroker>> {
+    let mut nodes: Vec<Option<ChildBroker>> = vec![None];
+    for id in 1..=3 {
+        nodes.push(Some(spawn_node(root, id, etcd)));
+    }
+    wait_until(nodes[1].as_ref().unwrap().kafka, "three nodes", |s| s.0.len() == 3 && s.1 > 0).await;
+    nodes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,6 +259,7 @@ async fn nodes_join_elect_a_controller_and_follow_deaths_and_restarts() {
     // The first unit goes to the lowest node id (loads all equal): node 1
     // leads the partition, and knows it once CreateTopics is answered.
     assert_eq!(layout(b, "ids").await.map(|l| l.1), Some(vec![(1, 0, 0)]), "node 1 leads ids-0");
+    wait_leading(b, "ids", &[0]).await;
     assert_eq!(produce(b, "ids", common::producer_batch(pid, 0, 0, &[b"x"])).await, 0, "node 1 takes node 3's producer id");
     let never = ids.iter().max().unwrap() + 100_000;
     assert_eq!(produce(b, "ids", common::producer_batch(never, 0, 0, &[b"y"])).await, 59, "an id no block holds: UNKNOWN_PRODUCER_ID");
@@ -390,15 +428,7 @@ async fn layout(addr: SocketAddr, topic: &str) -> Option<(uuid::Uuid, Vec<(i32, 
 
 /// Polls `addr` until its layout of `topic` satisfies `done`.
 async fn wait_layout(addr: SocketAddr, topic: &str, what: &str, done: impl Fn(&Option<(uuid::Uuid, Vec<(i32, i32, i16)>)>) -> bool) -> Option<(uuid::Uuid, Vec<(i32, i32, i16)>)> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let seen = layout(addr, topic).await;
-        if done(&seen) {
-            return seen;
-        }
-        assert!(Instant::now() < deadline, "{what}: {addr} still says {seen:?} after 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(addr, what, |a| layout(a, topic), done).await
 }
 
 /// Every record of `topic` (partitions 0..n) read from the start through
@@ -446,12 +476,8 @@ async fn read_all(addr: SocketAddr, topic: &'static str, partitions: i32, count:
 async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     let root = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(root.path());
-    let mut nodes: Vec<Option<ChildBroker>> = vec![None];
-    for id in 1..=3 {
-        nodes.push(Some(spawn_node(root.path(), id, &etcd)));
-    }
+    let mut nodes = three_nodes(root.path(), &etcd).await;
     let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
-    wait_until(addr(&nodes, 1), "three nodes", |s| s.0.len() == 3 && s.1 > 0).await;
 
     // Created through node 2; recorded in etcd; every node follows it, with
     // one id and one layout, two partitions led by each node.
@@ -469,20 +495,7 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
 
     // librdkafka produces to every partition bootstrapping from node 1,
     // and reads it all back bootstrapping from node 3.
-    let bootstrap = addr(&nodes, 1);
-    tokio::task::spawn_blocking(move || {
-        use rdkafka::producer::{FutureProducer, FutureRecord};
-        let p: FutureProducer = common::client(bootstrap).set("acks", "all").set("enable.idempotence", "true").create().unwrap();
-        let values: Vec<String> = (0..600).map(|i| format!("v{i}")).collect();
-        // All queued first (librdkafka batches them), then each awaited.
-        let sent: Vec<_> = values.iter().enumerate().map(|(i, v)| p.send_result(FutureRecord::to("spread").partition(i as i32 % 6).key(v).payload(v)).map_err(|(e, _)| e).expect("queued")).collect();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        for d in sent {
-            rt.block_on(d).expect("delivered").expect("every record acknowledged");
-        }
-    })
-    .await
-    .unwrap();
+    produce_acked(addr(&nodes, 1), "spread", "v", 600, 6).await;
     let expected: Vec<Vec<String>> = (0..6).map(|p| (0..600).filter(|i| i % 6 == p).map(|i| format!("v{i}")).collect()).collect();
     assert_eq!(read_all(addr(&nodes, 3), "spread", 6, 600).await, expected, "every record, once, in order, per partition");
 
@@ -636,6 +649,7 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     assert_ne!(leader_at(layout(addr(&nodes, 1), "app.t.a").await), s_leader, "placement spreads the two branches (precondition)");
     for t in ["app.s.a", "app.s.b"] {
         wait_layout(addr(&nodes, s_leader), t, "followed", Option::is_some).await;
+        wait_leading(addr(&nodes, s_leader), t, &[0]).await;
     }
     for (t, v) in [("app.s.a", b"sa".as_slice()), ("app.s.b", b"sb".as_slice())] {
         assert_eq!(produce(addr(&nodes, s_leader), t, common::producer_batch(-1, -1, -1, &[v])).await, 0);
@@ -670,6 +684,8 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
         let node = led[0];
         // The node has followed the topic (it was created through node 1).
         wait_layout(addr(&nodes, node), "via.rest", "followed", Option::is_some).await;
+        let its: Vec<i32> = (0..6).filter(|p| led[*p as usize] == node).collect();
+        wait_leading(addr(&nodes, node), "via.rest", &its).await;
         let rest = nodes[node as usize].as_ref().unwrap().rest;
         let http = reqwest::Client::new();
         let post = |path: String, n: usize| {
@@ -807,26 +823,19 @@ async fn isrs(addr: SocketAddr, topic: &str) -> Vec<(i32, i32, Vec<i32>)> {
 
 /// Polls `addr` until its ISRs of `topic` satisfy `done`.
 async fn wait_isrs(addr: SocketAddr, topic: &str, what: &str, done: impl Fn(&[(i32, i32, Vec<i32>)]) -> bool) -> Vec<(i32, i32, Vec<i32>)> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let seen = isrs(addr, topic).await;
-        if done(&seen) {
-            return seen;
-        }
-        assert!(Instant::now() < deadline, "{what}: {addr} still says {seen:?} after 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(addr, what, |a| isrs(a, topic), |v: &Vec<_>| done(v)).await
 }
 
 /// `count` records `<tag><i>` produced idempotently with acks=all through
-/// a librdkafka producer bootstrapping from `addr`, to partition i % 2;
-/// every one must be acknowledged.
-async fn produce_acked(addr: SocketAddr, topic: &'static str, tag: &'static str, count: usize) {
+/// a librdkafka producer bootstrapping from `addr`, to partition
+/// i % `partitions`; every one must be acknowledged.
+async fn produce_acked(addr: SocketAddr, topic: &'static str, tag: &'static str, count: usize, partitions: i32) {
     tokio::task::spawn_blocking(move || {
         use rdkafka::producer::{FutureProducer, FutureRecord};
         let p: FutureProducer = common::client(addr).set("acks", "all").set("enable.idempotence", "true").set("message.timeout.ms", "60000").create().unwrap();
         let values: Vec<String> = (0..count).map(|i| format!("{tag}{i}")).collect();
-        let sent: Vec<_> = values.iter().enumerate().map(|(i, v)| p.send_result(FutureRecord::to(topic).partition(i as i32 % 2).key(v).payload(v)).map_err(|(e, _)| e).expect("queued")).collect();
+        // All queued first (librdkafka batches them), then each awaited.
+        let sent: Vec<_> = values.iter().enumerate().map(|(i, v)| p.send_result(FutureRecord::to(topic).partition(i as i32 % partitions).key(v).payload(v)).map_err(|(e, _)| e).expect("queued")).collect();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         for d in sent {
             rt.block_on(d).expect("delivered").expect("every record acknowledged");
@@ -850,12 +859,8 @@ async fn produce_acked(addr: SocketAddr, topic: &'static str, tag: &'static str,
 async fn replicated_records_survive_their_leaders_death() {
     let root = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(root.path());
-    let mut nodes: Vec<Option<ChildBroker>> = vec![None];
-    for id in 1..=3 {
-        nodes.push(Some(spawn_node(root.path(), id, &etcd)));
-    }
+    let mut nodes = three_nodes(root.path(), &etcd).await;
     let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
-    wait_until(addr(&nodes, 1), "three nodes", |s| s.0.len() == 3 && s.1 > 0).await;
     {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 1)).create().unwrap();
@@ -867,7 +872,7 @@ async fn replicated_records_survive_their_leaders_death() {
     let all = |ps: &[(i32, i32, Vec<i32>)]| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *isr == vec![1, 2, 3]);
     let first = wait_isrs(addr(&nodes, 1), "rep.t", "every node in sync", all).await;
 
-    produce_acked(addr(&nodes, 2), "rep.t", "a", 400).await;
+    produce_acked(addr(&nodes, 2), "rep.t", "a", 400, 2).await;
     // The leader of partition 0 dies: a follower from its ISR takes over
     // in the next epoch, and the ISR loses the dead node.
     let (dead, epoch) = (first[0].0, first[0].1);
@@ -875,7 +880,7 @@ async fn replicated_records_survive_their_leaders_death() {
     let survivor = survivor_of(&nodes, dead);
     let after = wait_isrs(survivor, "rep.t", "a new leader for partition 0", |ps| ps.len() == 2 && ps[0].0 > 0 && ps[0].0 != dead && ps[0].1 > epoch && !ps[0].2.contains(&dead)).await;
     assert_eq!(after[0].2.len(), 2, "{after:?}");
-    produce_acked(survivor, "rep.t", "b", 400).await;
+    produce_acked(survivor, "rep.t", "b", 400, 2).await;
     let expected = |tags: &[(&str, usize)]| -> Vec<Vec<String>> {
         (0..2).map(|p| tags.iter().flat_map(|(tag, n)| (0..*n).filter(move |i| i % 2 == p).map(move |i| format!("{tag}{i}"))).collect()).collect()
     };
@@ -884,7 +889,7 @@ async fn replicated_records_survive_their_leaders_death() {
     // Back, the killed node catches up and joins every ISR again.
     nodes[dead as usize] = Some(spawn_node(root.path(), dead, &etcd));
     let back = wait_isrs(survivor, "rep.t", "the restarted node in sync again", all).await;
-    produce_acked(survivor, "rep.t", "c", 200).await;
+    produce_acked(survivor, "rep.t", "c", 200, 2).await;
 
     // The next leader of partition 0 dies too: what its successor (either
     // of the others, the restarted node among them) has is everything.
