@@ -33,6 +33,9 @@ pub fn replica_of(req: &Request, version: i16) -> Option<i32> {
     (id >= 0).then_some(id)
 }
 
+/// Each asked topic: its name (up to v12), its id, its partitions.
+type Asked = Vec<(Bytes, [u8; 16], Vec<Want>)>;
+
 struct Want {
     partition: i32,
     topic: Option<Arc<Topic>>,
@@ -50,7 +53,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16, replica: i32) -
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(broker.cfg.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
     let max_bytes = (req.max_bytes.max(0) as usize).min(broker.cfg.fetch_max_bytes);
-    let asked: Vec<(Bytes, [u8; 16], Vec<Want>)> = req
+    let asked: Asked = req
         .topics
         .into_iter()
         .map(|t| {
@@ -91,7 +94,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16, replica: i32) -
 
 /// One pass over the asked tps: (the answer, record bytes, whether any
 /// partition carries an error).
-async fn read_all(broker: &Broker, asked: &Arc<Vec<(Bytes, [u8; 16], Vec<Want>)>>, replica: i32, max_bytes: usize, by_id: bool) -> Option<(Vec<TopicOut>, usize, bool)> {
+async fn read_all(broker: &Broker, asked: &Arc<Asked>, replica: i32, max_bytes: usize, by_id: bool) -> Option<(Vec<TopicOut>, usize, bool)> {
     let view = broker.cluster.view();
     let now = broker.engine.now_ms();
     // Positions are kept per registration of the follower; an unregistered

@@ -260,10 +260,7 @@ impl Replication {
             keep
         });
         for leader in leaders {
-            if !st.fetchers.contains_key(&leader) {
-                let task = tokio::spawn(fetcher::run(broker.clone(), leader, self.follows.subscribe()));
-                st.fetchers.insert(leader, task);
-            }
+            st.fetchers.entry(leader).or_insert_with(|| tokio::spawn(fetcher::run(broker.clone(), leader, self.follows.subscribe())));
         }
     }
 
