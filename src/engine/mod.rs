@@ -349,6 +349,9 @@ pub struct Engine {
     defaults: RwLock<Arc<Defaults>>,
     writer: mpsc::Sender<WriteCmd>,
     waiters: Arc<Waiters>,
+    /// Followers' fetches (cluster mode), woken when a flush writes, not
+    /// when it is durable: they read to the log end.
+    replica_waiters: Arc<Waiters>,
     cluster_id: String,
     clock: Clock,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -428,6 +431,7 @@ impl Engine {
 
         let (tx, rx) = mpsc::channel(cfg.write_queue);
         let waiters = Arc::new(Waiters::default());
+        let replica_waiters = Arc::new(Waiters::default());
         let producer_stats = Arc::new(ProducerStats::default());
         let (sync_tx, sync_rx) = std::sync::mpsc::sync_channel::<SyncJob>(64);
         let mut threads = Vec::new();
@@ -435,6 +439,7 @@ impl Engine {
             let setup = writer::Setup {
                 clock: clock.clone(),
                 waiters: waiters.clone(),
+                replica_waiters: replica_waiters.clone(),
                 policy: cfg.flush,
                 producer_expiry_ms: cfg.producer_id_expiration_ms,
             };
@@ -481,6 +486,7 @@ impl Engine {
             defaults: RwLock::new(Arc::new(defaults)),
             writer: tx,
             waiters,
+            replica_waiters,
             cluster_id,
             clock,
             threads: Mutex::new(threads),

@@ -45,6 +45,12 @@ impl Engine {
         }
     }
 
+    /// Registers a follower's fetch for `tps`: woken when a flush writes
+    /// any of them (before it is durable). Unregistered when dropped.
+    pub fn subscribe_replica(&self, tps: Vec<Tp>, notify: &std::sync::Arc<tokio::sync::Notify>) -> super::Registration {
+        self.replica_waiters.register(tps, false, notify)
+    }
+
     /// What is durable of `tp` here: a leader's own share of its high
     /// watermark.
     pub fn durable_end(&self, tp: &Tp) -> Option<i64> {

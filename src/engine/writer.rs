@@ -140,6 +140,8 @@ pub(super) struct Shared {
 pub(super) struct Setup {
     pub clock: Clock,
     pub waiters: Arc<Waiters>,
+    /// Followers' fetches: woken at the write, before the fsync.
+    pub replica_waiters: Arc<Waiters>,
     pub policy: FlushPolicy,
     pub producer_expiry_ms: i64,
 }
@@ -445,6 +447,10 @@ impl Writer {
     fn answer(&mut self, moved: Flushed, shutdown: Option<oneshot::Sender<()>>) {
         let written = std::mem::take(&mut self.written);
         let durable = std::mem::take(&mut self.durable);
+        // Followers read to the log end: what this round wrote is theirs
+        // now, while the fsync runs (the leader's durable end still caps
+        // the hw).
+        self.setup.replica_waiters.wake(&moved.moved);
         match self.setup.policy {
             FlushPolicy::Always => {
                 for (reply, r) in written {

@@ -7,6 +7,7 @@ mod admin;
 mod bad_input;
 mod cleaning;
 mod cluster;
+mod cluster_support;
 mod compaction;
 mod compression;
 mod consumer_protocol;

@@ -78,7 +78,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16, replica: i32) -
     let tps: Vec<_> = asked.iter().flat_map(|(_, _, w)| w.iter().filter_map(|w| w.topic.as_ref().filter(|t| w.partition >= 0 && w.partition < t.partitions()).map(|t| t.tp(w.partition)))).collect();
     let notify = Arc::new(Notify::new());
     let mut stopping = broker.stopping.clone();
-    let _registration = (!wait.is_zero()).then(|| broker.engine.subscribe(tps, false, &notify));
+    let _registration = (!wait.is_zero()).then(|| broker.engine.subscribe_replica(tps, &notify));
     loop {
         let (topics, bytes, errors) = read_all(broker, &asked, replica, max_bytes, by_id).await?;
         if bytes > 0 || errors || tokio::time::Instant::now() >= deadline || *stopping.borrow() {

@@ -33,8 +33,8 @@ use crate::protocol::fetch::{decode_response, PartitionIn};
 const VERSION: i16 = 14;
 /// How long the leader may hold a fetch with nothing new.
 const MAX_WAIT_MS: i32 = 500;
-const MAX_BYTES: i32 = 16 << 20;
-const PARTITION_MAX_BYTES: i32 = 1 << 20;
+const MAX_BYTES: i32 = 32 << 20;
+const PARTITION_MAX_BYTES: i32 = 8 << 20;
 const BACKOFF: Duration = Duration::from_millis(200);
 
 /// Fetches from `leader` for as long as this node follows any tp there.

@@ -1,0 +1,117 @@
+//! Starting what cluster mode needs on loopback: a three-member etcd
+//! cluster (Debian's `etcd-server`) and Canopy nodes built with the
+//! `cluster` feature. Shared by the cluster tests and `benches/cluster.rs`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::ChildBroker;
+
+/// The etcd server binary: Debian's `etcd-server` package.
+pub fn etcd_binary() -> PathBuf {
+    let found = ["/usr/bin/etcd", "/usr/local/bin/etcd"].into_iter().map(PathBuf::from).find(|p| p.exists());
+    found.expect("etcd is not installed: cluster tests need Debian's etcd-server (apt-get install etcd-server; .ci/run installs it)")
+}
+
+/// The Canopy binary the nodes run: `CANOPY_CLUSTER_BIN`, or this build's
+/// own when it has the `cluster` feature (see tests/it/cluster.rs).
+pub fn canopy_binary() -> PathBuf {
+    match std::env::var_os("CANOPY_CLUSTER_BIN") {
+        Some(p) => PathBuf::from(p),
+        None if cfg!(feature = "cluster") => PathBuf::from(env!("CARGO_BIN_EXE_canopy")),
+        None => panic!("set CANOPY_CLUSTER_BIN to a canopy built with --features cluster (cargo build --release --features cluster)"),
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A three-member etcd cluster on loopback, killed when dropped.
+pub struct Etcd {
+    pub members: Vec<Child>,
+    endpoints: Vec<String>,
+}
+
+impl Etcd {
+    pub fn start(dir: &Path) -> Etcd {
+        let bin = etcd_binary();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("e{i}=http://127.0.0.1:{peer}")).collect();
+        let initial = initial.join(",");
+        let mut members = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let log = std::fs::File::create(dir.join(format!("etcd{i}.log"))).unwrap();
+            let child = Command::new(&bin)
+                .args(["--name", &format!("e{i}")])
+                .arg("--data-dir")
+                .arg(dir.join(format!("etcd{i}")))
+                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", "canopy-test"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start etcd");
+            members.push(child);
+        }
+        let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect();
+        let etcd = Etcd { members, endpoints };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    /// Until every member answers a quorum read (etcdctl, from Debian's
+    /// etcd-client package, which etcd-server depends on).
+    pub fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ok = Command::new("etcdctl").env("ETCDCTL_API", "3").args(["--endpoints", &self.endpoints.join(","), "endpoint", "health"]).output().is_ok_and(|o| o.status.success());
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd did not become healthy in 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// The value of `key` (empty if absent), by etcdctl.
+    pub fn get(&self, key: &str) -> String {
+        let out = Command::new("etcdctl").env("ETCDCTL_API", "3").args(["--endpoints", &self.endpoints(), "get", "--print-value-only", key]).output().expect("etcdctl");
+        assert!(out.status.success(), "etcdctl get: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+}
+
+pub fn node_args(id: i32, etcd: &Etcd, session_timeout_ms: u32) -> Vec<String> {
+    let (id, timeout) = (id.to_string(), session_timeout_ms.to_string());
+    ["--node-id", &id, "--etcd-endpoints", &etcd.endpoints(), "--cluster-name", "it", "--broker-session-timeout-ms", &timeout, "--broker-heartbeat-interval-ms", "500"].iter().map(|s| s.to_string()).collect()
+}
+
+pub fn spawn_node(root: &Path, id: i32, etcd: &Etcd) -> ChildBroker {
+    spawn_node_with(root, id, etcd, 3000)
+}
+
+pub fn spawn_node_with(root: &Path, id: i32, etcd: &Etcd, session_timeout_ms: u32) -> ChildBroker {
+    let dir = root.join(format!("node{id}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = node_args(id, etcd, session_timeout_ms);
+    ChildBroker::spawn_binary(&canopy_binary(), &[], &dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
