@@ -160,6 +160,26 @@ fn hw_caught_up(bootstrap: std::net::SocketAddr, topic: &str, per_partition: i64
     t0.elapsed()
 }
 
+/// The median time of 50 acks=all records sent one at a time (linger 0)
+/// to partition 0 of `topic`.
+fn latency(bootstrap: std::net::SocketAddr, topic: &str) -> Duration {
+    let p: FutureProducer = common::client(bootstrap).set("acks", "all").set("enable.idempotence", "true").set("linger.ms", "0").create().unwrap();
+    let mut took: Vec<Duration> = block_on(async {
+        let mut v = Vec::new();
+        for i in 0..51 {
+            let t0 = Instant::now();
+            p.send(FutureRecord::<(), [u8]>::to(topic).partition(0).payload(&b"ping"[..]), Duration::from_secs(30)).await.expect("acknowledged");
+            // The first warms the connection.
+            if i > 0 {
+                v.push(t0.elapsed());
+            }
+        }
+        v
+    });
+    took.sort();
+    took[took.len() / 2]
+}
+
 /// The leader of `topic`'s partition 0, from Metadata.
 fn leader_of_0(bootstrap: std::net::SocketAddr, topic: &str) -> i32 {
     let c: BaseConsumer = common::client(bootstrap).create().unwrap();
@@ -206,6 +226,7 @@ fn main() {
         create_topic(b.kafka, "bench.single", 1, &[]);
         let all = produce(b.kafka, &[&b], "bench.single", "all", records, "single node, acks=all");
         all.print();
+        println!("| (single node: one acks=all record at a time, median {:.1} ms) | | | | | |", latency(b.kafka, "bench.single").as_secs_f64() * 1e3);
         b.kill9();
         (one, all)
     };
@@ -229,6 +250,7 @@ fn main() {
     create_topic(bootstrap, "rf3b.t", 3, &[("min.insync.replicas", "2")]);
     let rf3_all = produce(bootstrap, &all, "rf3b.t", "all", records, "3 nodes, RF=3, acks=all, min.insync.replicas=2");
     rf3_all.print();
+    println!("| (RF=3: one acks=all record at a time, median {:.1} ms) | | | | | |", latency(bootstrap, "rf3b.t").as_secs_f64() * 1e3);
     drop(all);
     println!();
     println!("| ratio | value |");
