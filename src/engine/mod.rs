@@ -36,6 +36,7 @@ pub mod subtree;
 pub mod topics;
 pub mod txns;
 mod replica;
+pub use replica::HwWait;
 mod restore;
 pub mod validate;
 

@@ -4,7 +4,10 @@
 //! followers up to the log end, and the high watermark replication
 //! decides. Appending a leader's copy is [`Engine::replicate`].
 
-use tokio::sync::oneshot;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, Notify};
 
 use super::writer::WriteCmd;
 use super::{Engine, EngineError};
@@ -51,6 +54,31 @@ impl Engine {
         self.replica_waiters.register(tps, false, notify)
     }
 
+    /// Waits until `tp`'s high watermark reaches `end` (an acks=all answer
+    /// in cluster mode: every in-sync replica has the batch), at most
+    /// until `deadline`; `go_on` is asked at every wake and every 100 ms,
+    /// and false ends the wait (this node no longer leads, say).
+    pub async fn wait_hw(&self, tp: Tp, end: i64, deadline: tokio::time::Instant, go_on: impl Fn() -> bool) -> HwWait {
+        let notify = Arc::new(Notify::new());
+        let _registration = self.subscribe(vec![tp], false, &notify);
+        loop {
+            if self.offsets(&tp).is_some_and(|o| o.1 >= end) {
+                return HwWait::Reached;
+            }
+            if !go_on() {
+                return HwWait::Stopped;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return HwWait::TimedOut;
+            }
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
     /// What is durable of `tp` here: a leader's own share of its high
     /// watermark.
     pub fn durable_end(&self, tp: &Tp) -> Option<i64> {
@@ -68,4 +96,13 @@ impl Engine {
     pub fn latest_epoch(&self, tp: &Tp) -> i32 {
         self.storage.epochs(tp).and_then(|e| e.last().map(|e| e.epoch)).unwrap_or(-1)
     }
+}
+
+/// How [`Engine::wait_hw`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HwWait {
+    Reached,
+    /// `go_on` said to stop.
+    Stopped,
+    TimedOut,
 }

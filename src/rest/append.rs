@@ -119,11 +119,18 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
             Err(e) => Some(Err((None, e.clone()))),
         })
         .collect();
+    // acks=all in cluster mode: answered once the partition's in-sync
+    // replicas have the records, as a Kafka producer's acks=all is.
+    let deadline = tokio::time::Instant::now() + REPLICATED_WITHIN;
     for (p, idx, submitted) in pending {
         let first = match submitted {
             Ok(Pending::Alone(w)) => w.wait().await.map(|a| a.base_offset).map_err(|e| engine_error(e, t.name())),
             Ok(Pending::Joined(rx)) => rx.await.unwrap_or_else(|_| Err(engine_error(crate::engine::EngineError::ShuttingDown, t.name()))),
             Err(e) => Err(engine_error(e, t.name())),
+        };
+        let first = match (first, view.as_deref()) {
+            (Ok(base), Some(v)) if ack == Ack::Durable && v.partition(-1, t.name(), p).replicas.len() > 1 => replicated(b, t, p, base + idx.len() as i64, deadline).await.map(|()| base),
+            (first, _) => first,
         };
         match first {
             Ok(base) => {
@@ -139,6 +146,27 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
         }
     }
     out.into_iter().map(|o| o.expect("every record answered")).collect()
+}
+
+/// How long an acks=all append waits for the in-sync replicas (Kafka's
+/// default request.timeout.ms).
+const REPLICATED_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until every in-sync replica of partition `p` has everything
+/// below `end`; refused (retriable) when this node stops leading it first
+/// or the replicas take too long.
+async fn replicated(b: &Bridge, t: &Topic, p: i32, end: i64, deadline: tokio::time::Instant) -> Result<(), RestError> {
+    use crate::engine::HwWait;
+    let gone = |why: String| {
+        let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, why);
+        e.retry_after = Some(1);
+        e
+    };
+    match b.engine.wait_hw(t.tp(p), end, deadline, || b.leads(b.view().as_deref(), t.name(), p)).await {
+        HwWait::Reached => Ok(()),
+        HwWait::Stopped => Err(gone(format!("this broker stopped leading partition {p} of {} before its in-sync replicas had the records; they may or may not be kept", t.name()))),
+        HwWait::TimedOut => Err(gone(format!("the in-sync replicas of partition {p} of {} did not have the records within {} s; they may or may not be kept", t.name(), REPLICATED_WITHIN.as_secs()))),
+    }
 }
 
 /// Records (with their indexes in the request) as batches of at most

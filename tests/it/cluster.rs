@@ -760,13 +760,27 @@ async fn replicated_records_survive_their_leaders_death() {
     {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 1)).create().unwrap();
-        let r = admin.create_topics(&[NewTopic::new("rep.t", 2, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")], &AdminOptions::new()).await.unwrap();
+        let r = admin.create_topics(&[NewTopic::new("rep.t", 2, TopicReplication::Fixed(3)).set("min.insync.replicas", "2"), NewTopic::new("paused.t", 1, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")], &AdminOptions::new()).await.unwrap();
         r[0].as_ref().expect("created with three replicas");
+        r[1].as_ref().expect("created with three replicas");
         let r = admin.create_topics(&[NewTopic::new("four", 1, TopicReplication::Fixed(4))], &AdminOptions::new()).await.unwrap();
         assert!(matches!(r[0], Err((_, rdkafka::types::RDKafkaErrorCode::InvalidReplicationFactor))), "{r:?}");
     }
     let all = |ps: &[(i32, i32, Vec<i32>)]| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *isr == vec![1, 2, 3]);
     let first = wait_isrs(addr(&nodes, 1), "rep.t", "every node in sync", all).await;
+
+    // Its followers paused (SIGSTOP, for less than their session), a
+    // leader does not answer a REST acks=all append: its in-sync replicas
+    // do not have the records yet.
+    let p_leader = wait_isrs(addr(&nodes, 1), "paused.t", "every node in sync", |ps| ps.len() == 1 && ps[0].0 > 0 && ps[0].2 == vec![1, 2, 3]).await[0].0;
+    wait_leading(addr(&nodes, p_leader), "paused.t", &[0]).await;
+    let paused: Vec<String> = (1..=3).filter(|id| *id != p_leader).map(|id| nodes[id as usize].as_ref().unwrap().child.id().to_string()).collect();
+    assert!(Command::new("kill").arg("-STOP").args(&paused).status().unwrap().success());
+    let rest = nodes[p_leader as usize].as_ref().unwrap().rest;
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(1500)).build().unwrap();
+    let r = impatient.post(format!("http://{rest}/topics/paused.t/partitions/0")).header("content-type", "application/vnd.kafka.json.v2+json").body(r#"{"records":[{"value":"p"}]}"#).send().await;
+    assert!(Command::new("kill").arg("-CONT").args(&paused).status().unwrap().success());
+    assert!(r.as_ref().is_err_and(|e| e.is_timeout()), "answered while the followers were paused: {r:?}");
 
     produce_acked(addr(&nodes, 2), "rep.t", "a", 400, 2).await;
     // The leader of partition 0 dies: a follower from its ISR takes over
@@ -787,13 +801,23 @@ async fn replicated_records_survive_their_leaders_death() {
     let back = wait_isrs(survivor, "rep.t", "the restarted node in sync again", all).await;
     produce_acked(survivor, "rep.t", "c", 200, 2).await;
 
-    // The next leader of partition 0 dies too: what its successor (either
-    // of the others, the restarted node among them) has is everything.
+    // Through its REST bridge, the leader of partition 0 takes 100 records
+    // (answered once the in-sync replicas have them), and then dies: what
+    // its successor (either of the others, the restarted node among them)
+    // has is everything.
     let next = back[0].0;
+    let rest = nodes[next as usize].as_ref().unwrap().rest;
+    let records: Vec<serde_json::Value> = (0..100).map(|i| serde_json::json!({"value": format!("r{i}")})).collect();
+    let r = reqwest::Client::new().post(format!("http://{rest}/topics/rep.t/partitions/0")).header("content-type", "application/vnd.kafka.json.v2+json").body(serde_json::json!({"records": records}).to_string()).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let answer: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(answer["offsets"].as_array().unwrap().iter().all(|o| o["error_code"].is_null()), "{answer}");
     nodes[next as usize].take().unwrap().kill9();
     let survivor = survivor_of(&nodes, next);
     wait_isrs(survivor, "rep.t", "partition 0 led again", |ps| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *l != next && !isr.contains(&next))).await;
-    assert_eq!(read_all(survivor, "rep.t", 2, 1000).await, expected(&[("a", 400), ("b", 400), ("c", 200)]), "every acknowledged record after two leaders died");
+    let mut after_two = expected(&[("a", 400), ("b", 400), ("c", 200)]);
+    after_two[0].extend((0..100).map(|i| format!("\"r{i}\"")));
+    assert_eq!(read_all(survivor, "rep.t", 2, 1100).await, after_two, "every acknowledged record after two leaders died");
 
     // One node of three left: acks=all is refused before anything is
     // appended (min.insync.replicas 2).

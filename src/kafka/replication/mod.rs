@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster::topics::{unit_of, UnitRecord};
@@ -328,25 +328,15 @@ impl Replication {
     /// shrunk below `min.insync.replicas`, REQUEST_TIMED_OUT at the
     /// deadline).
     pub async fn replicated(&self, broker: &Broker, topic: &Topic, partition: i32, epoch: i32, end: i64, deadline: tokio::time::Instant) -> Result<(), i16> {
+        use crate::engine::HwWait;
         use kafka_protocol::ResponseError as E;
         let tp = topic.tp(partition);
-        let notify = Arc::new(Notify::new());
-        let _registration = broker.engine.subscribe(vec![tp], false, &notify);
-        let mut views = broker.cluster.subscribe();
-        loop {
-            let enough = Self::enough_replicas(&views.borrow_and_update(), topic, partition);
-            if broker.engine.offsets(&tp).is_some_and(|o| o.1 >= end) {
-                // Kafka's rule: there, but the ISR shrank meanwhile.
-                return if enough { Ok(()) } else { Err(E::NotEnoughReplicasAfterAppend.code()) };
-            }
-            if !self.leads(&tp, epoch) || !broker.cluster.in_good_standing() {
-                return Err(E::NotLeaderOrFollower.code());
-            }
-            tokio::select! {
-                _ = notify.notified() => {}
-                _ = views.changed() => {}
-                _ = tokio::time::sleep_until(deadline) => return Err(E::RequestTimedOut.code()),
-            }
+        match broker.engine.wait_hw(tp, end, deadline, || self.leads(&tp, epoch) && broker.cluster.in_good_standing()).await {
+            // Kafka's rule: there, but the ISR shrank meanwhile.
+            HwWait::Reached if !Self::enough_replicas(&broker.cluster.view(), topic, partition) => Err(E::NotEnoughReplicasAfterAppend.code()),
+            HwWait::Reached => Ok(()),
+            HwWait::Stopped => Err(E::NotLeaderOrFollower.code()),
+            HwWait::TimedOut => Err(E::RequestTimedOut.code()),
         }
     }
 
