@@ -25,7 +25,7 @@
 //! `CANOPY_CLUSTER_BIN` naming a canopy built with it); fails loudly
 //! without them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,12 +33,12 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::DeliveryResult;
-use rdkafka::producer::{BaseRecord, FutureProducer, FutureRecord, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::ClientContext;
+use rdkafka::producer::{BaseRecord, FutureProducer, FutureRecord, Producer, ThreadedProducer};
 
 #[path = "../tests/it/common.rs"]
 mod common;
+#[path = "support/delivery.rs"]
+mod delivery;
 #[path = "../tests/it/cluster_support.rs"]
 mod cluster_support;
 #[path = "support/proc_cpu.rs"]
@@ -46,28 +46,11 @@ mod proc_cpu;
 
 use cluster_support::{canopy_binary, spawn_node, Etcd};
 use common::ChildBroker;
+use delivery::{Counter, Ctx};
 
 const PARTITIONS: i32 = 6;
 const SIZE: usize = 1024;
 
-struct Counter {
-    ok: AtomicU64,
-    failed: AtomicU64,
-}
-
-#[derive(Clone)]
-struct Ctx(Arc<Counter>);
-
-impl ClientContext for Ctx {}
-impl ProducerContext for Ctx {
-    type DeliveryOpaque = ();
-    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
-        match r {
-            Ok(_) => self.0.ok.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.0.failed.fetch_add(1, Ordering::Relaxed),
-        };
-    }
-}
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
@@ -106,7 +89,7 @@ impl Row {
 /// librdkafka (linger 5 ms, 1 MB batches, no compression, idempotence on
 /// for acks=all as a real acks=all producer runs).
 fn produce(bootstrap: std::net::SocketAddr, nodes: &[&ChildBroker], topic: &str, acks: &str, records: u64, name: &str) -> Row {
-    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let counter = Arc::new(Counter::default());
     let mut cfg = common::client(bootstrap);
     cfg.set("acks", acks)
         .set("linger.ms", "5")

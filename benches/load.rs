@@ -33,14 +33,17 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, DeliveryResult};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
 
 #[path = "../tests/it/common.rs"]
 mod common;
+#[path = "support/delivery.rs"]
+mod delivery;
 
 use common::ChildBroker as Broker;
+use delivery::{Counter, Ctx};
 
 fn spawn_broker(dir: &Path) -> Broker {
     Broker::spawn(dir, &["--segment-bytes", "2147483648", "--flush", "always"])
@@ -55,24 +58,6 @@ fn cpu_secs(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-struct Counter {
-    ok: AtomicU64,
-    failed: AtomicU64,
-}
-
-#[derive(Clone)]
-struct Ctx(Arc<Counter>);
-
-impl ClientContext for Ctx {}
-impl ProducerContext for Ctx {
-    type DeliveryOpaque = ();
-    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
-        match r {
-            Ok(_) => self.0.ok.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.0.failed.fetch_add(1, Ordering::Relaxed),
-        };
-    }
-}
 
 fn create_topic(addr: SocketAddr, name: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = common::client(addr).create().unwrap();
@@ -137,7 +122,7 @@ fn payloads(size: usize) -> Vec<Vec<u8>> {
 #[allow(clippy::too_many_arguments)]
 fn produce_with(broker: &Broker, topic: &str, partitions: i32, size: usize, acks: &str, records: u64, extra: &[(&str, &str)], label: &str) -> Row {
     create_topic(broker.kafka, topic, partitions);
-    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let counter = Arc::new(Counter::default());
     let mut cfg = common::client(broker.kafka);
     cfg.set("acks", acks)
         .set("linger.ms", "5")
@@ -606,7 +591,7 @@ fn transactions(broker: &Broker, scale: u64) {
     if let Ok(d) = std::env::var("CANOPY_BENCH_RDKAFKA_DEBUG") {
         cfg.set("debug", d);
     }
-    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let counter = Arc::new(Counter::default());
     let producer: rdkafka::producer::BaseProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
     producer.init_transactions(Duration::from_secs(30)).unwrap();
     let payloads = payloads(100);
@@ -817,7 +802,7 @@ fn stream_reads(dir: &Path, scale: u64) {
         let r = rt.block_on(admin.create_topics(topics.iter(), &AdminOptions::new())).unwrap();
         assert!(r.iter().all(|x| x.is_ok()), "topics created");
     }
-    let counter = Arc::new(Counter { ok: AtomicU64::new(0), failed: AtomicU64::new(0) });
+    let counter = Arc::new(Counter::default());
     let mut cfg = common::client(broker.kafka);
     cfg.set("acks", "1").set("linger.ms", "5").set("queue.buffering.max.messages", "2000000").set("queue.buffering.max.kbytes", "1048576");
     let producer: ThreadedProducer<Ctx> = cfg.create_with_context(Ctx(counter.clone())).unwrap();
