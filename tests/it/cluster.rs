@@ -39,6 +39,8 @@ use kafka_protocol::protocol::StrBytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::common::{self, ChildBroker};
+mod nemesis;
+
 use crate::cluster_support::{canopy_binary, free_port, node_args, spawn_node, spawn_node_with, Etcd};
 
 

@@ -29,40 +29,60 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A three-member etcd cluster on loopback, killed when dropped.
+/// A three-member etcd cluster on loopback, killed when dropped. A member
+/// can be killed and started again on its data directory (the nemesis).
 pub struct Etcd {
     pub members: Vec<Child>,
     endpoints: Vec<String>,
+    /// Per member, the arguments that start it.
+    args: Vec<Vec<std::ffi::OsString>>,
+    dir: PathBuf,
 }
 
 impl Etcd {
     pub fn start(dir: &Path) -> Etcd {
-        let bin = etcd_binary();
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("e{i}=http://127.0.0.1:{peer}")).collect();
         let initial = initial.join(",");
-        let mut members = Vec::new();
-        for (i, (client, peer)) in ports.iter().enumerate() {
-            let log = std::fs::File::create(dir.join(format!("etcd{i}.log"))).unwrap();
-            let child = Command::new(&bin)
-                .args(["--name", &format!("e{i}")])
-                .arg("--data-dir")
-                .arg(dir.join(format!("etcd{i}")))
-                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
-                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", "canopy-test"])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start etcd");
-            members.push(child);
-        }
+        let args: Vec<Vec<std::ffi::OsString>> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| {
+                let mut a: Vec<std::ffi::OsString> = vec!["--name".into(), format!("e{i}").into(), "--data-dir".into(), dir.join(format!("etcd{i}")).into()];
+                for (flag, url) in [("--listen-client-urls", client), ("--advertise-client-urls", client), ("--listen-peer-urls", peer), ("--initial-advertise-peer-urls", peer)] {
+                    a.push(flag.into());
+                    a.push(format!("http://127.0.0.1:{url}").into());
+                }
+                // A restarted member finds its data directory and ignores
+                // the initial-cluster flags.
+                a.extend(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", "canopy-test"].map(Into::into));
+                a
+            })
+            .collect();
         let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect();
-        let etcd = Etcd { members, endpoints };
+        let mut etcd = Etcd { members: Vec::new(), endpoints, args, dir: dir.to_owned() };
+        for i in 0..3 {
+            let m = etcd.spawn_member(i);
+            etcd.members.push(m);
+        }
         etcd.wait_healthy();
         etcd
+    }
+
+    fn spawn_member(&self, i: usize) -> Child {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("etcd{i}.log"))).unwrap();
+        Command::new(etcd_binary()).args(&self.args[i]).stdout(Stdio::null()).stderr(log).spawn().expect("start etcd")
+    }
+
+    /// Kills member `i` with SIGKILL (its peers keep a quorum).
+    pub fn kill_member(&mut self, i: usize) {
+        let _ = self.members[i].kill();
+        let _ = self.members[i].wait();
+    }
+
+    /// Starts member `i` again on its data directory.
+    pub fn restart_member(&mut self, i: usize) {
+        self.members[i] = self.spawn_member(i);
     }
 
     /// Until every member answers a quorum read (etcdctl, from Debian's
@@ -101,8 +121,12 @@ impl Drop for Etcd {
 }
 
 pub fn node_args(id: i32, etcd: &Etcd, session_timeout_ms: u32) -> Vec<String> {
+    node_args_at(id, &etcd.endpoints(), session_timeout_ms)
+}
+
+fn node_args_at(id: i32, endpoints: &str, session_timeout_ms: u32) -> Vec<String> {
     let (id, timeout) = (id.to_string(), session_timeout_ms.to_string());
-    ["--node-id", &id, "--etcd-endpoints", &etcd.endpoints(), "--cluster-name", "it", "--broker-session-timeout-ms", &timeout, "--broker-heartbeat-interval-ms", "500"].iter().map(|s| s.to_string()).collect()
+    ["--node-id", &id, "--etcd-endpoints", endpoints, "--cluster-name", "it", "--broker-session-timeout-ms", &timeout, "--broker-heartbeat-interval-ms", "500"].iter().map(|s| s.to_string()).collect()
 }
 
 pub fn spawn_node(root: &Path, id: i32, etcd: &Etcd) -> ChildBroker {
@@ -110,8 +134,21 @@ pub fn spawn_node(root: &Path, id: i32, etcd: &Etcd) -> ChildBroker {
 }
 
 pub fn spawn_node_with(root: &Path, id: i32, etcd: &Etcd, session_timeout_ms: u32) -> ChildBroker {
+    spawn_node_args(root, id, node_args(id, etcd, session_timeout_ms))
+}
+
+/// A node whose Kafka listener is `kafka` (a restart keeps its address, as
+/// a real broker's does), with `extra` arguments.
+/// `endpoints` is the etcd cluster's ([`Etcd::endpoints`]).
+pub fn spawn_node_on(root: &Path, id: i32, endpoints: &str, kafka: std::net::SocketAddr, extra: &[&str]) -> ChildBroker {
+    let mut args = node_args_at(id, endpoints, 3000);
+    args.extend(["--kafka-listener".to_owned(), kafka.to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    spawn_node_args(root, id, args)
+}
+
+fn spawn_node_args(root: &Path, id: i32, args: Vec<String>) -> ChildBroker {
     let dir = root.join(format!("node{id}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let args = node_args(id, etcd, session_timeout_ms);
     ChildBroker::spawn_binary(&canopy_binary(), &[], &dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
