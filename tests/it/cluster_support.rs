@@ -41,6 +41,12 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start(dir: &Path) -> Etcd {
+        Etcd::start_on(dir, std::net::Ipv4Addr::LOCALHOST)
+    }
+
+    /// Members whose client port listens on `client_ip` (their peer ports
+    /// stay on loopback).
+    pub fn start_on(dir: &Path, client_ip: std::net::Ipv4Addr) -> Etcd {
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("e{i}=http://127.0.0.1:{peer}")).collect();
         let initial = initial.join(",");
@@ -49,9 +55,10 @@ impl Etcd {
             .enumerate()
             .map(|(i, (client, peer))| {
                 let mut a: Vec<std::ffi::OsString> = vec!["--name".into(), format!("e{i}").into(), "--data-dir".into(), dir.join(format!("etcd{i}")).into()];
-                for (flag, url) in [("--listen-client-urls", client), ("--advertise-client-urls", client), ("--listen-peer-urls", peer), ("--initial-advertise-peer-urls", peer)] {
+                let (client, peer) = (format!("http://{client_ip}:{client}"), format!("http://127.0.0.1:{peer}"));
+                for (flag, url) in [("--listen-client-urls", &client), ("--advertise-client-urls", &client), ("--listen-peer-urls", &peer), ("--initial-advertise-peer-urls", &peer)] {
                     a.push(flag.into());
-                    a.push(format!("http://127.0.0.1:{url}").into());
+                    a.push(url.into());
                 }
                 // A restarted member finds its data directory and ignores
                 // the initial-cluster flags.
@@ -59,7 +66,7 @@ impl Etcd {
                 a
             })
             .collect();
-        let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect();
+        let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("http://{client_ip}:{c}")).collect();
         let mut etcd = Etcd { members: Vec::new(), endpoints, args, dir: dir.to_owned() };
         for i in 0..3 {
             let m = etcd.spawn_member(i);
@@ -134,21 +141,108 @@ pub fn spawn_node(root: &Path, id: i32, etcd: &Etcd) -> ChildBroker {
 }
 
 pub fn spawn_node_with(root: &Path, id: i32, etcd: &Etcd, session_timeout_ms: u32) -> ChildBroker {
-    spawn_node_args(root, id, node_args(id, etcd, session_timeout_ms))
+    spawn_node_args(root, id, &[], node_args(id, etcd, session_timeout_ms))
 }
 
 /// A node whose Kafka listener is `kafka` (a restart keeps its address, as
-/// a real broker's does), with `extra` arguments.
+/// a real broker's does).
 /// `endpoints` is the etcd cluster's ([`Etcd::endpoints`]).
-pub fn spawn_node_on(root: &Path, id: i32, endpoints: &str, kafka: std::net::SocketAddr, extra: &[&str]) -> ChildBroker {
+/// Run by `wrapper` (a [`Net`] namespace's, say), with `extra` arguments.
+pub fn spawn_node_on(root: &Path, id: i32, endpoints: &str, kafka: std::net::SocketAddr, wrapper: &[&str], extra: &[&str]) -> ChildBroker {
     let mut args = node_args_at(id, endpoints, 3000);
     args.extend(["--kafka-listener".to_owned(), kafka.to_string()]);
     args.extend(extra.iter().map(|s| s.to_string()));
-    spawn_node_args(root, id, args)
+    spawn_node_args(root, id, wrapper, args)
 }
 
-fn spawn_node_args(root: &Path, id: i32, args: Vec<String>) -> ChildBroker {
+fn spawn_node_args(root: &Path, id: i32, wrapper: &[&str], args: Vec<String>) -> ChildBroker {
     let dir = root.join(format!("node{id}"));
     std::fs::create_dir_all(&dir).unwrap();
-    ChildBroker::spawn_binary(&canopy_binary(), &[], &dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    ChildBroker::spawn_binary(&canopy_binary(), wrapper, &dir, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Canopy nodes in network namespaces of their own (`ip netns`, from
+/// Debian's iproute2; needs root), joined by a bridge in this namespace,
+/// so that the links between them, and between each and etcd, can be cut:
+/// a cut is a blackhole route on both sides (packets vanish, as in a real
+/// partition; nothing is refused). This namespace holds the bridge's
+/// addresses: `.1` for the test's clients, `.2` for etcd's client port.
+/// Everything is removed when dropped.
+pub struct Net {
+    bridge: String,
+    prefix: String,
+    namespaces: Vec<String>,
+}
+
+impl Net {
+    /// A bridge and `nodes` namespaces (node ids 1..=nodes), on a /24 of
+    /// 10.213.0.0/16 chosen by this process's id.
+    pub fn create(nodes: i32) -> Net {
+        let tag = std::process::id() % 250;
+        let net = Net { bridge: format!("cnm{tag}"), prefix: format!("10.213.{tag}"), namespaces: (1..=nodes).map(|id| format!("cnm{tag}-n{id}")).collect() };
+        // What a killed earlier run of this process id may have left.
+        let _ = Command::new("ip").args(["link", "del", &net.bridge]).stderr(Stdio::null()).status();
+        for ns in &net.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
+        }
+        ip(&["link", "add", &net.bridge, "type", "bridge"]);
+        ip(&["addr", "add", &format!("{}.1/24", net.prefix), "dev", &net.bridge]);
+        ip(&["addr", "add", &format!("{}.2/24", net.prefix), "dev", &net.bridge]);
+        ip(&["link", "set", &net.bridge, "up"]);
+        for (i, ns) in net.namespaces.iter().enumerate() {
+            let id = i as i32 + 1;
+            let veth = format!("{}-v{id}", net.bridge);
+            ip(&["netns", "add", ns]);
+            ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", ns]);
+            ip(&["link", "set", &veth, "master", &net.bridge, "up"]);
+            ip(&["-n", ns, "addr", "add", &format!("{}/24", net.node(id)), "dev", "eth0"]);
+            ip(&["-n", ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        net
+    }
+
+    /// Node `id`'s address.
+    pub fn node(&self, id: i32) -> std::net::Ipv4Addr {
+        format!("{}.{}", self.prefix, 10 + id).parse().unwrap()
+    }
+
+    /// The address etcd's client port listens on.
+    pub fn etcd(&self) -> std::net::Ipv4Addr {
+        format!("{}.2", self.prefix).parse().unwrap()
+    }
+
+    /// The command prefix that runs a program in node `id`'s namespace.
+    pub fn exec(&self, id: i32) -> [&str; 4] {
+        ["ip", "netns", "exec", &self.namespaces[id as usize - 1]]
+    }
+
+    fn blackhole(&self, id: i32, to: std::net::Ipv4Addr, add: bool) {
+        ip(&["-n", &self.namespaces[id as usize - 1], "route", if add { "add" } else { "del" }, "blackhole", &format!("{to}/32")]);
+    }
+
+    /// Cuts (or, with `cut` false, heals) the link between nodes `a` and `b`.
+    pub fn link(&self, a: i32, b: i32, cut: bool) {
+        self.blackhole(a, self.node(b), cut);
+        self.blackhole(b, self.node(a), cut);
+    }
+
+    /// Cuts (or heals) node `id`'s link to etcd; its clients still reach it.
+    pub fn etcd_link(&self, id: i32, cut: bool) {
+        self.blackhole(id, self.etcd(), cut);
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("ip (Debian's iproute2)");
+    assert!(out.status.success(), "ip {}: {} (network namespaces need root)", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for ns in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
+    }
 }

@@ -6,7 +6,9 @@
 //! pauses nodes (SIGSTOP, past their session or not), kills a leader
 //! while both its followers are paused (a leader cut off from its
 //! replicas but not from its clients) and kills etcd members, one fault
-//! at a time.
+//! at a time, cuts the link between two nodes, and cuts a node from etcd
+//! (each node runs in a network namespace of its own: see
+//! `cluster_support::Net`; the test needs root).
 //!
 //! Afterwards everything is healed and the history is checked, in the
 //! spirit of Jepsen's Kafka queue checker: every acknowledged record is
@@ -23,9 +25,6 @@
 //!
 //!     CANOPY_NEMESIS_SECS=300 CANOPY_CLUSTER_BIN=target/release/canopy \
 //!         cargo test --release --test it cluster::nemesis -- --ignored --nocapture
-//!
-//! Not yet among the faults: cut links between brokers (network
-//! namespaces), see docs/cluster.md.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -44,7 +43,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{isrs, wait_isrs};
 use crate::common::{self, ChildBroker};
-use crate::cluster_support::{free_port, spawn_node_on, Etcd};
+use crate::cluster_support::{spawn_node_on, Etcd, Net};
 
 const TOPICS: [&str; 2] = ["nem.a", "nem.b"];
 const PARTITIONS: i32 = 3;
@@ -297,18 +296,30 @@ fn signal(node: &ChildBroker, sig: &str) {
     assert!(Command::new("kill").arg(sig).arg(node.child.id().to_string()).status().unwrap().success());
 }
 
+/// The nodes (index 0 unused), each in a network namespace of its own,
+/// and etcd. Fields drop in order: the nodes before their namespaces.
 struct Cluster<'a> {
     root: &'a Path,
-    etcd: Etcd,
     nodes: Vec<Option<ChildBroker>>,
-    addrs: Vec<SocketAddr>,
+    etcd: Etcd,
+    net: Net,
 }
 
 impl Cluster<'_> {
+    /// Node `id`'s Kafka address; a restart keeps it.
+    fn addr(&self, id: i32) -> SocketAddr {
+        SocketAddr::from((self.net.node(id), 9092))
+    }
+
     async fn restart(&mut self, id: i32) {
-        let (root, addr) = (self.root.to_owned(), self.addrs[id as usize]);
-        let endpoints = self.etcd.endpoints();
-        let node = tokio::task::spawn_blocking(move || spawn_node_on(&root, id, &endpoints, addr, &[])).await.unwrap();
+        let (root, addr, endpoints) = (self.root.to_owned(), self.addr(id), self.etcd.endpoints());
+        let wrapper: Vec<String> = self.net.exec(id).map(String::from).to_vec();
+        let node = tokio::task::spawn_blocking(move || {
+            let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+            spawn_node_on(&root, id, &endpoints, addr, &wrapper, &["--replica-lag-time-max-ms", "5000"])
+        })
+        .await
+        .unwrap();
         self.nodes[id as usize] = Some(node);
     }
 }
@@ -321,12 +332,13 @@ async fn acknowledged_records_survive_the_nemesis() {
     println!("nemesis: {secs} s, seed {seed} (CANOPY_NEMESIS_SEED={seed} replays the schedule)");
     let mut dice = Dice(seed);
     let root = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start(root.path());
-    let addrs: Vec<SocketAddr> = (0..4).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
-    let mut c = Cluster { root: root.path(), etcd, nodes: vec![None, None, None, None], addrs: addrs.clone() };
+    let net = Net::create(3);
+    let etcd = Etcd::start_on(root.path(), net.etcd());
+    let mut c = Cluster { root: root.path(), nodes: vec![None, None, None, None], etcd, net };
     for id in 1..=3 {
         c.restart(id).await;
     }
+    let addrs: Vec<SocketAddr> = (0..4).map(|id| c.addr(id)).collect();
     let boot = addrs[1..].iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",");
     {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -358,10 +370,10 @@ async fn acknowledged_records_survive_the_nemesis() {
         println!("[{:6.1}s] {what}", start.elapsed().as_secs_f64());
         h.lock().unwrap().faults.push(format!("[{:.1}s] {what}", start.elapsed().as_secs_f64()));
     };
-    let mut counts = [0u32; 5];
+    let mut counts = [0u32; 7];
     while Instant::now() < stop {
         tokio::time::sleep(dice.millis(1000, 3000)).await;
-        let kind = dice.below(5) as usize;
+        let kind = dice.below(7) as usize;
         match kind {
             0 | 1 => {
                 // kill -9 a partition's leader (or, for kind 1, any node).
@@ -413,11 +425,31 @@ async fn acknowledged_records_survive_the_nemesis() {
                 // Back in the quorum before the next fault.
                 tokio::task::block_in_place(|| c.etcd.wait_healthy());
             }
+            5 => {
+                // A cut link between two nodes: neither reaches the other,
+                // both reach etcd and their clients.
+                let a = 1 + dice.below(3) as i32;
+                let b = 1 + (a as u64 + dice.below(2)) as i32 % 3;
+                let cut = dice.millis(1000, 8000);
+                log(&h, format!("link between nodes {a} and {b} cut for {cut:?}"));
+                c.net.link(a, b, true);
+                tokio::time::sleep(cut).await;
+                c.net.link(a, b, false);
+            }
+            6 => {
+                // A node cut from etcd, not from its clients or peers.
+                let id = 1 + dice.below(3) as i32;
+                let cut = dice.millis(1000, 6000);
+                log(&h, format!("node {id} cut from etcd for {cut:?}"));
+                c.net.etcd_link(id, true);
+                tokio::time::sleep(cut).await;
+                c.net.etcd_link(id, false);
+            }
             _ => unreachable!(),
         }
         counts[kind] += 1;
     }
-    log(&h, format!("healed; faults: {} leader kills, {} node kills, {} pauses, {} etcd member kills, {} leaders killed alone", counts[0], counts[1], counts[2], counts[3], counts[4]));
+    log(&h, format!("healed; faults: {} leader kills, {} node kills, {} pauses, {} etcd member kills, {} leaders killed alone, {} cut links, {} nodes cut from etcd", counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6]));
 
     for p in producers {
         tokio::task::spawn_blocking(move || p.join().expect("producer")).await.unwrap();
