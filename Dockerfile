@@ -7,7 +7,11 @@ COPY Cargo.toml Cargo.lock ./
 COPY src src
 # Declared bench targets must exist for cargo to read the manifest.
 COPY benches benches
-RUN cargo build --release --locked --bin canopy \
+# FEATURES=cluster builds cluster mode (docker compose --profile cluster),
+# whose etcd client needs protoc.
+ARG FEATURES=""
+RUN if [ -n "$FEATURES" ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends protobuf-compiler; fi \
+    && cargo build --release --locked --bin canopy --features "$FEATURES" \
     && strip target/release/canopy
 
 FROM debian:bookworm-slim

@@ -209,7 +209,11 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics, fetch_sessions: broker.fetch_sessions.clone(), fetch_session_slots: cfg.max_incremental_fetch_session_cache_slots, fetch_session_partitions: cfg.max_incremental_fetch_session_cache_partitions };
-    let _ = metrics_slot.set(Arc::new(metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), limits, cfg.metrics_topic_label_limit)));
+    let mut m = metrics::Metrics::new(engine.clone(), &engine_probe, kafka_probe, bridge, health.clone(), limits, cfg.metrics_topic_label_limit);
+    if cluster.is_some() {
+        m = m.with_replication(broker.replication.clone());
+    }
+    let _ = metrics_slot.set(Arc::new(m));
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));

@@ -18,6 +18,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use crate::engine::probe::EngineProbe;
 use crate::engine::Engine;
 use crate::kafka::probe::KafkaProbe;
+use crate::kafka::replication::Replication;
 use crate::rest::Bridge;
 
 use super::Health;
@@ -31,6 +32,8 @@ pub struct Metrics {
     health: Arc<Health>,
     limits: Limits,
     topic_label_limit: usize,
+    /// Cluster mode's replication (None on a single node).
+    replication: Option<Arc<Replication>>,
 }
 
 /// The broker's limits and what uses them, for "how close to the limit"
@@ -61,7 +64,13 @@ impl Metrics {
         }
         #[cfg(target_os = "linux")]
         register(Box::new(prometheus::process_collector::ProcessCollector::for_self()));
-        Metrics { registry, engine, kafka, rest, health, limits, topic_label_limit: topic_label_limit.max(1) }
+        Metrics { registry, engine, kafka, rest, health, limits, topic_label_limit: topic_label_limit.max(1), replication: None }
+    }
+
+    /// Adds cluster mode's replication families.
+    pub fn with_replication(mut self, replication: Arc<Replication>) -> Metrics {
+        self.replication = Some(replication);
+        self
     }
 
     /// Why the broker refuses writes, if it does (`/ready` answers 503).
@@ -78,6 +87,7 @@ impl Metrics {
         self.rest(&mut f);
         self.partitions(&mut f);
         self.storage(&mut f);
+        self.replication(&mut f);
         encode(self.registry.gather(), f)
     }
 
@@ -94,6 +104,22 @@ impl Metrics {
         let p = self.engine.producer_stats();
         f.counter("canopy_producer_duplicates_total", "Retried idempotent batches answered with their first offsets, not rewritten", &[], p.duplicates.load(Ordering::Relaxed) as f64);
         f.counter("canopy_producer_refused_total", "Idempotent batches refused (sequence gap, old epoch)", &[], p.refused.load(Ordering::Relaxed) as f64);
+    }
+
+    /// Cluster mode: Kafka's replica manager and fetcher metrics, under
+    /// Kafka's names (absent on a single node, which replicates nothing).
+    fn replication(&self, f: &mut Families) {
+        let Some(r) = &self.replication else { return };
+        let s = &r.stats;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+        f.gauge("canopy_leader_partitions", "Partitions this node leads (Kafka's LeaderCount)", &[], get(&s.leader_partitions));
+        f.gauge("canopy_under_replicated_partitions", "Partitions this node leads whose ISR is smaller than their replica set (Kafka's UnderReplicatedPartitions)", &[], get(&s.under_replicated));
+        f.gauge("canopy_under_min_isr_partitions", "Partitions this node leads whose ISR is smaller than min.insync.replicas: acks=all is refused there (Kafka's UnderMinIsrPartitionCount)", &[], get(&s.under_min_isr));
+        f.gauge("canopy_offline_partitions", "Partitions without a live leader, counted by the controller (0 on other nodes; Kafka's OfflinePartitionsCount)", &[], get(&s.offline));
+        f.counter("canopy_isr_shrinks_total", "Partitions whose ISR this node, as their leader, shrank (Kafka's IsrShrinksPerSec)", &[], get(&s.isr_shrinks));
+        f.counter("canopy_isr_expands_total", "Partitions whose ISR this node, as their leader, expanded (Kafka's IsrExpandsPerSec)", &[], get(&s.isr_expands));
+        f.counter("canopy_leader_elections_total", "Partitions this node began leading in a new leader epoch; summed over the nodes, the cluster's leader elections", &[], get(&s.leader_epochs));
+        f.gauge("canopy_replica_max_lag_records", "The most records any partition this node follows is behind its leader's high watermark (Kafka's replica fetcher MaxLag)", &[], get(&s.max_lag));
     }
 
     fn kafka(&self, f: &mut Families) {

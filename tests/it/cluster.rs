@@ -743,6 +743,29 @@ async fn produce_acked(addr: SocketAddr, topic: &'static str, tag: &'static str,
     .unwrap();
 }
 
+/// The sum of `name`'s series in the scrape of the admin listener `admin`
+/// (0 when absent).
+async fn metric(admin: SocketAddr, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines().filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+}
+
+/// The `canopy_*` metric names the cluster dashboard queries.
+fn cluster_dashboard_metrics() -> BTreeSet<String> {
+    let d: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/dashboards/canopy-cluster.json")).unwrap()).unwrap();
+    let mut names = BTreeSet::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let e = t["expr"].as_str().unwrap();
+            for (i, _) in e.match_indices("canopy_") {
+                names.insert(e[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>());
+            }
+        }
+    }
+    assert!(names.len() >= 7, "{names:?}");
+    names
+}
+
 /// Replication (step 3 of docs/cluster.md): a topic with replication
 /// factor 3 and min.insync.replicas 2 has every node in each partition's
 /// ISR; librdkafka's idempotent acks=all records survive the kill -9 of
@@ -792,6 +815,12 @@ async fn replicated_records_survive_their_leaders_death() {
     let survivor = survivor_of(&nodes, dead);
     let after = wait_isrs(survivor, "rep.t", "a new leader for partition 0", |ps| ps.len() == 2 && ps[0].0 > 0 && ps[0].0 != dead && ps[0].1 > epoch && !ps[0].2.contains(&dead)).await;
     assert_eq!(after[0].2.len(), 2, "{after:?}");
+    // Its new leader says so in its metrics (Kafka's names): a partition
+    // under-replicated, a leader election.
+    let admin_of = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().admin;
+    let new_leader = admin_of(&nodes, after[0].0);
+    poll(new_leader, "an under-replicated partition in the metrics", |a| metric(a, "canopy_under_replicated_partitions"), |v| *v >= 1.0).await;
+    assert!(metric(new_leader, "canopy_leader_elections_total").await >= 1.0);
     produce_acked(survivor, "rep.t", "b", 400, 2).await;
     let expected = |tags: &[(&str, usize)]| -> Vec<Vec<String>> {
         (0..2).map(|p| tags.iter().flat_map(|(tag, n)| (0..*n).filter(move |i| i % 2 == p).map(move |i| format!("{tag}{i}"))).collect()).collect()
@@ -801,6 +830,20 @@ async fn replicated_records_survive_their_leaders_death() {
     // Back, the killed node catches up and joins every ISR again.
     nodes[dead as usize] = Some(spawn_node(root.path(), dead, &etcd));
     let back = wait_isrs(survivor, "rep.t", "the restarted node in sync again", all).await;
+    // Every leader that took the restarted node back counted the expansion,
+    // and no partition of any node is under-replicated any more; every
+    // metric the cluster dashboard asks for is exported.
+    let live: Vec<SocketAddr> = (1..=3).map(|id| admin_of(&nodes, id)).collect();
+    let mut expands = 0.0;
+    for a in &live {
+        expands += metric(*a, "canopy_isr_expands_total").await;
+        poll(*a, "no under-replicated partition", |a| metric(a, "canopy_under_replicated_partitions"), |v| *v == 0.0).await;
+    }
+    assert!(expands >= 2.0, "ISR expansions of both partitions: {expands}");
+    let scraped = reqwest::get(format!("http://{}/metrics", live[0])).await.unwrap().text().await.unwrap();
+    for name in cluster_dashboard_metrics() {
+        assert!(scraped.lines().any(|l| l.starts_with(&name) && l[name.len()..].starts_with([' ', '{'])), "{name}, which grafana/dashboards/canopy-cluster.json queries, is not exported");
+    }
     produce_acked(survivor, "rep.t", "c", 200, 2).await;
 
     // Through its REST bridge, the leader of partition 0 takes 100 records

@@ -226,11 +226,15 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
             }
         } else {
             broker.engine.limit_hw(&tp, p.high_watermark);
+            broker.replication.lagged(&broker.engine, tp, p.high_watermark);
         }
     }
     for (tp, f, w, hw) in pending {
         match w.wait().await {
-            Ok(_) => broker.engine.limit_hw(&tp, hw),
+            Ok(_) => {
+                broker.engine.limit_hw(&tp, hw);
+                broker.replication.lagged(&broker.engine, tp, hw);
+            }
             Err(e) => {
                 tracing::warn!(topic = f.topic.name(), partition = f.partition, error = %e, "appending a leader's copy failed");
                 fine = false;

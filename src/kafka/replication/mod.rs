@@ -20,6 +20,7 @@
 pub mod fetcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +46,34 @@ pub struct Replication {
     state: Mutex<State>,
     /// Bumped whenever what this node follows changes; fetchers watch it.
     follows: watch::Sender<u64>,
+    /// What the metrics show (Kafka's ReplicaManager and fetcher gauges).
+    pub stats: Stats,
+}
+
+/// Replication's gauges (set at every tick) and counters, named as
+/// Kafka's: see `metrics::scrape`.
+#[derive(Default)]
+pub struct Stats {
+    /// Partitions this node leads (LeaderCount).
+    pub leader_partitions: AtomicU64,
+    /// Of those, with an ISR smaller than the replica set
+    /// (UnderReplicatedPartitions).
+    pub under_replicated: AtomicU64,
+    /// Of those, with an ISR smaller than `min.insync.replicas`
+    /// (UnderMinIsrPartitionCount).
+    pub under_min_isr: AtomicU64,
+    /// Partitions without a live leader, counted by the controller only
+    /// (OfflinePartitionsCount).
+    pub offline: AtomicU64,
+    /// ISR changes this node wrote (IsrShrinksPerSec, IsrExpandsPerSec).
+    pub isr_shrinks: AtomicU64,
+    pub isr_expands: AtomicU64,
+    /// Leader epochs this node began: summed over the nodes, the
+    /// cluster's leader elections, per partition.
+    pub leader_epochs: AtomicU64,
+    /// The most records any followed partition is behind its leader's
+    /// hw (the fetcher's MaxLag).
+    pub max_lag: AtomicU64,
 }
 
 #[derive(Default)]
@@ -58,6 +87,8 @@ struct State {
     adding: HashMap<String, Vec<i32>>,
     /// When each tp last warned that its leader's log start passed it.
     out_of_range: HashMap<Tp, i64>,
+    /// Per followed tp, records behind the leader's hw at the last fetch.
+    lag: HashMap<Tp, i64>,
 }
 
 /// A tp this node leads.
@@ -100,7 +131,7 @@ pub struct Followed {
 
 impl Replication {
     pub fn new(me: i32, lag_max_ms: i64) -> Arc<Replication> {
-        Arc::new(Replication { me, lag_max_ms, state: Mutex::new(State::default()), follows: watch::Sender::new(0) })
+        Arc::new(Replication { me, lag_max_ms, state: Mutex::new(State::default()), follows: watch::Sender::new(0), stats: Stats::default() })
     }
 
     /// Whether this node has begun leader epoch `epoch` in `tp`: only then
@@ -124,6 +155,39 @@ impl Replication {
             *last = now_ms;
         }
         due
+    }
+
+    /// A fetch brought followed `tp` up to the leader's `hw`: its lag.
+    pub fn lagged(&self, engine: &crate::engine::Engine, tp: Tp, hw: i64) {
+        let end = engine.offsets(&tp).map_or(0, |o| o.2);
+        self.state.lock().expect("replication lock").lag.insert(tp, (hw - end).max(0));
+    }
+
+    /// Sets the gauges of [`Stats`] from `view` and this node's roles.
+    fn measure(&self, broker: &Broker, view: &ClusterView) {
+        let mut st = self.state.lock().expect("replication lock");
+        let State { led, followed, lag, .. } = &mut *st;
+        lag.retain(|tp, _| followed.contains_key(tp));
+        let (mut under, mut under_min) = (0, 0);
+        for (tp, l) in led.iter() {
+            let Some(u) = view.units.get(&l.unit) else { continue };
+            under += (u.isr.len() < u.replicas.len()) as u64;
+            let min = broker.engine.topic_by_id(&tp.topic).map_or(1, |t| t.config.min_insync_replicas);
+            under_min += ((u.isr.len() as i32) < min) as u64;
+        }
+        let s = &self.stats;
+        s.leader_partitions.store(led.len() as u64, Ordering::Relaxed);
+        s.under_replicated.store(under, Ordering::Relaxed);
+        s.under_min_isr.store(under_min, Ordering::Relaxed);
+        s.max_lag.store(lag.values().copied().max().unwrap_or(0) as u64, Ordering::Relaxed);
+        drop(st);
+        let controller = view.controller.as_ref().is_some_and(|c| c.id == self.me);
+        let offline = if controller {
+            view.topics.iter().map(|(name, t)| (0..t.partitions).filter(|p| view.units.get(&unit_of(name, *p)).is_none_or(|u| !view.nodes.contains_key(&u.leader))).count() as u64).sum()
+        } else {
+            0
+        };
+        s.offline.store(offline, Ordering::Relaxed);
     }
 
     /// The tps this node follows from `leader`.
@@ -151,6 +215,7 @@ impl Replication {
                 // An ISR that shrank lets the hw up without any fetch (to
                 // this node's own durable end when it is alone).
                 r.advance_all(&broker);
+                r.measure(&broker, &broker.cluster.view());
             }
             for (_, f) in broker.replication.state.lock().expect("replication lock").fetchers.drain() {
                 f.abort();
@@ -226,6 +291,7 @@ impl Replication {
             let list: Vec<Tp> = tps.iter().map(|(tp, _)| *tp).collect();
             match broker.engine.begin_epoch(list.clone(), epoch).await {
                 Ok(()) => {
+                    self.stats.leader_epochs.fetch_add(list.len() as u64, Ordering::Relaxed);
                     let now = broker.engine.now_ms();
                     let mut st = self.state.lock().expect("replication lock");
                     for (tp, unit) in tps {
@@ -399,7 +465,17 @@ impl Replication {
             }
             let written = broker.cluster.alter_isr(&unit, &from, isr.clone()).await;
             match &written {
-                Ok(true) => tracing::info!(%unit, from = ?from.isr, to = ?isr, "ISR changed"),
+                Ok(true) => {
+                    // Per partition, as Kafka counts.
+                    let tps = self.state.lock().expect("replication lock").led.values().filter(|l| l.unit == unit).count() as u64;
+                    if !leaving.is_empty() {
+                        self.stats.isr_shrinks.fetch_add(tps, Ordering::Relaxed);
+                    }
+                    if !joining.is_empty() {
+                        self.stats.isr_expands.fetch_add(tps, Ordering::Relaxed);
+                    }
+                    tracing::info!(%unit, from = ?from.isr, to = ?isr, "ISR changed");
+                }
                 Ok(false) => tracing::debug!(%unit, "an ISR change lost a race; deciding again from the next view"),
                 Err(e) => tracing::warn!(%unit, error = %e, "changing an ISR failed"),
             }
