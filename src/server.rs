@@ -24,6 +24,11 @@ use crate::kafka::coordinator::Coordinator;
 use crate::kafka::{self, Broker, KafkaConfig};
 use crate::metrics::{self, Health};
 
+/// How long a clean stop waits for its leadership to move (Kafka's
+/// controlled.shutdown, bounded: with no other in-sync replica, or etcd
+/// out of reach, the node stops anyway and the controller elects after).
+const CONTROLLED_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub struct Running {
     /// The first Kafka listener's address.
     pub kafka_addr: SocketAddr,
@@ -41,8 +46,9 @@ pub struct Running {
     background: JoinHandle<()>,
     compactor: JoinHandle<()>,
     expiry: JoinHandle<()>,
-    /// Cluster mode's etcd session (it revokes the lease when it ends).
-    cluster: Option<JoinHandle<()>>,
+    /// Cluster mode's etcd session (it revokes the lease when it ends),
+    /// and this node's membership (to hand its leadership over first).
+    cluster: Option<(JoinHandle<()>, Arc<crate::cluster::Membership>)>,
 }
 
 pub async fn start(cfg: Config) -> anyhow::Result<Running> {
@@ -109,7 +115,7 @@ struct Started {
     background: JoinHandle<()>,
     compactor: JoinHandle<()>,
     expiry: JoinHandle<()>,
-    cluster: Option<JoinHandle<()>>,
+    cluster: Option<(JoinHandle<()>, Arc<crate::cluster::Membership>)>,
 }
 
 impl Started {
@@ -217,6 +223,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     let background = tokio::spawn(retention_loop(engine.clone(), Duration::from_millis(cfg.retention_check_interval_ms), stop_rx.clone()));
     let compactor = tokio::spawn(compaction_loop(engine.clone(), Duration::from_millis(cfg.compaction_interval_ms), stop_rx.clone()));
     let expiry = tokio::spawn(offset_expiry_loop(coordinator, cfg.offsets_retention_minutes * 60_000, stop_rx));
+    let cluster = cluster.map(|session| (session, broker.cluster.clone()));
     Ok(Started { kafka_addr, kafka_listeners, rest_addr, engine, kafka, rest, background, compactor, expiry, cluster })
 }
 
@@ -429,6 +436,13 @@ impl Running {
     /// Graceful stop; see the module docs for the order.
     pub async fn shutdown(self) {
         self.health.ready.store(false, Ordering::Release);
+        // Kafka's controlled shutdown: leadership moves to other in-sync
+        // replicas while this node still serves, so clients follow it at
+        // once and in-flight acks=all produces are answered (or told
+        // NOT_LEADER_OR_FOLLOWER and retried there).
+        if let Some((_, membership)) = &self.cluster {
+            membership.resign(CONTROLLED_SHUTDOWN_TIMEOUT).await;
+        }
         let _ = self.stop.send(true);
         self.engine.cancel_compaction();
         let _ = self.kafka.await;
@@ -443,8 +457,8 @@ impl Running {
         let _ = self.background.await;
         let _ = self.compactor.await;
         let _ = self.expiry.await;
-        if let Some(cluster) = self.cluster {
-            let _ = cluster.await;
+        if let Some((session, _)) = self.cluster {
+            let _ = session.await;
         }
         self.engine.shutdown().await;
         let _ = self.admin.await;

@@ -616,9 +616,15 @@ impl Shards {
     /// so a stale leader's change, or one that raced the controller's,
     /// fails (`Ok(false)`) and is decided again from a newer view.
     pub(crate) async fn alter_isr(&self, unit: &str, from: &UnitRecord, isr: Vec<i32>) -> Result<bool, String> {
+        self.replace_unit(unit, from, UnitRecord { isr, ..from.clone() }).await
+    }
+
+    /// Writes unit `unit` as `to` (an ISR change, controlled shutdown's
+    /// handover), if it is still as `from` was read; `Ok(false)` when it
+    /// changed meanwhile.
+    pub(crate) async fn replace_unit(&self, unit: &str, from: &UnitRecord, to: UnitRecord) -> Result<bool, String> {
         let key = self.keys.unit(unit);
-        let new = UnitRecord { isr, ..from.clone() };
-        let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, from.mod_revision)]).and_then([TxnOp::put(key, serde_json::to_vec(&new).expect("a unit encodes"), None)]);
+        let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, from.mod_revision)]).and_then([TxnOp::put(key, serde_json::to_vec(&to).expect("a unit encodes"), None)]);
         match tokio::time::timeout(ADMIN_TIMEOUT, self.client.clone().txn(txn)).await {
             Ok(Ok(r)) => Ok(r.succeeded()),
             Ok(Err(e)) => Err(e.to_string()),

@@ -184,6 +184,45 @@ impl Membership {
         Ok(false)
     }
 
+    /// Controlled shutdown: every unit this node leads goes to the first
+    /// other live member of its ISR (in replica order), in the next epoch,
+    /// with this node out of its ISR; each written by compare-and-swap, a
+    /// lost race decided again from the newer view. Returns once this
+    /// node's view shows it leading nothing it could hand over, or at
+    /// `timeout` (units without another live ISR member stay: Kafka does
+    /// not elect outside the ISR). Nothing in single-node mode.
+    pub async fn resign(&self, timeout: std::time::Duration) {
+        #[cfg(feature = "cluster")]
+        if let Some(s) = &self.shards {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut views = self.view.clone();
+            let mut moved = 0usize;
+            loop {
+                let view = views.borrow_and_update().clone();
+                let handovers = topics::handovers(&view, self.node_id);
+                if handovers.is_empty() {
+                    tracing::info!(units = moved, "controlled shutdown: leadership handed over");
+                    return;
+                }
+                for (unit, from, to) in &handovers {
+                    match s.replace_unit(unit, from, to.clone()).await {
+                        Ok(true) => moved += 1,
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(%unit, error = %e, "controlled shutdown: handing a unit over failed"),
+                    }
+                }
+                // Until the view has moved on (or a little, for a write
+                // that failed), then again.
+                let wait = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
+                if tokio::time::timeout_at(deadline, wait).await.is_err() {
+                    tracing::warn!(units = handovers.len(), "controlled shutdown: leadership not handed over in time; stopping anyway");
+                    return;
+                }
+            }
+        }
+        let _ = timeout;
+    }
+
     /// A producer id from this node's block of the cluster's ids (cluster
     /// mode); `None` in single-node mode, where the catalog hands them out.
     pub async fn allocate_producer_id(&self) -> Option<Result<i64, String>> {

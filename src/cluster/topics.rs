@@ -255,6 +255,20 @@ pub fn elections(view: &ClusterView) -> Vec<(String, UnitRecord)> {
     out
 }
 
+/// Controlled shutdown's changes for node `me`: each unit it leads that
+/// has another registered ISR member goes to the first such member in
+/// replica order, in the next epoch, with `me` out of the ISR. (unit, as
+/// read, as it should become.)
+pub fn handovers(view: &ClusterView, me: i32) -> Vec<(String, UnitRecord, UnitRecord)> {
+    let mut out = Vec::new();
+    for (name, u) in view.units.iter().filter(|(_, u)| u.leader == me) {
+        let Some(next) = u.replicas.iter().copied().find(|r| *r != me && u.isr.contains(r) && view.nodes.contains_key(r)) else { continue };
+        let isr = u.isr.iter().copied().filter(|m| *m != me).collect();
+        out.push((name.clone(), u.clone(), UnitRecord { replicas: u.replicas.clone(), leader: next, leader_epoch: u.leader_epoch + 1, isr, mod_revision: u.mod_revision }));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +321,26 @@ mod tests {
         }
         assert!(place(&v, &units, 4).is_err(), "more replicas than brokers");
         assert!(place(&v, &units, 0).is_err());
+    }
+
+    #[test]
+    fn a_stopping_leader_hands_its_units_to_live_isr_members() {
+        let mut v = view(&[(1, None), (2, None), (3, None)]);
+        let units = Arc::make_mut(&mut v.units);
+        units.insert("a~0".into(), unit(&[1, 2, 3], 1, 4, &[1, 3, 2]));
+        // Node 2 is out of sync: 3, the next in replica order that is in sync.
+        units.insert("a~1".into(), unit(&[1, 2, 3], 1, 0, &[1, 3]));
+        // Alone in its ISR: it keeps leading (no election outside the ISR).
+        units.insert("a~2".into(), unit(&[1, 2], 1, 2, &[1]));
+        // Led by another node: not its to hand over.
+        units.insert("a~3".into(), unit(&[2, 1], 2, 7, &[2, 1]));
+        // Its only other in-sync member is not registered.
+        units.insert("b~0".into(), unit(&[1, 4], 1, 1, &[1, 4]));
+        let got: BTreeMap<String, (i32, i32, Vec<i32>, i64)> = handovers(&v, 1).into_iter().map(|(name, from, to)| {
+            assert_eq!((from.leader, to.replicas.clone()), (1, from.replicas.clone()));
+            (name, (to.leader, to.leader_epoch, to.isr, to.mod_revision))
+        }).collect();
+        assert_eq!(got, BTreeMap::from([("a~0".to_owned(), (2, 5, vec![3, 2], 9)), ("a~1".to_owned(), (3, 1, vec![3], 9))]));
     }
 
     #[test]

@@ -846,6 +846,35 @@ async fn replicated_records_survive_their_leaders_death() {
     }
     produce_acked(survivor, "rep.t", "c", 200, 2).await;
 
+    // A clean stop (SIGTERM) of partition 1's leader is Kafka's controlled
+    // shutdown: while it still serves, it hands each unit it leads to an
+    // in-sync follower in the next epoch and leaves their ISRs; then it
+    // goes. Back, it catches up and joins again.
+    let (quitter, epoch) = (back[1].0, back[1].1);
+    // The units it leads with another in-sync replica: those of both
+    // topics (the coordinator shards have one replica, they stay).
+    let led = back.iter().chain(&isrs(survivor, "paused.t").await).filter(|(l, _, isr)| *l == quitter && isr.len() > 1).count();
+    let mut node = nodes[quitter as usize].take().unwrap();
+    assert!(Command::new("kill").arg("-TERM").arg(node.child.id().to_string()).status().unwrap().success());
+    assert!(node.child.wait().unwrap().success(), "a clean stop");
+    let mut said: Vec<String> = Vec::new();
+    while !said.last().is_some_and(|l| l.contains("left the cluster")) {
+        said.push(node.log.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("node {quitter} never said it left the cluster: {said:#?}")));
+    }
+    let handed = said.iter().position(|l| l.contains("controlled shutdown: leadership handed over")).unwrap_or_else(|| panic!("no handover in the log of node {quitter}"));
+    let left = said.iter().position(|l| l.contains("left the cluster")).expect("left the cluster");
+    assert!(handed < left, "leadership was handed over before the node left");
+    let units: serde_json::Value = serde_json::from_str(&said[handed]).unwrap();
+    assert_eq!(units["fields"]["units"], led as u64, "every unit it led: {}", said[handed]);
+    let survivor = survivor_of(&nodes, quitter);
+    let moved = wait_isrs(survivor, "rep.t", "partition 1 handed over", |ps| ps.len() == 2 && ps[1].0 > 0 && ps[1].0 != quitter).await;
+    assert_eq!(moved[1].1, epoch + 1, "one election: the handover");
+    assert!(!moved[1].2.contains(&quitter), "{moved:?}");
+    drop(node);
+    nodes[quitter as usize] = Some(spawn_node(root.path(), quitter, &etcd));
+    let back = wait_isrs(survivor, "rep.t", "the stopped node in sync again", all).await;
+    produce_acked(survivor, "rep.t", "d", 200, 2).await;
+
     // Through its REST bridge, the leader of partition 0 takes 100 records
     // (answered once the in-sync replicas have them), and then dies: what
     // its successor (either of the others, the restarted node among them)
@@ -860,9 +889,9 @@ async fn replicated_records_survive_their_leaders_death() {
     nodes[next as usize].take().unwrap().kill9();
     let survivor = survivor_of(&nodes, next);
     wait_isrs(survivor, "rep.t", "partition 0 led again", |ps| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *l != next && !isr.contains(&next))).await;
-    let mut after_two = expected(&[("a", 400), ("b", 400), ("c", 200)]);
+    let mut after_two = expected(&[("a", 400), ("b", 400), ("c", 200), ("d", 200)]);
     after_two[0].extend((0..100).map(|i| format!("\"r{i}\"")));
-    assert_eq!(read_all(survivor, "rep.t", 2, 1100).await, after_two, "every acknowledged record after two leaders died");
+    assert_eq!(read_all(survivor, "rep.t", 2, 1300).await, after_two, "every acknowledged record after two leaders died");
 
     // One node of three left: acks=all is refused before anything is
     // appended (min.insync.replicas 2).

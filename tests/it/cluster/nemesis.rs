@@ -6,7 +6,8 @@
 //! pauses nodes (SIGSTOP, past their session or not), kills a leader
 //! while both its followers are paused (a leader cut off from its
 //! replicas but not from its clients) and kills etcd members, one fault
-//! at a time, cuts the link between two nodes, and cuts a node from etcd
+//! at a time, cuts the link between two nodes, cuts a node from etcd,
+//! and restarts a leader cleanly (controlled shutdown)
 //! (each node runs in a network namespace of its own: see
 //! `cluster_support::Net`; the test needs root).
 //!
@@ -370,10 +371,10 @@ async fn acknowledged_records_survive_the_nemesis() {
         println!("[{:6.1}s] {what}", start.elapsed().as_secs_f64());
         h.lock().unwrap().faults.push(format!("[{:.1}s] {what}", start.elapsed().as_secs_f64()));
     };
-    let mut counts = [0u32; 7];
+    let mut counts = [0u32; 8];
     while Instant::now() < stop {
         tokio::time::sleep(dice.millis(1000, 3000)).await;
-        let kind = dice.below(7) as usize;
+        let kind = dice.below(8) as usize;
         match kind {
             0 | 1 => {
                 // kill -9 a partition's leader (or, for kind 1, any node).
@@ -445,11 +446,22 @@ async fn acknowledged_records_survive_the_nemesis() {
                 tokio::time::sleep(cut).await;
                 c.net.etcd_link(id, false);
             }
+            7 => {
+                // A clean restart of a leader (controlled shutdown: its
+                // leadership is handed over before it goes).
+                let Some(victim) = a_leader(&c.nodes, &mut dice).await else { continue };
+                log(&h, format!("node {victim} (a leader) stopped cleanly, restarted"));
+                let node = c.nodes[victim as usize].take().unwrap();
+                let status = tokio::task::spawn_blocking(move || node.terminate()).await.unwrap();
+                assert!(status.success(), "node {victim} stopped with {status}");
+                c.restart(victim).await;
+                log(&h, format!("node {victim} serving again"));
+            }
             _ => unreachable!(),
         }
         counts[kind] += 1;
     }
-    log(&h, format!("healed; faults: {} leader kills, {} node kills, {} pauses, {} etcd member kills, {} leaders killed alone, {} cut links, {} nodes cut from etcd", counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6]));
+    log(&h, format!("healed; faults: {} leader kills, {} node kills, {} pauses, {} etcd member kills, {} leaders killed alone, {} cut links, {} nodes cut from etcd, {} clean restarts of leaders", counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6], counts[7]));
 
     for p in producers {
         tokio::task::spawn_blocking(move || p.join().expect("producer")).await.unwrap();
