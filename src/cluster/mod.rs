@@ -189,8 +189,10 @@ impl Membership {
     /// with this node out of its ISR; each written by compare-and-swap, a
     /// lost race decided again from the newer view. Returns once this
     /// node's view shows it leading nothing it could hand over, or at
-    /// `timeout` (units without another live ISR member stay: Kafka does
-    /// not elect outside the ISR). Nothing in single-node mode.
+    /// `timeout`, etcd's answers included (units without another live ISR
+    /// member stay: Kafka does not elect outside the ISR). Two nodes
+    /// stopping at once may hand units to each other; the second hands
+    /// them on, or they wait for an election. Nothing in single-node mode.
     pub async fn resign(&self, timeout: std::time::Duration) {
         #[cfg(feature = "cluster")]
         if let Some(s) = &self.shards {
@@ -204,19 +206,26 @@ impl Membership {
                     tracing::info!(units = moved, "controlled shutdown: leadership handed over");
                     return;
                 }
-                for (unit, from, to) in &handovers {
-                    match s.replace_unit(unit, from, to.clone()).await {
-                        Ok(true) => moved += 1,
-                        Ok(false) => {}
-                        Err(e) => tracing::warn!(%unit, error = %e, "controlled shutdown: handing a unit over failed"),
+                let writes = async {
+                    for (unit, from, to) in &handovers {
+                        match s.replace_unit(unit, from, to.clone()).await {
+                            Ok(true) => moved += 1,
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(%unit, error = %e, "controlled shutdown: handing a unit over failed"),
+                        }
                     }
-                }
-                // Until the view has moved on (or a little, for a write
-                // that failed), then again.
-                let wait = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
-                if tokio::time::timeout_at(deadline, wait).await.is_err() {
-                    tracing::warn!(units = handovers.len(), "controlled shutdown: leadership not handed over in time; stopping anyway");
-                    return;
+                    // Until the view has moved on (or a little, for a write
+                    // that failed), then again.
+                    tokio::time::timeout(std::time::Duration::from_millis(500), views.changed()).await
+                };
+                match tokio::time::timeout_at(deadline, writes).await {
+                    Err(_) => {
+                        tracing::warn!(units = handovers.len(), "controlled shutdown: leadership not handed over in time; stopping anyway");
+                        return;
+                    }
+                    // The session ended: no view will come.
+                    Ok(Ok(Err(_))) => return,
+                    Ok(_) => {}
                 }
             }
         }

@@ -849,14 +849,28 @@ async fn replicated_records_survive_their_leaders_death() {
     // A clean stop (SIGTERM) of partition 1's leader is Kafka's controlled
     // shutdown: while it still serves, it hands each unit it leads to an
     // in-sync follower in the next epoch and leaves their ISRs; then it
-    // goes. Back, it catches up and joins again.
+    // goes. An idempotent acks=all producer runs through it: every record
+    // it was told was written is there (read below). Back, the node
+    // catches up and joins again.
     let (quitter, epoch) = (back[1].0, back[1].1);
+    let survivor = survivor_of(&nodes, quitter);
     // The units it leads with another in-sync replica: those of both
-    // topics (the coordinator shards have one replica, they stay).
+    // topics, which are two branches, so two units apiece at most (the
+    // coordinator shards have one replica: they stay).
     let led = back.iter().chain(&isrs(survivor, "paused.t").await).filter(|(l, _, isr)| *l == quitter && isr.len() > 1).count();
+    let during = tokio::spawn(produce_acked(survivor, "rep.t", "d", 5000, 2));
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut node = nodes[quitter as usize].take().unwrap();
     assert!(Command::new("kill").arg("-TERM").arg(node.child.id().to_string()).status().unwrap().success());
-    assert!(node.child.wait().unwrap().success(), "a clean stop");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = node.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "node {quitter} did not stop within 60 s of SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "a clean stop: {status}");
     let mut said: Vec<String> = Vec::new();
     while !said.last().is_some_and(|l| l.contains("left the cluster")) {
         said.push(node.log.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| panic!("node {quitter} never said it left the cluster: {said:#?}")));
@@ -866,14 +880,13 @@ async fn replicated_records_survive_their_leaders_death() {
     assert!(handed < left, "leadership was handed over before the node left");
     let units: serde_json::Value = serde_json::from_str(&said[handed]).unwrap();
     assert_eq!(units["fields"]["units"], led as u64, "every unit it led: {}", said[handed]);
-    let survivor = survivor_of(&nodes, quitter);
     let moved = wait_isrs(survivor, "rep.t", "partition 1 handed over", |ps| ps.len() == 2 && ps[1].0 > 0 && ps[1].0 != quitter).await;
     assert_eq!(moved[1].1, epoch + 1, "one election: the handover");
     assert!(!moved[1].2.contains(&quitter), "{moved:?}");
     drop(node);
     nodes[quitter as usize] = Some(spawn_node(root.path(), quitter, &etcd));
     let back = wait_isrs(survivor, "rep.t", "the stopped node in sync again", all).await;
-    produce_acked(survivor, "rep.t", "d", 200, 2).await;
+    during.await.unwrap();
 
     // Through its REST bridge, the leader of partition 0 takes 100 records
     // (answered once the in-sync replicas have them), and then dies: what
@@ -889,9 +902,9 @@ async fn replicated_records_survive_their_leaders_death() {
     nodes[next as usize].take().unwrap().kill9();
     let survivor = survivor_of(&nodes, next);
     wait_isrs(survivor, "rep.t", "partition 0 led again", |ps| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *l != next && !isr.contains(&next))).await;
-    let mut after_two = expected(&[("a", 400), ("b", 400), ("c", 200), ("d", 200)]);
+    let mut after_two = expected(&[("a", 400), ("b", 400), ("c", 200), ("d", 5000)]);
     after_two[0].extend((0..100).map(|i| format!("\"r{i}\"")));
-    assert_eq!(read_all(survivor, "rep.t", 2, 1300).await, after_two, "every acknowledged record after two leaders died");
+    assert_eq!(read_all(survivor, "rep.t", 2, 6100).await, after_two, "every acknowledged record after two leaders died");
 
     // One node of three left: acks=all is refused before anything is
     // appended (min.insync.replicas 2).

@@ -178,14 +178,18 @@ impl Net {
     /// A bridge and `nodes` namespaces (node ids 1..=nodes), on a /24 of
     /// 10.213.0.0/16 chosen by this process's id.
     pub fn create(nodes: i32) -> Net {
-        let tag = std::process::id() % 250;
+        // The first free tag from this process's: another run's bridge (or
+        // one a killed run left) is never touched.
+        let start = std::process::id() % 250;
+        let tag = (0..250)
+            .map(|i| (start + i) % 250)
+            .find(|tag| Command::new("ip").args(["link", "add", &format!("cnm{tag}"), "type", "bridge"]).stderr(Stdio::null()).status().is_ok_and(|s| s.success()))
+            .expect("a free bridge name cnm0..cnm249 (ip link add needs root)");
         let net = Net { bridge: format!("cnm{tag}"), prefix: format!("10.213.{tag}"), namespaces: (1..=nodes).map(|id| format!("cnm{tag}-n{id}")).collect() };
-        // What a killed earlier run of this process id may have left.
-        let _ = Command::new("ip").args(["link", "del", &net.bridge]).stderr(Stdio::null()).status();
         for ns in &net.namespaces {
+            // A killed run's namespace of that name (its bridge was free).
             let _ = Command::new("ip").args(["netns", "del", ns]).stderr(Stdio::null()).status();
         }
-        ip(&["link", "add", &net.bridge, "type", "bridge"]);
         ip(&["addr", "add", &format!("{}.1/24", net.prefix), "dev", &net.bridge]);
         ip(&["addr", "add", &format!("{}.2/24", net.prefix), "dev", &net.bridge]);
         ip(&["link", "set", &net.bridge, "up"]);

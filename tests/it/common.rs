@@ -126,6 +126,20 @@ impl ChildBroker {
         self.child.wait().expect("reap");
     }
 
+    /// SIGTERM, then at most `within` for the process to exit; past that it
+    /// is killed with -9 and `None` returned.
+    pub fn terminate_within(mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().expect("kill -TERM");
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     pub fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self.child.id() as i32;
         // SAFETY-free: kill(2) through the `kill` binary keeps this test std-only.

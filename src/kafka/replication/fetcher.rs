@@ -204,6 +204,8 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
         }
         if p.error_code != 0 {
             if p.error_code == ResponseError::OffsetOutOfRange.code() {
+                // Behind for good until starting over is built: its lag shows.
+                broker.replication.lagged(&broker.engine, tp, p.high_watermark);
                 // Starting the log over at the leader's log start is not
                 // built (docs/cluster.md): said once a minute, and the
                 // other tps go on at full speed.

@@ -63,8 +63,9 @@ pub struct Stats {
     /// (UnderMinIsrPartitionCount).
     pub under_min_isr: AtomicU64,
     /// Partitions without a live leader, counted by the controller only
-    /// (OfflinePartitionsCount).
+    /// (OfflinePartitionsCount), and the view revision it was counted at.
     pub offline: AtomicU64,
+    offline_revision: std::sync::atomic::AtomicI64,
     /// ISR changes this node wrote (IsrShrinksPerSec, IsrExpandsPerSec).
     pub isr_shrinks: AtomicU64,
     pub isr_expands: AtomicU64,
@@ -181,13 +182,16 @@ impl Replication {
         s.under_min_isr.store(under_min, Ordering::Relaxed);
         s.max_lag.store(lag.values().copied().max().unwrap_or(0) as u64, Ordering::Relaxed);
         drop(st);
-        let controller = view.controller.as_ref().is_some_and(|c| c.id == self.me);
-        let offline = if controller {
-            view.topics.iter().map(|(name, t)| (0..t.partitions).filter(|p| view.units.get(&unit_of(name, *p)).is_none_or(|u| !view.nodes.contains_key(&u.leader))).count() as u64).sum()
-        } else {
-            0
-        };
-        s.offline.store(offline, Ordering::Relaxed);
+        // Counted again only when the view moved (it walks every partition).
+        if s.offline_revision.swap(view.revision, Ordering::Relaxed) != view.revision {
+            let controller = view.controller.as_ref().is_some_and(|c| c.id == self.me);
+            let offline = if controller {
+                view.topics.iter().map(|(name, t)| (0..t.partitions).filter(|p| view.units.get(&unit_of(name, *p)).is_none_or(|u| !view.nodes.contains_key(&u.leader))).count() as u64).sum()
+            } else {
+                0
+            };
+            s.offline.store(offline, Ordering::Relaxed);
+        }
     }
 
     /// The tps this node follows from `leader`.
@@ -289,9 +293,12 @@ impl Replication {
         }
         for ((unit, epoch), tps) in begin {
             let list: Vec<Tp> = tps.iter().map(|(tp, _)| *tp).collect();
+            // Elections are new epochs, not a restarted leader taking its
+            // own epoch up again.
+            let elected = list.iter().filter(|tp| broker.engine.latest_epoch(tp) < epoch).count() as u64;
             match broker.engine.begin_epoch(list.clone(), epoch).await {
                 Ok(()) => {
-                    self.stats.leader_epochs.fetch_add(list.len() as u64, Ordering::Relaxed);
+                    self.stats.leader_epochs.fetch_add(elected, Ordering::Relaxed);
                     let now = broker.engine.now_ms();
                     let mut st = self.state.lock().expect("replication lock");
                     for (tp, unit) in tps {
@@ -397,7 +404,14 @@ impl Replication {
         use crate::engine::HwWait;
         use kafka_protocol::ResponseError as E;
         let tp = topic.tp(partition);
-        match broker.engine.wait_hw(tp, end, deadline, || self.leads(&tp, epoch) && broker.cluster.in_good_standing()).await {
+        // Still this epoch's leader: by its state (cleared before any
+        // fetcher may cut this tp) and by the latest view (so a handover
+        // answers NOT_LEADER_OR_FOLLOWER at the next wake).
+        let still = || self.leads(&tp, epoch) && broker.cluster.lead(&broker.cluster.view(), topic.name(), partition) == Ok(epoch);
+        match broker.engine.wait_hw(tp, end, deadline, still).await {
+            // A hw seen, then this node found not leading: the hw may be a
+            // new leader's over a cut tail, not this batch's.
+            HwWait::Reached if !self.leads(&tp, epoch) => Err(E::NotLeaderOrFollower.code()),
             // Kafka's rule: there, but the ISR shrank meanwhile.
             HwWait::Reached if !Self::enough_replicas(&broker.cluster.view(), topic, partition) => Err(E::NotEnoughReplicasAfterAppend.code()),
             HwWait::Reached => Ok(()),

@@ -1,5 +1,5 @@
 //! The nemesis (issue 24, "What must be shown"): three etcd members and
-//! three Canopy nodes on loopback; two topics of replication factor 3 and
+//! three Canopy nodes, each node in a network namespace of its own; two topics of replication factor 3 and
 //! min.insync.replicas 2 in one branch; two idempotent acks=all
 //! librdkafka producers and a consumer group committing its offsets, while
 //! a nemesis kills leaders with -9 (and restarts them on their address),
@@ -17,7 +17,9 @@
 //! log twice; per partition, each producer's records keep the order it
 //! sent them in; every record a consumer read is the log's record at that
 //! offset (nothing read was later cut away); the group's committed
-//! offsets never move backwards, and never past the log's end.
+//! offsets never move backwards, and never past the log's end; every log
+//! is whole (no offset without its record); the group skipped nothing;
+//! no producer hit a fatal error.
 //!
 //! It runs `CANOPY_NEMESIS_SECS` seconds of faults (60 by default: the
 //! bounded run of `.ci/run`; the long run is 300 or more), with the fault
@@ -265,9 +267,25 @@ fn check(h: &History, logs: &HashMap<Tp, BTreeMap<i64, String>>) -> Vec<String> 
             }
         }
     }
+    // No transactions, no retention: every log is offsets 0..end, each
+    // holding a record.
+    for (tp, log) in logs {
+        if let Some((i, o)) = log.keys().enumerate().find(|(i, o)| **o != *i as i64) {
+            wrong.push(format!("{tp:?}: the log has no record at offset {i} (the next is at {o})"));
+        }
+    }
+    let mut read: HashMap<&Tp, std::collections::BTreeSet<i64>> = HashMap::new();
     for (tp, o, v) in &h.consumed {
         if at(tp, *o) != Some(v) {
             wrong.push(format!("the group read {v} at {tp:?} offset {o}, which holds {:?}", at(tp, *o)));
+        }
+        read.entry(tp).or_default().insert(*o);
+    }
+    // The group skipped nothing below the furthest it read.
+    for (tp, offsets) in &read {
+        let furthest = *offsets.last().expect("a read offset");
+        if let Some(skipped) = (0..furthest).find(|o| !offsets.contains(o)) {
+            wrong.push(format!("{tp:?}: the group read up to offset {furthest} but never offset {skipped}"));
         }
     }
     for (tp, seen) in &h.committed {
@@ -295,6 +313,14 @@ async fn a_leader(nodes: &[Option<ChildBroker>], dice: &mut Dice) -> Option<i32>
 
 fn signal(node: &ChildBroker, sig: &str) {
     assert!(Command::new("kill").arg(sig).arg(node.child.id().to_string()).status().unwrap().success());
+}
+
+struct DoneOnDrop(Arc<AtomicBool>);
+
+impl Drop for DoneOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The nodes (index 0 unused), each in a network namespace of its own,
@@ -326,7 +352,7 @@ impl Cluster<'_> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs etcd and a canopy built with --features cluster: see the module docs of tests/it/cluster.rs"]
+#[ignore = "needs etcd, root (network namespaces) and a canopy built with --features cluster: see the module docs of tests/it/cluster.rs"]
 async fn acknowledged_records_survive_the_nemesis() {
     let secs = env_u64("CANOPY_NEMESIS_SECS").unwrap_or(60);
     let seed = env_u64("CANOPY_NEMESIS_SEED").unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
@@ -357,6 +383,8 @@ async fn acknowledged_records_survive_the_nemesis() {
     let start = Instant::now();
     let stop = start + Duration::from_secs(secs);
     let done = Arc::new(AtomicBool::new(false));
+    // The readers stop with the test, also when it fails.
+    let _done_on_drop = DoneOnDrop(done.clone());
     let producers: Vec<_> = (0..2).map(|w| {
         let (boot, h) = (boot.clone(), h.clone());
         std::thread::spawn(move || producer(w, boot, h, stop))
@@ -452,8 +480,8 @@ async fn acknowledged_records_survive_the_nemesis() {
                 let Some(victim) = a_leader(&c.nodes, &mut dice).await else { continue };
                 log(&h, format!("node {victim} (a leader) stopped cleanly, restarted"));
                 let node = c.nodes[victim as usize].take().unwrap();
-                let status = tokio::task::spawn_blocking(move || node.terminate()).await.unwrap();
-                assert!(status.success(), "node {victim} stopped with {status}");
+                let status = tokio::task::spawn_blocking(move || node.terminate_within(Duration::from_secs(60))).await.unwrap();
+                assert!(status.is_some_and(|s| s.success()), "node {victim} did not stop cleanly within 60 s: {status:?}");
                 c.restart(victim).await;
                 log(&h, format!("node {victim} serving again"));
             }
@@ -522,14 +550,18 @@ async fn acknowledged_records_survive_the_nemesis() {
 fn the_checker_finds_what_it_is_for() {
     let tp = |p| ("nem.a".to_owned(), p);
     let log: HashMap<Tp, BTreeMap<i64, String>> = [(tp(0), BTreeMap::from([(0, "w0.0.0".to_owned()), (1, "w0.0.2".to_owned()), (2, "w1.0.1".to_owned())]))].into();
-    let good = History { acked: vec![(tp(0), 0, "w0.0.0".into()), (tp(0), 2, "w1.0.1".into())], consumed: vec![(tp(0), 1, "w0.0.2".into())], committed: [(tp(0), vec![0, 2, 3])].into(), ..Default::default() };
+    let good = History { acked: vec![(tp(0), 0, "w0.0.0".into()), (tp(0), 2, "w1.0.1".into())], consumed: vec![(tp(0), 0, "w0.0.0".into()), (tp(0), 1, "w0.0.2".into()), (tp(0), 1, "w0.0.2".into())], committed: [(tp(0), vec![0, 2, 3])].into(), ..Default::default() };
     assert_eq!(check(&good, &log), Vec::<String>::new());
     let lost = History { acked: vec![(tp(0), 3, "w0.0.4".into())], ..Default::default() };
     assert_eq!(check(&lost, &log).len(), 1, "an acknowledged record lost");
     let moved = History { acked: vec![(tp(0), 1, "w0.0.0".into())], ..Default::default() };
     assert_eq!(check(&moved, &log).len(), 1, "an acknowledged offset holding another record");
-    let ghost = History { consumed: vec![(tp(0), 2, "w0.0.9".into())], ..Default::default() };
+    let ghost = History { consumed: vec![(tp(0), 0, "w0.0.0".into()), (tp(0), 1, "w0.0.9".into())], ..Default::default() };
     assert_eq!(check(&ghost, &log).len(), 1, "a read record that is not in the log");
+    let skipped = History { consumed: vec![(tp(0), 0, "w0.0.0".into()), (tp(0), 2, "w1.0.1".into())], ..Default::default() };
+    assert_eq!(check(&skipped, &log).len(), 1, "a record the group skipped");
+    let gap: HashMap<Tp, BTreeMap<i64, String>> = [(tp(0), BTreeMap::from([(0, "w0.0.0".to_owned()), (2, "w0.0.2".to_owned())]))].into();
+    assert_eq!(check(&History::default(), &gap).len(), 1, "a log with a hole");
     let back = History { committed: [(tp(0), vec![2, 1])].into(), ..Default::default() };
     assert_eq!(check(&back, &log).len(), 1, "a committed offset moving back");
     let past = History { committed: [(tp(0), vec![4])].into(), ..Default::default() };
