@@ -129,7 +129,7 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
             Err(e) => Err(engine_error(e, t.name())),
         };
         let first = match (first, view.as_deref()) {
-            (Ok(base), Some(v)) if ack == Ack::Durable && v.partition(-1, t.name(), p).replicas.len() > 1 => replicated(b, t, p, base + idx.len() as i64, deadline).await.map(|()| base),
+            (Ok(base), Some(v)) if ack == Ack::Durable && v.partition(-1, t.name(), p).replicas.len() > 1 => replicated(b, t, p, b.lead_epoch(Some(v), t.name(), p), base + idx.len() as i64, deadline).await.map(|()| base),
             (first, _) => first,
         };
         match first {
@@ -153,18 +153,21 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
 const REPLICATED_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Waits until every in-sync replica of partition `p` has everything
-/// below `end`; refused (retriable) when this node stops leading it first
-/// or the replicas take too long.
-async fn replicated(b: &Bridge, t: &Topic, p: i32, end: i64, deadline: tokio::time::Instant) -> Result<(), RestError> {
+/// below `end`; refused (retriable) when this node stops leading it in
+/// `epoch` (the one the records were placed in) first, or the replicas
+/// take too long. A hw seen after leadership moved may be a new leader's
+/// over this node's cut tail: refused too.
+async fn replicated(b: &Bridge, t: &Topic, p: i32, epoch: Option<i32>, end: i64, deadline: tokio::time::Instant) -> Result<(), RestError> {
     use crate::engine::HwWait;
     let gone = |why: String| {
         let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, why);
         e.retry_after = Some(1);
         e
     };
-    match b.engine.wait_hw(t.tp(p), end, deadline, || b.leads(b.view().as_deref(), t.name(), p)).await {
-        HwWait::Reached => Ok(()),
-        HwWait::Stopped => Err(gone(format!("this broker stopped leading partition {p} of {} before its in-sync replicas had the records; they may or may not be kept", t.name()))),
+    let still = || epoch.is_some() && b.lead_epoch(b.view().as_deref(), t.name(), p) == epoch;
+    match b.engine.wait_hw(t.tp(p), end, deadline, still).await {
+        HwWait::Reached if still() => Ok(()),
+        HwWait::Reached | HwWait::Stopped => Err(gone(format!("this broker stopped leading partition {p} of {} before its in-sync replicas had the records; they may or may not be kept", t.name()))),
         HwWait::TimedOut => Err(gone(format!("the in-sync replicas of partition {p} of {} did not have the records within {} s; they may or may not be kept", t.name(), REPLICATED_WITHIN.as_secs()))),
     }
 }

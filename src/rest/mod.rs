@@ -325,6 +325,15 @@ impl Bridge {
         }
     }
 
+    /// The leader epoch this node leads `topic`'s partition `p` in, by
+    /// `view` (`None`: it does not lead it; 0 in single-node mode).
+    pub fn lead_epoch(&self, view: Option<&crate::cluster::ClusterView>, topic: &str, p: i32) -> Option<i32> {
+        match (&self.cluster, view) {
+            (Some(m), Some(v)) => m.lead(v, topic, p).ok(),
+            _ => Some(0),
+        }
+    }
+
     /// The view partitions are placed by (cluster mode).
     pub fn view(&self) -> Option<Arc<crate::cluster::ClusterView>> {
         self.cluster.as_ref().map(|m| m.view())

@@ -849,17 +849,23 @@ async fn replicated_records_survive_their_leaders_death() {
     // A clean stop (SIGTERM) of partition 1's leader is Kafka's controlled
     // shutdown: while it still serves, it hands each unit it leads to an
     // in-sync follower in the next epoch and leaves their ISRs; then it
-    // goes. An idempotent acks=all producer runs through it: every record
-    // it was told was written is there (read below). Back, the node
+    // goes. Idempotent acks=all producers run through it: every record
+    // they were told was written is there (read below). Back, the node
     // catches up and joins again.
+    const BURSTS: usize = 30;
     let (quitter, epoch) = (back[1].0, back[1].1);
     let survivor = survivor_of(&nodes, quitter);
     // The units it leads with another in-sync replica: those of both
     // topics, which are two branches, so two units apiece at most (the
     // coordinator shards have one replica: they stay).
     let led = back.iter().chain(&isrs(survivor, "paused.t").await).filter(|(l, _, isr)| *l == quitter && isr.len() > 1).count();
-    let during = tokio::spawn(produce_acked(survivor, "rep.t", "d", 5000, 2));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Bursts of 100, each acknowledged before the next: they span the stop.
+    let during = tokio::spawn(async move {
+        for _ in 0..BURSTS {
+            produce_acked(survivor, "rep.t", "d", 100, 2).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut node = nodes[quitter as usize].take().unwrap();
     assert!(Command::new("kill").arg("-TERM").arg(node.child.id().to_string()).status().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -902,9 +908,11 @@ async fn replicated_records_survive_their_leaders_death() {
     nodes[next as usize].take().unwrap().kill9();
     let survivor = survivor_of(&nodes, next);
     wait_isrs(survivor, "rep.t", "partition 0 led again", |ps| ps.len() == 2 && ps.iter().all(|(l, _, isr)| *l > 0 && *l != next && !isr.contains(&next))).await;
-    let mut after_two = expected(&[("a", 400), ("b", 400), ("c", 200), ("d", 5000)]);
+    let mut tags = vec![("a", 400), ("b", 400), ("c", 200)];
+    tags.extend([("d", 100); BURSTS]);
+    let mut after_two = expected(&tags);
     after_two[0].extend((0..100).map(|i| format!("\"r{i}\"")));
-    assert_eq!(read_all(survivor, "rep.t", 2, 6100).await, after_two, "every acknowledged record after two leaders died");
+    assert_eq!(read_all(survivor, "rep.t", 2, 1100 + 100 * BURSTS).await, after_two, "every acknowledged record after two leaders died");
 
     // One node of three left: acks=all is refused before anything is
     // appended (min.insync.replicas 2).
