@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, FutureProducer, FutureRecord, Producer, ThreadedProducer};
 
 #[path = "../tests/it/common.rs"]
@@ -105,17 +104,8 @@ fn produce(bootstrap: std::net::SocketAddr, nodes: &[&ChildBroker], topic: &str,
     let cpu0 = cpu(nodes);
     let t0 = Instant::now();
     for i in 0..records {
-        let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payload[..]).partition((i % PARTITIONS as u64) as i32);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    rec = r;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err((e, _)) => panic!("produce: {e}"),
-            }
-        }
+        let rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payload[..]).partition((i % PARTITIONS as u64) as i32);
+        common::send_waiting(&producer, rec).unwrap_or_else(|e| panic!("produce: {e}"));
     }
     producer.flush(Duration::from_secs(600)).unwrap();
     let secs = t0.elapsed().as_secs_f64();

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -141,17 +140,8 @@ fn produce_with(broker: &Broker, topic: &str, partitions: i32, size: usize, acks
     let me0 = cpu_secs(std::process::id());
     let t0 = Instant::now();
     for i in 0..records {
-        let mut rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payloads[(i % 1024) as usize][..]).partition((i % partitions as u64) as i32);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    rec = r;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err((e, _)) => panic!("produce: {e}"),
-            }
-        }
+        let rec: BaseRecord<'_, (), [u8]> = BaseRecord::to(topic).payload(&payloads[(i % 1024) as usize][..]).partition((i % partitions as u64) as i32);
+        common::send_waiting(&producer, rec).unwrap_or_else(|e| panic!("produce: {e}"));
     }
     producer.flush(Duration::from_secs(600)).unwrap();
     let secs = t0.elapsed().as_secs_f64();

@@ -163,6 +163,28 @@ pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
+/// Sends `rec` through `p`, waiting while librdkafka's queue is full;
+/// any other refusal is returned.
+pub fn send_waiting<'a, K, P, C>(p: &rdkafka::producer::ThreadedProducer<C>, mut rec: rdkafka::producer::BaseRecord<'a, K, P, C::DeliveryOpaque>) -> Result<(), rdkafka::error::KafkaError>
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+    C: rdkafka::producer::ProducerContext,
+{
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    loop {
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
 /// A v2 record batch of `values` (null keys), encoded by kafka-protocol's
 /// own encoder, for tests that speak the wire protocol directly.
 pub fn record_batch(values: &[&[u8]]) -> bytes::Bytes {

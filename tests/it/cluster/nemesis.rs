@@ -125,17 +125,11 @@ fn producer(w: u32, boot: String, h: Shared, stop: Instant) {
         for _ in 0..10 {
             let (topic, partition) = (TOPICS[(i % 2) as usize], ((i / 2) % PARTITIONS as u64) as i32);
             let value = format!("w{w}.{generation}.{i}");
-            let mut record = BaseRecord::<(), String, Box<String>>::with_opaque_to(topic, Box::new(value.clone())).partition(partition).payload(&value);
-            loop {
-                match p.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        record = back;
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), _)) => break,
-                    Err((e, _)) => panic!("producer {w}: {e}"),
-                }
+            let record = BaseRecord::<(), String, Box<String>>::with_opaque_to(topic, Box::new(value.clone())).partition(partition).payload(&value);
+            match common::send_waiting(&p, record) {
+                // Replaced below.
+                Ok(()) | Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal)) => {}
+                Err(e) => panic!("producer {w}: {e}"),
             }
             i += 1;
             if let Some((code, reason)) = p.client().fatal_error() {
