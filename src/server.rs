@@ -190,6 +190,8 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     if cluster.is_some() {
         // Ends with the broker (at `stop_rx`); its fetchers with it.
         kafka::replication::Replication::start(broker.clone(), stop_rx.clone());
+        // Before any request: committed offsets go to the shards' logs.
+        kafka::replication::coordinators::ShardLogs::start(broker.clone(), stop_rx.clone());
     }
     let (budget, per_ip, coordinator) = (broker.budget.clone(), broker.per_ip.clone(), broker.coordinator.clone());
     let kafka_probe = broker.probe.clone();

@@ -88,7 +88,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
     producer_ids.blocks.lock().await.add(first_block);
     let (builder, revision) = s.read_all().await?;
     let (tx, rx) = watch::channel(Arc::new(builder.view().clone()));
-    let shards = Arc::new(Shards { client: s.client.clone(), keys: s.keys.clone(), view: rx.clone(), creating: std::sync::atomic::AtomicBool::new(false) });
+    let shards = Arc::new(Shards { client: s.client.clone(), keys: s.keys.clone(), view: rx.clone(), rf: s.cfg.offsets_replication_factor, creating: std::sync::atomic::AtomicBool::new(false) });
     let membership = Arc::new(Membership::new(&s.me, rx, fence.clone(), producer_ids, shards));
     tracing::info!(node_id = s.me.id, incarnation = s.me.incarnation, cluster = %s.cfg.cluster_name, nodes = builder.view().nodes.len(), "joined the cluster");
     let keeper = tokio::spawn(keep_alive(s.client.clone(), lease.clone(), fence.clone(), Duration::from_millis(s.cfg.heartbeat_interval_ms), stop.clone()));
@@ -607,6 +607,8 @@ pub(crate) struct Shards {
     client: Client,
     keys: Keys,
     view: watch::Receiver<Arc<ClusterView>>,
+    /// Replicas per shard (`offsets_topic_replication_factor`).
+    rf: i16,
     creating: std::sync::atomic::AtomicBool,
 }
 
@@ -632,6 +634,27 @@ impl Shards {
         }
     }
 
+    /// The shards' units, then their log's topic, each only if absent (as
+    /// Kafka, not before `rf` nodes are registered).
+    async fn create(&self, view: &ClusterView) -> Result<(), EngineError> {
+        ensure_units(&self.client, &self.keys, view, topics::coordinator_units(), self.rf).await?;
+        if view.topics.contains_key(topics::COORDINATOR_TOPIC) {
+            return Ok(());
+        }
+        let entry = TopicEntry {
+            id: uuid::Uuid::new_v4().to_string(),
+            partitions: topics::COORDINATOR_SHARDS as i32,
+            replication_factor: self.rf,
+            // Compacted: the log keeps each committed offset's last change.
+            configs: [("cleanup.policy".to_owned(), "compact".to_owned())].into(),
+            created_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64),
+        };
+        let key = self.keys.topic(topics::COORDINATOR_TOPIC);
+        let txn = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, serde_json::to_vec(&entry).expect("a topic entry encodes"), None)]);
+        self.client.clone().txn(txn).await.map_err(etcd_failed)?;
+        Ok(())
+    }
+
     /// Starts creating the missing shards, unless that is under way.
     pub(crate) fn ensure(self: &Arc<Self>) {
         if self.creating.swap(true, Ordering::AcqRel) {
@@ -640,8 +663,8 @@ impl Shards {
         let me = self.clone();
         tokio::spawn(async move {
             let view = me.view.borrow().clone();
-            match tokio::time::timeout(ADMIN_TIMEOUT, ensure_units(&me.client, &me.keys, &view, topics::coordinator_units(), 1)).await {
-                Ok(Ok(())) => tracing::info!(nodes = view.nodes.len(), "coordinator shards created"),
+            match tokio::time::timeout(ADMIN_TIMEOUT, me.create(&view)).await {
+                Ok(Ok(())) => tracing::info!(nodes = view.nodes.len(), replication_factor = me.rf, "coordinator shards created"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "creating the coordinator shards failed"),
                 Err(_) => tracing::warn!("etcd did not create the coordinator shards within {ADMIN_TIMEOUT:?}"),
             }

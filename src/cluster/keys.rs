@@ -70,7 +70,9 @@ impl Keys {
             "producer_ids" => Some(Key::ProducerIds),
             _ if rest.starts_with("topics/") => {
                 let name = &rest["topics/".len()..];
-                crate::engine::topics::validate_name(name).ok()?;
+                if name != super::topics::COORDINATOR_TOPIC {
+                    crate::engine::topics::validate_name(name).ok()?;
+                }
                 Some(Key::Topic(name.to_owned()))
             }
             _ if rest.starts_with("units/") => {

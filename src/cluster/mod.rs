@@ -43,6 +43,8 @@ pub struct ClusterConfig {
     pub session_timeout_ms: u64,
     /// How often the lease is renewed (`broker.heartbeat.interval.ms`).
     pub heartbeat_interval_ms: u64,
+    /// Replicas of each coordinator shard (`offsets.topic.replication.factor`).
+    pub offsets_replication_factor: i16,
 }
 
 /// One address a node serves a Kafka listener on.
@@ -198,18 +200,22 @@ impl Membership {
         if let Some(s) = &self.shards {
             let deadline = tokio::time::Instant::now() + timeout;
             let mut views = self.view.clone();
-            let mut moved = 0usize;
+            // Units handed over, and of those the coordinator shards'.
+            let (mut moved, mut shards) = (0usize, 0usize);
             loop {
                 let view = views.borrow_and_update().clone();
                 let handovers = topics::handovers(&view, self.node_id);
                 if handovers.is_empty() {
-                    tracing::info!(units = moved, "controlled shutdown: leadership handed over");
+                    tracing::info!(units = moved, coordinator_shards = shards, "controlled shutdown: leadership handed over");
                     return;
                 }
                 let writes = async {
                     for (unit, from, to) in &handovers {
                         match s.replace_unit(unit, from, to.clone()).await {
-                            Ok(true) => moved += 1,
+                            Ok(true) => {
+                                moved += 1;
+                                shards += usize::from(unit.starts_with(topics::COORDINATOR_BRANCH) && unit[topics::COORDINATOR_BRANCH.len()..].starts_with('~'));
+                            }
                             Ok(false) => {}
                             Err(e) => tracing::warn!(%unit, error = %e, "controlled shutdown: handing a unit over failed"),
                         }

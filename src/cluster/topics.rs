@@ -103,6 +103,12 @@ pub fn unit_of(topic: &str, partition: i32) -> String {
 /// not a legal topic name, so no topic's unit collides with them.
 pub const COORDINATOR_BRANCH: &str = "__canopy.coordinators";
 
+/// The internal topic holding the coordinator shards' logs (committed
+/// offsets, `kafka::coordinator::journal`): partition `s` is shard `s`,
+/// in unit `__canopy.coordinators~<s>`. Its name is reserved, so no
+/// client can create, write or name it.
+pub const COORDINATOR_TOPIC: &str = COORDINATOR_BRANCH;
+
 /// How many shards groups and transactional ids are spread over (as
 /// Kafka's 50 partitions of `__consumer_offsets`).
 pub const COORDINATOR_SHARDS: u32 = 50;
@@ -163,6 +169,8 @@ impl ClusterView {
             return Ok(me);
         }
         match self.units.get(&coordinator_unit(key)) {
+            // The shards' log (the topic) is created after their units.
+            _ if !self.topics.contains_key(COORDINATOR_TOPIC) => Err(true),
             None => Err(true),
             Some(u) if self.nodes.contains_key(&u.leader) => Ok(u.leader),
             Some(_) => Err(false),
@@ -381,6 +389,9 @@ mod tests {
         let placed = place(&v, &coordinator_units(), 1).unwrap();
         assert_eq!(placed.len(), COORDINATOR_SHARDS as usize);
         Arc::make_mut(&mut v.units).extend(placed.clone());
+        assert_eq!(v.coordinator(1, "g"), Err(true), "the units, but not yet their log's topic");
+        let log = TopicEntry { id: uuid::Uuid::nil().to_string(), partitions: COORDINATOR_SHARDS as i32, replication_factor: 1, configs: BTreeMap::new(), created_ms: 0 };
+        Arc::make_mut(&mut v.topics).insert(COORDINATOR_TOPIC.to_owned(), log);
         let shard = coordinator_unit("group-a");
         assert!(shard.starts_with("__canopy.coordinators~"));
         assert_eq!(v.coordinator(1, "group-a"), Ok(placed[&shard].leader));

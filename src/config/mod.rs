@@ -309,6 +309,8 @@ settings! {
     replica_lag_time_max_ms: i64 = "30000", "CANOPY_REPLICA_LAG_TIME_MAX_MS", "replica-lag-time-max-ms";
     "Cluster mode: how often the broker renews its etcd lease, in milliseconds (broker.heartbeat.interval.ms)"
     broker_heartbeat_interval_ms: u64 = "1000", "CANOPY_BROKER_HEARTBEAT_INTERVAL_MS", "broker-heartbeat-interval-ms";
+    "Cluster mode: copies of each coordinator shard's log, which holds committed offsets (offsets.topic.replication.factor); until that many brokers are registered, coordinators are not available"
+    offsets_topic_replication_factor: i16 = "3", "CANOPY_OFFSETS_TOPIC_REPLICATION_FACTOR", "offsets-topic-replication-factor";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -340,6 +342,9 @@ impl Config {
         let bad = |key, why: &str| Err(ConfigError::Invalid { key, why: why.to_owned() });
         if self.default_replication_factor < 1 {
             return bad("default_replication_factor", "must be at least 1");
+        }
+        if self.offsets_topic_replication_factor < 1 {
+            return bad("offsets_topic_replication_factor", "must be at least 1");
         }
         if self.num_partitions < 1 {
             return bad("num_partitions", "must be at least 1");
@@ -694,6 +699,7 @@ impl Config {
             cluster_name: self.cluster_name.clone(),
             session_timeout_ms: self.broker_session_timeout_ms,
             heartbeat_interval_ms: self.broker_heartbeat_interval_ms,
+            offsets_replication_factor: self.offsets_topic_replication_factor,
         })
     }
 

@@ -37,10 +37,17 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
         return Err(NameError::BadChar(name.to_owned()));
     }
     // `<prefix>.__all` and the like name read-only views of the topic tree.
-    if name.split('.').any(|seg| seg.starts_with("__")) {
+    if is_internal(name) {
         return Err(NameError::Reserved(name.to_owned()));
     }
     Ok(())
+}
+
+/// Whether `name` is an internal topic's (a segment starting with `__`,
+/// which clients cannot create: cluster mode's `__canopy.coordinators`).
+/// Listings leave them out, and clients cannot delete or grow them.
+pub fn is_internal(name: &str) -> bool {
+    name.split('.').any(|seg| seg.starts_with("__"))
 }
 
 /// A topic's `compression.type`: keep what the producer sent, or store

@@ -168,8 +168,11 @@ impl Broker {
     /// Whether this node coordinates the group or transactional id `key`
     /// now (always in single-node mode): requests for it elsewhere get
     /// NOT_COORDINATOR, and the client looks its coordinator up again.
+    /// In cluster mode also only once this node has loaded the key's shard
+    /// in its current leader epoch (`coordinator::journal`); until then the
+    /// client is told NOT_COORDINATOR and looks again.
     pub fn coordinates(&self, key: &str) -> bool {
-        self.cluster.coordinator(key) == Some(self.node_id()) && self.cluster.in_good_standing()
+        self.cluster.coordinator(key) == Some(self.node_id()) && self.cluster.in_good_standing() && self.coordinator.ready(key)
     }
 }
 

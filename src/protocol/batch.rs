@@ -598,6 +598,7 @@ pub struct RecordView<'a> {
     pub offset_delta: i64,
     pub timestamp_delta: i64,
     pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
     /// A null value: a tombstone.
     pub tombstone: bool,
 }
@@ -624,9 +625,9 @@ pub fn records_view(records: &[u8], count: i32) -> impl Iterator<Item = Result<R
             let timestamp_delta = c.varint()?;
             let offset_delta = c.varint()?;
             let key = c.bytes()?;
-            let tombstone = c.bytes()?.is_none();
+            let value = c.bytes()?;
             rest = &rest[end..];
-            Some(RecordView { raw, offset_delta, timestamp_delta, key, tombstone })
+            Some(RecordView { raw, offset_delta, timestamp_delta, key, value, tombstone: value.is_none() })
         })();
         Some(view.ok_or_else(|| {
             index = count;

@@ -389,6 +389,11 @@ impl Bridge {
         if crate::engine::subtree::Subtree::parse(name).is_some() {
             return Err(RestError::unprocessable(format!("{name} is a read-only subtree stream")));
         }
+        // Internal topics (cluster mode's coordinator shards) are not
+        // written by clients.
+        if crate::engine::topics::is_internal(name) {
+            return Err(RestError::unprocessable(format!("{name} is an internal topic")));
+        }
         if let Some(t) = self.engine.topic(name) {
             return Ok(t);
         }

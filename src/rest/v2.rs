@@ -59,7 +59,7 @@ pub async fn list_topics(State(b): State<Arc<Bridge>>, headers: HeaderMap) -> Re
         Ok(who) => b.describable(who),
         Err(e) => return e.into_response(),
     };
-    let names: Vec<String> = b.engine.topics().iter().map(|t| t.name().to_owned()).filter(|n| may(n)).collect();
+    let names: Vec<String> = b.engine.topics().iter().map(|t| t.name().to_owned()).filter(|n| may(n) && !crate::engine::topics::is_internal(n)).collect();
     ok(serde_json::json!(names))
 }
 

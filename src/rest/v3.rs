@@ -50,7 +50,7 @@ pub async fn topics(State(b): State<Arc<Bridge>>, Path(cluster): Path<String>, h
         .engine
         .topics()
         .iter()
-        .filter(|t| may(t.name()))
+        .filter(|t| may(t.name()) && !crate::engine::topics::is_internal(t.name()))
         .map(|t| json!({"kind": "KafkaTopic", "cluster_id": cluster, "topic_name": t.name(), "partitions_count": t.partitions(), "replication_factor": 1, "is_internal": false}))
         .collect();
     json_ok(StatusCode::OK, json!({"kind": "KafkaTopicList", "metadata": {}, "data": data}))

@@ -284,6 +284,21 @@ impl Group {
         self.members.is_empty()
     }
 
+    /// Answers every parked JoinGroup and SyncGroup with `code`: the group
+    /// leaves this coordinator (its shard moved, cluster mode).
+    pub fn release(&mut self, code: i16) -> Vec<Reply> {
+        let mut out = Vec::new();
+        for m in self.members.values_mut() {
+            if let Some(t) = m.join.take() {
+                out.push(join_error(t, code, &m.id));
+            }
+            if let Some(t) = m.sync.take() {
+                out.push(sync_error(t, code));
+            }
+        }
+        out
+    }
+
     /// No members and no member ids handed out that may still come back.
     pub fn is_idle(&self) -> bool {
         self.members.is_empty() && self.pending.is_empty()

@@ -15,10 +15,13 @@
 //! coordinator alone (`offsets.rs`): every change to them goes through its
 //! keeper thread, which flushes the catalog once for whatever is queued, so
 //! concurrent commits share one flush and each is answered only after it
-//! is durable.
+//! is durable. In cluster mode every change goes to the group's shard log
+//! first (`journal.rs`), and to the catalog once the shard's in-sync
+//! replicas have it; a shard's new leader loads its groups from that log.
 
 pub mod consumer;
 pub mod group;
+pub mod journal;
 pub mod offsets;
 pub mod transactions;
 
@@ -107,6 +110,36 @@ enum Cmd {
     /// Drops these groups' in-memory state if they are still idle and no
     /// commit came in since they were listed.
     Forget { groups: Vec<(String, u64)>, reply: oneshot::Sender<()> },
+    /// Cluster mode: drops every group of coordinator shard `shard` (its
+    /// parked requests answered NOT_COORDINATOR), then knows `groups` (as
+    /// Empty): the shard moved away from this node, or was loaded.
+    Reset { shard: u32, groups: Vec<String>, reply: oneshot::Sender<()> },
+}
+
+/// Why a change to committed offsets was not made: the error code a
+/// client gets, and what to log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError {
+    pub code: i16,
+    pub message: String,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (error code {})", self.message, self.code)
+    }
+}
+
+impl StoreError {
+    /// The catalog failed (single-node mode, or applying a journaled change).
+    fn storage(message: impl Into<String>) -> StoreError {
+        StoreError { code: kafka_protocol::ResponseError::KafkaStorageError.code(), message: message.into() }
+    }
+
+    /// The shard log refused the change with `code`.
+    fn journal(code: i16) -> StoreError {
+        StoreError { code, message: format!("the coordinator shard's log refused the change (error code {code})") }
+    }
 }
 
 /// Who an OffsetCommit or TxnOffsetCommit says it comes from.
@@ -132,6 +165,12 @@ pub struct Coordinator {
     tx: mpsc::Sender<Cmd>,
     offsets: mpsc::Sender<offsets::Job>,
     engine: Arc<Engine>,
+    /// Cluster mode: where changes go first. Unset in single-node mode.
+    journal: Arc<std::sync::OnceLock<Arc<dyn journal::Journal>>>,
+    /// One turn per shard (cluster mode): a change is appended to the
+    /// shard's log and applied to the catalog before the next one of that
+    /// shard starts, so both see the shard's changes in one order.
+    turns: Arc<Vec<tokio::sync::Mutex<()>>>,
 }
 
 const QUEUE: usize = 1024;
@@ -158,7 +197,39 @@ impl Coordinator {
             let engine = engine.clone();
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
-        Coordinator { tx, offsets: ctx, engine }
+        let turns = (0..crate::cluster::topics::COORDINATOR_SHARDS).map(|_| tokio::sync::Mutex::new(())).collect();
+        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), turns: Arc::new(turns) }
+    }
+
+    /// Cluster mode: every change to committed offsets goes to `journal`
+    /// first. Set once, before requests are taken.
+    pub fn set_journal(&self, journal: Arc<dyn journal::Journal>) {
+        if self.journal.set(journal).is_err() {
+            tracing::error!("the coordinator's journal was set twice; the first one stays");
+        }
+    }
+
+    /// Whether the groups of `key`'s shard may be answered for here: always
+    /// in single-node mode; in cluster mode once the shard is loaded in
+    /// this node's current leader epoch.
+    pub fn ready(&self, key: &str) -> bool {
+        self.journal.get().is_none_or(|j| j.ready(journal::shard_of(key)))
+    }
+
+    /// Cluster mode: the committed offsets of `shard`'s groups become what
+    /// its log says (`rows`), in the catalog and in memory; groups held in
+    /// memory are dropped, and those with offsets are known as Empty.
+    pub async fn load_shard(&self, shard: u32, rows: journal::Rows) -> Result<(), StoreError> {
+        let _turn = self.turns[shard as usize].lock().await;
+        let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        self.apply(offsets::Change::Load { shard, rows }).await?;
+        self.ask(|reply| Cmd::Reset { shard, groups, reply }).await.ok_or_else(|| StoreError::storage("coordinator stopped"))
+    }
+
+    /// Cluster mode: `shard` moved to another node; its groups are
+    /// dropped from memory (their parked requests answered NOT_COORDINATOR).
+    pub async fn unload_shard(&self, shard: u32) {
+        self.ask(|reply| Cmd::Reset { shard, groups: Vec::new(), reply }).await;
     }
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Option<T> {
@@ -222,6 +293,16 @@ impl Coordinator {
     pub async fn delete(&self, groups: Vec<String>) -> Vec<i16> {
         let n = groups.len();
         let mut codes = self.ask(|reply| Cmd::Delete { groups: groups.clone(), reply }).await.unwrap_or_else(|| vec![kafka_protocol::ResponseError::CoordinatorNotAvailable.code(); n]);
+        if self.journal.get().is_some() {
+            for (i, group) in groups.into_iter().enumerate() {
+                if codes.get(i) == Some(&0) {
+                    if let Err(e) = self.change(offsets::Change::Remove { group, only: None }).await {
+                        codes[i] = e.code;
+                    }
+                }
+            }
+            return codes;
+        }
         // Queued together, so the keeper removes them all under one flush.
         let mut pending = Vec::new();
         for (i, group) in groups.into_iter().enumerate() {
@@ -255,7 +336,7 @@ impl Coordinator {
     /// for `retention_ms` (Kafka's `offsets.retention.minutes`) whose newest
     /// commit is that old are removed, and the group with them. Returns how
     /// many groups' offsets expired.
-    pub async fn expire_offsets(&self, retention_ms: i64) -> Result<usize, String> {
+    pub async fn expire_offsets(&self, retention_ms: i64) -> Result<usize, StoreError> {
         let idle = self.idle_groups().await;
         let cutoff_ms = self.engine.now_ms() - retention_ms;
         let applied = self.change(offsets::Change::Expire { idle, cutoff_ms }).await?;
@@ -265,13 +346,14 @@ impl Coordinator {
         Ok(applied.expired)
     }
 
-    /// Writes committed offsets and returns once they are durable.
-    pub async fn store_offsets(&self, rows: Vec<offsets::Row>) -> Result<(), String> {
+    /// Writes committed offsets and returns once they are durable (in
+    /// cluster mode: once the shard's in-sync replicas have them).
+    pub async fn store_offsets(&self, rows: Vec<offsets::Row>) -> Result<(), StoreError> {
         self.change(offsets::Change::Commit(rows)).await.map(drop)
     }
 
     /// Removes some of a group's committed offsets (OffsetDelete), durably.
-    pub async fn delete_offsets(&self, group: String, partitions: Vec<(String, i32)>) -> Result<(), String> {
+    pub async fn delete_offsets(&self, group: String, partitions: Vec<(String, i32)>) -> Result<(), StoreError> {
         self.change(offsets::Change::Remove { group, only: Some(partitions) }).await.map(drop)
     }
 
@@ -281,10 +363,81 @@ impl Coordinator {
         self.engine.catalog().group_offsets(group)
     }
 
-    async fn change(&self, change: offsets::Change) -> Result<offsets::Applied, String> {
+    async fn change(&self, change: offsets::Change) -> Result<offsets::Applied, StoreError> {
+        match self.journal.get() {
+            None => self.apply(change).await,
+            Some(j) => self.journaled(j.as_ref(), change).await,
+        }
+    }
+
+    /// Applies `change` to the catalog (the keeper thread), durably.
+    async fn apply(&self, change: offsets::Change) -> Result<offsets::Applied, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.offsets.send((change, reply)).await.map_err(|_| "coordinator stopped".to_string())?;
-        rx.await.map_err(|_| "coordinator stopped".to_string())?
+        self.offsets.send((change, reply)).await.map_err(|_| StoreError::storage("coordinator stopped"))?;
+        rx.await.map_err(|_| StoreError::storage("coordinator stopped"))?.map_err(StoreError::storage)
+    }
+
+    /// Cluster mode: `change` goes to its shards' logs, and to the catalog
+    /// once each shard's in-sync replicas have it, one shard's turn at a
+    /// time. A removal journals the rows it removes (read under the
+    /// turn, so no commit of the shard lands between read and removal).
+    async fn journaled(&self, j: &dyn journal::Journal, change: offsets::Change) -> Result<offsets::Applied, StoreError> {
+        use journal::{shard_of, Entry};
+        let catalog_err = |e: crate::meta::MetaError| StoreError::storage(e.to_string());
+        let tombstones = |group: &str, rows: &[(String, i32, OffsetRecord)]| rows.iter().map(|(t, p, _)| Entry { group: group.to_owned(), topic: t.clone(), partition: *p, record: None }).collect::<Vec<_>>();
+        match change {
+            offsets::Change::Commit(rows) => {
+                let mut by_shard: std::collections::BTreeMap<u32, Vec<offsets::Row>> = std::collections::BTreeMap::new();
+                for row in rows {
+                    by_shard.entry(shard_of(&row.0)).or_default().push(row);
+                }
+                for (shard, rows) in by_shard {
+                    let _turn = self.turns[shard as usize].lock().await;
+                    let entries = rows.iter().map(|(g, t, p, r)| Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) }).collect();
+                    j.append(shard, entries).await.map_err(StoreError::journal)?;
+                    self.apply(offsets::Change::Commit(rows)).await?;
+                }
+                Ok(offsets::Applied::default())
+            }
+            offsets::Change::Remove { group, only } => {
+                let shard = shard_of(&group);
+                let _turn = self.turns[shard as usize].lock().await;
+                let mut rows = self.engine.catalog().group_offsets(&group).map_err(catalog_err)?;
+                if let Some(only) = &only {
+                    rows.retain(|(t, p, _)| only.iter().any(|(ot, op)| ot == t && op == p));
+                }
+                if !rows.is_empty() {
+                    j.append(shard, tombstones(&group, &rows)).await.map_err(StoreError::journal)?;
+                }
+                self.apply(offsets::Change::Remove { group, only }).await
+            }
+            offsets::Change::Expire { idle, cutoff_ms } => {
+                let mut out = offsets::Applied::default();
+                for g in idle {
+                    let shard = shard_of(&g.id);
+                    // Only the shard's loaded leader expires its groups.
+                    if !j.ready(shard) {
+                        continue;
+                    }
+                    let _turn = self.turns[shard as usize].lock().await;
+                    let rows = self.engine.catalog().group_offsets(&g.id).map_err(catalog_err)?;
+                    if rows.is_empty() {
+                        out.forget.push((g.id.clone(), g.commits));
+                    } else if g.empty_since_ms < cutoff_ms && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff_ms) {
+                        if let Err(code) = j.append(shard, tombstones(&g.id, &rows)).await {
+                            tracing::warn!(group = %g.id, code, "expiring a group's offsets: its shard's log refused; trying at the next pass");
+                            continue;
+                        }
+                        self.apply(offsets::Change::Remove { group: g.id.clone(), only: None }).await?;
+                        tracing::info!(group = %g.id, "expired the committed offsets of an empty group");
+                        out.forget.push((g.id.clone(), g.commits));
+                        out.expired += 1;
+                    }
+                }
+                Ok(out)
+            }
+            load @ offsets::Change::Load { .. } => self.apply(load).await,
+        }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -597,6 +750,20 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                         if consumers.get(&id).is_some_and(|g| g.is_empty() && g.commits == commits) {
                             consumers.remove(&id);
                         }
+                    }
+                    let _ = reply.send(());
+                }
+                Cmd::Reset { shard, groups: known, reply } => {
+                    let here = |id: &String| journal::shard_of(id) == shard;
+                    let gone: Vec<String> = groups.keys().filter(|id| here(id)).cloned().collect();
+                    for id in gone {
+                        if let Some(mut g) = groups.remove(&id) {
+                            replies.extend(g.release(kafka_protocol::ResponseError::NotCoordinator.code()));
+                        }
+                    }
+                    consumers.retain(|id, _| !here(id));
+                    for id in known {
+                        groups.entry(id.clone()).or_insert_with(|| Group::new(id, now));
                     }
                     let _ = reply.send(());
                 }

@@ -31,6 +31,10 @@ pub(super) enum Change {
     /// offsets of those empty since before `cutoff_ms` whose every commit
     /// is older than that.
     Expire { idle: Vec<IdleGroup>, cutoff_ms: i64 },
+    /// Cluster mode: the offsets of coordinator shard `shard`'s groups
+    /// become `rows` (what the shard's log says), every other row of those
+    /// groups removed.
+    Load { shard: u32, rows: super::journal::Rows },
 }
 
 /// What a change did, once durable.
@@ -67,6 +71,13 @@ fn apply(catalog: &Catalog, change: &Change) -> Result<Applied, MetaError> {
     match change {
         Change::Commit(rows) => catalog.put_offsets(rows).map(|_| Applied::default()),
         Change::Remove { group, only } => catalog.remove_offsets(group, only.as_deref()).map(|_| Applied::default()),
+        Change::Load { shard, rows } => {
+            for g in catalog.offset_groups()?.into_iter().filter(|g| super::journal::shard_of(g) == *shard) {
+                catalog.remove_offsets(&g, None)?;
+            }
+            let rows: Vec<Row> = rows.iter().map(|((g, t, p), r)| (g.clone(), t.clone(), *p, r.clone())).collect();
+            catalog.put_offsets(&rows).map(|_| Applied::default())
+        }
         Change::Expire { idle, cutoff_ms } => {
             let mut out = Applied::default();
             for g in idle {

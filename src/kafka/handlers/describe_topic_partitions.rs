@@ -37,7 +37,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     let listing = req.topics.is_empty();
     // The names in order; a listing holds only what may be described.
     let mut names: Vec<String> = if listing {
-        broker.engine.topics().iter().map(|t| t.name().to_owned()).filter(|n| may(Operation::Describe, n)).collect()
+        broker.engine.topics().iter().map(|t| t.name().to_owned()).filter(|n| may(Operation::Describe, n) && !crate::engine::topics::is_internal(n)).collect()
     } else {
         super::first_occurrences(req.topics.iter().map(|t| super::name(&t.name).to_owned()), |n| n.clone())
     };

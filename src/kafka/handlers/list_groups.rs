@@ -22,6 +22,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         .await
         .into_iter()
         .filter(|(id, _, _, _)| check.as_ref().is_none_or(|c| c.group(Operation::Describe, id)))
+        // In cluster mode, only the groups this node coordinates now (its
+        // catalog may still know groups of shards that moved away).
+        .filter(|(id, _, _, _)| broker.coordinates(id))
         .filter(|(_, _, state, _)| req.states_filter.is_empty() || req.states_filter.iter().any(|s| s.eq_ignore_ascii_case(state)))
         .filter(|(_, _, _, kind)| req.types_filter.is_empty() || req.types_filter.iter().any(|t| t.eq_ignore_ascii_case(kind)))
         .map(|(id, protocol_type, state, kind)| {

@@ -313,7 +313,7 @@ fn resolve(engine: &Engine, q: &Query, version: i16, place: &Place, check: &Opti
     let may = |op: Operation, name: &str| check.as_ref().is_none_or(|c| c.topic(op, name));
     let Some((count, start)) = q.topics else {
         for t in engine.topics() {
-            if may(Operation::Describe, t.name()) {
+            if may(Operation::Describe, t.name()) && !crate::engine::topics::is_internal(t.name()) {
                 out.push(&topic_entry(&t, version, place));
             }
         }

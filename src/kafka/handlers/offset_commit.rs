@@ -81,7 +81,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             tracing::error!(group = %group, error = %e, "storing committed offsets failed");
             for tc in codes.iter_mut() {
                 for c in tc.iter_mut().filter(|c| **c == 0) {
-                    *c = ResponseError::KafkaStorageError.code();
+                    *c = e.code;
                 }
             }
         }

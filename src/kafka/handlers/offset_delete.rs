@@ -60,8 +60,8 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
             OffsetDeleteResponseTopic::default().with_name(t.name).with_partitions(partitions)
         })
         .collect();
-    if broker.coordinator.delete_offsets(group, remove).await.is_err() {
-        return Some(Response::default().with_error_code(ResponseError::KafkaStorageError.code()));
+    if let Err(e) = broker.coordinator.delete_offsets(group, remove).await {
+        return Some(Response::default().with_error_code(e.code));
     }
     Some(Response::default().with_topics(topics))
 }

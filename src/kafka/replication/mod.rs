@@ -17,6 +17,7 @@
 //! Single-node mode has none of this: every tp is led in epoch 0, with no
 //! cap on its hw.
 
+pub mod coordinators;
 pub mod fetcher;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -17,7 +17,8 @@
 //! log twice; per partition, each producer's records keep the order it
 //! sent them in; every record a consumer read is the log's record at that
 //! offset (nothing read was later cut away); the group's committed
-//! offsets never move backwards, and never past the log's end; every log
+//! offsets never move backwards (nor vanish), also across its
+//! coordinator's death, and never past the log's end; every log
 //! is whole (no offset without its record); the group skipped nothing;
 //! no producer hit a fatal error.
 //!
@@ -185,7 +186,8 @@ fn consumer(boot: String, h: Shared, done: Arc<AtomicBool>) {
 }
 
 /// Reads the group's committed offsets every 250 ms (OffsetFetch, without
-/// joining) until `done`.
+/// joining) until `done`; across coordinator deaths, since the offsets
+/// live in the coordinator shards' replicated logs.
 fn observer(boot: String, h: Shared, done: Arc<AtomicBool>) {
     let mut cfg = config(&boot);
     cfg.set("group.id", GROUP).set("enable.auto.commit", "false");
@@ -194,8 +196,14 @@ fn observer(boot: String, h: Shared, done: Arc<AtomicBool>) {
         if let Ok(tpl) = c.committed_offsets(all_partitions(), Duration::from_secs(5)) {
             let mut h = h.lock().unwrap();
             for e in tpl.elements() {
-                if let Offset::Offset(o) = e.offset() {
-                    h.committed.entry((e.topic().to_owned(), e.partition())).or_default().push(o);
+                let tp = (e.topic().to_owned(), e.partition());
+                match e.offset() {
+                    Offset::Offset(o) => h.committed.entry(tp).or_default().push(o),
+                    // No commit, answered without error, after one was
+                    // seen: the commit was lost (a new coordinator that
+                    // did not have it), which counts as moving back.
+                    Offset::Invalid if e.error().is_ok() && h.committed.contains_key(&tp) => h.committed.entry(tp).or_default().push(-1),
+                    _ => {}
                 }
             }
         }

@@ -1,0 +1,199 @@
+//! Coordinator shards on replicated logs (cluster mode; docs/cluster.md,
+//! "Replicated state"). Shard `s` of the group coordinators is partition
+//! `s` of the internal topic `__canopy.coordinators`, replicated like any
+//! other partition, and its leader is the shard's coordinator.
+//!
+//! - **Writes.** A change to committed offsets is appended to the shard's
+//!   partition (`coordinator::journal`'s records) and acknowledged once
+//!   the in-sync replicas have it, with Kafka's acks=all rules, in the
+//!   leader epoch the shard was loaded in; only then does the coordinator
+//!   apply it to its catalog and answer. Errors are answered as Kafka's
+//!   group coordinator maps them (NOT_COORDINATOR when leadership moved,
+//!   COORDINATOR_NOT_AVAILABLE when the ISR is short or the wait ends).
+//! - **Loads.** When this node begins leading a shard, it waits until the
+//!   shard's high watermark reaches its log end (everything its log holds
+//!   is then on every in-sync replica: no offset it loads can be lost by
+//!   a later failover), reads the log from its start, and makes the
+//!   catalog's rows for the shard's groups what the log says. Until then
+//!   the shard's groups are answered NOT_COORDINATOR (`Broker::coordinates`)
+//!   and clients look for their coordinator again.
+//! - **Moves.** A shard this node stops leading is dropped from memory:
+//!   its groups' parked joins and syncs are answered NOT_COORDINATOR.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use kafka_protocol::ResponseError as E;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::cluster::topics::{COORDINATOR_SHARDS, COORDINATOR_TOPIC};
+use crate::engine::{Ack, Topic};
+use crate::kafka::coordinator::journal::{self, Entry, Journal, Rows};
+use crate::kafka::Broker;
+
+/// How long a change waits for the shard's in-sync replicas (Kafka's
+/// `offsets.commit.timeout.ms`).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often shard leadership is looked at besides view changes (a load
+/// waiting for its high watermark).
+const TICK: Duration = Duration::from_millis(100);
+
+/// Bytes read from a shard's log per step of a load.
+const LOAD_STEP_BYTES: usize = 1 << 20;
+
+/// The coordinator shards this node leads and has loaded.
+pub struct ShardLogs {
+    broker: Weak<Broker>,
+    /// Shard -> the leader epoch it was loaded in.
+    loaded: Mutex<HashMap<u32, i32>>,
+}
+
+impl ShardLogs {
+    /// Gives the coordinator its journal, and runs loads and unloads until
+    /// `stop`.
+    pub fn start(broker: Arc<Broker>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+        let logs = Arc::new(ShardLogs { broker: Arc::downgrade(&broker), loaded: Mutex::default() });
+        broker.coordinator.set_journal(logs.clone());
+        tokio::spawn(async move {
+            let mut views = broker.cluster.subscribe();
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { break },
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => break,
+                }
+                logs.reconcile(&broker).await;
+            }
+        })
+    }
+
+    fn loaded(&self, shard: u32) -> Option<i32> {
+        self.loaded.lock().expect("shard logs lock").get(&shard).copied()
+    }
+
+    /// Loads the shards this node now leads, drops those it no longer does.
+    async fn reconcile(&self, broker: &Arc<Broker>) {
+        let Some(topic) = broker.engine.topic(COORDINATOR_TOPIC) else { return };
+        let view = broker.cluster.view();
+        for shard in 0..COORDINATOR_SHARDS.min(topic.partitions() as u32) {
+            let lead = broker.lead(&view, COORDINATOR_TOPIC, shard as i32).ok();
+            let loaded = self.loaded(shard);
+            match (lead, loaded) {
+                (Some(epoch), Some(at)) if epoch == at => {}
+                (Some(epoch), _) => {
+                    self.loaded.lock().expect("shard logs lock").remove(&shard);
+                    match self.load(broker, &topic, shard, epoch).await {
+                        Ok(Some(groups)) => {
+                            self.loaded.lock().expect("shard logs lock").insert(shard, epoch);
+                            tracing::info!(shard, epoch, groups, "coordinator shard loaded");
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::error!(shard, epoch, error = %e, "loading a coordinator shard failed; trying again"),
+                    }
+                }
+                (None, Some(_)) => {
+                    self.loaded.lock().expect("shard logs lock").remove(&shard);
+                    broker.coordinator.unload_shard(shard).await;
+                    tracing::info!(shard, "coordinator shard moved away");
+                }
+                (None, None) => {}
+            }
+        }
+    }
+
+    /// Loads `shard` in leader `epoch`: `Ok(None)` while its high
+    /// watermark is below its log end (or leadership moved meanwhile),
+    /// else the number of groups with committed offsets.
+    async fn load(&self, broker: &Arc<Broker>, topic: &Arc<Topic>, shard: u32, epoch: i32) -> Result<Option<usize>, String> {
+        let tp = topic.tp(shard as i32);
+        let Some((start, hw, end)) = broker.engine.offsets(&tp) else { return Ok(None) };
+        if hw < end {
+            return Ok(None);
+        }
+        let engine = broker.engine.clone();
+        let max = engine.config().max_inflated_batch_bytes;
+        let rows = tokio::task::spawn_blocking(move || -> Result<Rows, String> {
+            let mut rows = Rows::new();
+            let mut at = start;
+            while at < end {
+                let r = engine.read(&tp, at, LOAD_STEP_BYTES, true).map_err(|e| e.to_string())?;
+                if r.next_offset <= at {
+                    return Err(format!("the log gave nothing at offset {at} (log end {end})"));
+                }
+                for b in &r.records {
+                    journal::replay(&mut rows, b, max)?;
+                }
+                at = r.next_offset;
+            }
+            Ok(rows)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if broker.lead(&broker.cluster.view(), COORDINATOR_TOPIC, shard as i32) != Ok(epoch) {
+            return Ok(None);
+        }
+        let groups = rows.keys().map(|(g, _, _)| g).collect::<std::collections::BTreeSet<_>>().len();
+        broker.coordinator.load_shard(shard, rows).await.map_err(|e| e.to_string())?;
+        Ok(Some(groups))
+    }
+}
+
+/// Kafka's group coordinator's answer for an offset append that failed
+/// with `code` (GroupMetadataManager's mapping).
+fn commit_error(code: i16) -> i16 {
+    match code {
+        c if c == E::UnknownTopicOrPartition.code() || c == E::NotEnoughReplicas.code() || c == E::NotEnoughReplicasAfterAppend.code() || c == E::RequestTimedOut.code() => E::CoordinatorNotAvailable.code(),
+        c if c == E::NotLeaderOrFollower.code() || c == E::KafkaStorageError.code() => E::NotCoordinator.code(),
+        c if c == E::MessageTooLarge.code() || c == E::RecordListTooLarge.code() => E::InvalidCommitOffsetSize.code(),
+        c => c,
+    }
+}
+
+impl Journal for ShardLogs {
+    fn append(&self, shard: u32, entries: Vec<Entry>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), i16>> + Send + '_>> {
+        Box::pin(async move {
+            let broker = self.broker.upgrade().ok_or(E::CoordinatorNotAvailable.code())?;
+            let topic = broker.engine.topic(COORDINATOR_TOPIC).ok_or(E::CoordinatorNotAvailable.code())?;
+            let view = broker.cluster.view();
+            let partition = shard as i32;
+            let epoch = broker.lead(&view, COORDINATOR_TOPIC, partition).map_err(|_| E::NotCoordinator.code())?;
+            if self.loaded(shard) != Some(epoch) {
+                return Err(E::NotCoordinator.code());
+            }
+            if !super::Replication::enough_replicas(&view, &topic, partition) {
+                return Err(commit_error(E::NotEnoughReplicas.code()));
+            }
+            let batch = journal::encode_batch(&entries, broker.engine.now_ms());
+            let appended = broker.engine.append(&topic, partition, batch.into(), Ack::Durable).await.map_err(|e| commit_error(crate::kafka::errors::code(&e)))?;
+            let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
+            broker.replication.replicated(&broker, &topic, partition, epoch, appended.last_offset + 1, deadline).await.map_err(commit_error)
+        })
+    }
+
+    fn ready(&self, shard: u32) -> bool {
+        let Some(broker) = self.broker.upgrade() else { return false };
+        let view = broker.cluster.view();
+        broker.lead(&view, COORDINATOR_TOPIC, shard as i32).is_ok_and(|epoch| self.loaded(shard) == Some(epoch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_errors_are_answered_as_kafkas_group_coordinator_does() {
+        assert_eq!(commit_error(E::NotEnoughReplicas.code()), E::CoordinatorNotAvailable.code());
+        assert_eq!(commit_error(E::NotEnoughReplicasAfterAppend.code()), E::CoordinatorNotAvailable.code());
+        assert_eq!(commit_error(E::RequestTimedOut.code()), E::CoordinatorNotAvailable.code());
+        assert_eq!(commit_error(E::NotLeaderOrFollower.code()), E::NotCoordinator.code());
+        assert_eq!(commit_error(E::KafkaStorageError.code()), E::NotCoordinator.code());
+        assert_eq!(commit_error(E::MessageTooLarge.code()), E::InvalidCommitOffsetSize.code());
+        assert_eq!(commit_error(E::InvalidRecord.code()), E::InvalidRecord.code());
+    }
+}
