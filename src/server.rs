@@ -328,6 +328,13 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         None => None,
     };
     let coordinator = Coordinator::start(engine.clone(), cfg.groups(), cfg.consumer_groups(), clock.clone(), stop_rx.clone());
+    if !cluster.view().single {
+        // Until the shards' journal is set (once the broker exists), no
+        // change to committed offsets may reach the catalog alone: the
+        // recovery of transactions below must not write offsets a later
+        // shard load would drop.
+        coordinator.await_journal();
+    }
     let transactions = Transactions::start(engine.clone(), cluster.clone(), coordinator.clone(), cfg.transactions(), clock, stop_rx.clone()).await.context("recovering transactions")?;
     Ok(Arc::new(Broker {
         cluster,

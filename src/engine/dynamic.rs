@@ -53,13 +53,13 @@ impl Engine {
     /// made durable before they are used. Produce and retention see them
     /// at their next look-up of the topic. Blocking.
     pub fn alter_topic_configs(&self, name: &str, alter: Alter, validate_only: bool) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         // An internal topic's configs are the broker's to choose (its
         // cleanup policy keeps committed offsets).
         if super::topics::is_internal(name) {
             return Err(EngineError::InvalidTopic(super::topics::NameError::Reserved(name.to_owned())));
         }
-        let _admin = self.admin.lock().expect("admin lock");
-        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         let set = alter.apply(&topic.record.configs, configs::topic_def)?;
         // New values strictly; what is stored already leniently (it may
         // predate a check, and must not block changing other keys).

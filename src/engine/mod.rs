@@ -660,11 +660,11 @@ impl Engine {
 
     /// Deletes a topic. Blocking.
     pub fn delete_topic(&self, name: &str) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         if topics::is_internal(name) {
             return Err(EngineError::InvalidTopic(topics::NameError::Reserved(name.to_owned())));
         }
-        let _admin = self.admin.lock().expect("admin lock");
-        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         if let Some(d) = self.directory.get() {
             d.delete(&topic.record)?;
         }
@@ -689,11 +689,11 @@ impl Engine {
 
     /// Raises a topic's partition count. Blocking.
     pub fn create_partitions(&self, name: &str, total: i32, validate_only: bool) -> Result<(), EngineError> {
+        let _admin = self.admin.lock().expect("admin lock");
+        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         if topics::is_internal(name) {
             return Err(EngineError::InvalidTopic(topics::NameError::Reserved(name.to_owned())));
         }
-        let _admin = self.admin.lock().expect("admin lock");
-        let topic = self.topic(name).ok_or(EngineError::UnknownTopicOrPartition)?;
         if total <= topic.partitions() || total > self.cfg.max_partitions_per_topic {
             return Err(EngineError::InvalidPartitions(total));
         }

@@ -55,6 +55,10 @@ pub trait Journal: Send + Sync + 'static {
     /// Whether this node leads `shard` and has loaded it in its current
     /// leader epoch: its groups may be answered for.
     fn ready(&self, shard: u32) -> bool;
+
+    /// The catalog may not hold what `shard`'s log does (a change appended
+    /// but not applied): load the shard again before answering for it.
+    fn reload(&self, shard: u32);
 }
 
 /// The coordinator shard of a group or transactional id (the partition of

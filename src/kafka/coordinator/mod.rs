@@ -167,6 +167,8 @@ pub struct Coordinator {
     engine: Arc<Engine>,
     /// Cluster mode: where changes go first. Unset in single-node mode.
     journal: Arc<std::sync::OnceLock<Arc<dyn journal::Journal>>>,
+    /// Cluster mode, before the journal is set: changes are refused.
+    awaiting: Arc<std::sync::atomic::AtomicBool>,
     /// One turn per shard (cluster mode): a change is appended to the
     /// shard's log and applied to the catalog before the next one of that
     /// shard starts, so both see the shard's changes in one order.
@@ -198,7 +200,14 @@ impl Coordinator {
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
         let turns = (0..crate::cluster::topics::COORDINATOR_SHARDS).map(|_| tokio::sync::Mutex::new(())).collect();
-        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), turns: Arc::new(turns) }
+        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns) }
+    }
+
+    /// Cluster mode, at start: until [`Coordinator::set_journal`], every
+    /// change to committed offsets is refused (COORDINATOR_NOT_AVAILABLE)
+    /// and no group is answered for.
+    pub fn await_journal(&self) {
+        self.awaiting.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Cluster mode: every change to committed offsets goes to `journal`
@@ -213,17 +222,26 @@ impl Coordinator {
     /// in single-node mode; in cluster mode once the shard is loaded in
     /// this node's current leader epoch.
     pub fn ready(&self, key: &str) -> bool {
-        self.journal.get().is_none_or(|j| j.ready(journal::shard_of(key)))
+        match self.journal.get() {
+            Some(j) => j.ready(journal::shard_of(key)),
+            None => !self.awaiting.load(std::sync::atomic::Ordering::Acquire),
+        }
     }
 
     /// Cluster mode: the committed offsets of `shard`'s groups become what
-    /// its log says (`rows`), in the catalog and in memory; groups held in
-    /// memory are dropped, and those with offsets are known as Empty.
-    pub async fn load_shard(&self, shard: u32, rows: journal::Rows) -> Result<(), StoreError> {
+    /// `read` finds in its log (`None`: not now), in the catalog and in
+    /// memory; groups held in memory are dropped, and those with offsets
+    /// are known as Empty. The read runs in the shard's turn, so no change
+    /// lands in the log between it and the catalog. Returns how many groups
+    /// the shard has.
+    pub async fn load_shard(&self, shard: u32, read: impl std::future::Future<Output = Result<Option<journal::Rows>, String>>) -> Result<Option<usize>, String> {
         let _turn = self.turns[shard as usize].lock().await;
+        let Some(rows) = read.await? else { return Ok(None) };
         let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-        self.apply(offsets::Change::Load { shard, rows }).await?;
-        self.ask(|reply| Cmd::Reset { shard, groups, reply }).await.ok_or_else(|| StoreError::storage("coordinator stopped"))
+        let count = groups.len();
+        self.apply(offsets::Change::Load { shard, rows }).await.map_err(|e| e.to_string())?;
+        self.ask(|reply| Cmd::Reset { shard, groups, reply }).await.ok_or("coordinator stopped")?;
+        Ok(Some(count))
     }
 
     /// Cluster mode: `shard` moved to another node; its groups are
@@ -296,8 +314,11 @@ impl Coordinator {
         if self.journal.get().is_some() {
             for (i, group) in groups.into_iter().enumerate() {
                 if codes.get(i) == Some(&0) {
-                    if let Err(e) = self.change(offsets::Change::Remove { group, only: None }).await {
+                    if let Err(e) = self.change(offsets::Change::Remove { group: group.clone(), only: None }).await {
                         codes[i] = e.code;
+                        // Its offsets stay: the group is known again (as
+                        // Empty), so the deletion can be retried.
+                        let _ = self.txn_commit_check(group, CommitIds { generation: -1, member_id: String::new(), instance_id: None }).await;
                     }
                 }
             }
@@ -365,6 +386,9 @@ impl Coordinator {
 
     async fn change(&self, change: offsets::Change) -> Result<offsets::Applied, StoreError> {
         match self.journal.get() {
+            None if self.awaiting.load(std::sync::atomic::Ordering::Acquire) => {
+                Err(StoreError { code: kafka_protocol::ResponseError::CoordinatorNotAvailable.code(), message: "the coordinator shards are not loaded yet".into() })
+            }
             None => self.apply(change).await,
             Some(j) => self.journaled(j.as_ref(), change).await,
         }
@@ -375,6 +399,16 @@ impl Coordinator {
         let (reply, rx) = oneshot::channel();
         self.offsets.send((change, reply)).await.map_err(|_| StoreError::storage("coordinator stopped"))?;
         rx.await.map_err(|_| StoreError::storage("coordinator stopped"))?.map_err(StoreError::storage)
+    }
+
+    /// Applies a change its shard's log already has; should the catalog
+    /// fail, the shard is loaded again from the log, so they agree.
+    async fn apply_journaled(&self, j: &dyn journal::Journal, shard: u32, change: offsets::Change) -> Result<offsets::Applied, StoreError> {
+        let applied = self.apply(change).await;
+        if applied.is_err() {
+            j.reload(shard);
+        }
+        applied
     }
 
     /// Cluster mode: `change` goes to its shards' logs, and to the catalog
@@ -395,7 +429,7 @@ impl Coordinator {
                     let _turn = self.turns[shard as usize].lock().await;
                     let entries = rows.iter().map(|(g, t, p, r)| Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) }).collect();
                     j.append(shard, entries).await.map_err(StoreError::journal)?;
-                    self.apply(offsets::Change::Commit(rows)).await?;
+                    self.apply_journaled(j, shard, offsets::Change::Commit(rows)).await?;
                 }
                 Ok(offsets::Applied::default())
             }
@@ -406,10 +440,11 @@ impl Coordinator {
                 if let Some(only) = &only {
                     rows.retain(|(t, p, _)| only.iter().any(|(ot, op)| ot == t && op == p));
                 }
-                if !rows.is_empty() {
-                    j.append(shard, tombstones(&group, &rows)).await.map_err(StoreError::journal)?;
+                if rows.is_empty() {
+                    return self.apply(offsets::Change::Remove { group, only }).await;
                 }
-                self.apply(offsets::Change::Remove { group, only }).await
+                j.append(shard, tombstones(&group, &rows)).await.map_err(StoreError::journal)?;
+                self.apply_journaled(j, shard, offsets::Change::Remove { group, only }).await
             }
             offsets::Change::Expire { idle, cutoff_ms } => {
                 let mut out = offsets::Applied::default();
@@ -428,7 +463,7 @@ impl Coordinator {
                             tracing::warn!(group = %g.id, code, "expiring a group's offsets: its shard's log refused; trying at the next pass");
                             continue;
                         }
-                        self.apply(offsets::Change::Remove { group: g.id.clone(), only: None }).await?;
+                        self.apply_journaled(j, shard, offsets::Change::Remove { group: g.id.clone(), only: None }).await?;
                         tracing::info!(group = %g.id, "expired the committed offsets of an empty group");
                         out.forget.push((g.id.clone(), g.commits));
                         out.expired += 1;

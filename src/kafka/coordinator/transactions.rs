@@ -246,8 +246,15 @@ impl Transactions {
                 }
                 _ => Ok(()),
             };
-            if let Err(code) = outcome {
-                anyhow::bail!("recovering transaction {id:?} failed (error {code})");
+            match outcome {
+                // Cluster mode: a prepared end whose offsets wait for their
+                // group's shard to load stays prepared; the timeout loop
+                // finishes it.
+                Err(code) if matches!(rec.state, TxnState::PrepareCommit | TxnState::PrepareAbort) && !t.inner.cluster.view().single => {
+                    tracing::warn!(transactional_id = %id, code, "a prepared transaction is finished once its coordinator shards are loaded");
+                }
+                Err(code) => anyhow::bail!("recovering transaction {id:?} failed (error {code})"),
+                Ok(()) => {}
             }
             owners.insert(rec.producer_id, (id, slot.clone()));
         }
@@ -372,8 +379,12 @@ impl Transactions {
         self.finish(id, rec, marker, false).await
     }
 
-    /// A partition by topic name; None if the topic or partition is gone.
+    /// A partition by topic name; None if the topic or partition is gone,
+    /// and for internal topics (no transaction may write into them).
     fn tp(&self, (topic, p): &(String, i32)) -> Option<Tp> {
+        if crate::engine::topics::is_internal(topic) {
+            return None;
+        }
         self.inner.engine.topic(topic).filter(|t| *p >= 0 && *p < t.partitions()).map(|t| t.tp(*p))
     }
 

@@ -49,13 +49,19 @@ pub struct ShardLogs {
     broker: Weak<Broker>,
     /// Shard -> the leader epoch it was loaded in.
     loaded: Mutex<HashMap<u32, i32>>,
+    /// Shard -> when a load that failed may be tried again.
+    retry_at: Mutex<HashMap<u32, tokio::time::Instant>>,
 }
+
+/// How long a shard whose load failed waits before the next try (a load
+/// reads the whole log).
+const RETRY_AFTER_FAILED_LOAD: Duration = Duration::from_secs(5);
 
 impl ShardLogs {
     /// Gives the coordinator its journal, and runs loads and unloads until
     /// `stop`.
     pub fn start(broker: Arc<Broker>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
-        let logs = Arc::new(ShardLogs { broker: Arc::downgrade(&broker), loaded: Mutex::default() });
+        let logs = Arc::new(ShardLogs { broker: Arc::downgrade(&broker), loaded: Mutex::default(), retry_at: Mutex::default() });
         broker.coordinator.set_journal(logs.clone());
         tokio::spawn(async move {
             let mut views = broker.cluster.subscribe();
@@ -87,13 +93,20 @@ impl ShardLogs {
                 (Some(epoch), Some(at)) if epoch == at => {}
                 (Some(epoch), _) => {
                     self.loaded.lock().expect("shard logs lock").remove(&shard);
+                    if self.retry_at.lock().expect("shard logs lock").get(&shard).is_some_and(|at| *at > tokio::time::Instant::now()) {
+                        continue;
+                    }
                     match self.load(broker, &topic, shard, epoch).await {
                         Ok(Some(groups)) => {
+                            self.retry_at.lock().expect("shard logs lock").remove(&shard);
                             self.loaded.lock().expect("shard logs lock").insert(shard, epoch);
                             tracing::info!(shard, epoch, groups, "coordinator shard loaded");
                         }
                         Ok(None) => {}
-                        Err(e) => tracing::error!(shard, epoch, error = %e, "loading a coordinator shard failed; trying again"),
+                        Err(e) => {
+                            self.retry_at.lock().expect("shard logs lock").insert(shard, tokio::time::Instant::now() + RETRY_AFTER_FAILED_LOAD);
+                            tracing::error!(shard, epoch, error = %e, "loading a coordinator shard failed; trying again in {RETRY_AFTER_FAILED_LOAD:?}");
+                        }
                     }
                 }
                 (None, Some(_)) => {
@@ -111,35 +124,33 @@ impl ShardLogs {
     /// else the number of groups with committed offsets.
     async fn load(&self, broker: &Arc<Broker>, topic: &Arc<Topic>, shard: u32, epoch: i32) -> Result<Option<usize>, String> {
         let tp = topic.tp(shard as i32);
-        let Some((start, hw, end)) = broker.engine.offsets(&tp) else { return Ok(None) };
-        if hw < end {
-            return Ok(None);
-        }
-        let engine = broker.engine.clone();
-        let max = engine.config().max_inflated_batch_bytes;
-        let rows = tokio::task::spawn_blocking(move || -> Result<Rows, String> {
-            let mut rows = Rows::new();
-            let mut at = start;
-            while at < end {
-                let r = engine.read(&tp, at, LOAD_STEP_BYTES, true).map_err(|e| e.to_string())?;
-                if r.next_offset <= at {
-                    return Err(format!("the log gave nothing at offset {at} (log end {end})"));
-                }
-                for b in &r.records {
-                    journal::replay(&mut rows, b, max)?;
-                }
-                at = r.next_offset;
+        let read = async {
+            let Some((start, hw, end)) = broker.engine.offsets(&tp) else { return Ok(None) };
+            if hw < end {
+                return Ok(None);
             }
-            Ok(rows)
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        if broker.lead(&broker.cluster.view(), COORDINATOR_TOPIC, shard as i32) != Ok(epoch) {
-            return Ok(None);
-        }
-        let groups = rows.keys().map(|(g, _, _)| g).collect::<std::collections::BTreeSet<_>>().len();
-        broker.coordinator.load_shard(shard, rows).await.map_err(|e| e.to_string())?;
-        Ok(Some(groups))
+            let engine = broker.engine.clone();
+            let max = engine.config().max_inflated_batch_bytes;
+            let rows = tokio::task::spawn_blocking(move || -> Result<Rows, String> {
+                let mut rows = Rows::new();
+                let mut at = start;
+                while at < end {
+                    let r = engine.read(&tp, at, LOAD_STEP_BYTES, true).map_err(|e| e.to_string())?;
+                    if r.next_offset <= at {
+                        return Err(format!("the log gave nothing at offset {at} (log end {end})"));
+                    }
+                    for b in &r.records {
+                        journal::replay(&mut rows, b, max)?;
+                    }
+                    at = r.next_offset;
+                }
+                Ok(rows)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok((broker.lead(&broker.cluster.view(), COORDINATOR_TOPIC, shard as i32) == Ok(epoch)).then_some(rows))
+        };
+        broker.coordinator.load_shard(shard, read).await
     }
 }
 
@@ -171,8 +182,18 @@ impl Journal for ShardLogs {
             let batch = journal::encode_batch(&entries, broker.engine.now_ms());
             let appended = broker.engine.append(&topic, partition, batch.into(), Ack::Durable).await.map_err(|e| commit_error(crate::kafka::errors::code(&e)))?;
             let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
-            broker.replication.replicated(&broker, &topic, partition, epoch, appended.last_offset + 1, deadline).await.map_err(commit_error)
+            let replicated = broker.replication.replicated(&broker, &topic, partition, epoch, appended.last_offset + 1, deadline).await;
+            if replicated.is_err() {
+                // In the log, maybe for good, but not applied: what the
+                // catalog holds for the shard is read again from the log.
+                self.reload(shard);
+            }
+            replicated.map_err(commit_error)
         })
+    }
+
+    fn reload(&self, shard: u32) {
+        self.loaded.lock().expect("shard logs lock").remove(&shard);
     }
 
     fn ready(&self, shard: u32) -> bool {
