@@ -734,6 +734,18 @@ async fn wait_isrs(addr: SocketAddr, topic: &str, what: &str, done: impl Fn(&[(i
     poll(addr, what, |a| isrs(a, topic), |v: &Vec<_>| done(v)).await
 }
 
+/// Creates `topic` through `addr` with `partitions`, replication factor 3
+/// and min.insync.replicas 2 (librdkafka's admin client), and waits until
+/// every partition has a leader and all three nodes in its ISR; returns
+/// (leader, epoch, ISR) per partition.
+async fn create_replicated(addr: SocketAddr, topic: &str, partitions: i32) -> Vec<(i32, i32, Vec<i32>)> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr).create().unwrap();
+    let r = admin.create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")], &AdminOptions::new()).await.unwrap();
+    r[0].as_ref().expect("created with three replicas");
+    wait_isrs(addr, topic, "every node in sync", |ps| ps.len() == partitions as usize && ps.iter().all(|(l, _, isr)| *l > 0 && *isr == vec![1, 2, 3])).await
+}
+
 /// `count` records `<tag><i>` produced idempotently with acks=all through
 /// a librdkafka producer bootstrapping from `addr`, to partition
 /// i % `partitions`; every one must be acknowledged.

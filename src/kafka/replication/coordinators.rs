@@ -64,15 +64,8 @@ impl ShardLogs {
         let logs = Arc::new(ShardLogs { broker: Arc::downgrade(&broker), loaded: Mutex::default(), retry_at: Mutex::default() });
         broker.coordinator.set_journal(logs.clone());
         tokio::spawn(async move {
-            let mut views = broker.cluster.subscribe();
-            let mut tick = tokio::time::interval(TICK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    changed = views.changed() => if changed.is_err() { break },
-                    _ = tick.tick() => {}
-                    _ = stop.changed() => break,
-                }
+            let mut rounds = super::Rounds::new(&broker, TICK);
+            while rounds.next(&mut stop).await {
                 logs.reconcile(&broker).await;
             }
         })

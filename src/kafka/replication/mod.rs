@@ -38,6 +38,29 @@ use crate::storage::Tp;
 /// topic in a unit, a follower falling behind).
 const TICK: Duration = Duration::from_millis(250);
 
+/// When a cluster task looks again: at every new view and every tick.
+pub(crate) struct Rounds {
+    views: watch::Receiver<Arc<ClusterView>>,
+    tick: tokio::time::Interval,
+}
+
+impl Rounds {
+    pub(crate) fn new(broker: &Broker, every: Duration) -> Rounds {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Rounds { views: broker.cluster.subscribe(), tick }
+    }
+
+    /// Waits for the next round; false once `stop` changes or the views end.
+    pub(crate) async fn next(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
+        tokio::select! {
+            changed = self.views.changed() => changed.is_ok(),
+            _ = self.tick.tick() => true,
+            _ = stop.changed() => false,
+        }
+    }
+}
+
 /// Replication's state on one node.
 pub struct Replication {
     me: i32,
@@ -205,15 +228,8 @@ impl Replication {
         let (engine, me) = (broker.engine.clone(), broker.replication.clone());
         broker.cluster.set_begun(Arc::new(move |topic, partition, epoch| engine.topic(topic).is_some_and(|t| me.leads(&t.tp(partition), epoch))));
         tokio::spawn(async move {
-            let mut views = broker.cluster.subscribe();
-            let mut tick = tokio::time::interval(TICK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    changed = views.changed() => if changed.is_err() { break },
-                    _ = tick.tick() => {}
-                    _ = stop.changed() => break,
-                }
+            let mut rounds = Rounds::new(&broker, TICK);
+            while rounds.next(&mut stop).await {
                 let r = broker.replication.clone();
                 r.reconcile(&broker).await;
                 r.keep_isrs(&broker).await;

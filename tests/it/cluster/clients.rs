@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::{read_all, three_nodes, wait_isrs};
+use super::{create_replicated, read_all, three_nodes};
 use crate::cluster_support::Etcd;
 use crate::common::{self, ChildBroker};
 
@@ -72,13 +72,7 @@ async fn kafka_python_and_kafkajs_work_against_the_cluster() {
     let etcd = Etcd::start(root.path());
     let nodes = three_nodes(root.path(), &etcd).await;
     let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
-    {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 1)).create().unwrap();
-        let r = admin.create_topics(&[NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")], &AdminOptions::new()).await.unwrap();
-        r[0].as_ref().expect("created with three replicas");
-    }
-    let layout = wait_isrs(addr(&nodes, 1), TOPIC, "every node in sync", |ps| ps.len() == PARTITIONS as usize && ps.iter().all(|(l, _, isr)| *l > 0 && *isr == vec![1, 2, 3])).await;
+    let layout = create_replicated(addr(&nodes, 1), TOPIC, PARTITIONS).await;
     let leaders: std::collections::BTreeSet<i32> = layout.iter().map(|(l, _, _)| *l).collect();
     assert!(leaders.len() > 1, "the partitions are led by more than one node: {layout:?}");
 

@@ -14,7 +14,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{produce_acked, survivor_of, three_nodes, wait_isrs};
+use super::{create_replicated, produce_acked, survivor_of, three_nodes, wait_isrs};
 use crate::cluster_support::Etcd;
 use crate::common::{self, ChildBroker};
 
@@ -62,13 +62,7 @@ async fn committed_offsets_survive_their_coordinators_death() {
     let etcd = Etcd::start(root.path());
     let mut nodes = three_nodes(root.path(), &etcd).await;
     let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
-    {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr(&nodes, 1)).create().unwrap();
-        let r = admin.create_topics(&[NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")], &AdminOptions::new()).await.unwrap();
-        r[0].as_ref().expect("created with three replicas");
-    }
-    wait_isrs(addr(&nodes, 1), TOPIC, "every node in sync", |ps| ps.len() == PARTITIONS as usize && ps.iter().all(|(l, _, isr)| *l > 0 && *isr == vec![1, 2, 3])).await;
+    create_replicated(addr(&nodes, 1), TOPIC, PARTITIONS).await;
     produce_acked(addr(&nodes, 1), TOPIC, "a", 300, PARTITIONS).await;
 
     // A member, once assigned every partition, commits twice (the later
