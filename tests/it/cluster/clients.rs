@@ -18,7 +18,7 @@ use std::process::Command;
 
 use super::{create_replicated, read_all, three_nodes};
 use crate::cluster_support::Etcd;
-use crate::common::{self, ChildBroker};
+use crate::common::ChildBroker;
 
 const TOPIC: &str = "clients.t";
 const PARTITIONS: i32 = 3;
