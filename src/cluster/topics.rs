@@ -113,9 +113,15 @@ pub const COORDINATOR_TOPIC: &str = COORDINATOR_BRANCH;
 /// Kafka's 50 partitions of `__consumer_offsets`).
 pub const COORDINATOR_SHARDS: u32 = 50;
 
+/// The coordinator shard of the group or transactional id `key`: the
+/// partition of `__canopy.coordinators` holding its state.
+pub fn coordinator_shard(key: &str) -> u32 {
+    crc32fast::hash(key.as_bytes()) % COORDINATOR_SHARDS
+}
+
 /// The unit whose leader coordinates the group or transactional id `key`.
 pub fn coordinator_unit(key: &str) -> String {
-    format!("{COORDINATOR_BRANCH}~{}", crc32fast::hash(key.as_bytes()) % COORDINATOR_SHARDS)
+    format!("{COORDINATOR_BRANCH}~{}", coordinator_shard(key))
 }
 
 /// Every coordinator shard's unit.

@@ -61,11 +61,8 @@ pub trait Journal: Send + Sync + 'static {
     fn reload(&self, shard: u32);
 }
 
-/// The coordinator shard of a group or transactional id (the partition of
-/// `__canopy.coordinators`, and the unit whose leader coordinates it).
-pub fn shard_of(key: &str) -> u32 {
-    crc32fast::hash(key.as_bytes()) % crate::cluster::topics::COORDINATOR_SHARDS
-}
+/// The coordinator shard of a group or transactional id.
+pub use crate::cluster::topics::coordinator_shard as shard_of;
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     // Group ids are at most MAX_GROUP_ID_LEN and topic names 249 bytes:

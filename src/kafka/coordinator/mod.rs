@@ -458,7 +458,7 @@ impl Coordinator {
                     let rows = self.engine.catalog().group_offsets(&g.id).map_err(catalog_err)?;
                     if rows.is_empty() {
                         out.forget.push((g.id.clone(), g.commits));
-                    } else if g.empty_since_ms < cutoff_ms && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff_ms) {
+                    } else if offsets::expired(&g, &rows, cutoff_ms) {
                         if let Err(code) = j.append(shard, tombstones(&g.id, &rows)).await {
                             tracing::warn!(group = %g.id, code, "expiring a group's offsets: its shard's log refused; trying at the next pass");
                             continue;

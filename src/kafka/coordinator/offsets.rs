@@ -84,7 +84,7 @@ fn apply(catalog: &Catalog, change: &Change) -> Result<Applied, MetaError> {
                 let rows = catalog.group_offsets(&g.id)?;
                 if rows.is_empty() {
                     out.forget.push((g.id.clone(), g.commits));
-                } else if g.empty_since_ms < *cutoff_ms && rows.iter().all(|(_, _, r)| r.commit_ms < *cutoff_ms) {
+                } else if expired(g, &rows, *cutoff_ms) {
                     // Row by row, compare-and-delete: a commit that landed
                     // since the rows were read survives (and the group with
                     // it, through its commit count).
@@ -98,6 +98,12 @@ fn apply(catalog: &Catalog, change: &Change) -> Result<Applied, MetaError> {
             Ok(out)
         }
     }
+}
+
+/// Kafka's expiry rule: a group empty since before `cutoff_ms` whose every
+/// committed offset (`rows`, not empty) is older than that.
+pub(super) fn expired(g: &IdleGroup, rows: &[(String, i32, OffsetRecord)], cutoff_ms: i64) -> bool {
+    g.empty_since_ms < cutoff_ms && rows.iter().all(|(_, _, r)| r.commit_ms < cutoff_ms)
 }
 
 /// Every group's committed offsets, for the lag metrics: (group, topic,
