@@ -2,6 +2,8 @@
 # Runs every fuzz target for a bounded time (cargo fuzz, nightly).
 #
 #   fuzz/run.sh SECONDS_PER_TARGET [target ...]
+#   fuzz/run.sh build        only build the targets (CI builds them in the
+#                            background while other steps run)
 #
 # Each target starts from its checked-in seeds (fuzz/seeds/<target>, from
 # real client traffic: see record-corpus.sh and derive_seeds.rs) plus what
@@ -14,7 +16,7 @@
 # aborts, unbounded allocation, hangs).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-secs=${1:?usage: fuzz/run.sh SECONDS [target ...]}
+secs=${1:?usage: fuzz/run.sh SECONDS [target ...] | fuzz/run.sh build}
 shift
 targets=${*:-request batch consumer_protocol storage_files rest_body sasl}
 sanitizer=${SANITIZER:-none}
@@ -28,6 +30,7 @@ else
     tail -60 "$build_log"
     exit 1
 fi
+[ "$secs" != build ] || exit 0
 failed=0
 for t in $targets; do
     corpus=$here/target/fuzz-corpus/$t
