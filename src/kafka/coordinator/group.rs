@@ -47,11 +47,22 @@
 //!   group is Empty (a consumer managing its own assignment, or the admin
 //!   client); otherwise member and generation are checked, and a commit in
 //!   CompletingRebalance gets REBALANCE_IN_PROGRESS (not transactional ones).
+//! - **Stores** (cluster mode, `GroupConfig::store_groups`): the leader's
+//!   assignment is stored in the group's shard log before anyone gets it:
+//!   the group stays CompletingRebalance, its syncs parked, until
+//!   [`Group::stored`] says the store is done (Stable) or failed (the
+//!   error to every parked sync, and a new rebalance). Becoming Empty, and
+//!   a static member's new id, are stored too, with nobody waiting
+//!   ([`Group::take_store`] hands out what to store). A group restored
+//!   from its store ([`Group::restore`]) is Stable with its members, their
+//!   sessions counting from the restore.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 use kafka_protocol::ResponseError as E;
+
+use super::journal::{StoredGroup, StoredMember};
 
 /// A parked request.
 pub type Token = u64;
@@ -87,11 +98,14 @@ pub struct GroupConfig {
     /// dropped (Kafka's `group.classic.new.member.join.timeout.ms`): a
     /// client that gave up and retried leaves no defunct member behind.
     pub new_member_join_timeout_ms: i64,
+    /// Cluster mode: a completed rebalance is answered only once its
+    /// store ([`Group::take_store`]) is done ([`Group::stored`]).
+    pub store_groups: bool,
 }
 
 impl Default for GroupConfig {
     fn default() -> Self {
-        GroupConfig { initial_rebalance_delay_ms: 3000, min_session_timeout_ms: 6000, max_session_timeout_ms: 1_800_000, max_size: 1000, new_member_join_timeout_ms: 300_000 }
+        GroupConfig { initial_rebalance_delay_ms: 3000, min_session_timeout_ms: 6000, max_session_timeout_ms: 1_800_000, max_size: 1000, new_member_join_timeout_ms: 300_000, store_groups: false }
     }
 }
 
@@ -230,6 +244,13 @@ pub struct Group {
     /// OffsetCommits let through so far: the cleanup pass forgets an idle
     /// group only if none came in since it looked at the group's offsets.
     pub commits: u64,
+    /// What to store next (the group's state when it was asked for; a
+    /// later ask replaces it), until [`Group::take_store`].
+    to_store: Option<StoredGroup>,
+    /// CompletingRebalance: the generation whose assignment is being
+    /// stored; its syncs are answered when [`Group::stored`] says how
+    /// that went.
+    storing: Option<i32>,
 }
 
 /// Adds (or, with `add` false, takes away) one member's protocol names.
@@ -277,6 +298,110 @@ impl Group {
             initial: None,
             empty_since_ms: now_ms,
             commits: 0,
+            to_store: None,
+            storing: None,
+        }
+    }
+
+    /// The group as its last store left it: Stable with its members (each
+    /// session counting from `now_ms`), or Empty.
+    pub fn restore(id: String, stored: StoredGroup, now_ms: i64) -> Group {
+        let mut g = Group::new(id, now_ms);
+        g.generation = stored.generation;
+        g.protocol_type = stored.protocol_type;
+        if stored.members.is_empty() {
+            g.empty_since_ms = stored.stored_ms;
+            return g;
+        }
+        let protocol = stored.protocol.unwrap_or_default();
+        for m in stored.members {
+            let protocols = vec![(protocol.clone(), m.metadata)];
+            count_protocols(&mut g.protocol_counts, &protocols, true);
+            if let Some(i) = &m.instance_id {
+                g.statics.insert(i.clone(), m.id.clone());
+            }
+            let member = Member {
+                id: m.id.clone(),
+                instance_id: m.instance_id,
+                client_id: m.client_id,
+                client_host: m.client_host,
+                session_timeout_ms: m.session_timeout_ms,
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
+                protocols,
+                assignment: m.assignment,
+                last_heartbeat_ms: now_ms,
+                is_new: false,
+                join: None,
+                sync: None,
+            };
+            g.members.insert(m.id, member);
+        }
+        g.protocol = Some(protocol);
+        // A leader that is not a member (a store of our own never has
+        // one) would stall the next join phase's election: pick one.
+        g.leader = stored.leader.filter(|l| g.members.contains_key(l)).or_else(|| g.members.keys().next().cloned());
+        g.state = State::Stable;
+        g
+    }
+
+    /// The group as a store keeps it: its generation, protocol, leader and
+    /// members with their assignments (none when Empty).
+    fn snapshot(&self, now_ms: i64) -> StoredGroup {
+        let protocol = self.protocol.clone().unwrap_or_default();
+        StoredGroup {
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol: self.protocol.clone(),
+            leader: self.leader.clone(),
+            stored_ms: now_ms,
+            members: self
+                .members
+                .values()
+                .map(|m| StoredMember {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m.session_timeout_ms,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    metadata: m.metadata(&protocol),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// What to store in the group's shard log, if anything changed that a
+    /// store keeps since the last call.
+    pub fn take_store(&mut self) -> Option<StoredGroup> {
+        self.to_store.take()
+    }
+
+    /// The store of `generation`'s assignment is done (`Ok`) or failed
+    /// with the error its syncs get. Kafka's rules: if the group is still
+    /// completing that generation, it becomes Stable and every parked sync
+    /// gets its assignment; or every parked sync gets the error, the
+    /// assignments are dropped and the group rebalances. Otherwise the
+    /// group moved on meanwhile and nothing changes.
+    pub fn stored(&mut self, cfg: &GroupConfig, now: i64, generation: i32, result: Result<(), i16>) -> Vec<Reply> {
+        if self.state != State::CompletingRebalance || self.storing != Some(generation) || self.generation != generation {
+            return Vec::new();
+        }
+        self.storing = None;
+        match result {
+            Ok(()) => self.to_stable(now),
+            Err(code) => {
+                tracing::warn!(group = %self.id, generation, code, "storing the group's assignment failed; it rebalances");
+                let mut out = Vec::new();
+                for m in self.members.values_mut() {
+                    m.assignment = Bytes::new();
+                    if let Some(t) = m.sync.take() {
+                        out.push(sync_error(t, code));
+                    }
+                }
+                out.extend(self.prepare_rebalance(cfg, now));
+                out
+            }
         }
     }
 
@@ -461,6 +586,7 @@ impl Group {
                     // generation and keeps its assignment; a leader skips
                     // assigning (v9+) or, before v9, is not told it leads.
                     self.members.get_mut(&new_id).expect("inserted").join = None;
+                    self.to_store = Some(self.snapshot(now));
                     let mut r = self.join_result(&new_id);
                     if args.supports_skip_assignment {
                         r.skip_assignment = self.leader.as_deref() == Some(new_id.as_str());
@@ -550,6 +676,7 @@ impl Group {
         }
         self.pending_sync.clear();
         self.sync_deadline_ms = None;
+        self.storing = None;
         let initial = self.state == State::Empty && cfg.initial_rebalance_delay_ms > 0;
         tracing::debug!(group = %self.id, from = self.state.name(), generation = self.generation, members = self.members.len(), "preparing rebalance");
         self.state = State::PreparingRebalance;
@@ -651,7 +778,9 @@ impl Group {
         self.sync_deadline_ms = None;
         self.pending_sync.clear();
         self.initial = None;
+        self.storing = None;
         self.empty_since_ms = now;
+        self.to_store = Some(self.snapshot(now));
     }
 
     fn member_list(&self) -> Vec<(String, Option<String>, Bytes)> {
@@ -732,7 +861,7 @@ impl Group {
     }
 
     /// Handles a SyncGroup.
-    pub fn sync(&mut self, now: i64, token: Token, args: SyncArgs) -> Vec<Reply> {
+    pub fn sync(&mut self, cfg: &GroupConfig, now: i64, token: Token, args: SyncArgs) -> Vec<Reply> {
         if self.members.is_empty() {
             return vec![sync_error(token, err(E::UnknownMemberId))];
         }
@@ -763,7 +892,9 @@ impl Group {
                     out.push(sync_error(earlier, err(E::RebalanceInProgress)));
                 }
                 self.synced(&id);
-                if self.leader.as_deref() != Some(id.as_str()) {
+                if self.leader.as_deref() != Some(id.as_str()) || self.storing.is_some() {
+                    // Followers wait for the leader's assignment, and a
+                    // leader's repeated sync for the store its first began.
                     return out;
                 }
                 // The leader's assignment completes the rebalance. Entries
@@ -776,20 +907,33 @@ impl Group {
                 if !given.is_empty() {
                     tracing::debug!(group = %self.id, ignored = given.len(), "ignoring assignments for non-members");
                 }
-                self.state = State::Stable;
-                tracing::debug!(group = %self.id, generation = self.generation, "stable");
-                let ids: Vec<String> = self.members.keys().cloned().collect();
-                for id in ids {
-                    let r = self.sync_result(self.members[&id].assignment.clone());
-                    let m = self.members.get_mut(&id).expect("member");
-                    if let Some(t) = m.sync.take() {
-                        m.last_heartbeat_ms = now;
-                        out.push(Reply::Sync(t, r));
-                    }
+                if cfg.store_groups {
+                    self.storing = Some(self.generation);
+                    self.to_store = Some(self.snapshot(now));
+                    return out;
                 }
+                out.extend(self.to_stable(now));
                 out
             }
         }
+    }
+
+    /// The assignment is in place: Stable, and every parked sync gets its
+    /// member's.
+    fn to_stable(&mut self, now: i64) -> Vec<Reply> {
+        self.state = State::Stable;
+        tracing::debug!(group = %self.id, generation = self.generation, "stable");
+        let mut out = Vec::new();
+        let ids: Vec<String> = self.members.keys().cloned().collect();
+        for id in ids {
+            let r = self.sync_result(self.members[&id].assignment.clone());
+            let m = self.members.get_mut(&id).expect("member");
+            if let Some(t) = m.sync.take() {
+                m.last_heartbeat_ms = now;
+                out.push(Reply::Sync(t, r));
+            }
+        }
+        out
     }
 
     /// A member has synced since the join phase ended.

@@ -6,31 +6,50 @@
 //! the committed offsets of its groups from that log before it answers
 //! for them, so they survive the death of the node that took them.
 //!
-//! One record per committed offset, keyed by (group, topic, partition) so
-//! that the topic's compaction (`cleanup.policy=compact`) keeps the last
-//! one; a removal is a tombstone. Both are our own small, versioned
-//! encodings:
+//! A classic group's membership goes to the same log, as Kafka's group
+//! metadata records do: each completed rebalance (the generation, its
+//! protocol, leader, members and their assignments), each time the group
+//! becomes Empty, and a tombstone when it is deleted. The shard's next
+//! leader restores the group Stable with its members, so they keep their
+//! assignments through the move instead of rebalancing.
+//!
+//! Records are keyed so that the topic's compaction
+//! (`cleanup.policy=compact`) keeps the last one per key: one per
+//! (group, topic, partition) for offsets, one per group for membership; a
+//! removal is a tombstone. All are our own small, versioned encodings:
 //!
 //! ```text
-//! key:   kind u8 (0: offset) | group: u16 len, bytes | topic: u16 len, bytes | partition i32
-//! value: version u8 (0) | offset i64 | leader_epoch i32 | commit_ms i64 | metadata: i32 len (-1: null), bytes
+//! offset key:   kind u8 (0) | group: u16 len, bytes | topic: u16 len, bytes | partition i32
+//! offset value: version u8 (0) | offset i64 | leader_epoch i32 | commit_ms i64 | metadata: i32 len (-1: null), bytes
+//! group key:    kind u8 (1) | group: u16 len, bytes
+//! group value:  version u8 (0) | generation i32 | protocol_type, protocol, leader: u16 len (0xffff: null), bytes
+//!               | stored_ms i64 | members: i32 count, each:
+//!                 id, instance_id (nullable), client_id, client_host: u16 len, bytes
+//!                 | session_timeout_ms i32 | rebalance_timeout_ms i32
+//!                 | metadata, assignment: i32 len, bytes
 //! ```
 //!
-//! Decoding checks every length against what is there: a record that does
-//! not decode fails the shard's load (the log is checksummed, so that is a
-//! bug, not a torn write), while a record of a kind this version does not
-//! know is passed by (a newer node's).
+//! Decoding checks every length and count against what is there: a
+//! record that does not decode fails the shard's load (the log is
+//! checksummed, so that is a bug, not a torn write), while a record of a
+//! kind this version does not know is passed by (a newer node's).
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+
+use bytes::Bytes;
 
 use crate::meta::OffsetRecord;
 use crate::protocol::batch::{self, NewRecord};
 
 /// The record kind of a committed offset.
 const KIND_OFFSET: u8 = 0;
+/// The record kind of a classic group's membership.
+const KIND_GROUP: u8 = 1;
 const VALUE_VERSION: u8 = 0;
+/// A null string in a group value.
+const NULL_STR: u16 = u16::MAX;
 
 /// One change: `Some` puts the committed offset, `None` removes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,16 +60,58 @@ pub struct Entry {
     pub record: Option<OffsetRecord>,
 }
 
+/// A classic group as its coordinator last stored it: after a completed
+/// rebalance (Stable, with members), or Empty (no members).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredGroup {
+    pub generation: i32,
+    pub protocol_type: Option<String>,
+    pub protocol: Option<String>,
+    pub leader: Option<String>,
+    /// When it was stored (an Empty group's offsets expire from then).
+    pub stored_ms: i64,
+    pub members: Vec<StoredMember>,
+}
+
+/// A member of a stored group: its metadata is the chosen protocol's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMember {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
+/// One record of a shard's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Offset(Entry),
+    /// `None` removes the group (DeleteGroups, expiry).
+    Group { group: String, state: Option<StoredGroup> },
+}
+
 /// What a shard's log says: every committed offset it holds now.
 pub type Rows = BTreeMap<(String, String, i32), OffsetRecord>;
+
+/// What a shard's log says: committed offsets, and the last stored state
+/// of each classic group that has one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shard {
+    pub offsets: Rows,
+    pub groups: BTreeMap<String, StoredGroup>,
+}
 
 /// Where a cluster's coordinator writes its changes before it applies
 /// them, and whether it may answer for a shard.
 pub trait Journal: Send + Sync + 'static {
-    /// Appends `entries` (all of groups in `shard`) to the shard's log and
+    /// Appends `records` (all of groups in `shard`) to the shard's log and
     /// returns once its in-sync replicas have them; `Err` is the error
     /// code a client gets (Kafka's mapping for offset commits).
-    fn append(&self, shard: u32, entries: Vec<Entry>) -> Pin<Box<dyn Future<Output = Result<(), i16>> + Send + '_>>;
+    fn append(&self, shard: u32, records: Vec<Record>) -> Pin<Box<dyn Future<Output = Result<(), i16>> + Send + '_>>;
 
     /// Whether this node leads `shard` and has loaded it in its current
     /// leader epoch: its groups may be answered for.
@@ -99,10 +160,62 @@ pub fn encode_value(r: &OffsetRecord) -> Vec<u8> {
     out
 }
 
-/// `entries` as one uncompressed batch (the log assigns its offsets).
-pub fn encode_batch(entries: &[Entry], now_ms: i64) -> Vec<u8> {
-    let keys: Vec<Vec<u8>> = entries.iter().map(|e| encode_key(&e.group, &e.topic, e.partition)).collect();
-    let values: Vec<Option<Vec<u8>>> = entries.iter().map(|e| e.record.as_ref().map(encode_value)).collect();
+/// The record key of a group's membership.
+pub fn encode_group_key(group: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 2 + group.len());
+    out.push(KIND_GROUP);
+    put_str(&mut out, group);
+    out
+}
+
+fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => put_str(out, s),
+        None => out.extend_from_slice(&NULL_STR.to_be_bytes()),
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    let len = i32::try_from(b.len()).expect("member metadata and assignments are bounded by the request size");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(b);
+}
+
+pub fn encode_group_value(g: &StoredGroup) -> Vec<u8> {
+    let members: usize = g.members.iter().map(|m| 2 * 4 + m.id.len() + m.instance_id.as_ref().map_or(0, String::len) + m.client_id.len() + m.client_host.len() + 2 * 4 + 2 * 4 + m.metadata.len() + m.assignment.len()).sum();
+    let mut out = Vec::with_capacity(1 + 4 + 3 * 2 + 8 + 4 + members + 64);
+    out.push(VALUE_VERSION);
+    out.extend_from_slice(&g.generation.to_be_bytes());
+    put_opt_str(&mut out, g.protocol_type.as_deref());
+    put_opt_str(&mut out, g.protocol.as_deref());
+    put_opt_str(&mut out, g.leader.as_deref());
+    out.extend_from_slice(&g.stored_ms.to_be_bytes());
+    let count = i32::try_from(g.members.len()).expect("groups are bounded by group.max.size");
+    out.extend_from_slice(&count.to_be_bytes());
+    for m in &g.members {
+        put_str(&mut out, &m.id);
+        put_opt_str(&mut out, m.instance_id.as_deref());
+        put_str(&mut out, &m.client_id);
+        put_str(&mut out, &m.client_host);
+        out.extend_from_slice(&m.session_timeout_ms.to_be_bytes());
+        out.extend_from_slice(&m.rebalance_timeout_ms.to_be_bytes());
+        put_bytes(&mut out, &m.metadata);
+        put_bytes(&mut out, &m.assignment);
+    }
+    out
+}
+
+/// A record's key and value (`None`: a tombstone).
+pub fn encode_record(r: &Record) -> (Vec<u8>, Option<Vec<u8>>) {
+    match r {
+        Record::Offset(e) => (encode_key(&e.group, &e.topic, e.partition), e.record.as_ref().map(encode_value)),
+        Record::Group { group, state } => (encode_group_key(group), state.as_ref().map(encode_group_value)),
+    }
+}
+
+/// `records` as one uncompressed batch (the log assigns its offsets).
+pub fn encode_batch(records: &[Record], now_ms: i64) -> Vec<u8> {
+    let (keys, values): (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) = records.iter().map(encode_record).unzip();
     let records: Vec<NewRecord<'_>> = keys.iter().zip(&values).map(|(k, v)| NewRecord { key: Some(k), value: v.as_deref(), headers: Vec::new() }).collect();
     batch::build(&records, now_ms)
 }
@@ -131,9 +244,23 @@ impl<'a> Take<'a> {
     fn string(&mut self, len: usize) -> Result<String, String> {
         String::from_utf8(self.bytes(len)?.to_vec()).map_err(|_| "a string is not UTF-8".to_string())
     }
+    fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_be_bytes(self.bytes(2)?.try_into().expect("2 bytes")))
+    }
     fn short_string(&mut self) -> Result<String, String> {
-        let len = u16::from_be_bytes(self.bytes(2)?.try_into().expect("2 bytes"));
+        let len = self.u16()?;
         self.string(len as usize)
+    }
+    fn opt_short_string(&mut self) -> Result<Option<String>, String> {
+        match self.u16()? {
+            NULL_STR => Ok(None),
+            len => self.string(len as usize).map(Some),
+        }
+    }
+    fn sized_bytes(&mut self) -> Result<Bytes, String> {
+        let len = self.i32()?;
+        let len = usize::try_from(len).map_err(|_| format!("a length of {len}"))?;
+        Ok(Bytes::copy_from_slice(self.bytes(len)?))
     }
     fn end(&self) -> Result<(), String> {
         if self.0.is_empty() {
@@ -144,13 +271,23 @@ impl<'a> Take<'a> {
     }
 }
 
-/// One record's (key, value) as an entry; `Ok(None)` for a record of a
-/// kind this version does not know.
-pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Entry>, String> {
+/// One record's (key, value); `Ok(None)` for a record of a kind this
+/// version does not know.
+pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Record>, String> {
     let mut k = Take(key);
-    if k.u8()? != KIND_OFFSET {
-        return Ok(None);
+    match k.u8()? {
+        KIND_OFFSET => decode_offset(k, value).map(|e| Some(Record::Offset(e))),
+        KIND_GROUP => {
+            let group = k.short_string()?;
+            k.end()?;
+            let state = value.map(decode_group_value).transpose()?;
+            Ok(Some(Record::Group { group, state }))
+        }
+        _ => Ok(None),
     }
+}
+
+fn decode_offset(mut k: Take<'_>, value: Option<&[u8]>) -> Result<Entry, String> {
     let group = k.short_string()?;
     let topic = k.short_string()?;
     let partition = k.i32()?;
@@ -175,13 +312,45 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Entry>, 
             Some(OffsetRecord { offset, leader_epoch, metadata, commit_ms })
         }
     };
-    Ok(Some(Entry { group, topic, partition, record }))
+    Ok(Entry { group, topic, partition, record })
+}
+
+fn decode_group_value(v: &[u8]) -> Result<StoredGroup, String> {
+    let mut v = Take(v);
+    let version = v.u8()?;
+    if version != VALUE_VERSION {
+        return Err(format!("group value version {version}"));
+    }
+    let generation = v.i32()?;
+    let protocol_type = v.opt_short_string()?;
+    let protocol = v.opt_short_string()?;
+    let leader = v.opt_short_string()?;
+    let stored_ms = v.i64()?;
+    let count = v.i32()?;
+    let count = usize::try_from(count).map_err(|_| format!("a member count of {count}"))?;
+    // The count is not trusted for allocation: each member is read from
+    // what is there, and a count past it fails at the first missing byte.
+    let mut members = Vec::new();
+    for _ in 0..count {
+        members.push(StoredMember {
+            id: v.short_string()?,
+            instance_id: v.opt_short_string()?,
+            client_id: v.short_string()?,
+            client_host: v.short_string()?,
+            session_timeout_ms: v.i32()?,
+            rebalance_timeout_ms: v.i32()?,
+            metadata: v.sized_bytes()?,
+            assignment: v.sized_bytes()?,
+        });
+    }
+    v.end()?;
+    Ok(StoredGroup { generation, protocol_type, protocol, leader, stored_ms, members })
 }
 
 /// Applies every record of `batches` (whole batches as the log holds
-/// them, in offset order) to `rows`. Control batches are passed by.
+/// them, in offset order) to `shard`. Control batches are passed by.
 /// `max_bytes` bounds what one batch may inflate to.
-pub fn replay(rows: &mut Rows, batches: &[u8], max_bytes: usize) -> Result<(), String> {
+pub fn replay(shard: &mut Shard, batches: &[u8], max_bytes: usize) -> Result<(), String> {
     for b in batch::split(batches) {
         let b = b.map_err(|e| e.to_string())?;
         let h = batch::validate(b, max_bytes).map_err(|e| e.to_string())?;
@@ -192,12 +361,22 @@ pub fn replay(rows: &mut Rows, batches: &[u8], max_bytes: usize) -> Result<(), S
         for r in batch::records_view(&records, h.records_count) {
             let r = r.map_err(|e| e.to_string())?;
             let key = r.key.ok_or("a record without a key")?;
-            let Some(e) = decode_record(key, r.value)? else { continue };
-            let at = (e.group, e.topic, e.partition);
-            match e.record {
-                Some(rec) => rows.insert(at, rec),
-                None => rows.remove(&at),
-            };
+            match decode_record(key, r.value)? {
+                None => {}
+                Some(Record::Offset(e)) => {
+                    let at = (e.group, e.topic, e.partition);
+                    match e.record {
+                        Some(rec) => shard.offsets.insert(at, rec),
+                        None => shard.offsets.remove(&at),
+                    };
+                }
+                Some(Record::Group { group, state: Some(g) }) => {
+                    shard.groups.insert(group, g);
+                }
+                Some(Record::Group { group, state: None }) => {
+                    shard.groups.remove(&group);
+                }
+            }
         }
     }
     Ok(())
@@ -211,30 +390,55 @@ mod tests {
         OffsetRecord { offset, leader_epoch: 3, metadata: metadata.map(str::to_owned), commit_ms: 1_700_000_000_000 }
     }
 
-    fn put(group: &str, topic: &str, p: i32, r: OffsetRecord) -> Entry {
-        Entry { group: group.into(), topic: topic.into(), partition: p, record: Some(r) }
+    fn put(group: &str, topic: &str, p: i32, r: OffsetRecord) -> Record {
+        Record::Offset(Entry { group: group.into(), topic: topic.into(), partition: p, record: Some(r) })
+    }
+
+    fn stored(generation: i32, members: &[(&str, Option<&str>)]) -> StoredGroup {
+        StoredGroup {
+            generation,
+            protocol_type: Some("consumer".into()),
+            protocol: (!members.is_empty()).then(|| "range".into()),
+            leader: members.first().map(|(id, _)| id.to_string()),
+            stored_ms: 1_700_000_000_123,
+            members: members
+                .iter()
+                .map(|(id, instance)| StoredMember {
+                    id: id.to_string(),
+                    instance_id: instance.map(str::to_owned),
+                    client_id: "rdkafka".into(),
+                    client_host: "/127.0.0.1".into(),
+                    session_timeout_ms: 6000,
+                    rebalance_timeout_ms: 300_000,
+                    metadata: Bytes::from(format!("subscription of {id}")),
+                    assignment: Bytes::from(format!("assignment of {id}")),
+                })
+                .collect(),
+        }
     }
 
     #[test]
     fn the_last_change_per_key_wins_and_tombstones_remove() {
         let first = encode_batch(&[put("g", "t", 0, rec(5, None)), put("g", "t", 1, rec(7, Some("m"))), put("h", "t", 0, rec(1, Some("")))], 1);
-        let second = encode_batch(&[put("g", "t", 0, rec(9, None)), Entry { group: "h".into(), topic: "t".into(), partition: 0, record: None }], 2);
+        let second = encode_batch(&[put("g", "t", 0, rec(9, None)), Record::Offset(Entry { group: "h".into(), topic: "t".into(), partition: 0, record: None })], 2);
         let mut log = first.clone();
         log.extend_from_slice(&second);
-        let mut rows = Rows::new();
-        replay(&mut rows, &log, 1 << 20).unwrap();
+        let mut shard = Shard::default();
+        replay(&mut shard, &log, 1 << 20).unwrap();
+        let rows = &shard.offsets;
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[&("g".into(), "t".into(), 0)], rec(9, None));
         assert_eq!(rows[&("g".into(), "t".into(), 1)], rec(7, Some("m")));
+        assert!(shard.groups.is_empty());
     }
 
     #[test]
     fn records_round_trip_and_unknown_kinds_are_passed_by() {
-        let e = put("group-é", "app.events", 11, rec(-1, Some("meta")));
+        let Record::Offset(e) = put("group-é", "app.events", 11, rec(-1, Some("meta"))) else { unreachable!() };
         let key = encode_key(&e.group, &e.topic, e.partition);
         let value = encode_value(e.record.as_ref().unwrap());
-        assert_eq!(decode_record(&key, Some(&value)).unwrap(), Some(e.clone()));
-        assert_eq!(decode_record(&key, None).unwrap(), Some(Entry { record: None, ..e }));
+        assert_eq!(decode_record(&key, Some(&value)).unwrap(), Some(Record::Offset(e.clone())));
+        assert_eq!(decode_record(&key, None).unwrap(), Some(Record::Offset(Entry { record: None, ..e })));
         let mut other = key.clone();
         other[0] = 7;
         assert_eq!(decode_record(&other, Some(b"whatever")).unwrap(), None);
@@ -280,7 +484,7 @@ mod tests {
     #[test]
     fn a_torn_or_keyless_log_fails_the_replay() {
         let log = encode_batch(&[put("g", "t", 0, rec(5, None))], 1);
-        let mut rows = Rows::new();
+        let mut rows = Shard::default();
         assert!(replay(&mut rows, &log[..log.len() - 1], 1 << 20).is_err(), "a torn batch");
         let keyless = batch::build(&[NewRecord { key: None, value: Some(b"x"), headers: Vec::new() }], 1);
         assert!(replay(&mut rows, &keyless, 1 << 20).is_err(), "a record without a key");
@@ -288,7 +492,77 @@ mod tests {
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
         assert!(replay(&mut rows, &flipped, 1 << 20).is_err(), "a CRC that does not match");
-        assert!(rows.is_empty(), "nothing applied from a bad log");
+        assert_eq!(rows, Shard::default(), "nothing applied from a bad log");
+    }
+
+    #[test]
+    fn a_groups_last_state_wins_beside_its_offsets_and_a_tombstone_removes_it() {
+        let one = Record::Group { group: "g".into(), state: Some(stored(1, &[("m1", None), ("m2", Some("i2"))])) };
+        let two = Record::Group { group: "g".into(), state: Some(stored(2, &[("m2", Some("i2"))])) };
+        let other = Record::Group { group: "h".into(), state: Some(stored(4, &[])) };
+        let gone = Record::Group { group: "h".into(), state: None };
+        let mut log = encode_batch(&[one, put("g", "t", 0, rec(5, None)), other], 1);
+        log.extend_from_slice(&encode_batch(&[two.clone(), gone], 2));
+        let mut shard = Shard::default();
+        replay(&mut shard, &log, 1 << 20).unwrap();
+        assert_eq!(shard.offsets.len(), 1);
+        assert_eq!(shard.groups.len(), 1, "h's tombstone removed it");
+        let Record::Group { state: Some(expected), .. } = two else { unreachable!() };
+        assert_eq!(shard.groups["g"], expected);
+    }
+
+    #[test]
+    fn group_records_round_trip() {
+        for g in [stored(7, &[("m1", None), ("m2", Some("static-é"))]), stored(3, &[]), StoredGroup { protocol_type: None, ..stored(0, &[]) }] {
+            let r = Record::Group { group: "gé".into(), state: Some(g) };
+            let (key, value) = encode_record(&r);
+            assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+        }
+        let (key, _) = encode_record(&Record::Group { group: "g".into(), state: None });
+        assert_eq!(decode_record(&key, None).unwrap(), Some(Record::Group { group: "g".into(), state: None }));
+    }
+
+    #[test]
+    fn truncated_oversized_and_malformed_group_records_are_errors() {
+        let (key, value) = encode_record(&Record::Group { group: "g".into(), state: Some(stored(2, &[("m1", Some("i")), ("m2", None)])) });
+        let value = value.unwrap();
+        for n in 0..key.len() {
+            assert!(decode_record(&key[..n], Some(&value)).is_err(), "key cut at {n}");
+        }
+        for n in 0..value.len() {
+            assert!(decode_record(&key, Some(&value[..n])).is_err(), "value cut at {n}");
+        }
+        let mut long = key.clone();
+        long.push(0);
+        assert!(decode_record(&long, Some(&value)).is_err(), "a byte past the key's end");
+        let mut long = value.clone();
+        long.push(0);
+        assert!(decode_record(&key, Some(&long)).is_err(), "a byte past the value's end");
+        // The member count sits after version, generation, three short
+        // strings and stored_ms.
+        let at = 1 + 4 + (2 + "consumer".len()) + (2 + "range".len()) + (2 + "m1".len()) + 8;
+        assert_eq!(&value[at..at + 4], &2i32.to_be_bytes());
+        for count in [i32::MAX, 3, -1] {
+            let mut v = value.clone();
+            v[at..at + 4].copy_from_slice(&count.to_be_bytes());
+            assert!(decode_record(&key, Some(&v)).is_err(), "a member count of {count}");
+        }
+        // A member's metadata length far past the value, and a negative one.
+        let meta_at = at + 4 + (2 + 2) + (2 + 1) + (2 + "rdkafka".len()) + (2 + "/127.0.0.1".len()) + 8;
+        assert_eq!(&value[meta_at..meta_at + 4], &("subscription of m1".len() as i32).to_be_bytes());
+        for len in [i32::MAX, -2] {
+            let mut v = value.clone();
+            v[meta_at..meta_at + 4].copy_from_slice(&len.to_be_bytes());
+            assert!(decode_record(&key, Some(&v)).is_err(), "a metadata length of {len}");
+        }
+        let mut v = value.clone();
+        v[0] = 1;
+        assert!(decode_record(&key, Some(&v)).is_err(), "an unknown value version");
+        // A leader that is not UTF-8.
+        let mut v = value.clone();
+        let leader_at = 1 + 4 + (2 + "consumer".len()) + (2 + "range".len()) + 2;
+        v[leader_at] = 0xff;
+        assert!(decode_record(&key, Some(&v)).is_err(), "a leader that is not UTF-8");
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //! is durable. In cluster mode every change goes to the group's shard log
 //! first (`journal.rs`), and to the catalog once the shard's in-sync
 //! replicas have it; a shard's new leader loads its groups from that log.
+//! A classic group's membership goes there too (each completed rebalance,
+//! each time it becomes Empty, a tombstone when it is deleted), through one
+//! writer per shard so that the log keeps the order they were asked in; a
+//! shard's new leader restores its groups Stable with their members.
 
 pub mod consumer;
 pub mod group;
@@ -113,7 +117,23 @@ enum Cmd {
     /// Cluster mode: drops every group of coordinator shard `shard` (its
     /// parked requests answered NOT_COORDINATOR), then knows `groups` (as
     /// Empty): the shard moved away from this node, or was loaded.
-    Reset { shard: u32, groups: Vec<String>, reply: oneshot::Sender<()> },
+    Reset { shard: u32, groups: Vec<String>, stored: std::collections::BTreeMap<String, journal::StoredGroup>, reply: oneshot::Sender<()> },
+    /// Cluster mode: the store of `group`'s `generation` is done or failed
+    /// (the error its parked syncs get).
+    Stored { group: String, generation: i32, result: Result<(), i16> },
+}
+
+/// A write to a shard's log made by the shard's group writer.
+struct GroupWrite {
+    record: journal::Record,
+    done: WriteDone,
+}
+
+enum WriteDone {
+    /// A group's state: the coordinator task is told how its store went.
+    Stored { group: String, generation: i32 },
+    /// A group's tombstone: whoever asked is told.
+    Asked(oneshot::Sender<Result<(), i16>>),
 }
 
 /// Why a change to committed offsets was not made: the error code a
@@ -157,6 +177,9 @@ pub struct IdleGroup {
     pub id: String,
     pub empty_since_ms: i64,
     pub commits: u64,
+    /// A classic group that completed a join phase once: in cluster mode
+    /// its shard's log may hold its state.
+    pub stored: bool,
 }
 
 /// Handle to the coordinator task; cheap to clone.
@@ -173,6 +196,10 @@ pub struct Coordinator {
     /// shard's log and applied to the catalog before the next one of that
     /// shard starts, so both see the shard's changes in one order.
     turns: Arc<Vec<tokio::sync::Mutex<()>>>,
+    /// Cluster mode: each shard's group writer, which appends groups'
+    /// states and tombstones to the shard's log one at a time, in the
+    /// order asked (set with the journal).
+    writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>>,
 }
 
 const QUEUE: usize = 1024;
@@ -194,13 +221,14 @@ impl Coordinator {
         let known = engine.catalog().offset_groups().unwrap_or_default();
         let groups = known.into_iter().map(|g| (g.clone(), Group::new(g, now))).collect();
         let state = Groups { classic: groups, consumers: HashMap::new(), cfg, ccfg, engine: engine.clone() };
-        tokio::spawn(run(rx, state, clock, stop));
+        let writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>> = Arc::default();
+        tokio::spawn(run(rx, state, clock, stop, writers.clone()));
         {
             let engine = engine.clone();
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
         let turns = (0..crate::cluster::topics::COORDINATOR_SHARDS).map(|_| tokio::sync::Mutex::new(())).collect();
-        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns) }
+        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), writers }
     }
 
     /// Cluster mode, at start: until [`Coordinator::set_journal`], every
@@ -213,9 +241,28 @@ impl Coordinator {
     /// Cluster mode: every change to committed offsets goes to `journal`
     /// first. Set once, before requests are taken.
     pub fn set_journal(&self, journal: Arc<dyn journal::Journal>) {
-        if self.journal.set(journal).is_err() {
+        if self.journal.set(journal.clone()).is_err() {
             tracing::error!("the coordinator's journal was set twice; the first one stays");
+            return;
         }
+        let writers = (0..crate::cluster::topics::COORDINATOR_SHARDS)
+            .map(|shard| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(group_writer(shard, rx, journal.clone(), self.tx.clone()));
+                tx
+            })
+            .collect();
+        let _ = self.writers.set(writers);
+    }
+
+    /// Cluster mode: appends `group`'s tombstone to its shard's log, after
+    /// every state of it asked for before.
+    async fn remove_stored_group(&self, group: &str) -> Result<(), StoreError> {
+        let Some(writers) = self.writers.get() else { return Ok(()) };
+        let (done, rx) = oneshot::channel();
+        let write = GroupWrite { record: journal::Record::Group { group: group.to_owned(), state: None }, done: WriteDone::Asked(done) };
+        writers[journal::shard_of(group) as usize].send(write).map_err(|_| StoreError::storage("coordinator stopped"))?;
+        rx.await.map_err(|_| StoreError::storage("coordinator stopped"))?.map_err(StoreError::journal)
     }
 
     /// Whether the groups of `key`'s shard may be answered for here: always
@@ -230,24 +277,25 @@ impl Coordinator {
 
     /// Cluster mode: the committed offsets of `shard`'s groups become what
     /// `read` finds in its log (`None`: not now), in the catalog and in
-    /// memory; groups held in memory are dropped, and those with offsets
-    /// are known as Empty. The read runs in the shard's turn, so no change
-    /// lands in the log between it and the catalog. Returns how many groups
-    /// the shard has.
-    pub async fn load_shard(&self, shard: u32, read: impl std::future::Future<Output = Result<Option<journal::Rows>, String>>) -> Result<Option<usize>, String> {
+    /// memory; groups held in memory are dropped, those stored are
+    /// restored as stored (Stable with their members, or Empty), and the
+    /// rest with offsets are known as Empty. The read runs in the shard's
+    /// turn, so no change lands in the log between it and the catalog.
+    /// Returns how many groups the shard has.
+    pub async fn load_shard(&self, shard: u32, read: impl std::future::Future<Output = Result<Option<journal::Shard>, String>>) -> Result<Option<usize>, String> {
         let _turn = self.turns[shard as usize].lock().await;
-        let Some(rows) = read.await? else { return Ok(None) };
+        let Some(journal::Shard { offsets: rows, groups: stored }) = read.await? else { return Ok(None) };
         let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-        let count = groups.len();
+        let count = groups.iter().filter(|g| !stored.contains_key(*g)).count() + stored.len();
         self.apply(offsets::Change::Load { shard, rows }).await.map_err(|e| e.to_string())?;
-        self.ask(|reply| Cmd::Reset { shard, groups, reply }).await.ok_or("coordinator stopped")?;
+        self.ask(|reply| Cmd::Reset { shard, groups, stored, reply }).await.ok_or("coordinator stopped")?;
         Ok(Some(count))
     }
 
     /// Cluster mode: `shard` moved to another node; its groups are
     /// dropped from memory (their parked requests answered NOT_COORDINATOR).
     pub async fn unload_shard(&self, shard: u32) {
-        self.ask(|reply| Cmd::Reset { shard, groups: Vec::new(), reply }).await;
+        self.ask(|reply| Cmd::Reset { shard, groups: Vec::new(), stored: Default::default(), reply }).await;
     }
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Option<T> {
@@ -314,7 +362,11 @@ impl Coordinator {
         if self.journal.get().is_some() {
             for (i, group) in groups.into_iter().enumerate() {
                 if codes.get(i) == Some(&0) {
-                    if let Err(e) = self.change(offsets::Change::Remove { group: group.clone(), only: None }).await {
+                    let removed = match self.change(offsets::Change::Remove { group: group.clone(), only: None }).await {
+                        Ok(_) => self.remove_stored_group(&group).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = removed {
                         codes[i] = e.code;
                         // Its offsets stay: the group is known again (as
                         // Empty), so the deletion can be retried.
@@ -416,9 +468,9 @@ impl Coordinator {
     /// time. A removal journals the rows it removes (read under the
     /// turn, so no commit of the shard lands between read and removal).
     async fn journaled(&self, j: &dyn journal::Journal, change: offsets::Change) -> Result<offsets::Applied, StoreError> {
-        use journal::{shard_of, Entry};
+        use journal::{shard_of, Entry, Record};
         let catalog_err = |e: crate::meta::MetaError| StoreError::storage(e.to_string());
-        let tombstones = |group: &str, rows: &[(String, i32, OffsetRecord)]| rows.iter().map(|(t, p, _)| Entry { group: group.to_owned(), topic: t.clone(), partition: *p, record: None }).collect::<Vec<_>>();
+        let tombstones = |group: &str, rows: &[(String, i32, OffsetRecord)]| rows.iter().map(|(t, p, _)| Record::Offset(Entry { group: group.to_owned(), topic: t.clone(), partition: *p, record: None })).collect::<Vec<_>>();
         match change {
             offsets::Change::Commit(rows) => {
                 let mut by_shard: std::collections::BTreeMap<u32, Vec<offsets::Row>> = std::collections::BTreeMap::new();
@@ -427,7 +479,7 @@ impl Coordinator {
                 }
                 for (shard, rows) in by_shard {
                     let _turn = self.turns[shard as usize].lock().await;
-                    let entries = rows.iter().map(|(g, t, p, r)| Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) }).collect();
+                    let entries = rows.iter().map(|(g, t, p, r)| Record::Offset(Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) })).collect();
                     j.append(shard, entries).await.map_err(StoreError::journal)?;
                     self.apply_journaled(j, shard, offsets::Change::Commit(rows)).await?;
                 }
@@ -457,6 +509,15 @@ impl Coordinator {
                     let _turn = self.turns[shard as usize].lock().await;
                     let rows = self.engine.catalog().group_offsets(&g.id).map_err(catalog_err)?;
                     if rows.is_empty() {
+                        // A group once stored leaves a tombstone (after the
+                        // turn: the shard's group writer takes none).
+                        drop(_turn);
+                        if g.stored {
+                            if let Err(e) = self.remove_stored_group(&g.id).await {
+                                tracing::warn!(group = %g.id, error = %e, "forgetting an idle group: its shard's log refused its tombstone; trying at the next pass");
+                                continue;
+                            }
+                        }
                         out.forget.push((g.id.clone(), g.commits));
                     } else if offsets::expired(&g, &rows, cutoff_ms) {
                         if let Err(code) = j.append(shard, tombstones(&g.id, &rows)).await {
@@ -464,6 +525,11 @@ impl Coordinator {
                             continue;
                         }
                         self.apply_journaled(j, shard, offsets::Change::Remove { group: g.id.clone(), only: None }).await?;
+                        drop(_turn);
+                        if let Err(e) = self.remove_stored_group(&g.id).await {
+                            tracing::warn!(group = %g.id, error = %e, "expiring a group: its shard's log refused its tombstone; its offsets are gone, the group stays until the next pass");
+                            continue;
+                        }
                         tracing::info!(group = %g.id, "expired the committed offsets of an empty group");
                         out.forget.push((g.id.clone(), g.commits));
                         out.expired += 1;
@@ -615,11 +681,36 @@ impl Groups {
     }
 }
 
-async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>) {
+/// A shard's group writer: appends groups' states and tombstones to the
+/// shard's log one at a time, in the order asked (so the log's last state
+/// of a group is the last one asked for), and tells how each went.
+async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, journal: Arc<dyn journal::Journal>, coordinator: mpsc::Sender<Cmd>) {
+    while let Some(GroupWrite { record, done }) = rx.recv().await {
+        let result = journal.append(shard, vec![record]).await;
+        match done {
+            WriteDone::Stored { group, generation } => {
+                // Kafka's answer to a sync whose store failed: a record
+                // too large is the server's problem, not the commit's.
+                let result = result.map_err(|code| if code == kafka_protocol::ResponseError::InvalidCommitOffsetSize.code() { kafka_protocol::ResponseError::UnknownServerError.code() } else { code });
+                if coordinator.send(Cmd::Stored { group, generation, result }).await.is_err() {
+                    return;
+                }
+            }
+            WriteDone::Asked(reply) => {
+                let _ = reply.send(result);
+            }
+        }
+    }
+}
+
+async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>, writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>>) {
     let mut parked: HashMap<Token, Parked> = HashMap::new();
     let mut next_token: Token = 1;
     let mut timers = Timers::default();
     loop {
+        // Cluster mode (set once, with the journal): rebalances are stored
+        // before they are answered.
+        state.cfg.store_groups = writers.get().is_some();
         let Groups { classic: groups, consumers, cfg, ccfg, .. } = &mut state;
         let cfg = &*cfg;
         let now = clock();
@@ -664,7 +755,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                     match groups.get_mut(&group) {
                         Some(g) => {
                             parked.insert(token, Parked::Sync(reply));
-                            replies.extend(g.sync(now, token, args));
+                            replies.extend(g.sync(cfg, now, token, args));
                         }
                         None => {
                             let _ = reply.send(SyncResult { error: kafka_protocol::ResponseError::UnknownMemberId.code(), ..Default::default() });
@@ -773,8 +864,8 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                     let _ = reply.send(codes);
                 }
                 Cmd::Idle { reply } => {
-                    let mut v: Vec<IdleGroup> = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }).collect();
-                    v.extend(consumers.values().filter(|g| g.is_empty()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }));
+                    let mut v: Vec<IdleGroup> = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits, stored: g.generation > 0 }).collect();
+                    v.extend(consumers.values().filter(|g| g.is_empty()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits, stored: false }));
                     let _ = reply.send(v);
                 }
                 Cmd::Forget { groups: ids, reply } => {
@@ -788,7 +879,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                     }
                     let _ = reply.send(());
                 }
-                Cmd::Reset { shard, groups: known, reply } => {
+                Cmd::Reset { shard, groups: known, stored, reply } => {
                     let here = |id: &String| journal::shard_of(id) == shard;
                     let gone: Vec<String> = groups.keys().filter(|id| here(id)).cloned().collect();
                     for id in gone {
@@ -797,24 +888,55 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                         }
                     }
                     consumers.retain(|id, _| !here(id));
+                    for (id, s) in stored {
+                        let g = Group::restore(id.clone(), s, now);
+                        timers.schedule(&g, cfg);
+                        groups.insert(id, g);
+                    }
                     for id in known {
                         groups.entry(id.clone()).or_insert_with(|| Group::new(id, now));
                     }
                     let _ = reply.send(());
                 }
+                Cmd::Stored { group, generation, result } => {
+                    if let Some(g) = groups.get_mut(&group) {
+                        touched = Some(group);
+                        replies.extend(g.stored(cfg, now, generation, result));
+                    }
+                }
             }
         }
-        if let Some(g) = touched.and_then(|id| groups.get(&id)) {
-            timers.schedule(g, cfg);
+        let mut changed: Vec<String> = Vec::new();
+        if let Some(id) = touched {
+            if let Some(g) = groups.get(&id) {
+                timers.schedule(g, cfg);
+            }
+            changed.push(id);
         }
         for id in timers.due(now) {
             if let Some(g) = groups.get_mut(&id) {
                 replies.extend(g.tick(cfg, now));
                 timers.schedule(g, cfg);
+                changed.push(id.clone());
             }
             if let Some(g) = consumers.get_mut(&id) {
                 g.tick(ccfg, now);
                 timers.schedule_at(&id, g.next_deadline(ccfg));
+            }
+        }
+        // What the changed groups ask to store goes to their shards'
+        // writers (single-node mode keeps nothing of it).
+        for id in changed {
+            let Some(stored) = groups.get_mut(&id).and_then(Group::take_store) else { continue };
+            if let Some(writers) = writers.get() {
+                let generation = stored.generation;
+                let write = GroupWrite { record: journal::Record::Group { group: id.clone(), state: Some(stored) }, done: WriteDone::Stored { group: id.clone(), generation } };
+                if writers[journal::shard_of(&id) as usize].send(write).is_err() {
+                    tracing::error!(group = %id, "a shard's group writer stopped; the group's state is not stored");
+                    if let Some(g) = groups.get_mut(&id) {
+                        replies.extend(g.stored(cfg, now, generation, Err(kafka_protocol::ResponseError::CoordinatorNotAvailable.code())));
+                    }
+                }
             }
         }
         for r in replies {

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 
 use crate::cluster::topics::{COORDINATOR_SHARDS, COORDINATOR_TOPIC};
 use crate::engine::{Ack, Topic};
-use crate::kafka::coordinator::journal::{self, Entry, Journal, Rows};
+use crate::kafka::coordinator::journal::{self, Journal, Record, Shard};
 use crate::kafka::Broker;
 
 /// How long a change waits for the shard's in-sync replicas (Kafka's
@@ -114,7 +114,7 @@ impl ShardLogs {
 
     /// Loads `shard` in leader `epoch`: `Ok(None)` while its high
     /// watermark is below its log end (or leadership moved meanwhile),
-    /// else the number of groups with committed offsets.
+    /// else the number of groups with committed offsets or a stored state.
     async fn load(&self, broker: &Arc<Broker>, topic: &Arc<Topic>, shard: u32, epoch: i32) -> Result<Option<usize>, String> {
         let tp = topic.tp(shard as i32);
         let read = async {
@@ -124,8 +124,8 @@ impl ShardLogs {
             }
             let engine = broker.engine.clone();
             let max = engine.config().max_inflated_batch_bytes;
-            let rows = tokio::task::spawn_blocking(move || -> Result<Rows, String> {
-                let mut rows = Rows::new();
+            let rows = tokio::task::spawn_blocking(move || -> Result<Shard, String> {
+                let mut rows = Shard::default();
                 let mut at = start;
                 while at < end {
                     let r = engine.read(&tp, at, LOAD_STEP_BYTES, true).map_err(|e| e.to_string())?;
@@ -159,7 +159,7 @@ fn commit_error(code: i16) -> i16 {
 }
 
 impl Journal for ShardLogs {
-    fn append(&self, shard: u32, entries: Vec<Entry>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), i16>> + Send + '_>> {
+    fn append(&self, shard: u32, records: Vec<Record>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), i16>> + Send + '_>> {
         Box::pin(async move {
             let broker = self.broker.upgrade().ok_or(E::CoordinatorNotAvailable.code())?;
             let topic = broker.engine.topic(COORDINATOR_TOPIC).ok_or(E::CoordinatorNotAvailable.code())?;
@@ -172,7 +172,7 @@ impl Journal for ShardLogs {
             if !super::Replication::enough_replicas(&view, &topic, partition) {
                 return Err(commit_error(E::NotEnoughReplicas.code()));
             }
-            let batch = journal::encode_batch(&entries, broker.engine.now_ms());
+            let batch = journal::encode_batch(&records, broker.engine.now_ms());
             let appended = broker.engine.append(&topic, partition, batch.into(), Ack::Durable).await.map_err(|e| commit_error(crate::kafka::errors::code(&e)))?;
             let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
             let replicated = broker.replication.replicated(&broker, &topic, partition, epoch, appended.last_offset + 1, deadline).await;

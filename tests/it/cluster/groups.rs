@@ -1,16 +1,18 @@
 //! Replicated coordinators (step 4 of docs/cluster.md): a group's
-//! committed offsets live in its coordinator shard's replicated log, so
-//! the kill -9 of the coordinator costs the group seconds, not its
-//! offsets. Measured: the time from the kill to the group's first record
-//! read by a member that joins afterwards (printed, never asserted).
+//! committed offsets and membership live in its coordinator shard's
+//! replicated log, so the kill -9 of the coordinator costs the group
+//! seconds, not its offsets, and not a rebalance. Measured: the time from
+//! the kill to the first commit the group's live member gets accepted
+//! (printed, never asserted).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::{FindCoordinatorRequest, FindCoordinatorResponse};
 use kafka_protocol::protocol::StrBytes;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -36,12 +38,44 @@ async fn coordinator(addr: SocketAddr) -> i32 {
     }
 }
 
+/// Counts a member's rebalances (revocations and assignments).
+#[derive(Default)]
+struct Rebalances(AtomicUsize);
+
+impl rdkafka::ClientContext for Rebalances {}
+
+impl ConsumerContext for Rebalances {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, _: &Rebalance<'_>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, _: &Rebalance<'_>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// A member of `GROUP` bootstrapping from `addr`, reading from where the
-/// group committed, or from `reset` where it committed nothing.
-fn member(addr: SocketAddr, reset: &str) -> BaseConsumer {
-    let c: BaseConsumer = common::client(addr).set("group.id", GROUP).set("enable.auto.commit", "false").set("auto.offset.reset", reset).set("session.timeout.ms", "6000").create().unwrap();
+/// group committed, or from `reset` where it committed nothing. Its
+/// session (10 s) outlasts a coordinator's failover, as librdkafka's
+/// default (45 s) does.
+fn member(addr: SocketAddr, reset: &str) -> BaseConsumer<Rebalances> {
+    let c: BaseConsumer<Rebalances> = common::client(addr)
+        .set("group.id", GROUP)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", reset)
+        .set("session.timeout.ms", "10000")
+        .create_with_context(Rebalances::default())
+        .unwrap();
     c.subscribe(&[TOPIC]).unwrap();
     c
+}
+
+/// `offsets` (one per partition) as a commit.
+fn positions(offsets: &[i64]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in offsets.iter().enumerate() {
+        tpl.add_partition_offset(TOPIC, p as i32, Offset::Offset(*o)).unwrap();
+    }
+    tpl
 }
 
 /// The group's committed offsets per partition, read through `addr`.
@@ -66,60 +100,97 @@ async fn committed_offsets_survive_their_coordinators_death() {
     produce_acked(addr(&nodes, 1), TOPIC, "a", 300, PARTITIONS).await;
 
     // A member, once assigned every partition, commits twice (the later
-    // commit must win), short of each partition's end, then leaves.
+    // commit must win), short of each partition's end, and stays.
     let coordinator_id = coordinator(addr(&nodes, 1)).await;
     let bootstrap = survivor_of(&nodes, coordinator_id);
     let commits = [[10, 11, 12], [20, 25, 30]];
-    tokio::task::spawn_blocking(move || {
-        let c = member(bootstrap, "earliest");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while c.assignment().unwrap().count() < PARTITIONS as usize {
-            c.poll(Duration::from_millis(100));
-            assert!(Instant::now() < deadline, "no assignment in 60 s");
-        }
-        for offsets in commits {
-            let mut tpl = TopicPartitionList::new();
-            for (p, o) in offsets.iter().enumerate() {
-                tpl.add_partition_offset(TOPIC, p as i32, Offset::Offset(*o)).unwrap();
+    let (assigned_tx, assigned_rx) = std::sync::mpsc::channel();
+    let (killed_tx, killed_rx) = std::sync::mpsc::channel::<Instant>();
+    let live = std::thread::spawn(move || {
+            let c = member(bootstrap, "earliest");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while c.assignment().unwrap().count() < PARTITIONS as usize {
+                c.poll(Duration::from_millis(100));
+                assert!(Instant::now() < deadline, "no assignment in 60 s");
             }
-            c.commit(&tpl, CommitMode::Sync).unwrap();
-        }
-    })
-    .await
-    .unwrap();
+            for offsets in commits {
+                c.commit(&positions(&offsets), CommitMode::Sync).unwrap();
+            }
+            let rebalances = c.context().0.load(Ordering::SeqCst);
+            assigned_tx.send(()).unwrap();
+            // Through the coordinator's death the member polls on, and
+            // commits the same offsets until one is accepted: the group
+            // is coordinated again.
+            let killed = loop {
+                c.poll(Duration::from_millis(100));
+                if let Ok(at) = killed_rx.try_recv() {
+                    break at;
+                }
+            };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut last_try = Instant::now() - Duration::from_secs(1);
+            let accepted = loop {
+                c.poll(Duration::from_millis(50));
+                if last_try.elapsed() >= Duration::from_millis(200) {
+                    last_try = Instant::now();
+                    if c.commit(&positions(&commits[1]), CommitMode::Sync).is_ok() {
+                        break killed.elapsed();
+                    }
+                }
+                assert!(Instant::now() < deadline, "no commit accepted in 60 s after the coordinator's death");
+            };
+            // It heartbeats on at the new coordinator (every 3 s) for 4 s:
+            // still the same generation, no rebalance.
+            let until = Instant::now() + Duration::from_secs(4);
+            while Instant::now() < until {
+                c.poll(Duration::from_millis(100));
+            }
+            let after = (c.context().0.load(Ordering::SeqCst) - rebalances, c.assignment().unwrap().count());
+            // It leaves (its LeaveGroup goes to the new coordinator).
+            drop(c);
+            (accepted, after)
+    });
+    tokio::task::spawn_blocking(move || assigned_rx.recv_timeout(Duration::from_secs(90)).expect("the first member assigned and committed")).await.unwrap();
     let expected = committed(bootstrap);
     assert_eq!(expected, (0..PARTITIONS).zip(commits[1]).collect::<BTreeMap<i32, i64>>(), "the later commit");
 
     // The coordinator dies.
     let killed = Instant::now();
     nodes[coordinator_id as usize].take().unwrap().kill9();
+    killed_tx.send(killed).unwrap();
     let survivor = survivor_of(&nodes, coordinator_id);
+
+    // The live member keeps its membership: the new coordinator restored
+    // the group Stable from the shard's log, and the member's heartbeats
+    // and commits go on at the generation it had.
+    let (accepted, (rebalances, partitions)) = tokio::task::spawn_blocking(move || live.join().unwrap()).await.unwrap();
+    eprintln!("group failover: the coordinator's kill -9 to the live member's first commit accepted: {:.2} s", accepted.as_secs_f64());
+    assert_eq!((rebalances, partitions), (0, PARTITIONS as usize), "the member kept its assignment through the move, with no rebalance");
 
     // A member joining afterwards, through a survivor, starts at the
     // committed offsets: its first record of each partition is the one
     // at the offset the group committed before the coordinator died
     // (with offsets lost it would start at the end, `latest`, and read
     // nothing).
-    let (first_after, firsts) = tokio::task::spawn_blocking(move || {
+    // The live member has left (its LeaveGroup went to the new
+    // coordinator); the next member reads from the committed offsets.
+    let firsts = tokio::task::spawn_blocking(move || {
         let c = member(survivor, "latest");
         let deadline = Instant::now() + Duration::from_secs(90);
-        let mut first_after = None;
         let mut firsts: BTreeMap<i32, i64> = BTreeMap::new();
         while firsts.len() < PARTITIONS as usize {
             // Errors on the way (the dead broker's connection) are
             // librdkafka's to retry.
             if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
-                first_after.get_or_insert_with(|| killed.elapsed());
                 firsts.entry(m.partition()).or_insert(m.offset());
             }
             assert!(Instant::now() < deadline, "the new member read from {} of {PARTITIONS} partitions in 90 s: {firsts:?}", firsts.len());
         }
         c.commit_consumer_state(CommitMode::Sync).unwrap();
-        (first_after.unwrap(), firsts)
+        firsts
     })
     .await
     .unwrap();
-    eprintln!("group failover: the coordinator's kill -9 to the group's first record, read by a member joining after it: {:.2} s", first_after.as_secs_f64());
     assert_eq!(firsts, expected, "the new member starts where the group committed before its coordinator died");
 
     // The shards' log is the brokers' own: clients cannot write, delete,

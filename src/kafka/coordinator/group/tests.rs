@@ -66,7 +66,7 @@ fn single_member_group_becomes_stable_without_waiting() {
     let j = join_one(&mut g, &c, 0, "m1", 1);
     assert_eq!((j.error, j.generation, j.leader.as_str()), (0, 1, "m1"));
     assert_eq!(j.members.len(), 1, "the leader gets the member list");
-    let r = g.sync(0, 10, sa(1, "m1", None, vec![("m1".into(), Bytes::from_static(b"a1"))]));
+    let r = g.sync(&GroupConfig::default(), 0, 10, sa(1, "m1", None, vec![("m1".into(), Bytes::from_static(b"a1"))]));
     assert_eq!(r, vec![Reply::Sync(10, SyncResult { error: 0, protocol_type: Some("consumer".into()), protocol_name: Some("range".into()), assignment: Bytes::from_static(b"a1") })]);
     assert_eq!(g.state, State::Stable);
     assert_eq!(g.heartbeat(1, 1, "m1", None), 0);
@@ -90,7 +90,7 @@ fn second_member_triggers_rebalance_and_expiry_removes_it() {
     let c = cfg(0);
     let mut g = Group::new("g".into(), 0);
     join_one(&mut g, &c, 0, "m1", 1);
-    g.sync(0, 3, sa(1, "m1", None, vec![]));
+    g.sync(&GroupConfig::default(), 0, 3, sa(1, "m1", None, vec![]));
     // m2 joins: the group prepares a rebalance; m1 learns by heartbeat.
     assert!(join_one(&mut g, &c, 100, "m2", 10).member_id.is_empty());
     assert_eq!(g.state, State::PreparingRebalance);
@@ -102,8 +102,8 @@ fn second_member_triggers_rebalance_and_expiry_removes_it() {
     assert_eq!(g.validate_commit(2, "m1", None, false), Err(E::RebalanceInProgress.code()));
     let leader = g.leader.clone().unwrap();
     let other = if leader == "m1" { "m2" } else { "m1" };
-    assert!(g.sync(300, 30, sa(2, other, None, vec![])).is_empty(), "follower waits for the leader");
-    let r = g.sync(300, 31, sa(2, &leader, None, vec![(other.into(), Bytes::from_static(b"x")), ("ghost".into(), Bytes::from_static(b"y"))]));
+    assert!(g.sync(&GroupConfig::default(), 300, 30, sa(2, other, None, vec![])).is_empty(), "follower waits for the leader");
+    let r = g.sync(&GroupConfig::default(), 300, 31, sa(2, &leader, None, vec![(other.into(), Bytes::from_static(b"x")), ("ghost".into(), Bytes::from_static(b"y"))]));
     assert_eq!(r.len(), 2);
     assert_eq!(g.state, State::Stable);
     assert_eq!(g.validate_commit(1, "m1", None, false), Err(E::IllegalGeneration.code()));
@@ -122,7 +122,7 @@ fn static_member_rejoins_without_rebalance_and_duplicates_are_fenced() {
     let r = g.join(&c, 0, 1, args("", Some("i1")), || "s1".into());
     let j = join_result(&r, 1);
     assert_eq!((j.error, j.member_id.as_str(), j.generation), (0, "s1", 1));
-    g.sync(0, 2, sa(1, "s1", Some("i1"), vec![("s1".into(), Bytes::from_static(b"p0"))]));
+    g.sync(&GroupConfig::default(), 0, 2, sa(1, "s1", Some("i1"), vec![("s1".into(), Bytes::from_static(b"p0"))]));
     // Restart: new member id, same instance, same generation, no rebalance.
     let r = g.join(&c, 100, 3, args("", Some("i1")), || "s1b".into());
     let j = join_result(&r, 3);
@@ -206,7 +206,7 @@ impl Harness {
     fn sync(&mut self, member: &str, instance: Option<&str>, assignments: Vec<(String, Bytes)>) -> (Token, Vec<Reply>) {
         let t = self.token();
         let generation = self.g.generation;
-        (t, self.g.sync(self.now, t, sa(generation, member, instance, assignments)))
+        (t, self.g.sync(&self.c, self.now, t, sa(generation, member, instance, assignments)))
     }
 
     /// Syncs every member, the leader last, assigning each its own id.
@@ -270,7 +270,7 @@ fn a_replaced_static_incarnation_is_fenced_everywhere() {
     let fenced = E::FencedInstanceId.code();
     assert_eq!(h.g.heartbeat(h.now, gen, &a, Some("i1")), fenced);
     assert_eq!(h.g.validate_commit(gen, &a, Some("i1"), false), Err(fenced));
-    assert_eq!(sync_result(&h.g.sync(h.now, 99, sa(gen, &a, Some("i1"), vec![])), 99).error, fenced);
+    assert_eq!(sync_result(&h.g.sync(&h.c, h.now, 99, sa(gen, &a, Some("i1"), vec![])), 99).error, fenced);
     let (t, r) = h.join(args(&a, Some("i1")));
     assert_eq!(join_result(&r, t).error, fenced);
     let (codes, _) = h.g.leave(&h.c, h.now, &[(a.clone(), Some("i1".into()))]);
@@ -591,19 +591,19 @@ fn a_sync_naming_another_protocol_changes_nothing() {
     let t = h.token();
     let mut s = sa(1, &m1, None, vec![(m1.clone(), Bytes::from_static(b"x"))]);
     s.protocol_name = Some("roundrobin".into());
-    let r = h.g.sync(0, t, s);
+    let r = h.g.sync(&h.c, 0, t, s);
     assert_eq!(sync_result(&r, t).error, E::InconsistentGroupProtocol.code());
     assert_eq!(h.g.state, State::CompletingRebalance, "the leader's assignment was not taken");
     let t = h.token();
     let mut s = sa(1, &m1, None, vec![]);
     s.protocol_type = Some("connect".into());
-    assert_eq!(sync_result(&h.g.sync(0, t, s), t).error, E::InconsistentGroupProtocol.code());
+    assert_eq!(sync_result(&h.g.sync(&h.c, 0, t, s), t).error, E::InconsistentGroupProtocol.code());
     // The right names (or none, before v5) are fine.
     let t = h.token();
     let mut s = sa(1, &m1, None, vec![]);
     s.protocol_type = Some("consumer".into());
     s.protocol_name = Some("range".into());
-    assert_eq!(sync_result(&h.g.sync(0, t, s), t).error, 0);
+    assert_eq!(sync_result(&h.g.sync(&h.c, 0, t, s), t).error, 0);
 }
 
 #[test]
@@ -636,4 +636,134 @@ fn the_initial_delay_extends_while_members_arrive_up_to_the_rebalance_timeout() 
         }
         assert!(at <= 30_000, "still delayed at {at} ms");
     }
+}
+
+// ---- Stores (cluster mode): a rebalance is answered once it is stored ----
+
+/// Two dynamic members joined (generation 1, CompletingRebalance), with
+/// stores on.
+fn two_joined_storing() -> (Harness, String, String) {
+    let mut h = Harness::new();
+    h.c.store_groups = true;
+    let (a, _, _) = h.join_dynamic(&[]);
+    // The second member's arrival starts a join phase that waits for the
+    // first to rejoin.
+    let (b, _, _) = h.join_dynamic(&[]);
+    h.join(args(&a, None));
+    assert!(h.g.members.contains_key(&b));
+    assert_eq!(h.g.state, State::CompletingRebalance, "{:?}", h.g.state);
+    let leader = h.g.leader.clone().unwrap();
+    let follower = if leader == a { b } else { a };
+    (h, leader, follower)
+}
+
+#[test]
+fn a_stored_rebalance_is_answered_only_once_its_store_is_done() {
+    let (mut h, leader, follower) = two_joined_storing();
+    let gen = h.g.generation;
+    let (tf, r) = h.sync(&follower, None, vec![]);
+    assert!(r.is_empty(), "the follower waits for the leader");
+    let assignments = vec![(leader.clone(), Bytes::from_static(b"to-leader")), (follower.clone(), Bytes::from_static(b"to-follower"))];
+    let (tl, r) = h.sync(&leader, None, assignments);
+    assert!(r.is_empty(), "nobody is answered before the store: {r:?}");
+    assert_eq!(h.g.state, State::CompletingRebalance);
+    // What is to be stored: the generation with every member's assignment.
+    let s = h.g.take_store().expect("a store asked for");
+    assert!(h.g.take_store().is_none(), "handed out once");
+    assert_eq!((s.generation, s.protocol.as_deref(), s.leader.as_deref()), (gen, Some("range"), Some(leader.as_str())));
+    let given: BTreeMap<String, Bytes> = s.members.iter().map(|m| (m.id.clone(), m.assignment.clone())).collect();
+    assert_eq!(given[&follower], Bytes::from_static(b"to-follower"));
+    assert_eq!(s.members[0].metadata, Bytes::from_static(b"m"), "the chosen protocol's metadata");
+    // A leader's repeated sync during the store starts no second one.
+    let (tl2, r) = h.sync(&leader, None, vec![]);
+    assert_eq!(sync_result(&r, tl).error, E::RebalanceInProgress.code(), "the earlier sync is replaced");
+    assert!(h.g.take_store().is_none());
+    // A store result for another generation changes nothing.
+    assert!(h.g.stored(&h.c, h.now, gen + 1, Ok(())).is_empty());
+    let r = h.g.stored(&h.c, h.now, gen, Ok(()));
+    assert_eq!(h.g.state, State::Stable);
+    assert_eq!(sync_result(&r, tf).assignment, Bytes::from_static(b"to-follower"));
+    assert_eq!(sync_result(&r, tl2).assignment, Bytes::from_static(b"to-leader"));
+    // Late news of it again is ignored.
+    assert!(h.g.stored(&h.c, h.now, gen, Err(E::NotCoordinator.code())).is_empty());
+    assert_eq!(h.g.state, State::Stable);
+}
+
+#[test]
+fn a_failed_store_fails_every_parked_sync_and_rebalances() {
+    let (mut h, leader, follower) = two_joined_storing();
+    let gen = h.g.generation;
+    let (tf, _) = h.sync(&follower, None, vec![]);
+    let (tl, _) = h.sync(&leader, None, vec![(follower.clone(), Bytes::from_static(b"x"))]);
+    assert!(h.g.take_store().is_some());
+    let r = h.g.stored(&h.c, h.now, gen, Err(E::CoordinatorNotAvailable.code()));
+    assert_eq!(sync_result(&r, tf).error, E::CoordinatorNotAvailable.code());
+    assert_eq!(sync_result(&r, tl).error, E::CoordinatorNotAvailable.code());
+    assert_eq!(h.g.state, State::PreparingRebalance);
+    assert!(h.g.members.values().all(|m| m.assignment.is_empty()), "no assignment survives a failed store");
+}
+
+#[test]
+fn a_store_that_ends_after_the_group_moved_on_is_ignored() {
+    let (mut h, leader, follower) = two_joined_storing();
+    let gen = h.g.generation;
+    let (tf, _) = h.sync(&follower, None, vec![]);
+    h.sync(&leader, None, vec![(follower.clone(), Bytes::from_static(b"x"))]);
+    // The follower leaves meanwhile: the group rebalances, and the
+    // follower's parked sync is answered now.
+    let (codes, r) = h.g.leave(&h.c, h.now, &[(follower.clone(), None)]);
+    assert_eq!(codes, vec![0]);
+    assert!(r.iter().any(|x| matches!(x, Reply::Sync(t, _) if *t == tf)));
+    assert_eq!(h.g.state, State::PreparingRebalance);
+    assert!(h.g.stored(&h.c, h.now, gen, Ok(())).is_empty());
+    assert_ne!(h.g.state, State::Stable);
+}
+
+#[test]
+fn becoming_empty_is_stored_and_a_restore_is_stable_with_every_member() {
+    let (mut h, leader, follower) = two_joined_storing();
+    h.c.store_groups = false;
+    h.sync_all();
+    let stable = h.g.snapshot(h.now);
+    // Stable, restored elsewhere at t=1000: same generation, members,
+    // assignments, leader; sessions count from the restore.
+    let mut r = Group::restore("g".into(), stable.clone(), 1000);
+    assert_eq!((r.state, r.generation, r.leader.clone()), (State::Stable, h.g.generation, Some(leader.clone())));
+    assert_eq!(r.heartbeat(1500, h.g.generation, &follower, None), 0, "a member heartbeats on at its generation");
+    assert_eq!(r.heartbeat(1500, h.g.generation - 1, &follower, None), E::IllegalGeneration.code());
+    assert_eq!(r.next_deadline(&h.c), Some(1000 + 10_000), "the leader's session, from the restore");
+    let t = 77;
+    let s = r.sync(&h.c, 1500, t, sa(h.g.generation, &follower, None, vec![]));
+    assert_eq!(sync_result(&s, t).assignment, h.g.members[&follower].assignment, "the assignment kept");
+    // A follower rejoining with its metadata unchanged gets the generation
+    // back, no rebalance.
+    let j = r.join(&h.c, 1500, 78, args(&follower, None), || unreachable!());
+    assert_eq!((join_result(&j, 78).generation, r.state), (h.g.generation, State::Stable));
+    // The leader, silent, expires: the rest rebalance.
+    r.tick(&h.c, 11_000);
+    assert!(!r.members.contains_key(&leader));
+    assert_eq!(r.state, State::PreparingRebalance);
+
+    // Both leave: Empty, and that is stored (no members, the generation).
+    let (_, _) = h.g.leave(&h.c, h.now, &[(leader, None), (follower, None)]);
+    assert_eq!(h.g.state, State::Empty);
+    let empty = h.g.take_store().expect("becoming Empty is stored");
+    assert!(empty.members.is_empty() && empty.leader.is_none());
+    assert_eq!(empty.generation, stable.generation + 1);
+    let r = Group::restore("g".into(), empty, 5000);
+    assert_eq!((r.state, r.generation, r.is_idle()), (State::Empty, stable.generation + 1, true));
+}
+
+#[test]
+fn a_restored_static_member_is_known_by_its_instance() {
+    let mut h = Harness::new();
+    let (a, _b) = two_statics(&mut h);
+    let mut r = Group::restore("g".into(), h.g.snapshot(h.now), 0);
+    assert_eq!(r.validate_member("stale-id", Some("i1")), Err(E::FencedInstanceId.code()));
+    assert_eq!(r.validate_member(&a, Some("i1")), Ok(()));
+    // A restore names a leader only among its members.
+    let mut s = h.g.snapshot(h.now);
+    s.leader = Some("nobody".into());
+    assert!(Group::restore("g".into(), s, 0).leader.is_some_and(|l| l == a || r.members.contains_key(&l)));
+    assert_eq!(r.heartbeat(1, h.g.generation, &a, Some("i1")), 0);
 }
