@@ -166,13 +166,26 @@ impl Broker {
 
 impl Broker {
     /// Whether this node coordinates the group or transactional id `key`
-    /// now (always in single-node mode): requests for it elsewhere get
-    /// NOT_COORDINATOR, and the client looks its coordinator up again.
-    /// In cluster mode also only once this node has loaded the key's shard
-    /// in its current leader epoch (`coordinator::journal`); until then the
-    /// client is told NOT_COORDINATOR and looks again.
+    /// now (always in single-node mode): see [`Broker::coordinator_error`].
     pub fn coordinates(&self, key: &str) -> bool {
-        self.cluster.coordinator(key) == Some(self.node_id()) && self.cluster.in_good_standing() && self.coordinator.ready(key)
+        self.coordinator_error(key).is_none()
+    }
+
+    /// Why this node does not answer for the group or transactional id
+    /// `key` now: NOT_COORDINATOR when another node coordinates it (the
+    /// client looks its coordinator up again), COORDINATOR_LOAD_IN_PROGRESS
+    /// while this node, its coordinator, has not loaded the key's shard in
+    /// its current leader epoch (cluster mode, `coordinator::journal`; the
+    /// client retries here), as Kafka's coordinators answer.
+    pub fn coordinator_error(&self, key: &str) -> Option<i16> {
+        use kafka_protocol::ResponseError as E;
+        if self.cluster.coordinator(key) != Some(self.node_id()) || !self.cluster.in_good_standing() {
+            Some(E::NotCoordinator.code())
+        } else if !self.coordinator.ready(key) {
+            Some(E::CoordinatorLoadInProgress.code())
+        } else {
+            None
+        }
     }
 }
 

@@ -51,9 +51,10 @@
 //!   assignment is stored in the group's shard log before anyone gets it:
 //!   the group stays CompletingRebalance, its syncs parked, until
 //!   [`Group::stored`] says the store is done (Stable) or failed (the
-//!   error to every parked sync, and a new rebalance). Becoming Empty, and
-//!   a static member's new id, are stored too, with nobody waiting
-//!   ([`Group::take_store`] hands out what to store). A group restored
+//!   error to every parked sync, and a new rebalance). Becoming Empty is
+//!   stored too, with nobody waiting ([`Group::take_store`] hands out what
+//!   to store). A static member back under a new id in Stable rebalances,
+//!   so that its new id is stored before it is answered. A group restored
 //!   from its store ([`Group::restore`]) is Stable with its members, their
 //!   sessions counting from the restore.
 
@@ -580,13 +581,17 @@ impl Group {
         }
         self.update_member(&new_id, token, now, args.clone());
         match self.state {
+            // Cluster mode: the new id goes through a rebalance, whose
+            // store has it before anyone is answered. (Kafka instead holds
+            // this join until the new id is stored, and puts the old one
+            // back if that fails.)
+            State::Stable if cfg.store_groups => out.extend(self.rebalance_or_complete(cfg, now)),
             State::Stable => {
                 if self.select_protocol() == self.protocol {
                     // Nothing to rebalance: the member gets the current
                     // generation and keeps its assignment; a leader skips
                     // assigning (v9+) or, before v9, is not told it leads.
                     self.members.get_mut(&new_id).expect("inserted").join = None;
-                    self.to_store = Some(self.snapshot(now));
                     let mut r = self.join_result(&new_id);
                     if args.supports_skip_assignment {
                         r.skip_assignment = self.leader.as_deref() == Some(new_id.as_str());

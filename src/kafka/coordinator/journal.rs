@@ -22,11 +22,19 @@
 //! offset key:   kind u8 (0) | group: u16 len, bytes | topic: u16 len, bytes | partition i32
 //! offset value: version u8 (0) | offset i64 | leader_epoch i32 | commit_ms i64 | metadata: i32 len (-1: null), bytes
 //! group key:    kind u8 (1) | group: u16 len, bytes
-//! group value:  version u8 (0) | generation i32 | protocol_type, protocol, leader: u16 len (0xffff: null), bytes
+//! group value:  version u8 (0) | generation i32 | protocol_type, protocol, leader: string
 //!               | stored_ms i64 | members: i32 count, each:
-//!                 id, instance_id (nullable), client_id, client_host: u16 len, bytes
+//!                 id, instance_id, client_id, client_host: string
 //!                 | session_timeout_ms i32 | rebalance_timeout_ms i32
 //!                 | metadata, assignment: i32 len, bytes
+//!               string: i32 len (-1: null), UTF-8 bytes
+//! ```
+//!
+//! A group value's strings come from clients (instance ids, protocol
+//! names, client ids), whose lengths only the request size bounds: hence
+//! i32 lengths there, where keys' names are ours to bound.
+//!
+//! ```text
 //! ```
 //!
 //! Decoding checks every length and count against what is there: a
@@ -48,8 +56,6 @@ const KIND_OFFSET: u8 = 0;
 /// The record kind of a classic group's membership.
 const KIND_GROUP: u8 = 1;
 const VALUE_VERSION: u8 = 0;
-/// A null string in a group value.
-const NULL_STR: u16 = u16::MAX;
 
 /// One change: `Some` puts the committed offset, `None` removes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,22 +174,24 @@ pub fn encode_group_key(group: &str) -> Vec<u8> {
     out
 }
 
-fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
-    match s {
-        Some(s) => put_str(out, s),
-        None => out.extend_from_slice(&NULL_STR.to_be_bytes()),
-    }
-}
-
+/// Bytes (or a string) from a client, with an i32 length: a request is
+/// far smaller than 2 GiB, so every such length fits.
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    let len = i32::try_from(b.len()).expect("member metadata and assignments are bounded by the request size");
+    let len = i32::try_from(b.len()).expect("what a request carries is bounded by the request size");
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(b);
 }
 
+fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => put_bytes(out, s.as_bytes()),
+        None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+    }
+}
+
 pub fn encode_group_value(g: &StoredGroup) -> Vec<u8> {
-    let members: usize = g.members.iter().map(|m| 2 * 4 + m.id.len() + m.instance_id.as_ref().map_or(0, String::len) + m.client_id.len() + m.client_host.len() + 2 * 4 + 2 * 4 + m.metadata.len() + m.assignment.len()).sum();
-    let mut out = Vec::with_capacity(1 + 4 + 3 * 2 + 8 + 4 + members + 64);
+    let members: usize = g.members.iter().map(|m| 4 * 4 + m.id.len() + m.instance_id.as_ref().map_or(0, String::len) + m.client_id.len() + m.client_host.len() + 2 * 4 + 2 * 4 + m.metadata.len() + m.assignment.len()).sum();
+    let mut out = Vec::with_capacity(1 + 4 + 3 * 4 + 8 + 4 + members + 64);
     out.push(VALUE_VERSION);
     out.extend_from_slice(&g.generation.to_be_bytes());
     put_opt_str(&mut out, g.protocol_type.as_deref());
@@ -193,10 +201,10 @@ pub fn encode_group_value(g: &StoredGroup) -> Vec<u8> {
     let count = i32::try_from(g.members.len()).expect("groups are bounded by group.max.size");
     out.extend_from_slice(&count.to_be_bytes());
     for m in &g.members {
-        put_str(&mut out, &m.id);
+        put_bytes(&mut out, m.id.as_bytes());
         put_opt_str(&mut out, m.instance_id.as_deref());
-        put_str(&mut out, &m.client_id);
-        put_str(&mut out, &m.client_host);
+        put_bytes(&mut out, m.client_id.as_bytes());
+        put_bytes(&mut out, m.client_host.as_bytes());
         out.extend_from_slice(&m.session_timeout_ms.to_be_bytes());
         out.extend_from_slice(&m.rebalance_timeout_ms.to_be_bytes());
         put_bytes(&mut out, &m.metadata);
@@ -251,11 +259,17 @@ impl<'a> Take<'a> {
         let len = self.u16()?;
         self.string(len as usize)
     }
-    fn opt_short_string(&mut self) -> Result<Option<String>, String> {
-        match self.u16()? {
-            NULL_STR => Ok(None),
-            len => self.string(len as usize).map(Some),
+    fn opt_string(&mut self) -> Result<Option<String>, String> {
+        match self.i32()? {
+            -1 => Ok(None),
+            len => {
+                let len = usize::try_from(len).map_err(|_| format!("a string length of {len}"))?;
+                self.string(len).map(Some)
+            }
         }
+    }
+    fn long_string(&mut self) -> Result<String, String> {
+        self.opt_string()?.ok_or_else(|| "a null string where one is needed".to_string())
     }
     fn sized_bytes(&mut self) -> Result<Bytes, String> {
         let len = self.i32()?;
@@ -322,9 +336,9 @@ fn decode_group_value(v: &[u8]) -> Result<StoredGroup, String> {
         return Err(format!("group value version {version}"));
     }
     let generation = v.i32()?;
-    let protocol_type = v.opt_short_string()?;
-    let protocol = v.opt_short_string()?;
-    let leader = v.opt_short_string()?;
+    let protocol_type = v.opt_string()?;
+    let protocol = v.opt_string()?;
+    let leader = v.opt_string()?;
     let stored_ms = v.i64()?;
     let count = v.i32()?;
     let count = usize::try_from(count).map_err(|_| format!("a member count of {count}"))?;
@@ -333,10 +347,10 @@ fn decode_group_value(v: &[u8]) -> Result<StoredGroup, String> {
     let mut members = Vec::new();
     for _ in 0..count {
         members.push(StoredMember {
-            id: v.short_string()?,
-            instance_id: v.opt_short_string()?,
-            client_id: v.short_string()?,
-            client_host: v.short_string()?,
+            id: v.long_string()?,
+            instance_id: v.opt_string()?,
+            client_id: v.long_string()?,
+            client_host: v.long_string()?,
             session_timeout_ms: v.i32()?,
             rebalance_timeout_ms: v.i32()?,
             metadata: v.sized_bytes()?,
@@ -538,9 +552,9 @@ mod tests {
         let mut long = value.clone();
         long.push(0);
         assert!(decode_record(&key, Some(&long)).is_err(), "a byte past the value's end");
-        // The member count sits after version, generation, three short
-        // strings and stored_ms.
-        let at = 1 + 4 + (2 + "consumer".len()) + (2 + "range".len()) + (2 + "m1".len()) + 8;
+        // The member count sits after version, generation, three strings
+        // and stored_ms.
+        let at = 1 + 4 + (4 + "consumer".len()) + (4 + "range".len()) + (4 + "m1".len()) + 8;
         assert_eq!(&value[at..at + 4], &2i32.to_be_bytes());
         for count in [i32::MAX, 3, -1] {
             let mut v = value.clone();
@@ -548,7 +562,7 @@ mod tests {
             assert!(decode_record(&key, Some(&v)).is_err(), "a member count of {count}");
         }
         // A member's metadata length far past the value, and a negative one.
-        let meta_at = at + 4 + (2 + 2) + (2 + 1) + (2 + "rdkafka".len()) + (2 + "/127.0.0.1".len()) + 8;
+        let meta_at = at + 4 + (4 + 2) + (4 + 1) + (4 + "rdkafka".len()) + (4 + "/127.0.0.1".len()) + 8;
         assert_eq!(&value[meta_at..meta_at + 4], &("subscription of m1".len() as i32).to_be_bytes());
         for len in [i32::MAX, -2] {
             let mut v = value.clone();
@@ -558,11 +572,26 @@ mod tests {
         let mut v = value.clone();
         v[0] = 1;
         assert!(decode_record(&key, Some(&v)).is_err(), "an unknown value version");
-        // A leader that is not UTF-8.
+        // A leader that is not UTF-8; a member id that is null, or whose
+        // length is negative or far past the value.
         let mut v = value.clone();
-        let leader_at = 1 + 4 + (2 + "consumer".len()) + (2 + "range".len()) + 2;
+        let leader_at = 1 + 4 + (4 + "consumer".len()) + (4 + "range".len()) + 4;
         v[leader_at] = 0xff;
         assert!(decode_record(&key, Some(&v)).is_err(), "a leader that is not UTF-8");
+        let id_at = at + 4;
+        assert_eq!(&value[id_at..id_at + 4], &2i32.to_be_bytes());
+        for len in [-1, -2, i32::MAX] {
+            let mut v = value.clone();
+            v[id_at..id_at + 4].copy_from_slice(&len.to_be_bytes());
+            assert!(decode_record(&key, Some(&v)).is_err(), "a member id length of {len}");
+        }
+        // Strings longer than a u16 (client-given ones may be) round-trip.
+        let mut long = stored(1, &[("m1", None)]);
+        long.members[0].instance_id = Some("i".repeat(70_000));
+        long.protocol = Some("p".repeat(65_535));
+        let r = Record::Group { group: "g".into(), state: Some(long) };
+        let (k, v) = encode_record(&r);
+        assert_eq!(decode_record(&k, v.as_deref()).unwrap(), Some(r));
     }
 
     #[test]

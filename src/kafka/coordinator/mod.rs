@@ -115,8 +115,9 @@ enum Cmd {
     /// commit came in since they were listed.
     Forget { groups: Vec<(String, u64)>, reply: oneshot::Sender<()> },
     /// Cluster mode: drops every group of coordinator shard `shard` (its
-    /// parked requests answered NOT_COORDINATOR), then knows `groups` (as
-    /// Empty): the shard moved away from this node, or was loaded.
+    /// parked requests answered NOT_COORDINATOR), then restores `stored`
+    /// as stored and knows the rest of `groups` (as Empty): the shard
+    /// moved away from this node, or was loaded.
     Reset { shard: u32, groups: Vec<String>, stored: std::collections::BTreeMap<String, journal::StoredGroup>, reply: oneshot::Sender<()> },
     /// Cluster mode: the store of `group`'s `generation` is done or failed
     /// (the error its parked syncs get).
@@ -132,8 +133,9 @@ struct GroupWrite {
 enum WriteDone {
     /// A group's state: the coordinator task is told how its store went.
     Stored { group: String, generation: i32 },
-    /// A group's tombstone: whoever asked is told.
-    Asked(oneshot::Sender<Result<(), i16>>),
+    /// A group's tombstone: nobody waits (one that fails leaves a stored
+    /// Empty state, which the next cleanup pass forgets again).
+    Tombstone,
 }
 
 /// Why a change to committed offsets was not made: the error code a
@@ -177,9 +179,6 @@ pub struct IdleGroup {
     pub id: String,
     pub empty_since_ms: i64,
     pub commits: u64,
-    /// A classic group that completed a join phase once: in cluster mode
-    /// its shard's log may hold its state.
-    pub stored: bool,
 }
 
 /// Handle to the coordinator task; cheap to clone.
@@ -248,22 +247,13 @@ impl Coordinator {
         let writers = (0..crate::cluster::topics::COORDINATOR_SHARDS)
             .map(|shard| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(group_writer(shard, rx, journal.clone(), self.tx.clone()));
+                tokio::spawn(group_writer(shard, rx, journal.clone(), self.turns.clone(), self.tx.clone()));
                 tx
             })
             .collect();
         let _ = self.writers.set(writers);
     }
 
-    /// Cluster mode: appends `group`'s tombstone to its shard's log, after
-    /// every state of it asked for before.
-    async fn remove_stored_group(&self, group: &str) -> Result<(), StoreError> {
-        let Some(writers) = self.writers.get() else { return Ok(()) };
-        let (done, rx) = oneshot::channel();
-        let write = GroupWrite { record: journal::Record::Group { group: group.to_owned(), state: None }, done: WriteDone::Asked(done) };
-        writers[journal::shard_of(group) as usize].send(write).map_err(|_| StoreError::storage("coordinator stopped"))?;
-        rx.await.map_err(|_| StoreError::storage("coordinator stopped"))?.map_err(StoreError::journal)
-    }
 
     /// Whether the groups of `key`'s shard may be answered for here: always
     /// in single-node mode; in cluster mode once the shard is loaded in
@@ -362,11 +352,7 @@ impl Coordinator {
         if self.journal.get().is_some() {
             for (i, group) in groups.into_iter().enumerate() {
                 if codes.get(i) == Some(&0) {
-                    let removed = match self.change(offsets::Change::Remove { group: group.clone(), only: None }).await {
-                        Ok(_) => self.remove_stored_group(&group).await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = removed {
+                    if let Err(e) = self.change(offsets::Change::Remove { group: group.clone(), only: None }).await {
                         codes[i] = e.code;
                         // Its offsets stay: the group is known again (as
                         // Empty), so the deletion can be retried.
@@ -509,15 +495,6 @@ impl Coordinator {
                     let _turn = self.turns[shard as usize].lock().await;
                     let rows = self.engine.catalog().group_offsets(&g.id).map_err(catalog_err)?;
                     if rows.is_empty() {
-                        // A group once stored leaves a tombstone (after the
-                        // turn: the shard's group writer takes none).
-                        drop(_turn);
-                        if g.stored {
-                            if let Err(e) = self.remove_stored_group(&g.id).await {
-                                tracing::warn!(group = %g.id, error = %e, "forgetting an idle group: its shard's log refused its tombstone; trying at the next pass");
-                                continue;
-                            }
-                        }
                         out.forget.push((g.id.clone(), g.commits));
                     } else if offsets::expired(&g, &rows, cutoff_ms) {
                         if let Err(code) = j.append(shard, tombstones(&g.id, &rows)).await {
@@ -525,11 +502,6 @@ impl Coordinator {
                             continue;
                         }
                         self.apply_journaled(j, shard, offsets::Change::Remove { group: g.id.clone(), only: None }).await?;
-                        drop(_turn);
-                        if let Err(e) = self.remove_stored_group(&g.id).await {
-                            tracing::warn!(group = %g.id, error = %e, "expiring a group: its shard's log refused its tombstone; its offsets are gone, the group stays until the next pass");
-                            continue;
-                        }
                         tracing::info!(group = %g.id, "expired the committed offsets of an empty group");
                         out.forget.push((g.id.clone(), g.commits));
                         out.expired += 1;
@@ -682,22 +654,34 @@ impl Groups {
 }
 
 /// A shard's group writer: appends groups' states and tombstones to the
-/// shard's log one at a time, in the order asked (so the log's last state
-/// of a group is the last one asked for), and tells how each went.
-async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, journal: Arc<dyn journal::Journal>, coordinator: mpsc::Sender<Cmd>) {
-    while let Some(GroupWrite { record, done }) = rx.recv().await {
-        let result = journal.append(shard, vec![record]).await;
-        match done {
-            WriteDone::Stored { group, generation } => {
-                // Kafka's answer to a sync whose store failed: a record
-                // too large is the server's problem, not the commit's.
-                let result = result.map_err(|code| if code == kafka_protocol::ResponseError::InvalidCommitOffsetSize.code() { kafka_protocol::ResponseError::UnknownServerError.code() } else { code });
+/// shard's log in the order asked (so the log's last state of a group is
+/// the last one asked for), whatever is queued as one append, in the
+/// shard's turn (no load reads the log meanwhile), and tells how each
+/// store went.
+async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, journal: Arc<dyn journal::Journal>, turns: Arc<Vec<tokio::sync::Mutex<()>>>, coordinator: mpsc::Sender<Cmd>) {
+    /// At most this many records in one append.
+    const BATCH: usize = 256;
+    while let Some(first) = rx.recv().await {
+        let mut writes = vec![first];
+        while writes.len() < BATCH {
+            match rx.try_recv() {
+                Ok(w) => writes.push(w),
+                Err(_) => break,
+            }
+        }
+        let (records, dones): (Vec<_>, Vec<_>) = writes.into_iter().map(|w| (w.record, w.done)).unzip();
+        let result = {
+            let _turn = turns[shard as usize].lock().await;
+            journal.append(shard, records).await
+        };
+        // Kafka's answer to a sync whose store failed: a record too large
+        // is the server's problem, not the commit's.
+        let result = result.map_err(|code| if code == kafka_protocol::ResponseError::InvalidCommitOffsetSize.code() { kafka_protocol::ResponseError::UnknownServerError.code() } else { code });
+        for done in dones {
+            if let WriteDone::Stored { group, generation } = done {
                 if coordinator.send(Cmd::Stored { group, generation, result }).await.is_err() {
                     return;
                 }
-            }
-            WriteDone::Asked(reply) => {
-                let _ = reply.send(result);
             }
         }
     }
@@ -708,11 +692,6 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
     let mut next_token: Token = 1;
     let mut timers = Timers::default();
     loop {
-        // Cluster mode (set once, with the journal): rebalances are stored
-        // before they are answered.
-        state.cfg.store_groups = writers.get().is_some();
-        let Groups { classic: groups, consumers, cfg, ccfg, .. } = &mut state;
-        let cfg = &*cfg;
         let now = clock();
         let sleep = timers.next().map(|d| Duration::from_millis((d - now).max(0) as u64)).unwrap_or(Duration::from_secs(3600));
         let cmd = tokio::select! {
@@ -720,10 +699,18 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
             _ = tokio::time::sleep(sleep) => None,
             _ = stop.wait_for(|s| *s) => return,
         };
+        // Cluster mode (set once, with the journal): rebalances are stored
+        // before they are answered.
+        state.cfg.store_groups = writers.get().is_some();
+        let Groups { classic: groups, consumers, cfg, ccfg, .. } = &mut state;
+        let cfg = &*cfg;
         let now = clock();
         let mut replies = Vec::new();
         // The group a command changed, to re-schedule its timer.
         let mut touched: Option<String> = None;
+        // Classic groups deleted or forgotten: a stored one leaves a
+        // tombstone, queued behind its earlier states.
+        let mut forgotten: Vec<Group> = Vec::new();
         if let Some(cmd) = cmd {
             match cmd {
                 Cmd::Join { group, args, reply } => {
@@ -856,7 +843,9 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                             None => kafka_protocol::ResponseError::GroupIdNotFound.code(),
                             Some(g) if !g.is_empty() => kafka_protocol::ResponseError::NonEmptyGroup.code(),
                             Some(_) => {
-                                groups.remove(&id);
+                                if let Some(g) = groups.remove(&id) {
+                                    forgotten.push(g);
+                                }
                                 0
                             }
                         })
@@ -864,14 +853,14 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                     let _ = reply.send(codes);
                 }
                 Cmd::Idle { reply } => {
-                    let mut v: Vec<IdleGroup> = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits, stored: g.generation > 0 }).collect();
-                    v.extend(consumers.values().filter(|g| g.is_empty()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits, stored: false }));
+                    let mut v: Vec<IdleGroup> = groups.values().filter(|g| g.is_idle()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }).collect();
+                    v.extend(consumers.values().filter(|g| g.is_empty()).map(|g| IdleGroup { id: g.id.clone(), empty_since_ms: g.empty_since_ms, commits: g.commits }));
                     let _ = reply.send(v);
                 }
                 Cmd::Forget { groups: ids, reply } => {
                     for (id, commits) in ids {
                         if groups.get(&id).is_some_and(|g| g.is_idle() && g.commits == commits) {
-                            groups.remove(&id);
+                            forgotten.extend(groups.remove(&id));
                         }
                         if consumers.get(&id).is_some_and(|g| g.is_empty() && g.commits == commits) {
                             consumers.remove(&id);
@@ -926,6 +915,13 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
         }
         // What the changed groups ask to store goes to their shards'
         // writers (single-node mode keeps nothing of it).
+        if let Some(writers) = writers.get() {
+            // A group that never completed a join phase was never stored.
+            for g in forgotten.into_iter().filter(|g| g.generation > 0) {
+                let write = GroupWrite { record: journal::Record::Group { group: g.id.clone(), state: None }, done: WriteDone::Tombstone };
+                let _ = writers[journal::shard_of(&g.id) as usize].send(write);
+            }
+        }
         for id in changed {
             let Some(stored) = groups.get_mut(&id).and_then(Group::take_store) else { continue };
             if let Some(writers) = writers.get() {
@@ -1024,6 +1020,146 @@ mod tests {
         let cfg = GroupConfig { min_session_timeout_ms: 1, ..GroupConfig::default() };
         g.join(&cfg, now, 1, args, || format!("{id}-m"));
         g
+    }
+
+    /// A shard log in memory: what was appended, and whether appends fail.
+    #[derive(Default)]
+    struct FakeLog {
+        appended: std::sync::Mutex<Vec<journal::Record>>,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl journal::Journal for FakeLog {
+        fn append(&self, _shard: u32, records: Vec<journal::Record>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), i16>> + Send + '_>> {
+            Box::pin(async move {
+                if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(kafka_protocol::ResponseError::CoordinatorNotAvailable.code());
+                }
+                self.appended.lock().unwrap().extend(records);
+                Ok(())
+            })
+        }
+        fn ready(&self, _shard: u32) -> bool {
+            true
+        }
+        fn reload(&self, _shard: u32) {}
+    }
+
+    impl FakeLog {
+        /// The group records appended so far, in order.
+        fn groups(&self) -> Vec<(String, Option<journal::StoredGroup>)> {
+            self.appended.lock().unwrap().iter().filter_map(|r| match r { journal::Record::Group { group, state } => Some((group.clone(), state.clone())), _ => None }).collect()
+        }
+    }
+
+    fn coordinator(dir: &std::path::Path, log: Arc<FakeLog>) -> Coordinator {
+        let engine = Engine::open(crate::engine::EngineConfig::new(dir), crate::engine::system_clock()).unwrap();
+        let cfg = GroupConfig { initial_rebalance_delay_ms: 0, min_session_timeout_ms: 1, ..GroupConfig::default() };
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        std::mem::forget(_stop_tx);
+        let c = Coordinator::start(engine, cfg, ConsumerConfig::default(), crate::engine::system_clock(), stop);
+        c.set_journal(log);
+        c
+    }
+
+    fn join_args(member: &str, session_ms: i32) -> JoinArgs {
+        JoinArgs {
+            member_id: member.into(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "h".into(),
+            session_timeout_ms: session_ms,
+            rebalance_timeout_ms: session_ms,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"m"))],
+            require_known_member_id: true,
+            supports_skip_assignment: true,
+        }
+    }
+
+    /// One member joins `group` and syncs as its leader: the SyncGroup
+    /// answer.
+    async fn join_and_sync(c: &Coordinator, group: &str, session_ms: i32) -> (String, i32, SyncResult) {
+        let first = c.join(group.into(), join_args("", session_ms)).await.unwrap();
+        let joined = c.join(group.into(), join_args(&first.member_id, session_ms)).await.unwrap();
+        assert_eq!(joined.error, 0);
+        let id = joined.member_id.clone();
+        let sync = SyncArgs { generation: joined.generation, member_id: id.clone(), assignments: vec![(id.clone(), Bytes::from_static(b"p0"))], ..Default::default() };
+        (id, joined.generation, c.sync(group.into(), sync).await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_rebalance_is_answered_once_stored_and_a_failed_store_fails_the_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let (id, generation, sync) = join_and_sync(&c, "g", 10_000).await;
+        assert_eq!((sync.error, sync.assignment), (0, Bytes::from_static(b"p0")));
+        let stored = log.groups();
+        assert_eq!(stored.len(), 1, "{stored:?}");
+        let s = stored[0].1.clone().expect("a state, not a tombstone");
+        assert_eq!((s.generation, s.members.len(), s.members[0].id.clone(), s.members[0].assignment.clone()), (generation, 1, id.clone(), Bytes::from_static(b"p0")));
+
+        // Stores fail: the leader's sync gets the error, and the group
+        // rebalances (its next join is a new generation).
+        log.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (_, _, sync) = join_and_sync(&c, "h", 10_000).await;
+        assert_eq!(sync.error, kafka_protocol::ResponseError::CoordinatorNotAvailable.code());
+        let d = c.describe(vec!["h".into()]).await;
+        assert_eq!(d[0].state, Some("PreparingRebalance"));
+    }
+
+    #[tokio::test]
+    async fn a_loaded_group_is_stable_with_its_members_and_their_sessions_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let first = coordinator(dir.path(), log.clone());
+        let (id, generation, _) = join_and_sync(&first, "g", 300).await;
+        let state = log.groups().pop().unwrap().1.unwrap();
+
+        // Another node loads the shard: the member heartbeats on at its
+        // generation, and gets its assignment again.
+        let dir2 = tempfile::tempdir().unwrap();
+        let second = coordinator(dir2.path(), Arc::new(FakeLog::default()));
+        let shard = journal::shard_of("g");
+        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), state)].into() };
+        assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some(1)));
+        assert_eq!(second.heartbeat("g".into(), generation, id.clone(), None).await, Some(0));
+        let again = second.sync("g".into(), SyncArgs { generation, member_id: id.clone(), ..Default::default() }).await.unwrap();
+        assert_eq!((again.error, again.assignment), (0, Bytes::from_static(b"p0")));
+        assert_eq!(second.describe(vec!["g".into()]).await[0].state, Some("Stable"));
+        // Loaded at a third node and never heard from, the member expires
+        // after its session (300 ms): the restore itself set the timer.
+        let dir3 = tempfile::tempdir().unwrap();
+        let second = coordinator(dir3.path(), Arc::new(FakeLog::default()));
+        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), log.groups().pop().unwrap().1.unwrap())].into() };
+        assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some(1)));
+        assert_eq!(second.describe(vec!["g".into()]).await[0].state, Some("Stable"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while second.describe(vec!["g".into()]).await[0].state != Some("Empty") {
+            assert!(std::time::Instant::now() < deadline, "the restored member never expired");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn becoming_empty_is_stored_and_deleting_leaves_a_tombstone_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let (id, _, _) = join_and_sync(&c, "g", 10_000).await;
+        assert_eq!(c.leave("g".into(), vec![(id, None)]).await.map(|(code, _)| code), Some(0));
+        assert_eq!(c.delete(vec!["g".into()]).await, vec![0]);
+        // A group that never completed a join phase leaves no tombstone.
+        assert_eq!(c.txn_commit_check("simple".into(), CommitIds { generation: -1, member_id: String::new(), instance_id: None }).await, Some(Ok(())));
+        assert_eq!(c.delete(vec!["simple".into()]).await, vec![0]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while log.groups().len() < 3 {
+            assert!(std::time::Instant::now() < deadline, "{:?}", log.groups());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let kinds: Vec<(String, Option<usize>)> = log.groups().into_iter().map(|(g, s)| (g, s.map(|s| s.members.len()))).collect();
+        assert_eq!(kinds, vec![("g".into(), Some(1)), ("g".into(), Some(0)), ("g".into(), None)], "Stable, Empty, then the tombstone");
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, group) {
         return Some(Response::default().with_error_code(E::GroupAuthorizationFailed.code()));
     }
-    if !broker.coordinates(&req.transactional_id.0) {
-        return Some(Response::default().with_error_code(E::NotCoordinator.code()));
+    if let Some(code) = broker.coordinator_error(&req.transactional_id.0) {
+        return Some(Response::default().with_error_code(code));
     }
     // Cluster mode: the group's offsets are committed by the transaction's
     // coordinator, on its node; a group coordinated elsewhere cannot join

@@ -37,8 +37,8 @@ async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[
     };
     let codes = if check.as_ref().is_some_and(|c| !c.transactional_id(Operation::Write, id)) {
         vec![kafka_protocol::ResponseError::TransactionalIdAuthorizationFailed.code(); wanted.len()]
-    } else if !broker.coordinates(id) {
-        vec![kafka_protocol::ResponseError::NotCoordinator.code(); wanted.len()]
+    } else if let Some(code) = broker.coordinator_error(id) {
+        vec![code; wanted.len()]
     } else if let Some(elsewhere) = led_elsewhere(broker, &wanted) {
         // Cluster mode: the coordinator writes the markers on its own node,
         // so a transaction may span only partitions it leads until markers

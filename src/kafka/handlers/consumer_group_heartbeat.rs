@@ -47,8 +47,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             return Some(error(ResponseError::InvalidRegularExpression.code(), &e));
         }
     }
-    if !broker.coordinates(&group) {
-        return Some(error(ResponseError::NotCoordinator.code(), "this broker does not coordinate the group"));
+    if let Some(code) = broker.coordinator_error(&group) {
+        return Some(error(code, "this broker does not coordinate the group now"));
     }
     let args = HeartbeatArgs {
         version,

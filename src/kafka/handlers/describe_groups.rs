@@ -23,7 +23,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         .iter()
         .map(|g| match g.0.as_str() {
             g if authz::group_denied(broker, Operation::Describe, g) => Some(kafka_protocol::ResponseError::GroupAuthorizationFailed.code()),
-            g if !broker.coordinates(g) => Some(kafka_protocol::ResponseError::NotCoordinator.code()),
+            g if !broker.coordinates(g) => broker.coordinator_error(g),
             _ => None,
         })
         .collect();

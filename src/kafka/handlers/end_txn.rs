@@ -19,8 +19,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::transactional_id_denied(broker, Operation::Write, &req.transactional_id.0) {
         return failed(kafka_protocol::ResponseError::TransactionalIdAuthorizationFailed.code());
     }
-    if !broker.coordinates(&req.transactional_id.0) {
-        return failed(kafka_protocol::ResponseError::NotCoordinator.code());
+    if let Some(code) = broker.coordinator_error(&req.transactional_id.0) {
+        return failed(code);
     }
     match broker.transactions.end_txn(&req.transactional_id.0, req.producer_id.0, req.producer_epoch, req.committed, version).await {
         Ok((producer_id, epoch)) => Some(Response::default().with_producer_id(ProducerId(producer_id)).with_producer_epoch(epoch)),

@@ -13,8 +13,13 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     if authz::group_denied(broker, Operation::Read, req.group_id.0.as_str()) {
         return Some(Response::default().with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code()));
     }
-    if !broker.coordinates(req.group_id.0.as_str()) {
-        return Some(Response::default().with_error_code(kafka_protocol::ResponseError::NotCoordinator.code()));
+    match broker.coordinator_error(req.group_id.0.as_str()) {
+        None => {}
+        // Kafka answers a heartbeat blindly while the group loads: the
+        // member's session counts from the load, and a member the loaded
+        // group does not know learns it at its next heartbeat.
+        Some(code) if code == kafka_protocol::ResponseError::CoordinatorLoadInProgress.code() => return Some(Response::default()),
+        Some(code) => return Some(Response::default().with_error_code(code)),
     }
     let code = broker
         .coordinator

@@ -33,8 +33,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         }
     }
     if let Some(id) = txn {
-        if !broker.coordinates(&id) {
-            return fail(E::NotCoordinator.code());
+        if let Some(code) = broker.coordinator_error(&id) {
+            return fail(code);
         }
         return match broker.transactions.init(&id, req.transaction_timeout_ms, req.producer_id.0, req.producer_epoch, version).await {
             Ok((pid, epoch)) => Some(Response::default().with_producer_id(ProducerId(pid)).with_producer_epoch(epoch)),

@@ -23,8 +23,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, &group) {
         return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()).with_generation_id(-1).with_member_id(req.member_id));
     }
-    if !broker.coordinates(&group) {
-        return Some(Response::default().with_error_code(ResponseError::NotCoordinator.code()).with_generation_id(-1).with_member_id(req.member_id));
+    if let Some(code) = broker.coordinator_error(&group) {
+        return Some(Response::default().with_error_code(code).with_generation_id(-1).with_member_id(req.member_id));
     }
     let args = JoinArgs {
         member_id: req.member_id.to_string(),

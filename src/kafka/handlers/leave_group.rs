@@ -15,8 +15,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, &group) {
         return Some(Response::default().with_error_code(kafka_protocol::ResponseError::GroupAuthorizationFailed.code()));
     }
-    if !broker.coordinates(&group) {
-        return Some(Response::default().with_error_code(kafka_protocol::ResponseError::NotCoordinator.code()));
+    if let Some(code) = broker.coordinator_error(&group) {
+        return Some(Response::default().with_error_code(code));
     }
     if version < 3 {
         let (code, codes) = broker.coordinator.leave(group, vec![(req.member_id.to_string(), None)]).await?;

@@ -36,8 +36,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, &group) {
         return Some(Response::default().with_topics(all(ResponseError::GroupAuthorizationFailed.code(), &req.topics)));
     }
-    if !broker.coordinates(&group) {
-        return Some(Response::default().with_topics(all(ResponseError::NotCoordinator.code(), &req.topics)));
+    if let Some(code) = broker.coordinator_error(&group) {
+        return Some(Response::default().with_topics(all(code, &req.topics)));
     }
     let acl = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let check = broker

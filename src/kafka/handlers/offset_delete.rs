@@ -26,8 +26,8 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     if authz::group_denied(broker, Operation::Delete, &group) {
         return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()));
     }
-    if !broker.coordinates(&group) {
-        return Some(Response::default().with_error_code(ResponseError::NotCoordinator.code()));
+    if let Some(code) = broker.coordinator_error(&group) {
+        return Some(Response::default().with_error_code(code));
     }
     let acl = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let d = broker.coordinator.describe(vec![group.clone()]).await.pop()?;

@@ -32,8 +32,8 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSe
     if authz::group_denied(broker, Operation::Describe, group) {
         return Err(kafka_protocol::ResponseError::GroupAuthorizationFailed.code());
     }
-    if !broker.coordinates(group) {
-        return Err(kafka_protocol::ResponseError::NotCoordinator.code());
+    if let Some(code) = broker.coordinator_error(group) {
+        return Err(code);
     }
     let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
     let may = |t: &str| check.as_ref().is_none_or(|c| c.topic(Operation::Describe, t));
@@ -83,9 +83,11 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                 // v9: a consumer-group member names itself and its epoch
                 // (KIP-848); a stale epoch is STALE_MEMBER_EPOCH.
                 let member = (version >= 9).then(|| g.member_id.as_ref().map(|m| m.to_string())).flatten();
+                let denied = authz::group_denied(broker, Operation::Describe, &g.group_id.0);
+                let elsewhere = if denied { None } else { broker.coordinator_error(&g.group_id.0) };
                 let checked = match member {
-                    _ if !authz::group_denied(broker, Operation::Describe, &g.group_id.0) && !broker.coordinates(&g.group_id.0) => Err(kafka_protocol::ResponseError::NotCoordinator.code()),
-                    Some(m) if !authz::group_denied(broker, Operation::Describe, &g.group_id.0) => broker.coordinator.fetch_check(g.group_id.0.to_string(), Some(m), g.member_epoch).await?,
+                    _ if elsewhere.is_some() => Err(elsewhere.unwrap_or_default()),
+                    Some(m) if !denied => broker.coordinator.fetch_check(g.group_id.0.to_string(), Some(m), g.member_epoch).await?,
                     _ => Ok(()),
                 };
                 let found = checked.and_then(|()| lookup(broker, &g.group_id.0, wanted, unstable.get(g.group_id.0.as_str())));

@@ -16,8 +16,12 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     if authz::group_denied(broker, Operation::Read, req.group_id.0.as_str()) {
         return Some(Response::default().with_error_code(ResponseError::GroupAuthorizationFailed.code()));
     }
-    if !broker.coordinates(req.group_id.0.as_str()) {
-        return Some(Response::default().with_error_code(ResponseError::NotCoordinator.code()));
+    if let Some(code) = broker.coordinator_error(req.group_id.0.as_str()) {
+        // Kafka answers REBALANCE_IN_PROGRESS while the group loads: older
+        // clients (the Java consumer among them) take any other code as
+        // fatal here.
+        let code = if code == ResponseError::CoordinatorLoadInProgress.code() { ResponseError::RebalanceInProgress.code() } else { code };
+        return Some(Response::default().with_error_code(code));
     }
     let args = SyncArgs {
         generation: req.generation_id,

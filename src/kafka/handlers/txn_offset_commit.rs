@@ -34,8 +34,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         vec![E::TransactionalIdAuthorizationFailed.code(); n]
     } else if check.as_ref().is_some_and(|c| !c.group(Operation::Read, &group)) {
         vec![E::GroupAuthorizationFailed.code(); n]
-    } else if !broker.coordinates(&group) {
-        vec![E::NotCoordinator.code(); n]
+    } else if let Some(code) = broker.coordinator_error(&group) {
+        vec![code; n]
     } else if offsets.iter().any(|(t, ..)| denied_topic(t)) {
         offsets.iter().map(|(t, ..)| if denied_topic(t) { E::TopicAuthorizationFailed.code() } else { E::OperationNotAttempted.code() }).collect()
     } else {
