@@ -458,22 +458,27 @@ mod tests {
         assert_eq!(decode_record(&other, Some(b"whatever")).unwrap(), None);
     }
 
+    /// Every cut of a key or value, and a byte past either's end, fails.
+    fn cut_and_extended_fail(key: &[u8], value: &[u8]) {
+        for n in 0..key.len() {
+            assert!(decode_record(&key[..n], Some(value)).is_err(), "key cut at {n}");
+        }
+        for n in 0..value.len() {
+            assert!(decode_record(key, Some(&value[..n])).is_err(), "value cut at {n}");
+        }
+        let mut long = key.to_vec();
+        long.push(0);
+        assert!(decode_record(&long, Some(value)).is_err(), "a byte past the key's end");
+        let mut long = value.to_vec();
+        long.push(0);
+        assert!(decode_record(key, Some(&long)).is_err(), "a byte past the value's end");
+    }
+
     #[test]
     fn truncated_oversized_and_malformed_records_are_errors() {
         let key = encode_key("g", "t", 0);
         let value = encode_value(&rec(4, Some("abc")));
-        for n in 0..key.len() {
-            assert!(decode_record(&key[..n], Some(&value)).is_err(), "key cut at {n}");
-        }
-        for n in 0..value.len() {
-            assert!(decode_record(&key, Some(&value[..n])).is_err(), "value cut at {n}");
-        }
-        let mut long = key.clone();
-        long.push(0);
-        assert!(decode_record(&long, Some(&value)).is_err(), "a byte past the key's end");
-        let mut long = value.clone();
-        long.push(0);
-        assert!(decode_record(&key, Some(&long)).is_err(), "a byte past the value's end");
+        cut_and_extended_fail(&key, &value);
         // A metadata length far past the value, and a negative one.
         let mut huge = value[..21].to_vec();
         huge.extend_from_slice(&i32::MAX.to_be_bytes());
@@ -540,18 +545,7 @@ mod tests {
     fn truncated_oversized_and_malformed_group_records_are_errors() {
         let (key, value) = encode_record(&Record::Group { group: "g".into(), state: Some(stored(2, &[("m1", Some("i")), ("m2", None)])) });
         let value = value.unwrap();
-        for n in 0..key.len() {
-            assert!(decode_record(&key[..n], Some(&value)).is_err(), "key cut at {n}");
-        }
-        for n in 0..value.len() {
-            assert!(decode_record(&key, Some(&value[..n])).is_err(), "value cut at {n}");
-        }
-        let mut long = key.clone();
-        long.push(0);
-        assert!(decode_record(&long, Some(&value)).is_err(), "a byte past the key's end");
-        let mut long = value.clone();
-        long.push(0);
-        assert!(decode_record(&key, Some(&long)).is_err(), "a byte past the value's end");
+        cut_and_extended_fail(&key, &value);
         // The member count sits after version, generation, three strings
         // and stored_ms.
         let at = 1 + 4 + (4 + "consumer".len()) + (4 + "range".len()) + (4 + "m1".len()) + 8;

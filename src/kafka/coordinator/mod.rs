@@ -1005,18 +1005,7 @@ mod tests {
 
     fn group_with_deadline(id: &str, session_ms: i32, now: i64) -> Group {
         let mut g = Group::new(id.into(), now);
-        let args = JoinArgs {
-            member_id: String::new(),
-            instance_id: None,
-            client_id: "c".into(),
-            client_host: "h".into(),
-            session_timeout_ms: session_ms,
-            rebalance_timeout_ms: session_ms,
-            protocol_type: "consumer".into(),
-            protocols: vec![("range".into(), Bytes::from_static(b"m"))],
-            require_known_member_id: true,
-            supports_skip_assignment: true,
-        };
+        let args = join_args("", session_ms);
         let cfg = GroupConfig { min_session_timeout_ms: 1, ..GroupConfig::default() };
         g.join(&cfg, now, 1, args, || format!("{id}-m"));
         g
