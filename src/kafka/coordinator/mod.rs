@@ -283,8 +283,15 @@ impl Coordinator {
     }
 
     /// Cluster mode: `shard` moved to another node; its groups are
-    /// dropped from memory (their parked requests answered NOT_COORDINATOR).
+    /// dropped from memory (their parked requests answered NOT_COORDINATOR)
+    /// and their committed offsets from the catalog (a cache of the log
+    /// here, which the lag metrics read: the shard's new coordinator
+    /// reports them now).
     pub async fn unload_shard(&self, shard: u32) {
+        let _turn = self.turns[shard as usize].lock().await;
+        if let Err(e) = self.apply(offsets::Change::Load { shard, rows: Default::default() }).await {
+            tracing::warn!(shard, error = %e, "dropping a moved shard's committed offsets from the catalog failed; its groups' lag metrics may linger until it loads here again");
+        }
         self.ask(|reply| Cmd::Reset { shard, groups: Vec::new(), stored: Default::default(), reply }).await;
     }
 
@@ -1129,6 +1136,26 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the restored member never expired");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_shard_that_moves_away_leaves_nothing_of_its_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let (id, generation, _) = join_and_sync(&c, "g", 10_000).await;
+        let rec = OffsetRecord { offset: 7, leader_epoch: 0, metadata: None, commit_ms: 1 };
+        c.store_offsets(vec![("g".into(), "t".into(), 0, rec.clone()), ("other".into(), "t".into(), 0, rec)]).await.unwrap();
+        assert_eq!(c.committed("g").unwrap().len(), 1);
+        let shard = journal::shard_of("g");
+        assert_ne!(journal::shard_of("other"), shard, "two shards");
+        c.unload_shard(shard).await;
+        // Its offsets leave the catalog (and with them the lag metrics),
+        // its groups memory; another shard's stay.
+        assert!(c.committed("g").unwrap().is_empty());
+        assert!(!crate::kafka::coordinator::offsets::all_committed(c.engine().catalog()).iter().any(|(g, ..)| g == "g"));
+        assert_eq!(c.committed("other").unwrap().len(), 1);
+        assert_eq!(c.heartbeat("g".into(), generation, id, None).await, Some(kafka_protocol::ResponseError::UnknownMemberId.code()));
     }
 
     #[tokio::test]
