@@ -51,10 +51,11 @@
 //!   assignment is stored in the group's shard log before anyone gets it:
 //!   the group stays CompletingRebalance, its syncs parked, until
 //!   [`Group::stored`] says the store is done (Stable) or failed (the
-//!   error to every parked sync, and a new rebalance). Becoming Empty is
-//!   stored too, with nobody waiting ([`Group::take_store`] hands out what
-//!   to store). A static member back under a new id in Stable rebalances,
-//!   so that its new id is stored before it is answered. A group restored
+//!   error to every parked sync, and a new rebalance). A static member
+//!   back under a new id in Stable is answered once its new id is stored
+//!   (if that fails, its old id is put back and the join gets the error).
+//!   Becoming Empty is stored too, with nobody waiting
+//!   ([`Group::take_store`] hands out what to store). A group restored
 //!   from its store ([`Group::restore`]) is Stable with its members, their
 //!   sessions counting from the restore.
 
@@ -246,12 +247,39 @@ pub struct Group {
     /// group only if none came in since it looked at the group's offsets.
     pub commits: u64,
     /// What to store next (the group's state when it was asked for; a
-    /// later ask replaces it), until [`Group::take_store`].
-    to_store: Option<StoredGroup>,
-    /// CompletingRebalance: the generation whose assignment is being
-    /// stored; its syncs are answered when [`Group::stored`] says how
-    /// that went.
-    storing: Option<i32>,
+    /// later ask replaces it), and who waits for it, until
+    /// [`Group::take_store`].
+    to_store: Option<(StoredGroup, Waiter)>,
+    /// CompletingRebalance: the store (its number) of the leader's
+    /// assignment; the syncs are answered when [`Group::stored`] says how
+    /// it went.
+    storing: Option<u64>,
+    /// Stable: the store of a static member's new id; its join is
+    /// answered when [`Group::stored`] says how it went.
+    static_store: Option<StaticStore>,
+}
+
+/// Who waits for a store.
+#[derive(Debug)]
+enum Waiter {
+    Nobody,
+    /// The parked syncs of a completed join phase.
+    Syncs,
+    /// A static member's join under a new id.
+    Static(StaticStore),
+}
+
+/// A static member's new id, stored before its join is answered; put
+/// back to the old one if the store fails (Kafka's rule).
+#[derive(Debug)]
+struct StaticStore {
+    seq: u64,
+    instance: String,
+    old_id: String,
+    new_id: String,
+    /// The old incarnation's protocols and timeouts.
+    before: (Vec<(String, Bytes)>, i32, i32),
+    reply: JoinResult,
 }
 
 /// Adds (or, with `add` false, takes away) one member's protocol names.
@@ -301,6 +329,7 @@ impl Group {
             commits: 0,
             to_store: None,
             storing: None,
+            static_store: None,
         }
     }
 
@@ -373,22 +402,36 @@ impl Group {
     }
 
     /// What to store in the group's shard log, if anything changed that a
-    /// store keeps since the last call.
-    pub fn take_store(&mut self) -> Option<StoredGroup> {
-        self.to_store.take()
+    /// store keeps since the last call; `seq` names the store (unique per
+    /// coordinator), for [`Group::stored`].
+    pub fn take_store(&mut self, seq: u64) -> Option<StoredGroup> {
+        let (stored, waiter) = self.to_store.take()?;
+        match waiter {
+            Waiter::Nobody => {}
+            Waiter::Syncs => self.storing = Some(seq),
+            Waiter::Static(s) => self.static_store = Some(StaticStore { seq, ..s }),
+        }
+        Some(stored)
     }
 
-    /// The store of `generation`'s assignment is done (`Ok`) or failed
-    /// with the error its syncs get. Kafka's rules: if the group is still
-    /// completing that generation, it becomes Stable and every parked sync
+    /// Store `seq` is done (`Ok`) or failed with the error its waiters
+    /// get. Kafka's rules. A completed join phase's assignment: if the
+    /// group still waits for it, it becomes Stable and every parked sync
     /// gets its assignment; or every parked sync gets the error, the
-    /// assignments are dropped and the group rebalances. Otherwise the
-    /// group moved on meanwhile and nothing changes.
-    pub fn stored(&mut self, cfg: &GroupConfig, now: i64, generation: i32, result: Result<(), i16>) -> Vec<Reply> {
-        if self.state != State::CompletingRebalance || self.storing != Some(generation) || self.generation != generation {
+    /// assignments are dropped and the group rebalances. A static member's
+    /// new id: its join gets its answer; or the old id is put back and the
+    /// join gets the error. A store the group no longer waits for (it
+    /// moved on meanwhile) changes nothing.
+    pub fn stored(&mut self, cfg: &GroupConfig, now: i64, seq: u64, result: Result<(), i16>) -> Vec<Reply> {
+        if self.static_store.as_ref().is_some_and(|s| s.seq == seq) {
+            let s = self.static_store.take().expect("checked");
+            return self.static_stored(now, s, result);
+        }
+        if self.state != State::CompletingRebalance || self.storing != Some(seq) {
             return Vec::new();
         }
         self.storing = None;
+        let generation = self.generation;
         match result {
             Ok(()) => self.to_stable(now),
             Err(code) => {
@@ -404,6 +447,31 @@ impl Group {
                 out
             }
         }
+    }
+
+    fn static_stored(&mut self, now: i64, s: StaticStore, result: Result<(), i16>) -> Vec<Reply> {
+        let waiting = self.state == State::Stable && self.statics.get(&s.instance) == Some(&s.new_id);
+        let Some(token) = self.members.get_mut(&s.new_id).filter(|_| waiting).and_then(|m| m.join.take()) else { return Vec::new() };
+        let code = match result {
+            Ok(()) => return vec![Reply::Join(token, s.reply)],
+            Err(code) => code,
+        };
+        tracing::warn!(group = %self.id, instance = %s.instance, code, "storing a static member's new id failed; the old id stays");
+        let mut m = self.members.remove(&s.new_id).expect("found");
+        count_protocols(&mut self.protocol_counts, &m.protocols, false);
+        (m.protocols, m.session_timeout_ms, m.rebalance_timeout_ms) = s.before;
+        count_protocols(&mut self.protocol_counts, &m.protocols, true);
+        m.id = s.old_id.clone();
+        m.last_heartbeat_ms = now;
+        self.members.insert(s.old_id.clone(), m);
+        self.statics.insert(s.instance, s.old_id.clone());
+        if self.pending_sync.remove(&s.new_id) {
+            self.pending_sync.insert(s.old_id.clone());
+        }
+        if self.leader.as_deref() == Some(s.new_id.as_str()) {
+            self.leader = Some(s.old_id);
+        }
+        vec![join_error(token, code, "")]
     }
 
     pub fn is_empty(&self) -> bool {
@@ -569,10 +637,11 @@ impl Group {
             out.push(sync_error(t, err(E::FencedInstanceId)));
         }
         let old_leader = self.leader.clone().unwrap_or_default();
+        let before = (m.protocols.clone(), m.session_timeout_ms, m.rebalance_timeout_ms);
         m.id = new_id.clone();
         m.is_new = false;
         self.members.insert(new_id.clone(), m);
-        self.statics.insert(instance, new_id.clone());
+        self.statics.insert(instance.clone(), new_id.clone());
         if self.pending_sync.remove(&old) {
             self.pending_sync.insert(new_id.clone());
         }
@@ -581,17 +650,11 @@ impl Group {
         }
         self.update_member(&new_id, token, now, args.clone());
         match self.state {
-            // Cluster mode: the new id goes through a rebalance, whose
-            // store has it before anyone is answered. (Kafka instead holds
-            // this join until the new id is stored, and puts the old one
-            // back if that fails.)
-            State::Stable if cfg.store_groups => out.extend(self.rebalance_or_complete(cfg, now)),
             State::Stable => {
                 if self.select_protocol() == self.protocol {
                     // Nothing to rebalance: the member gets the current
                     // generation and keeps its assignment; a leader skips
                     // assigning (v9+) or, before v9, is not told it leads.
-                    self.members.get_mut(&new_id).expect("inserted").join = None;
                     let mut r = self.join_result(&new_id);
                     if args.supports_skip_assignment {
                         r.skip_assignment = self.leader.as_deref() == Some(new_id.as_str());
@@ -599,7 +662,15 @@ impl Group {
                         r.members.clear();
                         r.leader = old_leader;
                     }
-                    out.push(Reply::Join(token, r));
+                    if cfg.store_groups {
+                        // Cluster mode: answered once the new id is
+                        // stored (the join stays parked meanwhile).
+                        let waiter = StaticStore { seq: 0, instance, old_id: old, new_id: new_id.clone(), before, reply: r };
+                        self.to_store = Some((self.snapshot(now), Waiter::Static(waiter)));
+                    } else {
+                        self.members.get_mut(&new_id).expect("inserted").join = None;
+                        out.push(Reply::Join(token, r));
+                    }
                 } else {
                     out.extend(self.rebalance_or_complete(cfg, now));
                 }
@@ -681,7 +752,13 @@ impl Group {
         }
         self.pending_sync.clear();
         self.sync_deadline_ms = None;
+        // Stores still under way answer nobody now: the joins and syncs
+        // that waited for them are answered by this rebalance.
         self.storing = None;
+        self.static_store = None;
+        if let Some((_, w)) = self.to_store.as_mut() {
+            *w = Waiter::Nobody;
+        }
         let initial = self.state == State::Empty && cfg.initial_rebalance_delay_ms > 0;
         tracing::debug!(group = %self.id, from = self.state.name(), generation = self.generation, members = self.members.len(), "preparing rebalance");
         self.state = State::PreparingRebalance;
@@ -784,8 +861,9 @@ impl Group {
         self.pending_sync.clear();
         self.initial = None;
         self.storing = None;
+        self.static_store = None;
         self.empty_since_ms = now;
-        self.to_store = Some(self.snapshot(now));
+        self.to_store = Some((self.snapshot(now), Waiter::Nobody));
     }
 
     fn member_list(&self) -> Vec<(String, Option<String>, Bytes)> {
@@ -897,7 +975,8 @@ impl Group {
                     out.push(sync_error(earlier, err(E::RebalanceInProgress)));
                 }
                 self.synced(&id);
-                if self.leader.as_deref() != Some(id.as_str()) || self.storing.is_some() {
+                let store_asked = matches!(self.to_store, Some((_, Waiter::Syncs)));
+                if self.leader.as_deref() != Some(id.as_str()) || self.storing.is_some() || store_asked {
                     // Followers wait for the leader's assignment, and a
                     // leader's repeated sync for the store its first began.
                     return out;
@@ -913,8 +992,7 @@ impl Group {
                     tracing::debug!(group = %self.id, ignored = given.len(), "ignoring assignments for non-members");
                 }
                 if cfg.store_groups {
-                    self.storing = Some(self.generation);
-                    self.to_store = Some(self.snapshot(now));
+                    self.to_store = Some((self.snapshot(now), Waiter::Syncs));
                     return out;
                 }
                 out.extend(self.to_stable(now));

@@ -119,9 +119,9 @@ enum Cmd {
     /// as stored and knows the rest of `groups` (as Empty): the shard
     /// moved away from this node, or was loaded.
     Reset { shard: u32, groups: Vec<String>, stored: std::collections::BTreeMap<String, journal::StoredGroup>, reply: oneshot::Sender<()> },
-    /// Cluster mode: the store of `group`'s `generation` is done or failed
-    /// (the error its parked syncs get).
-    Stored { group: String, generation: i32, result: Result<(), i16> },
+    /// Cluster mode: `group`'s store `seq` is done or failed (the error
+    /// whoever waits for it gets).
+    Stored { group: String, seq: u64, result: Result<(), i16> },
 }
 
 /// A write to a shard's log made by the shard's group writer.
@@ -132,7 +132,7 @@ struct GroupWrite {
 
 enum WriteDone {
     /// A group's state: the coordinator task is told how its store went.
-    Stored { group: String, generation: i32 },
+    Stored { group: String, seq: u64 },
     /// A group's tombstone: nobody waits (one that fails leaves a stored
     /// Empty state, which the next cleanup pass forgets again).
     Tombstone,
@@ -685,8 +685,8 @@ async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, j
         // is the server's problem, not the commit's.
         let result = result.map_err(|code| if code == kafka_protocol::ResponseError::InvalidCommitOffsetSize.code() { kafka_protocol::ResponseError::UnknownServerError.code() } else { code });
         for done in dones {
-            if let WriteDone::Stored { group, generation } = done {
-                if coordinator.send(Cmd::Stored { group, generation, result }).await.is_err() {
+            if let WriteDone::Stored { group, seq } = done {
+                if coordinator.send(Cmd::Stored { group, seq, result }).await.is_err() {
                     return;
                 }
             }
@@ -697,6 +697,7 @@ async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, j
 async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>, writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>>) {
     let mut parked: HashMap<Token, Parked> = HashMap::new();
     let mut next_token: Token = 1;
+    let mut next_store: u64 = 1;
     let mut timers = Timers::default();
     loop {
         let now = clock();
@@ -894,10 +895,10 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                     }
                     let _ = reply.send(());
                 }
-                Cmd::Stored { group, generation, result } => {
+                Cmd::Stored { group, seq, result } => {
                     if let Some(g) = groups.get_mut(&group) {
                         touched = Some(group);
-                        replies.extend(g.stored(cfg, now, generation, result));
+                        replies.extend(g.stored(cfg, now, seq, result));
                     }
                 }
             }
@@ -930,14 +931,17 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
             }
         }
         for id in changed {
-            let Some(stored) = groups.get_mut(&id).and_then(Group::take_store) else { continue };
+            // Stores are numbered across groups and reloads, so that a
+            // result is never taken for a later store's.
+            let seq = next_store;
+            let Some(stored) = groups.get_mut(&id).and_then(|g| g.take_store(seq)) else { continue };
+            next_store += 1;
             if let Some(writers) = writers.get() {
-                let generation = stored.generation;
-                let write = GroupWrite { record: journal::Record::Group { group: id.clone(), state: Some(stored) }, done: WriteDone::Stored { group: id.clone(), generation } };
+                let write = GroupWrite { record: journal::Record::Group { group: id.clone(), state: Some(stored) }, done: WriteDone::Stored { group: id.clone(), seq } };
                 if writers[journal::shard_of(&id) as usize].send(write).is_err() {
                     tracing::error!(group = %id, "a shard's group writer stopped; the group's state is not stored");
                     if let Some(g) = groups.get_mut(&id) {
-                        replies.extend(g.stored(cfg, now, generation, Err(kafka_protocol::ResponseError::CoordinatorNotAvailable.code())));
+                        replies.extend(g.stored(cfg, now, seq, Err(kafka_protocol::ResponseError::CoordinatorNotAvailable.code())));
                     }
                 }
             }

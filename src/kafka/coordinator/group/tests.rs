@@ -668,8 +668,8 @@ fn a_stored_rebalance_is_answered_only_once_its_store_is_done() {
     assert!(r.is_empty(), "nobody is answered before the store: {r:?}");
     assert_eq!(h.g.state, State::CompletingRebalance);
     // What is to be stored: the generation with every member's assignment.
-    let s = h.g.take_store().expect("a store asked for");
-    assert!(h.g.take_store().is_none(), "handed out once");
+    let s = h.g.take_store(5).expect("a store asked for");
+    assert!(h.g.take_store(6).is_none(), "handed out once");
     assert_eq!((s.generation, s.protocol.as_deref(), s.leader.as_deref()), (gen, Some("range"), Some(leader.as_str())));
     let given: BTreeMap<String, Bytes> = s.members.iter().map(|m| (m.id.clone(), m.assignment.clone())).collect();
     assert_eq!(given[&follower], Bytes::from_static(b"to-follower"));
@@ -677,26 +677,26 @@ fn a_stored_rebalance_is_answered_only_once_its_store_is_done() {
     // A leader's repeated sync during the store starts no second one.
     let (tl2, r) = h.sync(&leader, None, vec![]);
     assert_eq!(sync_result(&r, tl).error, E::RebalanceInProgress.code(), "the earlier sync is replaced");
-    assert!(h.g.take_store().is_none());
-    // A store result for another generation changes nothing.
-    assert!(h.g.stored(&h.c, h.now, gen + 1, Ok(())).is_empty());
-    let r = h.g.stored(&h.c, h.now, gen, Ok(()));
+    assert!(h.g.take_store(7).is_none());
+    // Another store's result changes nothing.
+    assert!(h.g.stored(&h.c, h.now, 4, Ok(())).is_empty());
+    assert_eq!(h.g.state, State::CompletingRebalance);
+    let r = h.g.stored(&h.c, h.now, 5, Ok(()));
     assert_eq!(h.g.state, State::Stable);
     assert_eq!(sync_result(&r, tf).assignment, Bytes::from_static(b"to-follower"));
     assert_eq!(sync_result(&r, tl2).assignment, Bytes::from_static(b"to-leader"));
     // Late news of it again is ignored.
-    assert!(h.g.stored(&h.c, h.now, gen, Err(E::NotCoordinator.code())).is_empty());
+    assert!(h.g.stored(&h.c, h.now, 5, Err(E::NotCoordinator.code())).is_empty());
     assert_eq!(h.g.state, State::Stable);
 }
 
 #[test]
 fn a_failed_store_fails_every_parked_sync_and_rebalances() {
     let (mut h, leader, follower) = two_joined_storing();
-    let gen = h.g.generation;
     let (tf, _) = h.sync(&follower, None, vec![]);
     let (tl, _) = h.sync(&leader, None, vec![(follower.clone(), Bytes::from_static(b"x"))]);
-    assert!(h.g.take_store().is_some());
-    let r = h.g.stored(&h.c, h.now, gen, Err(E::CoordinatorNotAvailable.code()));
+    assert!(h.g.take_store(1).is_some());
+    let r = h.g.stored(&h.c, h.now, 1, Err(E::CoordinatorNotAvailable.code()));
     assert_eq!(sync_result(&r, tf).error, E::CoordinatorNotAvailable.code());
     assert_eq!(sync_result(&r, tl).error, E::CoordinatorNotAvailable.code());
     assert_eq!(h.g.state, State::PreparingRebalance);
@@ -709,14 +709,16 @@ fn a_store_that_ends_after_the_group_moved_on_is_ignored() {
     let gen = h.g.generation;
     let (tf, _) = h.sync(&follower, None, vec![]);
     h.sync(&leader, None, vec![(follower.clone(), Bytes::from_static(b"x"))]);
+    assert!(h.g.take_store(1).is_some());
     // The follower leaves meanwhile: the group rebalances, and the
     // follower's parked sync is answered now.
     let (codes, r) = h.g.leave(&h.c, h.now, &[(follower.clone(), None)]);
     assert_eq!(codes, vec![0]);
     assert!(r.iter().any(|x| matches!(x, Reply::Sync(t, _) if *t == tf)));
     assert_eq!(h.g.state, State::PreparingRebalance);
-    assert!(h.g.stored(&h.c, h.now, gen, Ok(())).is_empty());
+    assert!(h.g.stored(&h.c, h.now, 1, Ok(())).is_empty());
     assert_ne!(h.g.state, State::Stable);
+    assert_eq!(h.g.generation, gen);
 }
 
 #[test]
@@ -747,7 +749,7 @@ fn becoming_empty_is_stored_and_a_restore_is_stable_with_every_member() {
     // Both leave: Empty, and that is stored (no members, the generation).
     let (_, _) = h.g.leave(&h.c, h.now, &[(leader, None), (follower, None)]);
     assert_eq!(h.g.state, State::Empty);
-    let empty = h.g.take_store().expect("becoming Empty is stored");
+    let empty = h.g.take_store(1).expect("becoming Empty is stored");
     assert!(empty.members.is_empty() && empty.leader.is_none());
     assert_eq!(empty.generation, stable.generation + 1);
     let r = Group::restore("g".into(), empty, 5000);
@@ -766,4 +768,58 @@ fn a_restored_static_member_is_known_by_its_instance() {
     s.leader = Some("nobody".into());
     assert!(Group::restore("g".into(), s, 0).leader.is_some_and(|l| l == a || r.members.contains_key(&l)));
     assert_eq!(r.heartbeat(1, h.g.generation, &a, Some("i1")), 0);
+}
+
+/// A static member back under a new id in a Stable group, with stores
+/// on: its join waits for the store.
+fn static_rejoin_storing() -> (Harness, String, Token) {
+    let mut h = Harness::new();
+    let (a, _b) = two_statics(&mut h);
+    h.c.store_groups = true;
+    let _ = h.g.take_store(1);
+    let (t, r) = h.join(args("", Some("i1")));
+    assert!(r.iter().all(|x| !matches!(x, Reply::Join(tok, _) if *tok == t)), "answered before its store: {r:?}");
+    assert_eq!(h.g.state, State::Stable, "no rebalance");
+    (h, a, t)
+}
+
+#[test]
+fn a_static_members_new_id_is_answered_once_stored() {
+    let (mut h, old, t) = static_rejoin_storing();
+    let s = h.g.take_store(2).expect("the new id is stored");
+    let new = h.g.statics["i1"].clone();
+    assert_ne!(new, old);
+    assert!(s.members.iter().any(|m| m.id == new) && !s.members.iter().any(|m| m.id == old));
+    assert!(h.g.stored(&h.c, h.now, 1, Ok(())).is_empty(), "another store's result");
+    let r = h.g.stored(&h.c, h.now, 2, Ok(()));
+    let j = join_result(&r, t);
+    assert_eq!((j.error, j.generation, j.member_id.clone()), (0, h.g.generation, new.clone()));
+    assert_eq!(h.g.state, State::Stable);
+    assert_eq!(h.g.heartbeat(h.now, h.g.generation, &new, Some("i1")), 0);
+}
+
+#[test]
+fn a_static_members_new_id_that_fails_to_store_is_put_back() {
+    let (mut h, old, t) = static_rejoin_storing();
+    let new = h.g.statics["i1"].clone();
+    h.g.take_store(2).unwrap();
+    let r = h.g.stored(&h.c, h.now, 2, Err(E::CoordinatorNotAvailable.code()));
+    assert_eq!(join_result(&r, t).error, E::CoordinatorNotAvailable.code());
+    // The old id is the member again; the new one is unknown.
+    assert_eq!(h.g.statics["i1"], old);
+    assert_eq!(h.g.heartbeat(h.now, h.g.generation, &old, Some("i1")), 0);
+    assert_eq!(h.g.validate_member(&new, None), Err(E::UnknownMemberId.code()));
+    assert_eq!(h.g.state, State::Stable);
+}
+
+#[test]
+fn a_static_store_that_ends_after_a_rebalance_began_is_ignored() {
+    let (mut h, _old, t) = static_rejoin_storing();
+    h.g.take_store(2).unwrap();
+    // A new member: the group rebalances, and the static member's parked
+    // join counts as joined.
+    let (_, _, _) = h.join_dynamic(&[]);
+    assert_eq!(h.g.state, State::PreparingRebalance);
+    assert!(h.g.stored(&h.c, h.now, 2, Err(E::CoordinatorNotAvailable.code())).iter().all(|x| !matches!(x, Reply::Join(tok, _) if *tok == t)));
+    assert!(h.g.members.values().any(|m| m.instance_id.as_deref() == Some("i1")));
 }
