@@ -481,6 +481,11 @@ impl Coordinator {
             offsets::Change::Remove { group, only } => {
                 let shard = shard_of(&group);
                 let _turn = self.turns[shard as usize].lock().await;
+                // The shard may have moved away (its rows dropped) while
+                // this waited for its turn: nothing read now is the log's.
+                if !j.ready(shard) {
+                    return Err(StoreError::journal(kafka_protocol::ResponseError::NotCoordinator.code()));
+                }
                 let mut rows = self.engine.catalog().group_offsets(&group).map_err(catalog_err)?;
                 if let Some(only) = &only {
                     rows.retain(|(t, p, _)| only.iter().any(|(ot, op)| ot == t && op == p));
@@ -495,11 +500,12 @@ impl Coordinator {
                 let mut out = offsets::Applied::default();
                 for g in idle {
                     let shard = shard_of(&g.id);
-                    // Only the shard's loaded leader expires its groups.
+                    // Only the shard's loaded leader expires its groups
+                    // (checked in the turn: an unload drops the rows).
+                    let _turn = self.turns[shard as usize].lock().await;
                     if !j.ready(shard) {
                         continue;
                     }
-                    let _turn = self.turns[shard as usize].lock().await;
                     let rows = self.engine.catalog().group_offsets(&g.id).map_err(catalog_err)?;
                     if rows.is_empty() {
                         out.forget.push((g.id.clone(), g.commits));
@@ -942,6 +948,7 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
                     tracing::error!(group = %id, "a shard's group writer stopped; the group's state is not stored");
                     if let Some(g) = groups.get_mut(&id) {
                         replies.extend(g.stored(cfg, now, seq, Err(kafka_protocol::ResponseError::CoordinatorNotAvailable.code())));
+                        timers.schedule(g, cfg);
                     }
                 }
             }
@@ -1027,6 +1034,8 @@ mod tests {
     struct FakeLog {
         appended: std::sync::Mutex<Vec<journal::Record>>,
         failing: std::sync::atomic::AtomicBool,
+        /// The shard moved away (or is loading).
+        unready: std::sync::atomic::AtomicBool,
     }
 
     impl journal::Journal for FakeLog {
@@ -1040,7 +1049,7 @@ mod tests {
             })
         }
         fn ready(&self, _shard: u32) -> bool {
-            true
+            !self.unready.load(std::sync::atomic::Ordering::SeqCst)
         }
         fn reload(&self, _shard: u32) {}
     }
@@ -1160,6 +1169,22 @@ mod tests {
         assert!(!crate::kafka::coordinator::offsets::all_committed(c.engine().catalog()).iter().any(|(g, ..)| g == "g"));
         assert_eq!(c.committed("other").unwrap().len(), 1);
         assert_eq!(c.heartbeat("g".into(), generation, id, None).await, Some(kafka_protocol::ResponseError::UnknownMemberId.code()));
+    }
+
+    #[tokio::test]
+    async fn a_removal_after_the_shard_moved_away_is_refused_not_made_on_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let rec = OffsetRecord { offset: 7, leader_epoch: 0, metadata: None, commit_ms: 1 };
+        c.store_offsets(vec![("g".into(), "t".into(), 0, rec)]).await.unwrap();
+        // The shard is not this node's now (a removal that waited for the
+        // shard's turn while it was unloaded finds it so).
+        log.unready.store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = c.delete_offsets("g".into(), vec![("t".into(), 0)]).await.unwrap_err();
+        assert_eq!(e.code, kafka_protocol::ResponseError::NotCoordinator.code());
+        assert_eq!(c.committed("g").unwrap().len(), 1, "nothing removed");
+        assert_eq!(log.appended.lock().unwrap().len(), 1, "no tombstone: only the commit");
     }
 
     #[tokio::test]

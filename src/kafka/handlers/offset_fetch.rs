@@ -39,6 +39,11 @@ fn lookup(broker: &Broker, group: &str, wanted: Wanted, unstable: Option<&HashSe
     let may = |t: &str| check.as_ref().is_none_or(|c| c.topic(Operation::Describe, t));
     let asked = wanted.is_some();
     let rows = broker.coordinator.committed(group).map_err(|_| kafka_protocol::ResponseError::KafkaStorageError.code())?;
+    // Cluster mode: the shard may have moved away while the catalog was
+    // read (its rows are dropped then): an error, not "no offsets".
+    if let Some(code) = broker.coordinator_error(group) {
+        return Err(code);
+    }
     let mut by_topic: HashMap<String, HashMap<i32, OffsetRecord>> = HashMap::new();
     for (t, p, r) in rows {
         by_topic.entry(t).or_default().insert(p, r);

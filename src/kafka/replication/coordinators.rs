@@ -49,6 +49,10 @@ pub struct ShardLogs {
     broker: Weak<Broker>,
     /// Shard -> the leader epoch it was loaded in.
     loaded: Mutex<HashMap<u32, i32>>,
+    /// Shards loaded here and not unloaded since (a reload that waits or
+    /// fails leaves `loaded` without them, but their groups and offsets
+    /// are still here until unloaded).
+    held: Mutex<std::collections::HashSet<u32>>,
     /// Shard -> when a load that failed may be tried again.
     retry_at: Mutex<HashMap<u32, tokio::time::Instant>>,
 }
@@ -61,7 +65,7 @@ impl ShardLogs {
     /// Gives the coordinator its journal, and runs loads and unloads until
     /// `stop`.
     pub fn start(broker: Arc<Broker>, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
-        let logs = Arc::new(ShardLogs { broker: Arc::downgrade(&broker), loaded: Mutex::default(), retry_at: Mutex::default() });
+        let logs = Arc::new(ShardLogs { broker: Arc::downgrade(&broker), loaded: Mutex::default(), held: Mutex::default(), retry_at: Mutex::default() });
         broker.coordinator.set_journal(logs.clone());
         tokio::spawn(async move {
             let mut rounds = super::Rounds::new(&broker, TICK);
@@ -93,6 +97,7 @@ impl ShardLogs {
                         Ok(Some(groups)) => {
                             self.retry_at.lock().expect("shard logs lock").remove(&shard);
                             self.loaded.lock().expect("shard logs lock").insert(shard, epoch);
+                            self.held.lock().expect("shard logs lock").insert(shard);
                             tracing::info!(shard, epoch, groups, "coordinator shard loaded");
                         }
                         Ok(None) => {}
@@ -102,12 +107,14 @@ impl ShardLogs {
                         }
                     }
                 }
-                (None, Some(_)) => {
-                    self.loaded.lock().expect("shard logs lock").remove(&shard);
-                    broker.coordinator.unload_shard(shard).await;
-                    tracing::info!(shard, "coordinator shard moved away");
+                (None, loaded) => {
+                    let held = self.held.lock().expect("shard logs lock").remove(&shard);
+                    if loaded.is_some() || held {
+                        self.loaded.lock().expect("shard logs lock").remove(&shard);
+                        broker.coordinator.unload_shard(shard).await;
+                        tracing::info!(shard, "coordinator shard moved away");
+                    }
                 }
-                (None, None) => {}
             }
         }
     }
