@@ -359,6 +359,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
             failed_authentication_delay: Duration::from_millis(cfg.connection_failed_authentication_delay_ms),
             sasl_max_receive_bytes: cfg.sasl_max_receive_bytes.min(cfg.max_request_bytes),
             features: kafka::features::Features::new(cfg.transaction_version),
+            inter_broker: cfg.inter_broker().map_err(|e| anyhow::anyhow!("inter_broker_listener_name: {e}"))?,
         },
         users,
         authorizer,

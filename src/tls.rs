@@ -82,6 +82,38 @@ pub fn server_config(files: &TlsFiles) -> anyhow::Result<Arc<rustls::ServerConfi
     Ok(Arc::new(cfg))
 }
 
+/// What a node presents to, and checks of, another node when it connects
+/// to its inter-broker listener: its own certificate and key (those its
+/// listeners serve, as a Kafka broker's keystore serves both sides) and
+/// the CA the other's certificate must chain to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// Loads the files into a client configuration that presents this node's
+/// certificate and trusts only `ca`. Blocking (reads the files), so a
+/// connection made after the files change takes the new ones.
+pub fn client_config(files: &PeerFiles) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = certificates(&files.cert)?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(&files.key).with_context(|| format!("reading the private key in {}", files.key.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certificates(&files.ca)? {
+        roots.add(c).with_context(|| format!("a certificate in {} is not a usable CA", files.ca.display()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .context("the TLS certificate and key do not fit together")?;
+    Ok(Arc::new(cfg))
+}
+
 /// A server configuration that can be replaced while the listener runs.
 pub struct Reloading {
     files: TlsFiles,

@@ -311,6 +311,8 @@ settings! {
     broker_heartbeat_interval_ms: u64 = "1000", "CANOPY_BROKER_HEARTBEAT_INTERVAL_MS", "broker-heartbeat-interval-ms";
     "Cluster mode: copies of each coordinator shard's log, which holds committed offsets (offsets.topic.replication.factor); until that many brokers are registered, coordinators are not available"
     offsets_topic_replication_factor: i16 = "3", "CANOPY_OFFSETS_TOPIC_REPLICATION_FACTOR", "offsets-topic-replication-factor";
+    "Cluster mode: the listener brokers reach each other on (inter.broker.listener.name): followers fetch from their leaders there, and replica fetches are taken only there; PLAINTEXT, or SSL with client certificates required (each broker presents ssl_cert_file and checks the other's against ssl_ca_file); empty: the first listener"
+    inter_broker_listener_name: String = "", "CANOPY_INTER_BROKER_LISTENER_NAME", "inter-broker-listener-name";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -554,7 +556,38 @@ impl Config {
         if self.sasl_max_receive_bytes < 1024 {
             return bad("sasl_max_receive_bytes", "must be at least 1024");
         }
+        if let Err(why) = self.inter_broker() {
+            return bad("inter_broker_listener_name", &why);
+        }
         Ok(())
+    }
+
+    /// How this broker reaches, and is reached by, the others: the
+    /// listener named by `inter_broker_listener_name` (else the first),
+    /// which must be PLAINTEXT, or SSL requiring client certificates (so
+    /// each side of a link checks the other's certificate against
+    /// `ssl_ca_file`). SASL between brokers is not built: a node would need
+    /// credentials of its own to present. Single-node mode checks only the
+    /// name.
+    pub fn inter_broker(&self) -> Result<crate::kafka::InterBroker, String> {
+        use crate::kafka::listener::SecurityProtocol;
+        let listeners = self.kafka_listeners()?;
+        let wanted = self.inter_broker_listener_name.trim().to_ascii_uppercase();
+        let l = match wanted.as_str() {
+            "" => &listeners[0],
+            name => listeners.iter().find(|l| l.name == name).ok_or_else(|| format!("{name:?} is not one of the listeners"))?,
+        };
+        let tls = match l.protocol {
+            // Single-node mode has no other broker to check.
+            _ if self.cluster().is_none() => None,
+            SecurityProtocol::Plaintext => None,
+            SecurityProtocol::Ssl if self.client_auth_of(&l.name) == Ok(crate::tls::ClientAuth::Required) => {
+                Some(crate::tls::PeerFiles { cert: self.ssl_cert_file.clone().into(), key: self.ssl_key_file.clone().into(), ca: self.ssl_ca_file.clone().into() })
+            }
+            SecurityProtocol::Ssl => return Err(format!("the SSL listener {} between brokers must require client certificates (listener_ssl_client_auth {}:required), so that each broker checks the other", l.name, l.name)),
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl => return Err(format!("{} is a SASL listener: SASL between brokers is not supported; use SSL with client certificates, or PLAINTEXT on a private network", l.name)),
+        };
+        Ok(crate::kafka::InterBroker { listener: l.name.clone(), tls })
     }
 
     /// The Kafka listeners: `listeners`, or else one PLAINTEXT listener on
@@ -861,5 +894,31 @@ mod tests {
         let c = load(&["--advertised-listener", "broker:19092"]).unwrap();
         let l = c.kafka_listeners().unwrap();
         assert_eq!((l.len(), l[0].name.as_str(), &l[0].advertised), (1, "PLAINTEXT", &Some(("broker".to_owned(), 19092))));
+        assert_eq!(c.inter_broker(), Ok(crate::kafka::InterBroker { listener: "PLAINTEXT".into(), tls: None }));
+    }
+
+    #[test]
+    fn brokers_reach_each_other_on_plaintext_or_on_tls_both_ways() {
+        // Loaded in single-node mode (which checks only the name), then
+        // asked as cluster mode would ask (`validate` asks the same).
+        let ask = |map: &str, flags: &[&str]| {
+            let mut argv = vec!["canopy", "--listeners", "CLIENT://127.0.0.1:0,BROKER://127.0.0.1:0,SASL://127.0.0.1:0", "--listener-security-protocol-map", map];
+            argv.extend_from_slice(&["--ssl-cert-file", "n.pem", "--ssl-key-file", "n.key", "--ssl-ca-file", "ca.pem"]);
+            argv.extend_from_slice(flags);
+            let mut c = Config::load(&Cli::try_parse_from(argv).unwrap().serve).map_err(|e| e.to_string())?;
+            c.etcd_endpoints = "http://127.0.0.1:2379".into();
+            c.inter_broker()
+        };
+        let (plain, ssl) = ("CLIENT:PLAINTEXT,BROKER:PLAINTEXT,SASL:SASL_SSL", "CLIENT:PLAINTEXT,BROKER:SSL,SASL:SASL_SSL");
+        // The first listener unless named; a name that is no listener, SASL,
+        // and SSL that does not check the follower's certificate are refused.
+        assert_eq!(ask(plain, &[]), Ok(crate::kafka::InterBroker { listener: "CLIENT".into(), tls: None }));
+        assert_eq!(ask(plain, &["--inter-broker-listener-name", "broker"]), Ok(crate::kafka::InterBroker { listener: "BROKER".into(), tls: None }));
+        assert!(ask(plain, &["--inter-broker-listener-name", "ELSEWHERE"]).unwrap_err().contains("not one of the listeners"));
+        assert!(ask(plain, &["--inter-broker-listener-name", "SASL"]).unwrap_err().contains("SASL between brokers is not supported"));
+        assert!(ask(ssl, &["--inter-broker-listener-name", "BROKER"]).unwrap_err().contains("must require client certificates"));
+        let files = crate::tls::PeerFiles { cert: "n.pem".into(), key: "n.key".into(), ca: "ca.pem".into() };
+        let both_ways = ask(ssl, &["--inter-broker-listener-name", "BROKER", "--listener-ssl-client-auth", "BROKER:required"]);
+        assert_eq!(both_ways, Ok(crate::kafka::InterBroker { listener: "BROKER".into(), tls: Some(files) }));
     }
 }

@@ -65,6 +65,17 @@ pub struct KafkaConfig {
     pub sasl_max_receive_bytes: usize,
     /// The feature levels ApiVersions reports.
     pub features: features::Features,
+    pub inter_broker: InterBroker,
+}
+
+/// How brokers reach each other (cluster mode; `Config::inter_broker`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterBroker {
+    /// The listener followers fetch from, and the only one that takes a
+    /// replica's fetch.
+    pub listener: String,
+    /// Set when that listener is SSL: what a follower presents and checks.
+    pub tls: Option<crate::tls::PeerFiles>,
 }
 
 /// What every handler can reach.

@@ -41,6 +41,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use crate::common::{self, ChildBroker};
 mod clients;
 mod groups;
+mod inter_broker;
 mod nemesis;
 
 use crate::cluster_support::{canopy_binary, free_port, node_args, spawn_node, spawn_node_with, Etcd};

@@ -155,6 +155,13 @@ pub fn spawn_node_on(root: &Path, id: i32, endpoints: &str, kafka: std::net::Soc
     spawn_node_args(root, id, wrapper, args)
 }
 
+/// A node started with `extra` arguments besides the usual ones.
+pub fn spawn_node_extra(root: &Path, id: i32, etcd: &Etcd, extra: &[String]) -> ChildBroker {
+    let mut args = node_args(id, etcd, 3000);
+    args.extend(extra.iter().cloned());
+    spawn_node_args(root, id, &[], args)
+}
+
 fn spawn_node_args(root: &Path, id: i32, wrapper: &[&str], args: Vec<String>) -> ChildBroker {
     let dir = root.join(format!("node{id}"));
     std::fs::create_dir_all(&dir).unwrap();

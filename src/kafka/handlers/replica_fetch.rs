@@ -9,7 +9,9 @@
 //! follows here each round (a known cost; docs/cluster.md).
 //!
 //! Kafka asks CLUSTER_ACTION on the cluster of the principal; the fetch
-//! must name a replica of each tp's unit.
+//! must name a replica of each tp's unit. Besides, it is taken only on the
+//! inter-broker listener (`inter_broker_listener_name`):
+//! CLUSTER_AUTHORIZATION_FAILED on any other, authorizer or not.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +48,13 @@ struct Want {
 }
 
 pub async fn handle(broker: &Broker, req: Request, version: i16, replica: i32) -> Option<Reply> {
+    // Only on the listener brokers use between them: one open to clients
+    // must not let a client pose as a replica and move the high watermark.
+    let listener = crate::kafka::conn::session().listener.name.clone();
+    if listener != broker.cfg.inter_broker.listener {
+        tracing::debug!(replica, %listener, "a replica fetch on a listener that is not the inter-broker one; refused");
+        return Some(Reply::new(ResponseError::ClusterAuthorizationFailed.code(), Vec::new()));
+    }
     if broker.authorizer.enabled() && !Check::current(broker).cluster(Operation::ClusterAction) {
         return Some(Reply::new(ResponseError::ClusterAuthorizationFailed.code(), Vec::new()));
     }
