@@ -187,6 +187,11 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     };
     let (membership, cluster) = join_cluster(cfg, &engine, me, stop_rx.clone()).await?;
     let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), Some(membership), clock, stop_rx.clone()).await?;
+    let cluster = cluster.map(|(task, acls)| {
+        // ACLs are the cluster's (etcd's) from now on, before any request.
+        crate::cluster::follow_acls(&broker.authorizer, acls, &broker.cluster, stop_rx.clone());
+        task
+    });
     if cluster.is_some() {
         // Ends with the broker (at `stop_rx`); its fetchers with it.
         kafka::replication::Replication::start(broker.clone(), stop_rx.clone());
@@ -231,7 +236,10 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
 
 /// Single-node mode: a cluster of `me` alone. Cluster mode: `me`
 /// registered in etcd, and the session's task.
-async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<JoinHandle<()>>)> {
+/// A cluster node's session task and where its ACLs live.
+type Joined = (JoinHandle<()>, Arc<dyn crate::auth::acl::AclStore>);
+
+async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<Joined>)> {
     let Some(cluster) = cfg.cluster() else {
         if let Some(id) = engine.catalog().member_of()? {
             anyhow::bail!("the data directory belongs to cluster {id} (cluster mode): start it with that cluster's etcd_endpoints, or use another data directory for single-node mode");
@@ -241,11 +249,9 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): replication is a first cut, committed offsets and transactions live on their coordinator only, and a transaction may span only partitions its coordinator leads");
+    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads, and SCRAM credentials, quotas and dynamic broker configs are each node's own");
     if cfg.authorizer_enabled {
-        // No inter-node listener yet: followers fetch on the leader's
-        // first listener, unauthenticated.
-        tracing::warn!("with authorizer_enabled, followers' fetches need CLUSTER_ACTION on the cluster for the principal of the first listener's unauthenticated connections (User:ANONYMOUS), or replication stops; the authenticated inter-node listener is not built yet");
+        tracing::info!(listener = %cfg.inter_broker().map(|i| i.listener).unwrap_or_default(), "followers' fetches need CLUSTER_ACTION on the cluster for the principal they connect as on the inter-broker listener (make node principals super_users)");
     }
     #[cfg(feature = "cluster")]
     {
@@ -299,7 +305,8 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
                 }
             }
         });
-        Ok((session.membership, Some(session.task)))
+        let acls: Arc<dyn crate::auth::acl::AclStore> = Arc::new(crate::cluster::etcd::Directory::new(&session, tokio::runtime::Handle::current()));
+        Ok((session.membership, Some((session.task, acls))))
     }
     #[cfg(not(feature = "cluster"))]
     {

@@ -108,7 +108,9 @@ impl Acl {
         None
     }
 
-    fn key(&self) -> String {
+    /// The ACL's identity: every field, so two ACLs with one key are one
+    /// ACL (the catalog's key, and in cluster mode the etcd key's).
+    pub fn key(&self) -> String {
         // Fields joined by NUL, which no field may hold (names are
         // checked on the wire, principals and hosts never carry it).
         format!(
@@ -239,7 +241,20 @@ pub struct Authorizer {
     super_users: Vec<KafkaPrincipal>,
     allow_if_no_acl: bool,
     index: RwLock<Arc<Index>>,
-    writing: Mutex<()>,
+    /// Held by a change; in cluster mode, the revision of the cluster's
+    /// ACLs the index holds (0 until it follows the cluster).
+    writing: Mutex<i64>,
+    /// Cluster mode: where ACLs live (etcd); the index follows it.
+    store: std::sync::OnceLock<Arc<dyn AclStore>>,
+}
+
+/// The cluster's ACLs, when they are not the node's own (cluster mode:
+/// etcd, so that an ACL made through any broker holds at every broker).
+pub trait AclStore: Send + Sync {
+    /// Makes every ACL of `add` exist and none of `remove`, cluster-wide,
+    /// and returns once this node's view of the cluster has the change:
+    /// the cluster's ACLs then, and the revision they are at. Blocking.
+    fn change(&self, add: &[Acl], remove: &[Acl]) -> Result<(i64, BTreeSet<Acl>), String>;
 }
 
 /// Why a change was refused.
@@ -249,6 +264,8 @@ pub enum AclError {
     Invalid(&'static str),
     #[error("the catalog write failed: {0}")]
     Storage(String),
+    #[error("the cluster's ACLs could not be changed: {0}")]
+    Cluster(String),
 }
 
 impl Authorizer {
@@ -256,16 +273,37 @@ impl Authorizer {
     /// an authorizer), but the ACL APIs still work.
     pub fn load(catalog: &Catalog, enabled: bool, super_users: Vec<KafkaPrincipal>, allow_if_no_acl: bool) -> Result<Authorizer, MetaError> {
         let all: BTreeSet<Acl> = catalog.acls()?.into_iter().collect();
-        Ok(Authorizer { enabled, super_users, allow_if_no_acl, index: RwLock::new(Arc::new(Index::build(all))), writing: Mutex::new(()) })
+        Ok(Authorizer { enabled, super_users, allow_if_no_acl, index: RwLock::new(Arc::new(Index::build(all))), writing: Mutex::new(0), store: Default::default() })
     }
 
     /// An authorizer over `acls` held in memory only (tests, benchmarks).
     pub fn in_memory(acls: Vec<Acl>, super_users: Vec<KafkaPrincipal>, allow_if_no_acl: bool) -> Authorizer {
-        Authorizer { enabled: true, super_users, allow_if_no_acl, index: RwLock::new(Arc::new(Index::build(acls.into_iter().collect()))), writing: Mutex::new(()) }
+        Authorizer { enabled: true, super_users, allow_if_no_acl, index: RwLock::new(Arc::new(Index::build(acls.into_iter().collect()))), writing: Mutex::new(0), store: Default::default() }
     }
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Cluster mode: ACLs live in `store` from now on, and this node's
+    /// are the cluster's at `revision` (`acls`), replacing the catalog's.
+    /// Set once, before the node serves.
+    pub fn set_store(&self, store: Arc<dyn AclStore>, revision: i64, acls: BTreeSet<Acl>) {
+        if self.store.set(store).is_err() {
+            panic!("the ACL store is set once");
+        }
+        self.follow(revision, acls);
+    }
+
+    /// Cluster mode: the cluster's ACLs at `revision`, taken unless the
+    /// index already holds a later revision's (the node's own change and
+    /// its view's follower may arrive out of order).
+    pub fn follow(&self, revision: i64, acls: BTreeSet<Acl>) {
+        let mut at = self.writing.lock().expect("acl writer lock");
+        if revision > *at {
+            *at = revision;
+            *self.index.write().expect("acl index lock") = Arc::new(Index::build(acls));
+        }
     }
 
     pub fn is_super_user(&self, p: &KafkaPrincipal) -> bool {
@@ -323,6 +361,14 @@ impl Authorizer {
     /// Creates ACLs, each on its own: one answer each, in order. Durable
     /// before the new ACLs are checked. Blocking.
     pub fn create(&self, catalog: &Catalog, acls: &[Acl]) -> Vec<Result<(), AclError>> {
+        if let Some(store) = self.store.get() {
+            let results: Vec<Result<(), AclError>> = acls.iter().map(|a| a.invalid().map_or(Ok(()), |why| Err(AclError::Invalid(why)))).collect();
+            let valid: Vec<Acl> = acls.iter().zip(&results).filter(|(_, r)| r.is_ok()).map(|(a, _)| a.clone()).collect();
+            return match self.change(store, &valid, &[]) {
+                Ok(()) => results,
+                Err(e) => results.into_iter().map(|r| r.and(Err(e.clone()))).collect(),
+            };
+        }
         let _w = self.writing.lock().expect("acl writer lock");
         let mut all = self.snapshot().all.clone();
         let mut results: Vec<Result<(), AclError>> = Vec::with_capacity(acls.len());
@@ -347,6 +393,16 @@ impl Authorizer {
     /// Deletes what each filter matches: per filter, the ACLs it removed.
     /// Blocking.
     pub fn delete(&self, catalog: &Catalog, filters: &[Filter]) -> Result<Vec<Vec<Acl>>, AclError> {
+        if let Some(store) = self.store.get() {
+            // What the filters match of the cluster's ACLs as this node
+            // sees them; one made meanwhile at another node and not seen
+            // yet stays.
+            let all = self.snapshot().all.clone();
+            let out: Vec<Vec<Acl>> = filters.iter().map(|f| all.iter().filter(|a| f.matches(a)).cloned().collect()).collect();
+            let removed: Vec<Acl> = out.iter().flatten().cloned().collect::<BTreeSet<Acl>>().into_iter().collect();
+            self.change(store, &[], &removed)?;
+            return Ok(out);
+        }
         let _w = self.writing.lock().expect("acl writer lock");
         let mut all = self.snapshot().all.clone();
         let mut out = Vec::with_capacity(filters.len());
@@ -362,6 +418,16 @@ impl Authorizer {
         catalog.put_acls(&removed.into_iter().map(|k| (k, None)).collect::<Vec<_>>()).map_err(|e| AclError::Storage(e.to_string()))?;
         *self.index.write().expect("acl index lock") = Arc::new(Index::build(all));
         Ok(out)
+    }
+
+    /// A change through the cluster's store; the index then holds it.
+    fn change(&self, store: &Arc<dyn AclStore>, add: &[Acl], remove: &[Acl]) -> Result<(), AclError> {
+        if add.is_empty() && remove.is_empty() {
+            return Ok(());
+        }
+        let (revision, acls) = store.change(add, remove).map_err(AclError::Cluster)?;
+        self.follow(revision, acls);
+        Ok(())
     }
 
     pub fn len(&self) -> usize {

@@ -681,6 +681,36 @@ fn entry_of(t: &TopicRecord) -> TopicEntry {
     TopicEntry { id: uuid::Uuid::from_bytes(t.id).to_string(), partitions: t.partitions, replication_factor: t.replication_factor, configs: t.configs.clone(), created_ms: t.created_ms }
 }
 
+/// ACLs in etcd: one key per ACL (`acls/<hex of its key>`), so creating
+/// one is a put (idempotent) and deleting one a delete; a change is
+/// answered once this node's view has it. A request's changes go in
+/// transactions of at most 100 operations (etcd takes 128), so one that
+/// fails midway may leave part done: retrying it is safe.
+impl crate::auth::acl::AclStore for Directory {
+    fn change(&self, add: &[crate::auth::acl::Acl], remove: &[crate::auth::acl::Acl]) -> Result<(i64, std::collections::BTreeSet<crate::auth::acl::Acl>), String> {
+        const CHUNK: usize = 100;
+        self.run("an ACL change", async {
+            let mut client = self.client.clone();
+            let ops: Vec<TxnOp> = add
+                .iter()
+                .map(|a| TxnOp::put(self.keys.acl(a), serde_json::to_vec(a).expect("an ACL encodes"), None))
+                .chain(remove.iter().map(|a| TxnOp::delete(self.keys.acl(a), None)))
+                .collect();
+            let mut revision = 0;
+            let mut ops = ops.into_iter().peekable();
+            while ops.peek().is_some() {
+                let chunk: Vec<TxnOp> = ops.by_ref().take(CHUNK).collect();
+                let resp = client.txn(Txn::new().and_then(chunk)).await.map_err(etcd_failed)?;
+                revision = revision.max(resp.header().map_or(0, |h| h.revision()));
+            }
+            self.seen(revision).await;
+            let view = self.view.borrow().clone();
+            Ok((view.revision, view.acls.values().cloned().collect()))
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
 impl TopicDirectory for Directory {
     fn create(&self, t: &TopicRecord) -> Result<(), EngineError> {
         self.run("a topic creation", async {

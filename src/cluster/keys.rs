@@ -8,6 +8,7 @@
 //! | `producer_ids` | every producer id below this was handed out in a block (KIP-730) |
 //! | `topics/<name>` | a [`super::TopicEntry`], JSON |
 //! | `units/<branch>~<p>` | a [`super::UnitRecord`], JSON |
+//! | `acls/<hex of the ACL's key>` | one ACL ([`crate::auth::acl::Acl`]), JSON |
 
 /// What a key under the prefix names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +19,14 @@ pub enum Key {
     ProducerIds,
     Topic(String),
     Unit(String),
+    /// An ACL, by the hex of its key ([`acl_id`]).
+    Acl(String),
+}
+
+/// An ACL's name in etcd: the hex of its key (which joins its fields with
+/// NUL, and may hold any character a resource name or principal can).
+pub fn acl_id(a: &crate::auth::acl::Acl) -> String {
+    a.key().bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The keys of one cluster.
@@ -60,6 +69,10 @@ impl Keys {
         format!("{}units/{name}", self.prefix).into_bytes()
     }
 
+    pub fn acl(&self, a: &crate::auth::acl::Acl) -> Vec<u8> {
+        format!("{}acls/{}", self.prefix, acl_id(a)).into_bytes()
+    }
+
     /// What `key` names; `None` for keys outside the prefix or of kinds
     /// this version does not know (a newer node's).
     pub fn parse(&self, key: &[u8]) -> Option<Key> {
@@ -74,6 +87,11 @@ impl Keys {
                     crate::engine::topics::validate_name(name).ok()?;
                 }
                 Some(Key::Topic(name.to_owned()))
+            }
+            _ if rest.starts_with("acls/") => {
+                let id = &rest["acls/".len()..];
+                let hex = !id.is_empty() && id.len() % 2 == 0 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                hex.then(|| Key::Acl(id.to_owned()))
             }
             _ if rest.starts_with("units/") => {
                 // `<branch>~<p>`: a branch is a legal topic name (its first
@@ -132,6 +150,10 @@ mod tests {
             "/canopy/prod/units/~0",
             "/canopy/prod/units/a/b~0",
             "/canopy/prod/units/__canopy.other~0",
+            "/canopy/prod/acls/",
+            "/canopy/prod/acls/abc",
+            "/canopy/prod/acls/AB",
+            "/canopy/prod/acls/zz",
             "controller",
         ] {
             assert_eq!(k.parse(bad.as_bytes()), None, "{bad}");

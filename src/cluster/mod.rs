@@ -107,6 +107,8 @@ pub struct ClusterView {
     /// Topics whose key does not decode: nodes keep what they have of
     /// them (see [`ViewBuilder::apply`]).
     pub damaged_topics: Arc<std::collections::BTreeSet<String>>,
+    /// The cluster's ACLs, by [`keys::acl_id`] (cluster mode).
+    pub acls: Arc<BTreeMap<String, crate::auth::acl::Acl>>,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -370,6 +372,30 @@ impl Fence {
     }
 }
 
+/// Makes `authorizer` take its ACLs from the cluster (`store`, etcd):
+/// those of the current view at once, then every view's whose ACLs
+/// changed, until `stop`. The catalog's ACLs are not used in cluster mode.
+pub fn follow_acls(authorizer: &Arc<crate::auth::acl::Authorizer>, store: Arc<dyn crate::auth::acl::AclStore>, membership: &Membership, mut stop: watch::Receiver<bool>) {
+    let of = |v: &ClusterView| v.acls.values().cloned().collect();
+    let mut views = membership.subscribe();
+    let first = views.borrow_and_update().clone();
+    authorizer.set_store(store, first.revision.max(1), of(&first));
+    let (authorizer, mut seen) = (authorizer.clone(), first.acls.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = views.changed() => if changed.is_err() { return },
+                _ = stop.changed() => return,
+            }
+            let view = views.borrow_and_update().clone();
+            if !Arc::ptr_eq(&seen, &view.acls) {
+                seen = view.acls.clone();
+                authorizer.follow(view.revision, of(&view));
+            }
+        }
+    });
+}
+
 /// How many producer ids a node takes from etcd at a time (KIP-730's
 /// block size).
 pub const PRODUCER_ID_BLOCK: i64 = 1000;
@@ -511,6 +537,23 @@ impl ViewBuilder {
                     units.insert(name, unit);
                 }
             }
+            Some(keys::Key::Acl(id)) => {
+                // A damaged ACL is left out (logged by the caller): the
+                // authorizer has only ACLs it can read.
+                if self.view.acls.contains_key(&id) {
+                    Arc::make_mut(&mut self.view.acls).remove(&id);
+                }
+                if let Some((v, _, _)) = value {
+                    let acl: crate::auth::acl::Acl = serde_json::from_slice(v).map_err(|e| format!("ACL {id}: {e}"))?;
+                    if let Some(why) = acl.invalid() {
+                        return Err(format!("ACL {id}: {why}"));
+                    }
+                    if keys::acl_id(&acl) != id {
+                        return Err(format!("ACL {id}: the key is not the value's"));
+                    }
+                    Arc::make_mut(&mut self.view.acls).insert(id, acl);
+                }
+            }
             Some(keys::Key::ClusterId) => {
                 if let Some((v, _, _)) = value {
                     self.view.cluster_id = String::from_utf8(v.to_vec()).map_err(|_| "cluster id: not UTF-8")?;
@@ -641,6 +684,31 @@ mod tests {
         f.extend(boot_now() - Duration::from_millis(1));
         assert!(!f.alive(), "a deadline in the past is no standing");
         assert!(Fence::forever().alive());
+    }
+
+    #[test]
+    fn acls_follow_their_keys_and_a_damaged_one_is_left_out() {
+        use crate::auth::acl::{Acl, Operation, PatternType, Permission, ResourceType};
+        let k = keys::Keys::new("c1");
+        let acl = |name: &str| Acl { resource_type: ResourceType::Topic, name: name.into(), pattern: PatternType::Prefixed, principal: "User:CN=w,O=x/y".into(), host: "*".into(), operation: Operation::Write, permission: Permission::Allow };
+        let (a, b) = (acl("app."), acl("logs/\u{0}x"));
+        let mut v = ViewBuilder::default();
+        let put = |v: &mut ViewBuilder, key: &[u8], value: &[u8], rev| v.apply(&k, KeyEvent::Put { key, value, create_revision: rev, mod_revision: rev }, rev);
+        put(&mut v, &k.acl(&a), &serde_json::to_vec(&a).unwrap(), 2).unwrap();
+        assert_eq!(k.parse(&k.acl(&a)), Some(keys::Key::Acl(keys::acl_id(&a))));
+        assert_eq!(v.view().acls.values().collect::<Vec<_>>(), vec![&a]);
+        // Refused, the others kept: a value under another ACL's key, one
+        // that is not JSON, one Kafka would not create (NUL in a field).
+        assert!(put(&mut v, &k.acl(&acl("other.")), &serde_json::to_vec(&a).unwrap(), 3).is_err());
+        assert!(put(&mut v, &k.acl(&acl("x")), b"{", 4).is_err());
+        assert!(put(&mut v, &k.acl(&b), &serde_json::to_vec(&b).unwrap(), 5).is_err());
+        assert_eq!(v.view().acls.len(), 1);
+        // A damaged update of a good key leaves it out, not stale.
+        assert!(put(&mut v, &k.acl(&a), b"[]", 6).is_err());
+        assert!(v.view().acls.is_empty());
+        put(&mut v, &k.acl(&a), &serde_json::to_vec(&a).unwrap(), 7).unwrap();
+        v.apply(&k, KeyEvent::Delete { key: &k.acl(&a) }, 8).unwrap();
+        assert!(v.view().acls.is_empty());
     }
 
     #[test]

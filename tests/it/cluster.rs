@@ -39,6 +39,7 @@ use kafka_protocol::protocol::StrBytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::common::{self, ChildBroker};
+mod acls;
 mod clients;
 mod groups;
 mod inter_broker;

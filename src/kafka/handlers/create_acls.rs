@@ -50,6 +50,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                 Ok(()) => AclCreationResult::default(),
                 Err(AclError::Invalid(why)) => failed(E::InvalidRequest.code(), why),
                 Err(e @ AclError::Storage(_)) => failed(E::KafkaStorageError.code(), &e.to_string()),
+                // etcd did not take it in time: retriable (creation is
+                // idempotent).
+                Err(e @ AclError::Cluster(_)) => failed(E::RequestTimedOut.code(), &e.to_string()),
             },
         })
         .collect();

@@ -33,7 +33,10 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     let (authorizer, engine) = (broker.authorizer.clone(), broker.engine.clone());
     let deleted = tokio::task::spawn_blocking(move || authorizer.delete(engine.catalog(), &valid)).await.ok()?;
     let results = match deleted {
-        Err(e) => invalid.iter().map(|i| failed(if i.is_some() { E::InvalidRequest.code() } else { E::KafkaStorageError.code() }, &i.map(str::to_owned).unwrap_or(e.to_string()))).collect(),
+        Err(e) => {
+            let code = if matches!(e, crate::auth::acl::AclError::Cluster(_)) { E::RequestTimedOut.code() } else { E::KafkaStorageError.code() };
+            invalid.iter().map(|i| failed(if i.is_some() { E::InvalidRequest.code() } else { code }, &i.map(str::to_owned).unwrap_or(e.to_string()))).collect()
+        }
         Ok(removed) => {
             let mut removed = removed.into_iter();
             invalid

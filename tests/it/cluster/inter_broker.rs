@@ -28,11 +28,12 @@ use crate::common::{self, ChildBroker};
 
 const TOPIC: &str = "mtls.t";
 
-/// A CA and, signed by it, one certificate per node (`node-<id>.pem` and
-/// `.key`: `CN=node-<id>,O=canopy`, for 127.0.0.1, usable by servers and
+/// A CA and, signed by it, one certificate per name (`<name>.pem` and
+/// `.key`: `CN=<name>,O=canopy`, for 127.0.0.1, usable by servers and
 /// clients); and a second CA's certificate with a node's name
-/// (`rogue.pem`, `.key`), which the cluster must not take.
-fn pki(dir: &Path, nodes: &[i32]) -> PathBuf {
+/// (`rogue.pem`, `.key`), which the cluster must not take. Returns the
+/// CA's file.
+pub(super) fn pki(dir: &Path, names: &[&str]) -> PathBuf {
     let ca_of = |name: &str| {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -52,8 +53,8 @@ fn pki(dir: &Path, nodes: &[i32]) -> PathBuf {
         std::fs::write(dir.join(format!("{file}.key")), key.serialize_pem()).unwrap();
     };
     let (ca, ca_key) = ca_of("canopy cluster CA");
-    for id in nodes {
-        node_cert(&format!("node-{id}"), &format!("node-{id}"), &ca, &ca_key);
+    for name in names {
+        node_cert(name, name, &ca, &ca_key);
     }
     let (rogue_ca, rogue_key) = ca_of("another CA");
     node_cert("rogue", "node-1", &rogue_ca, &rogue_key);
@@ -84,7 +85,7 @@ fn args(dir: &Path, id: i32) -> Vec<String> {
 
 /// A TLS connection to `addr` trusting `ca`, presenting `<cert>.pem` /
 /// `.key` when given; None when the handshake fails.
-async fn tls(ca: &Path, cert: Option<PathBuf>, addr: std::net::SocketAddr) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
+pub(super) async fn tls(ca: &Path, cert: Option<PathBuf>, addr: std::net::SocketAddr) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
@@ -127,7 +128,7 @@ fn replica_fetch(replica: i32, id: uuid::Uuid) -> FetchRequest {
 #[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
 async fn brokers_replicate_over_tls_and_take_replica_fetches_only_from_brokers() {
     let root = tempfile::tempdir().unwrap();
-    let ca = pki(root.path(), &[1, 2, 3]);
+    let ca = pki(root.path(), &["node-1", "node-2", "node-3"]);
     let etcd = Etcd::start(root.path());
     let mut nodes: Vec<Option<ChildBroker>> = vec![None];
     for id in 1..=3 {

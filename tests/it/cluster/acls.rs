@@ -1,0 +1,199 @@
+//! ACLs are the cluster's (etcd's), not each broker's: an ACL created
+//! through one broker holds at every broker, a deletion through another
+//! removes it everywhere, and a broker that was down when they changed
+//! starts with the cluster's ACLs.
+//!
+//! Every listener is SSL with client certificates required and the
+//! authorizer is on; principals are the certificates' subjects. The nodes
+//! and `admin` are super users; `writer` may do what the ACLs let it. Its
+//! produce is checked at the leader of each partition, one per node.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+
+use super::inter_broker::{pki, tls};
+use crate::cluster_support::{spawn_node_extra, Etcd};
+use crate::common::{self, ChildBroker};
+
+const TOPIC: &str = "acl.t";
+const WRITER: &str = "User:CN=writer,O=canopy";
+/// Kafka's wire numbers: resource TOPIC, patterns LITERAL and PREFIXED,
+/// operations WRITE and DESCRIBE, permission ALLOW, and ANY in filters.
+const TOPIC_RESOURCE: i8 = 2;
+const LITERAL: i8 = 3;
+const PREFIXED: i8 = 4;
+const WRITE: i8 = 4;
+const DESCRIBE: i8 = 8;
+const ALLOW: i8 = 3;
+const ANY: i8 = 1;
+
+fn args(dir: &Path, id: i32) -> Vec<String> {
+    let file = |f: &str| dir.join(f).display().to_string();
+    let supers = ["node-1", "node-2", "node-3", "admin"].map(|n| format!("User:CN={n},O=canopy")).join(";");
+    [
+        "--listeners",
+        "CLIENT://127.0.0.1:0,BROKER://127.0.0.1:0",
+        "--listener-security-protocol-map",
+        "CLIENT:SSL,BROKER:SSL",
+        "--inter-broker-listener-name",
+        "BROKER",
+        "--ssl-client-auth",
+        "required",
+        "--authorizer-enabled",
+        "true",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(["--super-users".into(), supers])
+    .chain(["--ssl-cert-file".into(), file(&format!("node-{id}.pem")), "--ssl-key-file".into(), file(&format!("node-{id}.key")), "--ssl-ca-file".into(), file("ca.pem")])
+    .collect()
+}
+
+/// One request over TLS as `who` (a certificate's name under `dir`).
+async fn call<Req: Encodable, Resp: Decodable>(dir: &Path, who: &str, addr: SocketAddr, key: i16, version: i16, req: &Req) -> Resp {
+    let mut s = tls(&dir.join("ca.pem"), Some(dir.join(who)), addr).await.expect("TLS with a certificate of the cluster's CA");
+    common::call(&mut s, key, version, 1, req).await
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_owned())
+}
+
+fn writer_acl(pattern: i8, name: &str, operation: i8) -> AclCreation {
+    AclCreation::default().with_resource_type(TOPIC_RESOURCE).with_resource_name(s(name)).with_resource_pattern_type(pattern).with_principal(s(WRITER)).with_host(s("*")).with_operation(operation).with_permission_type(ALLOW)
+}
+
+/// The ACLs `addr` describes for `writer`: (pattern, name, operation).
+async fn writer_acls(dir: &Path, addr: SocketAddr) -> Vec<(i8, String, i8)> {
+    let req = DescribeAclsRequest::default().with_resource_type_filter(ANY).with_resource_name_filter(None).with_host_filter(None).with_pattern_type_filter(ANY).with_principal_filter(Some(s(WRITER))).with_operation(ANY).with_permission_type(ANY);
+    let r: DescribeAclsResponse = call(dir, "admin", addr, 29, 3, &req).await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    let mut out: Vec<(i8, String, i8)> = r.resources.iter().flat_map(|res| res.acls.iter().map(|a| (res.pattern_type, res.resource_name.to_string(), a.operation))).collect();
+    out.sort();
+    out
+}
+
+/// Polls `addr` (60 s at most) until it describes `want` for `writer`.
+async fn wait_acls(dir: &Path, addr: SocketAddr, want: &[(i8, &str, i8)]) {
+    let want: Vec<(i8, String, i8)> = want.iter().map(|(p, n, o)| (*p, n.to_string(), *o)).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = writer_acls(dir, addr).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{addr} describes {got:?}, not {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Partition leaders of the topic as `addr` sees them (every partition
+/// led), by partition.
+async fn leaders(dir: &Path, addr: SocketAddr) -> Vec<i32> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let req = MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(TopicName(s(TOPIC))))]));
+        let r: MetadataResponse = call(dir, "admin", addr, 3, 12, &req).await;
+        let mut ps: Vec<(i32, i32)> = r.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (p.partition_index, p.leader_id.0))).collect();
+        ps.sort();
+        if ps.len() == 3 && ps.iter().all(|(_, l)| *l > 0) {
+            return ps.into_iter().map(|(_, l)| l).collect();
+        }
+        assert!(Instant::now() < deadline, "the topic's partitions have no leaders: {ps:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `writer`'s acks=all produce to each partition at its leader: the codes,
+/// by partition (NOT_LEADER_OR_FOLLOWER retried after a fresh look).
+async fn writer_produces(dir: &Path, nodes: &[Option<ChildBroker>]) -> Vec<i16> {
+    let mut codes = Vec::new();
+    for p in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let code = loop {
+            let any = nodes.iter().flatten().next().unwrap().kafka;
+            let leader = leaders(dir, any).await[p as usize];
+            let Some(node) = nodes[leader as usize].as_ref() else {
+                assert!(Instant::now() < deadline, "partition {p} stays led by a stopped node");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(s(TOPIC)))
+                .with_partition_data(vec![PartitionProduceData::default().with_index(p).with_records(Some(common::producer_batch(-1, -1, -1, &[b"w"])))])]);
+            let r: ProduceResponse = call(dir, "writer", node.kafka, 0, 8, &req).await;
+            let code = r.responses[0].partition_responses[0].error_code;
+            if code != 6 || Instant::now() > deadline {
+                break code;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        codes.push(code);
+    }
+    codes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
+async fn acls_made_at_one_broker_hold_at_every_broker() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    pki(dir, &["node-1", "node-2", "node-3", "admin", "writer"]);
+    let etcd = Etcd::start(dir);
+    let mut nodes: Vec<Option<ChildBroker>> = vec![None];
+    for id in 1..=3 {
+        nodes.push(Some(spawn_node_extra(dir, id, &etcd, &args(dir, id))));
+    }
+    let addr = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r: DescribeClusterResponse = call(dir, "admin", addr(&nodes, 1), 60, 0, &DescribeClusterRequest::default()).await;
+        if r.brokers.len() == 3 && r.controller_id.0 > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "three nodes and a controller: {r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let topic = CreatableTopic::default().with_name(TopicName(s(TOPIC))).with_num_partitions(3).with_replication_factor(3).with_configs(vec![CreatableTopicConfig::default().with_name(s("min.insync.replicas")).with_value(Some(s("2")))]);
+    let r: CreateTopicsResponse = call(dir, "admin", addr(&nodes, 1), 19, 5, &CreateTopicsRequest::default().with_topics(vec![topic]).with_timeout_ms(30_000)).await;
+    assert_eq!(r.topics[0].error_code, 0, "{:?}", r.topics[0].error_message);
+    let mut led = leaders(dir, addr(&nodes, 1)).await;
+    led.sort();
+    led.dedup();
+    assert_eq!(led.len(), 3, "each node leads a partition");
+
+    // No ACL: the writer may not write anywhere.
+    assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "TOPIC_AUTHORIZATION_FAILED before any ACL");
+
+    // Made through node 1, an ACL holds at nodes 2 and 3.
+    let r: CreateAclsResponse = call(dir, "admin", addr(&nodes, 1), 30, 3, &CreateAclsRequest::default().with_creations(vec![writer_acl(PREFIXED, "acl.", WRITE)])).await;
+    assert_eq!(r.results[0].error_code, 0, "{:?}", r.results[0].error_message);
+    assert_eq!(writer_acls(dir, addr(&nodes, 1)).await, vec![(PREFIXED, "acl.".to_owned(), WRITE)], "node 1 answered once it had the ACL");
+    for id in [2, 3] {
+        wait_acls(dir, addr(&nodes, id), &[(PREFIXED, "acl.", WRITE)]).await;
+    }
+    assert_eq!(writer_produces(dir, &nodes).await, vec![0; 3], "the writer writes at every leader");
+
+    // Node 3 down, the ACL is deleted through node 2 and another made;
+    // node 3 comes back with the cluster's ACLs.
+    nodes[3].take().unwrap().kill9();
+    let filter = DeleteAclsFilter::default().with_resource_type_filter(TOPIC_RESOURCE).with_resource_name_filter(None).with_host_filter(None).with_pattern_type_filter(ANY).with_principal_filter(Some(s(WRITER))).with_operation(WRITE).with_permission_type(ANY);
+    let r: DeleteAclsResponse = call(dir, "admin", addr(&nodes, 2), 31, 3, &DeleteAclsRequest::default().with_filters(vec![filter])).await;
+    assert_eq!(r.filter_results[0].error_code, 0);
+    assert_eq!(r.filter_results[0].matching_acls.len(), 1, "the ACL made through node 1 was deleted through node 2");
+    let r: CreateAclsResponse = call(dir, "admin", addr(&nodes, 2), 30, 3, &CreateAclsRequest::default().with_creations(vec![writer_acl(LITERAL, TOPIC, DESCRIBE)])).await;
+    assert_eq!(r.results[0].error_code, 0);
+    wait_acls(dir, addr(&nodes, 1), &[(LITERAL, TOPIC, DESCRIBE)]).await;
+    nodes[3] = Some(spawn_node_extra(dir, 3, &etcd, &args(dir, 3)));
+    assert_eq!(writer_acls(dir, addr(&nodes, 3)).await, vec![(LITERAL, TOPIC.to_owned(), DESCRIBE)], "a restarted node serves the cluster's ACLs from its start");
+    assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "WRITE is gone at every leader");
+}
