@@ -187,11 +187,22 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     };
     let (membership, cluster) = join_cluster(cfg, &engine, me, stop_rx.clone()).await?;
     let broker = broker(cfg, engine.clone(), (first.advertised_host.clone(), first.advertised_port), Some(membership), clock, stop_rx.clone()).await?;
-    let cluster = cluster.map(|(task, acls)| {
-        // ACLs are the cluster's (etcd's) from now on, before any request.
-        crate::cluster::follow_acls(&broker.authorizer, acls, &broker.cluster, stop_rx.clone());
-        task
-    });
+    let cluster = match cluster {
+        None => None,
+        Some((task, stores)) => {
+            // ACLs and users are the cluster's (etcd's) from now on, before
+            // any request; users set in this node's catalog go there first.
+            let (local, directory, catalog_engine) = (broker.users.all(), stores.users.clone(), engine.clone());
+            let handed = tokio::task::spawn_blocking(move || crate::cluster::hand_over_users(local, directory.as_ref(), catalog_engine.catalog())).await?;
+            match handed {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(users = n, "SCRAM users of this node's data directory handed to the cluster"),
+                Err(e) => anyhow::bail!("handing this node's SCRAM users to the cluster: {e}"),
+            }
+            crate::cluster::follow_security(&broker.authorizer, &broker.users, stores, &broker.cluster, stop_rx.clone());
+            Some(task)
+        }
+    };
     if cluster.is_some() {
         // Ends with the broker (at `stop_rx`); its fetchers with it.
         kafka::replication::Replication::start(broker.clone(), stop_rx.clone());
@@ -236,8 +247,8 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
 
 /// Single-node mode: a cluster of `me` alone. Cluster mode: `me`
 /// registered in etcd, and the session's task.
-/// A cluster node's session task and where its ACLs live.
-type Joined = (JoinHandle<()>, Arc<dyn crate::auth::acl::AclStore>);
+/// A cluster node's session task and where its ACLs and users live.
+type Joined = (JoinHandle<()>, crate::cluster::SecurityStores);
 
 async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::NodeRecord, stop_rx: watch::Receiver<bool>) -> anyhow::Result<(Arc<crate::cluster::Membership>, Option<Joined>)> {
     let Some(cluster) = cfg.cluster() else {
@@ -249,7 +260,7 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads, and SCRAM credentials, quotas and dynamic broker configs are each node's own");
+    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads, and quotas and dynamic broker configs are each node's own");
     if cfg.authorizer_enabled {
         tracing::info!(listener = %cfg.inter_broker().map(|i| i.listener).unwrap_or_default(), "followers' fetches need CLUSTER_ACTION on the cluster for the principal they connect as on the inter-broker listener (make node principals super_users)");
     }
@@ -305,8 +316,9 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
                 }
             }
         });
-        let acls: Arc<dyn crate::auth::acl::AclStore> = Arc::new(crate::cluster::etcd::Directory::new(&session, tokio::runtime::Handle::current()));
-        Ok((session.membership, Some((session.task, acls))))
+        let directory = Arc::new(crate::cluster::etcd::Directory::new(&session, tokio::runtime::Handle::current()));
+        let stores = crate::cluster::SecurityStores { acls: directory.clone(), users: directory };
+        Ok((session.membership, Some((session.task, stores))))
     }
     #[cfg(not(feature = "cluster"))]
     {

@@ -16,12 +16,37 @@ use crate::meta::{Catalog, MetaError};
 
 /// A user's credentials, one per mechanism.
 pub type Credentials = BTreeMap<Mechanism, Credential>;
-type Users = HashMap<String, Credentials>;
+pub type Users = HashMap<String, Credentials>;
+
+/// The cluster's users, when they are not the node's own (cluster mode:
+/// etcd, so a user made through any broker authenticates at every one).
+pub trait UserDirectory: Send + Sync {
+    /// Applies each group (one user's changes, all or nothing) against
+    /// the cluster's current credentials of its user, and returns once
+    /// this node's view has them: one answer per group, and the cluster's
+    /// users then with the revision they are at. `Err`: the cluster did
+    /// not answer (groups before the failure may be done). Blocking.
+    fn alter(&self, groups: &[Vec<Alteration>]) -> Result<(Vec<Result<(), AlterError>>, i64, Users), String>;
+}
+
+/// One user's credentials after `group` (all of whose changes name
+/// `user`): `None` when none are left.
+pub fn altered(user: &str, current: Option<Credentials>, group: &[Alteration]) -> Result<Option<Credentials>, AlterError> {
+    let mut users: Users = current.map(|c| (user.to_owned(), c)).into_iter().collect();
+    for c in group {
+        debug_assert_eq!(c.user(), user);
+        apply(&mut users, c)?;
+    }
+    Ok(users.remove(user))
+}
 
 pub struct UserStore {
     users: RwLock<Arc<Users>>,
-    /// Held by a writer across its read, catalog write and publish.
-    writing: Mutex<()>,
+    /// Held by a writer across its read, catalog write and publish; in
+    /// cluster mode, the revision of the cluster's users held.
+    writing: Mutex<i64>,
+    /// Cluster mode: where users live (etcd); the store follows it.
+    directory: std::sync::OnceLock<Arc<dyn UserDirectory>>,
     /// Seeds the decoy salts of unknown users (see `scram.rs`); fresh each
     /// start.
     decoy: Vec<u8>,
@@ -85,6 +110,9 @@ pub enum AlterError {
     /// UNACCEPTABLE_CREDENTIAL.
     #[error("{0}")]
     Unacceptable(String),
+    /// The cluster (etcd) did not take the change in time: retriable.
+    #[error("the cluster's users could not be changed: {0}")]
+    Unavailable(String),
 }
 
 impl UserStore {
@@ -94,7 +122,7 @@ impl UserStore {
 
     fn from_users(users: Users) -> UserStore {
         let decoy_credential = Credential::from_password(Mechanism::Sha512, &scram::random_bytes(16), scram::MIN_ITERATIONS);
-        UserStore { users: RwLock::new(Arc::new(users)), writing: Mutex::new(()), decoy: scram::random_bytes(32), decoy_credential, generation: Default::default() }
+        UserStore { users: RwLock::new(Arc::new(users)), writing: Mutex::new(0), directory: Default::default(), decoy: scram::random_bytes(32), decoy_credential, generation: Default::default() }
     }
 
     /// A store of `(user, password)` with credentials for every mechanism,
@@ -154,6 +182,15 @@ impl UserStore {
     /// group), one answer per group, in order. Blocking (a durable catalog
     /// write).
     pub fn alter(&self, catalog: &Catalog, groups: &[Vec<Alteration>]) -> Vec<Result<(), AlterError>> {
+        if let Some(directory) = self.directory.get() {
+            return match directory.alter(groups) {
+                Ok((results, revision, users)) => {
+                    self.follow(revision, users);
+                    results
+                }
+                Err(e) => groups.iter().map(|_| Err(AlterError::Unavailable(e.clone()))).collect(),
+            };
+        }
         let _w = self.writing.lock().expect("user store writer lock");
         let mut users: Users = (*self.snapshot()).clone();
         let mut touched = std::collections::BTreeSet::new();
@@ -189,6 +226,33 @@ impl UserStore {
         results
     }
 
+    /// Cluster mode: users live in `directory` from now on, and this
+    /// node's are the cluster's at `revision`. Set once, before the node
+    /// serves.
+    pub fn set_directory(&self, directory: Arc<dyn UserDirectory>, revision: i64, users: Users) {
+        if self.directory.set(directory).is_err() {
+            panic!("the user directory is set once");
+        }
+        self.follow(revision, users);
+    }
+
+    /// Cluster mode: the cluster's users at `revision`, taken unless the
+    /// store already holds a later revision's.
+    pub fn follow(&self, revision: i64, users: Users) {
+        let mut at = self.writing.lock().expect("user store writer lock");
+        if revision > *at {
+            *at = revision;
+            *self.users.write().expect("user store lock") = Arc::new(users);
+            self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    /// Every user with its credentials (cluster mode hands a node's
+    /// catalog users to the cluster at start).
+    pub fn all(&self) -> Users {
+        (*self.snapshot()).clone()
+    }
+
     /// Changes with every alteration (see the field).
     pub fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
@@ -215,6 +279,19 @@ pub fn set_password(data_dir: &std::path::Path, user: &str, password: &[u8], mec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_changes_apply_to_its_current_credentials_all_or_nothing() {
+        let c = |pw: &[u8]| Credential::from_password(Mechanism::Sha256, pw, 4096);
+        let up = |m, pw: &[u8]| Alteration::Upsert { user: "u".into(), mechanism: m, credential: Credential::from_password(m, pw, 4096) };
+        let del = |m| Alteration::Delete { user: "u".into(), mechanism: m };
+        let current: Credentials = [(Mechanism::Sha256, c(b"a"))].into();
+        let next = altered("u", Some(current.clone()), &[up(Mechanism::Sha512, b"b")]).unwrap().unwrap();
+        assert_eq!(next.keys().copied().collect::<Vec<_>>(), vec![Mechanism::Sha256, Mechanism::Sha512]);
+        assert_eq!(altered("u", Some(current.clone()), &[del(Mechanism::Sha256)]), Ok(None), "no credential left: no user");
+        assert_eq!(altered("u", Some(current), &[up(Mechanism::Sha512, b"b"), del(Mechanism::Sha512), del(Mechanism::Sha512)]), Err(AlterError::NotFound));
+        assert_eq!(altered("u", None, &[del(Mechanism::Sha256)]), Err(AlterError::NotFound));
+    }
 
     #[test]
     fn credentials_survive_reopen_and_changes_are_answered_one_by_one() {

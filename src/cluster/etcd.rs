@@ -711,6 +711,62 @@ impl crate::auth::acl::AclStore for Directory {
     }
 }
 
+/// SCRAM users in etcd: one key per user (`scram/<hex of the name>`),
+/// holding a credential per mechanism. A user's changes are applied to
+/// what etcd holds of that user now and written by compare-and-swap on
+/// the key's revision (retried when another node's change came first), so
+/// two nodes changing one user's mechanisms never undo each other.
+impl crate::auth::users::UserDirectory for Directory {
+    #[allow(clippy::type_complexity)]
+    fn alter(&self, groups: &[Vec<crate::auth::users::Alteration>]) -> Result<(Vec<Result<(), crate::auth::users::AlterError>>, i64, crate::auth::users::Users), String> {
+        use crate::auth::users::{altered, Credentials};
+        const TRIES: usize = 10;
+        self.run("a SCRAM change", async {
+            let mut client = self.client.clone();
+            let mut results = Vec::with_capacity(groups.len());
+            let mut revision = 0;
+            for group in groups {
+                let Some(user) = group.first().map(|c| c.user().to_owned()) else {
+                    results.push(Ok(()));
+                    continue;
+                };
+                let key = self.keys.scram(&user);
+                let mut outcome = None;
+                for _ in 0..TRIES {
+                    let resp = client.get(key.clone(), None).await.map_err(etcd_failed)?;
+                    let (current, at) = match resp.kvs().first() {
+                        Some(kv) => (Some(serde_json::from_slice::<Credentials>(kv.value()).map_err(|e| EngineError::Cluster(format!("user {user:?} in etcd does not decode: {e}")))?), kv.mod_revision()),
+                        None => (None, 0),
+                    };
+                    let next = match altered(&user, current, group) {
+                        Ok(next) => next,
+                        Err(e) => {
+                            outcome = Some(Err(e));
+                            break;
+                        }
+                    };
+                    let write = match &next {
+                        Some(creds) => TxnOp::put(key.clone(), serde_json::to_vec(creds).expect("credentials encode"), None),
+                        None => TxnOp::delete(key.clone(), None),
+                    };
+                    let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, at)]).and_then([write]);
+                    let resp = client.txn(txn).await.map_err(etcd_failed)?;
+                    if resp.succeeded() {
+                        revision = revision.max(resp.header().map_or(0, |h| h.revision()));
+                        outcome = Some(Ok(()));
+                        break;
+                    }
+                }
+                results.push(outcome.ok_or_else(|| EngineError::Cluster(format!("user {user:?} kept changing in etcd")))?);
+            }
+            self.seen(revision).await;
+            let view = self.view.borrow().clone();
+            Ok((results, view.revision, view.users.iter().map(|(u, c)| (u.clone(), c.clone())).collect()))
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
 impl TopicDirectory for Directory {
     fn create(&self, t: &TopicRecord) -> Result<(), EngineError> {
         self.run("a topic creation", async {

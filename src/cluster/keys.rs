@@ -9,6 +9,7 @@
 //! | `topics/<name>` | a [`super::TopicEntry`], JSON |
 //! | `units/<branch>~<p>` | a [`super::UnitRecord`], JSON |
 //! | `acls/<hex of the ACL's key>` | one ACL ([`crate::auth::acl::Acl`]), JSON |
+//! | `scram/<hex of the user name>` | a user's SCRAM credentials ([`crate::auth::users::Credentials`]), JSON |
 
 /// What a key under the prefix names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,12 +22,27 @@ pub enum Key {
     Unit(String),
     /// An ACL, by the hex of its key ([`acl_id`]).
     Acl(String),
+    /// A user's SCRAM credentials, by name.
+    Scram(String),
+}
+
+/// Lower-case hex: how names that may hold any character go into keys.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of lower-case hex, if `s` is that.
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.is_empty() || s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
 }
 
 /// An ACL's name in etcd: the hex of its key (which joins its fields with
 /// NUL, and may hold any character a resource name or principal can).
 pub fn acl_id(a: &crate::auth::acl::Acl) -> String {
-    a.key().bytes().map(|b| format!("{b:02x}")).collect()
+    hex(a.key().as_bytes())
 }
 
 /// The keys of one cluster.
@@ -73,6 +89,10 @@ impl Keys {
         format!("{}acls/{}", self.prefix, acl_id(a)).into_bytes()
     }
 
+    pub fn scram(&self, user: &str) -> Vec<u8> {
+        format!("{}scram/{}", self.prefix, hex(user.as_bytes())).into_bytes()
+    }
+
     /// What `key` names; `None` for keys outside the prefix or of kinds
     /// this version does not know (a newer node's).
     pub fn parse(&self, key: &[u8]) -> Option<Key> {
@@ -90,9 +110,9 @@ impl Keys {
             }
             _ if rest.starts_with("acls/") => {
                 let id = &rest["acls/".len()..];
-                let hex = !id.is_empty() && id.len() % 2 == 0 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-                hex.then(|| Key::Acl(id.to_owned()))
+                unhex(id).map(|_| Key::Acl(id.to_owned()))
             }
+            _ if rest.starts_with("scram/") => String::from_utf8(unhex(&rest["scram/".len()..])?).ok().map(Key::Scram),
             _ if rest.starts_with("units/") => {
                 // `<branch>~<p>`: a branch is a legal topic name (its first
                 // one or two segments), p a canonical partition number.
@@ -126,6 +146,7 @@ mod tests {
     fn keys_read_back_and_strangers_are_unknown() {
         let k = Keys::new("prod");
         assert_eq!(k.parse(&k.node(12)), Some(Key::Node(12)));
+        assert_eq!(k.parse(&k.scram("ü/ser 1")), Some(Key::Scram("ü/ser 1".into())));
         assert_eq!(k.parse(&k.controller()), Some(Key::Controller));
         assert_eq!(k.parse(&k.cluster_id()), Some(Key::ClusterId));
         assert_eq!(k.parse(&k.producer_ids()), Some(Key::ProducerIds));
@@ -154,6 +175,9 @@ mod tests {
             "/canopy/prod/acls/abc",
             "/canopy/prod/acls/AB",
             "/canopy/prod/acls/zz",
+            "/canopy/prod/scram/",
+            "/canopy/prod/scram/ff",
+            "/canopy/prod/scram/616",
             "controller",
         ] {
             assert_eq!(k.parse(bad.as_bytes()), None, "{bad}");

@@ -109,6 +109,8 @@ pub struct ClusterView {
     pub damaged_topics: Arc<std::collections::BTreeSet<String>>,
     /// The cluster's ACLs, by [`keys::acl_id`] (cluster mode).
     pub acls: Arc<BTreeMap<String, crate::auth::acl::Acl>>,
+    /// The cluster's SCRAM users (cluster mode).
+    pub users: Arc<BTreeMap<String, crate::auth::users::Credentials>>,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -372,15 +374,25 @@ impl Fence {
     }
 }
 
-/// Makes `authorizer` take its ACLs from the cluster (`store`, etcd):
-/// those of the current view at once, then every view's whose ACLs
-/// changed, until `stop`. The catalog's ACLs are not used in cluster mode.
-pub fn follow_acls(authorizer: &Arc<crate::auth::acl::Authorizer>, store: Arc<dyn crate::auth::acl::AclStore>, membership: &Membership, mut stop: watch::Receiver<bool>) {
-    let of = |v: &ClusterView| v.acls.values().cloned().collect();
+/// Where a cluster node's ACLs and SCRAM users live (etcd).
+pub struct SecurityStores {
+    pub acls: Arc<dyn crate::auth::acl::AclStore>,
+    pub users: Arc<dyn crate::auth::users::UserDirectory>,
+}
+
+/// Makes `authorizer` and `users` take their ACLs and users from the
+/// cluster: those of the current view at once, then every view's whose
+/// ACLs or users changed, until `stop`. The catalog's are not used in
+/// cluster mode (see [`hand_over_users`]).
+pub fn follow_security(authorizer: &Arc<crate::auth::acl::Authorizer>, users: &Arc<crate::auth::users::UserStore>, stores: SecurityStores, membership: &Membership, mut stop: watch::Receiver<bool>) {
+    let acls_of = |v: &ClusterView| v.acls.values().cloned().collect();
+    let users_of = |v: &ClusterView| v.users.iter().map(|(u, c)| (u.clone(), c.clone())).collect();
     let mut views = membership.subscribe();
     let first = views.borrow_and_update().clone();
-    authorizer.set_store(store, first.revision.max(1), of(&first));
-    let (authorizer, mut seen) = (authorizer.clone(), first.acls.clone());
+    authorizer.set_store(stores.acls, first.revision.max(1), acls_of(&first));
+    users.set_directory(stores.users, first.revision.max(1), users_of(&first));
+    let (authorizer, users) = (authorizer.clone(), users.clone());
+    let (mut seen_acls, mut seen_users) = (first.acls.clone(), first.users.clone());
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -388,12 +400,40 @@ pub fn follow_acls(authorizer: &Arc<crate::auth::acl::Authorizer>, store: Arc<dy
                 _ = stop.changed() => return,
             }
             let view = views.borrow_and_update().clone();
-            if !Arc::ptr_eq(&seen, &view.acls) {
-                seen = view.acls.clone();
-                authorizer.follow(view.revision, of(&view));
+            if !Arc::ptr_eq(&seen_acls, &view.acls) {
+                seen_acls = view.acls.clone();
+                authorizer.follow(view.revision, acls_of(&view));
+            }
+            if !Arc::ptr_eq(&seen_users, &view.users) {
+                seen_users = view.users.clone();
+                users.follow(view.revision, users_of(&view));
             }
         }
     });
+}
+
+/// Cluster mode: users set in this node's data directory (`canopy user`
+/// while it was stopped, or before it joined a cluster) go to the
+/// cluster, replacing its credentials of the same mechanisms (that is what
+/// setting a password asks), and leave the catalog, so a user deleted in
+/// the cluster later does not come back with this node's next start.
+/// Blocking. Returns how many users were handed over.
+pub fn hand_over_users(local: crate::auth::users::Users, directory: &dyn crate::auth::users::UserDirectory, catalog: &crate::meta::Catalog) -> Result<usize, String> {
+    use crate::auth::users::Alteration;
+    let mut names: Vec<&String> = local.keys().collect();
+    names.sort();
+    let groups: Vec<Vec<Alteration>> = names.iter().map(|u| local[*u].iter().map(|(m, c)| Alteration::Upsert { user: (*u).clone(), mechanism: *m, credential: c.clone() }).collect()).collect();
+    if groups.is_empty() {
+        return Ok(0);
+    }
+    let (results, _, _) = directory.alter(&groups)?;
+    for (user, r) in names.iter().zip(results) {
+        match r {
+            Ok(()) => catalog.put_scram_user(user, &Default::default()).map_err(|e| e.to_string())?,
+            Err(e) => tracing::error!(user = %user, error = %e, "a user of this node's catalog was not taken by the cluster; it stays in the catalog"),
+        }
+    }
+    Ok(names.len())
 }
 
 /// How many producer ids a node takes from etcd at a time (KIP-730's
@@ -554,6 +594,19 @@ impl ViewBuilder {
                     Arc::make_mut(&mut self.view.acls).insert(id, acl);
                 }
             }
+            Some(keys::Key::Scram(user)) => {
+                // As an ACL: a damaged user is left out (cannot log in).
+                if self.view.users.contains_key(&user) {
+                    Arc::make_mut(&mut self.view.users).remove(&user);
+                }
+                if let Some((v, _, _)) = value {
+                    let creds: crate::auth::users::Credentials = serde_json::from_slice(v).map_err(|e| format!("user {user:?}: {e}"))?;
+                    if creds.is_empty() || creds.iter().any(|(m, c)| !c.fits(*m)) {
+                        return Err(format!("user {user:?}: not a credential per mechanism"));
+                    }
+                    Arc::make_mut(&mut self.view.users).insert(user, creds);
+                }
+            }
             Some(keys::Key::ClusterId) => {
                 if let Some((v, _, _)) = value {
                     self.view.cluster_id = String::from_utf8(v.to_vec()).map_err(|_| "cluster id: not UTF-8")?;
@@ -709,6 +762,57 @@ mod tests {
         put(&mut v, &k.acl(&a), &serde_json::to_vec(&a).unwrap(), 7).unwrap();
         v.apply(&k, KeyEvent::Delete { key: &k.acl(&a) }, 8).unwrap();
         assert!(v.view().acls.is_empty());
+    }
+
+    #[test]
+    fn users_follow_their_keys_and_a_damaged_one_cannot_log_in() {
+        use crate::auth::scram::{Credential, Mechanism};
+        let k = keys::Keys::new("c1");
+        let creds: crate::auth::users::Credentials = [(Mechanism::Sha256, Credential::from_password(Mechanism::Sha256, b"pw", 4096))].into();
+        let mut v = ViewBuilder::default();
+        let put = |v: &mut ViewBuilder, key: &[u8], value: &[u8], rev| v.apply(&k, KeyEvent::Put { key, value, create_revision: rev, mod_revision: rev }, rev);
+        put(&mut v, &k.scram("alice"), &serde_json::to_vec(&creds).unwrap(), 2).unwrap();
+        assert_eq!(v.view().users.get("alice"), Some(&creds));
+        // A SHA-256 credential filed as SHA-512, no credential at all, not
+        // JSON: refused, and the user left out rather than kept stale.
+        let mut wrong = crate::auth::users::Credentials::new();
+        wrong.insert(Mechanism::Sha512, creds[&Mechanism::Sha256].clone());
+        for bad in [serde_json::to_vec(&wrong).unwrap(), b"{}".to_vec(), b"[".to_vec()] {
+            assert!(put(&mut v, &k.scram("alice"), &bad, 3).is_err());
+            assert!(v.view().users.is_empty());
+            put(&mut v, &k.scram("alice"), &serde_json::to_vec(&creds).unwrap(), 4).unwrap();
+        }
+        v.apply(&k, KeyEvent::Delete { key: &k.scram("alice") }, 5).unwrap();
+        assert!(v.view().users.is_empty());
+    }
+
+    /// A directory that takes every change, or none.
+    struct FakeUsers(bool, std::sync::Mutex<Vec<String>>);
+
+    impl crate::auth::users::UserDirectory for FakeUsers {
+        fn alter(&self, groups: &[Vec<crate::auth::users::Alteration>]) -> Result<(Vec<Result<(), crate::auth::users::AlterError>>, i64, crate::auth::users::Users), String> {
+            if !self.0 {
+                return Err("etcd is away".into());
+            }
+            self.1.lock().unwrap().extend(groups.iter().map(|g| g[0].user().to_owned()));
+            Ok((groups.iter().map(|_| Ok(())).collect(), 9, Default::default()))
+        }
+    }
+
+    #[test]
+    fn catalog_users_go_to_the_cluster_and_leave_the_catalog() {
+        use crate::auth::scram::Mechanism;
+        let dir = tempfile::tempdir().unwrap();
+        crate::auth::users::set_password(dir.path(), "alice", b"pw", &Mechanism::ALL, 4096).unwrap();
+        let catalog = crate::meta::Catalog::open(&dir.path().join("catalog")).unwrap();
+        let local = crate::auth::users::UserStore::load(&catalog).unwrap().all();
+        // The cluster away: nothing leaves the catalog.
+        assert!(hand_over_users(local.clone(), &FakeUsers(false, Default::default()), &catalog).is_err());
+        assert_eq!(catalog.scram_users().unwrap().len(), 1);
+        let taken = FakeUsers(true, Default::default());
+        assert_eq!(hand_over_users(local, &taken, &catalog), Ok(1));
+        assert_eq!(*taken.1.lock().unwrap(), vec!["alice".to_owned()]);
+        assert!(catalog.scram_users().unwrap().is_empty(), "handed over, the user leaves the catalog");
     }
 
     #[test]

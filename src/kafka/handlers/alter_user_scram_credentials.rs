@@ -112,6 +112,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                 Ok(()) => continue,
                 Err(AlterError::NotFound) => (E::ResourceNotFound.code(), "Attempt to delete a user credential that does not exist".to_owned()),
                 Err(AlterError::Unacceptable(m)) => (E::UnacceptableCredential.code(), m),
+                Err(e @ AlterError::Unavailable(_)) => (E::RequestTimedOut.code(), e.to_string()),
             };
             changes.get_mut(user).expect("noted above").1 = Some(err);
         }

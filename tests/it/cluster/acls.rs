@@ -1,12 +1,16 @@
-//! ACLs are the cluster's (etcd's), not each broker's: an ACL created
-//! through one broker holds at every broker, a deletion through another
-//! removes it everywhere, and a broker that was down when they changed
-//! starts with the cluster's ACLs.
+//! ACLs and SCRAM users are the cluster's (etcd's), not each broker's: an
+//! ACL or a user created through one broker holds at every broker, a
+//! deletion through another removes it everywhere, and a broker that was
+//! down when they changed starts with the cluster's. A user set in a
+//! node's data directory before it starts (`canopy user`) is handed to the
+//! cluster.
 //!
-//! Every listener is SSL with client certificates required and the
-//! authorizer is on; principals are the certificates' subjects. The nodes
-//! and `admin` are super users; `writer` may do what the ACLs let it. Its
-//! produce is checked at the leader of each partition, one per node.
+//! Clients and brokers use SSL listeners with client certificates required
+//! and the authorizer is on; principals are the certificates' subjects.
+//! The nodes and `admin` are super users; `writer` may do what the ACLs
+//! let it. Its produce is checked at the leader of each partition, one per
+//! node. Users log in with SASL PLAIN (checked against the same SCRAM
+//! credentials) on a third listener.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -41,9 +45,9 @@ fn args(dir: &Path, id: i32) -> Vec<String> {
     let supers = ["node-1", "node-2", "node-3", "admin"].map(|n| format!("User:CN={n},O=canopy")).join(";");
     [
         "--listeners",
-        "CLIENT://127.0.0.1:0,BROKER://127.0.0.1:0",
+        "CLIENT://127.0.0.1:0,BROKER://127.0.0.1:0,SASL://127.0.0.1:0",
         "--listener-security-protocol-map",
-        "CLIENT:SSL,BROKER:SSL",
+        "CLIENT:SSL,BROKER:SSL,SASL:SASL_PLAINTEXT",
         "--inter-broker-listener-name",
         "BROKER",
         "--ssl-client-auth",
@@ -142,12 +146,60 @@ async fn writer_produces(dir: &Path, nodes: &[Option<ChildBroker>]) -> Vec<i16> 
     codes
 }
 
+/// The SASL_PLAINTEXT listener of node `id`, from its registration.
+fn sasl_listener(etcd: &Etcd, id: i32) -> SocketAddr {
+    let record: serde_json::Value = serde_json::from_str(&etcd.get(&format!("/canopy/it/nodes/{id}"))).unwrap();
+    let port = record["endpoints"].as_array().unwrap().iter().find(|e| e["listener"] == "SASL").unwrap_or_else(|| panic!("no SASL endpoint: {record}"))["port"].as_i64().unwrap();
+    format!("127.0.0.1:{port}").parse().unwrap()
+}
+
+/// SASL PLAIN as `user` at `addr`: the SaslAuthenticate error code.
+async fn login(addr: SocketAddr, user: &str, password: &str) -> i16 {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert_eq!(crate::security::handshake(&mut sock, "PLAIN", 1).await.error_code, 0);
+    crate::security::authenticate(&mut sock, format!("\0{user}\0{password}").as_bytes()).await.error_code
+}
+
+/// Polls (60 s at most) until `user` logging in at node `id` gets `code`.
+async fn wait_login(etcd: &Etcd, id: i32, user: &str, password: &str, code: i16) {
+    let addr = sasl_listener(etcd, id);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = login(addr, user, password).await;
+        if got == code {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{user} at node {id}: {got}, not {code}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// AlterUserScramCredentials as `admin` at `addr`: upsert `password` for
+/// `user` (SCRAM-SHA-256), or delete that credential; the user's code.
+async fn alter_user(dir: &Path, addr: SocketAddr, user: &str, password: Option<&[u8]>) -> i16 {
+    use alter_user_scram_credentials_request::{ScramCredentialDeletion, ScramCredentialUpsertion};
+    use canopy::auth::scram::Mechanism;
+    let m = Mechanism::Sha256;
+    let req = match password {
+        Some(pw) => {
+            let salt = b"fedcba9876543210".to_vec();
+            let up = ScramCredentialUpsertion::default().with_name(s(user)).with_mechanism(m.kafka_type()).with_iterations(4096).with_salted_password(m.salted_password(pw, &salt, 4096).into()).with_salt(salt.into());
+            AlterUserScramCredentialsRequest::default().with_upsertions(vec![up])
+        }
+        None => AlterUserScramCredentialsRequest::default().with_deletions(vec![ScramCredentialDeletion::default().with_name(s(user)).with_mechanism(m.kafka_type())]),
+    };
+    let r: AlterUserScramCredentialsResponse = call(dir, "admin", addr, 51, 0, &req).await;
+    r.results[0].error_code
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
-async fn acls_made_at_one_broker_hold_at_every_broker() {
+async fn acls_and_users_made_at_one_broker_hold_at_every_broker() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
     pki(dir, &["node-1", "node-2", "node-3", "admin", "writer"]);
+    // A user set in node 1's data directory before it first starts.
+    canopy::auth::users::set_password(&dir.join("node1"), "seeded", b"seed-pw", &canopy::auth::scram::Mechanism::ALL, 4096).unwrap();
     let etcd = Etcd::start(dir);
     let mut nodes: Vec<Option<ChildBroker>> = vec![None];
     for id in 1..=3 {
@@ -171,6 +223,18 @@ async fn acls_made_at_one_broker_hold_at_every_broker() {
     led.dedup();
     assert_eq!(led.len(), 3, "each node leads a partition");
 
+    // Node 1's user logs in everywhere; a user made through node 1
+    // too; a wrong password nowhere.
+    for id in 1..=3 {
+        wait_login(&etcd, id, "seeded", "seed-pw", 0).await;
+    }
+    assert_eq!(alter_user(dir, addr(&nodes, 1), "alice", Some(b"alice-pw")).await, 0);
+    assert_eq!(login(sasl_listener(&etcd, 1), "alice", "alice-pw").await, 0, "node 1 answered once it had the user");
+    for id in [2, 3] {
+        wait_login(&etcd, id, "alice", "alice-pw", 0).await;
+        assert_eq!(login(sasl_listener(&etcd, id), "alice", "wrong").await, 58, "SASL_AUTHENTICATION_FAILED");
+    }
+
     // No ACL: the writer may not write anywhere.
     assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "TOPIC_AUTHORIZATION_FAILED before any ACL");
 
@@ -193,7 +257,14 @@ async fn acls_made_at_one_broker_hold_at_every_broker() {
     let r: CreateAclsResponse = call(dir, "admin", addr(&nodes, 2), 30, 3, &CreateAclsRequest::default().with_creations(vec![writer_acl(LITERAL, TOPIC, DESCRIBE)])).await;
     assert_eq!(r.results[0].error_code, 0);
     wait_acls(dir, addr(&nodes, 1), &[(LITERAL, TOPIC, DESCRIBE)]).await;
+    // So is alice, and bob made.
+    assert_eq!(alter_user(dir, addr(&nodes, 2), "alice", None).await, 0);
+    assert_eq!(alter_user(dir, addr(&nodes, 2), "alice", None).await, 91, "RESOURCE_NOT_FOUND: already deleted");
+    assert_eq!(alter_user(dir, addr(&nodes, 2), "bob", Some(b"bob-pw")).await, 0);
+    wait_login(&etcd, 1, "alice", "alice-pw", 58).await;
     nodes[3] = Some(spawn_node_extra(dir, 3, &etcd, &args(dir, 3)));
     assert_eq!(writer_acls(dir, addr(&nodes, 3)).await, vec![(LITERAL, TOPIC.to_owned(), DESCRIBE)], "a restarted node serves the cluster's ACLs from its start");
+    let at3 = sasl_listener(&etcd, 3);
+    assert_eq!([login(at3, "alice", "alice-pw").await, login(at3, "bob", "bob-pw").await, login(at3, "seeded", "seed-pw").await], [58, 0, 0], "and the cluster's users");
     assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "WRITE is gone at every leader");
 }
