@@ -199,7 +199,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
                 Ok(n) => tracing::info!(users = n, "SCRAM users of this node's data directory handed to the cluster"),
                 Err(e) => anyhow::bail!("handing this node's SCRAM users to the cluster: {e}"),
             }
-            crate::cluster::follow_security(&broker.authorizer, &broker.users, stores, &broker.cluster, stop_rx.clone());
+            crate::cluster::follow_security(&broker.authorizer, &broker.users, &broker.quotas, stores, &broker.cluster, stop_rx.clone());
             Some(task)
         }
     };
@@ -260,7 +260,7 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads, and quotas and dynamic broker configs are each node's own");
+    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads, and dynamic broker configs are each node's own");
     if cfg.authorizer_enabled {
         tracing::info!(listener = %cfg.inter_broker().map(|i| i.listener).unwrap_or_default(), "followers' fetches need CLUSTER_ACTION on the cluster for the principal they connect as on the inter-broker listener (make node principals super_users)");
     }
@@ -317,7 +317,7 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
             }
         });
         let directory = Arc::new(crate::cluster::etcd::Directory::new(&session, tokio::runtime::Handle::current()));
-        let stores = crate::cluster::SecurityStores { acls: directory.clone(), users: directory };
+        let stores = crate::cluster::SecurityStores { acls: directory.clone(), users: directory.clone(), quotas: directory };
         Ok((session.membership, Some((session.task, stores))))
     }
     #[cfg(not(feature = "cluster"))]

@@ -80,7 +80,7 @@ impl Kind {
     }
 
     /// Why Kafka would refuse `value` for this key, if it would.
-    fn invalid(self, value: f64) -> Option<String> {
+    pub fn invalid(self, value: f64) -> Option<String> {
         if !value.is_finite() || value <= 0.0 {
             return Some(format!("{} must be a positive number, not {value}", self.key()));
         }
@@ -173,7 +173,9 @@ impl Entity {
 
     /// The catalog key: each part absent (empty), the default (`\u{1}`) or
     /// `=name`, joined by NUL (names may not hold it).
-    fn key(&self) -> String {
+    /// The entity's identity (the catalog's key, and in cluster mode the
+    /// etcd key's).
+    pub fn key(&self) -> String {
         let part = |n: &Option<Name>| match n {
             None => String::new(),
             Some(Name::Default) => "\u{1}".into(),
@@ -278,15 +280,52 @@ impl Resolved {
     }
 }
 
+/// Every entity's quotas.
+pub type Entries = BTreeMap<Entity, BTreeMap<Kind, f64>>;
+
+/// The cluster's quotas, when they are not the node's own (cluster mode:
+/// etcd, so a quota set through any broker holds at every broker).
+pub trait QuotaDirectory: Send + Sync {
+    /// Applies each entity's changes to what the cluster holds of it now,
+    /// and returns once this node's view has them: the cluster's quotas
+    /// then, and the revision they are at. Blocking.
+    fn alter(&self, changes: &[(Entity, Vec<Op>)]) -> Result<(i64, Entries), String>;
+}
+
+/// An entity's values after `ops`.
+pub fn altered(mut values: BTreeMap<Kind, f64>, ops: &[Op]) -> BTreeMap<Kind, f64> {
+    for (kind, value) in ops {
+        match value {
+            Some(v) => values.insert(*kind, *v),
+            None => values.remove(kind),
+        };
+    }
+    values
+}
+
+impl QuotaRecord {
+    /// The values this node knows (keys of a newer version are left out).
+    pub fn known(&self) -> BTreeMap<Kind, f64> {
+        self.values.iter().filter_map(|(k, v)| Some((Kind::parse(k)?, *v))).collect()
+    }
+
+    pub fn new(entity: Entity, values: &BTreeMap<Kind, f64>) -> QuotaRecord {
+        QuotaRecord { entity, values: values.iter().map(|(k, v)| (k.key().to_owned(), *v)).collect() }
+    }
+}
+
 pub struct Quotas {
-    entries: RwLock<Arc<BTreeMap<Entity, BTreeMap<Kind, f64>>>>,
+    entries: RwLock<Arc<Entries>>,
     /// Whether any quota is set: without one, nothing is resolved.
     any: AtomicBool,
     /// Bumped on every change: a connection's [`Resolved`] of an older
     /// generation is resolved again.
     generation: AtomicU64,
-    /// Held by a writer across its read, catalog write and publish.
-    writing: Mutex<()>,
+    /// Held by a writer across its read, catalog write and publish; in
+    /// cluster mode, the revision of the cluster's quotas held.
+    writing: Mutex<i64>,
+    /// Cluster mode: where quotas live (etcd); this node follows it.
+    directory: std::sync::OnceLock<Arc<dyn QuotaDirectory>>,
     buckets: Mutex<HashMap<BucketKey, Arc<Mutex<Bucket>>>>,
     /// Keys the hash that names a bucket (fresh each start).
     hasher: (std::collections::hash_map::RandomState, std::collections::hash_map::RandomState),
@@ -304,13 +343,15 @@ pub enum QuotaError {
     Invalid(String),
     #[error("the catalog write failed: {0}")]
     Storage(String),
+    #[error("the cluster's quotas could not be changed: {0}")]
+    Cluster(String),
 }
 
 impl Quotas {
     pub fn load(catalog: &Catalog) -> Result<Quotas, MetaError> {
         let mut entries = BTreeMap::new();
         for r in catalog.quotas()? {
-            let values: BTreeMap<Kind, f64> = r.values.iter().filter_map(|(k, v)| Some((Kind::parse(k)?, *v))).collect();
+            let values = r.known();
             if !values.is_empty() {
                 entries.insert(r.entity, values);
             }
@@ -327,7 +368,8 @@ impl Quotas {
             any: AtomicBool::new(!entries.is_empty()),
             entries: RwLock::new(Arc::new(entries)),
             generation: AtomicU64::new(1),
-            writing: Mutex::new(()),
+            writing: Mutex::new(0),
+            directory: Default::default(),
             buckets: Mutex::new(HashMap::new()),
             hasher: Default::default(),
         }
@@ -345,7 +387,7 @@ impl Quotas {
         self.any.load(Ordering::Acquire)
     }
 
-    fn snapshot(&self) -> Arc<BTreeMap<Entity, BTreeMap<Kind, f64>>> {
+    fn snapshot(&self) -> Arc<Entries> {
         self.entries.read().expect("quotas lock").clone()
     }
 
@@ -430,28 +472,51 @@ impl Quotas {
     /// Applies each entity's changes (AlterClientQuotas), all durably in one
     /// catalog write; entries already refused are not passed in.
     pub fn alter(&self, catalog: &Catalog, changes: &[(Entity, Vec<Op>)]) -> Result<(), QuotaError> {
-        let _writing = self.writing.lock().expect("quota writer lock");
+        if let Some(directory) = self.directory.get() {
+            let (revision, entries) = directory.alter(changes).map_err(QuotaError::Cluster)?;
+            self.follow(revision, entries);
+            return Ok(());
+        }
+        let mut writing = self.writing.lock().expect("quota writer lock");
         let mut entries = (*self.snapshot()).clone();
         let mut records = Vec::with_capacity(changes.len());
         for (entity, ops) in changes {
-            let values = entries.entry(entity.clone()).or_default();
-            for (kind, value) in ops {
-                match value {
-                    Some(v) => values.insert(*kind, *v),
-                    None => values.remove(kind),
-                };
-            }
-            let record = QuotaRecord { entity: entity.clone(), values: values.iter().map(|(k, v)| (k.key().to_owned(), *v)).collect() };
-            if values.is_empty() {
-                entries.remove(entity);
+            let values = altered(entries.remove(entity).unwrap_or_default(), ops);
+            let record = QuotaRecord::new(entity.clone(), &values);
+            if !values.is_empty() {
+                entries.insert(entity.clone(), values);
             }
             records.push((entity.key(), record));
         }
         catalog.put_quotas(&records.iter().map(|(k, r)| (k.as_str(), (!r.values.is_empty()).then_some(r))).collect::<Vec<_>>()).map_err(|e| QuotaError::Storage(e.to_string()))?;
+        self.publish(&mut writing, 0, entries);
+        Ok(())
+    }
+
+    /// Cluster mode: quotas live in `directory` from now on, and this
+    /// node's are the cluster's at `revision`. Set once, before the node
+    /// serves.
+    pub fn set_directory(&self, directory: Arc<dyn QuotaDirectory>, revision: i64, entries: Entries) {
+        if self.directory.set(directory).is_err() {
+            panic!("the quota directory is set once");
+        }
+        self.follow(revision, entries);
+    }
+
+    /// Cluster mode: the cluster's quotas at `revision`, taken unless this
+    /// node already holds a later revision's.
+    pub fn follow(&self, revision: i64, entries: Entries) {
+        let mut writing = self.writing.lock().expect("quota writer lock");
+        if revision > *writing {
+            self.publish(&mut writing, revision, entries);
+        }
+    }
+
+    fn publish(&self, at: &mut i64, revision: i64, entries: Entries) {
+        *at = revision;
         self.any.store(!entries.is_empty(), Ordering::Release);
         *self.entries.write().expect("quotas lock") = Arc::new(entries);
         self.generation.fetch_add(1, Ordering::AcqRel);
-        Ok(())
     }
 }
 

@@ -69,7 +69,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
     let ttl_s = cfg.session_timeout_ms.div_ceil(1000).max(1) as i64;
     let fence = Arc::new(Fence::lapsed());
     let lease = Arc::new(AtomicI64::new(0));
-    let mut s = State { client, keys, cluster_id, cfg, me, fence: fence.clone(), lease: lease.clone(), ttl_s };
+    let mut s = State { client, keys, cluster_id, cfg, me, fence: fence.clone(), lease: lease.clone(), ttl_s, balanced_at: Instant::now() };
     let mut stopping = stop.clone();
     if !s.register(&mut stopping).await? {
         bail!("stopped while registering");
@@ -224,6 +224,8 @@ struct State {
     fence: Arc<Fence>,
     lease: Arc<AtomicI64>,
     ttl_s: i64,
+    /// When the controller last looked for leader imbalance.
+    balanced_at: Instant,
 }
 
 impl State {
@@ -304,8 +306,25 @@ impl State {
             return;
         }
         let changes = topics::elections(view);
+        self.write_units(c.epoch, &changes, "unit changed by the controller").await;
+        // Kafka's auto.leader.rebalance: every interval, units go back to
+        // their preferred leaders where a node leads too few of its own.
+        // Only once no gone leader waits to be replaced.
+        let every = Duration::from_millis(self.cfg.leader_imbalance_check_interval_ms);
+        if self.cfg.auto_leader_rebalance && changes.is_empty() && self.balanced_at.elapsed() >= every {
+            self.balanced_at = Instant::now();
+            let moves = topics::rebalance(view, self.cfg.leader_imbalance_per_broker_percentage);
+            self.write_units(c.epoch, &moves, "leadership back to the preferred replica").await;
+        }
+    }
+
+    /// Writes units as the controller of `epoch`: each only if its key
+    /// still has the revision it was read at, in transactions guarded by
+    /// the controller key's create revision, so a deposed controller's
+    /// writes fail.
+    async fn write_units(&mut self, epoch: i64, changes: &[(String, UnitRecord)], what: &str) {
         for chunk in changes.chunks(OPS_PER_TXN) {
-            let mut when = vec![Compare::create_revision(self.keys.controller(), CompareOp::Equal, c.epoch)];
+            let mut when = vec![Compare::create_revision(self.keys.controller(), CompareOp::Equal, epoch)];
             let mut ops = Vec::with_capacity(chunk.len());
             for (name, unit) in chunk {
                 let key = self.keys.unit(name);
@@ -315,11 +334,11 @@ impl State {
             match self.client.txn(Txn::new().when(when).and_then(ops)).await {
                 Ok(r) if r.succeeded() => {
                     for (name, unit) in chunk {
-                        tracing::info!(unit = %name, leader = unit.leader, leader_epoch = unit.leader_epoch, isr = ?unit.isr, "unit changed by the controller");
+                        tracing::info!(unit = %name, leader = unit.leader, leader_epoch = unit.leader_epoch, isr = ?unit.isr, "{what}");
                     }
                 }
-                Ok(_) => tracing::debug!("an election lost a race (the unit or the controller changed); trying again from the next view"),
-                Err(e) => tracing::warn!(error = %e, "writing elections failed"),
+                Ok(_) => tracing::debug!("a controller write lost a race (the unit or the controller changed); trying again from the next view"),
+                Err(e) => tracing::warn!(error = %e, "writing units failed"),
             }
         }
     }
@@ -762,6 +781,46 @@ impl crate::auth::users::UserDirectory for Directory {
             self.seen(revision).await;
             let view = self.view.borrow().clone();
             Ok((results, view.revision, view.users.iter().map(|(u, c)| (u.clone(), c.clone())).collect()))
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Client quotas in etcd: one key per entity (`quotas/<hex of its
+/// key>`); each entity's changes are applied to what etcd holds of it now
+/// and written by compare-and-swap on the key's revision, as users are.
+impl crate::auth::quota::QuotaDirectory for Directory {
+    fn alter(&self, changes: &[(crate::auth::quota::Entity, Vec<crate::auth::quota::Op>)]) -> Result<(i64, crate::auth::quota::Entries), String> {
+        use crate::auth::quota::{altered, QuotaRecord};
+        const TRIES: usize = 10;
+        self.run("a quota change", async {
+            let mut client = self.client.clone();
+            let mut revision = 0;
+            for (entity, ops) in changes {
+                let key = self.keys.quota(entity);
+                let mut done = false;
+                for _ in 0..TRIES {
+                    let resp = client.get(key.clone(), None).await.map_err(etcd_failed)?;
+                    let (current, at) = match resp.kvs().first() {
+                        Some(kv) => (serde_json::from_slice::<QuotaRecord>(kv.value()).map_err(|e| EngineError::Cluster(format!("quota {entity:?} in etcd does not decode: {e}")))?.known(), kv.mod_revision()),
+                        None => (Default::default(), 0),
+                    };
+                    let values = altered(current, ops);
+                    let write = if values.is_empty() { TxnOp::delete(key.clone(), None) } else { TxnOp::put(key.clone(), serde_json::to_vec(&QuotaRecord::new(entity.clone(), &values)).expect("a quota encodes"), None) };
+                    let resp = client.txn(Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, at)]).and_then([write])).await.map_err(etcd_failed)?;
+                    if resp.succeeded() {
+                        revision = revision.max(resp.header().map_or(0, |h| h.revision()));
+                        done = true;
+                        break;
+                    }
+                }
+                if !done {
+                    return Err(EngineError::Cluster(format!("quota {entity:?} kept changing in etcd")));
+                }
+            }
+            self.seen(revision).await;
+            let view = self.view.borrow().clone();
+            Ok((view.revision, super::quotas_of(&view)))
         })
         .map_err(|e| e.to_string())
     }

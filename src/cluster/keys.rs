@@ -10,6 +10,7 @@
 //! | `units/<branch>~<p>` | a [`super::UnitRecord`], JSON |
 //! | `acls/<hex of the ACL's key>` | one ACL ([`crate::auth::acl::Acl`]), JSON |
 //! | `scram/<hex of the user name>` | a user's SCRAM credentials ([`crate::auth::users::Credentials`]), JSON |
+//! | `quotas/<hex of the entity's key>` | an entity's client quotas ([`crate::auth::quota::QuotaRecord`]), JSON |
 
 /// What a key under the prefix names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +25,13 @@ pub enum Key {
     Acl(String),
     /// A user's SCRAM credentials, by name.
     Scram(String),
+    /// An entity's client quotas, by the hex of its key ([`quota_id`]).
+    Quota(String),
+}
+
+/// A quota entity's name in etcd: the hex of its key.
+pub fn quota_id(e: &crate::auth::quota::Entity) -> String {
+    hex(e.key().as_bytes())
 }
 
 /// Lower-case hex: how names that may hold any character go into keys.
@@ -89,6 +97,10 @@ impl Keys {
         format!("{}acls/{}", self.prefix, acl_id(a)).into_bytes()
     }
 
+    pub fn quota(&self, e: &crate::auth::quota::Entity) -> Vec<u8> {
+        format!("{}quotas/{}", self.prefix, quota_id(e)).into_bytes()
+    }
+
     pub fn scram(&self, user: &str) -> Vec<u8> {
         format!("{}scram/{}", self.prefix, hex(user.as_bytes())).into_bytes()
     }
@@ -111,6 +123,10 @@ impl Keys {
             _ if rest.starts_with("acls/") => {
                 let id = &rest["acls/".len()..];
                 unhex(id).map(|_| Key::Acl(id.to_owned()))
+            }
+            _ if rest.starts_with("quotas/") => {
+                let id = &rest["quotas/".len()..];
+                unhex(id).map(|_| Key::Quota(id.to_owned()))
             }
             _ if rest.starts_with("scram/") => String::from_utf8(unhex(&rest["scram/".len()..])?).ok().map(Key::Scram),
             _ if rest.starts_with("units/") => {

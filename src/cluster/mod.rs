@@ -45,6 +45,12 @@ pub struct ClusterConfig {
     pub heartbeat_interval_ms: u64,
     /// Replicas of each coordinator shard (`offsets.topic.replication.factor`).
     pub offsets_replication_factor: i16,
+    /// Kafka's `auto.leader.rebalance.enable`.
+    pub auto_leader_rebalance: bool,
+    /// Kafka's `leader.imbalance.check.interval.seconds`, in milliseconds.
+    pub leader_imbalance_check_interval_ms: u64,
+    /// Kafka's `leader.imbalance.per.broker.percentage`.
+    pub leader_imbalance_per_broker_percentage: u32,
 }
 
 /// One address a node serves a Kafka listener on.
@@ -87,7 +93,7 @@ pub struct Controller {
 
 /// The cluster as one node has seen it: the live nodes, the controller,
 /// the topics and their units.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
     /// Single-node mode: this node leads every partition (no units).
     pub single: bool,
@@ -111,6 +117,8 @@ pub struct ClusterView {
     pub acls: Arc<BTreeMap<String, crate::auth::acl::Acl>>,
     /// The cluster's SCRAM users (cluster mode).
     pub users: Arc<BTreeMap<String, crate::auth::users::Credentials>>,
+    /// The cluster's client quotas, by [`keys::quota_id`] (cluster mode).
+    pub quotas: Arc<BTreeMap<String, crate::auth::quota::QuotaRecord>>,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -188,6 +196,64 @@ impl Membership {
         }
         let _ = (unit, from, isr);
         Ok(false)
+    }
+
+    /// ElectLeaders (preferred): each unit goes to its preferred leader,
+    /// by compare-and-swap on its key (a lost race decided again from the
+    /// newer view); one answer per unit, in order, once this node's view
+    /// shows each election made, or at `timeout`. Single-node mode: this
+    /// node leads everything, so no election is needed.
+    pub async fn elect_preferred(&self, units: &[String], timeout: std::time::Duration) -> Vec<Elected> {
+        #[cfg(feature = "cluster")]
+        if let Some(s) = &self.shards {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut answers: Vec<Option<Elected>> = vec![None; units.len()];
+            // Units written, waiting for the view to show their new leader.
+            let mut written: BTreeMap<usize, i32> = BTreeMap::new();
+            let mut views = self.view.clone();
+            loop {
+                let view = views.borrow_and_update().clone();
+                for (i, name) in units.iter().enumerate() {
+                    if answers[i].is_some() {
+                        continue;
+                    }
+                    let Some(u) = view.units.get(name) else {
+                        answers[i] = Some(Elected::Unknown);
+                        continue;
+                    };
+                    if let Some(leader) = written.get(&i) {
+                        if u.leader == *leader {
+                            answers[i] = Some(Elected::Done);
+                        }
+                        continue;
+                    }
+                    match topics::preferred_election(&view, u) {
+                        Err(topics::NoElection::NotNeeded) => answers[i] = Some(Elected::NotNeeded),
+                        Err(topics::NoElection::NotAvailable) => answers[i] = Some(Elected::NotAvailable),
+                        Ok(to) => match s.replace_unit(name, u, to.clone()).await {
+                            Ok(true) => {
+                                tracing::info!(unit = %name, leader = to.leader, leader_epoch = to.leader_epoch, "leadership to the preferred replica (ElectLeaders)");
+                                written.insert(i, to.leader);
+                            }
+                            // Changed meanwhile: decided again from the next view.
+                            Ok(false) => {}
+                            Err(e) => answers[i] = Some(Elected::Failed(e)),
+                        },
+                    }
+                }
+                if answers.iter().all(Option::is_some) {
+                    return answers.into_iter().map(|a| a.expect("answered")).collect();
+                }
+                let next = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
+                match tokio::time::timeout_at(deadline, next).await {
+                    Err(_) => return answers.into_iter().map(|a| a.unwrap_or(Elected::TimedOut)).collect(),
+                    Ok(Ok(Err(_))) => return answers.into_iter().map(|a| a.unwrap_or(Elected::Failed("this node left the cluster".into()))).collect(),
+                    Ok(_) => {}
+                }
+            }
+        }
+        let _ = timeout;
+        units.iter().map(|_| Elected::NotNeeded).collect()
     }
 
     /// Controlled shutdown: every unit this node leads goes to the first
@@ -374,25 +440,46 @@ impl Fence {
     }
 }
 
-/// Where a cluster node's ACLs and SCRAM users live (etcd).
+/// What a preferred-leader election of a unit came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Elected {
+    Done,
+    /// Its preferred leader leads it already.
+    NotNeeded,
+    /// Its preferred leader is not registered or not in sync.
+    NotAvailable,
+    /// No such unit.
+    Unknown,
+    TimedOut,
+    Failed(String),
+}
+
+/// Where a cluster node's ACLs, SCRAM users and quotas live (etcd).
 pub struct SecurityStores {
     pub acls: Arc<dyn crate::auth::acl::AclStore>,
     pub users: Arc<dyn crate::auth::users::UserDirectory>,
+    pub quotas: Arc<dyn crate::auth::quota::QuotaDirectory>,
 }
 
-/// Makes `authorizer` and `users` take their ACLs and users from the
-/// cluster: those of the current view at once, then every view's whose
-/// ACLs or users changed, until `stop`. The catalog's are not used in
+/// The quotas of a view, as the node enforces them.
+pub fn quotas_of(v: &ClusterView) -> crate::auth::quota::Entries {
+    v.quotas.values().map(|r| (r.entity.clone(), r.known())).filter(|(_, values)| !values.is_empty()).collect()
+}
+
+/// Makes `authorizer`, `users` and `quotas` take their ACLs, users and
+/// quotas from the cluster: those of the current view at once, then every
+/// view's whose ACLs, users or quotas changed, until `stop`. The catalog's are not used in
 /// cluster mode (see [`hand_over_users`]).
-pub fn follow_security(authorizer: &Arc<crate::auth::acl::Authorizer>, users: &Arc<crate::auth::users::UserStore>, stores: SecurityStores, membership: &Membership, mut stop: watch::Receiver<bool>) {
+pub fn follow_security(authorizer: &Arc<crate::auth::acl::Authorizer>, users: &Arc<crate::auth::users::UserStore>, quotas: &Arc<crate::auth::quota::Quotas>, stores: SecurityStores, membership: &Membership, mut stop: watch::Receiver<bool>) {
     let acls_of = |v: &ClusterView| v.acls.values().cloned().collect();
     let users_of = |v: &ClusterView| v.users.iter().map(|(u, c)| (u.clone(), c.clone())).collect();
     let mut views = membership.subscribe();
     let first = views.borrow_and_update().clone();
     authorizer.set_store(stores.acls, first.revision.max(1), acls_of(&first));
     users.set_directory(stores.users, first.revision.max(1), users_of(&first));
-    let (authorizer, users) = (authorizer.clone(), users.clone());
-    let (mut seen_acls, mut seen_users) = (first.acls.clone(), first.users.clone());
+    quotas.set_directory(stores.quotas, first.revision.max(1), quotas_of(&first));
+    let (authorizer, users, quotas) = (authorizer.clone(), users.clone(), quotas.clone());
+    let (mut seen_acls, mut seen_users, mut seen_quotas) = (first.acls.clone(), first.users.clone(), first.quotas.clone());
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -407,6 +494,10 @@ pub fn follow_security(authorizer: &Arc<crate::auth::acl::Authorizer>, users: &A
             if !Arc::ptr_eq(&seen_users, &view.users) {
                 seen_users = view.users.clone();
                 users.follow(view.revision, users_of(&view));
+            }
+            if !Arc::ptr_eq(&seen_quotas, &view.quotas) {
+                seen_quotas = view.quotas.clone();
+                quotas.follow(view.revision, quotas_of(&view));
             }
         }
     });
@@ -592,6 +683,21 @@ impl ViewBuilder {
                         return Err(format!("ACL {id}: the key is not the value's"));
                     }
                     Arc::make_mut(&mut self.view.acls).insert(id, acl);
+                }
+            }
+            Some(keys::Key::Quota(id)) => {
+                if self.view.quotas.contains_key(&id) {
+                    Arc::make_mut(&mut self.view.quotas).remove(&id);
+                }
+                if let Some((v, _, _)) = value {
+                    let record: crate::auth::quota::QuotaRecord = serde_json::from_slice(v).map_err(|e| format!("quota {id}: {e}"))?;
+                    if keys::quota_id(&record.entity) != id {
+                        return Err(format!("quota {id}: the key is not the value's entity"));
+                    }
+                    if let Some(why) = record.known().iter().find_map(|(k, v)| k.invalid(*v)) {
+                        return Err(format!("quota {id}: {why}"));
+                    }
+                    Arc::make_mut(&mut self.view.quotas).insert(id, record);
                 }
             }
             Some(keys::Key::Scram(user)) => {
@@ -784,6 +890,26 @@ mod tests {
         }
         v.apply(&k, KeyEvent::Delete { key: &k.scram("alice") }, 5).unwrap();
         assert!(v.view().users.is_empty());
+    }
+
+    #[test]
+    fn quotas_follow_their_keys_and_a_bad_value_is_left_out() {
+        use crate::auth::quota::{Entity, Kind, Name, QuotaRecord};
+        let k = keys::Keys::new("c1");
+        let alice = Entity { user: Some(Name::Named("alice".into())), client_id: Some(Name::Default) };
+        let rec = |e: &Entity, v: f64| serde_json::to_vec(&QuotaRecord::new(e.clone(), &[(Kind::Produce, v)].into())).unwrap();
+        let mut v = ViewBuilder::default();
+        let put = |v: &mut ViewBuilder, key: &[u8], value: &[u8], rev| v.apply(&k, KeyEvent::Put { key, value, create_revision: rev, mod_revision: rev }, rev);
+        put(&mut v, &k.quota(&alice), &rec(&alice, 1024.0), 2).unwrap();
+        assert_eq!(quotas_of(v.view()), [(alice.clone(), [(Kind::Produce, 1024.0)].into())].into());
+        // A negative rate, another entity's record: refused, left out.
+        assert!(put(&mut v, &k.quota(&alice), &rec(&alice, -1.0), 3).is_err());
+        assert!(quotas_of(v.view()).is_empty());
+        let bob = Entity { user: Some(Name::Named("bob".into())), client_id: None };
+        assert!(put(&mut v, &k.quota(&bob), &rec(&alice, 1.0), 4).is_err());
+        put(&mut v, &k.quota(&alice), &rec(&alice, 2048.0), 5).unwrap();
+        v.apply(&k, KeyEvent::Delete { key: &k.quota(&alice) }, 6).unwrap();
+        assert!(quotas_of(v.view()).is_empty());
     }
 
     /// A directory that takes every change, or none.

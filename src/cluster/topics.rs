@@ -269,6 +269,55 @@ pub fn elections(view: &ClusterView) -> Vec<(String, UnitRecord)> {
     out
 }
 
+/// Why a unit's preferred leader does not take it over, as Kafka's
+/// ElectLeaders answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoElection {
+    /// It leads already (ELECTION_NOT_NEEDED).
+    NotNeeded,
+    /// It is not registered, or not in the ISR
+    /// (PREFERRED_LEADER_NOT_AVAILABLE): a preferred election never leaves
+    /// the ISR.
+    NotAvailable,
+}
+
+/// A preferred-leader election of unit `u`: its first replica leads it in
+/// the next epoch, if that replica is live and in sync. The record keeps
+/// the mod revision it was read with (the write's guard).
+pub fn preferred_election(view: &ClusterView, u: &UnitRecord) -> Result<UnitRecord, NoElection> {
+    let preferred = u.replicas[0];
+    if u.leader == preferred {
+        return Err(NoElection::NotNeeded);
+    }
+    if !view.nodes.contains_key(&preferred) || !u.isr.contains(&preferred) {
+        return Err(NoElection::NotAvailable);
+    }
+    Ok(UnitRecord { leader: preferred, leader_epoch: u.leader_epoch + 1, ..u.clone() })
+}
+
+/// Kafka's automatic leader rebalance: for each node, the units it is the
+/// preferred leader of (their first replica) but does not lead; when they
+/// are more than `percent` of the units it prefers, each of them whose
+/// preferred leader can take it (live, in sync) goes back to it.
+pub fn rebalance(view: &ClusterView, percent: u32) -> Vec<(String, UnitRecord)> {
+    let mut per_node: BTreeMap<i32, (usize, Vec<&String>)> = BTreeMap::new();
+    for (name, u) in view.units.iter() {
+        let e = per_node.entry(u.replicas[0]).or_default();
+        e.0 += 1;
+        if u.leader != u.replicas[0] {
+            e.1.push(name);
+        }
+    }
+    let mut out = Vec::new();
+    for (total, elsewhere) in per_node.into_values() {
+        if elsewhere.len() * 100 <= total * percent as usize {
+            continue;
+        }
+        out.extend(elsewhere.into_iter().filter_map(|name| preferred_election(view, &view.units[name]).ok().map(|u| (name.clone(), u))));
+    }
+    out
+}
+
 /// Controlled shutdown's changes for node `me`: each unit it leads that
 /// has another registered ISR member goes to the first such member in
 /// replica order, in the next epoch, with `me` out of the ISR. (unit, as
@@ -355,6 +404,26 @@ mod tests {
             (name, (to.leader, to.leader_epoch, to.isr, to.mod_revision))
         }).collect();
         assert_eq!(got, BTreeMap::from([("a~0".to_owned(), (2, 5, vec![3, 2], 9)), ("a~1".to_owned(), (3, 1, vec![3], 9))]));
+    }
+
+    #[test]
+    fn preferred_leaders_take_their_units_back_only_from_the_isr() {
+        let mut v = view(&[(1, None), (2, None), (3, None)]);
+        let units = Arc::make_mut(&mut v.units);
+        units.insert("a~0".into(), unit(&[1, 2, 3], 2, 4, &[1, 2, 3]));
+        units.insert("a~1".into(), unit(&[1, 2, 3], 1, 1, &[1, 2, 3]));
+        units.insert("a~2".into(), unit(&[1, 2, 3], 2, 1, &[2, 3]));
+        units.insert("b~0".into(), unit(&[4, 2], 2, 1, &[4, 2]));
+        let elected = preferred_election(&v, &v.units["a~0"]).unwrap();
+        assert_eq!((elected.leader, elected.leader_epoch, elected.isr.clone(), elected.mod_revision), (1, 5, vec![1, 2, 3], v.units["a~0"].mod_revision));
+        assert_eq!(preferred_election(&v, &v.units["a~1"]), Err(NoElection::NotNeeded));
+        assert_eq!(preferred_election(&v, &v.units["a~2"]), Err(NoElection::NotAvailable), "out of the ISR");
+        assert_eq!(preferred_election(&v, &v.units["b~0"]), Err(NoElection::NotAvailable), "not registered");
+        // Node 1 prefers three units and leads one: 67% elsewhere. Only the
+        // one it can take goes back; none at all under a 70% threshold.
+        let moved: Vec<String> = rebalance(&v, 10).into_iter().map(|(n, u)| format!("{n}:{}", u.leader)).collect();
+        assert_eq!(moved, vec!["a~0:1"]);
+        assert!(rebalance(&v, 70).is_empty());
     }
 
     #[test]

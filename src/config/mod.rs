@@ -313,6 +313,12 @@ settings! {
     offsets_topic_replication_factor: i16 = "3", "CANOPY_OFFSETS_TOPIC_REPLICATION_FACTOR", "offsets-topic-replication-factor";
     "Cluster mode: the listener brokers reach each other on (inter.broker.listener.name): followers fetch from their leaders there, and replica fetches are taken only there; PLAINTEXT, or SSL with client certificates required (each broker presents ssl_cert_file and checks the other's against ssl_ca_file); empty: the first listener"
     inter_broker_listener_name: String = "", "CANOPY_INTER_BROKER_LISTENER_NAME", "inter-broker-listener-name";
+    "Cluster mode: the controller moves leadership back to preferred replicas when a broker leads too few of its own (auto.leader.rebalance.enable)"
+    auto_leader_rebalance_enable: bool = "true", "CANOPY_AUTO_LEADER_REBALANCE_ENABLE", "auto-leader-rebalance-enable";
+    "Cluster mode: how often the controller looks for leader imbalance, in milliseconds (leader.imbalance.check.interval.seconds)"
+    leader_imbalance_check_interval_ms: u64 = "300000", "CANOPY_LEADER_IMBALANCE_CHECK_INTERVAL_MS", "leader-imbalance-check-interval-ms";
+    "Cluster mode: the share of a broker's preferred units led elsewhere, in percent, past which they go back to it (leader.imbalance.per.broker.percentage)"
+    leader_imbalance_per_broker_percentage: u32 = "10", "CANOPY_LEADER_IMBALANCE_PER_BROKER_PERCENTAGE", "leader-imbalance-per-broker-percentage";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -366,6 +372,12 @@ impl Config {
             }
             if self.broker_heartbeat_interval_ms == 0 || self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms {
                 return bad("broker_heartbeat_interval_ms", "must be positive and at most half of broker_session_timeout_ms");
+            }
+            if self.leader_imbalance_check_interval_ms < 1000 {
+                return bad("leader_imbalance_check_interval_ms", "must be at least 1000");
+            }
+            if self.leader_imbalance_per_broker_percentage > 100 {
+                return bad("leader_imbalance_per_broker_percentage", "must be between 0 and 100");
             }
         }
         if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
@@ -733,6 +745,9 @@ impl Config {
             session_timeout_ms: self.broker_session_timeout_ms,
             heartbeat_interval_ms: self.broker_heartbeat_interval_ms,
             offsets_replication_factor: self.offsets_topic_replication_factor,
+            auto_leader_rebalance: self.auto_leader_rebalance_enable,
+            leader_imbalance_check_interval_ms: self.leader_imbalance_check_interval_ms,
+            leader_imbalance_per_broker_percentage: self.leader_imbalance_per_broker_percentage,
         })
     }
 

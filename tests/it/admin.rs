@@ -155,3 +155,34 @@ async fn log_append_time_topics_stamp_records() {
     drop(admin);
     broker.shutdown().await;
 }
+
+/// ElectLeaders in single-node mode: this broker leads everything, so every
+/// partition asked (each once, however often asked) is ELECTION_NOT_NEEDED;
+/// a partition or topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION;
+/// an UNCLEAN election is INVALID_REQUEST; null asks every topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_leaders_finds_nothing_to_elect_on_one_node() {
+    use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+    use kafka_protocol::messages::{ElectLeadersRequest, ElectLeadersResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let admin: AdminClient<DefaultClientContext> = common::client(broker.kafka_addr).create().unwrap();
+    assert!(admin.create_topics([&NewTopic::new("el.t", 2, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].is_ok());
+    let ask = |topic: &'static str, ps: Vec<i32>| TopicPartitions::default().with_topic(TopicName(StrBytes::from_static_str(topic))).with_partitions(ps);
+    let call = |election: i8, tps: Option<Vec<TopicPartitions>>| async move {
+        let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+        let r: ElectLeadersResponse = common::call(&mut sock, 43, 2, 1, &ElectLeadersRequest::default().with_election_type(election).with_topic_partitions(tps).with_timeout_ms(5_000)).await;
+        let mut out: Vec<(String, i32, i16)> = r.replica_election_results.iter().flat_map(|t| t.partition_result.iter().map(|p| (t.topic.to_string(), p.partition_id, p.error_code))).collect();
+        out.sort();
+        (r.error_code, out)
+    };
+    let t = |topic: &str, p: i32, code: i16| (topic.to_owned(), p, code);
+    let (code, got) = call(0, Some(vec![ask("el.t", vec![1, 0, 1, 5, -1]), ask("el.t", vec![0]), ask("no.such", vec![0])])).await;
+    assert_eq!(code, 0);
+    assert_eq!(got, vec![t("el.t", -1, 3), t("el.t", 0, 84), t("el.t", 1, 84), t("el.t", 5, 3), t("no.such", 0, 3)]);
+    assert_eq!(call(1, Some(vec![ask("el.t", vec![0])])).await.1, vec![t("el.t", 0, 42)], "UNCLEAN: INVALID_REQUEST");
+    assert_eq!(call(0, None).await.1, vec![t("el.t", 0, 84), t("el.t", 1, 84)]);
+    drop(admin);
+    broker.shutdown().await;
+}

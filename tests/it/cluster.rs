@@ -43,6 +43,7 @@ mod acls;
 mod clients;
 mod groups;
 mod inter_broker;
+mod leaders;
 mod nemesis;
 
 use crate::cluster_support::{canopy_binary, free_port, node_args, spawn_node, spawn_node_with, Etcd};

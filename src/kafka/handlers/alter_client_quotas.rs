@@ -42,7 +42,11 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     } else {
         let (quotas, catalog) = (broker.quotas.clone(), broker.engine.clone());
         match tokio::task::spawn_blocking(move || quotas.alter(catalog.catalog(), &changes)).await {
-            Ok(r) => r.map_err(|e| (E::UnknownServerError.code(), e.to_string())),
+            Ok(r) => r.map_err(|e| {
+                // etcd not taking it in time is retriable.
+                let code = if matches!(e, crate::auth::quota::QuotaError::Cluster(_)) { E::RequestTimedOut.code() } else { E::UnknownServerError.code() };
+                (code, e.to_string())
+            }),
             Err(e) => Err((E::UnknownServerError.code(), e.to_string())),
         }
     };

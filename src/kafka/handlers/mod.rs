@@ -24,6 +24,7 @@ pub mod describe_log_dirs;
 pub mod describe_acls;
 pub mod describe_client_quotas;
 pub mod describe_cluster;
+pub mod elect_leaders;
 pub mod describe_configs;
 pub mod describe_producers;
 pub mod describe_topic_partitions;
@@ -115,7 +116,7 @@ throttled!(
     DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
     AlterConfigsResponse, IncrementalAlterConfigsResponse, DescribeProducersResponse,
     DescribeTopicPartitionsResponse, DeleteRecordsResponse,
-    DescribeLogDirsResponse, ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse;
+    DescribeLogDirsResponse, ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse, ElectLeadersResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -282,6 +283,7 @@ apis! {
     CreatePartitions => create_partitions,
     DeleteGroups => delete_groups,
     DescribeCluster => describe_cluster,
+    ElectLeaders => elect_leaders,
     OffsetDelete => offset_delete,
     InitProducerId => init_producer_id,
     AddPartitionsToTxn => add_partitions_to_txn,

@@ -41,6 +41,7 @@ pub(super) static APIS: &[Api] = &[
     api(37, "CreatePartitions", 0, 3, 2, &create_partitions::REQUEST),
     api(42, "DeleteGroups", 0, 2, 2, &delete_groups::REQUEST),
     api(60, "DescribeCluster", 0, 1, 0, &describe_cluster::REQUEST),
+    api(43, "ElectLeaders", 0, 2, 2, &elect_leaders::REQUEST),
     api(47, "OffsetDelete", 0, 0, NEVER, &offset_delete::REQUEST),
     api(22, "InitProducerId", 0, 5, 2, &init_producer_id::REQUEST),
     api(
@@ -595,6 +596,22 @@ pub(super) mod describe_cluster {
         &[
             f("include_cluster_authorized_operations", BOOL, 0, 1),
             f("endpoint_type", I8, 1, 1),
+        ],
+    );
+}
+
+pub(super) mod elect_leaders {
+    use super::*;
+    static TOPIC_PARTITIONS: Schema = s(
+        "TopicPartitions",
+        &[f("topic", STR, 0, 2), f("partitions", I32S, 0, 2)],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "ElectLeadersRequest",
+        &[
+            f("election_type", I8, 1, 2),
+            f("topic_partitions", nstructs(&TOPIC_PARTITIONS), 0, 2),
+            f("timeout_ms", I32, 0, 2),
         ],
     );
 }

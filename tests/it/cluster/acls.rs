@@ -1,5 +1,5 @@
-//! ACLs and SCRAM users are the cluster's (etcd's), not each broker's: an
-//! ACL or a user created through one broker holds at every broker, a
+//! ACLs, SCRAM users and client quotas are the cluster's (etcd's), not
+//! each broker's: one created through one broker holds at every broker, a
 //! deletion through another removes it everywhere, and a broker that was
 //! down when they changed starts with the cluster's. A user set in a
 //! node's data directory before it starts (`canopy user`) is handed to the
@@ -30,6 +30,8 @@ use crate::common::{self, ChildBroker};
 
 const TOPIC: &str = "acl.t";
 const WRITER: &str = "User:CN=writer,O=canopy";
+/// The writer's principal name, as quotas name users.
+const WRITER_NAME: &str = "CN=writer,O=canopy";
 /// Kafka's wire numbers: resource TOPIC, patterns LITERAL and PREFIXED,
 /// operations WRITE and DESCRIBE, permission ALLOW, and ANY in filters.
 const TOPIC_RESOURCE: i8 = 2;
@@ -192,9 +194,41 @@ async fn alter_user(dir: &Path, addr: SocketAddr, user: &str, password: Option<&
     r.results[0].error_code
 }
 
+/// AlterClientQuotas as `admin` at `addr`: `writer`'s producer byte rate
+/// set, or removed; the entry's code.
+async fn alter_quota(dir: &Path, addr: SocketAddr, rate: Option<f64>) -> i16 {
+    use alter_client_quotas_request::{EntityData, EntryData, OpData};
+    let op = OpData::default().with_key(s("producer_byte_rate")).with_value(rate.unwrap_or(0.0)).with_remove(rate.is_none());
+    let entry = EntryData::default().with_entity(vec![EntityData::default().with_entity_type(s("user")).with_entity_name(Some(s(WRITER_NAME)))]).with_ops(vec![op]);
+    let r: AlterClientQuotasResponse = call(dir, "admin", addr, 49, 1, &AlterClientQuotasRequest::default().with_entries(vec![entry])).await;
+    r.entries[0].error_code
+}
+
+/// `writer`'s producer byte rate as `addr` describes it.
+async fn writer_quota(dir: &Path, addr: SocketAddr) -> Option<f64> {
+    use describe_client_quotas_request::ComponentData;
+    let req = DescribeClientQuotasRequest::default().with_components(vec![ComponentData::default().with_entity_type(s("user")).with_match_type(0).with_match(Some(s(WRITER_NAME)))]).with_strict(true);
+    let r: DescribeClientQuotasResponse = call(dir, "admin", addr, 48, 1, &req).await;
+    assert_eq!(r.error_code, 0, "{:?}", r.error_message);
+    r.entries.into_iter().flatten().flat_map(|e| e.values).find(|v| v.key.as_str() == "producer_byte_rate").map(|v| v.value)
+}
+
+/// Polls (60 s at most) until `addr` describes `want` as `writer`'s rate.
+async fn wait_quota(dir: &Path, addr: SocketAddr, want: Option<f64>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = writer_quota(dir, addr).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{addr} describes {got:?}, not {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
-async fn acls_and_users_made_at_one_broker_hold_at_every_broker() {
+async fn acls_users_and_quotas_made_at_one_broker_hold_at_every_broker() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
     pki(dir, &["node-1", "node-2", "node-3", "admin", "writer"]);
@@ -235,6 +269,13 @@ async fn acls_and_users_made_at_one_broker_hold_at_every_broker() {
         assert_eq!(login(sasl_listener(&etcd, id), "alice", "wrong").await, 58, "SASL_AUTHENTICATION_FAILED");
     }
 
+    // A quota set through node 3 is described everywhere.
+    assert_eq!(alter_quota(dir, addr(&nodes, 3), Some(1_048_576.0)).await, 0);
+    assert_eq!(writer_quota(dir, addr(&nodes, 3)).await, Some(1_048_576.0), "node 3 answered once it had the quota");
+    for id in [1, 2] {
+        wait_quota(dir, addr(&nodes, id), Some(1_048_576.0)).await;
+    }
+
     // No ACL: the writer may not write anywhere.
     assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "TOPIC_AUTHORIZATION_FAILED before any ACL");
 
@@ -262,9 +303,18 @@ async fn acls_and_users_made_at_one_broker_hold_at_every_broker() {
     assert_eq!(alter_user(dir, addr(&nodes, 2), "alice", None).await, 91, "RESOURCE_NOT_FOUND: already deleted");
     assert_eq!(alter_user(dir, addr(&nodes, 2), "bob", Some(b"bob-pw")).await, 0);
     wait_login(&etcd, 1, "alice", "alice-pw", 58).await;
+    // And the quota raised.
+    assert_eq!(alter_quota(dir, addr(&nodes, 2), Some(2_097_152.0)).await, 0);
+    wait_quota(dir, addr(&nodes, 1), Some(2_097_152.0)).await;
     nodes[3] = Some(spawn_node_extra(dir, 3, &etcd, &args(dir, 3)));
     assert_eq!(writer_acls(dir, addr(&nodes, 3)).await, vec![(LITERAL, TOPIC.to_owned(), DESCRIBE)], "a restarted node serves the cluster's ACLs from its start");
     let at3 = sasl_listener(&etcd, 3);
     assert_eq!([login(at3, "alice", "alice-pw").await, login(at3, "bob", "bob-pw").await, login(at3, "seeded", "seed-pw").await], [58, 0, 0], "and the cluster's users");
+    assert_eq!(writer_quota(dir, addr(&nodes, 3)).await, Some(2_097_152.0), "and the cluster's quotas");
+    // A quota removed through node 3 is gone everywhere.
+    assert_eq!(alter_quota(dir, addr(&nodes, 3), None).await, 0);
+    for id in [1, 2] {
+        wait_quota(dir, addr(&nodes, id), None).await;
+    }
     assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "WRITE is gone at every leader");
 }

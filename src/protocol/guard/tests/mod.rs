@@ -92,6 +92,7 @@ fn every_case() -> Vec<Case> {
         case!(AlterConfigsRequest, alter_configs),
         case!(IncrementalAlterConfigsRequest, incremental_alter_configs),
         case!(DescribeClusterRequest, describe_cluster),
+        case!(ElectLeadersRequest, elect_leaders),
         case!(FindCoordinatorRequest, find_coordinator),
         case!(JoinGroupRequest, join_group),
         case!(SyncGroupRequest, sync_group),

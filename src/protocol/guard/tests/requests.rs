@@ -287,6 +287,18 @@ pub(super) fn describe_cluster(v: i16) -> km::DescribeClusterRequest {
     r
 }
 
+pub(super) fn elect_leaders(v: i16) -> km::ElectLeadersRequest {
+    use km::elect_leaders_request::TopicPartitions;
+    let mut r = km::ElectLeadersRequest::default().with_timeout_ms(30_000).with_topic_partitions(Some(vec![
+        TopicPartitions::default().with_topic(TopicName(st("a.b"))).with_partitions(vec![0, 2]),
+        TopicPartitions::default().with_topic(TopicName(st("c"))).with_partitions(vec![1]),
+    ]));
+    if v >= 1 {
+        r.election_type = 1;
+    }
+    r
+}
+
 pub(super) fn find_coordinator(v: i16) -> km::FindCoordinatorRequest {
     let mut r = km::FindCoordinatorRequest::default();
     if v <= 3 {
