@@ -199,6 +199,16 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
                 Ok(n) => tracing::info!(users = n, "SCRAM users of this node's data directory handed to the cluster"),
                 Err(e) => anyhow::bail!("handing this node's SCRAM users to the cluster: {e}"),
             }
+            // ACLs and quotas in the catalog (a build before they lived in
+            // etcd) are not used: said loudly, since missing ACLs change
+            // what is allowed.
+            let (acls, quotas) = (engine.catalog().acls().map(|a| a.len()).unwrap_or(0), engine.catalog().quotas().map(|q| q.len()).unwrap_or(0));
+            if acls + quotas > 0 {
+                tracing::error!(acls, quotas, "this node's catalog holds ACLs or client quotas, which cluster mode does not use (the cluster's live in etcd): create them again through any broker");
+            }
+            if !cfg.authorizer_enabled {
+                tracing::warn!(listener = %broker.cfg.inter_broker.listener, "without the authorizer, whoever reaches the inter-broker listener can fetch as a replica and move high watermarks: keep it on a private network, or SSL with a CA only brokers hold certificates of");
+            }
             crate::cluster::follow_security(&broker.authorizer, &broker.users, &broker.quotas, stores, &broker.cluster, stop_rx.clone());
             Some(task)
         }
@@ -260,7 +270,7 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
     if let Some(e) = me.endpoints.iter().find(|e| e.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified())) {
         anyhow::bail!("listener {} would advertise {} to the other brokers' clients: set advertised_listeners to an address they can reach", e.listener, e.host);
     }
-    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads, and dynamic broker configs are each node's own");
+    tracing::warn!("cluster mode is incomplete (issue 24): transaction state lives on its coordinator only, a transaction may span only partitions its coordinator leads");
     if cfg.authorizer_enabled {
         tracing::info!(listener = %cfg.inter_broker().map(|i| i.listener).unwrap_or_default(), "followers' fetches need CLUSTER_ACTION on the cluster for the principal they connect as on the inter-broker listener (make node principals super_users)");
     }
@@ -291,6 +301,12 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
             };
             tokio::task::spawn_blocking(move || engine.follow_topics(read)).await.unwrap_or(0)
         };
+        // The cluster-wide broker configs (topic defaults) likewise.
+        let follow_configs = |engine: Arc<Engine>, membership: Arc<crate::cluster::Membership>| async move {
+            let read = move || (*membership.view().broker_configs).clone();
+            tokio::task::spawn_blocking(move || engine.follow_cluster_configs(read)).await.unwrap_or(false)
+        };
+        follow_configs(engine.clone(), session.membership.clone()).await;
         let first = session.membership.view();
         let changed = follow(engine.clone(), session.membership.clone()).await;
         tracing::info!(topics = first.topics.len(), changed, "following the cluster's topics");
@@ -301,7 +317,7 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
         let (mut views, engine, membership) = (session.membership.subscribe(), engine.clone(), session.membership.clone());
         let mut stop = stop_rx;
         tokio::spawn(async move {
-            let (mut topics, mut damaged) = (first.topics.clone(), first.damaged_topics.clone());
+            let (mut topics, mut damaged, mut configs) = (first.topics.clone(), first.damaged_topics.clone(), first.broker_configs.clone());
             loop {
                 tokio::select! {
                     changed = views.changed() => if changed.is_err() { return },
@@ -309,6 +325,10 @@ async fn join_cluster(cfg: &Config, engine: &Arc<Engine>, me: crate::cluster::No
                 }
                 let view = views.borrow_and_update().clone();
                 engine.catalog().raise_producer_ids_below(view.producer_ids_end);
+                if !Arc::ptr_eq(&configs, &view.broker_configs) {
+                    configs = view.broker_configs.clone();
+                    follow_configs(engine.clone(), membership.clone()).await;
+                }
                 if !Arc::ptr_eq(&topics, &view.topics) || !Arc::ptr_eq(&damaged, &view.damaged_topics) {
                     damaged = view.damaged_topics.clone();
                     topics = view.topics.clone();

@@ -27,6 +27,10 @@ pub trait UserDirectory: Send + Sync {
     /// users then with the revision they are at. `Err`: the cluster did
     /// not answer (groups before the failure may be done). Blocking.
     fn alter(&self, groups: &[Vec<Alteration>]) -> Result<(Vec<Result<(), AlterError>>, i64, Users), String>;
+    /// Creates each user the cluster does not have (never overwriting
+    /// one it has), and returns once this node's view has them: the names
+    /// it took. Blocking.
+    fn hand_over(&self, users: &Users) -> Result<std::collections::BTreeSet<String>, String>;
 }
 
 /// One user's credentials after `group` (all of whose changes name

@@ -710,17 +710,30 @@ impl crate::auth::acl::AclStore for Directory {
         const CHUNK: usize = 100;
         self.run("an ACL change", async {
             let mut client = self.client.clone();
+            // etcd refuses a transaction naming a key twice: each ACL once,
+            // and one both made and removed is made.
+            let add: std::collections::BTreeSet<&crate::auth::acl::Acl> = add.iter().collect();
+            let remove: std::collections::BTreeSet<&crate::auth::acl::Acl> = remove.iter().filter(|a| !add.contains(a)).collect();
             let ops: Vec<TxnOp> = add
                 .iter()
                 .map(|a| TxnOp::put(self.keys.acl(a), serde_json::to_vec(a).expect("an ACL encodes"), None))
                 .chain(remove.iter().map(|a| TxnOp::delete(self.keys.acl(a), None)))
                 .collect();
+            // The revision of the last transaction that changed something:
+            // one that changed nothing (deletions of ACLs already gone)
+            // makes no event this node's view could wait for.
             let mut revision = 0;
             let mut ops = ops.into_iter().peekable();
             while ops.peek().is_some() {
                 let chunk: Vec<TxnOp> = ops.by_ref().take(CHUNK).collect();
                 let resp = client.txn(Txn::new().and_then(chunk)).await.map_err(etcd_failed)?;
-                revision = revision.max(resp.header().map_or(0, |h| h.revision()));
+                let changed = resp.op_responses().iter().any(|r| match r {
+                    TxnOpResponse::Delete(d) => d.deleted() > 0,
+                    _ => true,
+                });
+                if changed {
+                    revision = revision.max(resp.header().map_or(0, |h| h.revision()));
+                }
             }
             self.seen(revision).await;
             let view = self.view.borrow().clone();
@@ -784,6 +797,30 @@ impl crate::auth::users::UserDirectory for Directory {
         })
         .map_err(|e| e.to_string())
     }
+
+    fn hand_over(&self, users: &crate::auth::users::Users) -> Result<std::collections::BTreeSet<String>, String> {
+        self.run("handing users over", self.hand_over_users(users)).map_err(|e| e.to_string())
+    }
+}
+
+impl Directory {
+    /// [`crate::auth::users::UserDirectory::hand_over`]: each user created
+    /// only if its key is absent.
+    async fn hand_over_users(&self, users: &crate::auth::users::Users) -> Result<std::collections::BTreeSet<String>, EngineError> {
+        let mut client = self.client.clone();
+        let (mut taken, mut revision) = (std::collections::BTreeSet::new(), 0);
+        for (user, creds) in users {
+            let key = self.keys.scram(user);
+            let put = TxnOp::put(key.clone(), serde_json::to_vec(creds).expect("credentials encode"), None);
+            let resp = client.txn(Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([put])).await.map_err(etcd_failed)?;
+            if resp.succeeded() {
+                taken.insert(user.clone());
+                revision = revision.max(resp.header().map_or(0, |h| h.revision()));
+            }
+        }
+        self.seen(revision).await;
+        Ok(taken)
+    }
 }
 
 /// Client quotas in etcd: one key per entity (`quotas/<hex of its
@@ -805,7 +842,12 @@ impl crate::auth::quota::QuotaDirectory for Directory {
                         Some(kv) => (serde_json::from_slice::<QuotaRecord>(kv.value()).map_err(|e| EngineError::Cluster(format!("quota {entity:?} in etcd does not decode: {e}")))?.known(), kv.mod_revision()),
                         None => (Default::default(), 0),
                     };
-                    let values = altered(current, ops);
+                    let values = altered(current.clone(), ops);
+                    if values == current {
+                        // Nothing to write (and no event to wait for).
+                        done = true;
+                        break;
+                    }
                     let write = if values.is_empty() { TxnOp::delete(key.clone(), None) } else { TxnOp::put(key.clone(), serde_json::to_vec(&QuotaRecord::new(entity.clone(), &values)).expect("a quota encodes"), None) };
                     let resp = client.txn(Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, at)]).and_then([write])).await.map_err(etcd_failed)?;
                     if resp.succeeded() {
@@ -860,6 +902,33 @@ impl TopicDirectory for Directory {
                 }
             }
             Err(EngineError::Cluster(format!("topic {} kept changing", t.name)))
+        })
+    }
+
+    fn update_cluster_configs(&self, old: &std::collections::BTreeMap<String, String>, new: &std::collections::BTreeMap<String, String>) -> Result<(), EngineError> {
+        self.run("a broker config change", async {
+            let key = self.keys.broker_configs();
+            let mut client = self.client.clone();
+            let resp = client.get(key.clone(), None).await.map_err(etcd_failed)?;
+            let (current, rev) = match resp.kvs().first() {
+                Some(kv) => (serde_json::from_slice::<std::collections::BTreeMap<String, String>>(kv.value()).map_err(|e| EngineError::Cluster(format!("the broker configs in etcd do not decode: {e}")))?, kv.mod_revision()),
+                None => (Default::default(), 0),
+            };
+            // Computed from this node's copy: another node's change since
+            // would be lost (the client retries once this node follows it).
+            if current == *new {
+                return Ok(());
+            }
+            if current != *old {
+                return Err(EngineError::Cluster("the cluster's broker configs changed meanwhile on another broker; retry".into()));
+            }
+            let write = if new.is_empty() { TxnOp::delete(key.clone(), None) } else { TxnOp::put(key.clone(), serde_json::to_vec(new).expect("configs encode"), None) };
+            let resp = client.txn(Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then([write])).await.map_err(etcd_failed)?;
+            if !resp.succeeded() {
+                return Err(EngineError::Cluster("the cluster's broker configs changed meanwhile on another broker; retry".into()));
+            }
+            self.seen(resp.header().map_or(0, |h| h.revision())).await;
+            Ok(())
         })
     }
 

@@ -11,6 +11,7 @@
 //! | `acls/<hex of the ACL's key>` | one ACL ([`crate::auth::acl::Acl`]), JSON |
 //! | `scram/<hex of the user name>` | a user's SCRAM credentials ([`crate::auth::users::Credentials`]), JSON |
 //! | `quotas/<hex of the entity's key>` | an entity's client quotas ([`crate::auth::quota::QuotaRecord`]), JSON |
+//! | `configs/broker` | the cluster-wide dynamic broker configs (BROKER ""), a JSON map |
 
 /// What a key under the prefix names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +28,8 @@ pub enum Key {
     Scram(String),
     /// An entity's client quotas, by the hex of its key ([`quota_id`]).
     Quota(String),
+    /// The cluster-wide dynamic broker configs.
+    BrokerConfigs,
 }
 
 /// A quota entity's name in etcd: the hex of its key.
@@ -97,6 +100,10 @@ impl Keys {
         format!("{}acls/{}", self.prefix, acl_id(a)).into_bytes()
     }
 
+    pub fn broker_configs(&self) -> Vec<u8> {
+        format!("{}configs/broker", self.prefix).into_bytes()
+    }
+
     pub fn quota(&self, e: &crate::auth::quota::Entity) -> Vec<u8> {
         format!("{}quotas/{}", self.prefix, quota_id(e)).into_bytes()
     }
@@ -113,6 +120,7 @@ impl Keys {
             "cluster_id" => Some(Key::ClusterId),
             "controller" => Some(Key::Controller),
             "producer_ids" => Some(Key::ProducerIds),
+            "configs/broker" => Some(Key::BrokerConfigs),
             _ if rest.starts_with("topics/") => {
                 let name = &rest["topics/".len()..];
                 if name != super::topics::COORDINATOR_TOPIC {
@@ -162,6 +170,7 @@ mod tests {
     fn keys_read_back_and_strangers_are_unknown() {
         let k = Keys::new("prod");
         assert_eq!(k.parse(&k.node(12)), Some(Key::Node(12)));
+        assert_eq!(k.parse(&k.broker_configs()), Some(Key::BrokerConfigs));
         assert_eq!(k.parse(&k.scram("ü/ser 1")), Some(Key::Scram("ü/ser 1".into())));
         assert_eq!(k.parse(&k.controller()), Some(Key::Controller));
         assert_eq!(k.parse(&k.cluster_id()), Some(Key::ClusterId));

@@ -119,6 +119,8 @@ pub struct ClusterView {
     pub users: Arc<BTreeMap<String, crate::auth::users::Credentials>>,
     /// The cluster's client quotas, by [`keys::quota_id`] (cluster mode).
     pub quotas: Arc<BTreeMap<String, crate::auth::quota::QuotaRecord>>,
+    /// The cluster-wide dynamic broker configs (BROKER "", cluster mode).
+    pub broker_configs: Arc<BTreeMap<String, String>>,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -504,27 +506,29 @@ pub fn follow_security(authorizer: &Arc<crate::auth::acl::Authorizer>, users: &A
 }
 
 /// Cluster mode: users set in this node's data directory (`canopy user`
-/// while it was stopped, or before it joined a cluster) go to the
-/// cluster, replacing its credentials of the same mechanisms (that is what
-/// setting a password asks), and leave the catalog, so a user deleted in
-/// the cluster later does not come back with this node's next start.
-/// Blocking. Returns how many users were handed over.
+/// while it was stopped, or before it joined a cluster) go to the cluster
+/// if it has no user of that name (the cluster's is never overwritten:
+/// a node's old copy must not bring back a deleted user or an old
+/// password), and leave the catalog either way, so they do not come back
+/// with this node's next start. Blocking. Returns how many the cluster
+/// took.
 pub fn hand_over_users(local: crate::auth::users::Users, directory: &dyn crate::auth::users::UserDirectory, catalog: &crate::meta::Catalog) -> Result<usize, String> {
-    use crate::auth::users::Alteration;
     let mut names: Vec<&String> = local.keys().collect();
     names.sort();
-    let groups: Vec<Vec<Alteration>> = names.iter().map(|u| local[*u].iter().map(|(m, c)| Alteration::Upsert { user: (*u).clone(), mechanism: *m, credential: c.clone() }).collect()).collect();
-    if groups.is_empty() {
+    if names.is_empty() {
         return Ok(0);
     }
-    let (results, _, _) = directory.alter(&groups)?;
-    for (user, r) in names.iter().zip(results) {
-        match r {
-            Ok(()) => catalog.put_scram_user(user, &Default::default()).map_err(|e| e.to_string())?,
-            Err(e) => tracing::error!(user = %user, error = %e, "a user of this node's catalog was not taken by the cluster; it stays in the catalog"),
+    let taken = directory.hand_over(&local)?;
+    let mut count = 0;
+    for user in names {
+        if taken.contains(user) {
+            count += 1;
+        } else {
+            tracing::warn!(user = %user, "the cluster has a user of this name already; this node's copy is dropped (change it with AlterUserScramCredentials)");
         }
+        catalog.put_scram_user(user, &Default::default()).map_err(|e| e.to_string())?;
     }
-    Ok(names.len())
+    Ok(count)
 }
 
 /// How many producer ids a node takes from etcd at a time (KIP-730's
@@ -669,21 +673,30 @@ impl ViewBuilder {
                 }
             }
             Some(keys::Key::Acl(id)) => {
-                // A damaged ACL is left out (logged by the caller): the
-                // authorizer has only ACLs it can read.
-                if self.view.acls.contains_key(&id) {
+                // A damaged value keeps the ACL the key last held (logged
+                // by the caller), as a topic's does: dropping it would turn
+                // a DENY into an allow. One never readable is left out.
+                let Some((v, _, _)) = value else {
                     Arc::make_mut(&mut self.view.acls).remove(&id);
+                    return Ok(());
+                };
+                let acl: crate::auth::acl::Acl = serde_json::from_slice(v).map_err(|e| format!("ACL {id}: {e}"))?;
+                if let Some(why) = acl.invalid() {
+                    return Err(format!("ACL {id}: {why}"));
                 }
-                if let Some((v, _, _)) = value {
-                    let acl: crate::auth::acl::Acl = serde_json::from_slice(v).map_err(|e| format!("ACL {id}: {e}"))?;
-                    if let Some(why) = acl.invalid() {
-                        return Err(format!("ACL {id}: {why}"));
-                    }
-                    if keys::acl_id(&acl) != id {
-                        return Err(format!("ACL {id}: the key is not the value's"));
-                    }
-                    Arc::make_mut(&mut self.view.acls).insert(id, acl);
+                if keys::acl_id(&acl) != id {
+                    return Err(format!("ACL {id}: the key is not the value's"));
                 }
+                Arc::make_mut(&mut self.view.acls).insert(id, acl);
+            }
+            Some(keys::Key::BrokerConfigs) => {
+                // As a topic's: a damaged value keeps the last good one
+                // (dropping every default would change every topic).
+                let configs = match value {
+                    Some((v, _, _)) => serde_json::from_slice::<BTreeMap<String, String>>(v).map_err(|e| format!("broker configs: {e}"))?,
+                    None => BTreeMap::new(),
+                };
+                self.view.broker_configs = Arc::new(configs);
             }
             Some(keys::Key::Quota(id)) => {
                 if self.view.quotas.contains_key(&id) {
@@ -846,7 +859,7 @@ mod tests {
     }
 
     #[test]
-    fn acls_follow_their_keys_and_a_damaged_one_is_left_out() {
+    fn acls_follow_their_keys_and_a_damaged_one_keeps_the_last_good_value() {
         use crate::auth::acl::{Acl, Operation, PatternType, Permission, ResourceType};
         let k = keys::Keys::new("c1");
         let acl = |name: &str| Acl { resource_type: ResourceType::Topic, name: name.into(), pattern: PatternType::Prefixed, principal: "User:CN=w,O=x/y".into(), host: "*".into(), operation: Operation::Write, permission: Permission::Allow };
@@ -862,10 +875,10 @@ mod tests {
         assert!(put(&mut v, &k.acl(&acl("x")), b"{", 4).is_err());
         assert!(put(&mut v, &k.acl(&b), &serde_json::to_vec(&b).unwrap(), 5).is_err());
         assert_eq!(v.view().acls.len(), 1);
-        // A damaged update of a good key leaves it out, not stale.
+        // A damaged update of a good key keeps the ACL it held (a lost
+        // DENY would allow).
         assert!(put(&mut v, &k.acl(&a), b"[]", 6).is_err());
-        assert!(v.view().acls.is_empty());
-        put(&mut v, &k.acl(&a), &serde_json::to_vec(&a).unwrap(), 7).unwrap();
+        assert_eq!(v.view().acls.values().collect::<Vec<_>>(), vec![&a]);
         v.apply(&k, KeyEvent::Delete { key: &k.acl(&a) }, 8).unwrap();
         assert!(v.view().acls.is_empty());
     }
@@ -890,6 +903,19 @@ mod tests {
         }
         v.apply(&k, KeyEvent::Delete { key: &k.scram("alice") }, 5).unwrap();
         assert!(v.view().users.is_empty());
+    }
+
+    #[test]
+    fn broker_configs_follow_their_key_and_a_damaged_value_keeps_the_last() {
+        let k = keys::Keys::new("c1");
+        let mut v = ViewBuilder::default();
+        let put = |v: &mut ViewBuilder, value: &[u8], rev| v.apply(&k, KeyEvent::Put { key: &k.broker_configs(), value, create_revision: 2, mod_revision: rev }, rev);
+        put(&mut v, br#"{"log.retention.ms":"1000"}"#, 2).unwrap();
+        assert_eq!(v.view().broker_configs.get("log.retention.ms").map(String::as_str), Some("1000"));
+        assert!(put(&mut v, b"[1]", 3).is_err());
+        assert_eq!(v.view().broker_configs.len(), 1, "the last good configs stay");
+        v.apply(&k, KeyEvent::Delete { key: &k.broker_configs() }, 4).unwrap();
+        assert!(v.view().broker_configs.is_empty());
     }
 
     #[test]
@@ -923,6 +949,15 @@ mod tests {
             self.1.lock().unwrap().extend(groups.iter().map(|g| g[0].user().to_owned()));
             Ok((groups.iter().map(|_| Ok(())).collect(), 9, Default::default()))
         }
+        fn hand_over(&self, users: &crate::auth::users::Users) -> Result<std::collections::BTreeSet<String>, String> {
+            if !self.0 {
+                return Err("etcd is away".into());
+            }
+            // The cluster has "bob" already.
+            let taken: std::collections::BTreeSet<String> = users.keys().filter(|u| *u != "bob").cloned().collect();
+            self.1.lock().unwrap().extend(taken.iter().cloned());
+            Ok(taken)
+        }
     }
 
     #[test]
@@ -930,15 +965,17 @@ mod tests {
         use crate::auth::scram::Mechanism;
         let dir = tempfile::tempdir().unwrap();
         crate::auth::users::set_password(dir.path(), "alice", b"pw", &Mechanism::ALL, 4096).unwrap();
+        crate::auth::users::set_password(dir.path(), "bob", b"pw", &Mechanism::ALL, 4096).unwrap();
         let catalog = crate::meta::Catalog::open(&dir.path().join("catalog")).unwrap();
         let local = crate::auth::users::UserStore::load(&catalog).unwrap().all();
         // The cluster away: nothing leaves the catalog.
         assert!(hand_over_users(local.clone(), &FakeUsers(false, Default::default()), &catalog).is_err());
-        assert_eq!(catalog.scram_users().unwrap().len(), 1);
+        assert_eq!(catalog.scram_users().unwrap().len(), 2);
+        // alice is taken; the cluster's bob is kept, this node's dropped.
         let taken = FakeUsers(true, Default::default());
         assert_eq!(hand_over_users(local, &taken, &catalog), Ok(1));
         assert_eq!(*taken.1.lock().unwrap(), vec!["alice".to_owned()]);
-        assert!(catalog.scram_users().unwrap().is_empty(), "handed over, the user leaves the catalog");
+        assert!(catalog.scram_users().unwrap().is_empty(), "handed over or not, the users leave the catalog");
     }
 
     #[test]

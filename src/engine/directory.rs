@@ -21,6 +21,9 @@ pub trait TopicDirectory: Send + Sync {
     /// Replaces the topic's record (more partitions, other configs),
     /// provided the cluster still holds `old`.
     fn update(&self, old: &TopicRecord, new: &TopicRecord) -> Result<(), EngineError>;
+    /// Replaces the cluster-wide dynamic broker configs (BROKER ""),
+    /// provided the cluster still holds `old` (or already `new`).
+    fn update_cluster_configs(&self, old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> Result<(), EngineError>;
 }
 
 impl Engine {
@@ -29,6 +32,26 @@ impl Engine {
         if self.directory.set(directory).is_err() {
             panic!("a topic directory is set once");
         }
+    }
+
+    /// Cluster mode: makes the cluster-wide dynamic broker configs
+    /// (BROKER "", the topic defaults every broker shares) those `read`
+    /// gives, read under the admin lock (as `follow_topics` reads), and
+    /// derives every topic's config again. Values are taken as stored
+    /// values are at start: leniently, what does not apply here is left
+    /// out with a warning. Returns whether anything changed. Blocking.
+    pub fn follow_cluster_configs(&self, read: impl FnOnce() -> BTreeMap<String, String>) -> bool {
+        let _admin = self.admin.lock().expect("admin lock");
+        let wanted = read();
+        let old = self.defaults();
+        if old.layers.cluster == wanted {
+            return false;
+        }
+        let mut layers = old.layers.clone();
+        layers.cluster = wanted;
+        tracing::info!(configs = ?layers.cluster, "following the cluster's broker configs");
+        self.take_defaults(layers);
+        true
     }
 
     /// Cluster mode: makes this node's topics those of `wanted` (the

@@ -123,13 +123,41 @@ impl Engine {
             return Ok(());
         }
         let stored = layers.scope_mut(scope);
-        self.catalog.put_broker_configs(scope.catalog_key(), stored)?;
+        match self.directory.get() {
+            // Cluster mode: every broker's default lives in the cluster
+            // (this node follows it like any other); this broker's own
+            // layer stays in its catalog.
+            Some(d) if scope == BrokerScope::Cluster => d.update_cluster_configs(&old.layers.cluster, stored)?,
+            _ => self.catalog.put_broker_configs(scope.catalog_key(), stored)?,
+        }
         tracing::info!(scope = scope.catalog_key(), configs = ?stored, topics_changed = changed.len(), "broker configs changed");
         *self.defaults.write().expect("defaults lock") = Arc::new(Defaults { layers, topic });
         for t in changed {
             self.replace_topic(t);
         }
         Ok(())
+    }
+
+    /// Takes `layers` as the broker's, deriving the topic default and every
+    /// topic's config again (under the admin lock).
+    pub(super) fn take_defaults(&self, layers: BrokerLayers) {
+        let limit = self.cfg.topic_defaults.max_message_bytes_limit;
+        let (topic, skipped) = layers.topic_default(limit);
+        for e in skipped {
+            tracing::warn!(key = %e.key, error = %e, "a broker config does not apply here; left out");
+        }
+        let changed: Vec<Topic> = self
+            .topics()
+            .into_iter()
+            .filter_map(|t| {
+                let config = topic.overlay_stored(&t.record.configs, limit).0;
+                (config != t.config).then(|| Topic { record: t.record.clone(), config, traffic: t.traffic.clone() })
+            })
+            .collect();
+        *self.defaults.write().expect("defaults lock") = Arc::new(Defaults { layers, topic });
+        for t in changed {
+            self.replace_topic(t);
+        }
     }
 
     /// DeleteRecords: raises each tp's log start to its offset (-1: the

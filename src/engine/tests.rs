@@ -329,6 +329,10 @@ impl TopicDirectory for Recorder {
         self.asked.lock().unwrap().push(format!("update {} {}->{}", old.name, old.partitions, new.partitions));
         Ok(())
     }
+    fn update_cluster_configs(&self, old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> Result<(), EngineError> {
+        self.asked.lock().unwrap().push(format!("configs {old:?}->{new:?}"));
+        Ok(())
+    }
 }
 
 /// Cluster mode's topics: every change is asked of the directory first
@@ -417,6 +421,49 @@ impl TopicDirectory for Gated {
         self.topics.lock().unwrap().insert(new.name.clone(), new.clone());
         Ok(())
     }
+    fn update_cluster_configs(&self, _: &BTreeMap<String, String>, _: &BTreeMap<String, String>) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+/// Cluster mode's broker configs: a change of every broker's default
+/// (BROKER "") is asked of the directory, not written to the catalog, and
+/// this node's own (BROKER "<id>") stays local; following the cluster's
+/// defaults re-derives the topics that do not set the key themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_mode_every_brokers_default_is_the_directorys() {
+    use super::configs::{BrokerScope, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig::new(dir.path());
+    let engine = Engine::open(cfg.clone(), system_clock()).unwrap();
+    let directory = Arc::new(Recorder::default());
+    engine.set_directory(directory.clone());
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || {
+        e.create_topic("d.plain", 1, BTreeMap::new(), false).unwrap();
+        e.create_topic("d.own", 1, [("retention.ms".to_owned(), "5000".to_owned())].into(), false).unwrap();
+        e.alter_broker_configs(BrokerScope::Cluster, Alter::Incremental(vec![Op::Set("log.retention.ms".into(), "60000".into())]), false).unwrap();
+        e.alter_broker_configs(BrokerScope::Node, Alter::Incremental(vec![Op::Set("log.retention.bytes".into(), "1048576".into())]), false).unwrap();
+    })
+    .await
+    .unwrap();
+    let asked = directory.asked.lock().unwrap().clone();
+    assert_eq!(asked.iter().filter(|a| a.starts_with("configs")).collect::<Vec<_>>(), vec![r#"configs {}->{"log.retention.ms": "60000"}"#]);
+    assert_eq!(engine.catalog().broker_configs(BrokerScope::Cluster.catalog_key()).unwrap(), BTreeMap::new(), "not in the catalog");
+    assert_eq!(engine.catalog().broker_configs(BrokerScope::Node.catalog_key()).unwrap().len(), 1, "this broker's own layer is");
+    assert_eq!((engine.topic("d.plain").unwrap().config.retention_ms, engine.topic("d.own").unwrap().config.retention_ms), (60_000, 5000));
+    // Another broker changed the default: followed; the same again: nothing.
+    let follow = |m: BTreeMap<String, String>| {
+        let e = engine.clone();
+        async move { tokio::task::spawn_blocking(move || e.follow_cluster_configs(|| m)).await.unwrap() }
+    };
+    assert!(follow([("log.retention.ms".to_owned(), "90000".to_owned())].into()).await);
+    assert!(!follow([("log.retention.ms".to_owned(), "90000".to_owned())].into()).await);
+    assert_eq!((engine.topic("d.plain").unwrap().config.retention_ms, engine.topic("d.own").unwrap().config.retention_ms), (90_000, 5000));
+    // Removed in the cluster: Kafka's default again.
+    assert!(follow(BTreeMap::new()).await);
+    assert_eq!(engine.topic("d.plain").unwrap().config.retention_ms, 604_800_000);
+    engine.shutdown().await;
 }
 
 /// A follow that starts while this node is creating a topic reads the

@@ -3,13 +3,14 @@
 //! the cluster, as Kafka asks. A partition's leader is its unit's
 //! (docs/cluster.md: one replica set per branch and partition), so
 //! electing one partition moves every partition of its branch with the
-//! same number. Null partitions: every partition of every topic.
+//! same number. Null partitions: every partition of every topic, and (as
+//! Kafka answers it) only those an election was tried for are listed.
 //!
 //! Per partition, Kafka's codes: ELECTION_NOT_NEEDED when its preferred
 //! replica leads already, PREFERRED_LEADER_NOT_AVAILABLE when that replica
 //! is not live or not in sync, UNKNOWN_TOPIC_OR_PARTITION, and
 //! REQUEST_TIMED_OUT when the election is not seen within the request's
-//! timeout. UNCLEAN elections (an out-of-sync replica leading) are not
+//! timeout, UNKNOWN_SERVER_ERROR when etcd failed it. UNCLEAN elections (an out-of-sync replica leading) are not
 //! served: INVALID_REQUEST.
 
 use std::collections::BTreeMap;
@@ -40,6 +41,24 @@ fn result(partition: i32, code: i16, message: Option<&str>) -> PartitionResult {
 }
 
 pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Response> {
+    if broker.authorizer.enabled() && !Check::current(broker).cluster(Operation::Alter) {
+        // The asked partitions each refused; none named for a request for
+        // all (which must not list the topics to who may not see them).
+        let code = E::ClusterAuthorizationFailed.code();
+        let results = req
+            .topic_partitions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| {
+                let ps = t.partitions.iter().map(|p| result(*p, code, Some("Cluster authorization failed."))).collect();
+                ReplicaElectionResult::default().with_topic(t.topic).with_partition_result(ps)
+            })
+            .collect();
+        return Some(Response::default().with_error_code(if version >= 1 { code } else { 0 }).with_replica_election_results(results));
+    }
+    // Null: every partition, and (as Kafka answers it) only those an
+    // election was tried for are listed.
+    let every = req.topic_partitions.is_none();
     // The asked partitions, by topic, once each.
     let asked: BTreeMap<String, Vec<i32>> = match req.topic_partitions {
         Some(tps) => {
@@ -57,23 +76,19 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let all = |code: i16, message: &str| -> Vec<ReplicaElectionResult> {
         asked.iter().map(|(t, ps)| ReplicaElectionResult::default().with_topic(super::topic_name(t)).with_partition_result(ps.iter().map(|p| result(*p, code, Some(message))).collect())).collect()
     };
-    if broker.authorizer.enabled() && !Check::current(broker).cluster(Operation::Alter) {
-        let code = E::ClusterAuthorizationFailed.code();
-        return Some(Response::default().with_error_code(if version >= 1 { code } else { 0 }).with_replica_election_results(all(code, "Cluster authorization failed.")));
-    }
     if version >= 1 && req.election_type != PREFERRED {
         return Some(Response::default().with_replica_election_results(all(E::InvalidRequest.code(), "only PREFERRED elections are served (no unclean elections)")));
     }
     // Each existing partition's unit, elected once however many ask it.
     let mut units: Vec<String> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut of: BTreeMap<(String, i32), Option<usize>> = BTreeMap::new();
     for (t, ps) in &asked {
         let topic = broker.engine.topic(t);
         for p in ps {
             let i = topic.as_ref().filter(|topic| *p >= 0 && *p < topic.partitions()).map(|_| {
-                let unit = unit_of(t, *p);
-                units.iter().position(|u| *u == unit).unwrap_or_else(|| {
-                    units.push(unit);
+                *index.entry(unit_of(t, *p)).or_insert_with_key(|unit| {
+                    units.push(unit.clone());
                     units.len() - 1
                 })
             });
@@ -85,19 +100,21 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let results = asked
         .iter()
         .map(|(t, ps)| {
-            let partitions = ps
+            let partitions: Vec<PartitionResult> = ps
                 .iter()
+                .filter(|p| !(every && of[&(t.clone(), **p)].is_some_and(|i| elected[i] == Elected::NotNeeded)))
                 .map(|p| match of[&(t.clone(), *p)].map(|i| &elected[i]) {
                     None | Some(Elected::Unknown) => result(*p, E::UnknownTopicOrPartition.code(), Some("This server does not host this topic-partition.")),
                     Some(Elected::Done) => result(*p, 0, None),
                     Some(Elected::NotNeeded) => result(*p, E::ElectionNotNeeded.code(), Some("Leader election not needed for topic partition.")),
                     Some(Elected::NotAvailable) => result(*p, E::PreferredLeaderNotAvailable.code(), Some("The preferred leader is not live or not in sync.")),
                     Some(Elected::TimedOut) => result(*p, E::RequestTimedOut.code(), Some("The election was not seen within the request's timeout.")),
-                    Some(Elected::Failed(why)) => result(*p, E::RequestTimedOut.code(), Some(why.as_str())),
+                    Some(Elected::Failed(why)) => result(*p, E::UnknownServerError.code(), Some(why.as_str())),
                 })
                 .collect();
             ReplicaElectionResult::default().with_topic(super::topic_name(t)).with_partition_result(partitions)
         })
+        .filter(|r| !r.partition_result.is_empty())
         .collect();
     Some(Response::default().with_replica_election_results(results))
 }

@@ -1,5 +1,6 @@
-//! ACLs, SCRAM users and client quotas are the cluster's (etcd's), not
-//! each broker's: one created through one broker holds at every broker, a
+//! ACLs, SCRAM users, client quotas and every broker's default configs
+//! are the cluster's (etcd's), not each broker's: one created through one
+//! broker holds at every broker, a
 //! deletion through another removes it everywhere, and a broker that was
 //! down when they changed starts with the cluster's. A user set in a
 //! node's data directory before it starts (`canopy user`) is handed to the
@@ -226,9 +227,42 @@ async fn wait_quota(dir: &Path, addr: SocketAddr, want: Option<f64>) {
     }
 }
 
+/// IncrementalAlterConfigs as `admin` at `addr`: every broker's default
+/// `log.retention.ms` (BROKER ""); the resource's code.
+async fn set_default_retention(dir: &Path, addr: SocketAddr, ms: &str) -> i16 {
+    use incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let config = AlterableConfig::default().with_name(s("log.retention.ms")).with_config_operation(0).with_value(Some(s(ms)));
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default().with_resource_type(4).with_resource_name(s("")).with_configs(vec![config])]);
+    let r: IncrementalAlterConfigsResponse = call(dir, "admin", addr, 44, 1, &req).await;
+    r.responses[0].error_code
+}
+
+/// The topic's `retention.ms` as `addr` describes it.
+async fn topic_retention(dir: &Path, addr: SocketAddr) -> String {
+    use describe_configs_request::DescribeConfigsResource;
+    let req = DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default().with_resource_type(2).with_resource_name(s(TOPIC)).with_configuration_keys(Some(vec![s("retention.ms")]))]);
+    let r: DescribeConfigsResponse = call(dir, "admin", addr, 32, 4, &req).await;
+    assert_eq!(r.results[0].error_code, 0);
+    r.results[0].configs[0].value.as_ref().map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// Polls (60 s at most) until `addr` describes the topic's retention as
+/// `want`.
+async fn wait_retention(dir: &Path, addr: SocketAddr, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = topic_retention(dir, addr).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{addr} describes retention.ms {got}, not {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
-async fn acls_users_and_quotas_made_at_one_broker_hold_at_every_broker() {
+async fn acls_users_quotas_and_broker_configs_made_at_one_broker_hold_at_every_broker() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
     pki(dir, &["node-1", "node-2", "node-3", "admin", "writer"]);
@@ -276,12 +310,22 @@ async fn acls_users_and_quotas_made_at_one_broker_hold_at_every_broker() {
         wait_quota(dir, addr(&nodes, id), Some(1_048_576.0)).await;
     }
 
+    // Every broker's default retention, changed through node 2, is the
+    // topic's at every broker.
+    assert_eq!(topic_retention(dir, addr(&nodes, 1)).await, "604800000");
+    assert_eq!(set_default_retention(dir, addr(&nodes, 2), "3600000").await, 0);
+    assert_eq!(topic_retention(dir, addr(&nodes, 2)).await, "3600000", "node 2 answered once it had the default");
+    for id in [1, 3] {
+        wait_retention(dir, addr(&nodes, id), "3600000").await;
+    }
+
     // No ACL: the writer may not write anywhere.
     assert_eq!(writer_produces(dir, &nodes).await, vec![29; 3], "TOPIC_AUTHORIZATION_FAILED before any ACL");
 
     // Made through node 1, an ACL holds at nodes 2 and 3.
-    let r: CreateAclsResponse = call(dir, "admin", addr(&nodes, 1), 30, 3, &CreateAclsRequest::default().with_creations(vec![writer_acl(PREFIXED, "acl.", WRITE)])).await;
-    assert_eq!(r.results[0].error_code, 0, "{:?}", r.results[0].error_message);
+    // (The same ACL twice in one request is one ACL, as in Kafka.)
+    let r: CreateAclsResponse = call(dir, "admin", addr(&nodes, 1), 30, 3, &CreateAclsRequest::default().with_creations(vec![writer_acl(PREFIXED, "acl.", WRITE), writer_acl(PREFIXED, "acl.", WRITE)])).await;
+    assert_eq!(r.results.iter().map(|r| r.error_code).collect::<Vec<_>>(), vec![0, 0], "{:?}", r.results[0].error_message);
     assert_eq!(writer_acls(dir, addr(&nodes, 1)).await, vec![(PREFIXED, "acl.".to_owned(), WRITE)], "node 1 answered once it had the ACL");
     for id in [2, 3] {
         wait_acls(dir, addr(&nodes, id), &[(PREFIXED, "acl.", WRITE)]).await;
@@ -311,6 +355,7 @@ async fn acls_users_and_quotas_made_at_one_broker_hold_at_every_broker() {
     let at3 = sasl_listener(&etcd, 3);
     assert_eq!([login(at3, "alice", "alice-pw").await, login(at3, "bob", "bob-pw").await, login(at3, "seeded", "seed-pw").await], [58, 0, 0], "and the cluster's users");
     assert_eq!(writer_quota(dir, addr(&nodes, 3)).await, Some(2_097_152.0), "and the cluster's quotas");
+    assert_eq!(topic_retention(dir, addr(&nodes, 3)).await, "3600000", "and the cluster's broker configs");
     // A quota removed through node 3 is gone everywhere.
     assert_eq!(alter_quota(dir, addr(&nodes, 3), None).await, 0);
     for id in [1, 2] {
