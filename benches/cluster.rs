@@ -6,6 +6,8 @@
 //! - three cluster nodes with replication factor 3, acks=1,
 //! - three cluster nodes with replication factor 3, acks=all and
 //!   `min.insync.replicas` 2,
+//! - the same again with followers fetching over mutual TLS (an SSL
+//!   inter-broker listener requiring client certificates),
 //!
 //! all on this machine's two cores (three brokers, a three-member etcd
 //! and the client share them). For each: records/s, MB/s, and the
@@ -43,7 +45,7 @@ mod cluster_support;
 #[path = "support/proc_cpu.rs"]
 mod proc_cpu;
 
-use cluster_support::{canopy_binary, spawn_node, Etcd};
+use cluster_support::{canopy_binary, mtls_args, pki, spawn_node, spawn_node_extra, Etcd};
 use common::ChildBroker;
 use delivery::{Counter, Ctx};
 
@@ -80,7 +82,12 @@ struct Row {
 impl Row {
     fn print(&self) {
         let gb = self.records as f64 * SIZE as f64 / 1e9;
-        println!("| {} | {} | {:.0} | {:.1} | {:.2} | {:.1} |", self.name, self.records, self.records as f64 / self.secs, gb * 1e3 / self.secs, self.secs, self.cpu / gb);
+        println!("| {} | {} | {:.0} | {:.1} | {:.2} | {:.1} |", self.name, self.records, self.records as f64 / self.secs, gb * 1e3 / self.secs, self.secs, self.cpu_per_gb());
+    }
+
+    /// The brokers' CPU seconds per GB produced.
+    fn cpu_per_gb(&self) -> f64 {
+        self.cpu / (self.records as f64 * SIZE as f64 / 1e9)
     }
 }
 
@@ -236,4 +243,24 @@ fn main() {
     println!("replication lag, RF=3 acks=1: every hw at the log end {:.0} ms after the last acknowledgement", lag.as_secs_f64() * 1e3);
     let took = failover(&mut nodes, "rf3b.t");
     println!("failover: kill -9 of partition 0's leader to the first acks=all record acknowledged by its successor: {:.2} s (broker session timeout 3 s)", took.as_secs_f64());
+    drop(nodes);
+    drop(etcd);
+
+    // The same RF=3 acks=all run with followers fetching over mutual TLS
+    // (an SSL inter-broker listener requiring client certificates).
+    let tls_root = root.path().join("mtls");
+    std::fs::create_dir_all(&tls_root).unwrap();
+    pki(&tls_root, &["node-1", "node-2", "node-3"]);
+    let etcd = Etcd::start(&tls_root);
+    let nodes: Vec<ChildBroker> = (1..=3).map(|id| spawn_node_extra(&tls_root, id, &etcd, &mtls_args(&tls_root, id))).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let all: Vec<&ChildBroker> = nodes.iter().collect();
+    create_topic(nodes[0].kafka, "rf3tls.t", 3, &[("min.insync.replicas", "2")]);
+    let rf3_tls = produce(nodes[0].kafka, &all, "rf3tls.t", "all", records, "3 nodes, RF=3, acks=all, followers over mutual TLS");
+    println!();
+    println!("| setup | records | records/s | MB/s | seconds | broker CPU s/GB |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    rf3_tls.print();
+    println!();
+    println!("| RF=3 acks=all, followers over mutual TLS / over plaintext | {:.0}% (broker CPU s/GB {:.0}% of plaintext's) |", 100.0 * rate(&rf3_tls) / rate(&rf3_all), 100.0 * rf3_tls.cpu_per_gb() / rf3_all.cpu_per_gb());
 }

@@ -257,3 +257,59 @@ impl Drop for Net {
         let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
     }
 }
+
+/// A CA and, signed by it, one certificate per name (`<name>.pem` and
+/// `.key`: `CN=<name>,O=canopy`, for 127.0.0.1, usable by servers and
+/// clients); and a second CA's certificate with a node's name
+/// (`rogue.pem`, `.key`), which the cluster must not take. Returns the
+/// CA's file.
+pub fn pki(dir: &Path, names: &[&str]) -> PathBuf {
+    let ca_of = |name: &str| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        (p.self_signed(&key).unwrap(), key)
+    };
+    let node_cert = |file: &str, name: &str, ca: &rcgen::Certificate, ca_key: &rcgen::KeyPair| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(rcgen::DnType::OrganizationName, "canopy");
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = p.signed_by(&key, ca, ca_key).unwrap();
+        std::fs::write(dir.join(format!("{file}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{file}.key")), key.serialize_pem()).unwrap();
+    };
+    let (ca, ca_key) = ca_of("canopy cluster CA");
+    for name in names {
+        node_cert(name, name, &ca, &ca_key);
+    }
+    let (rogue_ca, rogue_key) = ca_of("another CA");
+    node_cert("rogue", "node-1", &rogue_ca, &rogue_key);
+    let path = dir.join("ca.pem");
+    std::fs::write(&path, ca.pem()).unwrap();
+    path
+}
+
+/// A node's settings for replication over mutual TLS (with [`pki`]'s
+/// files in `dir`): clients on CLIENT (PLAINTEXT, first, so the harness
+/// finds it), brokers on BROKER (SSL, client certificates required).
+pub fn mtls_args(dir: &Path, id: i32) -> Vec<String> {
+    let file = |f: String| dir.join(f).display().to_string();
+    [
+        "--listeners",
+        "CLIENT://127.0.0.1:0,BROKER://127.0.0.1:0",
+        "--listener-security-protocol-map",
+        "CLIENT:PLAINTEXT,BROKER:SSL",
+        "--inter-broker-listener-name",
+        "BROKER",
+        "--listener-ssl-client-auth",
+        "BROKER:required",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(["--ssl-cert-file".into(), file(format!("node-{id}.pem")), "--ssl-key-file".into(), file(format!("node-{id}.key")), "--ssl-ca-file".into(), file("ca.pem".into())])
+    .collect()
+}

@@ -25,8 +25,8 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use super::inter_broker::{pki, tls};
-use crate::cluster_support::{spawn_node_extra, Etcd};
+use super::inter_broker::tls;
+use crate::cluster_support::{pki, spawn_node_extra, Etcd};
 use crate::common::{self, ChildBroker};
 
 const TOPIC: &str = "acl.t";
