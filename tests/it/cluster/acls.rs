@@ -26,6 +26,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 use super::inter_broker::tls;
+use super::poll;
 use crate::cluster_support::{pki, spawn_node_extra, Etcd};
 use crate::common::{self, ChildBroker};
 
@@ -89,18 +90,10 @@ async fn writer_acls(dir: &Path, addr: SocketAddr) -> Vec<(i8, String, i8)> {
     out
 }
 
-/// Polls `addr` (60 s at most) until it describes `want` for `writer`.
+/// Polls `addr` until it describes `want` for `writer`.
 async fn wait_acls(dir: &Path, addr: SocketAddr, want: &[(i8, &str, i8)]) {
     let want: Vec<(i8, String, i8)> = want.iter().map(|(p, n, o)| (*p, n.to_string(), *o)).collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = writer_acls(dir, addr).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{addr} describes {got:?}, not {want:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(addr, "the writer's ACLs", |a| writer_acls(dir, a), |got| *got == want).await;
 }
 
 /// Partition leaders of the topic as `addr` sees them (every partition
@@ -163,18 +156,9 @@ async fn login(addr: SocketAddr, user: &str, password: &str) -> i16 {
     crate::security::authenticate(&mut sock, format!("\0{user}\0{password}").as_bytes()).await.error_code
 }
 
-/// Polls (60 s at most) until `user` logging in at node `id` gets `code`.
+/// Polls until `user` logging in at node `id` gets `code`.
 async fn wait_login(etcd: &Etcd, id: i32, user: &str, password: &str, code: i16) {
-    let addr = sasl_listener(etcd, id);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = login(addr, user, password).await;
-        if got == code {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{user} at node {id}: {got}, not {code}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(sasl_listener(etcd, id), &format!("{user} logging in"), |a| login(a, user, password), |got| *got == code).await;
 }
 
 /// AlterUserScramCredentials as `admin` at `addr`: upsert `password` for
@@ -214,17 +198,9 @@ async fn writer_quota(dir: &Path, addr: SocketAddr) -> Option<f64> {
     r.entries.into_iter().flatten().flat_map(|e| e.values).find(|v| v.key.as_str() == "producer_byte_rate").map(|v| v.value)
 }
 
-/// Polls (60 s at most) until `addr` describes `want` as `writer`'s rate.
+/// Polls `addr` until it describes `want` as `writer`'s rate.
 async fn wait_quota(dir: &Path, addr: SocketAddr, want: Option<f64>) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = writer_quota(dir, addr).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{addr} describes {got:?}, not {want:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(addr, "the writer's quota", |a| writer_quota(dir, a), |got| *got == want).await;
 }
 
 /// IncrementalAlterConfigs as `admin` at `addr`: every broker's default
@@ -246,18 +222,9 @@ async fn topic_retention(dir: &Path, addr: SocketAddr) -> String {
     r.results[0].configs[0].value.as_ref().map(|v| v.to_string()).unwrap_or_default()
 }
 
-/// Polls (60 s at most) until `addr` describes the topic's retention as
-/// `want`.
+/// Polls `addr` until it describes the topic's retention as `want`.
 async fn wait_retention(dir: &Path, addr: SocketAddr, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = topic_retention(dir, addr).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{addr} describes retention.ms {got}, not {want}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll(addr, "the topic's retention.ms", |a| topic_retention(dir, a), |got| got == want).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
