@@ -65,6 +65,10 @@ struct History {
     failed: Vec<(String, String)>,
     /// What the group's consumer read.
     consumed: Vec<(Tp, i64, String)>,
+    /// Errors the group's consumer was given instead of a record, with the
+    /// second they came and what the consumer had last read (for a
+    /// violation's diagnosis: a bad message is skipped by librdkafka).
+    consumer_errors: Vec<String>,
     /// The group's committed offsets, as an observer read them over time.
     committed: BTreeMap<Tp, Vec<i64>>,
     /// Fatal errors of producers (each replaced by a new one).
@@ -171,10 +175,19 @@ fn consumer(boot: String, h: Shared, done: Arc<AtomicBool>) {
     let c: BaseConsumer = cfg.create().unwrap();
     c.subscribe(&TOPICS).unwrap();
     let mut committed = Instant::now();
+    let start = Instant::now();
     while !done.load(Ordering::Relaxed) {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
-            let value = String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap();
-            h.lock().unwrap().consumed.push(((m.topic().to_owned(), m.partition()), m.offset(), value));
+        match c.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let value = String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap();
+                h.lock().unwrap().consumed.push(((m.topic().to_owned(), m.partition()), m.offset(), value));
+            }
+            Some(Err(e)) => {
+                let mut h = h.lock().unwrap();
+                let last = h.consumed.last().map(|(tp, o, _)| format!("{tp:?}@{o}")).unwrap_or_default();
+                h.consumer_errors.push(format!("[{:.1}s] {e} (last read {last})", start.elapsed().as_secs_f64()));
+            }
+            None => {}
         }
         if committed.elapsed() > Duration::from_millis(300) {
             // Fails while the coordinator moves or nothing is assigned.
@@ -532,16 +545,17 @@ async fn acknowledged_records_survive_the_nemesis() {
     let h = h.lock().unwrap();
     let in_log: usize = logs.values().map(BTreeMap::len).sum();
     println!(
-        "nemesis: {} acknowledged, {} failed, {} in the log, {} read by the group, {} committed-offset observations, producers replaced: {:?}",
+        "nemesis: {} acknowledged, {} failed, {} in the log, {} read by the group, {} committed-offset observations, {} consumer errors, producers replaced: {:?}",
         h.acked.len(),
         h.failed.len(),
         in_log,
         h.consumed.len(),
         h.committed.values().map(Vec::len).sum::<usize>(),
+        h.consumer_errors.len(),
         h.fatal
     );
     let wrong = check(&h, &logs);
-    assert!(wrong.is_empty(), "seed {seed}: {} violations, the first: {:#?}\nfaults: {:#?}", wrong.len(), &wrong[..wrong.len().min(20)], h.faults);
+    assert!(wrong.is_empty(), "seed {seed}: {} violations, the first: {:#?}\nfaults: {:#?}\nthe group consumer's errors: {:#?}", wrong.len(), &wrong[..wrong.len().min(20)], h.faults, h.consumer_errors);
     // The run did something: records were acknowledged across the faults,
     // and the group committed.
     assert!(h.acked.len() > 100 * secs as usize / 10, "only {} records acknowledged in {secs} s", h.acked.len());
