@@ -111,14 +111,6 @@ impl Engine {
             configs::check_broker_value(k, v, limit).map_err(|e| EngineError::InvalidBrokerConfig(e.message))?;
         }
         *slot = set;
-        let (topic, _) = layers.topic_default(limit);
-        let mut changed = Vec::new();
-        for t in self.topics() {
-            let config = topic.overlay_stored(&t.record.configs, limit).0;
-            if config != t.config {
-                changed.push(Topic { record: t.record.clone(), config, traffic: t.traffic.clone() });
-            }
-        }
         if validate_only {
             return Ok(());
         }
@@ -130,17 +122,16 @@ impl Engine {
             Some(d) if scope == BrokerScope::Cluster => d.update_cluster_configs(&old.layers.cluster, stored)?,
             _ => self.catalog.put_broker_configs(scope.catalog_key(), stored)?,
         }
-        tracing::info!(scope = scope.catalog_key(), configs = ?stored, topics_changed = changed.len(), "broker configs changed");
-        *self.defaults.write().expect("defaults lock") = Arc::new(Defaults { layers, topic });
-        for t in changed {
-            self.replace_topic(t);
-        }
+        tracing::info!(scope = scope.catalog_key(), configs = ?stored, "broker configs changed");
+        let changed = self.take_defaults(layers);
+        tracing::info!(topics_changed = changed, "topic configs derived again");
         Ok(())
     }
 
     /// Takes `layers` as the broker's, deriving the topic default and every
-    /// topic's config again (under the admin lock).
-    pub(super) fn take_defaults(&self, layers: BrokerLayers) {
+    /// topic's config again (under the admin lock); how many topics'
+    /// configs changed.
+    pub(super) fn take_defaults(&self, layers: BrokerLayers) -> usize {
         let limit = self.cfg.topic_defaults.max_message_bytes_limit;
         let (topic, skipped) = layers.topic_default(limit);
         for e in skipped {
@@ -155,9 +146,11 @@ impl Engine {
             })
             .collect();
         *self.defaults.write().expect("defaults lock") = Arc::new(Defaults { layers, topic });
+        let n = changed.len();
         for t in changed {
             self.replace_topic(t);
         }
+        n
     }
 
     /// DeleteRecords: raises each tp's log start to its offset (-1: the

@@ -198,7 +198,7 @@ pub struct Coordinator {
     /// Cluster mode: each shard's group writer, which appends groups'
     /// states and tombstones to the shard's log one at a time, in the
     /// order asked (set with the journal).
-    writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>>,
+    writers: Arc<std::sync::OnceLock<Vec<mpsc::Sender<GroupWrite>>>>,
 }
 
 const QUEUE: usize = 1024;
@@ -220,7 +220,7 @@ impl Coordinator {
         let known = engine.catalog().offset_groups().unwrap_or_default();
         let groups = known.into_iter().map(|g| (g.clone(), Group::new(g, now))).collect();
         let state = Groups { classic: groups, consumers: HashMap::new(), cfg, ccfg, engine: engine.clone() };
-        let writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>> = Arc::default();
+        let writers: Arc<std::sync::OnceLock<Vec<mpsc::Sender<GroupWrite>>>> = Arc::default();
         tokio::spawn(run(rx, state, clock, stop, writers.clone()));
         {
             let engine = engine.clone();
@@ -246,7 +246,7 @@ impl Coordinator {
         }
         let writers = (0..crate::cluster::topics::COORDINATOR_SHARDS)
             .map(|shard| {
-                let (tx, rx) = mpsc::unbounded_channel();
+                let (tx, rx) = mpsc::channel(GROUP_WRITES_QUEUED);
                 tokio::spawn(group_writer(shard, rx, journal.clone(), self.turns.clone(), self.tx.clone()));
                 tx
             })
@@ -666,12 +666,17 @@ impl Groups {
     }
 }
 
+/// Group records queued for one shard's writer. The run loop never waits
+/// for room (the writer answers through the run loop's own queue): a
+/// store that finds the queue full fails as a store whose append failed.
+const GROUP_WRITES_QUEUED: usize = 1024;
+
 /// A shard's group writer: appends groups' states and tombstones to the
 /// shard's log in the order asked (so the log's last state of a group is
 /// the last one asked for), whatever is queued as one append, in the
 /// shard's turn (no load reads the log meanwhile), and tells how each
 /// store went.
-async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, journal: Arc<dyn journal::Journal>, turns: Arc<Vec<tokio::sync::Mutex<()>>>, coordinator: mpsc::Sender<Cmd>) {
+async fn group_writer(shard: u32, mut rx: mpsc::Receiver<GroupWrite>, journal: Arc<dyn journal::Journal>, turns: Arc<Vec<tokio::sync::Mutex<()>>>, coordinator: mpsc::Sender<Cmd>) {
     /// At most this many records in one append.
     const BATCH: usize = 256;
     while let Some(first) = rx.recv().await {
@@ -700,7 +705,7 @@ async fn group_writer(shard: u32, mut rx: mpsc::UnboundedReceiver<GroupWrite>, j
     }
 }
 
-async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>, writers: Arc<std::sync::OnceLock<Vec<mpsc::UnboundedSender<GroupWrite>>>>) {
+async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut stop: tokio::sync::watch::Receiver<bool>, writers: Arc<std::sync::OnceLock<Vec<mpsc::Sender<GroupWrite>>>>) {
     let mut parked: HashMap<Token, Parked> = HashMap::new();
     let mut next_token: Token = 1;
     let mut next_store: u64 = 1;
@@ -933,7 +938,9 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
             // A group that never completed a join phase was never stored.
             for g in forgotten.into_iter().filter(|g| g.generation > 0) {
                 let write = GroupWrite { record: journal::Record::Group { group: g.id.clone(), state: None }, done: WriteDone::Tombstone };
-                let _ = writers[journal::shard_of(&g.id) as usize].send(write);
+                if writers[journal::shard_of(&g.id) as usize].try_send(write).is_err() {
+                    tracing::error!(group = %g.id, "a shard's group writer is stopped or full; the group's tombstone is not written");
+                }
             }
         }
         for id in changed {
@@ -944,8 +951,8 @@ async fn run(mut rx: mpsc::Receiver<Cmd>, mut state: Groups, clock: Clock, mut s
             next_store += 1;
             if let Some(writers) = writers.get() {
                 let write = GroupWrite { record: journal::Record::Group { group: id.clone(), state: Some(stored) }, done: WriteDone::Stored { group: id.clone(), seq } };
-                if writers[journal::shard_of(&id) as usize].send(write).is_err() {
-                    tracing::error!(group = %id, "a shard's group writer stopped; the group's state is not stored");
+                if writers[journal::shard_of(&id) as usize].try_send(write).is_err() {
+                    tracing::error!(group = %id, "a shard's group writer is stopped or full; the group's state is not stored");
                     if let Some(g) = groups.get_mut(&id) {
                         replies.extend(g.stored(cfg, now, seq, Err(kafka_protocol::ResponseError::CoordinatorNotAvailable.code())));
                         timers.schedule(g, cfg);
