@@ -91,6 +91,12 @@ impl Engine {
         self.storage.end_offset_for(tp, epoch)
     }
 
+    /// [`Engine::end_offset_for`] where `tp`'s log keeps leader epochs
+    /// (cluster mode); None where it keeps none (single-node mode).
+    pub fn epoch_end(&self, tp: &Tp, epoch: i32) -> Option<(i32, i64)> {
+        self.storage.epoch_end(tp, epoch)
+    }
+
     /// The latest leader epoch `tp`'s log holds (-1: none), a follower's
     /// `LastFetchedEpoch`.
     pub fn latest_epoch(&self, tp: &Tp) -> i32 {

@@ -286,6 +286,27 @@ async fn wait_log(node: &ChildBroker, needle: &str) {
 }
 
 /// The Kafka address of a running node other than `not`.
+/// OffsetForLeaderEpoch v4 as a consumer asks it, for partition 0 of
+/// `topic` in leader epoch `current`: (epoch, end offset) for each of
+/// `epochs`.
+async fn epoch_ends(leader: SocketAddr, topic: &str, current: i32, epochs: &[i32]) -> Vec<(i32, i64)> {
+    use kafka_protocol::messages::offset_for_leader_epoch_request::{OffsetForLeaderPartition, OffsetForLeaderTopic};
+    use kafka_protocol::messages::{BrokerId, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
+    use kafka_protocol::protocol::Decodable;
+    let mut raw = common::Raw::connect(leader).await;
+    let mut ends = Vec::new();
+    for &e in epochs {
+        let p = OffsetForLeaderPartition::default().with_partition(0).with_current_leader_epoch(current).with_leader_epoch(e);
+        let req = OffsetForLeaderEpochRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![OffsetForLeaderTopic::default().with_topic(TopicName(StrBytes::from_string(topic.to_owned()))).with_partitions(vec![p])]);
+        let mut body = raw.call(23, 4, &common::encode(&req, 4), true).await.expect("an answer");
+        let r = OffsetForLeaderEpochResponse::decode(&mut body, 4).unwrap();
+        let p = &r.topics[0].partitions[0];
+        assert_eq!(p.error_code, 0, "{p:?}");
+        ends.push((p.leader_epoch, p.end_offset));
+    }
+    ends
+}
+
 fn survivor_of(nodes: &[Option<ChildBroker>], not: i32) -> SocketAddr {
     nodes.iter().enumerate().find(|(id, n)| *id as i32 != not && n.is_some()).and_then(|(_, n)| n.as_ref()).unwrap().kafka
 }
@@ -848,6 +869,11 @@ async fn replicated_records_survive_their_leaders_death() {
     poll(new_leader, "an under-replicated partition in the metrics", |a| metric(a, "canopy_under_replicated_partitions"), |v| *v >= 1.0).await;
     assert!(metric(new_leader, "canopy_leader_elections_total").await >= 1.0);
     produce_acked(survivor, "rep.t", "b", 400, 2).await;
+    // KIP-320 validation at the new leader: the dead leader's epoch ends
+    // where the new one began (its 200 acknowledged records), not at the
+    // high watermark; the new epoch ends at the log end.
+    let ends = epoch_ends(addr(&nodes, after[0].0), "rep.t", after[0].1, &[epoch, after[0].1]).await;
+    assert_eq!(ends, vec![(epoch, 200), (after[0].1, 400)], "OffsetForLeaderEpoch at the new leader");
     let expected = |tags: &[(&str, usize)]| -> Vec<Vec<String>> {
         (0..2).map(|p| tags.iter().flat_map(|(tag, n)| (0..*n).filter(move |i| i % 2 == p).map(move |i| format!("{tag}{i}"))).collect()).collect()
     };

@@ -47,7 +47,29 @@ impl Etcd {
     /// Members whose client port listens on `client_ip` (their peer ports
     /// stay on loopback).
     pub fn start_on(dir: &Path, client_ip: std::net::Ipv4Addr) -> Etcd {
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        // A member can still lose its port to another process between the
+        // check and its bind; then it exits, and the cluster is made again
+        // from empty data directories on other ports.
+        for attempt in 1.. {
+            let mut etcd = Etcd::spawn(dir, client_ip);
+            match etcd.wait_healthy_or_dead() {
+                Ok(()) => return etcd,
+                Err(why) if attempt < 3 => {
+                    eprintln!("etcd attempt {attempt} failed ({why}); starting again on other ports");
+                    drop(etcd);
+                    for i in 0..3 {
+                        let _ = std::fs::remove_dir_all(dir.join(format!("etcd{i}")));
+                    }
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+        unreachable!()
+    }
+
+    fn spawn(dir: &Path, client_ip: std::net::Ipv4Addr) -> Etcd {
+        let (lo, client_ips) = (std::net::Ipv4Addr::LOCALHOST, [std::net::Ipv4Addr::LOCALHOST, client_ip]);
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (crate::common::stable_port(&client_ips), crate::common::stable_port(&[lo]))).collect();
         let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("e{i}=http://127.0.0.1:{peer}")).collect();
         let initial = initial.join(",");
         let args: Vec<Vec<std::ffi::OsString>> = ports
@@ -72,7 +94,6 @@ impl Etcd {
             let m = etcd.spawn_member(i);
             etcd.members.push(m);
         }
-        etcd.wait_healthy();
         etcd
     }
 
@@ -94,14 +115,28 @@ impl Etcd {
 
     /// Until every member answers a quorum read (etcdctl, from Debian's
     /// etcd-client package, which etcd-server depends on).
-    pub fn wait_healthy(&self) {
+    pub fn wait_healthy(&mut self) {
+        if let Err(why) = self.wait_healthy_or_dead() {
+            panic!("{why}");
+        }
+    }
+
+    /// As `wait_healthy`, but a member that exits, or 60 s without health,
+    /// is an error that carries the end of the member's log.
+    fn wait_healthy_or_dead(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ok = Command::new("etcdctl").env("ETCDCTL_API", "3").args(["--endpoints", &self.endpoints.join(","), "endpoint", "health"]).output().is_ok_and(|o| o.status.success());
             if ok {
-                return;
+                return Ok(());
             }
-            assert!(Instant::now() < deadline, "etcd did not become healthy in 60 s");
+            let exited = (0..self.members.len()).find(|&i| matches!(self.members[i].try_wait(), Ok(Some(_))));
+            if let Some(i) = exited.or_else(|| (Instant::now() >= deadline).then_some(0)) {
+                let log = std::fs::read_to_string(self.dir.join(format!("etcd{i}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+                let what = if exited.is_some() { "exited" } else { "is not healthy after 60 s" };
+                return Err(format!("etcd member {i} {what}; the end of its log:\n{}", tail.join("\n")));
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }

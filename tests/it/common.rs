@@ -33,6 +33,27 @@ pub async fn start(args: ServeArgs) -> Running {
     server::start(Config::load(&args).expect("test config")).await.expect("broker starts")
 }
 
+/// A port a test server keeps across restarts, below the kernel's
+/// ephemeral range (32768 and up on Linux): an outgoing connection, or a
+/// server bound to port 0, can never take it between a kill and a restart.
+/// Ports are handed out in turn from a start that differs per process, and
+/// one is returned only after binding it on every address in `ips` (a port
+/// another process holds is skipped).
+pub fn stable_port(ips: &[std::net::Ipv4Addr]) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(u32::MAX, std::process::id().wrapping_mul(7919) % SPAN, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if ips.iter().all(|ip| std::net::TcpListener::bind((*ip, port)).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no free port between {LOW} and {}", LOW + SPAN);
+}
+
 pub fn client(addr: SocketAddr) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", addr.to_string()).set("broker.address.family", "v4");

@@ -26,8 +26,9 @@ const PRODUCERS: usize = 2;
 /// (producer, sequence) -> (partition, offset) of each acknowledged record.
 type Acked = Arc<Mutex<HashMap<(usize, u64), (i32, i64)>>>;
 
+/// The broker comes back on the same port after each kill.
 fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], common::stable_port(&[std::net::Ipv4Addr::LOCALHOST])))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

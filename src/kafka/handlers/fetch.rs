@@ -449,6 +449,14 @@ fn read_all(engine: &Arc<Engine>, wants: &[Asked], max_bytes: usize, read_commit
                         Ok((r, lso, aborted)) => {
                             let len = r.len();
                             total += len;
+                            // Offsets are dense in a log nothing compacts:
+                            // a first batch past the fetch offset skips
+                            // records the consumer will never see.
+                            if let Some(first) = r.records.first().and_then(|b| crate::protocol::batch::BatchHeader::parse(b).ok()) {
+                                if first.base_offset > w.offset && !topic.config.cleanup.compact {
+                                    tracing::error!(topic = topic.name(), partition = w.partition, offset = w.offset, first = first.base_offset, from_tip = r.from_tip, hw = r.high_watermark, log_start = r.log_start, "a read answered past its offset");
+                                }
+                            }
                             // A consumer that got a full share is catching up:
                             // read its next share while this one is sent.
                             if len > 0 && !r.from_tip && len >= w.max_bytes / 2 && r.next_offset < lso.min(r.high_watermark) {

@@ -1,10 +1,16 @@
 //! OffsetForLeaderEpoch. Clients use it to validate their position after
-//! a leader change (KIP-320): the answer is the end offset of the largest
-//! epoch at or below the one asked for. No log here ever diverged from
-//! another copy (single-node mode, and cluster mode's replication factor
-//! 1 keep one copy of each partition), so every epoch a client knows ends
-//! at the high watermark: that is the answer, with the epoch asked for
-//! (capped at the leader's). A partition this node does not lead is
+//! a leader change (KIP-320): the answer is the largest epoch at or below
+//! the one asked for, with where it ends. In cluster mode that comes from
+//! the leader's epoch cache, as Kafka's `LeaderEpochFileCache.endOffsetFor`
+//! answers: the log end for the latest epoch, else the start of the next
+//! epoch. Never the high watermark: a new leader's lags behind the one its
+//! predecessor had let consumers read up to, and librdkafka takes an end
+//! below its fetch position for a truncation and seeks back to it, dropping
+//! the records it had fetched but not yet handed to the application, which
+//! are then skipped (the nemesis found this). A log without epochs
+//! (single-node mode: every epoch is 0, and one copy never diverged) ends
+//! at the high watermark for every epoch, answered with the epoch asked
+//! for (capped at the leader's). A partition this node does not lead is
 //! NOT_LEADER_OR_FOLLOWER; a `current_leader_epoch` other than the
 //! leader's is FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH.
 
@@ -51,7 +57,10 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                         _ if denied => r.with_error_code(ResponseError::TopicAuthorizationFailed.code()),
                         (None, _) => r.with_error_code(ResponseError::UnknownTopicOrPartition.code()),
                         (Some(_), Err(code)) => r.with_error_code(code),
-                        (Some((_, hw, _)), Ok(epoch)) if p.leader_epoch >= 0 => r.with_leader_epoch(p.leader_epoch.min(epoch)).with_end_offset(hw),
+                        (Some((_, hw, _)), Ok(epoch)) if p.leader_epoch >= 0 => match topic.as_ref().and_then(|t| broker.engine.epoch_end(&t.tp(p.partition), p.leader_epoch)) {
+                            Some((e, end)) => r.with_leader_epoch(e).with_end_offset(end),
+                            None => r.with_leader_epoch(p.leader_epoch.min(epoch)).with_end_offset(hw),
+                        },
                         (Some(_), Ok(_)) => r,
                     }
                 })

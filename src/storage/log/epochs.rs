@@ -147,6 +147,15 @@ impl Storage {
         Some(st.epochs.end_offset_for(epoch, st.leo))
     }
 
+    /// [`Storage::end_offset_for`] where the tp's log keeps leader epochs;
+    /// None where it keeps none (single-node mode).
+    pub fn epoch_end(&self, tp: &Tp, epoch: i32) -> Option<(i32, i64)> {
+        let part = self.parts.read().expect("parts lock").get(tp).cloned()?;
+        let st = part.st.read().expect("partition lock");
+        st.epochs.latest()?;
+        Some(st.epochs.end_offset_for(epoch, st.leo))
+    }
+
     /// A tp's leader epochs, oldest first (empty in single-node mode).
     pub fn epochs(&self, tp: &Tp) -> Option<Vec<EpochEntry>> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned()?;

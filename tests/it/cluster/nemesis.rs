@@ -69,6 +69,14 @@ struct History {
     /// second they came and what the consumer had last read (for a
     /// violation's diagnosis: a bad message is skipped by librdkafka).
     consumer_errors: Vec<String>,
+    /// Each time the group's consumer read a partition at another offset
+    /// than the one after its last read there, with the second it came.
+    jumps: Vec<String>,
+    /// librdkafka's debug log of the group's consumer (fetch and group
+    /// events), with seconds since the start: written out on a violation.
+    consumer_log: Vec<String>,
+    /// The nodes' log lines, per node id: written out on a violation.
+    node_logs: BTreeMap<i32, Vec<String>>,
     /// The group's committed offsets, as an observer read them over time.
     committed: BTreeMap<Tp, Vec<i64>>,
     /// Fatal errors of producers (each replaced by a new one).
@@ -93,6 +101,17 @@ impl ProducerContext for Recorder {
         }
     }
 }
+
+/// The group consumer's context: keeps librdkafka's log lines.
+struct Logger(Shared, Instant);
+
+impl ClientContext for Logger {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, line: &str) {
+        self.0.lock().unwrap().consumer_log.push(format!("[{:7.3}s] {level:?} {fac} {line}", self.1.elapsed().as_secs_f64()));
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Logger {}
 
 /// A small deterministic generator (xorshift64*) for the fault schedule.
 struct Dice(u64);
@@ -171,16 +190,23 @@ fn all_partitions() -> TopicPartitionList {
 /// until `done`.
 fn consumer(boot: String, h: Shared, done: Arc<AtomicBool>) {
     let mut cfg = config(&boot);
-    cfg.set("group.id", GROUP).set("enable.auto.commit", "false").set("auto.offset.reset", "earliest");
-    let c: BaseConsumer = cfg.create().unwrap();
+    cfg.set("group.id", GROUP).set("enable.auto.commit", "false").set("auto.offset.reset", "earliest").set("debug", "consumer");
+    let start = Instant::now();
+    cfg.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+    let c: BaseConsumer<Logger> = cfg.create_with_context(Logger(h.clone(), start)).unwrap();
     c.subscribe(&TOPICS).unwrap();
     let mut committed = Instant::now();
-    let start = Instant::now();
+    let mut last: HashMap<Tp, i64> = HashMap::new();
     while !done.load(Ordering::Relaxed) {
         match c.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let value = String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap();
-                h.lock().unwrap().consumed.push(((m.topic().to_owned(), m.partition()), m.offset(), value));
+                let tp = (m.topic().to_owned(), m.partition());
+                let mut h = h.lock().unwrap();
+                if let Some(before) = last.insert(tp.clone(), m.offset()).filter(|b| b + 1 != m.offset()) {
+                    h.jumps.push(format!("[{:.3}s] {tp:?}: read offset {} after offset {before}", start.elapsed().as_secs_f64(), m.offset()));
+                }
+                h.consumed.push((tp, m.offset(), value));
             }
             Some(Err(e)) => {
                 let mut h = h.lock().unwrap();
@@ -353,6 +379,13 @@ impl Cluster<'_> {
         SocketAddr::from((self.net.node(id), 9092))
     }
 
+    /// Takes node `id` out (to kill it), keeping its log lines so far.
+    fn take(&mut self, id: i32, h: &Shared) -> ChildBroker {
+        let node = self.nodes[id as usize].take().expect("a running node");
+        h.lock().unwrap().node_logs.entry(id).or_default().extend(node.log.try_iter());
+        node
+    }
+
     async fn restart(&mut self, id: i32) {
         let (root, addr, endpoints) = (self.root.to_owned(), self.addr(id), self.etcd.endpoints());
         let wrapper: Vec<String> = self.net.exec(id).map(String::from).to_vec();
@@ -425,7 +458,7 @@ async fn acknowledged_records_survive_the_nemesis() {
                 let Some(victim) = victim else { continue };
                 let down = dice.millis(500, 4000);
                 log(&h, format!("kill -9 node {victim} ({}), restart after {down:?}", if kind == 0 { "a leader" } else { "any node" }));
-                c.nodes[victim as usize].take().unwrap().kill9();
+                c.take(victim, &h).kill9();
                 tokio::time::sleep(down).await;
                 c.restart(victim).await;
                 log(&h, format!("node {victim} serving again"));
@@ -443,7 +476,7 @@ async fn acknowledged_records_survive_the_nemesis() {
                     signal(c.nodes[*n].as_ref().unwrap(), "-STOP");
                 }
                 tokio::time::sleep(alone).await;
-                c.nodes[leader as usize].take().unwrap().kill9();
+                c.take(leader, &h).kill9();
                 for n in &others {
                     signal(c.nodes[*n].as_ref().unwrap(), "-CONT");
                 }
@@ -494,7 +527,7 @@ async fn acknowledged_records_survive_the_nemesis() {
                 // leadership is handed over before it goes).
                 let Some(victim) = a_leader(&c.nodes, &mut dice).await else { continue };
                 log(&h, format!("node {victim} (a leader) stopped cleanly, restarted"));
-                let node = c.nodes[victim as usize].take().unwrap();
+                let node = c.take(victim, &h);
                 let status = tokio::task::spawn_blocking(move || node.terminate_within(Duration::from_secs(60))).await.unwrap();
                 assert!(status.is_some_and(|s| s.success()), "node {victim} did not stop cleanly within 60 s: {status:?}");
                 c.restart(victim).await;
@@ -542,6 +575,10 @@ async fn acknowledged_records_survive_the_nemesis() {
         tokio::task::spawn_blocking(move || read_logs(&boot)).await.unwrap()
     };
 
+    for id in 1..=3 {
+        let node = c.take(id, &h);
+        c.nodes[id as usize] = Some(node);
+    }
     let h = h.lock().unwrap();
     let in_log: usize = logs.values().map(BTreeMap::len).sum();
     println!(
@@ -555,11 +592,39 @@ async fn acknowledged_records_survive_the_nemesis() {
         h.fatal
     );
     let wrong = check(&h, &logs);
-    assert!(wrong.is_empty(), "seed {seed}: {} violations, the first: {:#?}\nfaults: {:#?}\nthe group consumer's errors: {:#?}", wrong.len(), &wrong[..wrong.len().min(20)], h.faults, h.consumer_errors);
+    if !wrong.is_empty() {
+        let kept = keep_logs(seed, &h, &logs);
+        panic!(
+            "seed {seed}: {} violations, the first: {:#?}\nfaults: {:#?}\nthe group consumer's errors: {:#?}\nits jumps: {:#?}\nlogs kept in {}",
+            wrong.len(),
+            &wrong[..wrong.len().min(20)],
+            h.faults,
+            h.consumer_errors,
+            &h.jumps[..h.jumps.len().min(40)],
+            kept.display()
+        );
+    }
     // The run did something: records were acknowledged across the faults,
     // and the group committed.
     assert!(h.acked.len() > 100 * secs as usize / 10, "only {} records acknowledged in {secs} s", h.acked.len());
     assert!(!h.committed.is_empty(), "the group never committed");
+}
+
+/// Writes the consumer's and the nodes' logs under the target directory
+/// (CI keeps nothing else of a failed run).
+fn keep_logs(seed: u64, h: &History, logs: &HashMap<Tp, BTreeMap<i64, String>>) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nemesis-{seed}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut sorted: Vec<_> = logs.iter().collect();
+    sorted.sort();
+    let records: Vec<String> = sorted.iter().flat_map(|(tp, log)| log.iter().map(move |(o, v)| format!("{tp:?} {o} {v}"))).collect();
+    std::fs::write(dir.join("records.log"), records.join("\n")).unwrap();
+    std::fs::write(dir.join("consumer.log"), h.consumer_log.join("\n")).unwrap();
+    std::fs::write(dir.join("faults.log"), [&h.faults[..], &h.jumps[..], &h.consumer_errors[..]].concat().join("\n")).unwrap();
+    for (id, lines) in &h.node_logs {
+        std::fs::write(dir.join(format!("node{id}.log")), lines.join("\n")).unwrap();
+    }
+    dir
 }
 
 #[test]
