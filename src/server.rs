@@ -239,7 +239,7 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
     let cluster_id = broker.cluster.view().cluster_id.clone();
     let bridge = rest_listener.as_ref().map(|_| {
         let probe = Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled));
-        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()).map_cluster(cfg.cluster().is_some().then(|| broker.cluster.clone())))
+        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()).map_cluster(cfg.cluster().is_some().then(|| broker.cluster.clone()), cfg.cluster().is_some().then(|| Arc::new(crate::kafka::replication::peers::Forwarder::new(&broker)))))
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics, fetch_sessions: broker.fetch_sessions.clone(), fetch_session_slots: cfg.max_incremental_fetch_session_cache_slots, fetch_session_partitions: cfg.max_incremental_fetch_session_cache_partitions };

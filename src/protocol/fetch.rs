@@ -23,6 +23,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+pub use super::response::DecodeError;
+use super::response::{Reader, TAGGED_FIELD_MIN_BYTES};
+
 pub const MIN_VERSION: i16 = 4;
 pub const MAX_VERSION: i16 = 18;
 
@@ -319,38 +322,12 @@ pub struct PartitionIn {
     pub current_leader: Option<(i32, i32)>,
 }
 
-/// Why a Fetch response could not be decoded. Offsets count from the start
-/// of the decoded body (its correlation id).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    #[error("fetch v{0} responses are not decoded (only v{FIRST_DECODED_VERSION}..=v{MAX_VERSION})")]
-    UnsupportedVersion(i16),
-    #[error("{what} at offset {at}: needs {needed} bytes, {remaining} remain")]
-    Truncated { what: &'static str, at: usize, needed: u64, remaining: usize },
-    #[error("{what} at offset {at}: varint longer than 5 bytes or beyond u32")]
-    BadVarint { what: &'static str, at: usize },
-    #[error("{what} at offset {at}: {count} entries cannot fit in the {remaining} bytes that remain")]
-    CountTooLarge { what: &'static str, at: usize, count: u64, remaining: usize },
-    #[error("{what} at offset {at}: null where the schema does not allow it")]
-    UnexpectedNull { what: &'static str, at: usize },
-    #[error("{what} at offset {at}: not UTF-8")]
-    NotUtf8 { what: &'static str, at: usize },
-    #[error("{what}: tagged field {tag} at offset {at} follows tag {previous}; tags must ascend")]
-    TagOrder { what: &'static str, at: usize, tag: u32, previous: u32 },
-    #[error("{what}: tagged field {tag} at offset {at} declares {declared} bytes but its value is {used}")]
-    TaggedFieldSize { what: &'static str, at: usize, tag: u32, declared: u32, used: usize },
-    #[error("{count} bytes follow the end of the response at offset {at}")]
-    TrailingBytes { at: usize, count: usize },
-}
-
 // The fewest bytes each repeated element can take on the wire (v12+). A
 // count is admitted only if that many elements of this size fit in what
 // remains, so what a `Vec::with_capacity` reserves stays within a small
 // multiple of the body's length, whatever the count says.
 // `minimum_sizes_are_the_smallest_encodings` checks them against the encoder.
 
-/// Tag and size varints of an empty tagged field.
-const TAGGED_FIELD_MIN_BYTES: usize = 2;
 /// Producer id, first offset, empty tagged fields.
 const ABORTED_MIN_BYTES: usize = 8 + 8 + 1;
 /// Index, error, three offsets, null aborted list, preferred read replica,
@@ -379,9 +356,9 @@ const _: () = assert!(TAGGED_FIELD_MIN_BYTES > 0 && ABORTED_MIN_BYTES > 0 && PAR
 /// element (see `guard`), and ignores a tagged field's declared size.
 pub fn decode_response(version: i16, body: &Bytes) -> Result<FetchAnswer, DecodeError> {
     if !(FIRST_DECODED_VERSION..=MAX_VERSION).contains(&version) {
-        return Err(DecodeError::UnsupportedVersion(version));
+        return Err(DecodeError::UnsupportedVersion { api: "fetch", version });
     }
-    let mut r = Reader { buf: body, pos: 0, end: body.len() };
+    let mut r = Reader::new(body);
     let correlation_id = r.i32("correlation id")?;
     r.tagged_fields("response header", |_, _| Ok(false))?;
     let throttle_ms = r.i32("throttle time")?;
@@ -400,118 +377,7 @@ pub fn decode_response(version: i16, body: &Bytes) -> Result<FetchAnswer, Decode
     Ok(FetchAnswer { correlation_id, throttle_ms, error_code, session_id, topics })
 }
 
-/// A cursor over `buf[pos..end]`. A tagged field is read by a reader whose
-/// `end` is the field's declared end, so its value cannot run past it.
-struct Reader<'a> {
-    buf: &'a Bytes,
-    pos: usize,
-    end: usize,
-}
-
 impl<'a> Reader<'a> {
-    fn remaining(&self) -> usize {
-        self.end - self.pos
-    }
-
-    /// Claims the next `n` bytes; returns where they start.
-    fn take(&mut self, n: u64, what: &'static str) -> Result<usize, DecodeError> {
-        if n > self.remaining() as u64 {
-            return Err(DecodeError::Truncated { what, at: self.pos, needed: n, remaining: self.remaining() });
-        }
-        let at = self.pos;
-        self.pos += n as usize; // fits: n <= remaining
-        Ok(at)
-    }
-
-    fn fixed<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
-        let at = self.take(N as u64, what)?;
-        let mut out = [0; N];
-        out.copy_from_slice(&self.buf[at..at + N]);
-        Ok(out)
-    }
-
-    fn i16(&mut self, what: &'static str) -> Result<i16, DecodeError> {
-        self.fixed(what).map(i16::from_be_bytes)
-    }
-
-    fn i32(&mut self, what: &'static str) -> Result<i32, DecodeError> {
-        self.fixed(what).map(i32::from_be_bytes)
-    }
-
-    fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
-        self.fixed(what).map(i64::from_be_bytes)
-    }
-
-    /// An unsigned varint of at most 5 bytes and at most `u32::MAX`.
-    fn uvarint(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        let at = self.pos;
-        let mut value = 0u32;
-        for shift in [0, 7, 14, 21, 28] {
-            let [byte] = self.fixed(what)?;
-            // The fifth byte holds bits 28..32: more is past u32, and a
-            // continuation bit would make a sixth byte.
-            if shift == 28 && byte > 0x0f {
-                return Err(DecodeError::BadVarint { what, at });
-            }
-            value |= u32::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
-        Ok(value)
-    }
-
-    /// A compact array's count (`None` for null), admitted only if that
-    /// many elements of at least `min_bytes` each fit in what remains.
-    fn count(&mut self, what: &'static str, min_bytes: usize) -> Result<Option<usize>, DecodeError> {
-        let at = self.pos;
-        let Some(n) = self.uvarint(what)?.checked_sub(1) else { return Ok(None) };
-        if u64::from(n) > (self.remaining() / min_bytes) as u64 {
-            return Err(DecodeError::CountTooLarge { what, at, count: n.into(), remaining: self.remaining() });
-        }
-        Ok(Some(n as usize)) // fits: n <= remaining
-    }
-
-    fn required_count(&mut self, what: &'static str, min_bytes: usize) -> Result<usize, DecodeError> {
-        let at = self.pos;
-        self.count(what, min_bytes)?.ok_or(DecodeError::UnexpectedNull { what, at })
-    }
-
-    /// Compact bytes (`None` for null), sliced from the buffer, not copied.
-    fn bytes(&mut self, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
-        let Some(n) = self.uvarint(what)?.checked_sub(1) else { return Ok(None) };
-        let at = self.take(n.into(), what)?;
-        Ok(Some(self.buf.slice(at..self.pos)))
-    }
-
-    /// Walks a tagged-field section. `known(tag, field)` reads a field it
-    /// knows from `field`, bounded by the field's declared size, and returns
-    /// true; it must then have read exactly that size. A field it returns
-    /// false for is skipped by its size.
-    fn tagged_fields(&mut self, what: &'static str, mut known: impl FnMut(u32, &mut Reader<'a>) -> Result<bool, DecodeError>) -> Result<(), DecodeError> {
-        let at = self.pos;
-        let n = self.uvarint(what)?;
-        if u64::from(n) > (self.remaining() / TAGGED_FIELD_MIN_BYTES) as u64 {
-            return Err(DecodeError::CountTooLarge { what, at, count: n.into(), remaining: self.remaining() });
-        }
-        let mut previous = None;
-        for _ in 0..n {
-            let at = self.pos;
-            let tag = self.uvarint(what)?;
-            if let Some(previous) = previous.filter(|p| tag <= *p) {
-                return Err(DecodeError::TagOrder { what, at, tag, previous });
-            }
-            previous = Some(tag);
-            let declared = self.uvarint(what)?;
-            let start = self.take(declared.into(), what)?;
-            let mut field = Reader { buf: self.buf, pos: start, end: self.pos };
-            if known(tag, &mut field)? && field.remaining() > 0 {
-                return Err(DecodeError::TaggedFieldSize { what, at, tag, declared, used: field.pos - start });
-            }
-        }
-        Ok(())
-    }
-
     fn topic(&mut self, version: i16) -> Result<TopicIn, DecodeError> {
         let (mut name, mut id) = (Bytes::new(), [0; 16]);
         if version >= 13 {
@@ -987,7 +853,7 @@ mod tests {
     fn other_versions_are_refused() {
         let body = body_of(&encode(1, 11, 0, 0, 0, &[]));
         for version in [-1, 0, MIN_VERSION, 11, MAX_VERSION + 1, i16::MAX] {
-            assert_eq!(decode_response(version, &body), Err(DecodeError::UnsupportedVersion(version)));
+            assert_eq!(decode_response(version, &body), Err(DecodeError::UnsupportedVersion { api: "fetch", version }));
         }
     }
 

@@ -9,4 +9,6 @@ pub mod fetch;
 pub mod frame;
 pub mod guard;
 pub mod header;
+pub mod produce;
+pub mod response;
 pub mod tagged;

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use kafka_protocol::ResponseError;
 
 use super::{coalesce, engine_error, Bridge, RestError};
 use crate::engine::{Ack, PendingAppend, Topic};
+use crate::kafka::replication::peers::ForwardError;
 use crate::protocol::batch::{self, NewRecord};
 
 /// What became of one record: (partition, offset), or (partition if
@@ -34,39 +36,63 @@ pub async fn append_with(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], 
 
 async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[Result<i32, RestError>], ack: Ack, wait: bool) -> Vec<Outcome> {
     let now = b.engine.now_ms();
-    // Cluster mode: a partition another node leads is refused (retriable:
-    // leadership moves), until routing to leaders is built.
+    // Cluster mode: a partition another node leads goes to that node (see
+    // `Forwarder`); one that has no leader now is refused (retriable).
     let view = b.view();
-    let rerouted: Vec<Result<i32, RestError>>;
-    let placed = match view.as_deref() {
-        Some(v) if placed.iter().any(|p| p.as_ref().is_ok_and(|p| !b.leads(Some(v), t.name(), *p))) => {
-            rerouted = placed
-                .iter()
-                .map(|p| match p {
-                    Ok(p) if !b.leads(Some(v), t.name(), *p) => {
-                        let leader = v.partition(-1, t.name(), *p).leader;
-                        let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("this broker does not lead partition {p} of {} (its leader is broker {leader}); produce to that broker's REST bridge", t.name()));
-                        e.retry_after = Some(1);
-                        Err(e)
-                    }
-                    other => other.clone(),
-                })
-                .collect();
-            &rerouted[..]
-        }
-        _ => placed,
-    };
     let mut by_partition: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    let mut elsewhere: BTreeMap<i32, Vec<(i32, Vec<usize>)>> = BTreeMap::new();
+    let mut out: Vec<Option<Outcome>> = placed.iter().map(|p| p.as_ref().err().map(|e| Err((None, e.clone())))).collect();
     for (i, p) in placed.iter().enumerate() {
         if let Ok(p) = p {
             by_partition.entry(*p).or_default().push(i);
         }
     }
+    if let Some(v) = view.as_deref() {
+        by_partition.retain(|p, idx| {
+            if b.leads(Some(v), t.name(), *p) {
+                return true;
+            }
+            match v.partition(-1, t.name(), *p).leader {
+                leader if leader >= 0 && b.forwarder.is_some() => elsewhere.entry(leader).or_default().push((*p, std::mem::take(idx))),
+                leader => {
+                    let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("partition {p} of {} has no leader now (last known: broker {leader}); retry", t.name()));
+                    e.retry_after = Some(1);
+                    for &i in idx.iter() {
+                        out[i] = Some(Err((Some(*p), e.clone())));
+                    }
+                }
+            }
+            false
+        });
+    }
     // Every part too big to share a batch is built and checked before
-    // anything is submitted or joined, so a request is refused whole
-    // rather than written in part; small parts then join the partition's
-    // open group (see `coalesce`), which always fits.
+    // anything is submitted, joined or forwarded, so a request is refused
+    // whole rather than written in part; small parts then join the
+    // partition's open group (see `coalesce`), which always fits.
     let limit = t.config.max_message_bytes.max(0) as usize;
+    let too_large = |p: i32, size: usize| {
+        let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("a record for partition {p} makes a {size} byte batch on its own, over the topic's max.message.bytes = {limit}"));
+        placed.iter().map(|_| Err((None, e.clone()))).collect::<Vec<Outcome>>()
+    };
+    // Per leader elsewhere: (partition, its records' indexes, its batches).
+    let mut forwards: Vec<(i32, Vec<(i32, Vec<usize>, Bytes)>)> = Vec::with_capacity(elsewhere.len());
+    for (leader, ps) in elsewhere {
+        let mut parts = Vec::with_capacity(ps.len());
+        for (p, idx) in ps {
+            let recs = idx.iter().map(|&i| (i, records[i].clone())).collect();
+            match batches(recs, limit, now) {
+                Ok(built) => {
+                    let mut all = bytes::BytesMut::with_capacity(built.iter().map(|(_, _, b)| b.len()).sum());
+                    for (_, _, batch) in &built {
+                        all.extend_from_slice(batch);
+                    }
+                    parts.push((p, idx, all.freeze()));
+                }
+                Err(size) => return too_large(p, size),
+            }
+        }
+        forwards.push((leader, parts));
+    }
     // (partition, its records' indexes in the request, the records, the
     // batch built for them unless they may join a group); a partition's
     // records are cut into as many batches as max.message.bytes needs.
@@ -80,10 +106,7 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
         }
         match batches(idx.iter().copied().zip(recs).collect(), limit, now) {
             Ok(built) => parts.extend(built.into_iter().map(|(idx, recs, batch)| (*p, idx, recs, Some(batch)))),
-            Err(size) => {
-                let e = RestError::new(axum::http::StatusCode::PAYLOAD_TOO_LARGE, 413, format!("a record for partition {p} makes a {size} byte batch on its own, over the topic's max.message.bytes = {limit}"));
-                return placed.iter().map(|_| Err((None, e.clone()))).collect();
-            }
+            Err(size) => return too_large(*p, size),
         }
     }
     let mut pending = Vec::with_capacity(parts.len());
@@ -99,9 +122,23 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
         };
         pending.push((p, idx, submitted));
     }
+    // Records for other leaders go out now, to all of them at once
+    // (acks=0 is forwarded with acks=1, not awaited: a link matches
+    // answers to requests in order, so every request must have one).
+    let acks = if ack == Ack::Durable { -1 } else { 1 };
+    let forwarded: Vec<_> = forwards
+        .into_iter()
+        .map(|(leader, parts)| {
+            let (forwarder, topic) = (b.forwarder.clone().expect("elsewhere only with a forwarder"), t.name().to_owned());
+            let batches: Vec<(i32, Bytes)> = parts.iter().map(|(p, _, batch)| (*p, batch.clone())).collect();
+            let placed: Vec<(i32, Vec<usize>)> = parts.into_iter().map(|(p, idx, _)| (p, idx)).collect();
+            let sent = tokio::spawn(async move { forwarder.produce(leader, &topic, batches, acks).await });
+            (placed, sent)
+        })
+        .collect();
     if !wait {
         // acks=0: queued (or refused) here, not awaited.
-        return pending
+        let mut queued: Vec<Outcome> = pending
             .into_iter()
             .flat_map(|(p, idx, r)| {
                 let e = r.err().map(|e| engine_error(e, t.name()));
@@ -111,14 +148,10 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
                 })
             })
             .collect();
+        queued.extend(forwarded.iter().flat_map(|(placed, _)| placed.iter().flat_map(|(p, idx)| idx.iter().map(move |_| Ok((*p, -1))))));
+        queued.extend(out.into_iter().flatten());
+        return queued;
     }
-    let mut out: Vec<Option<Outcome>> = placed
-        .iter()
-        .map(|p| match p {
-            Ok(_) => None,
-            Err(e) => Some(Err((None, e.clone()))),
-        })
-        .collect();
     // acks=all in cluster mode: answered once the partition's in-sync
     // replicas have the records, as a Kafka producer's acks=all is.
     let deadline = tokio::time::Instant::now() + REPLICATED_WITHIN;
@@ -145,7 +178,47 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
             }
         }
     }
+    for (placed, sent) in forwarded {
+        let answer = sent.await.unwrap_or_else(|e| Err(ForwardError { leader: -1, why: e.to_string() }));
+        for (k, (p, idx)) in placed.iter().enumerate() {
+            let got = match &answer {
+                Ok(acks) if acks[k].error_code == 0 => Ok(acks[k].base_offset),
+                Ok(acks) => Err(forward_refused(t.name(), *p, acks[k].error_code, acks[k].error_message.as_deref())),
+                Err(e) => Err(forward_failed(t.name(), *p, e)),
+            };
+            for (n, &i) in idx.iter().enumerate() {
+                out[i] = Some(got.as_ref().map(|base| (*p, base + n as i64)).map_err(|e| (Some(*p), e.clone())));
+            }
+        }
+    }
     out.into_iter().map(|o| o.expect("every record answered")).collect()
+}
+
+/// A leader's refusal of forwarded records, as the bridge answers it:
+/// what a retry may fix is 503 with Retry-After, the rest as the engine's
+/// own refusals are.
+fn forward_refused(topic: &str, p: i32, code: i16, message: Option<&str>) -> RestError {
+    use axum::http::StatusCode;
+    let known = ResponseError::try_from_code(code);
+    let why = format!("the broker leading partition {p} of {topic} refused the records: {} (error {code}){}", known.map_or("unknown".into(), |e| format!("{e:?}")), message.map(|m| format!(": {m}")).unwrap_or_default());
+    match known {
+        Some(ResponseError::UnknownTopicOrPartition) => RestError::topic_not_found(topic),
+        Some(ResponseError::MessageTooLarge | ResponseError::RecordListTooLarge) => RestError::new(StatusCode::PAYLOAD_TOO_LARGE, 413, why),
+        Some(ResponseError::InvalidRecord | ResponseError::CorruptMessage | ResponseError::InvalidTimestamp) => RestError::unprocessable(why),
+        Some(e) if e.is_retriable() => {
+            let mut e = RestError::new(StatusCode::SERVICE_UNAVAILABLE, 50302, why);
+            e.retry_after = Some(1);
+            e
+        }
+        _ => RestError::new(StatusCode::INTERNAL_SERVER_ERROR, 50001, why),
+    }
+}
+
+/// No answer from the leader: the records may or may not be in its log.
+fn forward_failed(topic: &str, p: i32, e: &ForwardError) -> RestError {
+    let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("partition {p} of {topic}: {e}; the records may or may not be kept"));
+    e.retry_after = Some(1);
+    e
 }
 
 /// How long an acks=all append waits for the in-sync replicas (Kafka's

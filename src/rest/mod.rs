@@ -163,10 +163,12 @@ pub struct Bridge {
     pub cfg: RestConfig,
     /// Keyless records, per bridge (not per topic: good enough to spread).
     pub round_robin: partition::RoundRobin,
-    /// Cluster mode: which partitions this node leads. Records go only to
-    /// those (keyless ones are spread over them); the others are refused
-    /// until routing to their leaders is built (docs/cluster.md).
+    /// Cluster mode: which partitions this node leads. Keyless records are
+    /// spread over those; records for the others go to their leaders.
     cluster: Option<Arc<crate::cluster::Membership>>,
+    /// Cluster mode: sends records for partitions another node leads to
+    /// it, as Produce requests over the inter-broker listener.
+    pub forwarder: Option<Arc<crate::kafka::replication::peers::Forwarder>>,
     /// Who may produce where; empty: no authentication.
     pub principals: Arc<Principals>,
     rate: Buckets,
@@ -264,6 +266,7 @@ impl Bridge {
             cfg,
             round_robin: Default::default(),
             cluster: None,
+            forwarder: None,
             principals,
             rate: Buckets::default(),
             auth_failures: Buckets::default(),
@@ -310,9 +313,11 @@ impl Bridge {
         self
     }
 
-    /// Cluster mode (`Some`): records go only to partitions this node leads.
-    pub fn map_cluster(mut self, membership: Option<Arc<crate::cluster::Membership>>) -> Bridge {
+    /// Cluster mode (`Some`): keyless records go to partitions this node
+    /// leads; records for the others go to their leaders by `forwarder`.
+    pub fn map_cluster(mut self, membership: Option<Arc<crate::cluster::Membership>>, forwarder: Option<Arc<crate::kafka::replication::peers::Forwarder>>) -> Bridge {
         self.cluster = membership;
+        self.forwarder = forwarder;
         self
     }
 
@@ -341,8 +346,8 @@ impl Bridge {
 
     /// Where one request's keyless records go: round-robin (sticky for a
     /// while) over the partitions this node leads; over all when it leads
-    /// none (the append is then refused, naming why), and always over all
-    /// in single-node mode.
+    /// none (they then go to their leaders), and always over all in
+    /// single-node mode.
     pub fn keyless(&self, view: Option<&crate::cluster::ClusterView>, t: &crate::engine::Topic) -> Keyless<'_> {
         let led = view.map(|v| (0..t.partitions()).filter(|p| self.leads(Some(v), t.name(), *p)).collect::<Vec<i32>>()).filter(|led| !led.is_empty());
         Keyless { bridge: self, partitions: t.partitions(), led }

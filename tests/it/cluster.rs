@@ -608,9 +608,8 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
     assert_eq!((pr.error_code, pr.current_leader.leader_id.0, pr.current_leader.leader_epoch), (6, leader, 0), "{pr:?}");
     let hint: Vec<(i32, i32)> = r.node_endpoints.iter().map(|n| (n.node_id.0, n.port)).collect();
     assert_eq!(hint, vec![(leader, addr(&nodes, leader).port() as i32)]);
-    // The REST bridge of a node takes records only for partitions it
-    // leads: keyless ones are spread over those, one for another node's
-    // partition is refused (retriable).
+    // The REST bridge of a node spreads keyless records over the
+    // partitions it leads.
     {
         common::create_topic(addr(&nodes, 1), "via.rest", 6).await;
         let led: Vec<i32> = layout(addr(&nodes, 1), "via.rest").await.unwrap().1.iter().map(|(l, _, _)| *l).collect();
@@ -638,9 +637,29 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
             })
             .collect();
         assert_eq!(used, mine, "keyless records go to the partitions node {node} leads");
+        // Records for a partition another node leads go to that node (a
+        // Produce over the inter-broker listener), with the offsets they
+        // got there; so do keyed records, wherever their keys put them.
         let q = led.iter().position(|l| *l != node).expect("six partitions are not all led by one of three nodes");
-        let r = json(post(format!("/topics/via.rest/partitions/{q}"), 1).await.unwrap().bytes().await.unwrap());
-        assert_eq!(r["offsets"][0]["error_code"], 50302, "{r}");
+        let placed = |r: &serde_json::Value| -> Vec<(usize, usize)> {
+            r["offsets"].as_array().unwrap().iter().map(|o| {
+                assert!(o["error_code"].is_null(), "{o}");
+                (o["partition"].as_u64().unwrap() as usize, o["offset"].as_u64().unwrap() as usize)
+            }).collect()
+        };
+        let r = json(post(format!("/topics/via.rest/partitions/{q}"), 3).await.unwrap().bytes().await.unwrap());
+        assert_eq!(placed(&r), vec![(q, 0), (q, 1), (q, 2)], "{r}");
+        let keyed: Vec<serde_json::Value> = (0..30).map(|i| serde_json::json!({"key": format!("k{i}"), "value": {"k": i}})).collect();
+        let r = http.post(format!("http://{rest}/topics/via.rest")).header("content-type", "application/vnd.kafka.json.v2+json").body(serde_json::json!({"records": keyed}).to_string()).send().await.unwrap();
+        let keyed_at = placed(&json(r.bytes().await.unwrap()));
+        assert!(keyed_at.iter().any(|(p, _)| led[*p] != node), "some keys land on other nodes' partitions: {keyed_at:?}");
+        let logs = read_all(addr(&nodes, 1), "via.rest", 6, 1000 + 3 + 30).await;
+        for (i, want) in (0..3).enumerate() {
+            assert_eq!(logs[q][i], serde_json::json!({"n": want}).to_string());
+        }
+        for (i, (p, o)) in keyed_at.iter().enumerate() {
+            assert_eq!(logs[*p][*o], serde_json::json!({"k": i}).to_string(), "keyed record {i} at partition {p} offset {o}");
+        }
     }
     // The same for Fetch (v16: by topic id, with the hints).
     {

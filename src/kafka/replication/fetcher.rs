@@ -20,8 +20,7 @@ use kafka_protocol::messages::{BrokerId, FetchRequest, RequestHeader};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use kafka_protocol::ResponseError;
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use super::Followed;
@@ -40,7 +39,7 @@ const BACKOFF: Duration = Duration::from_millis(200);
 
 /// Fetches from `leader` for as long as this node follows any tp there.
 pub async fn run(broker: Arc<Broker>, leader: i32, mut follows: watch::Receiver<u64>) {
-    let mut conn: Option<Conn> = None;
+    let mut conn: Option<super::peers::Conn> = None;
     let mut correlation = 0i32;
     // Why the last connection failed: a new reason is a warning, the
     // same one again (every backoff) is not.
@@ -52,7 +51,7 @@ pub async fn run(broker: Arc<Broker>, leader: i32, mut follows: watch::Receiver<
         }
         follows.borrow_and_update();
         if conn.is_none() {
-            match connect(&broker, leader).await {
+            match super::peers::connect(&broker, leader).await {
                 Ok(c) => {
                     failing = None;
                     conn = Some(c);
@@ -97,50 +96,13 @@ async fn pause(follows: &mut watch::Receiver<u64>) {
     }
 }
 
-/// A connection to a leader: TCP, or TLS on an SSL inter-broker listener.
-trait Link: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Link for T {}
-type Conn = Box<dyn Link>;
-
-/// Connects to `leader`'s inter-broker listener (its endpoint of that
-/// name in its registration); over TLS when the listener is SSL, showing
-/// this node's certificate and checking the leader's against the CA.
-async fn connect(broker: &Broker, leader: i32) -> Result<Conn, String> {
-    const WITHIN: Duration = Duration::from_secs(5);
-    let inter = &broker.cfg.inter_broker;
-    let e = {
-        let view = broker.cluster.view();
-        let node = view.nodes.get(&leader).ok_or("the leader is not registered")?;
-        node.endpoints.iter().find(|e| e.listener == inter.listener).cloned().ok_or_else(|| format!("the leader registered no listener named {}", inter.listener))?
-    };
-    let tcp = match tokio::time::timeout(WITHIN, TcpStream::connect((e.host.as_str(), e.port as u16))).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(err)) => return Err(format!("connecting to {}:{}: {err}", e.host, e.port)),
-        Err(_) => return Err(format!("connecting to {}:{} timed out", e.host, e.port)),
-    };
-    let _ = tcp.set_nodelay(true);
-    let Some(files) = inter.tls.clone() else { return Ok(Box::new(tcp)) };
-    // Read at every connection, so renewed certificates are taken.
-    let cfg = match tokio::task::spawn_blocking(move || crate::tls::client_config(&files)).await {
-        Ok(Ok(cfg)) => cfg,
-        Ok(Err(err)) => return Err(format!("this node's TLS files: {err:#}")),
-        Err(err) => return Err(err.to_string()),
-    };
-    let name = rustls_pki_types::ServerName::try_from(e.host.clone()).map_err(|err| format!("{:?} is no TLS server name: {err}", e.host))?;
-    match tokio::time::timeout(WITHIN, tokio_rustls::TlsConnector::from(cfg).connect(name, tcp)).await {
-        Ok(Ok(s)) => Ok(Box::new(s)),
-        Ok(Err(err)) => Err(format!("TLS with {}:{}: {err}", e.host, e.port)),
-        Err(_) => Err(format!("TLS with {}:{} timed out", e.host, e.port)),
-    }
-}
-
 /// What one fetch asked for each tp, to match the answer against.
 struct Asked {
     id: [u8; 16],
     partition: i32,
 }
 
-async fn round_trip(stream: &mut Conn, broker: &Broker, correlation: i32, tps: &[Followed]) -> Result<(Vec<Asked>, Vec<(Asked, PartitionIn)>), String> {
+async fn round_trip(stream: &mut super::peers::Conn, broker: &Broker, correlation: i32, tps: &[Followed]) -> Result<(Vec<Asked>, Vec<(Asked, PartitionIn)>), String> {
     let mut topics: Vec<FetchTopic> = Vec::new();
     let mut asked = Vec::with_capacity(tps.len());
     for f in tps {

@@ -19,6 +19,7 @@
 
 pub mod coordinators;
 pub mod fetcher;
+pub mod peers;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
