@@ -206,6 +206,17 @@ impl Membership {
     /// shows each election made, or at `timeout`. Single-node mode: this
     /// node leads everything, so no election is needed.
     pub async fn elect_preferred(&self, units: &[String], timeout: std::time::Duration) -> Vec<Elected> {
+        self.elect(units, false, timeout).await
+    }
+
+    /// ElectLeaders (unclean): [`Membership::elect_preferred`] with
+    /// [`topics::unclean_election`]: a unit whose leader is gone goes to a
+    /// live ISR member, or to any live replica.
+    pub async fn elect_unclean(&self, units: &[String], timeout: std::time::Duration) -> Vec<Elected> {
+        self.elect(units, true, timeout).await
+    }
+
+    async fn elect(&self, units: &[String], unclean: bool, timeout: std::time::Duration) -> Vec<Elected> {
         #[cfg(feature = "cluster")]
         if let Some(s) = &self.shards {
             let deadline = tokio::time::Instant::now() + timeout;
@@ -229,12 +240,13 @@ impl Membership {
                         }
                         continue;
                     }
-                    match topics::preferred_election(&view, u) {
+                    let election = if unclean { topics::unclean_election(&view, u) } else { topics::preferred_election(&view, u) };
+                    match election {
                         Err(topics::NoElection::NotNeeded) => answers[i] = Some(Elected::NotNeeded),
                         Err(topics::NoElection::NotAvailable) => answers[i] = Some(Elected::NotAvailable),
                         Ok(to) => match s.replace_unit(name, u, to.clone()).await {
                             Ok(true) => {
-                                tracing::info!(unit = %name, leader = to.leader, leader_epoch = to.leader_epoch, "leadership to the preferred replica (ElectLeaders)");
+                                tracing::info!(unit = %name, leader = to.leader, leader_epoch = to.leader_epoch, unclean, "leader elected (ElectLeaders)");
                                 written.insert(i, to.leader);
                             }
                             // Changed meanwhile: decided again from the next view.
@@ -254,7 +266,7 @@ impl Membership {
                 }
             }
         }
-        let _ = timeout;
+        let _ = (timeout, unclean);
         units.iter().map(|_| Elected::NotNeeded).collect()
     }
 

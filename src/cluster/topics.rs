@@ -246,20 +246,50 @@ pub fn place(view: &ClusterView, units: &[String], rf: usize) -> Result<BTreeMap
     Ok(out)
 }
 
+/// The topic config (and cluster-wide broker config) that lets a unit
+/// elect a leader from outside its ISR.
+pub const UNCLEAN: &str = "unclean.leader.election.enable";
+
+/// Whether unit `unit` may elect outside its ISR: `UNCLEAN` is true for
+/// every topic in it (its own config, else the cluster-wide broker
+/// config, else Kafka's default, false). Records of every topic of the
+/// unit may be lost by it, so one topic that forbids it forbids it for
+/// the unit. A unit no topic is in (a coordinator shard's) never may.
+pub fn unclean_allowed(view: &ClusterView, unit: &str) -> bool {
+    let Some((branch, p)) = unit.rsplit_once('~').and_then(|(b, p)| Some((b, p.parse::<i32>().ok()?))) else { return false };
+    let on = |v: Option<&String>| v.map(|v| v.eq_ignore_ascii_case("true"));
+    let broker = on(view.broker_configs.get(UNCLEAN)).unwrap_or(false);
+    let mut any = false;
+    for (_, t) in view.topics.iter().filter(|(name, t)| t.partitions > p && crate::storage::branch_of(name) == branch) {
+        if !on(t.configs.get(UNCLEAN)).unwrap_or(broker) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// The controller's changes to units after nodes went or came back (Kafka's
-/// fencing and election of a broker, without unclean election): registered
-/// ISR members stay in the ISR (if none is registered, the ISR is kept, so
-/// that its members can lead again when they return); a leader that is not
-/// registered is replaced by the first registered ISR member in replica
-/// order, or by -1; every change of leader moves the epoch. Each changed
+/// fencing and election of a broker): registered ISR members stay in the
+/// ISR (if none is registered, the ISR is kept, so that its members can
+/// lead again when they return); a leader that is not registered is
+/// replaced by the first registered ISR member in replica order; with
+/// none, by the first registered replica where the unit allows an unclean
+/// election ([`unclean_allowed`]; the ISR is then that replica alone), or
+/// else by -1; every change of leader moves the epoch. Each changed
 /// record keeps the mod revision it was read with (the write's guard).
 pub fn elections(view: &ClusterView) -> Vec<(String, UnitRecord)> {
     let live = |n: &i32| view.nodes.contains_key(n);
     let mut out = Vec::new();
     for (name, u) in view.units.iter() {
         let in_sync: Vec<i32> = u.isr.iter().copied().filter(live).collect();
-        let isr = if in_sync.is_empty() { u.isr.clone() } else { in_sync };
-        let leader = if u.leader >= 0 && live(&u.leader) { u.leader } else { u.replicas.iter().copied().find(|r| live(r) && isr.contains(r)).unwrap_or(-1) };
+        let mut isr = if in_sync.is_empty() { u.isr.clone() } else { in_sync };
+        let mut leader = if u.leader >= 0 && live(&u.leader) { u.leader } else { u.replicas.iter().copied().find(|r| live(r) && isr.contains(r)).unwrap_or(-1) };
+        if leader < 0 {
+            if let Some(r) = u.replicas.iter().copied().find(live).filter(|_| unclean_allowed(view, name)) {
+                (leader, isr) = (r, vec![r]);
+            }
+        }
         if leader == u.leader && isr == u.isr {
             continue;
         }
@@ -293,6 +323,24 @@ pub fn preferred_election(view: &ClusterView, u: &UnitRecord) -> Result<UnitReco
         return Err(NoElection::NotAvailable);
     }
     Ok(UnitRecord { leader: preferred, leader_epoch: u.leader_epoch + 1, ..u.clone() })
+}
+
+/// An unclean election of unit `u` (ElectLeaders UNCLEAN): not needed
+/// while its leader is registered; else its first registered ISR member
+/// leads, or, with none, its first registered replica, with an ISR of
+/// itself; NotAvailable when no replica is registered
+/// (ELIGIBLE_LEADERS_NOT_AVAILABLE). Asked for explicitly, so the topics'
+/// `UNCLEAN` is not consulted, as in Kafka.
+pub fn unclean_election(view: &ClusterView, u: &UnitRecord) -> Result<UnitRecord, NoElection> {
+    let live = |n: &i32| view.nodes.contains_key(n);
+    if u.leader >= 0 && live(&u.leader) {
+        return Err(NoElection::NotNeeded);
+    }
+    if let Some(r) = u.replicas.iter().copied().find(|r| live(r) && u.isr.contains(r)) {
+        return Ok(UnitRecord { leader: r, leader_epoch: u.leader_epoch + 1, isr: u.isr.iter().copied().filter(live).collect(), ..u.clone() });
+    }
+    let r = u.replicas.iter().copied().find(live).ok_or(NoElection::NotAvailable)?;
+    Ok(UnitRecord { leader: r, leader_epoch: u.leader_epoch + 1, isr: vec![r], ..u.clone() })
 }
 
 /// Kafka's automatic leader rebalance: for each node, the units it is the
@@ -424,6 +472,38 @@ mod tests {
         let moved: Vec<String> = rebalance(&v, 10).into_iter().map(|(n, u)| format!("{n}:{}", u.leader)).collect();
         assert_eq!(moved, vec!["a~0:1"]);
         assert!(rebalance(&v, 70).is_empty());
+    }
+
+    #[test]
+    fn unclean_elections_need_every_topic_of_the_unit_to_allow_them() {
+        let topic = |configs: &[(&str, &str)]| TopicEntry { id: uuid::Uuid::new_v4().to_string(), partitions: 2, replication_factor: 3, configs: configs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), created_ms: 0 };
+        // Partition 1's leader (2) died alone in its ISR; 1 and 3 are live.
+        let mut v = view(&[(1, None), (3, None)]);
+        Arc::make_mut(&mut v.units).insert("u.b~1".into(), unit(&[2, 3, 1], 2, 4, &[2]));
+        let elect = |v: &ClusterView| elections(v).into_iter().find(|(n, _)| n == "u.b~1").map(|(_, u)| u);
+        Arc::make_mut(&mut v.topics).insert("u.b.one".into(), topic(&[]));
+        assert_eq!(elect(&v), Some(unit(&[2, 3, 1], -1, 5, &[2])), "by default: no leader, the ISR kept");
+        Arc::make_mut(&mut v.topics).insert("u.b.one".into(), topic(&[(UNCLEAN, "true")]));
+        assert_eq!(elect(&v), Some(unit(&[2, 3, 1], 3, 5, &[3])), "allowed: the first live replica, alone in the ISR");
+        // Another topic of the branch that forbids it forbids it for the unit.
+        Arc::make_mut(&mut v.topics).insert("u.b.two".into(), topic(&[(UNCLEAN, "false")]));
+        assert_eq!(elect(&v).map(|u| u.leader), Some(-1));
+        // The cluster-wide broker config, unless a topic says otherwise.
+        Arc::make_mut(&mut v.topics).insert("u.b.two".into(), topic(&[]));
+        Arc::make_mut(&mut v.broker_configs).insert(UNCLEAN.into(), "true".into());
+        assert_eq!(elect(&v).map(|u| u.leader), Some(3));
+        Arc::make_mut(&mut v.topics).insert("u.b.one".into(), topic(&[(UNCLEAN, "false")]));
+        assert_eq!(elect(&v).map(|u| u.leader), Some(-1));
+        // A topic of another branch, or with fewer partitions, is not in the unit.
+        assert!(!unclean_allowed(&v, "u.c~1") && !unclean_allowed(&v, "__canopy.coordinators~1"));
+
+        // Asked for (ElectLeaders UNCLEAN), whatever the configs: a live ISR
+        // member first, else any live replica; none live, none elected.
+        let u = unit(&[2, 3, 1], 2, 4, &[2]);
+        assert_eq!(unclean_election(&v, &u), Ok(unit(&[2, 3, 1], 3, 5, &[3])));
+        assert_eq!(unclean_election(&v, &unit(&[2, 3, 1], -1, 4, &[2, 1])), Ok(unit(&[2, 3, 1], 1, 5, &[1])));
+        assert_eq!(unclean_election(&v, &unit(&[3, 1], 3, 4, &[3])), Err(NoElection::NotNeeded));
+        assert_eq!(unclean_election(&view(&[(1, None)]), &unit(&[2, 3], -1, 4, &[2])), Err(NoElection::NotAvailable));
     }
 
     #[test]

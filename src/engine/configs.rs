@@ -182,7 +182,7 @@ pub const TOPIC_CONFIGS: &[Def] = &[
     Def { name: "segment.ms", broker: "log.roll.ms", valid: Valid::Long(1), default: "604800000", broker_dynamic: false, acted: false,
         doc: "Accepted for compatibility; the topics of a branch share segments, rolled at the broker's segment_ms." },
     Def { name: "unclean.leader.election.enable", broker: "unclean.leader.election.enable", valid: Valid::Bool, default: "false", broker_dynamic: true, acted: false,
-        doc: "Accepted for compatibility; a single node has no other replica to elect." },
+        doc: "Cluster mode: when no in-sync replica of a partition is left, the controller may elect a live out-of-sync one (records only the lost replicas had are gone); every topic sharing the partition's log must allow it. A single node has no other replica." },
 ];
 
 const _: () = {

@@ -159,7 +159,8 @@ async fn log_append_time_topics_stamp_records() {
 /// ElectLeaders in single-node mode: this broker leads everything, so every
 /// partition asked (each once, however often asked) is ELECTION_NOT_NEEDED;
 /// a partition or topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION;
-/// an UNCLEAN election is INVALID_REQUEST; null asks every topic, and
+/// an UNCLEAN election is not needed either, an unknown election type is
+/// INVALID_REQUEST; null asks every topic, and
 /// lists only partitions an election was tried for: none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elect_leaders_finds_nothing_to_elect_on_one_node() {
@@ -182,7 +183,8 @@ async fn elect_leaders_finds_nothing_to_elect_on_one_node() {
     let (code, got) = call(0, Some(vec![ask("el.t", vec![1, 0, 1, 5, -1]), ask("el.t", vec![0]), ask("no.such", vec![0])])).await;
     assert_eq!(code, 0);
     assert_eq!(got, vec![t("el.t", -1, 3), t("el.t", 0, 84), t("el.t", 1, 84), t("el.t", 5, 3), t("no.such", 0, 3)]);
-    assert_eq!(call(1, Some(vec![ask("el.t", vec![0])])).await.1, vec![t("el.t", 0, 42)], "UNCLEAN: INVALID_REQUEST");
+    assert_eq!(call(1, Some(vec![ask("el.t", vec![0])])).await.1, vec![t("el.t", 0, 84)], "UNCLEAN: ELECTION_NOT_NEEDED");
+    assert_eq!(call(2, Some(vec![ask("el.t", vec![0])])).await.1, vec![t("el.t", 0, 42)], "an unknown type: INVALID_REQUEST");
     assert_eq!(call(0, None).await.1, vec![], "for all partitions, those needing no election are not listed (as Kafka answers)");
     drop(admin);
     broker.shutdown().await;

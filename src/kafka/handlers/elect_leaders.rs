@@ -1,17 +1,20 @@
-//! ElectLeaders (KIP-460): preferred-leader elections, as
-//! `kafka-leader-election --election-type PREFERRED` asks them. ALTER on
-//! the cluster, as Kafka asks. A partition's leader is its unit's
+//! ElectLeaders (KIP-460): preferred and unclean leader elections, as
+//! `kafka-leader-election --election-type PREFERRED|UNCLEAN` asks them.
+//! ALTER on the cluster, as Kafka asks. A partition's leader is its unit's
 //! (docs/cluster.md: one replica set per branch and partition), so
 //! electing one partition moves every partition of its branch with the
 //! same number. Null partitions: every partition of every topic, and (as
 //! Kafka answers it) only those an election was tried for are listed.
 //!
 //! Per partition, Kafka's codes: ELECTION_NOT_NEEDED when its preferred
-//! replica leads already, PREFERRED_LEADER_NOT_AVAILABLE when that replica
-//! is not live or not in sync, UNKNOWN_TOPIC_OR_PARTITION, and
+//! replica leads already (PREFERRED) or its leader is live (UNCLEAN);
+//! PREFERRED_LEADER_NOT_AVAILABLE when the preferred replica is not live
+//! or not in sync; ELIGIBLE_LEADERS_NOT_AVAILABLE when no replica is live
+//! (UNCLEAN: a live ISR member is taken first, else any live replica, whose
+//! log then decides what the others keep); UNKNOWN_TOPIC_OR_PARTITION;
 //! REQUEST_TIMED_OUT when the election is not seen within the request's
-//! timeout, UNKNOWN_SERVER_ERROR when etcd failed it. UNCLEAN elections (an out-of-sync replica leading) are not
-//! served: INVALID_REQUEST.
+//! timeout, UNKNOWN_SERVER_ERROR when etcd failed it. Version 0 has no
+//! election type: it is PREFERRED.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,8 +33,9 @@ use crate::kafka::Broker;
 
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 2 };
 
-/// Kafka's `ElectionType`.
+/// Kafka's `ElectionType`s.
 const PREFERRED: i8 = 0;
+const UNCLEAN: i8 = 1;
 
 /// The longest a request waits for its elections.
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
@@ -76,8 +80,9 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     let all = |code: i16, message: &str| -> Vec<ReplicaElectionResult> {
         asked.iter().map(|(t, ps)| ReplicaElectionResult::default().with_topic(super::topic_name(t)).with_partition_result(ps.iter().map(|p| result(*p, code, Some(message))).collect())).collect()
     };
-    if version >= 1 && req.election_type != PREFERRED {
-        return Some(Response::default().with_replica_election_results(all(E::InvalidRequest.code(), "only PREFERRED elections are served (no unclean elections)")));
+    let unclean = version >= 1 && req.election_type == UNCLEAN;
+    if version >= 1 && !(req.election_type == PREFERRED || unclean) {
+        return Some(Response::default().with_replica_election_results(all(E::InvalidRequest.code(), &format!("unknown election type {}", req.election_type))));
     }
     // Each existing partition's unit, elected once however many ask it.
     let mut units: Vec<String> = Vec::new();
@@ -96,7 +101,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         }
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(0) as u64).min(MAX_TIMEOUT);
-    let elected = broker.cluster.elect_preferred(&units, timeout).await;
+    let elected = if unclean { broker.cluster.elect_unclean(&units, timeout).await } else { broker.cluster.elect_preferred(&units, timeout).await };
     let results = asked
         .iter()
         .map(|(t, ps)| {
@@ -107,6 +112,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
                     None | Some(Elected::Unknown) => result(*p, E::UnknownTopicOrPartition.code(), Some("This server does not host this topic-partition.")),
                     Some(Elected::Done) => result(*p, 0, None),
                     Some(Elected::NotNeeded) => result(*p, E::ElectionNotNeeded.code(), Some("Leader election not needed for topic partition.")),
+                    Some(Elected::NotAvailable) if unclean => result(*p, E::EligibleLeadersNotAvailable.code(), Some("No replica of the partition is live.")),
                     Some(Elected::NotAvailable) => result(*p, E::PreferredLeaderNotAvailable.code(), Some("The preferred leader is not live or not in sync.")),
                     Some(Elected::TimedOut) => result(*p, E::RequestTimedOut.code(), Some("The election was not seen within the request's timeout.")),
                     Some(Elected::Failed(why)) => result(*p, E::UnknownServerError.code(), Some(why.as_str())),

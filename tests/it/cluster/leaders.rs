@@ -3,7 +3,10 @@
 //! preferred replica (the first) is back and in sync, ElectLeaders
 //! (PREFERRED, KIP-460) gives it the partition again in the next epoch,
 //! and a second call finds nothing to do; with the controller's automatic
-//! rebalance on, the same happens unasked.
+//! rebalance on, the same happens unasked. Unclean elections: a partition
+//! whose only in-sync replica died stays without a leader until its topic
+//! allows an unclean election, then a live replica leads it and what only
+//! the dead one had is gone, on every replica.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -104,4 +107,58 @@ async fn the_controller_gives_preferred_leaders_their_partitions_back() {
     let addr = nodes[dead as usize].as_ref().unwrap().kafka;
     let back = wait_isrs(addr, TOPIC, "partition 0 led by its preferred replica again", |ps| ps.len() == 3 && ps[0].0 == dead).await;
     assert_eq!(back[0].1, epoch + 1, "one election");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd and a canopy built with --features cluster: see the module docs"]
+async fn an_unclean_election_brings_a_partition_back_without_what_only_its_dead_leader_had() {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
+    const UNC: &str = "unc.t";
+    let root = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(root.path());
+    let extra = ["--auto-leader-rebalance-enable", "false", "--replica-lag-time-max-ms", "2000"];
+    let mut nodes = nodes(root.path(), &etcd, &extra).await;
+    let at = |nodes: &[Option<ChildBroker>], id: i32| nodes[id as usize].as_ref().unwrap().kafka;
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(at(&nodes, 1)).create().unwrap();
+    let r = admin.create_topics(&[NewTopic::new(UNC, 1, TopicReplication::Fixed(3)).set("min.insync.replicas", "1")], &AdminOptions::new()).await.unwrap();
+    r[0].as_ref().expect("created");
+    let first = wait_isrs(at(&nodes, 1), UNC, "every node in sync", |ps| ps.len() == 1 && ps[0].0 > 0 && ps[0].2.len() == 3).await;
+    super::produce_acked(at(&nodes, 1), UNC, "a", 20, 1).await;
+
+    // Its followers stopped, the leader is alone in the ISR and takes
+    // records only it has; then it dies.
+    let leader = first[0].0;
+    let followers: Vec<i32> = (1..=3).filter(|id| *id != leader).collect();
+    let signal = |nodes: &[Option<ChildBroker>], sig: &str| {
+        let pids: Vec<String> = followers.iter().map(|id| nodes[*id as usize].as_ref().unwrap().child.id().to_string()).collect();
+        assert!(std::process::Command::new("kill").arg(sig).args(&pids).status().unwrap().success());
+    };
+    signal(&nodes, "-STOP");
+    wait_isrs(at(&nodes, leader), UNC, "the leader alone in the ISR", |ps| ps.len() == 1 && ps[0].2 == vec![leader]).await;
+    super::produce_acked(at(&nodes, leader), UNC, "b", 10, 1).await;
+    nodes[leader as usize].take().unwrap().kill9();
+    signal(&nodes, "-CONT");
+    let witness = at(&nodes, followers[0]);
+    let stuck = wait_isrs(witness, UNC, "no leader (no in-sync replica is live)", |ps| ps.len() == 1 && ps[0].0 == -1).await;
+
+    // Allowed for the topic, the controller elects a live replica, alone
+    // in the ISR, in the next epoch.
+    let alter = AlterConfig::new(ResourceSpecifier::Topic(UNC)).set("unclean.leader.election.enable", "true");
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(witness).create().unwrap();
+    admin.alter_configs(&[alter], &AdminOptions::new()).await.unwrap()[0].as_ref().expect("altered");
+    let elected = wait_isrs(witness, UNC, "an out-of-sync replica leads", |ps| ps.len() == 1 && ps[0].0 > 0).await;
+    assert!(followers.contains(&elected[0].0) && elected[0].2 == vec![elected[0].0] && elected[0].1 > stuck[0].1, "{elected:?}");
+    // ElectLeaders UNCLEAN finds nothing to do now.
+    let mut sock = tokio::net::TcpStream::connect(witness).await.unwrap();
+    let tps = vec![TopicPartitions::default().with_topic(TopicName(StrBytes::from_static_str(UNC))).with_partitions(vec![0])];
+    let r: ElectLeadersResponse = common::call(&mut sock, 43, 2, 1, &ElectLeadersRequest::default().with_election_type(1).with_topic_partitions(Some(tps)).with_timeout_ms(10_000)).await;
+    assert_eq!(r.replica_election_results[0].partition_result[0].error_code, 84, "ELECTION_NOT_NEEDED");
+
+    // The partition takes records again; the dead leader comes back, cuts
+    // what only it had, and joins the ISR.
+    super::produce_acked(witness, UNC, "c", 10, 1).await;
+    nodes[leader as usize] = Some(spawn_node_extra(root.path(), leader, &etcd, &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>()));
+    wait_isrs(witness, UNC, "every node in sync again", |ps| ps.len() == 1 && ps[0].2.len() == 3).await;
+    let expected: Vec<String> = (0..20).map(|i| format!("a{i}")).chain((0..10).map(|i| format!("c{i}"))).collect();
+    assert_eq!(super::read_all(witness, UNC, 1, 30).await, vec![expected], "the acknowledged records only the dead leader had are gone");
 }
