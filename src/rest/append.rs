@@ -75,7 +75,8 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
         placed.iter().map(|_| Err((None, e.clone()))).collect::<Vec<Outcome>>()
     };
     // Per leader elsewhere: (partition, its records' indexes, its batches).
-    let mut forwards: Vec<(i32, Vec<(i32, Vec<usize>, Bytes)>)> = Vec::with_capacity(elsewhere.len());
+    type Forward = (i32, Vec<(i32, Vec<usize>, Bytes)>);
+    let mut forwards: Vec<Forward> = Vec::with_capacity(elsewhere.len());
     for (leader, ps) in elsewhere {
         let mut parts = Vec::with_capacity(ps.len());
         for (p, idx) in ps {
