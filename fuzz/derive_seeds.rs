@@ -8,7 +8,11 @@
 //!   from those batches (first byte 0: segment, 1: store), and the two
 //!   state files of replicas (3: leader epochs, 4: truncations);
 //! - `seeds/rest_body`: one body per REST route and format (first byte:
-//!   the route, as `rest_body` reads it).
+//!   the route, as `rest_body` reads it);
+//! - `seeds/peer_response`: Fetch responses carrying those batches, with
+//!   a diverging epoch and a current leader, at each decoded version, and
+//!   Produce responses (first byte: the decoder, as `peer_response` reads
+//!   it).
 //!
 //!     cargo +nightly run --release --example derive_seeds   (in fuzz/)
 
@@ -134,5 +138,45 @@ fn main() {
         seed.extend_from_slice(body.as_bytes());
         write(&root.join("rest_body"), &format!("route-{route}"), &seed);
     }
-    println!("{} batches, {} consumer protocol blobs, 4 storage files, {} REST bodies", batches.len(), blobs.len(), rest.len());
+    // Answers from another node, by decoder (the first byte, as
+    // `peer_response` reads it): Fetch at each version, then Produce.
+    {
+        use canopy::protocol::{fetch, produce};
+        use kafka_protocol::messages::fetch_response::{EpochEndOffset, FetchableTopicResponse, LeaderIdAndEpoch, PartitionData};
+        use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+        use kafka_protocol::messages::{BrokerId, FetchResponse, ProduceResponse, ResponseHeader, TopicName};
+        use kafka_protocol::protocol::{Encodable, StrBytes};
+        let body = |id: i32, encode: &dyn Fn(&mut bytes::BytesMut)| -> Vec<u8> {
+            let mut b = bytes::BytesMut::new();
+            ResponseHeader::default().with_correlation_id(id).encode(&mut b, 1).unwrap();
+            encode(&mut b);
+            b.to_vec()
+        };
+        let records: Vec<u8> = batches.iter().take(3).flatten().copied().collect();
+        for version in fetch::FIRST_DECODED_VERSION..=fetch::MAX_VERSION {
+            let p = PartitionData::default()
+                .with_partition_index(1)
+                .with_high_watermark(40)
+                .with_records(Some(Bytes::from(records.clone())))
+                .with_diverging_epoch(EpochEndOffset::default().with_epoch(2).with_end_offset(17))
+                .with_current_leader(LeaderIdAndEpoch::default().with_leader_id(BrokerId(3)).with_leader_epoch(4));
+            let t = FetchableTopicResponse::default().with_topic(TopicName(StrBytes::from_static_str("app.seed"))).with_topic_id(uuid::Uuid::from_bytes([7; 16])).with_partitions(vec![p]);
+            let r = FetchResponse::default().with_responses(vec![t]);
+            let mut seed = vec![(version - fetch::FIRST_DECODED_VERSION) as u8];
+            seed.extend(body(version as i32, &|b| r.encode(b, version).unwrap()));
+            write(&root.join("peer_response"), &format!("fetch-v{version}"), &seed);
+        }
+        let ok = PartitionProduceResponse::default().with_index(0).with_base_offset(42);
+        let refused = PartitionProduceResponse::default().with_index(1).with_error_code(6).with_base_offset(-1).with_error_message(Some(StrBytes::from_static_str("not the leader")));
+        let r = ProduceResponse::default().with_responses(vec![TopicProduceResponse::default().with_name(TopicName(StrBytes::from_static_str("app.seed"))).with_partition_responses(vec![ok, refused])]);
+        let mut seed = vec![0x80];
+        seed.extend(body(1, &|b| r.encode(b, produce::VERSION).unwrap()));
+        write(&root.join("peer_response"), "produce", &seed);
+    }
+    println!("{} batches, {} consumer protocol blobs, 4 storage files, {} REST bodies, {} peer responses", batches.len(), blobs.len(), rest.len(), fetch_versions());
+}
+
+fn fetch_versions() -> usize {
+    use canopy::protocol::fetch;
+    (fetch::MAX_VERSION - fetch::FIRST_DECODED_VERSION + 2) as usize
 }

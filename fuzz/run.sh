@@ -18,7 +18,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 secs=${1:?usage: fuzz/run.sh SECONDS [target ...] | fuzz/run.sh build}
 shift
-targets=${*:-request batch consumer_protocol storage_files rest_body sasl}
+targets=${*:-request batch consumer_protocol storage_files rest_body sasl peer_response}
 sanitizer=${SANITIZER:-none}
 cd "$here"
 mkdir -p "$here/target"
