@@ -8,6 +8,9 @@
 //!   `min.insync.replicas` 2,
 //! - the same again with followers fetching over mutual TLS (an SSL
 //!   inter-broker listener requiring client certificates),
+//! - the REST bridge, acks=all on replication factor 3: at the
+//!   partition's leader, and through another node that forwards each
+//!   request to it,
 //!
 //! all on this machine's two cores (three brokers, a three-member etcd
 //! and the client share them). For each: records/s, MB/s, and the
@@ -160,6 +163,57 @@ fn latency(bootstrap: std::net::SocketAddr, topic: &str) -> Duration {
     took[took.len() / 2]
 }
 
+/// Posts `records` records of 1 KiB to partition 0 of `topic` through the
+/// REST bridge at `rest`: 100 records per request (JSON values, acks=all,
+/// the bridge's default), 8 requests in flight. Through a node that does
+/// not lead the partition, every request is forwarded to its leader.
+fn rest_post(rest: std::net::SocketAddr, nodes: &[&ChildBroker], topic: &str, records: u64, name: &str) -> Row {
+    const PER_REQUEST: u64 = 100;
+    // A JSON string of SIZE bytes, quotes included: the stored value.
+    let value = serde_json::Value::String("x".repeat(SIZE - 2));
+    let body = serde_json::json!({ "records": (0..PER_REQUEST).map(|_| serde_json::json!({ "value": value })).collect::<Vec<_>>() }).to_string();
+    let url = format!("http://{rest}/topics/{topic}/partitions/0");
+    // Until the partition's leader has taken it over (a new topic's first
+    // epoch begins a moment after Metadata names it): 503s, retried.
+    block_on(async {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = http.post(&url).header("content-type", "application/vnd.kafka.json.v2+json").body(r#"{"records":[{"value":"warm"}]}"#).send().await.expect("answered");
+            let answer: serde_json::Value = serde_json::from_slice(&r.bytes().await.expect("an answer")).expect("a JSON answer");
+            if answer["offsets"][0]["error_code"].is_null() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "partition 0 of {topic} not writable through {rest} in 30 s: {answer}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let requests = records.div_ceil(PER_REQUEST);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let cpu0 = cpu(nodes);
+    let t0 = Instant::now();
+    block_on(async {
+        let http = reqwest::Client::new();
+        let mut inflight = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (http, url, body, next) = (http.clone(), url.clone(), body.clone(), next.clone());
+            inflight.spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < requests {
+                    let r = http.post(&url).header("content-type", "application/vnd.kafka.json.v2+json").body(body.clone()).send().await.expect("answered");
+                    let status = r.status();
+                    let answer: serde_json::Value = serde_json::from_slice(&r.bytes().await.expect("an answer")).expect("a JSON answer");
+                    assert!(status.is_success() && answer["offsets"].as_array().unwrap().iter().all(|o| o["error_code"].is_null()), "{status}: {answer}");
+                }
+            });
+        }
+        while let Some(r) = inflight.join_next().await {
+            r.unwrap();
+        }
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    Row { name: name.to_owned(), records: requests * PER_REQUEST, secs, cpu: cpu(nodes) - cpu0 }
+}
+
 /// The leader of `topic`'s partition 0, from Metadata.
 fn leader_of_0(bootstrap: std::net::SocketAddr, topic: &str) -> i32 {
     let c: BaseConsumer = common::client(bootstrap).create().unwrap();
@@ -241,6 +295,23 @@ fn main() {
     println!("| RF=1 on 3 nodes / single node, acks=all | {:.0}% |", 100.0 * rate(&rf1) / rate(&single.1));
     println!();
     println!("replication lag, RF=3 acks=1: every hw at the log end {:.0} ms after the last acknowledgement", lag.as_secs_f64() * 1e3);
+    // REST through the partition's leader, and through another node, which
+    // forwards each request to the leader (acks=all, RF=3).
+    let all: Vec<&ChildBroker> = nodes.iter().flatten().collect();
+    create_topic(bootstrap, "rest.t", 3, &[("min.insync.replicas", "2")]);
+    let leader = leader_of_0(bootstrap, "rest.t");
+    let other = (1..=3).find(|id| *id != leader).unwrap();
+    let rest_records = records / 5;
+    println!();
+    println!("| setup | records | records/s | MB/s | seconds | broker CPU s/GB |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let direct = rest_post(nodes[leader as usize].as_ref().unwrap().rest, &all, "rest.t", rest_records, "REST to partition 0's leader, RF=3, acks=all");
+    direct.print();
+    let forwarded = rest_post(nodes[other as usize].as_ref().unwrap().rest, &all, "rest.t", rest_records, "REST through another node (forwarded), RF=3, acks=all");
+    forwarded.print();
+    println!();
+    println!("| REST forwarded / REST at the leader | {:.0}% (broker CPU s/GB {:.0}% of the leader's) |", 100.0 * rate(&forwarded) / rate(&direct), 100.0 * forwarded.cpu_per_gb() / direct.cpu_per_gb());
+    drop(all);
     let took = failover(&mut nodes, "rf3b.t");
     println!("failover: kill -9 of partition 0's leader to the first acks=all record acknowledged by its successor: {:.2} s (broker session timeout 3 s)", took.as_secs_f64());
     drop(nodes);

@@ -53,9 +53,12 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
                 return true;
             }
             match v.partition(-1, t.name(), *p).leader {
-                leader if leader >= 0 && b.forwarder.is_some() => elsewhere.entry(leader).or_default().push((*p, std::mem::take(idx))),
+                leader if leader >= 0 && Some(leader) != b.node_id() && b.forwarder.is_some() => elsewhere.entry(leader).or_default().push((*p, std::mem::take(idx))),
                 leader => {
-                    let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("partition {p} of {} has no leader now (last known: broker {leader}); retry", t.name()));
+                    // No leader, or this node named but not leading yet
+                    // (its epoch begins in a moment): the client retries.
+                    let why = if Some(leader) == b.node_id() { "this broker is taking its leadership over".to_owned() } else { format!("it has no leader now (last known: broker {leader})") };
+                    let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("partition {p} of {}: {why}; retry", t.name()));
                     e.retry_after = Some(1);
                     for &i in idx.iter() {
                         out[i] = Some(Err((Some(*p), e.clone())));

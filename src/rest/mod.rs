@@ -339,6 +339,11 @@ impl Bridge {
         }
     }
 
+    /// This node's id (cluster mode).
+    pub fn node_id(&self) -> Option<i32> {
+        self.cluster.as_ref().map(|m| m.node_id())
+    }
+
     /// The view partitions are placed by (cluster mode).
     pub fn view(&self) -> Option<Arc<crate::cluster::ClusterView>> {
         self.cluster.as_ref().map(|m| m.view())
