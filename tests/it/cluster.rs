@@ -641,6 +641,12 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
         // Produce over the inter-broker listener), with the offsets they
         // got there; so do keyed records, wherever their keys put them.
         let q = led.iter().position(|l| *l != node).expect("six partitions are not all led by one of three nodes");
+        // Every leader has taken its partitions over (until then a
+        // forwarded record is refused, retriably, as a client's would be).
+        for other in (1..=3).filter(|id| *id != node) {
+            let theirs: Vec<i32> = (0..6).filter(|p| led[*p as usize] == other).collect();
+            wait_leading(addr(&nodes, other), "via.rest", &theirs).await;
+        }
         let placed = |r: &serde_json::Value| -> Vec<(usize, usize)> {
             r["offsets"].as_array().unwrap().iter().map(|o| {
                 assert!(o["error_code"].is_null(), "{o}");
