@@ -29,6 +29,12 @@
 //!
 //!     CANOPY_NEMESIS_SECS=300 CANOPY_CLUSTER_BIN=target/release/canopy \
 //!         cargo test --release --test it cluster::nemesis -- --ignored --nocapture
+//!
+//! On a violation the test keeps, under `target/tmp/nemesis-<seed>/`, the
+//! group consumer's librdkafka log (`debug=consumer`), every node's log,
+//! the final records and the faults, and prints where the consumer's
+//! position jumped: that is how the skipped offsets of docs/cluster.md
+//! ("The harness") were traced to OffsetForLeaderEpoch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
