@@ -259,8 +259,10 @@ pub fn unclean_allowed(view: &ClusterView, unit: &str) -> bool {
     let Some((branch, p)) = unit.rsplit_once('~').and_then(|(b, p)| Some((b, p.parse::<i32>().ok()?))) else { return false };
     let on = |v: Option<&String>| v.map(|v| v.eq_ignore_ascii_case("true"));
     let broker = on(view.broker_configs.get(UNCLEAN)).unwrap_or(false);
+    // A branch's topics sort together, from the branch's own name on.
+    let of_branch = view.topics.range::<str, _>((std::ops::Bound::Included(branch), std::ops::Bound::Unbounded)).take_while(|(name, _)| name.starts_with(branch));
     let mut any = false;
-    for (_, t) in view.topics.iter().filter(|(name, t)| t.partitions > p && crate::storage::branch_of(name) == branch) {
+    for (_, t) in of_branch.filter(|(name, t)| t.partitions > p && crate::storage::branch_of(name) == branch) {
         if !on(t.configs.get(UNCLEAN)).unwrap_or(broker) {
             return false;
         }

@@ -48,16 +48,17 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
         }
     }
     if let Some(v) = view.as_deref() {
+        let me = b.node_id();
         by_partition.retain(|p, idx| {
             if b.leads(Some(v), t.name(), *p) {
                 return true;
             }
             match v.partition(-1, t.name(), *p).leader {
-                leader if leader >= 0 && Some(leader) != b.node_id() && b.forwarder.is_some() => elsewhere.entry(leader).or_default().push((*p, std::mem::take(idx))),
+                leader if leader >= 0 && Some(leader) != me && b.forwarder.is_some() => elsewhere.entry(leader).or_default().push((*p, std::mem::take(idx))),
                 leader => {
                     // No leader, or this node named but not leading yet
                     // (its epoch begins in a moment): the client retries.
-                    let why = if Some(leader) == b.node_id() { "this broker is taking its leadership over".to_owned() } else { format!("it has no leader now (last known: broker {leader})") };
+                    let why = if Some(leader) == me { "this broker is taking its leadership over".to_owned() } else { format!("it has no leader now (last known: broker {leader})") };
                     let mut e = RestError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, 50302, format!("partition {p} of {}: {why}; retry", t.name()));
                     e.retry_after = Some(1);
                     for &i in idx.iter() {
@@ -134,10 +135,9 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
         .into_iter()
         .map(|(leader, parts)| {
             let (forwarder, topic) = (b.forwarder.clone().expect("elsewhere only with a forwarder"), t.name().to_owned());
-            let batches: Vec<(i32, Bytes)> = parts.iter().map(|(p, _, batch)| (*p, batch.clone())).collect();
-            let placed: Vec<(i32, Vec<usize>)> = parts.into_iter().map(|(p, idx, _)| (p, idx)).collect();
+            let (owed, batches): (Vec<(i32, Vec<usize>)>, Vec<(i32, Bytes)>) = parts.into_iter().map(|(p, idx, batch)| ((p, idx), (p, batch))).unzip();
             let sent = tokio::spawn(async move { forwarder.produce(leader, &topic, batches, acks).await });
-            (placed, sent)
+            (owed, sent)
         })
         .collect();
     if !wait {
@@ -152,7 +152,7 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
                 })
             })
             .collect();
-        queued.extend(forwarded.iter().flat_map(|(placed, _)| placed.iter().flat_map(|(p, idx)| idx.iter().map(move |_| Ok((*p, -1))))));
+        queued.extend(forwarded.iter().flat_map(|(owed, _)| owed.iter().flat_map(|(p, idx)| idx.iter().map(move |_| Ok((*p, -1))))));
         queued.extend(out.into_iter().flatten());
         return queued;
     }
@@ -182,9 +182,9 @@ async fn place(b: &Bridge, t: &Arc<Topic>, records: &[NewRecord<'_>], placed: &[
             }
         }
     }
-    for (placed, sent) in forwarded {
+    for (owed, sent) in forwarded {
         let answer = sent.await.unwrap_or_else(|e| Err(ForwardError { leader: -1, why: e.to_string() }));
-        for (k, (p, idx)) in placed.iter().enumerate() {
+        for (k, (p, idx)) in owed.iter().enumerate() {
             let got = match &answer {
                 Ok(acks) if acks[k].error_code == 0 => Ok(acks[k].base_offset),
                 Ok(acks) => Err(forward_refused(t.name(), *p, acks[k].error_code, acks[k].error_message.as_deref())),
