@@ -307,6 +307,10 @@ impl State {
         }
         let changes = topics::elections(view);
         self.write_units(c.epoch, &changes, "unit changed by the controller").await;
+        // Reassignments whose new replicas are all in sync end (a unit
+        // changed above is looked at again from the next view).
+        let done: Vec<(String, UnitRecord)> = topics::reassignments_done(view).into_iter().filter(|(name, _)| !changes.iter().any(|(c, _)| c == name)).collect();
+        self.write_units(c.epoch, &done, "reassignment completed").await;
         // Kafka's auto.leader.rebalance: every interval, units go back to
         // their preferred leaders where a node leads too few of its own.
         // Only once no gone leader waits to be replaced.
@@ -334,7 +338,7 @@ impl State {
             match self.client.txn(Txn::new().when(when).and_then(ops)).await {
                 Ok(r) if r.succeeded() => {
                     for (name, unit) in chunk {
-                        tracing::info!(unit = %name, leader = unit.leader, leader_epoch = unit.leader_epoch, isr = ?unit.isr, "{what}");
+                        tracing::info!(unit = %name, replicas = ?unit.replicas, leader = unit.leader, leader_epoch = unit.leader_epoch, isr = ?unit.isr, "{what}");
                     }
                 }
                 Ok(_) => tracing::debug!("a controller write lost a race (the unit or the controller changed); trying again from the next view"),
@@ -594,10 +598,11 @@ impl Directory {
 /// a branch's topics share their units' replica sets (docs/cluster.md;
 /// units per replication factor are not built yet).
 async fn ensure_units(client: &Client, keys: &Keys, view: &ClusterView, names: Vec<String>, rf: i16) -> Result<(), EngineError> {
-    if let Some((name, u)) = names.iter().find_map(|n| view.units.get(n).filter(|u| u.replicas.len() != rf as usize).map(|u| (n, u))) {
+    // A unit being reassigned counts its target (as many as its original).
+    if let Some((name, u)) = names.iter().find_map(|n| view.units.get(n).filter(|u| u.target().len() != rf as usize).map(|u| (n, u))) {
         return Err(EngineError::InvalidReplicationFactor(format!(
             "replication factor {rf}: unit {name} of this topic's branch has {} replicas, and a branch's topics share them (create the topic under a branch of its own)",
-            u.replicas.len()
+            u.target().len()
         )));
     }
     let missing: Vec<String> = names.into_iter().filter(|u| !view.units.contains_key(u)).collect();

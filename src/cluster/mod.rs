@@ -270,6 +270,75 @@ impl Membership {
         units.iter().map(|_| Elected::NotNeeded).collect()
     }
 
+    /// AlterPartitionReassignments: each unit moves to its target, or its
+    /// reassignment under way is cancelled (`None`), as
+    /// [`topics::reassign`] decides, by compare-and-swap on its key (a
+    /// lost race decided again from the newer view); one answer per unit,
+    /// in order, once this node's view shows the write, or at `timeout`.
+    /// The controller finishes each move ([`topics::reassignments_done`]).
+    /// Single-node mode: every partition has this node as its one
+    /// replica, and no other can be named.
+    pub async fn reassign(&self, units: &[(String, Option<Vec<i32>>)], timeout: std::time::Duration) -> Vec<Reassigned> {
+        #[cfg(feature = "cluster")]
+        if let Some(s) = &self.shards {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut answers: Vec<Option<Reassigned>> = vec![None; units.len()];
+            // Units written, with the revision they were read at: the
+            // view shows the write once the unit's revision is past it.
+            let mut written: BTreeMap<usize, i64> = BTreeMap::new();
+            let mut views = self.view.clone();
+            loop {
+                let view = views.borrow_and_update().clone();
+                for (i, (name, target)) in units.iter().enumerate() {
+                    if answers[i].is_some() {
+                        continue;
+                    }
+                    let Some(u) = view.units.get(name) else {
+                        answers[i] = Some(Reassigned::Unknown);
+                        continue;
+                    };
+                    if let Some(read_at) = written.get(&i) {
+                        if u.mod_revision > *read_at {
+                            answers[i] = Some(Reassigned::Done);
+                        }
+                        continue;
+                    }
+                    match topics::reassign(&view, name, u, target.as_deref()) {
+                        Err(no) => answers[i] = Some(Reassigned::Refused(no)),
+                        Ok(None) => answers[i] = Some(Reassigned::Done),
+                        Ok(Some(to)) => match s.replace_unit(name, u, to.clone()).await {
+                            Ok(true) => {
+                                tracing::info!(unit = %name, replicas = ?to.replicas, adding = ?to.adding, removing = ?to.removing, leader = to.leader, "reassignment {}", if target.is_some() { "begun" } else { "cancelled" });
+                                written.insert(i, u.mod_revision);
+                            }
+                            Ok(false) => {}
+                            Err(e) => answers[i] = Some(Reassigned::Failed(e)),
+                        },
+                    }
+                }
+                if answers.iter().all(Option::is_some) {
+                    return answers.into_iter().map(|a| a.expect("answered")).collect();
+                }
+                let next = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
+                match tokio::time::timeout_at(deadline, next).await {
+                    Err(_) => return answers.into_iter().map(|a| a.unwrap_or(Reassigned::TimedOut)).collect(),
+                    Ok(Ok(Err(_))) => return answers.into_iter().map(|a| a.unwrap_or(Reassigned::Failed("this node left the cluster".into()))).collect(),
+                    Ok(_) => {}
+                }
+            }
+        }
+        let _ = timeout;
+        let view = self.view();
+        let me = topics::UnitRecord { replicas: vec![self.node_id], leader: self.node_id, leader_epoch: 0, isr: vec![self.node_id], adding: Vec::new(), removing: Vec::new(), mod_revision: 0 };
+        units
+            .iter()
+            .map(|(name, target)| match topics::reassign(&view, name, &me, target.as_deref()) {
+                Ok(_) => Reassigned::Done,
+                Err(no) => Reassigned::Refused(no),
+            })
+            .collect()
+    }
+
     /// Controlled shutdown: every unit this node leads goes to the first
     /// other live member of its ISR (in replica order), in the next epoch,
     /// with this node out of its ISR; each written by compare-and-swap, a
@@ -462,6 +531,18 @@ pub enum Elected {
     NotNeeded,
     /// Its preferred leader is not registered or not in sync.
     NotAvailable,
+    /// No such unit.
+    Unknown,
+    TimedOut,
+    Failed(String),
+}
+
+/// What a reassignment (or its cancellation) of a unit came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reassigned {
+    /// Written (the controller finishes a move), or nothing to write.
+    Done,
+    Refused(topics::NoReassignment),
     /// No such unit.
     Unknown,
     TimedOut,
@@ -826,7 +907,7 @@ mod tests {
         assert!(b.view().topics.is_empty() && b.view().damaged_topics.is_empty());
 
         // Units carry their key's revision; a damaged one is left out.
-        let unit = UnitRecord { replicas: vec![1], leader: 1, leader_epoch: 3, isr: vec![1], mod_revision: 0 };
+        let unit = UnitRecord { replicas: vec![1], leader: 1, leader_epoch: 3, isr: vec![1], adding: Vec::new(), removing: Vec::new(), mod_revision: 0 };
         put(&mut b, &k.unit("a.b~0"), &serde_json::to_vec(&unit).unwrap(), 8).unwrap();
         assert_eq!(b.view().units["a.b~0"], UnitRecord { mod_revision: 8, ..unit.clone() });
         assert!(put(&mut b, &k.unit("a.b~0"), &serde_json::to_vec(&UnitRecord { leader: 5, ..unit }).unwrap(), 9).is_err(), "a leader that is no replica");

@@ -70,6 +70,14 @@ pub struct UnitRecord {
     pub leader_epoch: i32,
     /// The in-sync replicas: only they may be elected.
     pub isr: Vec<i32>,
+    /// A reassignment under way (AlterPartitionReassignments): the
+    /// replicas it adds and those it removes, both also in `replicas`,
+    /// which is the target followed by the replicas it removes (Kafka's
+    /// addingReplicas and removingReplicas). Empty when none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adding: Vec<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removing: Vec<i32>,
     /// The key's mod revision (not in the value): a change is written only
     /// if the key still has it.
     #[serde(default, skip)]
@@ -89,7 +97,28 @@ impl UnitRecord {
         if self.leader_epoch < 0 || self.isr.is_empty() || !self.isr.iter().all(|n| distinct.contains(n)) {
             return Err(format!("isr {:?} or epoch {}", self.isr, self.leader_epoch));
         }
+        let (adding, removing): (BTreeSet<i32>, BTreeSet<i32>) = (self.adding.iter().copied().collect(), self.removing.iter().copied().collect());
+        let apart = adding.len() == self.adding.len() && removing.len() == self.removing.len() && adding.is_disjoint(&removing);
+        if !apart || !adding.is_subset(&distinct) || !removing.is_subset(&distinct) || adding.len() == distinct.len() || removing.len() == distinct.len() {
+            return Err(format!("adding {:?} and removing {:?} of replicas {:?}", self.adding, self.removing, self.replicas));
+        }
         Ok(())
+    }
+
+    /// Whether a reassignment is under way.
+    pub fn reassigning(&self) -> bool {
+        !self.adding.is_empty() || !self.removing.is_empty()
+    }
+
+    /// The replicas the unit moves to: all of them when no reassignment
+    /// is under way.
+    pub fn target(&self) -> Vec<i32> {
+        self.replicas.iter().copied().filter(|r| !self.removing.contains(r)).collect()
+    }
+
+    /// The replicas the unit had before the reassignment under way.
+    pub fn original(&self) -> Vec<i32> {
+        self.replicas.iter().copied().filter(|r| !self.adding.contains(r)).collect()
     }
 }
 
@@ -241,7 +270,7 @@ pub fn place(view: &ClusterView, units: &[String], rf: usize) -> Result<BTreeMap
             *load.get_mut(&best.0).expect("a registered node") += 1;
         }
         let leader = replicas[0];
-        out.insert(unit.clone(), UnitRecord { isr: replicas.clone(), replicas, leader, leader_epoch: 0, mod_revision: 0 });
+        out.insert(unit.clone(), UnitRecord { isr: replicas.clone(), replicas, leader, leader_epoch: 0, adding: Vec::new(), removing: Vec::new(), mod_revision: 0 });
     }
     Ok(out)
 }
@@ -296,7 +325,7 @@ pub fn elections(view: &ClusterView) -> Vec<(String, UnitRecord)> {
             continue;
         }
         let epoch = if leader == u.leader { u.leader_epoch } else { u.leader_epoch + 1 };
-        out.push((name.clone(), UnitRecord { replicas: u.replicas.clone(), leader, leader_epoch: epoch, isr, mod_revision: u.mod_revision }));
+        out.push((name.clone(), UnitRecord { leader, leader_epoch: epoch, isr, ..u.clone() }));
     }
     out
 }
@@ -368,6 +397,110 @@ pub fn rebalance(view: &ClusterView, percent: u32) -> Vec<(String, UnitRecord)> 
     out
 }
 
+/// Why a reassignment of a unit is refused, as Kafka answers
+/// AlterPartitionReassignments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoReassignment {
+    /// INVALID_REPLICA_ASSIGNMENT: an empty target, a replica named
+    /// twice, a node that is not registered; or a change that would leave
+    /// no in-sync replica.
+    Invalid(String),
+    /// INVALID_REPLICATION_FACTOR: the target has another number of
+    /// replicas (a branch's topics share their units, so a unit's factor
+    /// is its topics'; see docs/cluster.md).
+    Factor(String),
+    /// NO_REASSIGNMENT_IN_PROGRESS: a cancellation with nothing to cancel.
+    NotInProgress,
+}
+
+/// Unit `name` as AlterPartitionReassignments asks it: `Some(target)`
+/// moves it to `target` (Kafka's reassignment, first step: the replicas
+/// become the target followed by the replicas it drops, with `adding` and
+/// `removing` recording the move; the controller finishes it, see
+/// [`reassignments_done`]); `None` cancels the one under way (the unit
+/// goes back to its original replicas, without those it was adding in its
+/// ISR, and the leader too if it was one of them). A new target replaces
+/// one under way, counted from the original replicas. A target that only
+/// reorders the replicas takes effect at once. `Ok(None)`: nothing to
+/// write. The record keeps the mod revision it was read with (the
+/// write's guard).
+pub fn reassign(view: &ClusterView, name: &str, u: &UnitRecord, target: Option<&[i32]>) -> Result<Option<UnitRecord>, NoReassignment> {
+    let original = u.original();
+    let (replicas, adding, removing) = match target {
+        None if !u.reassigning() => return Err(NoReassignment::NotInProgress),
+        None => (original, Vec::new(), Vec::new()),
+        Some(target) => {
+            if target.is_empty() {
+                return Err(NoReassignment::Invalid("the target has no replica".into()));
+            }
+            if let Some(r) = target.iter().enumerate().find_map(|(i, r)| target[..i].contains(r).then_some(r)) {
+                return Err(NoReassignment::Invalid(format!("the target names broker {r} twice")));
+            }
+            if let Some(r) = target.iter().find(|r| !view.nodes.contains_key(r)) {
+                return Err(NoReassignment::Invalid(format!("broker {r} is not registered")));
+            }
+            if target.len() != original.len() {
+                return Err(NoReassignment::Factor(format!(
+                    "the target has {} replicas and the partition {}; changing a partition's replication factor is not supported (docs/cluster.md)",
+                    target.len(),
+                    original.len()
+                )));
+            }
+            let removing: Vec<i32> = original.iter().copied().filter(|r| !target.contains(r)).collect();
+            let adding: Vec<i32> = target.iter().copied().filter(|r| !original.contains(r)).collect();
+            if adding.is_empty() {
+                // The same replicas, in another order: nothing to copy.
+                (target.to_vec(), adding, removing)
+            } else {
+                (target.iter().copied().chain(removing.iter().copied()).collect(), adding, removing)
+            }
+        }
+    };
+    let mut isr: Vec<i32> = u.isr.iter().copied().filter(|m| replicas.contains(m)).collect();
+    if isr.is_empty() {
+        // Only replicas the reassignment added were in sync (Kafka's
+        // revert calls this an unclean election).
+        if !unclean_allowed(view, name) {
+            return Err(NoReassignment::Invalid("every in-sync replica is one the reassignment added; going back would need an unclean leader election".into()));
+        }
+        isr = vec![replicas[0]];
+    }
+    let (leader, leader_epoch) = if u.leader < 0 || isr.contains(&u.leader) {
+        (u.leader, u.leader_epoch)
+    } else {
+        (replicas.iter().copied().find(|r| isr.contains(r) && view.nodes.contains_key(r)).unwrap_or(-1), u.leader_epoch + 1)
+    };
+    let to = UnitRecord { replicas, leader, leader_epoch, isr, adding, removing, mod_revision: u.mod_revision };
+    Ok((to != *u).then_some(to))
+}
+
+/// The controller's last step of each reassignment whose target replicas
+/// are all in the ISR (Kafka's completion of a reassignment): the unit
+/// keeps only the target, its ISR only target replicas, and a leader the
+/// target does not keep hands over, in the next epoch, to the first live
+/// target replica. Each record keeps the mod revision it was read with.
+pub fn reassignments_done(view: &ClusterView) -> Vec<(String, UnitRecord)> {
+    let mut out = Vec::new();
+    for (name, u) in view.units.iter().filter(|(_, u)| u.reassigning()) {
+        let target = u.target();
+        if !target.iter().all(|r| u.isr.contains(r)) {
+            continue;
+        }
+        let (leader, leader_epoch) = if u.leader < 0 || target.contains(&u.leader) {
+            (u.leader, u.leader_epoch)
+        } else {
+            match target.iter().copied().find(|r| view.nodes.contains_key(r)) {
+                Some(r) => (r, u.leader_epoch + 1),
+                // Nobody to hand over to yet: the elections decide first.
+                None => continue,
+            }
+        };
+        let isr = u.isr.iter().copied().filter(|m| target.contains(m)).collect();
+        out.push((name.clone(), UnitRecord { replicas: target, leader, leader_epoch, isr, adding: Vec::new(), removing: Vec::new(), mod_revision: u.mod_revision }));
+    }
+    out
+}
+
 /// Controlled shutdown's changes for node `me`: each unit it leads that
 /// has another registered ISR member goes to the first such member in
 /// replica order, in the next epoch, with `me` out of the ISR. (unit, as
@@ -377,7 +510,7 @@ pub fn handovers(view: &ClusterView, me: i32) -> Vec<(String, UnitRecord, UnitRe
     for (name, u) in view.units.iter().filter(|(_, u)| u.leader == me) {
         let Some(next) = u.replicas.iter().copied().find(|r| *r != me && u.isr.contains(r) && view.nodes.contains_key(r)) else { continue };
         let isr = u.isr.iter().copied().filter(|m| *m != me).collect();
-        out.push((name.clone(), u.clone(), UnitRecord { replicas: u.replicas.clone(), leader: next, leader_epoch: u.leader_epoch + 1, isr, mod_revision: u.mod_revision }));
+        out.push((name.clone(), u.clone(), UnitRecord { leader: next, leader_epoch: u.leader_epoch + 1, isr, ..u.clone() }));
     }
     out
 }
@@ -397,7 +530,7 @@ mod tests {
     }
 
     fn unit(replicas: &[i32], leader: i32, epoch: i32, isr: &[i32]) -> UnitRecord {
-        UnitRecord { replicas: replicas.to_vec(), leader, leader_epoch: epoch, isr: isr.to_vec(), mod_revision: 9 }
+        UnitRecord { replicas: replicas.to_vec(), leader, leader_epoch: epoch, isr: isr.to_vec(), adding: Vec::new(), removing: Vec::new(), mod_revision: 9 }
     }
 
     #[test]
@@ -474,6 +607,100 @@ mod tests {
         let moved: Vec<String> = rebalance(&v, 10).into_iter().map(|(n, u)| format!("{n}:{}", u.leader)).collect();
         assert_eq!(moved, vec!["a~0:1"]);
         assert!(rebalance(&v, 70).is_empty());
+    }
+
+    fn moving(replicas: &[i32], adding: &[i32], removing: &[i32], leader: i32, epoch: i32, isr: &[i32]) -> UnitRecord {
+        UnitRecord { adding: adding.to_vec(), removing: removing.to_vec(), ..unit(replicas, leader, epoch, isr) }
+    }
+
+    #[test]
+    fn a_reassignment_adds_its_target_then_drops_what_the_target_does_not_name() {
+        let mut v = view(&[(1, None), (2, None), (3, None), (4, None)]);
+        let from = unit(&[1, 2], 1, 4, &[1, 2]);
+        // First step: the target, then the replicas it drops; the ISR and
+        // the leader as they were.
+        let begun = reassign(&v, "t~0", &from, Some(&[3, 2])).unwrap().unwrap();
+        assert_eq!(begun, moving(&[3, 2, 1], &[3], &[1], 1, 4, &[1, 2]));
+        begun.check().unwrap();
+        // (The original replicas' order is not kept, as in Kafka.)
+        assert_eq!((begun.target(), begun.original()), (vec![3, 2], vec![2, 1]));
+        Arc::make_mut(&mut v.units).insert("t~0".into(), begun.clone());
+        assert_eq!(reassign(&v, "t~0", &begun, Some(&[3, 2])), Ok(None), "asked again: nothing to write");
+        // Not done while a new replica is not in sync.
+        assert!(reassignments_done(&v).is_empty());
+        // Done once it is: the dropped leader hands over to the first live
+        // target replica, in the next epoch, and the ISR keeps the target only.
+        Arc::make_mut(&mut v.units).insert("t~0".into(), moving(&[3, 2, 1], &[3], &[1], 1, 4, &[1, 2, 3]));
+        assert_eq!(reassignments_done(&v), vec![("t~0".to_string(), unit(&[3, 2], 3, 5, &[2, 3]))]);
+        // A leader the target keeps stays, in its epoch.
+        Arc::make_mut(&mut v.units).insert("t~0".into(), moving(&[3, 2, 1], &[3], &[1], 2, 4, &[1, 2, 3]));
+        assert_eq!(reassignments_done(&v), vec![("t~0".to_string(), unit(&[3, 2], 2, 4, &[2, 3]))]);
+        // With no live target replica to lead, the elections go first.
+        v.nodes.retain(|id, _| *id == 1);
+        Arc::make_mut(&mut v.units).insert("t~0".into(), moving(&[3, 2, 1], &[3], &[1], 1, 4, &[1, 2, 3]));
+        assert!(reassignments_done(&v).is_empty());
+        // Moving the one replica of a partition: the same steps.
+        let v = view(&[(1, None), (2, None)]);
+        let single = reassign(&v, "s~0", &unit(&[1], 1, 0, &[1]), Some(&[2])).unwrap().unwrap();
+        assert_eq!(single, moving(&[2, 1], &[2], &[1], 1, 0, &[1]));
+        let mut v2 = v.clone();
+        Arc::make_mut(&mut v2.units).insert("s~0".into(), UnitRecord { isr: vec![1, 2], ..single });
+        assert_eq!(reassignments_done(&v2), vec![("s~0".to_string(), unit(&[2], 2, 1, &[2]))]);
+    }
+
+    #[test]
+    fn reassignments_are_refused_as_kafka_refuses_them() {
+        let v = view(&[(1, None), (2, None), (3, None)]);
+        let u = unit(&[1, 2], 1, 4, &[1, 2]);
+        let invalid = |target: &[i32]| matches!(reassign(&v, "t~0", &u, Some(target)), Err(NoReassignment::Invalid(_)));
+        assert!(invalid(&[]), "no replica");
+        assert!(invalid(&[3, 3]), "one named twice");
+        assert!(invalid(&[3, 9]), "a broker not registered");
+        assert!(invalid(&[3, -1]), "a negative id");
+        assert!(matches!(reassign(&v, "t~0", &u, Some(&[1, 2, 3])), Err(NoReassignment::Factor(_))), "another factor");
+        assert!(matches!(reassign(&v, "t~0", &u, Some(&[3])), Err(NoReassignment::Factor(_))), "another factor");
+        assert_eq!(reassign(&v, "t~0", &u, None), Err(NoReassignment::NotInProgress));
+        assert_eq!(reassign(&v, "t~0", &u, Some(&[1, 2])), Ok(None), "the replicas it has");
+        // Another order of the same replicas takes effect at once.
+        assert_eq!(reassign(&v, "t~0", &u, Some(&[2, 1])), Ok(Some(unit(&[2, 1], 1, 4, &[1, 2]))));
+    }
+
+    #[test]
+    fn a_cancelled_reassignment_goes_back_and_a_new_target_replaces_one_under_way() {
+        let mut v = view(&[(1, None), (2, None), (3, None), (4, None)]);
+        // The added replica had come to lead: it goes, with its epoch. (The
+        // original replicas come back in the order the move listed them,
+        // as in Kafka.)
+        let under_way = moving(&[3, 2, 1], &[3], &[1], 3, 5, &[1, 2, 3]);
+        let back = reassign(&v, "t~0", &under_way, None).unwrap().unwrap();
+        assert_eq!(back, unit(&[2, 1], 2, 6, &[1, 2]));
+        back.check().unwrap();
+        // A new target counts from the original replicas, and drops the
+        // replica the old one was adding.
+        let replaced = reassign(&v, "t~0", &moving(&[3, 2, 1], &[3], &[1], 1, 5, &[1, 2]), Some(&[4, 1])).unwrap().unwrap();
+        assert_eq!(replaced, moving(&[4, 1, 2], &[4], &[2], 1, 5, &[1, 2]));
+        assert_eq!(reassign(&v, "t~0", &moving(&[3, 2, 1], &[3], &[1], 1, 5, &[1, 2]), Some(&[1, 2])), Ok(Some(unit(&[1, 2], 1, 5, &[1, 2]))), "back to where it began, in the order asked");
+        replaced.check().unwrap();
+        // Only added replicas in sync: going back is an unclean election,
+        // refused unless the unit's topics allow one.
+        let only_added = moving(&[3, 2, 1], &[3], &[1], 3, 5, &[3]);
+        assert!(matches!(reassign(&v, "t~0", &only_added, None), Err(NoReassignment::Invalid(_))));
+        let topic = TopicEntry { id: uuid::Uuid::new_v4().to_string(), partitions: 1, replication_factor: 2, configs: [(UNCLEAN.to_string(), "true".to_string())].into(), created_ms: 0 };
+        Arc::make_mut(&mut v.topics).insert("t".into(), topic);
+        assert_eq!(reassign(&v, "t~0", &only_added, None), Ok(Some(unit(&[2, 1], 2, 6, &[2]))));
+    }
+
+    #[test]
+    fn damaged_reassignments_are_refused() {
+        assert!(moving(&[3, 2, 1], &[4], &[1], 1, 0, &[1]).check().is_err(), "adding a replica it does not list");
+        assert!(moving(&[3, 2, 1], &[3], &[3], 1, 0, &[1]).check().is_err(), "adding and removing one replica");
+        assert!(moving(&[3, 1], &[3, 1], &[], 1, 0, &[1]).check().is_err(), "adding every replica");
+        assert!(moving(&[3, 1], &[], &[3, 1], 1, 0, &[1]).check().is_err(), "removing every replica");
+        assert!(moving(&[3, 2, 1], &[3, 3], &[1], 1, 0, &[1]).check().is_err(), "adding one twice");
+        // What an older node wrote (no such fields) reads as no reassignment.
+        let old: UnitRecord = serde_json::from_str(r#"{"replicas":[1,2],"leader":1,"leader_epoch":0,"isr":[1,2]}"#).unwrap();
+        assert!(!old.reassigning());
+        assert!(!String::from_utf8(serde_json::to_vec(&old).unwrap()).unwrap().contains("adding"), "and is written as before");
     }
 
     #[test]

@@ -189,3 +189,61 @@ async fn elect_leaders_finds_nothing_to_elect_on_one_node() {
     drop(admin);
     broker.shutdown().await;
 }
+
+/// AlterPartitionReassignments and ListPartitionReassignments in
+/// single-node mode: every partition's one replica is this broker, so the
+/// only target that can be asked is that one (nothing to do); another
+/// broker is not registered (INVALID_REPLICA_ASSIGNMENT), an empty or
+/// repeated target is invalid, a cancel finds nothing (NO_REASSIGNMENT_IN_PROGRESS), a partition that
+/// does not exist is UNKNOWN_TOPIC_OR_PARTITION, and nothing is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reassignments_on_one_node_can_only_name_it() {
+    use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
+    use kafka_protocol::messages::list_partition_reassignments_request::ListPartitionReassignmentsTopics;
+    use kafka_protocol::messages::{AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, BrokerId, ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let admin: AdminClient<DefaultClientContext> = common::client(broker.kafka_addr).create().unwrap();
+    assert!(admin.create_topics([&NewTopic::new("ra.b.t", 2, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap()[0].is_ok());
+    let me = 0; // node_id's default
+    let name = |t: &'static str| TopicName(StrBytes::from_static_str(t));
+    let move_to = |p: i32, to: Option<Vec<i32>>| ReassignablePartition::default().with_partition_index(p).with_replicas(to.map(|v| v.into_iter().map(BrokerId).collect()));
+    let mut sock = tokio::net::TcpStream::connect(broker.kafka_addr).await.unwrap();
+    let req = AlterPartitionReassignmentsRequest::default().with_timeout_ms(5_000).with_topics(vec![
+        ReassignableTopic::default().with_name(name("ra.b.t")).with_partitions(vec![
+            move_to(0, Some(vec![me])),
+            move_to(1, Some(vec![me + 1])),
+        ]),
+        ReassignableTopic::default().with_name(name("no.such")).with_partitions(vec![move_to(0, Some(vec![me]))]),
+    ]);
+    let r: AlterPartitionReassignmentsResponse = common::call(&mut sock, 45, 0, 1, &req).await;
+    let codes = |r: &AlterPartitionReassignmentsResponse| -> Vec<(String, i32, i16)> { r.responses.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index, p.error_code))).collect() };
+    let t = |topic: &str, p: i32, code: i16| (topic.to_owned(), p, code);
+    assert_eq!(r.error_code, 0);
+    assert_eq!(codes(&r), vec![t("ra.b.t", 0, 0), t("ra.b.t", 1, 39), t("no.such", 0, 3)]);
+    let req = AlterPartitionReassignmentsRequest::default().with_timeout_ms(5_000).with_topics(vec![ReassignableTopic::default().with_name(name("ra.b.t")).with_partitions(vec![
+        move_to(0, Some(vec![])),
+        move_to(1, Some(vec![me, me])),
+        move_to(5, Some(vec![me])),
+    ])]);
+    let r: AlterPartitionReassignmentsResponse = common::call(&mut sock, 45, 1, 2, &req).await;
+    assert_eq!(codes(&r), vec![t("ra.b.t", 0, 39), t("ra.b.t", 1, 39), t("ra.b.t", 5, 3)], "empty, repeated, no such partition");
+    // Two partitions of one unit (partition 0 of the branch "ra.b") given
+    // different targets: both refused, as INVALID_REPLICA_ASSIGNMENT.
+    admin.create_topics([&NewTopic::new("ra.b.u", 1, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap();
+    let req = AlterPartitionReassignmentsRequest::default().with_timeout_ms(5_000).with_topics(vec![
+        ReassignableTopic::default().with_name(name("ra.b.t")).with_partitions(vec![move_to(0, Some(vec![me])), move_to(1, None)]),
+        ReassignableTopic::default().with_name(name("ra.b.u")).with_partitions(vec![move_to(0, None)]),
+    ]);
+    let r: AlterPartitionReassignmentsResponse = common::call(&mut sock, 45, 1, 3, &req).await;
+    assert_eq!(codes(&r), vec![t("ra.b.t", 0, 39), t("ra.b.t", 1, 85), t("ra.b.u", 0, 39)], "conflicting targets; a cancel with nothing to cancel");
+    let l: ListPartitionReassignmentsResponse = common::call(&mut sock, 46, 0, 5, &ListPartitionReassignmentsRequest::default().with_timeout_ms(5_000).with_topics(None)).await;
+    assert_eq!((l.error_code, l.topics.len()), (0, 0));
+    let l: ListPartitionReassignmentsResponse = common::call(&mut sock, 46, 0, 6, &ListPartitionReassignmentsRequest::default().with_timeout_ms(5_000).with_topics(Some(vec![
+        ListPartitionReassignmentsTopics::default().with_name(name("ra.b.t")).with_partition_indexes(vec![0, 1, 7]),
+    ]))).await;
+    assert_eq!((l.error_code, l.topics.len()), (0, 0));
+    drop(admin);
+    broker.shutdown().await;
+}

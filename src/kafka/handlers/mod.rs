@@ -25,6 +25,8 @@ pub mod describe_acls;
 pub mod describe_client_quotas;
 pub mod describe_cluster;
 pub mod elect_leaders;
+pub mod alter_partition_reassignments;
+pub mod list_partition_reassignments;
 pub mod describe_configs;
 pub mod describe_producers;
 pub mod describe_topic_partitions;
@@ -116,7 +118,8 @@ throttled!(
     DescribeAclsResponse, CreateAclsResponse, DeleteAclsResponse, DescribeClientQuotasResponse, AlterClientQuotasResponse,
     AlterConfigsResponse, IncrementalAlterConfigsResponse, DescribeProducersResponse,
     DescribeTopicPartitionsResponse, DeleteRecordsResponse,
-    DescribeLogDirsResponse, ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse, ElectLeadersResponse;
+    DescribeLogDirsResponse, ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse, ElectLeadersResponse,
+    AlterPartitionReassignmentsResponse, ListPartitionReassignmentsResponse;
     without: SaslHandshakeResponse, SaslAuthenticateResponse
 );
 
@@ -284,6 +287,8 @@ apis! {
     DeleteGroups => delete_groups,
     DescribeCluster => describe_cluster,
     ElectLeaders => elect_leaders,
+    AlterPartitionReassignments => alter_partition_reassignments,
+    ListPartitionReassignments => list_partition_reassignments,
     OffsetDelete => offset_delete,
     InitProducerId => init_producer_id,
     AddPartitionsToTxn => add_partitions_to_txn,

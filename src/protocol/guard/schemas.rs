@@ -7,8 +7,8 @@
 // ...)` for its known tagged fields over their whole range.
 
 use super::{
-    api, f, nstructs, s, structs, t, tagged, Api, Schema, Ty, BOOL, BYTES, I16, I32, I32S, I64,
-    I64S, I8, MAX, NBYTES, NEVER, NSTR, NSTRS, STR, STRS, UUID,
+    api, f, nstructs, s, structs, t, tagged, Api, Elem, Schema, Ty, BOOL, BYTES, I16, I32, I32S,
+    I64, I64S, I8, MAX, NBYTES, NEVER, NSTR, NSTRS, STR, STRS, UUID,
 };
 
 /// Every API the router serves, with the versions its handler decodes.
@@ -42,6 +42,22 @@ pub(super) static APIS: &[Api] = &[
     api(42, "DeleteGroups", 0, 2, 2, &delete_groups::REQUEST),
     api(60, "DescribeCluster", 0, 1, 0, &describe_cluster::REQUEST),
     api(43, "ElectLeaders", 0, 2, 2, &elect_leaders::REQUEST),
+    api(
+        45,
+        "AlterPartitionReassignments",
+        0,
+        1,
+        0,
+        &alter_partition_reassignments::REQUEST,
+    ),
+    api(
+        46,
+        "ListPartitionReassignments",
+        0,
+        0,
+        0,
+        &list_partition_reassignments::REQUEST,
+    ),
     api(47, "OffsetDelete", 0, 0, NEVER, &offset_delete::REQUEST),
     api(22, "InitProducerId", 0, 5, 2, &init_producer_id::REQUEST),
     api(
@@ -612,6 +628,60 @@ pub(super) mod elect_leaders {
             f("election_type", I8, 1, 2),
             f("topic_partitions", nstructs(&TOPIC_PARTITIONS), 0, 2),
             f("timeout_ms", I32, 0, 2),
+        ],
+    );
+}
+
+pub(super) mod alter_partition_reassignments {
+    use super::*;
+    static REASSIGNABLE_PARTITION: Schema = s(
+        "ReassignablePartition",
+        &[
+            f("partition_index", I32, 0, 1),
+            f(
+                "replicas",
+                Ty::Array {
+                    nullable: true,
+                    elem: Elem::Fixed(4),
+                },
+                0,
+                1,
+            ),
+        ],
+    );
+    static REASSIGNABLE_TOPIC: Schema = s(
+        "ReassignableTopic",
+        &[
+            f("name", STR, 0, 1),
+            f("partitions", structs(&REASSIGNABLE_PARTITION), 0, 1),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "AlterPartitionReassignmentsRequest",
+        &[
+            f("timeout_ms", I32, 0, 1),
+            f("allow_replication_factor_change", BOOL, 1, 1),
+            f("topics", structs(&REASSIGNABLE_TOPIC), 0, 1),
+        ],
+    );
+}
+
+pub(super) mod list_partition_reassignments {
+    use super::*;
+    static LIST_PARTITION_REASSIGNMENTS_TOPICS: Schema = s(
+        "ListPartitionReassignmentsTopics",
+        &[f("name", STR, 0, 0), f("partition_indexes", I32S, 0, 0)],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "ListPartitionReassignmentsRequest",
+        &[
+            f("timeout_ms", I32, 0, 0),
+            f(
+                "topics",
+                nstructs(&LIST_PARTITION_REASSIGNMENTS_TOPICS),
+                0,
+                0,
+            ),
         ],
     );
 }

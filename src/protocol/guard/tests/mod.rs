@@ -93,6 +93,8 @@ fn every_case() -> Vec<Case> {
         case!(IncrementalAlterConfigsRequest, incremental_alter_configs),
         case!(DescribeClusterRequest, describe_cluster),
         case!(ElectLeadersRequest, elect_leaders),
+        case!(AlterPartitionReassignmentsRequest, alter_partition_reassignments),
+        case!(ListPartitionReassignmentsRequest, list_partition_reassignments),
         case!(FindCoordinatorRequest, find_coordinator),
         case!(JoinGroupRequest, join_group),
         case!(SyncGroupRequest, sync_group),

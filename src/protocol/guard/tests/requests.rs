@@ -287,6 +287,29 @@ pub(super) fn describe_cluster(v: i16) -> km::DescribeClusterRequest {
     r
 }
 
+pub(super) fn alter_partition_reassignments(v: i16) -> km::AlterPartitionReassignmentsRequest {
+    use km::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
+    let mut r = km::AlterPartitionReassignmentsRequest::default().with_timeout_ms(30_000).with_topics(vec![
+        ReassignableTopic::default().with_name(TopicName(st("a.b"))).with_partitions(vec![
+            ReassignablePartition::default().with_partition_index(0).with_replicas(Some(vec![BrokerId(3), BrokerId(1)])),
+            ReassignablePartition::default().with_partition_index(2).with_replicas(None),
+        ]),
+        ReassignableTopic::default().with_name(TopicName(st("c"))).with_partitions(vec![ReassignablePartition::default().with_partition_index(1).with_replicas(Some(vec![BrokerId(2)]))]),
+    ]);
+    if v >= 1 {
+        r.allow_replication_factor_change = false;
+    }
+    r
+}
+
+pub(super) fn list_partition_reassignments(_v: i16) -> km::ListPartitionReassignmentsRequest {
+    use km::list_partition_reassignments_request::ListPartitionReassignmentsTopics;
+    km::ListPartitionReassignmentsRequest::default().with_timeout_ms(30_000).with_topics(Some(vec![
+        ListPartitionReassignmentsTopics::default().with_name(TopicName(st("a.b"))).with_partition_indexes(vec![0, 1]),
+        ListPartitionReassignmentsTopics::default().with_name(TopicName(st("c"))).with_partition_indexes(vec![]),
+    ]))
+}
+
 pub(super) fn elect_leaders(v: i16) -> km::ElectLeadersRequest {
     use km::elect_leaders_request::TopicPartitions;
     let mut r = km::ElectLeadersRequest::default().with_timeout_ms(30_000).with_topic_partitions(Some(vec![
