@@ -45,6 +45,7 @@ mod groups;
 mod inter_broker;
 mod leaders;
 mod nemesis;
+mod reassign;
 
 use crate::cluster_support::{canopy_binary, free_port, node_args, spawn_node, spawn_node_with, Etcd};
 

@@ -108,11 +108,12 @@ async fn round_trip(stream: &mut super::peers::Conn, broker: &Broker, correlatio
     for f in tps {
         let tp = f.topic.tp(f.partition);
         let Some((log_start, _, end)) = broker.engine.offsets(&tp) else { continue };
+        let (from, last_epoch) = broker.replication.fetch_from(&broker.engine, &tp, end);
         let p = FetchPartition::default()
             .with_partition(f.partition)
             .with_current_leader_epoch(f.leader_epoch)
-            .with_fetch_offset(end)
-            .with_last_fetched_epoch(broker.engine.latest_epoch(&tp))
+            .with_fetch_offset(from)
+            .with_last_fetched_epoch(last_epoch)
             .with_log_start_offset(log_start)
             .with_partition_max_bytes(PARTITION_MAX_BYTES);
         let id = uuid::Uuid::from_bytes(f.topic.id());
@@ -200,14 +201,21 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
             continue;
         }
         if p.error_code != 0 {
-            if p.error_code == ResponseError::OffsetOutOfRange.code() {
-                // Behind for good until starting over is built: its lag shows.
+            let end = broker.engine.offsets(&tp).map_or(0, |o| o.2);
+            if p.error_code == ResponseError::OffsetOutOfRange.code() && p.log_start_offset > end {
+                // The leader's log starts past this replica's end (its
+                // retention, DeleteRecords, or a new replica): start over
+                // there, as Kafka's follower does; what lies below is gone
+                // at the leader, so no consumer can read it there either.
+                if broker.replication.start_over(tp, p.log_start_offset) {
+                    tracing::info!(topic = f.topic.name(), partition = f.partition, leader, end, log_start = p.log_start_offset, "the leader's log starts past this replica's end: starting over at the leader's log start");
+                }
+            } else if p.error_code == ResponseError::OffsetOutOfRange.code() {
                 broker.replication.lagged(&broker.engine, tp, p.high_watermark);
-                // Starting the log over at the leader's log start is not
-                // built (docs/cluster.md): said once a minute, and the
-                // other tps go on at full speed.
+                // Past the leader's end with no divergence said: nothing
+                // this replica can do but wait (once a minute, said).
                 if broker.replication.warn_out_of_range(&tp, broker.engine.now_ms()) {
-                    tracing::warn!(topic = f.topic.name(), partition = f.partition, leader, log_start = p.log_start_offset, "the leader no longer has what this replica needs next (its log start moved past it); this replica stays behind");
+                    tracing::warn!(topic = f.topic.name(), partition = f.partition, leader, end, log_start = p.log_start_offset, hw = p.high_watermark, "the leader refused this replica's fetch offset as out of range");
                 }
             } else {
                 tracing::debug!(topic = f.topic.name(), partition = f.partition, leader, code = p.error_code, "the leader refused a partition");
@@ -217,7 +225,7 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
         }
         if !p.records.is_empty() {
             match broker.engine.replicate(tp, p.records, Ack::Durable).await {
-                Ok(w) => pending.push((tp, f, w, p.high_watermark)),
+                Ok(w) => pending.push((tp, f, w, p.high_watermark, p.log_start_offset)),
                 Err(e) => {
                     tracing::warn!(topic = f.topic.name(), partition = f.partition, error = %e, "a leader's copy was refused");
                     fine = false;
@@ -226,13 +234,15 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
         } else {
             broker.engine.limit_hw(&tp, p.high_watermark);
             broker.replication.lagged(&broker.engine, tp, p.high_watermark);
+            follow_log_start(broker, f, p.log_start_offset).await;
         }
     }
-    for (tp, f, w, hw) in pending {
+    for (tp, f, w, hw, log_start) in pending {
         match w.wait().await {
             Ok(_) => {
                 broker.engine.limit_hw(&tp, hw);
                 broker.replication.lagged(&broker.engine, tp, hw);
+                follow_log_start(broker, f, log_start).await;
             }
             Err(e) => {
                 tracing::warn!(topic = f.topic.name(), partition = f.partition, error = %e, "appending a leader's copy failed");
@@ -241,4 +251,25 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
         }
     }
     fine
+}
+
+/// Raises followed `f`'s log start to its leader's `leader_start` (Kafka's
+/// follower does the same with every fetch), once this replica's hw has
+/// reached it: records the leader deleted (DeleteRecords, its retention,
+/// or never copied here by a replica that started over) are gone here
+/// too, so a consumer of a later leader does not find them again. Only
+/// where records may be deleted (`cleanup.policy` has `delete`); a failure
+/// is tried again at the next fetch.
+async fn follow_log_start(broker: &Broker, f: &Followed, leader_start: i64) {
+    let tp = f.topic.tp(f.partition);
+    let Some((start, hw, _)) = broker.engine.offsets(&tp) else { return };
+    if leader_start <= start || leader_start > hw || !f.topic.config.cleanup.delete {
+        return;
+    }
+    let engine = broker.engine.clone();
+    match tokio::task::spawn_blocking(move || engine.delete_records(&[(tp, leader_start)]).pop()).await {
+        Ok(Some(Ok(_))) => tracing::debug!(topic = f.topic.name(), partition = f.partition, log_start = leader_start, "log start raised to the leader's"),
+        Ok(Some(Err(e))) => tracing::debug!(topic = f.topic.name(), partition = f.partition, error = %e, "raising the log start to the leader's failed; trying again"),
+        _ => {}
+    }
 }

@@ -115,6 +115,10 @@ struct State {
     out_of_range: HashMap<Tp, i64>,
     /// Per followed tp, records behind the leader's hw at the last fetch.
     lag: HashMap<Tp, i64>,
+    /// Followed tps whose leader's log starts past this replica's log
+    /// end: fetched from the leader's log start (Kafka's
+    /// truncateFullyAndStartAt), until this replica's log reaches it.
+    start_over: HashMap<Tp, i64>,
 }
 
 /// A tp this node leads.
@@ -183,6 +187,28 @@ impl Replication {
         due
     }
 
+    /// Where the fetcher asks `tp` from while its log end is `end`: the
+    /// offset, and the epoch of the last batch fetched (-1 when this
+    /// replica starts over at its leader's log start, having nothing the
+    /// leader still has).
+    pub fn fetch_from(&self, engine: &crate::engine::Engine, tp: &Tp, end: i64) -> (i64, i32) {
+        let mut st = self.state.lock().expect("replication lock");
+        match st.start_over.get(tp).copied() {
+            Some(at) if at > end => (at, -1),
+            Some(_) => {
+                st.start_over.remove(tp);
+                (end, engine.latest_epoch(tp))
+            }
+            None => (end, engine.latest_epoch(tp)),
+        }
+    }
+
+    /// `tp`'s leader no longer has what follows this replica's log end:
+    /// it starts over at the leader's log start `at`. True the first time.
+    pub fn start_over(&self, tp: Tp, at: i64) -> bool {
+        self.state.lock().expect("replication lock").start_over.insert(tp, at) != Some(at)
+    }
+
     /// A fetch brought followed `tp` up to the leader's `hw`: its lag.
     pub fn lagged(&self, engine: &crate::engine::Engine, tp: Tp, hw: i64) {
         let end = engine.offsets(&tp).map_or(0, |o| o.2);
@@ -192,8 +218,9 @@ impl Replication {
     /// Sets the gauges of [`Stats`] from `view` and this node's roles.
     fn measure(&self, broker: &Broker, view: &ClusterView) {
         let mut st = self.state.lock().expect("replication lock");
-        let State { led, followed, lag, .. } = &mut *st;
+        let State { led, followed, lag, start_over, .. } = &mut *st;
         lag.retain(|tp, _| followed.contains_key(tp));
+        start_over.retain(|tp, _| followed.contains_key(tp));
         let (mut under, mut under_min) = (0, 0);
         for (tp, l) in led.iter() {
             let Some(u) = view.units.get(&l.unit) else { continue };
