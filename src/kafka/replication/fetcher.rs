@@ -6,7 +6,9 @@
 //! appends what comes back at the leader's offsets and waits until it is
 //! durable before asking for more: the fetch offset is the follower's only
 //! report of progress, and the leader counts it towards the high
-//! watermark (docs/cluster.md, "Durability").
+//! watermark (docs/cluster.md, "Durability"). A tp whose leader's log
+//! starts past this replica's end starts over at the leader's log start,
+//! and every tp's log start follows its leader's once the hw reaches it.
 //!
 //! The answer comes from the network: it is decoded by
 //! `protocol::fetch::decode_response`, which checks every count and length
