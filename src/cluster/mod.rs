@@ -272,13 +272,14 @@ impl Membership {
 
     /// AlterPartitionReassignments: each unit moves to its target, or its
     /// reassignment under way is cancelled (`None`), as
-    /// [`topics::reassign`] decides, by compare-and-swap on its key (a
+    /// [`topics::reassign`] decides (a target of another size only if
+    /// `factor_may_change`), by compare-and-swap on its key (a
     /// lost race decided again from the newer view); one answer per unit,
     /// in order, once this node's view shows the write, or at `timeout`.
     /// The controller finishes each move ([`topics::reassignments_done`]).
     /// Single-node mode: every partition has this node as its one
     /// replica, and no other can be named.
-    pub async fn reassign(&self, units: &[(String, Option<Vec<i32>>)], timeout: std::time::Duration) -> Vec<Reassigned> {
+    pub async fn reassign(&self, units: &[(String, Option<Vec<i32>>)], factor_may_change: bool, timeout: std::time::Duration) -> Vec<Reassigned> {
         #[cfg(feature = "cluster")]
         if let Some(s) = &self.shards {
             let deadline = tokio::time::Instant::now() + timeout;
@@ -303,7 +304,7 @@ impl Membership {
                         }
                         continue;
                     }
-                    match topics::reassign(&view, name, u, target.as_deref()) {
+                    match topics::reassign(&view, name, u, target.as_deref(), factor_may_change) {
                         Err(no) => answers[i] = Some(Reassigned::Refused(no)),
                         Ok(None) => answers[i] = Some(Reassigned::Done),
                         Ok(Some(to)) => match s.replace_unit(name, u, to.clone()).await {
@@ -332,7 +333,7 @@ impl Membership {
         let me = topics::UnitRecord { replicas: vec![self.node_id], leader: self.node_id, leader_epoch: 0, isr: vec![self.node_id], adding: Vec::new(), removing: Vec::new(), mod_revision: 0 };
         units
             .iter()
-            .map(|(name, target)| match topics::reassign(&view, name, &me, target.as_deref()) {
+            .map(|(name, target)| match topics::reassign(&view, name, &me, target.as_deref(), factor_may_change) {
                 Ok(_) => Reassigned::Done,
                 Err(no) => Reassigned::Refused(no),
             })

@@ -406,8 +406,8 @@ pub enum NoReassignment {
     /// no in-sync replica.
     Invalid(String),
     /// INVALID_REPLICATION_FACTOR: the target has another number of
-    /// replicas (a branch's topics share their units, so a unit's factor
-    /// is its topics'; see docs/cluster.md).
+    /// replicas, and the request does not allow the factor to change
+    /// (AllowReplicationFactorChange, KIP-860).
     Factor(String),
     /// NO_REASSIGNMENT_IN_PROGRESS: a cancellation with nothing to cancel.
     NotInProgress,
@@ -421,10 +421,12 @@ pub enum NoReassignment {
 /// goes back to its original replicas, without those it was adding in its
 /// ISR, and the leader too if it was one of them). A new target replaces
 /// one under way, counted from the original replicas. A target that only
-/// reorders the replicas takes effect at once. `Ok(None)`: nothing to
-/// write. The record keeps the mod revision it was read with (the
-/// write's guard).
-pub fn reassign(view: &ClusterView, name: &str, u: &UnitRecord, target: Option<&[i32]>) -> Result<Option<UnitRecord>, NoReassignment> {
+/// reorders the replicas takes effect at once. A target of another size
+/// changes the unit's replication factor (every topic of the unit's
+/// branch, in that partition), unless `factor_may_change` is false.
+/// `Ok(None)`: nothing to write. The record keeps the mod revision it was
+/// read with (the write's guard).
+pub fn reassign(view: &ClusterView, name: &str, u: &UnitRecord, target: Option<&[i32]>, factor_may_change: bool) -> Result<Option<UnitRecord>, NoReassignment> {
     let original = u.original();
     let (replicas, adding, removing) = match target {
         None if !u.reassigning() => return Err(NoReassignment::NotInProgress),
@@ -439,16 +441,12 @@ pub fn reassign(view: &ClusterView, name: &str, u: &UnitRecord, target: Option<&
             if let Some(r) = target.iter().find(|r| !view.nodes.contains_key(r)) {
                 return Err(NoReassignment::Invalid(format!("broker {r} is not registered")));
             }
-            if target.len() != original.len() {
-                return Err(NoReassignment::Factor(format!(
-                    "the target has {} replicas and the partition {}; changing a partition's replication factor is not supported (docs/cluster.md)",
-                    target.len(),
-                    original.len()
-                )));
+            if target.len() != original.len() && !factor_may_change {
+                return Err(NoReassignment::Factor(format!("the target has {} replicas and the partition {}, and the request does not allow the replication factor to change", target.len(), original.len())));
             }
             let removing: Vec<i32> = original.iter().copied().filter(|r| !target.contains(r)).collect();
             let adding: Vec<i32> = target.iter().copied().filter(|r| !original.contains(r)).collect();
-            if adding.is_empty() {
+            if adding.is_empty() && removing.is_empty() {
                 // The same replicas, in another order: nothing to copy.
                 (target.to_vec(), adding, removing)
             } else {
@@ -619,13 +617,13 @@ mod tests {
         let from = unit(&[1, 2], 1, 4, &[1, 2]);
         // First step: the target, then the replicas it drops; the ISR and
         // the leader as they were.
-        let begun = reassign(&v, "t~0", &from, Some(&[3, 2])).unwrap().unwrap();
+        let begun = reassign(&v, "t~0", &from, Some(&[3, 2]), true).unwrap().unwrap();
         assert_eq!(begun, moving(&[3, 2, 1], &[3], &[1], 1, 4, &[1, 2]));
         begun.check().unwrap();
         // (The original replicas' order is not kept, as in Kafka.)
         assert_eq!((begun.target(), begun.original()), (vec![3, 2], vec![2, 1]));
         Arc::make_mut(&mut v.units).insert("t~0".into(), begun.clone());
-        assert_eq!(reassign(&v, "t~0", &begun, Some(&[3, 2])), Ok(None), "asked again: nothing to write");
+        assert_eq!(reassign(&v, "t~0", &begun, Some(&[3, 2]), true), Ok(None), "asked again: nothing to write");
         // Not done while a new replica is not in sync.
         assert!(reassignments_done(&v).is_empty());
         // Done once it is: the dropped leader hands over to the first live
@@ -641,7 +639,7 @@ mod tests {
         assert!(reassignments_done(&v).is_empty());
         // Moving the one replica of a partition: the same steps.
         let v = view(&[(1, None), (2, None)]);
-        let single = reassign(&v, "s~0", &unit(&[1], 1, 0, &[1]), Some(&[2])).unwrap().unwrap();
+        let single = reassign(&v, "s~0", &unit(&[1], 1, 0, &[1]), Some(&[2]), true).unwrap().unwrap();
         assert_eq!(single, moving(&[2, 1], &[2], &[1], 1, 0, &[1]));
         let mut v2 = v.clone();
         Arc::make_mut(&mut v2.units).insert("s~0".into(), UnitRecord { isr: vec![1, 2], ..single });
@@ -652,17 +650,17 @@ mod tests {
     fn reassignments_are_refused_as_kafka_refuses_them() {
         let v = view(&[(1, None), (2, None), (3, None)]);
         let u = unit(&[1, 2], 1, 4, &[1, 2]);
-        let invalid = |target: &[i32]| matches!(reassign(&v, "t~0", &u, Some(target)), Err(NoReassignment::Invalid(_)));
+        let invalid = |target: &[i32]| matches!(reassign(&v, "t~0", &u, Some(target), true), Err(NoReassignment::Invalid(_)));
         assert!(invalid(&[]), "no replica");
         assert!(invalid(&[3, 3]), "one named twice");
         assert!(invalid(&[3, 9]), "a broker not registered");
         assert!(invalid(&[3, -1]), "a negative id");
-        assert!(matches!(reassign(&v, "t~0", &u, Some(&[1, 2, 3])), Err(NoReassignment::Factor(_))), "another factor");
-        assert!(matches!(reassign(&v, "t~0", &u, Some(&[3])), Err(NoReassignment::Factor(_))), "another factor");
-        assert_eq!(reassign(&v, "t~0", &u, None), Err(NoReassignment::NotInProgress));
-        assert_eq!(reassign(&v, "t~0", &u, Some(&[1, 2])), Ok(None), "the replicas it has");
+        assert!(matches!(reassign(&v, "t~0", &u, Some(&[1, 2, 3]), false), Err(NoReassignment::Factor(_))), "another factor, not allowed");
+        assert!(matches!(reassign(&v, "t~0", &u, Some(&[3]), false), Err(NoReassignment::Factor(_))), "another factor, not allowed");
+        assert_eq!(reassign(&v, "t~0", &u, None, true), Err(NoReassignment::NotInProgress));
+        assert_eq!(reassign(&v, "t~0", &u, Some(&[1, 2]), false), Ok(None), "the replicas it has");
         // Another order of the same replicas takes effect at once.
-        assert_eq!(reassign(&v, "t~0", &u, Some(&[2, 1])), Ok(Some(unit(&[2, 1], 1, 4, &[1, 2]))));
+        assert_eq!(reassign(&v, "t~0", &u, Some(&[2, 1]), false), Ok(Some(unit(&[2, 1], 1, 4, &[1, 2]))));
     }
 
     #[test]
@@ -672,22 +670,40 @@ mod tests {
         // original replicas come back in the order the move listed them,
         // as in Kafka.)
         let under_way = moving(&[3, 2, 1], &[3], &[1], 3, 5, &[1, 2, 3]);
-        let back = reassign(&v, "t~0", &under_way, None).unwrap().unwrap();
+        let back = reassign(&v, "t~0", &under_way, None, true).unwrap().unwrap();
         assert_eq!(back, unit(&[2, 1], 2, 6, &[1, 2]));
         back.check().unwrap();
         // A new target counts from the original replicas, and drops the
         // replica the old one was adding.
-        let replaced = reassign(&v, "t~0", &moving(&[3, 2, 1], &[3], &[1], 1, 5, &[1, 2]), Some(&[4, 1])).unwrap().unwrap();
+        let replaced = reassign(&v, "t~0", &moving(&[3, 2, 1], &[3], &[1], 1, 5, &[1, 2]), Some(&[4, 1]), true).unwrap().unwrap();
         assert_eq!(replaced, moving(&[4, 1, 2], &[4], &[2], 1, 5, &[1, 2]));
-        assert_eq!(reassign(&v, "t~0", &moving(&[3, 2, 1], &[3], &[1], 1, 5, &[1, 2]), Some(&[1, 2])), Ok(Some(unit(&[1, 2], 1, 5, &[1, 2]))), "back to where it began, in the order asked");
+        assert_eq!(reassign(&v, "t~0", &moving(&[3, 2, 1], &[3], &[1], 1, 5, &[1, 2]), Some(&[1, 2]), true), Ok(Some(unit(&[1, 2], 1, 5, &[1, 2]))), "back to where it began, in the order asked");
         replaced.check().unwrap();
         // Only added replicas in sync: going back is an unclean election,
         // refused unless the unit's topics allow one.
         let only_added = moving(&[3, 2, 1], &[3], &[1], 3, 5, &[3]);
-        assert!(matches!(reassign(&v, "t~0", &only_added, None), Err(NoReassignment::Invalid(_))));
+        assert!(matches!(reassign(&v, "t~0", &only_added, None, true), Err(NoReassignment::Invalid(_))));
         let topic = TopicEntry { id: uuid::Uuid::new_v4().to_string(), partitions: 1, replication_factor: 2, configs: [(UNCLEAN.to_string(), "true".to_string())].into(), created_ms: 0 };
         Arc::make_mut(&mut v.topics).insert("t".into(), topic);
-        assert_eq!(reassign(&v, "t~0", &only_added, None), Ok(Some(unit(&[2, 1], 2, 6, &[2]))));
+        assert_eq!(reassign(&v, "t~0", &only_added, None, true), Ok(Some(unit(&[2, 1], 2, 6, &[2]))));
+    }
+
+    #[test]
+    fn a_reassignment_may_change_a_units_replication_factor() {
+        let mut v = view(&[(1, None), (2, None), (3, None)]);
+        // Up: the new replica is added, and the move ends once it is in sync.
+        let up = reassign(&v, "t~0", &unit(&[1, 2], 1, 4, &[1, 2]), Some(&[1, 2, 3]), true).unwrap().unwrap();
+        assert_eq!(up, moving(&[1, 2, 3], &[3], &[], 1, 4, &[1, 2]));
+        up.check().unwrap();
+        Arc::make_mut(&mut v.units).insert("t~0".into(), UnitRecord { isr: vec![1, 2, 3], ..up });
+        assert_eq!(reassignments_done(&v), vec![("t~0".to_string(), unit(&[1, 2, 3], 1, 4, &[1, 2, 3]))]);
+        // Down: nothing to copy; the controller ends it at its next pass,
+        // the leader handing over if the target drops it.
+        let down = reassign(&v, "t~0", &unit(&[1, 2, 3], 1, 4, &[1, 2, 3]), Some(&[3]), true).unwrap().unwrap();
+        assert_eq!(down, moving(&[3, 1, 2], &[], &[1, 2], 1, 4, &[1, 2, 3]));
+        down.check().unwrap();
+        Arc::make_mut(&mut v.units).insert("t~0".into(), down);
+        assert_eq!(reassignments_done(&v), vec![("t~0".to_string(), unit(&[3], 3, 5, &[3]))]);
     }
 
     #[test]

@@ -13,8 +13,10 @@
 //! (ListPartitionReassignments shows it meanwhile). Per partition,
 //! Kafka's codes: INVALID_REPLICA_ASSIGNMENT (no replica, one named twice,
 //! a broker not registered, partitions of one unit given different
-//! targets), INVALID_REPLICATION_FACTOR (a target of another size:
-//! changing a factor is not built), NO_REASSIGNMENT_IN_PROGRESS (a cancel
+//! targets), INVALID_REPLICATION_FACTOR (a target of another size when
+//! the request does not allow the factor to change: a target of another
+//! size changes the partition's factor, and its whole unit's),
+//! NO_REASSIGNMENT_IN_PROGRESS (a cancel
 //! with nothing to cancel), UNKNOWN_TOPIC_OR_PARTITION, REQUEST_TIMED_OUT
 //! when the write is not seen within the request's timeout,
 //! UNKNOWN_SERVER_ERROR when etcd failed it.
@@ -34,8 +36,8 @@ use crate::cluster::Reassigned;
 use crate::kafka::authz::Check;
 use crate::kafka::Broker;
 
-/// Version 1 adds AllowReplicationFactorChange (KIP-860); a factor never
-/// changes here, so both versions answer alike.
+/// Version 1 adds AllowReplicationFactorChange (KIP-860): false refuses a
+/// target of another size (version 0 allows it, as Kafka does).
 pub const VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };
 
 /// The longest a request waits for its writes.
@@ -90,7 +92,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
     // are refused for all of its partitions, and nothing of it is written.
     let to_write: Vec<(String, Option<Vec<i32>>)> = units.iter().enumerate().filter(|(i, _)| !conflicting.contains(i)).map(|(_, u)| u.clone()).collect();
     let timeout = Duration::from_millis(req.timeout_ms.max(0) as u64).min(MAX_TIMEOUT);
-    let written = broker.cluster.reassign(&to_write, timeout).await;
+    let written = broker.cluster.reassign(&to_write, allow, timeout).await;
     let mut answers: BTreeMap<usize, Reassigned> = BTreeMap::new();
     let mut w = written.into_iter();
     for i in (0..units.len()).filter(|i| !conflicting.contains(i)) {

@@ -10,7 +10,9 @@
 //! move again (`tests/compat/node/reassign.js`, which needs `node` and
 //! `tests/compat/node/node_modules`: `npm ci` there) and lists until it is
 //! done: the partition ends on its target, led by the new replica, which
-//! it handed to in the next epoch. Records deleted before the move
+//! it handed to in the next epoch. Its replication factor then goes up
+//! to 3 and back down to 2 (refused while the request does not allow
+//! the factor to change), its leader and epoch kept. Records deleted before the move
 //! (DeleteRecords) are not on the new replica, which started over at its
 //! leader's log start, nor readable at the old follower, whose log start
 //! followed its leader's. librdkafka then produces through the old leader
@@ -52,6 +54,17 @@ async fn alter(addr: SocketAddr, target: Option<Vec<i32>>) -> i16 {
     let req = AlterPartitionReassignmentsRequest::default().with_timeout_ms(30_000).with_topics(vec![ReassignableTopic::default().with_name(name()).with_partitions(vec![p])]);
     let r: AlterPartitionReassignmentsResponse = common::call(&mut sock, 45, 0, 1, &req).await;
     assert_eq!(r.error_code, 0);
+    r.responses[0].partitions[0].error_code
+}
+
+/// AlterPartitionReassignments v1 for partition 0, with
+/// AllowReplicationFactorChange `factor_may_change`: its error code.
+async fn alter_v1(addr: SocketAddr, target: Vec<i32>, factor_may_change: bool) -> i16 {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let p = ReassignablePartition::default().with_partition_index(0).with_replicas(Some(target.into_iter().map(BrokerId).collect()));
+    let req = AlterPartitionReassignmentsRequest::default().with_timeout_ms(30_000).with_allow_replication_factor_change(factor_may_change).with_topics(vec![ReassignableTopic::default().with_name(name()).with_partitions(vec![p])]);
+    let r: AlterPartitionReassignmentsResponse = common::call(&mut sock, 45, 1, 1, &req).await;
+    assert_eq!((r.error_code, r.allow_replication_factor_change), (0, factor_may_change));
     r.responses[0].partitions[0].error_code
 }
 
@@ -139,6 +152,20 @@ async fn a_partition_moves_to_other_brokers_with_its_records() {
     isr.sort();
     assert_eq!((done[0].1, done[0].2.clone()), (epoch + 1, isr), "handed over in the next epoch; the dropped replica out of the ISR");
     assert_eq!(replicas(at(&nodes, leader)).await, (spare, vec![spare, follower]), "the old leader's view: the target only");
+
+    // The replication factor up to 3 (the old leader comes back, from
+    // what it kept), then down to 2 again; a request that does not allow
+    // the factor to change is refused.
+    assert_eq!(alter_v1(at(&nodes, leader), vec![spare, follower, leader], false).await, 38, "INVALID_REPLICATION_FACTOR");
+    assert_eq!(alter_v1(at(&nodes, leader), vec![spare, follower, leader], true).await, 0);
+    let three = wait_isrs(at(&nodes, follower), TOPIC, "three replicas in sync", |ps| ps[0].2.len() == 3).await;
+    assert_eq!(three[0].0, spare, "the leader kept");
+    poll(at(&nodes, follower), "the move done", listed, |l| l.is_none()).await;
+    assert_eq!(replicas(at(&nodes, follower)).await, (spare, vec![spare, follower, leader]));
+    assert_eq!(alter_v1(at(&nodes, leader), vec![spare, follower], true).await, 0);
+    poll(at(&nodes, follower), "back to two replicas", replicas, |r| r.1 == vec![spare, follower]).await;
+    let two = wait_isrs(at(&nodes, follower), TOPIC, "two replicas in sync", |ps| ps[0].2.len() == 2).await;
+    assert_eq!((two[0].0, two[0].1), (spare, epoch + 1), "the leader and its epoch kept throughout");
 
     // New records go to the new leader (librdkafka bootstrapping from the
     // old one), which serves every record from the log start it started
