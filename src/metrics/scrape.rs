@@ -223,6 +223,15 @@ impl Metrics {
             f.counter("canopy_rest_rejected_total", "REST requests refused (401, 403, 413, 429, 503), by reason", &[("reason", reason.to_owned())], n as f64);
         }
         f.counter("canopy_rest_events_total", "Records and events appended through the REST bridge", &[], b.probe.events.load(Ordering::Relaxed) as f64);
+        // Cluster mode: records for partitions another node leads.
+        if let Some(fw) = &b.forwarder {
+            let s = &fw.stats;
+            for (outcome, n) in [("answered", &s.answered), ("failed", &s.failed)] {
+                f.counter("canopy_rest_forwarded_requests_total", "Produce requests the REST bridge sent to partition leaders on other nodes, by outcome (answered, with the leader's refusals of partitions; failed: no answer)", &[("outcome", outcome.to_owned())], n.load(Ordering::Relaxed) as f64);
+            }
+            f.counter("canopy_rest_forwarded_bytes_total", "Record bytes the REST bridge sent to partition leaders on other nodes", &[], s.bytes.load(Ordering::Relaxed) as f64);
+            f.gauge("canopy_rest_forward_links", "Connections open from this node's REST bridge to other nodes' inter-broker listeners", &[], fw.links() as f64);
+        }
     }
 
     /// Offsets, traffic and group lag, per topic or per branch.

@@ -667,6 +667,17 @@ async fn topics_spread_over_the_nodes_and_clients_follow_their_leaders() {
         for (i, (p, o)) in keyed_at.iter().enumerate() {
             assert_eq!(logs[*p][*o], serde_json::json!({"k": i}).to_string(), "keyed record {i} at partition {p} offset {o}");
         }
+        // The forwarder's metrics at the posting node: the produces the
+        // leaders answered (one per leader for the keyed post, one for
+        // partition q), none failed, links open.
+        let admin = nodes[node as usize].as_ref().unwrap().admin;
+        let scrape = reqwest::get(format!("http://{admin}/metrics")).await.unwrap().text().await.unwrap();
+        let line = |series: &str| scrape.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse::<f64>().unwrap())).unwrap_or_else(|| panic!("no {series} in:\n{scrape}"));
+        let leaders_keyed: BTreeSet<i32> = keyed_at.iter().map(|(p, _)| led[*p]).filter(|l| *l != node).collect();
+        assert_eq!(line("canopy_rest_forwarded_requests_total{outcome=\"answered\"}"), 1.0 + leaders_keyed.len() as f64);
+        assert_eq!(line("canopy_rest_forwarded_requests_total{outcome=\"failed\"}"), 0.0);
+        assert!(line("canopy_rest_forwarded_bytes_total") > 0.0);
+        assert!(line("canopy_rest_forward_links") >= 1.0);
     }
     // The same for Fetch (v16: by topic id, with the hints).
     {

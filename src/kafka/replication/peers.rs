@@ -81,6 +81,26 @@ pub struct ForwardError {
 pub struct Forwarder {
     broker: std::sync::Weak<Broker>,
     links: Mutex<HashMap<i32, mpsc::Sender<Job>>>,
+    /// What the metrics show (`canopy_rest_forwarded_*`).
+    pub stats: ForwardStats,
+}
+
+/// The forwarder's counters.
+#[derive(Default)]
+pub struct ForwardStats {
+    /// Produces a leader answered (its refusals of partitions included).
+    pub answered: std::sync::atomic::AtomicU64,
+    /// Produces with no answer: the link failed, or no answer in time.
+    pub failed: std::sync::atomic::AtomicU64,
+    /// Record bytes sent in forwarded produces.
+    pub bytes: std::sync::atomic::AtomicU64,
+}
+
+impl ForwardStats {
+    fn count(&self, outcome: &Result<Vec<PartitionAck>, ForwardError>) {
+        let c = if outcome.is_ok() { &self.answered } else { &self.failed };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// One request for a link: its frame (correlation id patched in by the
@@ -94,13 +114,27 @@ type Pending = Arc<Mutex<VecDeque<(i32, oneshot::Sender<Result<Bytes, String>>)>
 
 impl Forwarder {
     pub fn new(broker: &Arc<Broker>) -> Forwarder {
-        Forwarder { broker: Arc::downgrade(broker), links: Mutex::new(HashMap::new()) }
+        Forwarder { broker: Arc::downgrade(broker), links: Mutex::new(HashMap::new()), stats: ForwardStats::default() }
+    }
+
+    /// Links to leaders open now (each made at its first request, gone
+    /// when it fails until the next).
+    pub fn links(&self) -> usize {
+        self.links.lock().expect("links lock").values().filter(|tx| !tx.is_closed()).count()
     }
 
     /// Produces `parts` ((partition, record batches)) of `topic` at
     /// `leader` with `acks` (-1 or 1), as this node (its inter-broker
     /// principal); the leader's answer per partition, in the order asked.
     pub async fn produce(&self, leader: i32, topic: &str, parts: Vec<(i32, Bytes)>, acks: i16) -> Result<Vec<PartitionAck>, ForwardError> {
+        let bytes: usize = parts.iter().map(|(_, b)| b.len()).sum();
+        let outcome = self.send(leader, topic, parts, acks).await;
+        self.stats.count(&outcome);
+        self.stats.bytes.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        outcome
+    }
+
+    async fn send(&self, leader: i32, topic: &str, parts: Vec<(i32, Bytes)>, acks: i16) -> Result<Vec<PartitionAck>, ForwardError> {
         let fail = |why: String| ForwardError { leader, why };
         let broker = self.broker.upgrade().ok_or_else(|| fail("the broker is stopping".into()))?;
         let asked: Vec<i32> = parts.iter().map(|(p, _)| *p).collect();
