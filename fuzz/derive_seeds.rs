@@ -10,9 +10,9 @@
 //! - `seeds/rest_body`: one body per REST route and format (first byte:
 //!   the route, as `rest_body` reads it);
 //! - `seeds/peer_response`: Fetch responses carrying those batches, with
-//!   a diverging epoch and a current leader, at each decoded version, and
-//!   Produce responses (first byte: the decoder, as `peer_response` reads
-//!   it).
+//!   a diverging epoch and a current leader, at each decoded version, a
+//!   Produce, a WriteTxnMarkers and an AddPartitionsToTxn response (first
+//!   byte: the decoder, as `peer_response` reads it).
 //!
 //!     cargo +nightly run --release --example derive_seeds   (in fuzz/)
 
@@ -172,11 +172,31 @@ fn main() {
         let mut seed = vec![0x80];
         seed.extend(body(1, &|b| r.encode(b, produce::VERSION).unwrap()));
         write(&root.join("peer_response"), "produce", &seed);
+        // A transaction's answers between nodes (canopy::protocol::txn).
+        use canopy::protocol::txn;
+        use kafka_protocol::messages::add_partitions_to_txn_response::{AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult};
+        use kafka_protocol::messages::write_txn_markers_response::{WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult};
+        use kafka_protocol::messages::{AddPartitionsToTxnResponse, ProducerId, TransactionalId, WriteTxnMarkersResponse};
+        let written = |i, c| WritableTxnMarkerPartitionResult::default().with_partition_index(i).with_error_code(c);
+        let r = WriteTxnMarkersResponse::default().with_markers(vec![WritableTxnMarkerResult::default()
+            .with_producer_id(ProducerId(1000))
+            .with_topics(vec![WritableTxnMarkerTopicResult::default().with_name(TopicName(StrBytes::from_static_str("app.seed"))).with_partitions(vec![written(0, 0), written(1, 6)])])]);
+        let mut seed = vec![0x81];
+        seed.extend(body(2, &|b| r.encode(b, txn::WRITE_TXN_MARKERS_VERSION).unwrap()));
+        write(&root.join("peer_response"), "write_txn_markers", &seed);
+        let added = |i, c| AddPartitionsToTxnPartitionResult::default().with_partition_index(i).with_partition_error_code(c);
+        let r = AddPartitionsToTxnResponse::default().with_results_by_transaction(vec![AddPartitionsToTxnResult::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_static_str("tx.seed")))
+            .with_topic_results(vec![AddPartitionsToTxnTopicResult::default().with_name(TopicName(StrBytes::from_static_str("app.seed"))).with_results_by_partition(vec![added(0, 0), added(2, 48)])])]);
+        let mut seed = vec![0x82];
+        seed.extend(body(3, &|b| r.encode(b, txn::ADD_PARTITIONS_VERSION).unwrap()));
+        write(&root.join("peer_response"), "add_partitions_to_txn", &seed);
     }
     println!("{} batches, {} consumer protocol blobs, 4 storage files, {} REST bodies, {} peer responses", batches.len(), blobs.len(), rest.len(), fetch_versions());
 }
 
 fn fetch_versions() -> usize {
     use canopy::protocol::fetch;
-    (fetch::MAX_VERSION - fetch::FIRST_DECODED_VERSION + 2) as usize
+    // Each Fetch version, then Produce, WriteTxnMarkers, AddPartitionsToTxn.
+    (fetch::MAX_VERSION - fetch::FIRST_DECODED_VERSION + 4) as usize
 }

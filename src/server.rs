@@ -235,11 +235,19 @@ async fn serve_all(cfg: &Config, clock: Clock, stop_rx: watch::Receiver<bool>, h
             let _ = s.await;
         }
     });
+    // Cluster mode: one set of links to the other nodes, for the REST
+    // bridge's forwarded records and the transaction coordinator's markers.
+    let peers = cfg.cluster().is_some().then(|| {
+        let peers = Arc::new(crate::kafka::replication::peers::Forwarder::new(&broker));
+        let _ = broker.peers.set(peers.clone());
+        broker.transactions.set_peers(peers.clone());
+        peers
+    });
     let (authorizer, quotas, users) = (broker.authorizer.clone(), broker.quotas.clone(), broker.users.clone());
     let cluster_id = broker.cluster.view().cluster_id.clone();
     let bridge = rest_listener.as_ref().map(|_| {
         let probe = Arc::new(rest::probe::RestProbe::new(cfg.metrics_enabled));
-        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()).map_cluster(cfg.cluster().is_some().then(|| broker.cluster.clone()), cfg.cluster().is_some().then(|| Arc::new(crate::kafka::replication::peers::Forwarder::new(&broker)))))
+        Arc::new(rest::Bridge::new(engine.clone(), rest_cfg, principals.clone(), probe, budget.clone()).with_authorizer(authorizer).with_quotas(quotas).with_users(users).with_cluster_id(cluster_id.clone()).map_cluster(cfg.cluster().is_some().then(|| broker.cluster.clone()), peers.clone()))
     });
     let rest = rest_listener.zip(bridge.clone()).map(|(l, bridge)| tokio::spawn(rest::serve(l, bridge, stop_rx.clone())));
     let limits = metrics::Limits { budget: budget.clone(), per_ip, max_connections: cfg.max_connections, max_topics: cfg.max_topics, fetch_sessions: broker.fetch_sessions.clone(), fetch_session_slots: cfg.max_incremental_fetch_session_cache_slots, fetch_session_partitions: cfg.max_incremental_fetch_session_cache_partitions };
@@ -408,6 +416,7 @@ pub async fn broker(cfg: &Config, engine: Arc<Engine>, advertised: (String, i32)
         per_ip: crate::limits::PerIp::new(cfg.max_connections_per_ip),
         fetch_sessions: Arc::new(kafka::fetch_session::FetchSessions::new(cfg.max_incremental_fetch_session_cache_slots, cfg.max_incremental_fetch_session_cache_partitions)),
         replication: kafka::replication::Replication::new(cfg.node_id, cfg.replica_lag_time_max_ms),
+        peers: std::sync::OnceLock::new(),
     }))
 }
 

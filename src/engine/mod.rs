@@ -945,7 +945,7 @@ impl Engine {
         let mut pending = Vec::with_capacity(tps.len());
         for tp in tps {
             let (reply, rx) = oneshot::channel();
-            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, checked: false, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
             pending.push(PendingAppend { rx });
         }
         for p in pending {
@@ -955,6 +955,29 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// WriteTxnMarkers: writes `marker` for `producer_id` at `epoch` to
+    /// each of `tps`, each answered on its own once durable: refused
+    /// (INVALID_PRODUCER_EPOCH) where the producer has a newer epoch
+    /// already, UNKNOWN_TOPIC_OR_PARTITION where the tp went meanwhile.
+    pub async fn write_markers_checked(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Vec<Result<AppendResult, EngineError>> {
+        let mut pending = Vec::with_capacity(tps.len());
+        for tp in tps {
+            let (reply, rx) = oneshot::channel();
+            match self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, checked: true, reply }).await {
+                Ok(()) => pending.push(Some(PendingAppend { rx })),
+                Err(_) => pending.push(None),
+            }
+        }
+        let mut out = Vec::with_capacity(pending.len());
+        for p in pending {
+            out.push(match p {
+                Some(p) => p.wait().await,
+                None => Err(EngineError::ShuttingDown),
+            });
+        }
+        out
     }
 
     /// Stops admitting the transaction's batches to `tps` and returns each

@@ -98,7 +98,10 @@ pub(super) enum WriteCmd {
     Append(Append),
     Replicate(Replicate),
     /// A transaction marker the coordinator writes; acked when durable.
-    Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply },
+    /// A transaction marker; `checked`: refused (StaleEpoch) when the
+    /// producer has a newer epoch at the tp (a marker from outside this
+    /// node's coordinator: WriteTxnMarkers).
+    Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, checked: bool, reply: Reply },
     /// The coordinator is about to decide a transaction: no more of its
     /// batches for these tps; answers each tp's log end (-1: gone), taken
     /// in order with the appends, so every batch admitted lies below it.
@@ -231,7 +234,13 @@ impl Writer {
             match cmd {
                 WriteCmd::Append(a) => self.append(a, now),
                 WriteCmd::Replicate(r) => self.replicate(r, now),
-                WriteCmd::Marker { tp, producer_id, epoch, marker, reply } => self.marker(tp, producer_id, epoch, marker, reply, now),
+                WriteCmd::Marker { tp, producer_id, epoch, marker, checked, reply } => {
+                    if checked && self.producers.epoch_of(&tp, producer_id).is_some_and(|e| e > epoch) {
+                        let _ = reply.send(Err(AppendFailure::Refused(Refusal::StaleEpoch)));
+                    } else {
+                        self.marker(tp, producer_id, epoch, marker, reply, now);
+                    }
+                }
                 WriteCmd::CloseTxn { producer_id, tps, reply } => self.close_txn(producer_id, &tps, reply),
                 WriteCmd::Switch { switch, reply } => {
                     let _ = reply.send(self.log.apply(switch));

@@ -107,6 +107,10 @@ pub struct Broker {
     pub fetch_sessions: Arc<fetch_session::FetchSessions>,
     /// Replication between brokers (cluster mode).
     pub replication: Arc<replication::Replication>,
+    /// Cluster mode: links to other nodes for requests this node makes of
+    /// them (forwarded REST records, transaction markers, a transaction's
+    /// partitions asked at its coordinator); set once the broker exists.
+    pub peers: std::sync::OnceLock<Arc<replication::peers::Forwarder>>,
 }
 
 impl Broker {

@@ -11,4 +11,5 @@ pub mod guard;
 pub mod header;
 pub mod produce;
 pub mod response;
+pub mod txn;
 pub mod tagged;

@@ -49,7 +49,7 @@ pub fn decode_response(body: &Bytes) -> Result<ProduceAnswer, DecodeError> {
     let n = r.required_count("topics", TOPIC_MIN_BYTES)?;
     let mut topics = Vec::with_capacity(n);
     for _ in 0..n {
-        let name = string(&mut r, "topic name")?.ok_or(DecodeError::UnexpectedNull { what: "topic name", at: r.pos })?;
+        let name = r.required_string("topic name")?;
         let k = r.required_count("partitions", PARTITION_MIN_BYTES)?;
         let mut partitions = Vec::with_capacity(k);
         for _ in 0..k {
@@ -61,11 +61,11 @@ pub fn decode_response(body: &Bytes) -> Result<ProduceAnswer, DecodeError> {
             if let Some(errors) = r.count("record errors", RECORD_ERROR_MIN_BYTES)? {
                 for _ in 0..errors {
                     r.i32("batch index")?;
-                    string(&mut r, "record error message")?;
+                    r.string("record error message")?;
                     r.tagged_fields("record error", |_, _| Ok(false))?;
                 }
             }
-            let error_message = string(&mut r, "error message")?.map(|m| String::from_utf8_lossy(&m).into_owned());
+            let error_message = r.string("error message")?.map(|m| String::from_utf8_lossy(&m).into_owned());
             r.tagged_fields("partition", |_, _| Ok(false))?;
             partitions.push(PartitionAck { partition, error_code, base_offset, error_message });
         }
@@ -74,20 +74,8 @@ pub fn decode_response(body: &Bytes) -> Result<ProduceAnswer, DecodeError> {
     }
     r.i32("throttle time")?;
     r.tagged_fields("response", |_, _| Ok(false))?;
-    if r.remaining() > 0 {
-        return Err(DecodeError::TrailingBytes { at: r.pos, count: r.remaining() });
-    }
+    r.finish()?;
     Ok(ProduceAnswer { correlation_id, topics })
-}
-
-/// A compact nullable string, checked to be UTF-8.
-fn string(r: &mut Reader<'_>, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
-    let at = r.pos;
-    let s = r.bytes(what)?;
-    if s.as_ref().is_some_and(|s| std::str::from_utf8(s).is_err()) {
-        return Err(DecodeError::NotUtf8 { what, at });
-    }
-    Ok(s)
 }
 
 #[cfg(test)]

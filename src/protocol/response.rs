@@ -122,6 +122,31 @@ impl<'a> Reader<'a> {
         Ok(Some(self.buf.slice(at..self.pos)))
     }
 
+    /// A compact nullable string, checked to be UTF-8, sliced from the
+    /// buffer.
+    pub(crate) fn string(&mut self, what: &'static str) -> Result<Option<Bytes>, DecodeError> {
+        let at = self.pos;
+        let s = self.bytes(what)?;
+        if s.as_ref().is_some_and(|s| std::str::from_utf8(s).is_err()) {
+            return Err(DecodeError::NotUtf8 { what, at });
+        }
+        Ok(s)
+    }
+
+    /// A compact string that may not be null.
+    pub(crate) fn required_string(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
+        let at = self.pos;
+        self.string(what)?.ok_or(DecodeError::UnexpectedNull { what, at })
+    }
+
+    /// Refuses bytes after the end of what was decoded.
+    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
+        if self.remaining() > 0 {
+            return Err(DecodeError::TrailingBytes { at: self.pos, count: self.remaining() });
+        }
+        Ok(())
+    }
+
     /// Walks a tagged-field section. `known(tag, field)` reads a field it
     /// knows from `field`, bounded by the field's declared size, and returns
     /// true; it must then have read exactly that size. A field it returns

@@ -262,6 +262,28 @@ async fn acls_decide_what_each_principal_may_do_and_a_refusal_changes_nothing() 
     assert_eq!(m.topics[0].error_code, TOPIC_AUTHORIZATION_FAILED);
     assert!(broker.engine.topic("app.codestore.auto").is_none());
 
+    // The cluster's operations need their cluster ACLs: moving partitions
+    // (ALTER), listing moves (DESCRIBE), writing transaction markers
+    // (CLUSTER_ACTION, as brokers do): bob has none; nothing is written.
+    let before = broker.engine.offsets(&broker.engine.topic("app.billing.invoices").unwrap().tp(0)).unwrap();
+    let move_it = AlterPartitionReassignmentsRequest::default().with_topics(vec![alter_partition_reassignments_request::ReassignableTopic::default()
+        .with_name(TopicName(s("app.billing.invoices")))
+        .with_partitions(vec![alter_partition_reassignments_request::ReassignablePartition::default().with_partition_index(0).with_replicas(None)])]);
+    let r: AlterPartitionReassignmentsResponse = common::call(&mut bob, 45, 0, 16, &move_it).await;
+    assert_eq!((r.error_code, r.responses[0].partitions[0].error_code), (CLUSTER_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED));
+    let r: ListPartitionReassignmentsResponse = common::call(&mut bob, 46, 0, 17, &ListPartitionReassignmentsRequest::default()).await;
+    assert_eq!(r.error_code, CLUSTER_AUTHORIZATION_FAILED);
+    let r: ListPartitionReassignmentsResponse = common::call(&mut admin, 46, 0, 18, &ListPartitionReassignmentsRequest::default()).await;
+    assert_eq!((r.error_code, r.topics.len()), (0, 0), "the super user may list");
+    let markers = WriteTxnMarkersRequest::default().with_markers(vec![write_txn_markers_request::WritableTxnMarker::default()
+        .with_producer_id(ProducerId(1))
+        .with_producer_epoch(0)
+        .with_transaction_result(false)
+        .with_topics(vec![write_txn_markers_request::WritableTxnMarkerTopic::default().with_name(TopicName(s("app.billing.invoices"))).with_partition_indexes(vec![0])])]);
+    let r: WriteTxnMarkersResponse = common::call(&mut bob, 27, 1, 19, &markers).await;
+    assert_eq!(r.markers[0].topics[0].partitions[0].error_code, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(broker.engine.offsets(&broker.engine.topic("app.billing.invoices").unwrap().tp(0)).unwrap(), before, "no marker written");
+
     // Deleting alice's group ACL takes her group away.
     let del: DeleteAclsResponse = common::call(
         &mut admin,

@@ -658,3 +658,63 @@ async fn epochs_run_out_into_a_new_producer_id() {
     assert_eq!(committed, vec!["a", "b", "c"]);
     broker.shutdown().await;
 }
+
+/// WriteTxnMarkers (v1, the brokers' request, and what
+/// `kafka-transactions abort` sends for a hanging transaction): an abort
+/// marker written to the partition ends the transaction there
+/// (read_committed readers pass it; its records stay hidden), partitions
+/// that do not exist are UNKNOWN_TOPIC_OR_PARTITION, and once a newer
+/// producer of the same id has moved the epoch at the partition, a
+/// marker of the old epoch is INVALID_PRODUCER_EPOCH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_txn_markers_ends_a_hanging_transaction() {
+    use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    common::create_topic(addr, "wtm.t", 1).await;
+    // A transaction left open: its producer goes quiet.
+    let hanging = tokio::task::spawn_blocking(move || {
+        let p = txn_producer(addr, "hangs", 60_000);
+        p.begin_transaction().unwrap();
+        for i in 0..3 {
+            send(&p, "wtm.t", 0, &format!("open-{i}"));
+        }
+        p.flush(Duration::from_secs(30)).unwrap();
+        p
+    })
+    .await
+    .unwrap();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert_eq!(latest_offsets(&mut sock, "wtm.t").await, (3, 0), "read_committed is held at the open transaction");
+    let d = describe(&mut sock, "hangs").await;
+    let (pid, epoch) = (d.producer_id.0, d.producer_epoch);
+    let markers = |commit: bool, epoch: i16, topics: Vec<(&str, Vec<i32>)>| {
+        let topics = topics.into_iter().map(|(t, ps)| WritableTxnMarkerTopic::default().with_name(TopicName(s(t))).with_partition_indexes(ps)).collect();
+        WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default().with_producer_id(ProducerId(pid)).with_producer_epoch(epoch).with_transaction_result(commit).with_coordinator_epoch(0).with_topics(topics)])
+    };
+    let codes = |r: &WriteTxnMarkersResponse| -> Vec<(String, i32, i16)> { r.markers.iter().flat_map(|m| m.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index, p.error_code)))).collect() };
+    let r: WriteTxnMarkersResponse = common::call(&mut sock, 27, 1, 4, &markers(false, epoch, vec![("wtm.t", vec![0, 0, 5]), ("no.such", vec![0])])).await;
+    assert_eq!(r.markers[0].producer_id.0, pid);
+    assert_eq!(codes(&r), vec![("wtm.t".into(), 0, 0), ("wtm.t".into(), 0, 0), ("wtm.t".into(), 5, 3), ("no.such".into(), 0, 3)]);
+    assert_eq!(latest_offsets(&mut sock, "wtm.t").await, (4, 4), "one marker, past which read_committed goes");
+    // A newer producer of the id fences the old one (its abort marker
+    // moves the epoch at the partition): an old-epoch marker is refused.
+    let newer = tokio::task::spawn_blocking(move || txn_producer(addr, "hangs", 60_000)).await.unwrap();
+    let r: WriteTxnMarkersResponse = common::call(&mut sock, 27, 1, 5, &markers(true, epoch, vec![("wtm.t", vec![0])])).await;
+    assert_eq!(codes(&r), vec![("wtm.t".into(), 0, 47)], "INVALID_PRODUCER_EPOCH");
+    let end = latest_offsets(&mut sock, "wtm.t").await;
+    assert_eq!(end.0, end.1, "nothing open");
+    // The hanging records were aborted: read_committed sees only what
+    // comes after.
+    tokio::task::spawn_blocking(move || {
+        newer.begin_transaction().unwrap();
+        send(&newer, "wtm.t", 0, "after");
+        newer.commit_transaction(Duration::from_secs(30)).unwrap();
+        assert_eq!(read_values(addr, "wtm.t", 1, "read_committed", 1), vec!["after"]);
+        drop(hanging);
+    })
+    .await
+    .unwrap();
+    broker.shutdown().await;
+}

@@ -41,6 +41,16 @@
 //! AddOffsetsToTxn. Retries and the abort of a transaction that wrote
 //! nothing are told apart by the epoch ([`v2_end`]), as Kafka does.
 //!
+//! Cluster mode (docs/cluster.md, "Transaction state"): a transaction may
+//! span partitions any node leads. Its markers go to each partition's
+//! leader, this node included, by WriteTxnMarkers over the inter-broker
+//! links (`Transactions::write_markers`), and a leader asks this
+//! coordinator (AddPartitionsToTxn v5) before it lets the transaction's
+//! batches in. The start-up pass over the logs is single-node only; a
+//! transaction recovered at start-up is finished once the links exist
+//! (by the timeout pass). The record itself still lives in this node's
+//! catalog.
+//!
 //! Kafka's codes: INVALID_PRODUCER_ID_MAPPING (unknown id or producer id),
 //! PRODUCER_FENCED (INVALID_PRODUCER_EPOCH for request versions before
 //! KIP-588), CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE.
@@ -90,7 +100,17 @@ struct Inner {
     cfg: TxnConfig,
     clock: Clock,
     ids: Mutex<HashMap<String, Slot>>,
+    /// Cluster mode: the links markers go to other nodes' partitions by
+    /// (set once the broker exists; until then markers wait).
+    peers: std::sync::OnceLock<Arc<crate::kafka::replication::peers::Forwarder>>,
 }
+
+/// How long an end waits for its markers before it answers
+/// COORDINATOR_NOT_AVAILABLE (the producer retries; the timeout loop
+/// finishes it meanwhile).
+const MARKERS_WITHIN: Duration = Duration::from_secs(10);
+/// Between rounds of markers some leader did not take.
+const MARKERS_RETRY: Duration = Duration::from_millis(200);
 
 /// Kafka's name of a state, as DescribeTransactions and ListTransactions
 /// use them.
@@ -229,7 +249,7 @@ impl Transactions {
     pub async fn start(engine: Arc<Engine>, cluster: Arc<crate::cluster::Membership>, groups: Coordinator, cfg: TxnConfig, clock: Clock, stop: watch::Receiver<bool>) -> anyhow::Result<Transactions> {
         let e = engine.clone();
         let records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
-        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()) }) };
+        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new() }) };
         // Each producer id's transactional id, for the pass below.
         let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
         for (id, rec) in records {
@@ -263,8 +283,12 @@ impl Transactions {
         // there, and fence its producer as for any transaction a restart
         // cut short, so it cannot go on to commit the rest of it.
         // One pass per producer id, at the newest epoch it has open.
+        // Single-node mode only: in a cluster a replica must not write
+        // into a log it may only follow, and an open transaction there may
+        // be another node's coordinator's.
         let mut dangling: HashMap<i64, (i16, Vec<Tp>)> = HashMap::new();
-        for (tp, open) in t.inner.engine.open_txns() {
+        let open = if t.inner.cluster.view().single { t.inner.engine.open_txns() } else { Vec::new() };
+        for (tp, open) in open {
             let d = dangling.entry(open.producer_id).or_insert((open.epoch, Vec::new()));
             d.0 = d.0.max(open.epoch);
             d.1.push(tp);
@@ -303,6 +327,86 @@ impl Transactions {
 
     fn now(&self) -> i64 {
         (self.inner.clock)()
+    }
+
+    /// Cluster mode: the links to other nodes, once the broker exists.
+    pub fn set_peers(&self, peers: Arc<crate::kafka::replication::peers::Forwarder>) {
+        let _ = self.inner.peers.set(peers);
+    }
+
+    /// Writes `marker` of (`producer_id`, `epoch`) to `tps` and returns
+    /// once each is durable (single-node mode), or (cluster mode) once
+    /// each partition's leader has it in its in-sync replicas: every
+    /// leader, this node included, is sent WriteTxnMarkers, which checks
+    /// leadership and waits for the ISR, so all partitions are treated
+    /// alike. A partition whose leader refuses retriably, has none, or
+    /// cannot be reached is asked again at its leader in the next view,
+    /// until [`MARKERS_WITHIN`]. A partition deleted meanwhile, or where
+    /// the producer has a newer epoch already (another end fenced this
+    /// one), needs no marker.
+    async fn write_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Result<(), String> {
+        if self.inner.cluster.view().single {
+            return self.inner.engine.write_markers(producer_id, epoch, marker, tps).await.map_err(|e| e.to_string());
+        }
+        let peers = self.inner.peers.get().ok_or("this node is still starting")?;
+        let deadline = tokio::time::Instant::now() + MARKERS_WITHIN;
+        // Each partition by name (a topic deleted meanwhile needs nothing).
+        let mut pending: Vec<(String, i32)> = tps.iter().filter_map(|tp| self.inner.engine.topic_by_id(&tp.topic).map(|t| (t.name().to_owned(), tp.partition))).collect();
+        let me = self.inner.cluster.node_id();
+        let mut why = String::new();
+        loop {
+            let view = self.inner.cluster.view();
+            let mut by_leader: std::collections::BTreeMap<i32, Vec<(String, i32)>> = std::collections::BTreeMap::new();
+            let mut leaderless = Vec::new();
+            for (name, p) in pending.drain(..) {
+                match view.partition(me, &name, p).leader {
+                    l if l >= 0 => by_leader.entry(l).or_default().push((name, p)),
+                    _ => leaderless.push((name, p)),
+                }
+            }
+            if !leaderless.is_empty() {
+                why = format!("{} partitions have no leader", leaderless.len());
+            }
+            pending = leaderless;
+            // Every leader at once.
+            let mut sends = tokio::task::JoinSet::new();
+            for (leader, parts) in by_leader {
+                let peers = peers.clone();
+                sends.spawn(async move {
+                    let outcome = send_markers(&peers, leader, producer_id, epoch, marker, &parts).await;
+                    (leader, parts, outcome)
+                });
+            }
+            while let Some(done) = sends.join_next().await {
+                let Ok((leader, parts, outcome)) = done else { return Err("sending markers failed".into()) };
+                match outcome {
+                    Ok(codes) => {
+                        for (at, code) in parts.into_iter().zip(codes) {
+                            match E::try_from_code(code) {
+                                None if code == 0 => {}
+                                Some(E::UnknownTopicOrPartition) => {}
+                                Some(E::InvalidProducerEpoch) => tracing::warn!(topic = %at.0, partition = at.1, producer_id, epoch, "a transaction marker found a newer producer epoch at its partition; none written there"),
+                                _ => {
+                                    why = format!("broker {leader} refused the marker for {}-{} (error {code})", at.0, at.1);
+                                    pending.push(at);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        why = e;
+                        pending.extend(parts);
+                    }
+                }
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() + MARKERS_RETRY >= deadline {
+                return Err(format!("{} partitions without their marker: {why}", pending.len()));
+            }
+            tokio::time::sleep(MARKERS_RETRY).await;
+        }
     }
 
     fn slot(&self, id: &str) -> Slot {
@@ -394,7 +498,9 @@ impl Transactions {
     /// transaction is still open below the log end of the decision get one
     /// (a later transaction's records above it are not this one's).
     async fn finish(&self, id: &str, rec: &mut TxnRecord, marker: Marker, recovering: bool) -> Result<(), i16> {
-        let tps: Vec<Tp> = if recovering {
+        // (Single-node mode: in a cluster the logs here may be copies, and
+        // partitions elsewhere have none; every partition gets a marker.)
+        let tps: Vec<Tp> = if recovering && self.inner.cluster.view().single {
             let open = self.inner.engine.open_txns();
             rec.partitions
                 .iter()
@@ -404,7 +510,7 @@ impl Transactions {
         } else {
             self.tps(&rec.partitions)
         };
-        if let Err(e) = self.inner.engine.write_markers(rec.producer_id, rec.epoch, marker, &tps).await {
+        if let Err(e) = self.write_markers(rec.producer_id, rec.epoch, marker, &tps).await {
             tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared and is retried");
             return Err(E::CoordinatorNotAvailable.code());
         }
@@ -899,4 +1005,32 @@ mod tests {
         assert_eq!(next_epoch(5), Some(6));
         assert_eq!(next_epoch(i16::MAX - 1), None);
     }
+}
+
+/// WriteTxnMarkers for `parts` (topic, partition) at `leader`: each
+/// partition's code, in order, or why there is no answer.
+async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leader: i32, producer_id: i64, epoch: i16, marker: Marker, parts: &[(String, i32)]) -> Result<Vec<i16>, String> {
+    use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
+    use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
+    use kafka_protocol::protocol::StrBytes;
+    let mut topics: Vec<WritableTxnMarkerTopic> = Vec::new();
+    for (name, p) in parts {
+        match topics.iter_mut().find(|t| t.name.0.as_str() == name) {
+            Some(t) => t.partition_indexes.push(*p),
+            None => topics.push(WritableTxnMarkerTopic::default().with_name(TopicName(StrBytes::from_string(name.clone()))).with_partition_indexes(vec![*p])),
+        }
+    }
+    let req = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(epoch)
+        .with_transaction_result(marker == Marker::Commit)
+        .with_coordinator_epoch(0)
+        .with_topics(topics)]);
+    let body = peers.call(leader, kafka_protocol::messages::ApiKey::WriteTxnMarkers, crate::protocol::txn::WRITE_TXN_MARKERS_VERSION, &req).await.map_err(|e| e.to_string())?;
+    let answer = crate::protocol::txn::decode_markers(&body).map_err(|e| format!("broker {leader}'s answer does not decode: {e}"))?;
+    let answered: Vec<&(bytes::Bytes, Vec<(i32, i16)>)> = answer.markers.iter().filter(|(pid, _)| *pid == producer_id).flat_map(|(_, ts)| ts).collect();
+    parts
+        .iter()
+        .map(|(name, p)| answered.iter().filter(|(n, _)| n.as_ref() == name.as_bytes()).flat_map(|(_, ps)| ps).find(|(i, _)| i == p).map(|(_, c)| *c).ok_or_else(|| format!("broker {leader}'s answer has no {name}-{p}")))
+        .collect()
 }

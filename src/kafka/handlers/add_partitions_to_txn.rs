@@ -39,14 +39,6 @@ async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[
         vec![kafka_protocol::ResponseError::TransactionalIdAuthorizationFailed.code(); wanted.len()]
     } else if let Some(code) = broker.coordinator_error(id) {
         vec![code; wanted.len()]
-    } else if let Some(elsewhere) = led_elsewhere(broker, &wanted) {
-        // Cluster mode: the coordinator writes the markers on its own node,
-        // so a transaction may span only partitions it leads until markers
-        // reach other leaders (step 4). The partitions led elsewhere are
-        // refused; the others were not attempted.
-        tracing::warn!(transactional_id = id, "refusing partitions another broker leads for a transaction (not supported yet in cluster mode)");
-        let (refused, skipped) = (kafka_protocol::ResponseError::InvalidTxnState.code(), kafka_protocol::ResponseError::OperationNotAttempted.code());
-        elsewhere.into_iter().map(|e| if e { refused } else { skipped }).collect()
     } else if !refused_topics.is_empty() {
         let (refused, skipped) = (kafka_protocol::ResponseError::TopicAuthorizationFailed.code(), kafka_protocol::ResponseError::OperationNotAttempted.code());
         wanted.iter().map(|(t, _)| if refused_topics.contains(t.as_str()) { refused } else { skipped }).collect()
@@ -68,12 +60,4 @@ async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[
             AddPartitionsToTxnTopicResult::default().with_name(t.name.clone()).with_results_by_partition(parts)
         })
         .collect()
-}
-
-/// Per wanted partition, whether another node leads it; `None` when this
-/// node leads them all (always in single-node mode).
-fn led_elsewhere(broker: &Broker, wanted: &[(String, i32)]) -> Option<Vec<bool>> {
-    let view = broker.cluster.view();
-    let elsewhere: Vec<bool> = wanted.iter().map(|(t, p)| broker.engine.topic(t).is_some_and(|topic| *p >= 0 && *p < topic.partitions()) && broker.lead(&view, t, *p).is_err()).collect();
-    elsewhere.contains(&true).then_some(elsewhere)
 }

@@ -27,6 +27,7 @@ pub mod describe_cluster;
 pub mod elect_leaders;
 pub mod alter_partition_reassignments;
 pub mod list_partition_reassignments;
+pub mod write_txn_markers;
 pub mod describe_configs;
 pub mod describe_producers;
 pub mod describe_topic_partitions;
@@ -120,7 +121,7 @@ throttled!(
     DescribeTopicPartitionsResponse, DeleteRecordsResponse,
     DescribeLogDirsResponse, ConsumerGroupHeartbeatResponse, ConsumerGroupDescribeResponse, ElectLeadersResponse,
     AlterPartitionReassignmentsResponse, ListPartitionReassignmentsResponse;
-    without: SaslHandshakeResponse, SaslAuthenticateResponse
+    without: SaslHandshakeResponse, SaslAuthenticateResponse, WriteTxnMarkersResponse
 );
 
 pub enum Route {
@@ -289,6 +290,7 @@ apis! {
     ElectLeaders => elect_leaders,
     AlterPartitionReassignments => alter_partition_reassignments,
     ListPartitionReassignments => list_partition_reassignments,
+    WriteTxnMarkers => write_txn_markers,
     OffsetDelete => offset_delete,
     InitProducerId => init_producer_id,
     AddPartitionsToTxn => add_partitions_to_txn,

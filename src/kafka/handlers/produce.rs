@@ -270,7 +270,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     // appended agree on who leads.
     let view = broker.cluster.view();
     let not_joined = match (&transactional_id, ack) {
-        (Some(id), Some(_)) if version >= 12 => join_transaction(broker, &view, id, &resolved).await,
+        (Some(id), Some(_)) => join_transaction(broker, &view, id, &resolved, version).await,
         _ => HashMap::new(),
     };
     // Leaders named in NOT_LEADER_OR_FOLLOWER answers (their endpoints go
@@ -375,13 +375,19 @@ fn transactional_producer(records: &Bytes) -> Option<(i64, i16)> {
     crate::protocol::batch::split(records).filter_map(|b| b.ok().and_then(|b| BatchHeader::parse(b).ok())).find(|h| h.is_transactional()).map(|h| (h.producer_id, h.producer_epoch))
 }
 
-/// Transactions v2 (Produce v12+, KIP-890 part 2): the partitions this
-/// request writes transactional batches to join their transaction, as
-/// Kafka's partition leader asks the coordinator before it appends. Only
-/// partitions the transaction has not added yet are asked for, so a
+/// The partitions this request writes transactional batches to, that
+/// their transaction has not let in here yet, are asked for at its
+/// coordinator, as Kafka's partition leader asks before it appends
+/// (KIP-890): under transactions v2 (Produce v12+) they join the
+/// transaction; before, the producer added them itself (AddPartitionsToTxn)
+/// and the coordinator is asked whether it did. A coordinator on this node
+/// is asked directly (before v12 its additions let the batches in
+/// already); one on another node by AddPartitionsToTxn v5 over the
+/// inter-broker link, and what it lets in is remembered here until the
+/// transaction's marker. Only partitions not let in yet are asked for, so a
 /// transaction costs the coordinator one call per partition it touches.
 /// Returns the code for each (topic, partition) position that did not join.
-async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, id: &str, resolved: &[Resolved]) -> HashMap<(usize, usize), i16> {
+async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, id: &str, resolved: &[Resolved], version: i16) -> HashMap<(usize, usize), i16> {
     // Per (producer id, epoch): each partition's position and name.
     type Positions = Vec<((usize, usize), (String, i32))>;
     let mut wanted: HashMap<(i64, i16), Positions> = HashMap::new();
@@ -398,10 +404,27 @@ async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, i
         }
     }
     let mut refused = HashMap::new();
-    // Cluster mode: the transaction's coordinator must be this node (it
-    // writes the markers here; step 4 makes them reach other leaders).
+    if wanted.is_empty() {
+        return refused;
+    }
     if !broker.coordinates(id) {
-        refused.extend(wanted.into_values().flatten().map(|(at, _)| (at, ResponseError::InvalidTxnState.code())));
+        // Cluster mode: the transaction's coordinator is another node.
+        for ((pid, epoch), parts) in wanted {
+            let codes = ask_coordinator(broker, view, id, pid, epoch, version < 12, &parts).await;
+            for ((at, (name, p)), code) in parts.into_iter().zip(codes) {
+                if code == 0 {
+                    if let Some(t) = broker.engine.topic(&name) {
+                        broker.engine.add_txn_partitions(pid, epoch, &[t.tp(p)]);
+                    }
+                } else {
+                    refused.insert(at, produce_code(code));
+                }
+            }
+        }
+        return refused;
+    }
+    if version < 12 {
+        // The coordinator here let in what the producer added.
         return refused;
     }
     for ((pid, epoch), parts) in wanted {
@@ -410,6 +433,53 @@ async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, i
         refused.extend(parts.into_iter().zip(codes).filter(|(_, c)| *c != 0).map(|((at, _), c)| (at, produce_code(c))));
     }
     refused
+}
+
+/// Asks the coordinator of transactional id `id` (another node) whether
+/// (`verify_only`) or that (`pid`, `epoch`)'s transaction has `parts`:
+/// AddPartitionsToTxn v5, the brokers' batched form. A code per part, in
+/// order; no coordinator or no answer is COORDINATOR_NOT_AVAILABLE for
+/// all (retriable).
+async fn ask_coordinator(broker: &Broker, view: &crate::cluster::ClusterView, id: &str, pid: i64, epoch: i16, verify_only: bool, parts: &[((usize, usize), (String, i32))]) -> Vec<i16> {
+    use kafka_protocol::messages::add_partitions_to_txn_request::{AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction};
+    use kafka_protocol::messages::{AddPartitionsToTxnRequest, ProducerId, TransactionalId};
+    let unavailable = || vec![ResponseError::CoordinatorNotAvailable.code(); parts.len()];
+    let (Ok(coordinator), Some(peers)) = (view.coordinator(broker.node_id(), id), broker.peers.get()) else { return unavailable() };
+    let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+    for (_, (name, p)) in parts {
+        match topics.iter_mut().find(|t| t.name.0.as_str() == name) {
+            Some(t) => t.partitions.push(*p),
+            None => topics.push(AddPartitionsToTxnTopic::default().with_name(super::topic_name(name)).with_partitions(vec![*p])),
+        }
+    }
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
+        .with_transactional_id(TransactionalId(super::str_bytes(id.to_owned())))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_verify_only(verify_only)
+        .with_topics(topics)]);
+    let answer = match peers.call(coordinator, kafka_protocol::messages::ApiKey::AddPartitionsToTxn, crate::protocol::txn::ADD_PARTITIONS_VERSION, &req).await {
+        Ok(body) => crate::protocol::txn::decode_add_partitions(&body),
+        Err(e) => {
+            tracing::debug!(transactional_id = id, error = %e, "asking a transaction's coordinator failed");
+            return unavailable();
+        }
+    };
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(transactional_id = id, coordinator, error = %e, "a transaction coordinator's answer does not decode");
+            return unavailable();
+        }
+    };
+    if answer.error_code != 0 {
+        return vec![answer.error_code; parts.len()];
+    }
+    let codes: Vec<&(bytes::Bytes, Vec<(i32, i16)>)> = answer.transactions.iter().filter(|(t, _)| t.as_ref() == id.as_bytes()).flat_map(|(_, ts)| ts).collect();
+    parts
+        .iter()
+        .map(|(_, (name, p))| codes.iter().filter(|(n, _)| n.as_ref() == name.as_bytes()).flat_map(|(_, ps)| ps).find(|(i, _)| i == p).map_or(ResponseError::CoordinatorNotAvailable.code(), |(_, c)| *c))
+        .collect()
 }
 
 /// What a producer is answered when its partition could not join the

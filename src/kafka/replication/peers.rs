@@ -136,7 +136,6 @@ impl Forwarder {
 
     async fn send(&self, leader: i32, topic: &str, parts: Vec<(i32, Bytes)>, acks: i16) -> Result<Vec<PartitionAck>, ForwardError> {
         let fail = |why: String| ForwardError { leader, why };
-        let broker = self.broker.upgrade().ok_or_else(|| fail("the broker is stopping".into()))?;
         let asked: Vec<i32> = parts.iter().map(|(p, _)| *p).collect();
         let data = parts.into_iter().map(|(p, records)| PartitionProduceData::default().with_index(p).with_records(Some(records))).collect();
         let req = ProduceRequest::default()
@@ -144,25 +143,7 @@ impl Forwarder {
             .with_timeout_ms(FORWARD_WITHIN.as_millis() as i32)
             .with_transactional_id(None)
             .with_topic_data(vec![TopicProduceData::default().with_name(TopicName(StrBytes::from_string(topic.to_owned()))).with_partition_data(data)]);
-        let header = RequestHeader::default()
-            .with_request_api_key(kafka_protocol::messages::ApiKey::Produce as i16)
-            .with_request_api_version(VERSION)
-            .with_client_id(Some(StrBytes::from_string(format!("canopy-forward-{}", broker.node_id()))));
-        let mut frame = BytesMut::with_capacity(64 + req.topic_data[0].partition_data.iter().map(|p| p.records.as_ref().map_or(0, Bytes::len)).sum::<usize>());
-        frame.extend_from_slice(&[0; 4]);
-        header.encode(&mut frame, 2).map_err(|e| fail(e.to_string()))?;
-        req.encode(&mut frame, VERSION).map_err(|e| fail(e.to_string()))?;
-        let len = (frame.len() - 4) as i32;
-        frame[..4].copy_from_slice(&len.to_be_bytes());
-        let (reply, answer) = oneshot::channel();
-        let link = self.link(&broker, leader);
-        link.send(Job { frame, reply }).await.map_err(|_| fail("the link stopped".into()))?;
-        let body = match tokio::time::timeout(FORWARD_WITHIN + Duration::from_secs(5), answer).await {
-            Ok(Ok(Ok(body))) => body,
-            Ok(Ok(Err(why))) => return Err(fail(why)),
-            Ok(Err(_)) => return Err(fail("the link stopped".into())),
-            Err(_) => return Err(fail("no answer in time".into())),
-        };
+        let body = self.call(leader, kafka_protocol::messages::ApiKey::Produce, VERSION, &req).await?;
         let a = decode_response(&body).map_err(|e| fail(format!("the answer does not decode: {e}")))?;
         // One answer per partition asked, by name and index.
         let mut acks = Vec::with_capacity(asked.len());
@@ -171,6 +152,37 @@ impl Forwarder {
             acks.push(got.cloned().ok_or_else(|| fail(format!("the answer has no partition {p}")))?);
         }
         Ok(acks)
+    }
+
+    /// Sends `req` (API `api`, flexible version `version`: request header
+    /// v2) to node `node` over its link, as this node (its inter-broker
+    /// principal), and returns the answer's bytes from its correlation id
+    /// on, for a checked decoder (never `kafka-protocol`'s: see
+    /// `protocol::response`). Answers wait at most [`FORWARD_WITHIN`] and
+    /// a little.
+    pub async fn call<R: Encodable>(&self, node: i32, api: kafka_protocol::messages::ApiKey, version: i16, req: &R) -> Result<Bytes, ForwardError> {
+        let fail = |why: String| ForwardError { leader: node, why };
+        let broker = self.broker.upgrade().ok_or_else(|| fail("the broker is stopping".into()))?;
+        let header = RequestHeader::default()
+            .with_request_api_key(api as i16)
+            .with_request_api_version(version)
+            .with_client_id(Some(StrBytes::from_string(format!("canopy-forward-{}", broker.node_id()))));
+        let mut frame = BytesMut::with_capacity(64 + req.compute_size(version).unwrap_or(0));
+        frame.extend_from_slice(&[0; 4]);
+        header.encode(&mut frame, 2).map_err(|e| fail(e.to_string()))?;
+        req.encode(&mut frame, version).map_err(|e| fail(e.to_string()))?;
+        let len = (frame.len() - 4) as i32;
+        frame[..4].copy_from_slice(&len.to_be_bytes());
+        let (reply, answer) = oneshot::channel();
+        let link = self.link(&broker, node);
+        drop(broker);
+        link.send(Job { frame, reply }).await.map_err(|_| fail("the link stopped".into()))?;
+        match tokio::time::timeout(FORWARD_WITHIN + Duration::from_secs(5), answer).await {
+            Ok(Ok(Ok(body))) => Ok(body),
+            Ok(Ok(Err(why))) => Err(fail(why)),
+            Ok(Err(_)) => Err(fail("the link stopped".into())),
+            Err(_) => Err(fail("no answer in time".into())),
+        }
     }
 
     fn link(&self, broker: &Arc<Broker>, leader: i32) -> mpsc::Sender<Job> {

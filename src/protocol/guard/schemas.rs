@@ -58,6 +58,7 @@ pub(super) static APIS: &[Api] = &[
         0,
         &list_partition_reassignments::REQUEST,
     ),
+    api(27, "WriteTxnMarkers", 1, 1, 1, &write_txn_markers::REQUEST),
     api(47, "OffsetDelete", 0, 0, NEVER, &offset_delete::REQUEST),
     api(22, "InitProducerId", 0, 5, 2, &init_producer_id::REQUEST),
     api(
@@ -683,6 +684,28 @@ pub(super) mod list_partition_reassignments {
                 0,
             ),
         ],
+    );
+}
+
+pub(super) mod write_txn_markers {
+    use super::*;
+    static WRITABLE_TXN_MARKER_TOPIC: Schema = s(
+        "WritableTxnMarkerTopic",
+        &[f("name", STR, 1, 1), f("partition_indexes", I32S, 1, 1)],
+    );
+    static WRITABLE_TXN_MARKER: Schema = s(
+        "WritableTxnMarker",
+        &[
+            f("producer_id", I64, 1, 1),
+            f("producer_epoch", I16, 1, 1),
+            f("transaction_result", BOOL, 1, 1),
+            f("topics", structs(&WRITABLE_TXN_MARKER_TOPIC), 1, 1),
+            f("coordinator_epoch", I32, 1, 1),
+        ],
+    );
+    pub(super) static REQUEST: Schema = s(
+        "WriteTxnMarkersRequest",
+        &[f("markers", structs(&WRITABLE_TXN_MARKER), 1, 1)],
     );
 }
 

@@ -95,6 +95,7 @@ fn every_case() -> Vec<Case> {
         case!(ElectLeadersRequest, elect_leaders),
         case!(AlterPartitionReassignmentsRequest, alter_partition_reassignments),
         case!(ListPartitionReassignmentsRequest, list_partition_reassignments),
+        case!(WriteTxnMarkersRequest, write_txn_markers),
         case!(FindCoordinatorRequest, find_coordinator),
         case!(JoinGroupRequest, join_group),
         case!(SyncGroupRequest, sync_group),

@@ -310,6 +310,17 @@ pub(super) fn list_partition_reassignments(_v: i16) -> km::ListPartitionReassign
     ]))
 }
 
+pub(super) fn write_txn_markers(_v: i16) -> km::WriteTxnMarkersRequest {
+    use km::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
+    km::WriteTxnMarkersRequest::default().with_markers(vec![
+        WritableTxnMarker::default().with_producer_id(ProducerId(7)).with_producer_epoch(2).with_transaction_result(true).with_coordinator_epoch(4).with_topics(vec![
+            WritableTxnMarkerTopic::default().with_name(TopicName(st("a.b"))).with_partition_indexes(vec![0, 2]),
+            WritableTxnMarkerTopic::default().with_name(TopicName(st("c"))).with_partition_indexes(vec![1]),
+        ]),
+        WritableTxnMarker::default().with_producer_id(ProducerId(9)).with_producer_epoch(0).with_transaction_result(false).with_coordinator_epoch(0).with_topics(vec![]),
+    ])
+}
+
 pub(super) fn elect_leaders(v: i16) -> km::ElectLeadersRequest {
     use km::elect_leaders_request::TopicPartitions;
     let mut r = km::ElectLeadersRequest::default().with_timeout_ms(30_000).with_topic_partitions(Some(vec![

@@ -1,0 +1,210 @@
+//! The answers a transaction coordinator reads from other nodes (cluster
+//! mode, docs/cluster.md "Transaction state"): WriteTxnMarkers v1 from the
+//! partition leaders it ends a transaction at, and AddPartitionsToTxn v5
+//! (the brokers' batched form) from the coordinator a partition leader
+//! asks whether a transaction added its partition. The requests are
+//! encoded with `kafka-protocol`; the answers come from the network and
+//! are read with the checked cursor of `response`.
+
+use bytes::Bytes;
+
+use super::response::{DecodeError, Reader};
+
+/// The WriteTxnMarkers version sent (Kafka 4 has only 1).
+pub const WRITE_TXN_MARKERS_VERSION: i16 = 1;
+/// The AddPartitionsToTxn version a leader asks a coordinator with: the
+/// brokers' batched form (v4+), flexible.
+pub const ADD_PARTITIONS_VERSION: i16 = 5;
+
+/// Per topic name, each partition's error code, as an answer lists them.
+pub type TopicCodes = Vec<(Bytes, Vec<(i32, i16)>)>;
+
+/// A WriteTxnMarkers answer: per marker, its producer id and codes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MarkersAnswer {
+    pub correlation_id: i32,
+    pub markers: Vec<(i64, TopicCodes)>,
+}
+
+/// An AddPartitionsToTxn (v4+) answer: the top-level code, then per
+/// transactional id its codes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AddPartitionsAnswer {
+    pub correlation_id: i32,
+    pub error_code: i16,
+    pub transactions: Vec<(Bytes, TopicCodes)>,
+}
+
+// The fewest bytes each repeated element takes, so a count is admitted
+// only if that many elements fit in what remains.
+/// Index, error code, no tags.
+const PARTITION_MIN_BYTES: usize = 4 + 2 + 1;
+/// Empty name, no partitions, no tags.
+const TOPIC_MIN_BYTES: usize = 1 + 1 + 1;
+/// Producer id, no topics, no tags.
+const MARKER_MIN_BYTES: usize = 8 + 1 + 1;
+/// Empty id, no topics, no tags.
+const TRANSACTION_MIN_BYTES: usize = 1 + 1 + 1;
+
+/// A list of topic results: name, then (index, code) per partition.
+fn topic_codes(r: &mut Reader<'_>) -> Result<TopicCodes, DecodeError> {
+    let n = r.required_count("topics", TOPIC_MIN_BYTES)?;
+    let mut topics = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.required_string("topic name")?;
+        let k = r.required_count("partitions", PARTITION_MIN_BYTES)?;
+        let mut partitions = Vec::with_capacity(k);
+        for _ in 0..k {
+            partitions.push((r.i32("partition index")?, r.i16("partition error code")?));
+            r.tagged_fields("partition", |_, _| Ok(false))?;
+        }
+        r.tagged_fields("topic", |_, _| Ok(false))?;
+        topics.push((name, partitions));
+    }
+    Ok(topics)
+}
+
+/// Decodes a WriteTxnMarkers v1 response from `body` (the bytes after the
+/// frame length: correlation id, the header's tagged fields, the
+/// response). Every count and length is checked against what remains,
+/// tags must ascend with exact sizes, trailing bytes are an error.
+pub fn decode_markers(body: &Bytes) -> Result<MarkersAnswer, DecodeError> {
+    let mut r = Reader::new(body);
+    let correlation_id = r.i32("correlation id")?;
+    r.tagged_fields("response header", |_, _| Ok(false))?;
+    let n = r.required_count("markers", MARKER_MIN_BYTES)?;
+    let mut markers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let producer_id = r.i64("producer id")?;
+        let topics = topic_codes(&mut r)?;
+        r.tagged_fields("marker", |_, _| Ok(false))?;
+        markers.push((producer_id, topics));
+    }
+    r.tagged_fields("response", |_, _| Ok(false))?;
+    r.finish()?;
+    Ok(MarkersAnswer { correlation_id, markers })
+}
+
+/// Decodes an AddPartitionsToTxn v5 response from `body`, checked as
+/// [`decode_markers`] is.
+pub fn decode_add_partitions(body: &Bytes) -> Result<AddPartitionsAnswer, DecodeError> {
+    let mut r = Reader::new(body);
+    let correlation_id = r.i32("correlation id")?;
+    r.tagged_fields("response header", |_, _| Ok(false))?;
+    r.i32("throttle time")?;
+    let error_code = r.i16("error code")?;
+    let n = r.required_count("transactions", TRANSACTION_MIN_BYTES)?;
+    let mut transactions = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = r.required_string("transactional id")?;
+        let topics = topic_codes(&mut r)?;
+        r.tagged_fields("transaction", |_, _| Ok(false))?;
+        transactions.push((id, topics));
+    }
+    r.tagged_fields("response", |_, _| Ok(false))?;
+    r.finish()?;
+    Ok(AddPartitionsAnswer { correlation_id, error_code, transactions })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::add_partitions_to_txn_response::{AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult};
+    use kafka_protocol::messages::write_txn_markers_response::{WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult};
+    use kafka_protocol::messages::{AddPartitionsToTxnResponse, ProducerId, ResponseHeader, TopicName, TransactionalId, WriteTxnMarkersResponse};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+
+    fn encoded<T: Encodable>(id: i32, r: &T, version: i16) -> Bytes {
+        let mut b = bytes::BytesMut::new();
+        ResponseHeader::default().with_correlation_id(id).encode(&mut b, 1).unwrap();
+        r.encode(&mut b, version).unwrap();
+        b.freeze()
+    }
+
+    fn name(s: &'static str) -> TopicName {
+        TopicName(StrBytes::from_static_str(s))
+    }
+
+    fn markers() -> WriteTxnMarkersResponse {
+        let p = |i, c| WritableTxnMarkerPartitionResult::default().with_partition_index(i).with_error_code(c);
+        WriteTxnMarkersResponse::default().with_markers(vec![
+            WritableTxnMarkerResult::default().with_producer_id(ProducerId(7)).with_topics(vec![
+                WritableTxnMarkerTopicResult::default().with_name(name("a.b")).with_partitions(vec![p(0, 0), p(2, 6)]),
+                WritableTxnMarkerTopicResult::default().with_name(name("c")).with_partitions(vec![]),
+            ]),
+            WritableTxnMarkerResult::default().with_producer_id(ProducerId(9)).with_topics(vec![]),
+        ])
+    }
+
+    fn added() -> AddPartitionsToTxnResponse {
+        let p = |i, c| AddPartitionsToTxnPartitionResult::default().with_partition_index(i).with_partition_error_code(c);
+        let t = AddPartitionsToTxnTopicResult::default().with_name(name("a.b")).with_results_by_partition(vec![p(1, 0), p(3, 48)]);
+        AddPartitionsToTxnResponse::default().with_throttle_time_ms(3).with_error_code(0).with_results_by_transaction(vec![
+            AddPartitionsToTxnResult::default().with_transactional_id(TransactionalId(StrBytes::from_static_str("tx"))).with_topic_results(vec![t]),
+        ])
+    }
+
+    #[test]
+    fn reads_what_kafka_protocol_encodes() {
+        let a = decode_markers(&encoded(4, &markers(), WRITE_TXN_MARKERS_VERSION)).unwrap();
+        assert_eq!(a.correlation_id, 4);
+        assert_eq!(a.markers, vec![
+            (7, vec![(Bytes::from_static(b"a.b"), vec![(0, 0), (2, 6)]), (Bytes::from_static(b"c"), vec![])]),
+            (9, vec![]),
+        ]);
+        let a = decode_add_partitions(&encoded(5, &added(), ADD_PARTITIONS_VERSION)).unwrap();
+        assert_eq!((a.correlation_id, a.error_code), (5, 0));
+        assert_eq!(a.transactions, vec![(Bytes::from_static(b"tx"), vec![(Bytes::from_static(b"a.b"), vec![(1, 0), (3, 48)])])]);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_and_trailing_bytes_too() {
+        for (whole, decode) in [
+            (encoded(1, &markers(), WRITE_TXN_MARKERS_VERSION), (|b: &Bytes| decode_markers(b).map(|_| ())) as fn(&Bytes) -> Result<(), DecodeError>),
+            (encoded(1, &added(), ADD_PARTITIONS_VERSION), |b: &Bytes| decode_add_partitions(b).map(|_| ())),
+        ] {
+            for cut in 0..whole.len() {
+                assert!(decode(&whole.slice(..cut)).is_err(), "cut at {cut} of {}", whole.len());
+            }
+            let mut longer = whole.to_vec();
+            longer.push(0);
+            assert!(matches!(decode(&Bytes::from(longer)), Err(DecodeError::TrailingBytes { .. })));
+        }
+    }
+
+    #[test]
+    fn huge_counts_nulls_and_bad_names_are_refused() {
+        // Correlation id, no header tags, then 2^32 - 2 markers in 5 bytes.
+        let mut b = vec![0, 0, 0, 1, 0];
+        b.extend([0xfe, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(matches!(decode_markers(&Bytes::from(b)), Err(DecodeError::CountTooLarge { .. })));
+        assert!(matches!(decode_markers(&Bytes::from_static(&[0, 0, 0, 1, 0, 0])), Err(DecodeError::UnexpectedNull { .. })));
+        // Throttle time and error code, then a huge transaction count.
+        let mut b = vec![0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+        b.extend([0xfe, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(matches!(decode_add_partitions(&Bytes::from(b)), Err(DecodeError::CountTooLarge { .. })));
+        // A topic name that is not UTF-8: correlation id (4), header tags
+        // (1), marker count (1), producer id (8), topic count (1), name
+        // length (1).
+        let mut b = encoded(1, &markers(), WRITE_TXN_MARKERS_VERSION).to_vec();
+        b[16] = 0xff;
+        assert!(matches!(decode_markers(&Bytes::from(b)), Err(DecodeError::NotUtf8 { .. })));
+    }
+
+    #[test]
+    fn minimum_sizes_are_the_smallest_encodings() {
+        let size = |e: &dyn Fn(&mut bytes::BytesMut)| {
+            let mut b = bytes::BytesMut::new();
+            e(&mut b);
+            b.len()
+        };
+        let v = WRITE_TXN_MARKERS_VERSION;
+        assert_eq!(size(&|b| WritableTxnMarkerPartitionResult::default().encode(b, v).unwrap()), PARTITION_MIN_BYTES);
+        assert_eq!(size(&|b| WritableTxnMarkerTopicResult::default().encode(b, v).unwrap()), TOPIC_MIN_BYTES);
+        assert_eq!(size(&|b| WritableTxnMarkerResult::default().encode(b, v).unwrap()), MARKER_MIN_BYTES);
+        let v = ADD_PARTITIONS_VERSION;
+        assert_eq!(size(&|b| AddPartitionsToTxnPartitionResult::default().encode(b, v).unwrap()), PARTITION_MIN_BYTES);
+        assert_eq!(size(&|b| AddPartitionsToTxnTopicResult::default().encode(b, v).unwrap()), TOPIC_MIN_BYTES);
+        assert_eq!(size(&|b| AddPartitionsToTxnResult::default().encode(b, v).unwrap()), TRANSACTION_MIN_BYTES);
+    }
+}
