@@ -48,6 +48,8 @@ fn transaction(p: &Txp, tag: &str, count: usize, commit: bool) {
         let v = format!("{tag}{i}");
         p.send(BaseRecord::<(), str>::to(TOPIC).partition(i as i32 % PARTITIONS).payload(&v)).map_err(|(e, _)| e).unwrap();
     }
+    // Written before the end (an abort drops what is still queued).
+    p.flush(Duration::from_secs(60)).unwrap();
     if commit {
         p.commit_transaction(Duration::from_secs(60)).unwrap();
     } else {
