@@ -219,52 +219,17 @@ impl Membership {
     async fn elect(&self, units: &[String], unclean: bool, timeout: std::time::Duration) -> Vec<Elected> {
         #[cfg(feature = "cluster")]
         if let Some(s) = &self.shards {
-            let deadline = tokio::time::Instant::now() + timeout;
-            let mut answers: Vec<Option<Elected>> = vec![None; units.len()];
-            // Units written, waiting for the view to show their new leader.
-            let mut written: BTreeMap<usize, i32> = BTreeMap::new();
-            let mut views = self.view.clone();
-            loop {
-                let view = views.borrow_and_update().clone();
-                for (i, name) in units.iter().enumerate() {
-                    if answers[i].is_some() {
-                        continue;
-                    }
-                    let Some(u) = view.units.get(name) else {
-                        answers[i] = Some(Elected::Unknown);
-                        continue;
-                    };
-                    if let Some(leader) = written.get(&i) {
-                        if u.leader == *leader {
-                            answers[i] = Some(Elected::Done);
-                        }
-                        continue;
-                    }
-                    let election = if unclean { topics::unclean_election(&view, u) } else { topics::preferred_election(&view, u) };
-                    match election {
-                        Err(topics::NoElection::NotNeeded) => answers[i] = Some(Elected::NotNeeded),
-                        Err(topics::NoElection::NotAvailable) => answers[i] = Some(Elected::NotAvailable),
-                        Ok(to) => match s.replace_unit(name, u, to.clone()).await {
-                            Ok(true) => {
-                                tracing::info!(unit = %name, leader = to.leader, leader_epoch = to.leader_epoch, unclean, "leader elected (ElectLeaders)");
-                                written.insert(i, to.leader);
-                            }
-                            // Changed meanwhile: decided again from the next view.
-                            Ok(false) => {}
-                            Err(e) => answers[i] = Some(Elected::Failed(e)),
-                        },
-                    }
+            let answers = UnitAnswers { done: Elected::Done, unknown: Elected::Unknown, timed_out: Elected::TimedOut, failed: Elected::Failed };
+            let decide = |view: &ClusterView, _: usize, u: &topics::UnitRecord| {
+                let election = if unclean { topics::unclean_election(view, u) } else { topics::preferred_election(view, u) };
+                match election {
+                    Err(topics::NoElection::NotNeeded) => Err(Elected::NotNeeded),
+                    Err(topics::NoElection::NotAvailable) => Err(Elected::NotAvailable),
+                    Ok(to) => Ok(Some(to)),
                 }
-                if answers.iter().all(Option::is_some) {
-                    return answers.into_iter().map(|a| a.expect("answered")).collect();
-                }
-                let next = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
-                match tokio::time::timeout_at(deadline, next).await {
-                    Err(_) => return answers.into_iter().map(|a| a.unwrap_or(Elected::TimedOut)).collect(),
-                    Ok(Ok(Err(_))) => return answers.into_iter().map(|a| a.unwrap_or(Elected::Failed("this node left the cluster".into()))).collect(),
-                    Ok(_) => {}
-                }
-            }
+            };
+            let written = |name: &str, _: usize, to: &topics::UnitRecord| tracing::info!(unit = %name, leader = to.leader, leader_epoch = to.leader_epoch, unclean, "leader elected (ElectLeaders)");
+            return self.change_units(s, units, timeout, answers, decide, written).await;
         }
         let _ = (timeout, unclean);
         units.iter().map(|_| Elected::NotNeeded).collect()
@@ -273,60 +238,22 @@ impl Membership {
     /// AlterPartitionReassignments: each unit moves to its target, or its
     /// reassignment under way is cancelled (`None`), as
     /// [`topics::reassign`] decides (a target of another size only if
-    /// `factor_may_change`), by compare-and-swap on its key (a
-    /// lost race decided again from the newer view); one answer per unit,
-    /// in order, once this node's view shows the write, or at `timeout`.
-    /// The controller finishes each move ([`topics::reassignments_done`]).
-    /// Single-node mode: every partition has this node as its one
-    /// replica, and no other can be named.
+    /// `factor_may_change`), written as [`Membership::change_units`]
+    /// writes; one answer per unit, in order. The controller finishes
+    /// each move ([`topics::reassignments_done`]). Single-node mode: every
+    /// partition has this node as its one replica, and no other can be
+    /// named.
     pub async fn reassign(&self, units: &[(String, Option<Vec<i32>>)], factor_may_change: bool, timeout: std::time::Duration) -> Vec<Reassigned> {
         #[cfg(feature = "cluster")]
         if let Some(s) = &self.shards {
-            let deadline = tokio::time::Instant::now() + timeout;
-            let mut answers: Vec<Option<Reassigned>> = vec![None; units.len()];
-            // Units written, with the revision they were read at: the
-            // view shows the write once the unit's revision is past it.
-            let mut written: BTreeMap<usize, i64> = BTreeMap::new();
-            let mut views = self.view.clone();
-            loop {
-                let view = views.borrow_and_update().clone();
-                for (i, (name, target)) in units.iter().enumerate() {
-                    if answers[i].is_some() {
-                        continue;
-                    }
-                    let Some(u) = view.units.get(name) else {
-                        answers[i] = Some(Reassigned::Unknown);
-                        continue;
-                    };
-                    if let Some(read_at) = written.get(&i) {
-                        if u.mod_revision > *read_at {
-                            answers[i] = Some(Reassigned::Done);
-                        }
-                        continue;
-                    }
-                    match topics::reassign(&view, name, u, target.as_deref(), factor_may_change) {
-                        Err(no) => answers[i] = Some(Reassigned::Refused(no)),
-                        Ok(None) => answers[i] = Some(Reassigned::Done),
-                        Ok(Some(to)) => match s.replace_unit(name, u, to.clone()).await {
-                            Ok(true) => {
-                                tracing::info!(unit = %name, replicas = ?to.replicas, adding = ?to.adding, removing = ?to.removing, leader = to.leader, "reassignment {}", if target.is_some() { "begun" } else { "cancelled" });
-                                written.insert(i, u.mod_revision);
-                            }
-                            Ok(false) => {}
-                            Err(e) => answers[i] = Some(Reassigned::Failed(e)),
-                        },
-                    }
-                }
-                if answers.iter().all(Option::is_some) {
-                    return answers.into_iter().map(|a| a.expect("answered")).collect();
-                }
-                let next = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
-                match tokio::time::timeout_at(deadline, next).await {
-                    Err(_) => return answers.into_iter().map(|a| a.unwrap_or(Reassigned::TimedOut)).collect(),
-                    Ok(Ok(Err(_))) => return answers.into_iter().map(|a| a.unwrap_or(Reassigned::Failed("this node left the cluster".into()))).collect(),
-                    Ok(_) => {}
-                }
-            }
+            let names: Vec<String> = units.iter().map(|(n, _)| n.clone()).collect();
+            let answers = UnitAnswers { done: Reassigned::Done, unknown: Reassigned::Unknown, timed_out: Reassigned::TimedOut, failed: Reassigned::Failed };
+            let decide = |view: &ClusterView, i: usize, u: &topics::UnitRecord| topics::reassign(view, &units[i].0, u, units[i].1.as_deref(), factor_may_change).map_err(Reassigned::Refused);
+            let written = |name: &str, i: usize, to: &topics::UnitRecord| {
+                let how = if units[i].1.is_some() { "begun" } else { "cancelled" };
+                tracing::info!(unit = %name, replicas = ?to.replicas, adding = ?to.adding, removing = ?to.removing, leader = to.leader, "reassignment {how}");
+            };
+            return self.change_units(s, &names, timeout, answers, decide, written).await;
         }
         let _ = timeout;
         let view = self.view();
@@ -338,6 +265,70 @@ impl Membership {
                 Err(no) => Reassigned::Refused(no),
             })
             .collect()
+    }
+
+    /// Changes each of `units` as `decide` says from the latest view
+    /// (`Err`: the answer, nothing written; `Ok(None)`: nothing to write,
+    /// done; `Ok(Some(to))`: write `to`), by compare-and-swap on the unit's
+    /// key against the revision it was read at; a lost race is decided
+    /// again from the newer view. One answer per unit, in order, once this
+    /// node's view shows each write (the unit's revision past the one it
+    /// was read at), or at `timeout`. `written` logs a write.
+    #[cfg(feature = "cluster")]
+    async fn change_units<A: Clone>(
+        &self,
+        s: &etcd::Shards,
+        units: &[String],
+        timeout: std::time::Duration,
+        answers: UnitAnswers<A>,
+        mut decide: impl FnMut(&ClusterView, usize, &topics::UnitRecord) -> Result<Option<topics::UnitRecord>, A>,
+        written: impl Fn(&str, usize, &topics::UnitRecord),
+    ) -> Vec<A> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut out: Vec<Option<A>> = vec![None; units.len()];
+        // Units written, with the revision they were read at.
+        let mut read_at: BTreeMap<usize, i64> = BTreeMap::new();
+        let mut views = self.view.clone();
+        loop {
+            let view = views.borrow_and_update().clone();
+            for (i, name) in units.iter().enumerate() {
+                if out[i].is_some() {
+                    continue;
+                }
+                let Some(u) = view.units.get(name) else {
+                    out[i] = Some(answers.unknown.clone());
+                    continue;
+                };
+                if let Some(at) = read_at.get(&i) {
+                    if u.mod_revision > *at {
+                        out[i] = Some(answers.done.clone());
+                    }
+                    continue;
+                }
+                match decide(&view, i, u) {
+                    Err(a) => out[i] = Some(a),
+                    Ok(None) => out[i] = Some(answers.done.clone()),
+                    Ok(Some(to)) => match s.replace_unit(name, u, to.clone()).await {
+                        Ok(true) => {
+                            written(name, i, &to);
+                            read_at.insert(i, u.mod_revision);
+                        }
+                        // Changed meanwhile: decided again from the next view.
+                        Ok(false) => {}
+                        Err(e) => out[i] = Some((answers.failed)(e)),
+                    },
+                }
+            }
+            if out.iter().all(Option::is_some) {
+                return out.into_iter().map(|a| a.expect("answered")).collect();
+            }
+            let next = tokio::time::timeout(std::time::Duration::from_millis(500), views.changed());
+            match tokio::time::timeout_at(deadline, next).await {
+                Err(_) => return out.into_iter().map(|a| a.unwrap_or_else(|| answers.timed_out.clone())).collect(),
+                Ok(Ok(Err(_))) => return out.into_iter().map(|a| a.unwrap_or_else(|| (answers.failed)("this node left the cluster".into()))).collect(),
+                Ok(_) => {}
+            }
+        }
     }
 
     /// Controlled shutdown: every unit this node leads goes to the first
@@ -536,6 +527,15 @@ pub enum Elected {
     Unknown,
     TimedOut,
     Failed(String),
+}
+
+/// The answers a per-unit change gives besides its own refusals.
+#[cfg(feature = "cluster")]
+struct UnitAnswers<A> {
+    done: A,
+    unknown: A,
+    timed_out: A,
+    failed: fn(String) -> A,
 }
 
 /// What a reassignment (or its cancellation) of a unit came to.

@@ -176,3 +176,15 @@ impl<'a> Reader<'a> {
     }
 
 }
+
+/// Test helper: `decode` refuses every proper prefix of `whole` and
+/// `whole` with a byte after it (TrailingBytes).
+#[cfg(test)]
+pub(crate) fn assert_refuses_truncations_and_trailing_bytes(whole: &Bytes, decode: impl Fn(&Bytes) -> Result<(), DecodeError>) {
+    for cut in 0..whole.len() {
+        assert!(decode(&whole.slice(..cut)).is_err(), "cut at {cut} of {}", whole.len());
+    }
+    let mut longer = whole.to_vec();
+    longer.push(0);
+    assert!(matches!(decode(&Bytes::from(longer)), Err(DecodeError::TrailingBytes { .. })));
+}

@@ -159,17 +159,9 @@ mod tests {
 
     #[test]
     fn every_truncation_is_an_error_and_trailing_bytes_too() {
-        for (whole, decode) in [
-            (encoded(1, &markers(), WRITE_TXN_MARKERS_VERSION), (|b: &Bytes| decode_markers(b).map(|_| ())) as fn(&Bytes) -> Result<(), DecodeError>),
-            (encoded(1, &added(), ADD_PARTITIONS_VERSION), |b: &Bytes| decode_add_partitions(b).map(|_| ())),
-        ] {
-            for cut in 0..whole.len() {
-                assert!(decode(&whole.slice(..cut)).is_err(), "cut at {cut} of {}", whole.len());
-            }
-            let mut longer = whole.to_vec();
-            longer.push(0);
-            assert!(matches!(decode(&Bytes::from(longer)), Err(DecodeError::TrailingBytes { .. })));
-        }
+        use crate::protocol::response::assert_refuses_truncations_and_trailing_bytes as refused;
+        refused(&encoded(1, &markers(), WRITE_TXN_MARKERS_VERSION), |b| decode_markers(b).map(|_| ()));
+        refused(&encoded(1, &added(), ADD_PARTITIONS_VERSION), |b| decode_add_partitions(b).map(|_| ()));
     }
 
     #[test]
