@@ -184,12 +184,12 @@ impl Producers {
         self.entries.is_empty()
     }
 
-    /// The entry of `producer_id` in `tp`, made with `new` if it has none.
     /// The epoch `producer_id` has at `tp`, if this partition knows it.
     pub fn epoch_of(&self, tp: &Tp, producer_id: i64) -> Option<i16> {
         self.entries.get(tp).and_then(|m| m.get(&producer_id)).map(|e| e.epoch)
     }
 
+    /// The entry of `producer_id` in `tp`, made with `new` if it has none.
     fn entry(&mut self, tp: Tp, producer_id: i64, new: impl FnOnce() -> Entry) -> &mut Entry {
         self.entries.entry(tp).or_default().entry(producer_id).or_insert_with(new)
     }

@@ -97,10 +97,8 @@ pub(super) struct Replicate {
 pub(super) enum WriteCmd {
     Append(Append),
     Replicate(Replicate),
-    /// A transaction marker the coordinator writes; acked when durable.
-    /// A transaction marker; `checked`: refused (StaleEpoch) when the
-    /// producer has a newer epoch at the tp (a marker from outside this
-    /// node's coordinator: WriteTxnMarkers).
+    /// A transaction marker; acked when durable. `checked` (WriteTxnMarkers):
+    /// refused (StaleEpoch) when the producer has a newer epoch at the tp.
     Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, checked: bool, reply: Reply },
     /// The coordinator is about to decide a transaction: no more of its
     /// batches for these tps; answers each tp's log end (-1: gone), taken

@@ -230,7 +230,7 @@ impl Metrics {
                 f.counter("canopy_rest_forwarded_requests_total", "Produce requests the REST bridge sent to partition leaders on other nodes, by outcome (answered, with the leader's refusals of partitions; failed: no answer)", &[("outcome", outcome.to_owned())], n.load(Ordering::Relaxed) as f64);
             }
             f.counter("canopy_rest_forwarded_bytes_total", "Record bytes the REST bridge sent to partition leaders on other nodes", &[], s.bytes.load(Ordering::Relaxed) as f64);
-            f.gauge("canopy_rest_forward_links", "Connections open from this node's REST bridge to other nodes' inter-broker listeners", &[], fw.links() as f64);
+            f.gauge("canopy_rest_forward_links", "Connections open from this node's REST bridge to other nodes' inter-broker listeners", &[], fw.links(crate::kafka::replication::peers::Lane::Produce) as f64);
         }
     }
 

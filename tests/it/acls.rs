@@ -283,6 +283,15 @@ async fn acls_decide_what_each_principal_may_do_and_a_refusal_changes_nothing() 
     let r: WriteTxnMarkersResponse = common::call(&mut bob, 27, 1, 19, &markers).await;
     assert_eq!(r.markers[0].topics[0].partitions[0].error_code, CLUSTER_AUTHORIZATION_FAILED);
     assert_eq!(broker.engine.offsets(&broker.engine.topic("app.billing.invoices").unwrap().tp(0)).unwrap(), before, "no marker written");
+    // The brokers' form of AddPartitionsToTxn (v4+) is a cluster action too.
+    let ask = AddPartitionsToTxnRequest::default().with_transactions(vec![add_partitions_to_txn_request::AddPartitionsToTxnTransaction::default()
+        .with_transactional_id(TransactionalId(s("alice-tx")))
+        .with_producer_id(ProducerId(1))
+        .with_producer_epoch(0)
+        .with_verify_only(true)
+        .with_topics(vec![add_partitions_to_txn_request::AddPartitionsToTxnTopic::default().with_name(TopicName(s("app.codestore.commits"))).with_partitions(vec![0])])]);
+    let r: AddPartitionsToTxnResponse = common::call(&mut alice, 24, 5, 20, &ask).await;
+    assert_eq!((r.error_code, r.results_by_transaction[0].topic_results[0].results_by_partition[0].partition_error_code), (CLUSTER_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED), "alice may write her transactional id, but is no broker");
 
     // Deleting alice's group ACL takes her group away.
     let del: DeleteAclsResponse = common::call(

@@ -373,7 +373,11 @@ impl Transactions {
             for (leader, parts) in by_leader {
                 let peers = peers.clone();
                 sends.spawn(async move {
-                    let outcome = send_markers(&peers, leader, producer_id, epoch, marker, &parts).await;
+                    // No call outlives the end's deadline.
+                    let outcome = match tokio::time::timeout_at(deadline, send_markers(&peers, leader, producer_id, epoch, marker, &parts)).await {
+                        Ok(o) => o,
+                        Err(_) => Err(format!("broker {leader} did not answer in time")),
+                    };
                     (leader, parts, outcome)
                 });
             }
@@ -384,7 +388,9 @@ impl Transactions {
                         for (at, code) in parts.into_iter().zip(codes) {
                             match E::try_from_code(code) {
                                 None if code == 0 => {}
-                                Some(E::UnknownTopicOrPartition) => {}
+                                // Gone: only if this node's view agrees (a
+                                // lagging leader may not have it yet).
+                                Some(E::UnknownTopicOrPartition) if self.inner.engine.topic(&at.0).is_none_or(|t| at.1 >= t.partitions()) => {}
                                 Some(E::InvalidProducerEpoch) => tracing::warn!(topic = %at.0, partition = at.1, producer_id, epoch, "a transaction marker found a newer producer epoch at its partition; none written there"),
                                 _ => {
                                     why = format!("broker {leader} refused the marker for {}-{} (error {code})", at.0, at.1);
@@ -1026,7 +1032,7 @@ async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leade
         .with_transaction_result(marker == Marker::Commit)
         .with_coordinator_epoch(0)
         .with_topics(topics)]);
-    let body = peers.call(leader, kafka_protocol::messages::ApiKey::WriteTxnMarkers, crate::protocol::txn::WRITE_TXN_MARKERS_VERSION, &req).await.map_err(|e| e.to_string())?;
+    let body = peers.call(leader, crate::kafka::replication::peers::Lane::Markers, kafka_protocol::messages::ApiKey::WriteTxnMarkers, crate::protocol::txn::WRITE_TXN_MARKERS_VERSION, &req).await.map_err(|e| e.to_string())?;
     let answer = crate::protocol::txn::decode_markers(&body).map_err(|e| format!("broker {leader}'s answer does not decode: {e}"))?;
     let answered: Vec<&(bytes::Bytes, Vec<(i32, i16)>)> = answer.markers.iter().filter(|(pid, _)| *pid == producer_id).flat_map(|(_, ts)| ts).collect();
     parts

@@ -1,6 +1,9 @@
 //! AddPartitionsToTxn: v0–3 name one transaction; v4+ batch several (the
-//! form brokers use among themselves; `verify_only` asks whether the
-//! partitions are already in the transaction).
+//! form brokers use among themselves, a partition leader asking a
+//! transaction's coordinator; `verify_only` asks whether the partitions
+//! are already in the transaction). As in Kafka, v4+ needs CLUSTER_ACTION
+//! on the cluster (and no ACL on the ids or topics: the leader checked
+//! the producer's); v0–3 need WRITE on the id and every topic.
 
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::add_partitions_to_txn_response::{AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult};
@@ -18,6 +21,25 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         let topics = one(broker, &req.v3_and_below_transactional_id.0, req.v3_and_below_producer_id.0, req.v3_and_below_producer_epoch, &req.v3_and_below_topics, false, version).await;
         return Some(Response::default().with_results_by_topic_v3_and_below(topics));
     }
+    if broker.authorizer.enabled() && !authz::Check::current(broker).cluster(Operation::ClusterAction) {
+        let code = kafka_protocol::ResponseError::ClusterAuthorizationFailed.code();
+        let results = req
+            .transactions
+            .iter()
+            .map(|t| {
+                let topics = t
+                    .topics
+                    .iter()
+                    .map(|topic| {
+                        let parts = topic.partitions.iter().map(|p| AddPartitionsToTxnPartitionResult::default().with_partition_index(*p).with_partition_error_code(code)).collect();
+                        AddPartitionsToTxnTopicResult::default().with_name(topic.name.clone()).with_results_by_partition(parts)
+                    })
+                    .collect();
+                AddPartitionsToTxnResult::default().with_transactional_id(t.transactional_id.clone()).with_topic_results(topics)
+            })
+            .collect();
+        return Some(Response::default().with_error_code(code).with_results_by_transaction(results));
+    }
     let mut results = Vec::with_capacity(req.transactions.len());
     for t in &req.transactions {
         let topics = one(broker, &t.transactional_id.0, t.producer_id.0, t.producer_epoch, &t.topics, t.verify_only, version).await;
@@ -30,7 +52,8 @@ async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[
     let wanted: Vec<(String, i32)> = topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (super::name(&t.name).to_owned(), *p))).collect();
     // WRITE on the transactional id and on every topic, as Kafka asks: a
     // refused topic fails the request, the others are OPERATION_NOT_ATTEMPTED.
-    let check = broker.authorizer.enabled().then(|| authz::Check::current(broker));
+    // (v4+: the cluster action was checked instead.)
+    let check = (broker.authorizer.enabled() && version <= 3).then(|| authz::Check::current(broker));
     let refused_topics: std::collections::HashSet<&str> = match &check {
         Some(c) => topics.iter().map(|t| super::name(&t.name)).filter(|n| !c.topic(Operation::Write, n)).collect(),
         None => Default::default(),

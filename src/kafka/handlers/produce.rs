@@ -458,7 +458,7 @@ async fn ask_coordinator(broker: &Broker, view: &crate::cluster::ClusterView, id
         .with_producer_epoch(epoch)
         .with_verify_only(verify_only)
         .with_topics(topics)]);
-    let answer = match peers.call(coordinator, kafka_protocol::messages::ApiKey::AddPartitionsToTxn, crate::protocol::txn::ADD_PARTITIONS_VERSION, &req).await {
+    let answer = match peers.call(coordinator, crate::kafka::replication::peers::Lane::Coordinator, kafka_protocol::messages::ApiKey::AddPartitionsToTxn, crate::protocol::txn::ADD_PARTITIONS_VERSION, &req).await {
         Ok(body) => crate::protocol::txn::decode_add_partitions(&body),
         Err(e) => {
             tracing::debug!(transactional_id = id, error = %e, "asking a transaction's coordinator failed");

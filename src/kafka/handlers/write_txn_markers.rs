@@ -12,7 +12,9 @@
 //! codes: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION (the reserved
 //! coordinator topic too: transactional offsets are not finished by
 //! markers here), INVALID_PRODUCER_EPOCH when the producer has a newer
-//! epoch at the partition, NOT_ENOUGH_REPLICAS_AFTER_APPEND or
+//! epoch at the partition, NOT_ENOUGH_REPLICAS (before anything is
+//! written) when the ISR is smaller than `min.insync.replicas`,
+//! NOT_ENOUGH_REPLICAS_AFTER_APPEND or
 //! REQUEST_TIMED_OUT when the in-sync replicas do not take it in time.
 //! A partition named twice in one marker gets one marker. In cluster mode
 //! the transaction coordinator sends every marker this way, to every
@@ -65,6 +67,9 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                     None => E::UnknownTopicOrPartition.code(),
                     Some(topic) => match broker.lead(&view, name, p) {
                         Err(_) => E::NotLeaderOrFollower.code(),
+                        // Refused before anything is written, as Kafka's
+                        // acks=-1 append (a retry would add another marker).
+                        Ok(_) if !crate::kafka::replication::Replication::enough_replicas(&view, topic, p) => E::NotEnoughReplicas.code(),
                         Ok(epoch) => {
                             write.insert((name.to_owned(), p), (topic.clone(), epoch));
                             0

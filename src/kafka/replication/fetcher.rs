@@ -203,12 +203,30 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
             continue;
         }
         if p.error_code != 0 {
-            let end = broker.engine.offsets(&tp).map_or(0, |o| o.2);
+            let (start, end) = broker.engine.offsets(&tp).map_or((0, 0), |o| (o.0, o.2));
             if p.error_code == ResponseError::OffsetOutOfRange.code() && p.log_start_offset > end {
                 // The leader's log starts past this replica's end (its
                 // retention, DeleteRecords, or a new replica): start over
                 // there, as Kafka's follower does; what lies below is gone
                 // at the leader, so no consumer can read it there either.
+                // What this replica has goes first (Kafka empties the log),
+                // and with it the producer and transaction state it held
+                // (a transaction open here whose marker the leader no
+                // longer has would hold read_committed readers for ever).
+                if start < end {
+                    match broker.engine.truncate(tp, start).await {
+                        Ok(_) => tracing::info!(topic = f.topic.name(), partition = f.partition, from = start, to = end, "this replica's records, all below its leader's log start, cut"),
+                        // Busy (compaction, retention): the next round.
+                        Err(crate::engine::EngineError::Storage(crate::storage::StorageError::Busy(_))) => {
+                            fine = false;
+                            continue;
+                        }
+                        // Not cuttable (into subtree stores, or through the
+                        // batch holding the log start): started over beside
+                        // them; the log start then hides them.
+                        Err(e) => tracing::warn!(topic = f.topic.name(), partition = f.partition, error = %e, "cutting this replica's records below its leader's log start failed; starting over beside them"),
+                    }
+                }
                 if broker.replication.start_over(tp, p.log_start_offset) {
                     tracing::info!(topic = f.topic.name(), partition = f.partition, leader, end, log_start = p.log_start_offset, "the leader's log starts past this replica's end: starting over at the leader's log start");
                 }

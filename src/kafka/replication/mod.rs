@@ -224,7 +224,9 @@ impl Replication {
         let (mut under, mut under_min) = (0, 0);
         for (tp, l) in led.iter() {
             let Some(u) = view.units.get(&l.unit) else { continue };
-            under += (u.isr.len() < u.replicas.len()) as u64;
+            // Against the replicas it had before a move under way (Kafka's
+            // replication factor of a reassigning partition).
+            under += (u.isr.len() < u.original().len()) as u64;
             let min = broker.engine.topic_by_id(&tp.topic).map_or(1, |t| t.config.min_insync_replicas);
             under_min += ((u.isr.len() as i32) < min) as u64;
         }

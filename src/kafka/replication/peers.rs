@@ -74,18 +74,34 @@ pub struct ForwardError {
     pub why: String,
 }
 
-/// Sends Produce requests to other nodes, one pipelined link per leader
+/// Sends requests to other nodes, one pipelined link per (node, [`Lane`])
 /// (requests written as they come, answers matched in order, as Kafka
 /// answers a connection's requests). A link that fails fails every
 /// request it carries and is made again by the next.
 pub struct Forwarder {
     broker: std::sync::Weak<Broker>,
-    links: Mutex<HashMap<i32, mpsc::Sender<Job>>>,
+    links: Mutex<HashMap<(i32, Lane), mpsc::Sender<Job>>>,
     /// What the metrics show (`canopy_rest_forwarded_*`).
     pub stats: ForwardStats,
 }
 
-/// The forwarder's counters.
+/// What a link carries. A node answers a connection's requests one at a
+/// time, so kinds that could wait on each other get links of their own:
+/// a coordinator's AddPartitionsToTxn answer may wait on a transactional
+/// id's lock held by an end whose markers are on their way, and those
+/// markers must not queue behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// The REST bridge's forwarded produces.
+    Produce,
+    /// Transaction markers to partition leaders (WriteTxnMarkers).
+    Markers,
+    /// A partition leader asking a transaction's coordinator
+    /// (AddPartitionsToTxn).
+    Coordinator,
+}
+
+/// The forwarder's counters (the REST bridge's produces).
 #[derive(Default)]
 pub struct ForwardStats {
     /// Produces a leader answered (its refusals of partitions included).
@@ -117,10 +133,10 @@ impl Forwarder {
         Forwarder { broker: Arc::downgrade(broker), links: Mutex::new(HashMap::new()), stats: ForwardStats::default() }
     }
 
-    /// Links to leaders open now (each made at its first request, gone
+    /// Links of `lane` open now (each made at its first request, gone
     /// when it fails until the next).
-    pub fn links(&self) -> usize {
-        self.links.lock().expect("links lock").values().filter(|tx| !tx.is_closed()).count()
+    pub fn links(&self, lane: Lane) -> usize {
+        self.links.lock().expect("links lock").iter().filter(|((_, l), tx)| *l == lane && !tx.is_closed()).count()
     }
 
     /// Produces `parts` ((partition, record batches)) of `topic` at
@@ -143,7 +159,7 @@ impl Forwarder {
             .with_timeout_ms(FORWARD_WITHIN.as_millis() as i32)
             .with_transactional_id(None)
             .with_topic_data(vec![TopicProduceData::default().with_name(TopicName(StrBytes::from_string(topic.to_owned()))).with_partition_data(data)]);
-        let body = self.call(leader, kafka_protocol::messages::ApiKey::Produce, VERSION, &req).await?;
+        let body = self.call(leader, Lane::Produce, kafka_protocol::messages::ApiKey::Produce, VERSION, &req).await?;
         let a = decode_response(&body).map_err(|e| fail(format!("the answer does not decode: {e}")))?;
         // One answer per partition asked, by name and index.
         let mut acks = Vec::with_capacity(asked.len());
@@ -155,12 +171,12 @@ impl Forwarder {
     }
 
     /// Sends `req` (API `api`, flexible version `version`: request header
-    /// v2) to node `node` over its link, as this node (its inter-broker
+    /// v2) to node `node` over its link for `lane`, as this node (its inter-broker
     /// principal), and returns the answer's bytes from its correlation id
     /// on, for a checked decoder (never `kafka-protocol`'s: see
     /// `protocol::response`). Answers wait at most [`FORWARD_WITHIN`] and
     /// a little.
-    pub async fn call<R: Encodable>(&self, node: i32, api: kafka_protocol::messages::ApiKey, version: i16, req: &R) -> Result<Bytes, ForwardError> {
+    pub async fn call<R: Encodable>(&self, node: i32, lane: Lane, api: kafka_protocol::messages::ApiKey, version: i16, req: &R) -> Result<Bytes, ForwardError> {
         let fail = |why: String| ForwardError { leader: node, why };
         let broker = self.broker.upgrade().ok_or_else(|| fail("the broker is stopping".into()))?;
         let header = RequestHeader::default()
@@ -174,7 +190,7 @@ impl Forwarder {
         let len = (frame.len() - 4) as i32;
         frame[..4].copy_from_slice(&len.to_be_bytes());
         let (reply, answer) = oneshot::channel();
-        let link = self.link(&broker, node);
+        let link = self.link(&broker, node, lane);
         drop(broker);
         link.send(Job { frame, reply }).await.map_err(|_| fail("the link stopped".into()))?;
         match tokio::time::timeout(FORWARD_WITHIN + Duration::from_secs(5), answer).await {
@@ -185,14 +201,14 @@ impl Forwarder {
         }
     }
 
-    fn link(&self, broker: &Arc<Broker>, leader: i32) -> mpsc::Sender<Job> {
+    fn link(&self, broker: &Arc<Broker>, node: i32, lane: Lane) -> mpsc::Sender<Job> {
         let mut links = self.links.lock().expect("links lock");
-        if let Some(tx) = links.get(&leader).filter(|tx| !tx.is_closed()) {
+        if let Some(tx) = links.get(&(node, lane)).filter(|tx| !tx.is_closed()) {
             return tx.clone();
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(run_link(Arc::downgrade(broker), leader, rx));
-        links.insert(leader, tx.clone());
+        tokio::spawn(run_link(Arc::downgrade(broker), node, rx));
+        links.insert((node, lane), tx.clone());
         tx
     }
 }

@@ -142,12 +142,14 @@ async fn an_unclean_election_brings_a_partition_back_without_what_only_its_dead_
     let stuck = wait_isrs(witness, UNC, "no leader (no in-sync replica is live)", |ps| ps.len() == 1 && ps[0].0 == -1).await;
 
     // Allowed for the topic, the controller elects a live replica, alone
-    // in the ISR, in the next epoch.
+    // in the ISR, in the next epoch (the other one may join it at once).
     let alter = AlterConfig::new(ResourceSpecifier::Topic(UNC)).set("unclean.leader.election.enable", "true");
     let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(witness).create().unwrap();
     admin.alter_configs(&[alter], &AdminOptions::new()).await.unwrap()[0].as_ref().expect("altered");
     let elected = wait_isrs(witness, UNC, "an out-of-sync replica leads", |ps| ps.len() == 1 && ps[0].0 > 0).await;
-    assert!(followers.contains(&elected[0].0) && elected[0].2 == vec![elected[0].0] && elected[0].1 > stuck[0].1, "{elected:?}");
+    // (Elected alone in the ISR, as the unit tests check; the other live
+    // replica, as caught up as it, may have joined by the time this looks.)
+    assert!(followers.contains(&elected[0].0) && elected[0].2.contains(&elected[0].0) && elected[0].1 > stuck[0].1, "{elected:?}");
     // ElectLeaders UNCLEAN finds nothing to do now.
     let mut sock = tokio::net::TcpStream::connect(witness).await.unwrap();
     let tps = vec![TopicPartitions::default().with_topic(TopicName(StrBytes::from_static_str(UNC))).with_partitions(vec![0])];
