@@ -942,13 +942,7 @@ impl Engine {
     /// and returns once they are all durable. Partitions deleted meanwhile
     /// are skipped.
     pub async fn write_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Result<(), EngineError> {
-        let mut pending = Vec::with_capacity(tps.len());
-        for tp in tps {
-            let (reply, rx) = oneshot::channel();
-            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, checked: false, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
-            pending.push(PendingAppend { rx });
-        }
-        for p in pending {
+        for p in self.queue_markers(producer_id, epoch, marker, tps, false).await? {
             match p.wait().await {
                 Ok(_) | Err(EngineError::UnknownTopicOrPartition) => {}
                 Err(e) => return Err(e),
@@ -962,22 +956,24 @@ impl Engine {
     /// (INVALID_PRODUCER_EPOCH) where the producer has a newer epoch
     /// already, UNKNOWN_TOPIC_OR_PARTITION where the tp went meanwhile.
     pub async fn write_markers_checked(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Vec<Result<AppendResult, EngineError>> {
+        let Ok(pending) = self.queue_markers(producer_id, epoch, marker, tps, true).await else { return tps.iter().map(|_| Err(EngineError::ShuttingDown)).collect() };
+        let mut out = Vec::with_capacity(pending.len());
+        for p in pending {
+            out.push(p.wait().await);
+        }
+        out
+    }
+
+    /// Hands the writer a marker for each of `tps` (all in one go, so they
+    /// share its rounds); `checked`: see `WriteCmd::Marker`.
+    async fn queue_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp], checked: bool) -> Result<Vec<PendingAppend>, EngineError> {
         let mut pending = Vec::with_capacity(tps.len());
         for tp in tps {
             let (reply, rx) = oneshot::channel();
-            match self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, checked: true, reply }).await {
-                Ok(()) => pending.push(Some(PendingAppend { rx })),
-                Err(_) => pending.push(None),
-            }
+            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, checked, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+            pending.push(PendingAppend { rx });
         }
-        let mut out = Vec::with_capacity(pending.len());
-        for p in pending {
-            out.push(match p {
-                Some(p) => p.wait().await,
-                None => Err(EngineError::ShuttingDown),
-            });
-        }
-        out
+        Ok(pending)
     }
 
     /// Stops admitting the transaction's batches to `tps` and returns each

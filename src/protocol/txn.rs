@@ -46,6 +46,42 @@ const MARKER_MIN_BYTES: usize = 8 + 1 + 1;
 /// Empty id, no topics, no tags.
 const TRANSACTION_MIN_BYTES: usize = 1 + 1 + 1;
 
+/// `parts` (topic, partition) grouped by topic, in first-seen order, as
+/// both requests name them.
+pub fn by_topic<'a>(parts: impl IntoIterator<Item = (&'a str, i32)>) -> Vec<(&'a str, Vec<i32>)> {
+    let mut out: Vec<(&str, Vec<i32>)> = Vec::new();
+    for (name, p) in parts {
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, ps)) => ps.push(p),
+            None => out.push((name, vec![p])),
+        }
+    }
+    out
+}
+
+/// The code an answer gives partition `p` of `name` among `topics`.
+fn code_of(topics: &[&(Bytes, Vec<(i32, i16)>)], name: &str, p: i32) -> Option<i16> {
+    topics.iter().filter(|(n, _)| n.as_ref() == name.as_bytes()).flat_map(|(_, ps)| ps).find(|(i, _)| *i == p).map(|(_, c)| *c)
+}
+
+impl MarkersAnswer {
+    /// Each of `parts`' code for `producer_id`'s marker; `None` where the
+    /// answer left it out.
+    pub fn codes(&self, producer_id: i64, parts: &[(String, i32)]) -> Vec<Option<i16>> {
+        let topics: Vec<&(Bytes, Vec<(i32, i16)>)> = self.markers.iter().filter(|(pid, _)| *pid == producer_id).flat_map(|(_, ts)| ts).collect();
+        parts.iter().map(|(name, p)| code_of(&topics, name, *p)).collect()
+    }
+}
+
+impl AddPartitionsAnswer {
+    /// Each of `parts`' code for transactional id `id`; `None` where the
+    /// answer left it out.
+    pub fn codes<'a>(&self, id: &str, parts: impl IntoIterator<Item = (&'a str, i32)>) -> Vec<Option<i16>> {
+        let topics: Vec<&(Bytes, Vec<(i32, i16)>)> = self.transactions.iter().filter(|(t, _)| t.as_ref() == id.as_bytes()).flat_map(|(_, ts)| ts).collect();
+        parts.into_iter().map(|(name, p)| code_of(&topics, name, p)).collect()
+    }
+}
+
 /// A list of topic results: name, then (index, code) per partition.
 fn topic_codes(r: &mut Reader<'_>) -> Result<TopicCodes, DecodeError> {
     let n = r.required_count("topics", TOPIC_MIN_BYTES)?;
@@ -155,6 +191,18 @@ mod tests {
         let a = decode_add_partitions(&encoded(5, &added(), ADD_PARTITIONS_VERSION)).unwrap();
         assert_eq!((a.correlation_id, a.error_code), (5, 0));
         assert_eq!(a.transactions, vec![(Bytes::from_static(b"tx"), vec![(Bytes::from_static(b"a.b"), vec![(1, 0), (3, 48)])])]);
+    }
+
+    #[test]
+    fn parts_group_by_topic_and_answers_are_read_per_part() {
+        assert_eq!(by_topic([("a", 1), ("b", 0), ("a", 3)]), vec![("a", vec![1, 3]), ("b", vec![0])]);
+        let a = decode_markers(&encoded(4, &markers(), WRITE_TXN_MARKERS_VERSION)).unwrap();
+        let parts = [("a.b".to_string(), 2), ("a.b".to_string(), 5), ("c".to_string(), 0)];
+        assert_eq!(a.codes(7, &parts), vec![Some(6), None, None]);
+        assert_eq!(a.codes(8, &parts), vec![None, None, None], "another producer's marker");
+        let a = decode_add_partitions(&encoded(5, &added(), ADD_PARTITIONS_VERSION)).unwrap();
+        assert_eq!(a.codes("tx", [("a.b", 3), ("a.b", 1)]), vec![Some(48), Some(0)]);
+        assert_eq!(a.codes("other", [("a.b", 3)]), vec![None]);
     }
 
     #[test]

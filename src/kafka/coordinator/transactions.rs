@@ -1019,13 +1019,10 @@ async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leade
     use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
     use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
     use kafka_protocol::protocol::StrBytes;
-    let mut topics: Vec<WritableTxnMarkerTopic> = Vec::new();
-    for (name, p) in parts {
-        match topics.iter_mut().find(|t| t.name.0.as_str() == name) {
-            Some(t) => t.partition_indexes.push(*p),
-            None => topics.push(WritableTxnMarkerTopic::default().with_name(TopicName(StrBytes::from_string(name.clone()))).with_partition_indexes(vec![*p])),
-        }
-    }
+    let topics = crate::protocol::txn::by_topic(parts.iter().map(|(n, p)| (n.as_str(), *p)))
+        .into_iter()
+        .map(|(name, ps)| WritableTxnMarkerTopic::default().with_name(TopicName(StrBytes::from_string(name.to_owned()))).with_partition_indexes(ps))
+        .collect();
     let req = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
         .with_producer_id(ProducerId(producer_id))
         .with_producer_epoch(epoch)
@@ -1034,9 +1031,5 @@ async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leade
         .with_topics(topics)]);
     let body = peers.call(leader, crate::kafka::replication::peers::Lane::Markers, kafka_protocol::messages::ApiKey::WriteTxnMarkers, crate::protocol::txn::WRITE_TXN_MARKERS_VERSION, &req).await.map_err(|e| e.to_string())?;
     let answer = crate::protocol::txn::decode_markers(&body).map_err(|e| format!("broker {leader}'s answer does not decode: {e}"))?;
-    let answered: Vec<&(bytes::Bytes, Vec<(i32, i16)>)> = answer.markers.iter().filter(|(pid, _)| *pid == producer_id).flat_map(|(_, ts)| ts).collect();
-    parts
-        .iter()
-        .map(|(name, p)| answered.iter().filter(|(n, _)| n.as_ref() == name.as_bytes()).flat_map(|(_, ps)| ps).find(|(i, _)| i == p).map(|(_, c)| *c).ok_or_else(|| format!("broker {leader}'s answer has no {name}-{p}")))
-        .collect()
+    answer.codes(producer_id, parts).into_iter().zip(parts).map(|(code, (name, p))| code.ok_or_else(|| format!("broker {leader}'s answer has no {name}-{p}"))).collect()
 }

@@ -26,17 +26,7 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         let results = req
             .transactions
             .iter()
-            .map(|t| {
-                let topics = t
-                    .topics
-                    .iter()
-                    .map(|topic| {
-                        let parts = topic.partitions.iter().map(|p| AddPartitionsToTxnPartitionResult::default().with_partition_index(*p).with_partition_error_code(code)).collect();
-                        AddPartitionsToTxnTopicResult::default().with_name(topic.name.clone()).with_results_by_partition(parts)
-                    })
-                    .collect();
-                AddPartitionsToTxnResult::default().with_transactional_id(t.transactional_id.clone()).with_topic_results(topics)
-            })
+            .map(|t| AddPartitionsToTxnResult::default().with_transactional_id(t.transactional_id.clone()).with_topic_results(results(&t.topics, std::iter::repeat(code))))
             .collect();
         return Some(Response::default().with_error_code(code).with_results_by_transaction(results));
     }
@@ -71,6 +61,12 @@ async fn one(broker: &Broker, id: &str, producer_id: i64, epoch: i16, topics: &[
             Err(code) => vec![code; wanted.len()],
         }
     };
+    results(topics, codes)
+}
+
+/// The answer for `topics`, each partition taking the next of `codes`
+/// (in the order the request names them).
+fn results(topics: &[AddPartitionsToTxnTopic], codes: impl IntoIterator<Item = i16>) -> Vec<AddPartitionsToTxnTopicResult> {
     let mut codes = codes.into_iter();
     topics
         .iter()

@@ -445,13 +445,8 @@ async fn ask_coordinator(broker: &Broker, view: &crate::cluster::ClusterView, id
     use kafka_protocol::messages::{AddPartitionsToTxnRequest, ProducerId, TransactionalId};
     let unavailable = || vec![ResponseError::CoordinatorNotAvailable.code(); parts.len()];
     let (Ok(coordinator), Some(peers)) = (view.coordinator(broker.node_id(), id), broker.peers.get()) else { return unavailable() };
-    let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
-    for (_, (name, p)) in parts {
-        match topics.iter_mut().find(|t| t.name.0.as_str() == name) {
-            Some(t) => t.partitions.push(*p),
-            None => topics.push(AddPartitionsToTxnTopic::default().with_name(super::topic_name(name)).with_partitions(vec![*p])),
-        }
-    }
+    let named = || parts.iter().map(|(_, (name, p))| (name.as_str(), *p));
+    let topics = crate::protocol::txn::by_topic(named()).into_iter().map(|(name, ps)| AddPartitionsToTxnTopic::default().with_name(super::topic_name(name)).with_partitions(ps)).collect();
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
         .with_transactional_id(TransactionalId(super::str_bytes(id.to_owned())))
         .with_producer_id(ProducerId(pid))
@@ -475,11 +470,7 @@ async fn ask_coordinator(broker: &Broker, view: &crate::cluster::ClusterView, id
     if answer.error_code != 0 {
         return vec![answer.error_code; parts.len()];
     }
-    let codes: Vec<&(bytes::Bytes, Vec<(i32, i16)>)> = answer.transactions.iter().filter(|(t, _)| t.as_ref() == id.as_bytes()).flat_map(|(_, ts)| ts).collect();
-    parts
-        .iter()
-        .map(|(_, (name, p))| codes.iter().filter(|(n, _)| n.as_ref() == name.as_bytes()).flat_map(|(_, ps)| ps).find(|(i, _)| i == p).map_or(ResponseError::CoordinatorNotAvailable.code(), |(_, c)| *c))
-        .collect()
+    answer.codes(id, named()).into_iter().map(|c| c.unwrap_or(ResponseError::CoordinatorNotAvailable.code())).collect()
 }
 
 /// What a producer is answered when its partition could not join the
