@@ -13,10 +13,21 @@
 //! leader restores the group Stable with its members, so they keep their
 //! assignments through the move instead of rebalancing.
 //!
+//! A transactional id's state goes there too (its coordinator is the
+//! same shard's leader), as Kafka's `__transaction_state` records: every
+//! change of the id's record, and a tombstone when the id expires. The
+//! shard's next leader takes the transactions up where they were.
+//!
+//! A transaction's offsets wait in the group's shard until its end
+//! (Kafka's pending transactional offsets): one record per (group, topic,
+//! partition, producer id), replaced at the end by the committed offset
+//! (a commit) and a tombstone of the pending one, in one batch, so that
+//! compaction never keeps a pending offset without what ended it.
+//!
 //! Records are keyed so that the topic's compaction
 //! (`cleanup.policy=compact`) keeps the last one per key: one per
-//! (group, topic, partition) for offsets, one per group for membership; a
-//! removal is a tombstone. All are our own small, versioned encodings:
+//! (group, topic, partition) for offsets, one per group for membership,
+//! one per transactional id; a removal is a tombstone. All are our own small, versioned encodings:
 //!
 //! ```text
 //! offset key:   kind u8 (0) | group: u16 len, bytes | topic: u16 len, bytes | partition i32
@@ -30,12 +41,27 @@
 //!               string: i32 len (-1: null), UTF-8 bytes
 //! ```
 //!
+//! ```text
+//! txn key:      kind u8 (2) | transactional id: string
+//! txn value:    version u8 (0) | producer_id i64 | epoch i16 | last_epoch i16
+//!               | state u8 (Empty 0, Ongoing 1, PrepareCommit 2, PrepareAbort 3,
+//!                 CompleteCommit 4, CompleteAbort 5)
+//!               | timeout_ms i32 | start_ms i64 | update_ms i64
+//!               | previous_producer_id i64 | next_producer_id i64
+//!               | partitions: i32 count, each: topic string, partition i32
+//!               | ends: i32 count, each i64
+//!               | groups: i32 count, each string
+//!               | offsets: i32 count, each: group, topic: string | partition i32
+//!                 | offset i64 | leader_epoch i32 | commit_ms i64 | metadata: string
+//! pending key:  kind u8 (3) | group, topic: u16 len, bytes | partition i32 | producer_id i64
+//! pending value: version u8 (0) | producer_epoch i16 | then an offset value's fields
+//! ```
+//!
 //! A group value's strings come from clients (instance ids, protocol
 //! names, client ids), whose lengths only the request size bounds: hence
-//! i32 lengths there, where keys' names are ours to bound.
-//!
-//! ```text
-//! ```
+//! i32 lengths there, where keys' names are ours to bound. Transactional
+//! ids are bounded by nothing else either, so their key and value use
+//! i32 lengths throughout.
 //!
 //! Decoding checks every length and count against what is there: a
 //! record that does not decode fails the shard's load (the log is
@@ -48,13 +74,17 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 
-use crate::meta::OffsetRecord;
+use crate::meta::{OffsetRecord, TxnOffset, TxnRecord, TxnState};
 use crate::protocol::batch::{self, NewRecord};
 
 /// The record kind of a committed offset.
 const KIND_OFFSET: u8 = 0;
 /// The record kind of a classic group's membership.
 const KIND_GROUP: u8 = 1;
+/// The record kind of a transactional id's state.
+const KIND_TXN: u8 = 2;
+/// The record kind of an offset a transaction commits when it commits.
+const KIND_PENDING: u8 = 3;
 const VALUE_VERSION: u8 = 0;
 
 /// One change: `Some` puts the committed offset, `None` removes it.
@@ -98,17 +128,31 @@ pub enum Record {
     Offset(Entry),
     /// `None` removes the group (DeleteGroups, expiry).
     Group { group: String, state: Option<StoredGroup> },
+    /// `None` removes the transactional id (it expired).
+    Txn { id: String, state: Option<TxnRecord> },
+    /// An offset (`producer_id`, epoch)'s transaction commits for the
+    /// group if it commits; `None` removes it (its transaction ended).
+    Pending { group: String, topic: String, partition: i32, producer_id: i64, state: Option<(i16, OffsetRecord)> },
 }
 
 /// What a shard's log says: every committed offset it holds now.
 pub type Rows = BTreeMap<(String, String, i32), OffsetRecord>;
 
-/// What a shard's log says: committed offsets, and the last stored state
-/// of each classic group that has one.
+/// Transactional ids and their records.
+pub type Txns = BTreeMap<String, TxnRecord>;
+
+/// Offsets open transactions commit if they commit: (group, topic,
+/// partition, producer id) -> (producer epoch, offset).
+pub type Pending = BTreeMap<(String, String, i32, i64), (i16, OffsetRecord)>;
+
+/// What a shard's log says: committed offsets, the last stored state
+/// of each classic group that has one, and its transactional ids.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shard {
     pub offsets: Rows,
     pub groups: BTreeMap<String, StoredGroup>,
+    pub txns: Txns,
+    pub pending: Pending,
 }
 
 /// Where a cluster's coordinator writes its changes before it applies
@@ -150,9 +194,15 @@ pub fn encode_key(group: &str, topic: &str, partition: i32) -> Vec<u8> {
 }
 
 pub fn encode_value(r: &OffsetRecord) -> Vec<u8> {
-    let meta = r.metadata.as_deref().map(str::as_bytes);
-    let mut out = Vec::with_capacity(1 + 8 + 4 + 8 + 4 + meta.map_or(0, <[u8]>::len));
+    let mut out = Vec::with_capacity(1 + 8 + 4 + 8 + 4 + r.metadata.as_ref().map_or(0, String::len));
     out.push(VALUE_VERSION);
+    put_offset(&mut out, r);
+    out
+}
+
+/// An offset's fields, after the value's version.
+fn put_offset(out: &mut Vec<u8>, r: &OffsetRecord) {
+    let meta = r.metadata.as_deref().map(str::as_bytes);
     out.extend_from_slice(&r.offset.to_be_bytes());
     out.extend_from_slice(&r.leader_epoch.to_be_bytes());
     out.extend_from_slice(&r.commit_ms.to_be_bytes());
@@ -163,6 +213,24 @@ pub fn encode_value(r: &OffsetRecord) -> Vec<u8> {
         }
         None => out.extend_from_slice(&(-1i32).to_be_bytes()),
     }
+}
+
+/// The record key of a pending offset of `producer_id`'s transaction.
+pub fn encode_pending_key(group: &str, topic: &str, partition: i32, producer_id: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 2 + group.len() + 2 + topic.len() + 4 + 8);
+    out.push(KIND_PENDING);
+    put_str(&mut out, group);
+    put_str(&mut out, topic);
+    out.extend_from_slice(&partition.to_be_bytes());
+    out.extend_from_slice(&producer_id.to_be_bytes());
+    out
+}
+
+pub fn encode_pending_value(epoch: i16, r: &OffsetRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 2 + 8 + 4 + 8 + 4 + r.metadata.as_ref().map_or(0, String::len));
+    out.push(VALUE_VERSION);
+    out.extend_from_slice(&epoch.to_be_bytes());
+    put_offset(&mut out, r);
     out
 }
 
@@ -213,11 +281,75 @@ pub fn encode_group_value(g: &StoredGroup) -> Vec<u8> {
     out
 }
 
+/// The record key of a transactional id.
+pub fn encode_txn_key(id: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 4 + id.len());
+    out.push(KIND_TXN);
+    put_bytes(&mut out, id.as_bytes());
+    out
+}
+
+fn txn_state_code(s: TxnState) -> u8 {
+    match s {
+        TxnState::Empty => 0,
+        TxnState::Ongoing => 1,
+        TxnState::PrepareCommit => 2,
+        TxnState::PrepareAbort => 3,
+        TxnState::CompleteCommit => 4,
+        TxnState::CompleteAbort => 5,
+    }
+}
+
+fn put_count(out: &mut Vec<u8>, n: usize) {
+    let n = i32::try_from(n).expect("a transaction's lists are bounded by the requests that built them");
+    out.extend_from_slice(&n.to_be_bytes());
+}
+
+pub fn encode_txn_value(r: &TxnRecord) -> Vec<u8> {
+    let names: usize = r.partitions.iter().map(|(t, _)| 8 + t.len()).sum::<usize>()
+        + r.groups.iter().map(|g| 4 + g.len()).sum::<usize>()
+        + r.offsets.iter().map(|o| 4 * 3 + o.group.len() + o.topic.len() + 4 + 8 + 4 + 8 + o.record.metadata.as_ref().map_or(0, String::len)).sum::<usize>();
+    let mut out = Vec::with_capacity(1 + 8 + 2 + 2 + 1 + 4 + 8 * 5 + 4 * 4 + 8 * r.ends.len() + names);
+    out.push(VALUE_VERSION);
+    out.extend_from_slice(&r.producer_id.to_be_bytes());
+    out.extend_from_slice(&r.epoch.to_be_bytes());
+    out.extend_from_slice(&r.last_epoch.to_be_bytes());
+    out.push(txn_state_code(r.state));
+    out.extend_from_slice(&r.timeout_ms.to_be_bytes());
+    out.extend_from_slice(&r.start_ms.to_be_bytes());
+    out.extend_from_slice(&r.update_ms.to_be_bytes());
+    out.extend_from_slice(&r.previous_producer_id.to_be_bytes());
+    out.extend_from_slice(&r.next_producer_id.to_be_bytes());
+    put_count(&mut out, r.partitions.len());
+    for (topic, p) in &r.partitions {
+        put_bytes(&mut out, topic.as_bytes());
+        out.extend_from_slice(&p.to_be_bytes());
+    }
+    put_count(&mut out, r.ends.len());
+    for end in &r.ends {
+        out.extend_from_slice(&end.to_be_bytes());
+    }
+    put_count(&mut out, r.groups.len());
+    for g in &r.groups {
+        put_bytes(&mut out, g.as_bytes());
+    }
+    put_count(&mut out, r.offsets.len());
+    for o in &r.offsets {
+        put_bytes(&mut out, o.group.as_bytes());
+        put_bytes(&mut out, o.topic.as_bytes());
+        out.extend_from_slice(&o.partition.to_be_bytes());
+        put_offset(&mut out, &o.record);
+    }
+    out
+}
+
 /// A record's key and value (`None`: a tombstone).
 pub fn encode_record(r: &Record) -> (Vec<u8>, Option<Vec<u8>>) {
     match r {
         Record::Offset(e) => (encode_key(&e.group, &e.topic, e.partition), e.record.as_ref().map(encode_value)),
         Record::Group { group, state } => (encode_group_key(group), state.as_ref().map(encode_group_value)),
+        Record::Txn { id, state } => (encode_txn_key(id), state.as_ref().map(encode_txn_value)),
+        Record::Pending { group, topic, partition, producer_id, state } => (encode_pending_key(group, topic, *partition, *producer_id), state.as_ref().map(|(epoch, r)| encode_pending_value(*epoch, r))),
     }
 }
 
@@ -251,6 +383,19 @@ impl<'a> Take<'a> {
     }
     fn string(&mut self, len: usize) -> Result<String, String> {
         String::from_utf8(self.bytes(len)?.to_vec()).map_err(|_| "a string is not UTF-8".to_string())
+    }
+    fn i16(&mut self) -> Result<i16, String> {
+        Ok(i16::from_be_bytes(self.bytes(2)?.try_into().expect("2 bytes")))
+    }
+    /// A count of items that each take at least one byte: never trusted
+    /// for allocation, and refused once it is past what is left.
+    fn count(&mut self) -> Result<usize, String> {
+        let n = self.i32()?;
+        let n = usize::try_from(n).map_err(|_| format!("a count of {n}"))?;
+        if n > self.0.len() {
+            return Err(format!("a count of {n} with {} bytes left", self.0.len()));
+        }
+        Ok(n)
     }
     fn u16(&mut self) -> Result<u16, String> {
         Ok(u16::from_be_bytes(self.bytes(2)?.try_into().expect("2 bytes")))
@@ -297,6 +442,21 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Record>,
             let state = value.map(decode_group_value).transpose()?;
             Ok(Some(Record::Group { group, state }))
         }
+        KIND_TXN => {
+            let id = k.long_string()?;
+            k.end()?;
+            let state = value.map(decode_txn_value).transpose()?;
+            Ok(Some(Record::Txn { id, state }))
+        }
+        KIND_PENDING => {
+            let group = k.short_string()?;
+            let topic = k.short_string()?;
+            let partition = k.i32()?;
+            let producer_id = k.i64()?;
+            k.end()?;
+            let state = value.map(|v| value_of(v, "pending offset", |v| Ok((v.i16()?, take_offset(v)?)))).transpose()?;
+            Ok(Some(Record::Pending { group, topic, partition, producer_id, state }))
+        }
         _ => Ok(None),
     }
 }
@@ -306,35 +466,40 @@ fn decode_offset(mut k: Take<'_>, value: Option<&[u8]>) -> Result<Entry, String>
     let topic = k.short_string()?;
     let partition = k.i32()?;
     k.end()?;
-    let record = match value {
-        None => None,
-        Some(v) => {
-            let mut v = Take(v);
-            let version = v.u8()?;
-            if version != VALUE_VERSION {
-                return Err(format!("offset value version {version}"));
-            }
-            let offset = v.i64()?;
-            let leader_epoch = v.i32()?;
-            let commit_ms = v.i64()?;
-            let metadata = match v.i32()? {
-                -1 => None,
-                n if n >= 0 => Some(v.string(n as usize)?),
-                n => return Err(format!("metadata length {n}")),
-            };
-            v.end()?;
-            Some(OffsetRecord { offset, leader_epoch, metadata, commit_ms })
-        }
-    };
+    let record = value.map(|v| value_of(v, "offset", take_offset)).transpose()?;
     Ok(Entry { group, topic, partition, record })
 }
 
-fn decode_group_value(v: &[u8]) -> Result<StoredGroup, String> {
+/// A value of this version, all of it taken by `read`.
+fn value_of<T>(v: &[u8], what: &str, read: impl FnOnce(&mut Take<'_>) -> Result<T, String>) -> Result<T, String> {
     let mut v = Take(v);
     let version = v.u8()?;
     if version != VALUE_VERSION {
-        return Err(format!("group value version {version}"));
+        return Err(format!("{what} value version {version}"));
     }
+    let out = read(&mut v)?;
+    v.end()?;
+    Ok(out)
+}
+
+/// An offset's fields, after the value's version.
+fn take_offset(v: &mut Take<'_>) -> Result<OffsetRecord, String> {
+    let offset = v.i64()?;
+    let leader_epoch = v.i32()?;
+    let commit_ms = v.i64()?;
+    let metadata = match v.i32()? {
+        -1 => None,
+        n if n >= 0 => Some(v.string(n as usize)?),
+        n => return Err(format!("metadata length {n}")),
+    };
+    Ok(OffsetRecord { offset, leader_epoch, metadata, commit_ms })
+}
+
+fn decode_group_value(v: &[u8]) -> Result<StoredGroup, String> {
+    value_of(v, "group", take_group)
+}
+
+fn take_group(v: &mut Take<'_>) -> Result<StoredGroup, String> {
     let generation = v.i32()?;
     let protocol_type = v.opt_string()?;
     let protocol = v.opt_string()?;
@@ -357,8 +522,51 @@ fn decode_group_value(v: &[u8]) -> Result<StoredGroup, String> {
             assignment: v.sized_bytes()?,
         });
     }
-    v.end()?;
     Ok(StoredGroup { generation, protocol_type, protocol, leader, stored_ms, members })
+}
+
+fn decode_txn_value(v: &[u8]) -> Result<TxnRecord, String> {
+    value_of(v, "transaction", take_txn)
+}
+
+fn take_txn(v: &mut Take<'_>) -> Result<TxnRecord, String> {
+    let producer_id = v.i64()?;
+    let epoch = v.i16()?;
+    let last_epoch = v.i16()?;
+    let state = match v.u8()? {
+        0 => TxnState::Empty,
+        1 => TxnState::Ongoing,
+        2 => TxnState::PrepareCommit,
+        3 => TxnState::PrepareAbort,
+        4 => TxnState::CompleteCommit,
+        5 => TxnState::CompleteAbort,
+        s => return Err(format!("transaction state {s}")),
+    };
+    let timeout_ms = v.i32()?;
+    let start_ms = v.i64()?;
+    let update_ms = v.i64()?;
+    let previous_producer_id = v.i64()?;
+    let next_producer_id = v.i64()?;
+    let mut partitions = Vec::new();
+    for _ in 0..v.count()? {
+        partitions.push((v.long_string()?, v.i32()?));
+    }
+    let mut ends = Vec::new();
+    for _ in 0..v.count()? {
+        ends.push(v.i64()?);
+    }
+    let mut groups = Vec::new();
+    for _ in 0..v.count()? {
+        groups.push(v.long_string()?);
+    }
+    let mut offsets = Vec::new();
+    for _ in 0..v.count()? {
+        let group = v.long_string()?;
+        let topic = v.long_string()?;
+        let partition = v.i32()?;
+        offsets.push(TxnOffset { group, topic, partition, record: take_offset(v)? });
+    }
+    Ok(TxnRecord { producer_id, epoch, last_epoch, state, timeout_ms, start_ms, update_ms, partitions, groups, offsets, ends, previous_producer_id, next_producer_id })
 }
 
 /// Applies every record of `batches` (whole batches as the log holds
@@ -389,6 +597,19 @@ pub fn replay(shard: &mut Shard, batches: &[u8], max_bytes: usize) -> Result<(),
                 }
                 Some(Record::Group { group, state: None }) => {
                     shard.groups.remove(&group);
+                }
+                Some(Record::Txn { id, state: Some(t) }) => {
+                    shard.txns.insert(id, t);
+                }
+                Some(Record::Txn { id, state: None }) => {
+                    shard.txns.remove(&id);
+                }
+                Some(Record::Pending { group, topic, partition, producer_id, state }) => {
+                    let at = (group, topic, partition, producer_id);
+                    match state {
+                        Some(p) => shard.pending.insert(at, p),
+                        None => shard.pending.remove(&at),
+                    };
                 }
             }
         }
@@ -586,6 +807,131 @@ mod tests {
         let r = Record::Group { group: "g".into(), state: Some(long) };
         let (k, v) = encode_record(&r);
         assert_eq!(decode_record(&k, v.as_deref()).unwrap(), Some(r));
+    }
+
+    fn txn(state: TxnState) -> TxnRecord {
+        TxnRecord {
+            producer_id: 4000,
+            epoch: 7,
+            last_epoch: 6,
+            state,
+            timeout_ms: 60_000,
+            start_ms: 1_700_000_000_000,
+            update_ms: 1_700_000_000_500,
+            partitions: vec![("app.events".into(), 3), ("app.é".into(), 0)],
+            groups: vec!["g".into()],
+            offsets: vec![TxnOffset { group: "g".into(), topic: "app.events".into(), partition: 3, record: rec(41, Some("m")) }, TxnOffset { group: "g".into(), topic: "app.é".into(), partition: 0, record: rec(2, None) }],
+            ends: vec![120, -1],
+            previous_producer_id: 3999,
+            next_producer_id: -1,
+        }
+    }
+
+    #[test]
+    fn txn_records_round_trip() {
+        let fresh = TxnRecord { partitions: vec![], groups: vec![], offsets: vec![], ends: vec![], start_ms: -1, previous_producer_id: -1, ..txn(TxnState::Empty) };
+        let states = [TxnState::Empty, TxnState::Ongoing, TxnState::PrepareCommit, TxnState::PrepareAbort, TxnState::CompleteCommit, TxnState::CompleteAbort];
+        for t in states.into_iter().map(txn).chain([fresh, TxnRecord { next_producer_id: 5000, epoch: i16::MAX, ..txn(TxnState::PrepareAbort) }]) {
+            // Transactional ids are as long as a client makes them.
+            for id in ["tx-é".to_string(), "x".repeat(70_000)] {
+                let r = Record::Txn { id, state: Some(t.clone()) };
+                let (key, value) = encode_record(&r);
+                assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+            }
+        }
+        let (key, _) = encode_record(&Record::Txn { id: "t".into(), state: None });
+        assert_eq!(decode_record(&key, None).unwrap(), Some(Record::Txn { id: "t".into(), state: None }));
+    }
+
+    #[test]
+    fn truncated_oversized_and_malformed_txn_records_are_errors() {
+        let (key, value) = encode_record(&Record::Txn { id: "tx".into(), state: Some(txn(TxnState::PrepareCommit)) });
+        let value = value.unwrap();
+        cut_and_extended_fail(&key, &value);
+        let state_at = 1 + 8 + 2 + 2;
+        assert_eq!(value[state_at], 2);
+        for s in [6u8, 0xff] {
+            let mut v = value.clone();
+            v[state_at] = s;
+            assert!(decode_record(&key, Some(&v)).is_err(), "state {s}");
+        }
+        // The partition count sits after the state, the timeout and four
+        // i64s: far past the value, negative, one more than there is.
+        let count_at = state_at + 1 + 4 + 8 * 4;
+        assert_eq!(&value[count_at..count_at + 4], &2i32.to_be_bytes());
+        for count in [i32::MAX, -1, 3] {
+            let mut v = value.clone();
+            v[count_at..count_at + 4].copy_from_slice(&count.to_be_bytes());
+            assert!(decode_record(&key, Some(&v)).is_err(), "a partition count of {count}");
+        }
+        // A topic name that is null, or not UTF-8.
+        let mut v = value.clone();
+        v[count_at + 4..count_at + 8].copy_from_slice(&(-1i32).to_be_bytes());
+        assert!(decode_record(&key, Some(&v)).is_err(), "a null topic");
+        let mut v = value.clone();
+        v[count_at + 8] = 0xff;
+        assert!(decode_record(&key, Some(&v)).is_err(), "a topic that is not UTF-8");
+        let mut v = value.clone();
+        v[0] = 1;
+        assert!(decode_record(&key, Some(&v)).is_err(), "an unknown value version");
+        // An id length past the key, or negative.
+        for len in [i32::MAX, -1] {
+            let mut k = vec![KIND_TXN];
+            k.extend_from_slice(&len.to_be_bytes());
+            k.extend_from_slice(b"tx");
+            assert!(decode_record(&k, None).is_err(), "an id length of {len}");
+        }
+    }
+
+    #[test]
+    fn a_transactional_ids_last_record_wins_beside_groups_and_offsets_and_a_tombstone_removes_it() {
+        let t = |id: &str, s: TxnState| Record::Txn { id: id.into(), state: Some(txn(s)) };
+        let mut log = encode_batch(&[t("a", TxnState::Ongoing), put("g", "t", 0, rec(5, None)), t("b", TxnState::Empty)], 1);
+        log.extend_from_slice(&encode_batch(&[t("a", TxnState::PrepareCommit), Record::Txn { id: "b".into(), state: None }, Record::Group { group: "g".into(), state: Some(stored(1, &[])) }], 2));
+        let mut shard = Shard::default();
+        replay(&mut shard, &log, 1 << 20).unwrap();
+        assert_eq!(shard.txns.len(), 1, "b's tombstone removed it");
+        assert_eq!(shard.txns["a"], txn(TxnState::PrepareCommit));
+        assert_eq!((shard.offsets.len(), shard.groups.len()), (1, 1));
+    }
+
+    fn pending(group: &str, topic: &str, p: i32, pid: i64, state: Option<(i16, OffsetRecord)>) -> Record {
+        Record::Pending { group: group.into(), topic: topic.into(), partition: p, producer_id: pid, state }
+    }
+
+    #[test]
+    fn pending_offsets_round_trip_wait_beside_committed_ones_and_end_with_their_tombstones() {
+        for r in [pending("gé", "app.events", 4, 4000, Some((7, rec(12, Some("m"))))), pending("g", "t", 0, -1, Some((0, rec(0, None)))), pending("g", "t", 0, 9, None)] {
+            let (key, value) = encode_record(&r);
+            assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+        }
+        // A transaction stages two offsets, another one; the first commits
+        // (its offsets and tombstones in one batch), the other stays open.
+        let mut log = encode_batch(&[pending("g", "t", 0, 1, Some((3, rec(10, None)))), pending("g", "t", 1, 1, Some((3, rec(20, None)))), pending("g", "t", 0, 2, Some((0, rec(30, None))))], 1);
+        log.extend_from_slice(&encode_batch(&[put("g", "t", 0, rec(10, None)), put("g", "t", 1, rec(20, None)), pending("g", "t", 0, 1, None), pending("g", "t", 1, 1, None)], 2));
+        let mut shard = Shard::default();
+        replay(&mut shard, &log, 1 << 20).unwrap();
+        assert_eq!(shard.offsets.len(), 2);
+        assert_eq!(shard.pending.into_iter().collect::<Vec<_>>(), vec![(("g".into(), "t".into(), 0, 2), (0, rec(30, None)))]);
+    }
+
+    #[test]
+    fn truncated_oversized_and_malformed_pending_offsets_are_errors() {
+        let (key, value) = encode_record(&pending("g", "t", 0, 7, Some((3, rec(4, Some("abc"))))));
+        let value = value.unwrap();
+        cut_and_extended_fail(&key, &value);
+        // The metadata length sits after version, epoch, offset, leader
+        // epoch and commit time.
+        let at = 1 + 2 + 8 + 4 + 8;
+        assert_eq!(&value[at..at + 4], &3i32.to_be_bytes());
+        for len in [i32::MAX, -2] {
+            let mut v = value.clone();
+            v[at..at + 4].copy_from_slice(&len.to_be_bytes());
+            assert!(decode_record(&key, Some(&v)).is_err(), "a metadata length of {len}");
+        }
+        let mut v = value.clone();
+        v[0] = 1;
+        assert!(decode_record(&key, Some(&v)).is_err(), "an unknown value version");
     }
 
     #[test]

@@ -195,6 +195,9 @@ pub struct Coordinator {
     /// shard's log and applied to the catalog before the next one of that
     /// shard starts, so both see the shard's changes in one order.
     turns: Arc<Vec<tokio::sync::Mutex<()>>>,
+    /// Cluster mode: the offsets open transactions commit if they commit,
+    /// by shard (what the shard's log holds; replaced at each load).
+    pending: Arc<std::sync::Mutex<HashMap<u32, journal::Pending>>>,
     /// Cluster mode: each shard's group writer, which appends groups'
     /// states and tombstones to the shard's log one at a time, in the
     /// order asked (set with the journal).
@@ -227,7 +230,7 @@ impl Coordinator {
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
         let turns = (0..crate::cluster::topics::COORDINATOR_SHARDS).map(|_| tokio::sync::Mutex::new(())).collect();
-        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), writers }
+        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), pending: Arc::default(), writers }
     }
 
     /// Cluster mode, at start: until [`Coordinator::set_journal`], every
@@ -271,15 +274,117 @@ impl Coordinator {
     /// restored as stored (Stable with their members, or Empty), and the
     /// rest with offsets are known as Empty. The read runs in the shard's
     /// turn, so no change lands in the log between it and the catalog.
-    /// Returns how many groups the shard has.
-    pub async fn load_shard(&self, shard: u32, read: impl std::future::Future<Output = Result<Option<journal::Shard>, String>>) -> Result<Option<usize>, String> {
+    /// Returns how many groups the shard has, and its transactional ids
+    /// (the transaction coordinator's to take up).
+    pub async fn load_shard(&self, shard: u32, read: impl std::future::Future<Output = Result<Option<journal::Shard>, String>>) -> Result<Option<(usize, journal::Txns)>, String> {
         let _turn = self.turns[shard as usize].lock().await;
-        let Some(journal::Shard { offsets: rows, groups: stored }) = read.await? else { return Ok(None) };
+        let Some(journal::Shard { offsets: rows, groups: stored, txns, pending }) = read.await? else { return Ok(None) };
+        self.pending.lock().expect("pending offsets lock").insert(shard, pending);
         let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let count = groups.iter().filter(|g| !stored.contains_key(*g)).count() + stored.len();
         self.apply(offsets::Change::Load { shard, rows }).await.map_err(|e| e.to_string())?;
         self.ask(|reply| Cmd::Reset { shard, groups, stored, reply }).await.ok_or("coordinator stopped")?;
-        Ok(Some(count))
+        Ok(Some((count, txns)))
+    }
+
+    /// Cluster mode (TxnOffsetCommit at the group's coordinator): offsets
+    /// (`producer_id`, `epoch`)'s transaction commits for `group` if it
+    /// commits. They are appended to the group's shard as pending offsets
+    /// and wait, in memory and in the log, for the transaction's marker
+    /// ([`Coordinator::end_txn_offsets`]); a later offset of the same
+    /// partition in the same transaction replaces it. Rows: (topic,
+    /// partition, offset).
+    pub async fn stage_txn_offsets(&self, producer_id: i64, epoch: i16, group: &str, rows: Vec<(String, i32, OffsetRecord)>) -> Result<(), i16> {
+        use kafka_protocol::ResponseError as E;
+        let j = self.journal.get().ok_or(E::CoordinatorNotAvailable.code())?;
+        let shard = journal::shard_of(group);
+        let _turn = self.turns[shard as usize].lock().await;
+        if !j.ready(shard) {
+            return Err(E::NotCoordinator.code());
+        }
+        let records = rows.iter().map(|(t, p, r)| journal::Record::Pending { group: group.to_owned(), topic: t.clone(), partition: *p, producer_id, state: Some((epoch, r.clone())) }).collect();
+        j.append(shard, records).await?;
+        let mut pending = self.pending.lock().expect("pending offsets lock");
+        let shard = pending.entry(shard).or_default();
+        for (t, p, r) in rows {
+            shard.insert((group.to_owned(), t, p, producer_id), (epoch, r));
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: the marker of (`producer_id`, `epoch`)'s transaction
+    /// reached `shard` (WriteTxnMarkers for the coordinator topic's
+    /// partition): the transaction's pending offsets there become the
+    /// committed ones (`commit`) or are dropped, by one append of the
+    /// committed offsets and the pending ones' tombstones. With nothing
+    /// pending there is nothing to do (the marker came again). `Err` is
+    /// what WriteTxnMarkers answers for the partition.
+    pub async fn end_txn_offsets(&self, shard: u32, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
+        use kafka_protocol::ResponseError as E;
+        let j = self.journal.get().ok_or(E::NotLeaderOrFollower.code())?;
+        let rows: Vec<offsets::Row> = {
+            let _turn = self.turns[shard as usize].lock().await;
+            if !j.ready(shard) {
+                return Err(E::NotLeaderOrFollower.code());
+            }
+            let ours: Vec<((String, String, i32, i64), (i16, OffsetRecord))> =
+                self.pending.lock().expect("pending offsets lock").get(&shard).map(|p| p.iter().filter(|((_, _, _, pid), _)| *pid == producer_id).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+            if ours.is_empty() {
+                return Ok(());
+            }
+            // A marker older than the offsets is a deposed end's.
+            if ours.iter().any(|(_, (e, _))| *e > epoch) {
+                return Err(E::InvalidProducerEpoch.code());
+            }
+            let mut records: Vec<journal::Record> = Vec::with_capacity(ours.len() * 2);
+            if commit {
+                records.extend(ours.iter().map(|((g, t, p, _), (_, r))| journal::Record::Offset(journal::Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) })));
+            }
+            records.extend(ours.iter().map(|((g, t, p, pid), _)| journal::Record::Pending { group: g.clone(), topic: t.clone(), partition: *p, producer_id: *pid, state: None }));
+            j.append(shard, records).await.map_err(marker_error)?;
+            if let Some(p) = self.pending.lock().expect("pending offsets lock").get_mut(&shard) {
+                for (k, _) in &ours {
+                    p.remove(k);
+                }
+            }
+            let rows: Vec<offsets::Row> = ours.into_iter().map(|((g, t, p, _), (_, r))| (g, t, p, r)).collect();
+            if commit {
+                self.apply_journaled(j.as_ref(), shard, offsets::Change::Commit(rows.clone())).await.map_err(|e| marker_error(e.code))?;
+            }
+            rows
+        };
+        if commit {
+            // The groups are known to the coordinator (listed, counted).
+            for group in rows.into_iter().map(|(g, ..)| g).collect::<std::collections::BTreeSet<_>>() {
+                let _ = self.txn_commit_check(group, CommitIds { generation: -1, member_id: String::new(), instance_id: None }).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: which partitions of `groups` have offsets waiting in
+    /// an open transaction here (OffsetFetch with require_stable answers
+    /// UNSTABLE_OFFSET_COMMIT for them).
+    pub fn pending_txn_offsets(&self, groups: &std::collections::HashSet<String>) -> HashMap<String, std::collections::HashSet<(String, i32)>> {
+        let mut out: HashMap<String, std::collections::HashSet<(String, i32)>> = HashMap::new();
+        let pending = self.pending.lock().expect("pending offsets lock");
+        for ((g, t, p, _), _) in pending.values().flat_map(|p| p.iter()) {
+            if groups.contains(g) {
+                out.entry(g.clone()).or_default().insert((t.clone(), *p));
+            }
+        }
+        out
+    }
+
+    /// Cluster mode: the shards' journal, once set.
+    pub(crate) fn journal(&self) -> Option<Arc<dyn journal::Journal>> {
+        self.journal.get().cloned()
+    }
+
+    /// `shard`'s turn (cluster mode): changes to its log take turns with
+    /// each other and with its loads.
+    pub(crate) async fn turn(&self, shard: u32) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turns[shard as usize].lock().await
     }
 
     /// Cluster mode: `shard` moved to another node; its groups are
@@ -289,6 +394,7 @@ impl Coordinator {
     /// reports them now).
     pub async fn unload_shard(&self, shard: u32) {
         let _turn = self.turns[shard as usize].lock().await;
+        self.pending.lock().expect("pending offsets lock").remove(&shard);
         if let Err(e) = self.apply(offsets::Change::Load { shard, rows: Default::default() }).await {
             tracing::warn!(shard, error = %e, "dropping a moved shard's committed offsets from the catalog failed; its groups' lag metrics may linger until it loads here again");
         }
@@ -528,6 +634,20 @@ impl Coordinator {
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+}
+
+/// What WriteTxnMarkers answers for a coordinator shard whose log refused
+/// a marker's change (`code` as the journal maps it for commits): the
+/// codes a partition's leader gives, so the transaction's coordinator
+/// tries again where the shard is led now.
+fn marker_error(code: i16) -> i16 {
+    use kafka_protocol::ResponseError as E;
+    match E::try_from_code(code) {
+        Some(E::NotCoordinator) => E::NotLeaderOrFollower.code(),
+        Some(E::CoordinatorNotAvailable) => E::NotEnoughReplicas.code(),
+        Some(E::InvalidCommitOffsetSize) => E::UnknownServerError.code(),
+        _ => code,
     }
 }
 
@@ -1138,8 +1258,8 @@ mod tests {
         let dir2 = tempfile::tempdir().unwrap();
         let second = coordinator(dir2.path(), Arc::new(FakeLog::default()));
         let shard = journal::shard_of("g");
-        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), state)].into() };
-        assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some(1)));
+        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), state)].into(), txns: Default::default(), pending: Default::default() };
+        assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some((1, Default::default()))));
         assert_eq!(second.heartbeat("g".into(), generation, id.clone(), None).await, Some(0));
         let again = second.sync("g".into(), SyncArgs { generation, member_id: id.clone(), ..Default::default() }).await.unwrap();
         assert_eq!((again.error, again.assignment), (0, Bytes::from_static(b"p0")));
@@ -1148,8 +1268,8 @@ mod tests {
         // after its session (300 ms): the restore itself set the timer.
         let dir3 = tempfile::tempdir().unwrap();
         let second = coordinator(dir3.path(), Arc::new(FakeLog::default()));
-        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), log.groups().pop().unwrap().1.unwrap())].into() };
-        assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some(1)));
+        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), log.groups().pop().unwrap().1.unwrap())].into(), txns: Default::default(), pending: Default::default() };
+        assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some((1, Default::default()))));
         assert_eq!(second.describe(vec!["g".into()]).await[0].state, Some("Stable"));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while second.describe(vec!["g".into()]).await[0].state != Some("Empty") {
@@ -1240,4 +1360,71 @@ mod tests {
         assert!(t.due(5000).is_empty(), "the stale entry does not fire");
         assert!(t.heap.is_empty());
     }
+
+    fn offset(o: i64) -> OffsetRecord {
+        OffsetRecord { offset: o, leader_epoch: 1, metadata: None, commit_ms: 5 }
+    }
+
+    /// Cluster mode: a transaction's offsets wait in the group's shard (log
+    /// first, then memory) until its marker commits or drops them there.
+    #[tokio::test]
+    async fn a_transactions_offsets_wait_in_the_shard_until_its_marker() {
+        use kafka_protocol::ResponseError as E;
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let shard = journal::shard_of("g");
+        let groups: std::collections::HashSet<String> = ["g".to_string()].into();
+        c.stage_txn_offsets(7, 2, "g", vec![("t".into(), 0, offset(10)), ("t".into(), 1, offset(20))]).await.unwrap();
+        assert!(c.committed("g").unwrap().is_empty(), "nothing committed before the marker");
+        assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 0), ("t".to_string(), 1)].into());
+        assert_eq!(log.appended.lock().unwrap().len(), 2, "both pending offsets in the log");
+        // A marker older than the offsets changes nothing; another
+        // producer's finds nothing to end.
+        assert_eq!(c.end_txn_offsets(shard, 7, 1, true).await, Err(E::InvalidProducerEpoch.code()));
+        assert_eq!(c.end_txn_offsets(shard, 8, 9, true).await, Ok(()));
+        assert_eq!(log.appended.lock().unwrap().len(), 2);
+        // The commit: the offsets and the pending ones' tombstones in one
+        // append, then the catalog.
+        c.end_txn_offsets(shard, 7, 3, true).await.unwrap();
+        let committed = c.committed("g").unwrap();
+        assert_eq!(committed, vec![("t".to_string(), 0, offset(10)), ("t".to_string(), 1, offset(20))]);
+        assert!(c.pending_txn_offsets(&groups).is_empty());
+        {
+            let appended = log.appended.lock().unwrap();
+            assert_eq!(appended.len(), 6);
+            assert!(matches!(&appended[2], journal::Record::Offset(e) if e.record == Some(offset(10))));
+            assert!(matches!(&appended[5], journal::Record::Pending { producer_id: 7, state: None, partition: 1, .. }));
+        }
+        // The marker again: nothing left to do.
+        assert_eq!(c.end_txn_offsets(shard, 7, 3, true).await, Ok(()));
+        assert_eq!(log.appended.lock().unwrap().len(), 6);
+        // An abort drops what it staged; the committed offsets stay.
+        c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(99))]).await.unwrap();
+        c.end_txn_offsets(shard, 9, 0, false).await.unwrap();
+        assert_eq!(c.committed("g").unwrap(), committed);
+        assert!(c.pending_txn_offsets(&groups).is_empty());
+        assert!(matches!(log.appended.lock().unwrap().last(), Some(journal::Record::Pending { producer_id: 9, state: None, .. })));
+        // A log that refuses: nothing staged, nothing ended.
+        c.stage_txn_offsets(10, 0, "g", vec![("t".into(), 0, offset(50))]).await.unwrap();
+        log.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(c.stage_txn_offsets(11, 0, "g", vec![("t".into(), 1, offset(60))]).await, Err(E::CoordinatorNotAvailable.code()));
+        assert_eq!(c.end_txn_offsets(shard, 10, 0, true).await, Err(E::NotEnoughReplicas.code()));
+        assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 0)].into(), "producer 10's offset still waits, 11's never did");
+        assert_eq!(c.committed("g").unwrap(), committed);
+        // A shard this node does not lead (or has not loaded).
+        log.failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        log.unready.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(c.stage_txn_offsets(12, 0, "g", vec![("t".into(), 0, offset(1))]).await, Err(E::NotCoordinator.code()));
+        assert_eq!(c.end_txn_offsets(shard, 10, 0, true).await, Err(E::NotLeaderOrFollower.code()));
+        // Loaded again (elsewhere, say): what the log holds is what waits.
+        log.unready.store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut shard_log = journal::Shard::default();
+        shard_log.pending.insert(("g".into(), "t".into(), 3, 44), (1, offset(7)));
+        assert!(c.load_shard(shard, async { Ok(Some(shard_log)) }).await.unwrap().is_some());
+        assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 3)].into());
+        c.end_txn_offsets(shard, 44, 1, true).await.unwrap();
+        assert_eq!(c.committed("g").unwrap(), vec![("t".to_string(), 3, offset(7))], "the load made the catalog the log's (empty), then the marker committed");
+    }
+
 }

@@ -2,7 +2,8 @@
 //!
 //! One record per transactional id (`meta::TxnRecord`: producer id, epoch,
 //! state, the partitions and group offsets of the current transaction),
-//! kept in memory and in the catalog. Requests for one id are serialised by
+//! kept in memory and in the catalog (single-node mode) or its shard's log
+//! (cluster mode). Requests for one id are serialised by
 //! that id's lock; different ids run concurrently.
 //!
 //! ```text
@@ -46,10 +47,17 @@
 //! leader, this node included, by WriteTxnMarkers over the inter-broker
 //! links (`Transactions::write_markers`), and a leader asks this
 //! coordinator (AddPartitionsToTxn v5) before it lets the transaction's
-//! batches in. The start-up pass over the logs is single-node only; a
-//! transaction recovered at start-up is finished once the links exist
-//! (by the timeout pass). The record itself still lives in this node's
-//! catalog.
+//! batches in. The start-up pass over the logs is single-node only.
+//!
+//! The records live in the coordinator shards' logs there, not in the
+//! catalog (`coordinator::journal`; the id's shard is its groups' shard,
+//! so its coordinator is the shard's leader): each change is appended and
+//! replicated to the shard's in-sync replicas before memory takes it and
+//! the client is answered. A node that begins leading a shard takes its
+//! ids up from the log (`load_shard`): an ongoing transaction goes on, a
+//! prepared one is finished. The decision is in the log before the first
+//! marker is sent, so a coordinator that dies between them leaves its
+//! successor the same decision to finish.
 //!
 //! Kafka's codes: INVALID_PRODUCER_ID_MAPPING (unknown id or producer id),
 //! PRODUCER_FENCED (INVALID_PRODUCER_EPOCH for request versions before
@@ -111,6 +119,20 @@ struct Inner {
 const MARKERS_WITHIN: Duration = Duration::from_secs(10);
 /// Between rounds of markers some leader did not take.
 const MARKERS_RETRY: Duration = Duration::from_millis(200);
+/// How many ids one timeout pass works on at once.
+const EXPIRE_AT_ONCE: usize = 64;
+
+/// Kafka's transaction coordinator's answer for a state append that
+/// failed: the journal answers as the group coordinator maps it
+/// (`replication::coordinators`), which differs only for a record too
+/// large.
+fn txn_append_error(code: i16) -> i16 {
+    if code == E::InvalidCommitOffsetSize.code() {
+        E::UnknownServerError.code()
+    } else {
+        code
+    }
+}
 
 /// Kafka's name of a state, as DescribeTransactions and ListTransactions
 /// use them.
@@ -248,7 +270,14 @@ impl Transactions {
     /// (see the module docs), then starts the timeout loop.
     pub async fn start(engine: Arc<Engine>, cluster: Arc<crate::cluster::Membership>, groups: Coordinator, cfg: TxnConfig, clock: Clock, stop: watch::Receiver<bool>) -> anyhow::Result<Transactions> {
         let e = engine.clone();
-        let records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
+        let mut records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
+        if !cluster.view().single {
+            // Cluster mode: ids are loaded with their coordinator shards.
+            if !records.is_empty() {
+                tracing::warn!(ids = records.len(), "the catalog holds transactional ids from a build that kept them there; the shard logs hold them now and these are ignored");
+            }
+            records.clear();
+        }
         let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new() }) };
         // Each producer id's transactional id, for the pass below.
         let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
@@ -258,11 +287,11 @@ impl Transactions {
             let mut guard = slot.lock().await;
             let rec = guard.as_mut().expect("just loaded");
             let outcome = match rec.state {
-                TxnState::PrepareCommit => t.finish(&id, rec, Marker::Commit, true).await,
-                TxnState::PrepareAbort => t.finish(&id, rec, Marker::Abort, true).await,
+                TxnState::PrepareCommit => t.finish(&id, &slot, rec, Marker::Commit, true).await,
+                TxnState::PrepareAbort => t.finish(&id, &slot, rec, Marker::Abort, true).await,
                 TxnState::Ongoing => {
                     tracing::info!(transactional_id = %id, producer_id = rec.producer_id, "aborting a transaction left open by the last run");
-                    t.end(&id, rec, Marker::Abort, true).await
+                    t.end(&id, &slot, rec, Marker::Abort, true).await
                 }
                 _ => Ok(()),
             };
@@ -315,7 +344,7 @@ impl Transactions {
                 }
                 rec.state = TxnState::CompleteAbort;
                 rec.update_ms = t.now();
-                if let Err(code) = t.persist(id, rec, true).await {
+                if let Err(code) = t.persist(id, slot, rec, true).await {
                     anyhow::bail!("fencing the producer of transaction {id:?} failed (error {code})");
                 }
             }
@@ -423,12 +452,41 @@ impl Transactions {
         self.inner.ids.lock().expect("txn ids lock").get(id).cloned()
     }
 
-    /// Writes the record to the catalog; `flush`: durably before returning.
-    async fn persist(&self, id: &str, rec: &TxnRecord, flush: bool) -> Result<(), i16> {
+    /// Stores `rec` as `id`'s record: in the catalog in single-node mode
+    /// (`flush`: durably before returning), in the id's coordinator shard
+    /// log in cluster mode, where it is answered once the shard's in-sync
+    /// replicas have it (docs/cluster.md, "Transaction state"). Nothing
+    /// reaches memory before this returns, so what a client was answered
+    /// is what the shard's next coordinator loads.
+    async fn persist(&self, id: &str, slot: &Slot, rec: &TxnRecord, flush: bool) -> Result<(), i16> {
+        self.store(id, slot, Some(rec), flush).await
+    }
+
+    /// [`Transactions::persist`], or (`None`) the removal of `id`. In
+    /// cluster mode a write is refused (NOT_COORDINATOR) unless `slot` is
+    /// still the id's slot here: once the shard loaded again (leadership
+    /// moved away and back), an end still running on the slot it held is
+    /// no one's to store, and the log's own record stands.
+    async fn store(&self, id: &str, slot: &Slot, rec: Option<&TxnRecord>, flush: bool) -> Result<(), i16> {
+        if !self.inner.cluster.view().single {
+            let groups = &self.inner.groups;
+            let journal = groups.journal().ok_or(E::CoordinatorNotAvailable.code())?;
+            let shard = super::journal::shard_of(id);
+            // In the shard's turn: no load replaces the slot between the
+            // check and the append.
+            let _turn = groups.turn(shard).await;
+            if !self.existing(id).is_some_and(|s| Arc::ptr_eq(&s, slot)) {
+                return Err(E::NotCoordinator.code());
+            }
+            return journal.append(shard, vec![super::journal::Record::Txn { id: id.to_owned(), state: rec.cloned() }]).await.map_err(txn_append_error);
+        }
         let engine = self.inner.engine.clone();
-        let (id, rec) = (id.to_owned(), rec.clone());
+        let (id, rec) = (id.to_owned(), rec.cloned());
         let r = tokio::task::spawn_blocking(move || {
-            engine.catalog().put_txn(&id, &rec)?;
+            match rec {
+                Some(rec) => engine.catalog().put_txn(&id, &rec)?,
+                None => engine.catalog().remove_txn(&id)?,
+            }
             if flush {
                 engine.catalog().flush()?;
             }
@@ -445,6 +503,35 @@ impl Transactions {
         }
     }
 
+    /// Cluster mode: this node now coordinates `shard` (it loaded the
+    /// shard's log; `txns` is what it says). Its transactional ids are
+    /// those records, each in a new slot: a request or an end still
+    /// running on an old one can no longer store anything. An ongoing
+    /// transaction goes on with its timeout; a prepared one is finished by
+    /// the timeout pass, or by its producer's retried EndTxn, whichever
+    /// comes first. Returns how many ids the shard has.
+    pub async fn load_shard(&self, shard: u32, txns: super::journal::Txns) -> usize {
+        let _turn = self.inner.groups.turn(shard).await;
+        let count = txns.len();
+        let open = txns.values().filter(|r| !matches!(r.state, TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort)).count();
+        if open > 0 {
+            tracing::info!(shard, open, "taking up transactions their last coordinator left open");
+        }
+        let mut ids = self.inner.ids.lock().expect("txn ids lock");
+        ids.retain(|id, _| super::journal::shard_of(id) != shard);
+        for (id, rec) in txns {
+            ids.insert(id, Arc::new(tokio::sync::Mutex::new(Some(rec))));
+        }
+        count
+    }
+
+    /// Cluster mode: `shard` moved to another node; its transactional ids
+    /// are forgotten here (their requests are answered NOT_COORDINATOR).
+    pub async fn unload_shard(&self, shard: u32) {
+        let _turn = self.inner.groups.turn(shard).await;
+        self.inner.ids.lock().expect("txn ids lock").retain(|id, _| super::journal::shard_of(id) != shard);
+    }
+
     /// Topic names to tps; partitions of topics deleted since are skipped.
     fn tps(&self, partitions: &[(String, i32)]) -> Vec<Tp> {
         partitions.iter().filter_map(|w| self.tp(w)).collect()
@@ -458,7 +545,7 @@ impl Transactions {
     /// which fences the producer. Epochs are handed out up to
     /// i16::MAX - 1; from there the markers take i16::MAX and the producer
     /// goes on under a new producer id at epoch 0 once the end completes.
-    async fn end(&self, id: &str, rec: &mut TxnRecord, marker: Marker, bump: bool) -> Result<(), i16> {
+    async fn end(&self, id: &str, slot: &Slot, rec: &mut TxnRecord, marker: Marker, bump: bool) -> Result<(), i16> {
         // The decision goes into a copy, kept only once it is durable.
         let mut next = rec.clone();
         if bump {
@@ -484,15 +571,17 @@ impl Transactions {
         for ((i, _), end) in known.iter().zip(ends) {
             next.ends[*i] = end;
         }
-        self.persist(id, &next, true).await?;
+        self.persist(id, slot, &next, true).await?;
         *rec = next;
-        self.finish(id, rec, marker, false).await
+        self.finish(id, slot, rec, marker, false).await
     }
 
     /// A partition by topic name; None if the topic or partition is gone,
-    /// and for internal topics (no transaction may write into them).
+    /// and for internal topics (no transaction may write into them) but
+    /// the coordinator topic (cluster mode): a group shard whose pending
+    /// offsets the transaction's marker ends there.
     fn tp(&self, (topic, p): &(String, i32)) -> Option<Tp> {
-        if crate::engine::topics::is_internal(topic) {
+        if crate::engine::topics::is_internal(topic) && topic != crate::cluster::topics::COORDINATOR_TOPIC {
             return None;
         }
         self.inner.engine.topic(topic).filter(|t| *p >= 0 && *p < t.partitions()).map(|t| t.tp(*p))
@@ -503,7 +592,7 @@ impl Transactions {
     /// are not written again — only partitions where this producer's
     /// transaction is still open below the log end of the decision get one
     /// (a later transaction's records above it are not this one's).
-    async fn finish(&self, id: &str, rec: &mut TxnRecord, marker: Marker, recovering: bool) -> Result<(), i16> {
+    async fn finish(&self, id: &str, slot: &Slot, rec: &mut TxnRecord, marker: Marker, recovering: bool) -> Result<(), i16> {
         // (Single-node mode: in a cluster the logs here may be copies, and
         // partitions elsewhere have none; every partition gets a marker.)
         let tps: Vec<Tp> = if recovering && self.inner.cluster.view().single {
@@ -548,7 +637,7 @@ impl Transactions {
         }
         // Not flushed: were it lost, the Prepare* record finishes again at
         // start-up (see `recovering`).
-        self.persist(id, rec, false).await
+        self.persist(id, slot, rec, false).await
     }
 
     /// InitProducerId with a transactional id.
@@ -556,13 +645,13 @@ impl Transactions {
         if timeout_ms <= 0 || timeout_ms > self.inner.cfg.max_timeout_ms {
             return Err(E::InvalidTransactionTimeout.code());
         }
-        let mut guard = loop {
+        let (slot, mut guard) = loop {
             let slot = self.slot(id);
             let guard = slot.clone().lock_owned().await;
-            // An id expired while this waited for its lock: its slot left
-            // the map; take the one there now.
+            // An id expired (or its shard loaded again) while this waited
+            // for its lock: its slot left the map; take the one there now.
             if self.existing(id).is_some_and(|s| Arc::ptr_eq(&s, &slot)) {
-                break guard;
+                break (slot, guard);
             }
         };
         let now = self.now();
@@ -583,7 +672,7 @@ impl Transactions {
                 previous_producer_id: -1,
                 next_producer_id: -1,
             };
-            self.persist(id, &rec, true).await?;
+            self.persist(id, &slot, &rec, true).await?;
             *guard = Some(rec);
             return Ok((pid, 0));
         };
@@ -596,9 +685,9 @@ impl Transactions {
             return Err(fenced(version >= 4));
         }
         match rec.state {
-            TxnState::PrepareCommit => self.finish(id, rec, Marker::Commit, false).await?,
-            TxnState::PrepareAbort => self.finish(id, rec, Marker::Abort, false).await?,
-            TxnState::Ongoing => self.end(id, rec, Marker::Abort, true).await?,
+            TxnState::PrepareCommit => self.finish(id, &slot, rec, Marker::Commit, false).await?,
+            TxnState::PrepareAbort => self.finish(id, &slot, rec, Marker::Abort, false).await?,
+            TxnState::Ongoing => self.end(id, &slot, rec, Marker::Abort, true).await?,
             _ => {}
         }
         match next_epoch(rec.epoch) {
@@ -612,7 +701,7 @@ impl Transactions {
         rec.state = TxnState::Empty;
         rec.timeout_ms = timeout_ms;
         rec.update_ms = now;
-        self.persist(id, rec, true).await?;
+        self.persist(id, &slot, rec, true).await?;
         Ok((rec.producer_id, rec.epoch))
     }
 
@@ -639,9 +728,11 @@ impl Transactions {
         }
         let mut tps = Vec::with_capacity(wanted.len());
         let mut seen = HashSet::new();
+        // Only brokers (v4+) name a coordinator shard: a group coordinator
+        // asking for the transaction's offsets.
         let codes: Vec<i16> = wanted
             .iter()
-            .map(|w| match self.tp(w) {
+            .map(|w| match self.tp(w).filter(|_| version >= 4 || !crate::engine::topics::is_internal(&w.0)) {
                 Some(tp) => {
                     if seen.insert(tp) {
                         tps.push(tp);
@@ -670,7 +761,7 @@ impl Transactions {
             // The start of a transaction is flushed: were it lost, a retry
             // of its EndTxn would find the last transaction complete and
             // answer success for one never decided.
-            self.persist(id, rec, began).await?;
+            self.persist(id, &slot, rec, began).await?;
         }
         self.inner.engine.add_txn_partitions(rec.producer_id, rec.epoch, &tps);
         Ok(codes)
@@ -712,9 +803,19 @@ impl Transactions {
             rec.groups.push(group.to_owned());
             changed = true;
         }
+        // Cluster mode: the group's shard is one of the transaction's
+        // partitions, so its end's marker reaches the group's coordinator,
+        // which holds the offsets (Kafka's `__consumer_offsets` partition).
+        if !self.inner.cluster.view().single {
+            let shard = (crate::cluster::topics::COORDINATOR_TOPIC.to_owned(), super::journal::shard_of(group) as i32);
+            if !rec.partitions.contains(&shard) {
+                rec.partitions.push(shard);
+                changed = true;
+            }
+        }
         if changed {
             rec.update_ms = self.now();
-            self.persist(id, rec, began).await?;
+            self.persist(id, &slot, rec, began).await?;
         }
         Ok(())
     }
@@ -780,7 +881,7 @@ impl Transactions {
         }
         rec.update_ms = now;
         // A transaction begun here is flushed, as in `add_partitions`.
-        self.persist(id, rec, began).await?;
+        self.persist(id, &slot, rec, began).await?;
         Ok(codes)
     }
 
@@ -794,20 +895,20 @@ impl Transactions {
         if version >= 5 {
             match v2_end(rec, producer_id, epoch, commit)? {
                 V2End::Done => {}
-                V2End::End(marker) => self.end(id, rec, marker, true).await?,
-                V2End::Finish(marker) => self.finish(id, rec, marker, false).await?,
+                V2End::End(marker) => self.end(id, &slot, rec, marker, true).await?,
+                V2End::Finish(marker) => self.finish(id, &slot, rec, marker, false).await?,
             }
             return Ok((rec.producer_id, rec.epoch));
         }
         check_producer(rec, producer_id, epoch, version >= 2)?;
         let marker = if commit { Marker::Commit } else { Marker::Abort };
         match (rec.state, commit) {
-            (TxnState::Ongoing, _) => self.end(id, rec, marker, false).await?,
+            (TxnState::Ongoing, _) => self.end(id, &slot, rec, marker, false).await?,
             // A retry of an end that went through.
             (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => {}
             // An end whose markers failed earlier: finish it now.
-            (TxnState::PrepareCommit, true) => self.finish(id, rec, Marker::Commit, false).await?,
-            (TxnState::PrepareAbort, false) => self.finish(id, rec, Marker::Abort, false).await?,
+            (TxnState::PrepareCommit, true) => self.finish(id, &slot, rec, Marker::Commit, false).await?,
+            (TxnState::PrepareAbort, false) => self.finish(id, &slot, rec, Marker::Abort, false).await?,
             (TxnState::PrepareCommit | TxnState::PrepareAbort, _) => return Err(E::ConcurrentTransactions.code()),
             _ => return Err(E::InvalidTxnState.code()),
         }
@@ -818,7 +919,11 @@ impl Transactions {
     /// transaction for `(topic, partition)` (OffsetFetch with
     /// require_stable answers UNSTABLE_OFFSET_COMMIT then).
     /// One pass over the open transactions for all of `groups`.
+    /// (Cluster mode: the group coordinator holds them, not this one.)
     pub async fn pending_offsets(&self, groups: &HashSet<String>) -> HashMap<String, HashSet<(String, i32)>> {
+        if !self.inner.cluster.view().single {
+            return self.inner.groups.pending_txn_offsets(groups);
+        }
         let slots: Vec<Slot> = self.inner.ids.lock().expect("txn ids lock").values().cloned().collect();
         let mut out: HashMap<String, HashSet<(String, i32)>> = HashMap::new();
         for slot in slots {
@@ -861,30 +966,57 @@ impl Transactions {
         self.now()
     }
 
-    /// Aborts transactions open past their timeout, and forgets ids idle
-    /// past `transactional.id.expiration.ms`.
+    /// Aborts transactions open past their timeout, finishes prepared
+    /// ones, and forgets ids idle past `transactional.id.expiration.ms`.
+    /// Ids run side by side (up to [`EXPIRE_AT_ONCE`]), and an id busy
+    /// with a request is left for a later pass, so one end whose markers
+    /// wait holds no other back. Cluster mode: only ids of shards this
+    /// node coordinates in its current leader epoch.
     pub async fn expire(&self) {
         let slots: Vec<(String, Slot)> = self.inner.ids.lock().expect("txn ids lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let single = self.inner.cluster.view().single;
+        let mut work = tokio::task::JoinSet::new();
         for (id, slot) in slots {
-            let mut guard = slot.lock().await;
+            if !single && !self.inner.groups.ready(&id) {
+                continue;
+            }
+            while work.len() >= EXPIRE_AT_ONCE {
+                work.join_next().await;
+            }
+            let Ok(guard) = slot.clone().try_lock_owned() else { continue };
             let now = self.now();
-            let Some(rec) = guard.as_mut() else { continue };
-            if matches!(rec.state, TxnState::PrepareCommit | TxnState::PrepareAbort) {
-                // An end whose markers or offsets failed: try again.
+            let due = guard.as_ref().is_some_and(|rec| match rec.state {
+                TxnState::PrepareCommit | TxnState::PrepareAbort => true,
+                TxnState::Ongoing => now - rec.start_ms > rec.timeout_ms as i64,
+                TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => now - rec.update_ms > self.inner.cfg.id_expiration_ms,
+            });
+            if due {
+                let t = self.clone();
+                work.spawn(async move { t.expire_one(id, slot, guard).await });
+            }
+        }
+        while work.join_next().await.is_some() {}
+    }
+
+    async fn expire_one(&self, id: String, slot: Slot, mut guard: tokio::sync::OwnedMutexGuard<Option<TxnRecord>>) {
+        let Some(rec) = guard.as_mut() else { return };
+        match rec.state {
+            TxnState::PrepareCommit | TxnState::PrepareAbort => {
+                // An end whose markers or offsets failed, or one a moved
+                // coordinator left: finish it.
                 let marker = if rec.state == TxnState::PrepareCommit { Marker::Commit } else { Marker::Abort };
-                if let Err(code) = self.finish(&id, rec, marker, false).await {
+                if let Err(code) = self.finish(&id, &slot, rec, marker, false).await {
                     tracing::warn!(transactional_id = %id, code, "finishing a prepared transaction failed; will retry");
                 }
-            } else if rec.state == TxnState::Ongoing && now - rec.start_ms > rec.timeout_ms as i64 {
+            }
+            TxnState::Ongoing => {
                 tracing::info!(transactional_id = %id, producer_id = rec.producer_id, timeout_ms = rec.timeout_ms, "aborting a timed-out transaction");
-                if let Err(code) = self.end(&id, rec, Marker::Abort, true).await {
+                if let Err(code) = self.end(&id, &slot, rec, Marker::Abort, true).await {
                     tracing::warn!(transactional_id = %id, code, "aborting a timed-out transaction failed; will retry");
                 }
-            } else if matches!(rec.state, TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort) && now - rec.update_ms > self.inner.cfg.id_expiration_ms {
-                let engine = self.inner.engine.clone();
-                let key = id.clone();
-                let removed = tokio::task::spawn_blocking(move || engine.catalog().remove_txn(&key)).await;
-                if matches!(removed, Ok(Ok(()))) {
+            }
+            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => {
+                if self.store(&id, &slot, None, false).await.is_ok() {
                     tracing::info!(transactional_id = %id, "transactional id expired");
                     *guard = None;
                     drop(guard);

@@ -1,4 +1,7 @@
-//! AddOffsetsToTxn: the transaction will commit offsets for a group.
+//! AddOffsetsToTxn: the transaction will commit offsets for a group. In
+//! cluster mode the group's coordinator may be another node: the group's
+//! shard joins the transaction, so its end's marker reaches the offsets
+//! that coordinator holds (docs/cluster.md, "Transaction state").
 
 pub use kafka_protocol::messages::{AddOffsetsToTxnRequest as Request, AddOffsetsToTxnResponse as Response};
 use kafka_protocol::protocol::VersionRange;
@@ -24,13 +27,6 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
     }
     if let Some(code) = broker.coordinator_error(&req.transactional_id.0) {
         return Some(Response::default().with_error_code(code));
-    }
-    // Cluster mode: the group's offsets are committed by the transaction's
-    // coordinator, on its node; a group coordinated elsewhere cannot join
-    // the transaction until coordinators reach each other (step 4).
-    if !broker.coordinates(group) {
-        tracing::warn!(transactional_id = %req.transactional_id.0, group, "refusing a transaction's offsets for a group another broker coordinates (not supported yet in cluster mode)");
-        return Some(Response::default().with_error_code(E::InvalidTxnState.code()));
     }
     let code = match broker.transactions.add_offsets(&req.transactional_id.0, req.producer_id.0, req.producer_epoch, group, version).await {
         Ok(()) => 0,

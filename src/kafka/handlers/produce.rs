@@ -410,7 +410,8 @@ async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, i
     if !broker.coordinates(id) {
         // Cluster mode: the transaction's coordinator is another node.
         for ((pid, epoch), parts) in wanted {
-            let codes = ask_coordinator(broker, view, id, pid, epoch, version < 12, &parts).await;
+            let names: Vec<(String, i32)> = parts.iter().map(|(_, w)| w.clone()).collect();
+            let codes = ask_coordinator(broker, view, id, pid, epoch, version < 12, &names).await;
             for ((at, (name, p)), code) in parts.into_iter().zip(codes) {
                 if code == 0 {
                     if let Some(t) = broker.engine.topic(&name) {
@@ -440,12 +441,12 @@ async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, i
 /// AddPartitionsToTxn v5, the brokers' batched form. A code per part, in
 /// order; no coordinator or no answer is COORDINATOR_NOT_AVAILABLE for
 /// all (retriable).
-async fn ask_coordinator(broker: &Broker, view: &crate::cluster::ClusterView, id: &str, pid: i64, epoch: i16, verify_only: bool, parts: &[((usize, usize), (String, i32))]) -> Vec<i16> {
+pub(crate) async fn ask_coordinator(broker: &Broker, view: &crate::cluster::ClusterView, id: &str, pid: i64, epoch: i16, verify_only: bool, parts: &[(String, i32)]) -> Vec<i16> {
     use kafka_protocol::messages::add_partitions_to_txn_request::{AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction};
     use kafka_protocol::messages::{AddPartitionsToTxnRequest, ProducerId, TransactionalId};
     let unavailable = || vec![ResponseError::CoordinatorNotAvailable.code(); parts.len()];
     let (Ok(coordinator), Some(peers)) = (view.coordinator(broker.node_id(), id), broker.peers.get()) else { return unavailable() };
-    let named = || parts.iter().map(|(_, (name, p))| (name.as_str(), *p));
+    let named = || parts.iter().map(|(name, p)| (name.as_str(), *p));
     let topics = crate::protocol::txn::by_topic(named()).into_iter().map(|(name, ps)| AddPartitionsToTxnTopic::default().with_name(super::topic_name(name)).with_partitions(ps)).collect();
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
         .with_transactional_id(TransactionalId(super::str_bytes(id.to_owned())))

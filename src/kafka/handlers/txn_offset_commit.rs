@@ -5,6 +5,14 @@
 //!
 //! v5 is transactions v2 (KIP-890 part 2): the commit brings its group
 //! into the transaction, beginning it if need be (no AddOffsetsToTxn first).
+//!
+//! Cluster mode (docs/cluster.md, "Transaction state"): the group's
+//! coordinator (this node) checks the member, asks the transaction's
+//! coordinator (any node) whether the group's shard is in the
+//! transaction — or, for v5, to add it — as Kafka's group coordinator
+//! verifies since KIP-890, and appends the offsets to the group's shard
+//! as pending ones. The transaction's marker on that shard commits or
+//! drops them (WriteTxnMarkers).
 
 use kafka_protocol::messages::txn_offset_commit_response::{TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic};
 pub use kafka_protocol::messages::{TxnOffsetCommitRequest as Request, TxnOffsetCommitResponse as Response};
@@ -40,11 +48,18 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
         offsets.iter().map(|(t, ..)| if denied_topic(t) { E::TopicAuthorizationFailed.code() } else { E::OperationNotAttempted.code() }).collect()
     } else {
         let member = if version >= 3 { (req.generation_id, req.member_id.to_string(), req.group_instance_id.as_ref().map(|s| s.to_string())) } else { (-1, String::new(), None) };
+        if !broker.cluster.view().single {
+            return Some(response(&req, staged(broker, &req.transactional_id.0, &group, req.producer_id.0, req.producer_epoch, member, offsets, version).await));
+        }
         match broker.transactions.commit_offsets(&req.transactional_id.0, &group, req.producer_id.0, req.producer_epoch, member, offsets, version).await {
             Ok(codes) => codes,
             Err(code) => vec![code; n],
         }
     };
+    Some(response(&req, codes))
+}
+
+fn response(req: &Request, codes: Vec<i16>) -> Response {
     let mut codes = codes.into_iter();
     let topics = req
         .topics
@@ -55,5 +70,71 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Respo
             )
         })
         .collect();
-    Some(Response::default().with_topics(topics))
+    Response::default().with_topics(topics)
+}
+
+/// Cluster mode: the offsets wait in the group's shard for the
+/// transaction's end (see the module docs). A code per offset.
+#[allow(clippy::too_many_arguments)]
+async fn staged(broker: &Broker, id: &str, group: &str, producer_id: i64, epoch: i16, member: (i32, String, Option<String>), offsets: Vec<(String, i32, i64, i32, Option<String>)>, version: i16) -> Vec<i16> {
+    let n = offsets.len();
+    let (generation, member_id, instance_id) = member;
+    match broker.coordinator.txn_commit_check(group.to_owned(), coordinator::CommitIds { generation, member_id, instance_id }).await {
+        Some(Ok(())) => {}
+        Some(Err(code)) => return vec![code; n],
+        None => return vec![E::CoordinatorNotAvailable.code(); n],
+    }
+    // The group's shard must be in the transaction (added by
+    // AddOffsetsToTxn; v5 adds it here).
+    let shard = vec![(crate::cluster::topics::COORDINATOR_TOPIC.to_owned(), coordinator::journal::shard_of(group) as i32)];
+    let verify_only = version < 5;
+    let code = if broker.coordinates(id) {
+        match broker.transactions.add_partitions(id, producer_id, epoch, &shard, verify_only, 5).await {
+            Ok(codes) => codes.first().copied().unwrap_or_default(),
+            Err(code) => code,
+        }
+    } else {
+        let view = broker.cluster.view();
+        super::produce::ask_coordinator(broker, &view, id, producer_id, epoch, verify_only, &shard).await.first().copied().unwrap_or_default()
+    };
+    if code != 0 {
+        return vec![verification_code(code, version); n];
+    }
+    let now = broker.engine.now_ms();
+    let mut codes = Vec::with_capacity(n);
+    let mut rows: Vec<(String, i32, crate::meta::OffsetRecord)> = Vec::with_capacity(n);
+    for (topic, partition, offset, leader_epoch, metadata) in offsets {
+        let known = broker.engine.topic(&topic).is_some_and(|t| partition >= 0 && partition < t.partitions());
+        codes.push(if !known {
+            E::UnknownTopicOrPartition.code()
+        } else if metadata.as_ref().is_some_and(|m| m.len() > super::offset_commit::MAX_METADATA_BYTES) {
+            E::OffsetMetadataTooLarge.code()
+        } else {
+            // The last offset a request names for a partition wins.
+            rows.retain(|(t, p, _)| !(*t == topic && *p == partition));
+            rows.push((topic, partition, crate::meta::OffsetRecord { offset, leader_epoch, metadata, commit_ms: now }));
+            0
+        });
+    }
+    if rows.is_empty() {
+        return codes;
+    }
+    match broker.coordinator.stage_txn_offsets(producer_id, epoch, group, rows).await {
+        Ok(()) => codes,
+        Err(code) => codes.into_iter().map(|c| if c == 0 { code } else { c }).collect(),
+    }
+}
+
+/// What a TxnOffsetCommit answers when the transaction's coordinator did
+/// not let the group's shard in: its own verdicts (fenced, not in a
+/// transaction, unknown producer) as they are, PRODUCER_FENCED as
+/// INVALID_PRODUCER_EPOCH before v3 (KIP-588); a coordinator that is busy,
+/// moving or away as COORDINATOR_LOAD_IN_PROGRESS, which every client
+/// retries here.
+fn verification_code(code: i16, version: i16) -> i16 {
+    match E::try_from_code(code) {
+        Some(E::ProducerFenced) if version < 3 => E::InvalidProducerEpoch.code(),
+        Some(E::ConcurrentTransactions | E::CoordinatorNotAvailable | E::NotCoordinator | E::CoordinatorLoadInProgress | E::NetworkException | E::OperationNotAttempted | E::RequestTimedOut) => E::CoordinatorLoadInProgress.code(),
+        _ => code,
+    }
 }

@@ -9,9 +9,8 @@
 //!
 //! CLUSTER_ACTION on the cluster, as Kafka asks (brokers hold it; an
 //! operator aborting a transaction needs it too). Per partition, Kafka's
-//! codes: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION (the reserved
-//! coordinator topic too: transactional offsets are not finished by
-//! markers here), INVALID_PRODUCER_EPOCH when the producer has a newer
+//! codes: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
+//! INVALID_PRODUCER_EPOCH when the producer has a newer
 //! epoch at the partition, NOT_ENOUGH_REPLICAS (before anything is
 //! written) when the ISR is smaller than `min.insync.replicas`,
 //! NOT_ENOUGH_REPLICAS_AFTER_APPEND or
@@ -19,8 +18,15 @@
 //! A partition named twice in one marker gets one marker. In cluster mode
 //! the transaction coordinator sends every marker this way, to every
 //! partition's leader (itself included). The coordinator epoch is not
-//! checked: coordinators send 0 until transaction state lives in the
-//! shard logs, whose leader epochs will be it.
+//! checked (coordinators send 0).
+//!
+//! A partition of the coordinator topic (cluster mode) is a group
+//! coordinator shard: the marker ends the transaction's pending offsets
+//! there (`Coordinator::end_txn_offsets`: committed or dropped, in the
+//! shard's log first), as Kafka's markers on `__consumer_offsets` do.
+//! NOT_LEADER_OR_FOLLOWER while this node does not lead the shard or has
+//! not loaded it, INVALID_PRODUCER_EPOCH for a marker older than the
+//! offsets, NOT_ENOUGH_REPLICAS when the shard's log does not take it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -57,8 +63,27 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         // once, with the epoch this node leads them in.
         let mut codes: Vec<(kafka_protocol::messages::TopicName, Vec<(i32, i16)>)> = Vec::with_capacity(m.topics.len());
         let mut write: BTreeMap<(String, i32), (std::sync::Arc<crate::engine::Topic>, i32)> = BTreeMap::new();
+        // Coordinator shards whose pending offsets the marker ends.
+        let mut shards = std::collections::BTreeSet::new();
         for t in &m.topics {
             let name = super::name(&t.name);
+            if name == crate::cluster::topics::COORDINATOR_TOPIC && !view.single {
+                let count = broker.engine.topic(name).map_or(0, |t| t.partitions());
+                let ps = t
+                    .partition_indexes
+                    .iter()
+                    .map(|&p| match () {
+                        _ if !allowed => (p, E::ClusterAuthorizationFailed.code()),
+                        _ if p < 0 || p >= count => (p, E::UnknownTopicOrPartition.code()),
+                        _ => {
+                            shards.insert(p);
+                            (p, 0)
+                        }
+                    })
+                    .collect();
+                codes.push((t.name.clone(), ps));
+                continue;
+            }
             let topic = broker.engine.topic(name).filter(|t| !crate::engine::topics::is_internal(t.name()));
             let mut ps = Vec::with_capacity(t.partition_indexes.len());
             for &p in &t.partition_indexes {
@@ -86,6 +111,10 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         // Each written partition's outcome, once its in-sync replicas
         // have the marker.
         let mut outcome: BTreeMap<(String, i32), i16> = BTreeMap::new();
+        for s in shards {
+            let code = broker.coordinator.end_txn_offsets(s as u32, m.producer_id.0, m.producer_epoch, m.transaction_result).await.err().unwrap_or(0);
+            outcome.insert((crate::cluster::topics::COORDINATOR_TOPIC.to_owned(), s), code);
+        }
         for (((name, p), (topic, epoch)), w) in targets.into_iter().zip(written) {
             let code = match w {
                 Err(e) => crate::kafka::errors::code(&e),

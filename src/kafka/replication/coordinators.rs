@@ -3,7 +3,9 @@
 //! `s` of the internal topic `__canopy.coordinators`, replicated like any
 //! other partition, and its leader is the shard's coordinator.
 //!
-//! - **Writes.** A change to committed offsets is appended to the shard's
+//! - **Writes.** A change to committed offsets (pending ones of open
+//!   transactions too), a group's membership or a
+//!   transactional id's state is appended to the shard's
 //!   partition (`coordinator::journal`'s records) and acknowledged once
 //!   the in-sync replicas have it, with Kafka's acks=all rules, in the
 //!   leader epoch the shard was loaded in; only then does the coordinator
@@ -17,8 +19,11 @@
 //!   catalog's rows for the shard's groups what the log says. Until then
 //!   the shard's groups are answered NOT_COORDINATOR (`Broker::coordinates`)
 //!   and clients look for their coordinator again.
+//!   Its transactional ids are taken up from their last records
+//!   (`coordinator::transactions`).
 //! - **Moves.** A shard this node stops leading is dropped from memory:
-//!   its groups' parked joins and syncs are answered NOT_COORDINATOR.
+//!   its groups' parked joins and syncs are answered NOT_COORDINATOR, its
+//!   transactional ids are forgotten.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -94,11 +99,11 @@ impl ShardLogs {
                         continue;
                     }
                     match self.load(broker, &topic, shard, epoch).await {
-                        Ok(Some(groups)) => {
+                        Ok(Some((groups, txns))) => {
                             self.retry_at.lock().expect("shard logs lock").remove(&shard);
                             self.loaded.lock().expect("shard logs lock").insert(shard, epoch);
                             self.held.lock().expect("shard logs lock").insert(shard);
-                            tracing::info!(shard, epoch, groups, "coordinator shard loaded");
+                            tracing::info!(shard, epoch, groups, transactional_ids = txns, "coordinator shard loaded");
                         }
                         Ok(None) => {}
                         Err(e) => {
@@ -112,6 +117,7 @@ impl ShardLogs {
                     if loaded.is_some() || held {
                         self.loaded.lock().expect("shard logs lock").remove(&shard);
                         broker.coordinator.unload_shard(shard).await;
+                        broker.transactions.unload_shard(shard).await;
                         tracing::info!(shard, "coordinator shard moved away");
                     }
                 }
@@ -121,8 +127,11 @@ impl ShardLogs {
 
     /// Loads `shard` in leader `epoch`: `Ok(None)` while its high
     /// watermark is below its log end (or leadership moved meanwhile),
-    /// else the number of groups with committed offsets or a stored state.
-    async fn load(&self, broker: &Arc<Broker>, topic: &Arc<Topic>, shard: u32, epoch: i32) -> Result<Option<usize>, String> {
+    /// else the number of groups with committed offsets or a stored state,
+    /// and of transactional ids. The groups are loaded first, so that a
+    /// prepared transaction's offsets find their group's shard loaded when
+    /// it is the same one.
+    async fn load(&self, broker: &Arc<Broker>, topic: &Arc<Topic>, shard: u32, epoch: i32) -> Result<Option<(usize, usize)>, String> {
         let tp = topic.tp(shard as i32);
         let read = async {
             let Some((start, hw, end)) = broker.engine.offsets(&tp) else { return Ok(None) };
@@ -150,7 +159,8 @@ impl ShardLogs {
             .map_err(|e| e.to_string())??;
             Ok((broker.lead(&broker.cluster.view(), COORDINATOR_TOPIC, shard as i32) == Ok(epoch)).then_some(rows))
         };
-        broker.coordinator.load_shard(shard, read).await
+        let Some((groups, txns)) = broker.coordinator.load_shard(shard, read).await? else { return Ok(None) };
+        Ok(Some((groups, broker.transactions.load_shard(shard, txns).await)))
     }
 }
 
