@@ -942,7 +942,7 @@ impl Engine {
     /// and returns once they are all durable. Partitions deleted meanwhile
     /// are skipped.
     pub async fn write_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Result<(), EngineError> {
-        for p in self.queue_markers(producer_id, epoch, marker, tps, false).await? {
+        for p in self.queue_markers(producer_id, epoch, 0, marker, tps, false).await? {
             match p.wait().await {
                 Ok(_) | Err(EngineError::UnknownTopicOrPartition) => {}
                 Err(e) => return Err(e),
@@ -951,12 +951,14 @@ impl Engine {
         Ok(())
     }
 
-    /// WriteTxnMarkers: writes `marker` for `producer_id` at `epoch` to
-    /// each of `tps`, each answered on its own once durable: refused
-    /// (INVALID_PRODUCER_EPOCH) where the producer has a newer epoch
-    /// already, UNKNOWN_TOPIC_OR_PARTITION where the tp went meanwhile.
-    pub async fn write_markers_checked(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Vec<Result<AppendResult, EngineError>> {
-        let Ok(pending) = self.queue_markers(producer_id, epoch, marker, tps, true).await else { return tps.iter().map(|_| Err(EngineError::ShuttingDown)).collect() };
+    /// WriteTxnMarkers: writes `marker` for `producer_id` at `epoch`, from
+    /// a coordinator of `coordinator_epoch`, to each of `tps`, each
+    /// answered on its own once durable: refused (INVALID_PRODUCER_EPOCH)
+    /// where the producer has a newer epoch already, or
+    /// (TRANSACTION_COORDINATOR_FENCED) a marker of a newer coordinator,
+    /// UNKNOWN_TOPIC_OR_PARTITION where the tp went meanwhile.
+    pub async fn write_markers_checked(&self, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, tps: &[Tp]) -> Vec<Result<AppendResult, EngineError>> {
+        let Ok(pending) = self.queue_markers(producer_id, epoch, coordinator_epoch, marker, tps, true).await else { return tps.iter().map(|_| Err(EngineError::ShuttingDown)).collect() };
         let mut out = Vec::with_capacity(pending.len());
         for p in pending {
             out.push(p.wait().await);
@@ -966,11 +968,11 @@ impl Engine {
 
     /// Hands the writer a marker for each of `tps` (all in one go, so they
     /// share its rounds); `checked`: see `WriteCmd::Marker`.
-    async fn queue_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp], checked: bool) -> Result<Vec<PendingAppend>, EngineError> {
+    async fn queue_markers(&self, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, tps: &[Tp], checked: bool) -> Result<Vec<PendingAppend>, EngineError> {
         let mut pending = Vec::with_capacity(tps.len());
         for tp in tps {
             let (reply, rx) = oneshot::channel();
-            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, marker, checked, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
+            self.writer.send(WriteCmd::Marker { tp: *tp, producer_id, epoch, coordinator_epoch, marker, checked, reply }).await.map_err(|_| EngineError::ShuttingDown)?;
             pending.push(PendingAppend { rx });
         }
         Ok(pending)

@@ -53,6 +53,12 @@ struct Entry {
     /// hands the producer). Not kept in snapshots: a restart forgets
     /// entries without batches, and takes the producer from where it is.
     opened_by_marker: bool,
+    /// The newest coordinator epoch of this producer's markers here (-1:
+    /// none): a marker from an older one (a deposed transaction
+    /// coordinator's, late) is refused (Kafka's
+    /// TRANSACTION_COORDINATOR_FENCED). Snapshots keep it; an entry the
+    /// window forgets at a restart or expiry forgets it too, as Kafka's.
+    coordinator_epoch: i32,
 }
 
 /// What to do with a batch.
@@ -82,6 +88,9 @@ pub enum Refusal {
     UnknownProducer,
     /// A transactional batch for a partition its transaction did not add.
     NotInTransaction,
+    /// A transaction marker from a coordinator older than one whose
+    /// marker this producer has here already (a deposed coordinator's).
+    CoordinatorFenced,
 }
 
 /// The producer fields of a batch header.
@@ -143,9 +152,15 @@ struct SnapEntry {
     complete: bool,
     #[serde(default = "no_timestamp")]
     last_timestamp: i64,
+    #[serde(default = "no_coordinator_epoch")]
+    coordinator_epoch: i32,
 }
 
 fn no_timestamp() -> i64 {
+    -1
+}
+
+fn no_coordinator_epoch() -> i32 {
     -1
 }
 
@@ -278,6 +293,7 @@ impl Producers {
             last_timestamp: -1,
             complete: ids.base_sequence == 0,
             opened_by_marker: false,
+            coordinator_epoch: -1,
         });
         if ids.epoch != e.epoch || e.opened_by_marker {
             // A new epoch: its history starts here (from 0, or picked up
@@ -302,11 +318,19 @@ impl Producers {
         e.last_used_ms = now_ms;
     }
 
+    /// The newest coordinator epoch of `producer_id`'s markers at `tp`, if
+    /// this partition knows one.
+    pub fn coordinator_epoch_of(&self, tp: &Tp, producer_id: i64) -> Option<i32> {
+        self.entries.get(tp).and_then(|m| m.get(&producer_id)).map(|e| e.coordinator_epoch).filter(|e| *e >= 0)
+    }
+
     /// A transaction marker of `epoch` was written for this producer on
-    /// `tp`: a newer epoch fences the older one there (its batches are
-    /// refused from now on) and starts its sequences over.
-    pub fn fence(&mut self, tp: Tp, producer_id: i64, epoch: i16, now_ms: i64) {
-        let e = self.entry(tp, producer_id, || Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false, opened_by_marker: false });
+    /// `tp`, by a coordinator of `coordinator_epoch`: a newer epoch fences
+    /// the older one there (its batches are refused from now on) and
+    /// starts its sequences over; the coordinator epoch is the newest seen.
+    pub fn fence(&mut self, tp: Tp, producer_id: i64, epoch: i16, coordinator_epoch: i32, now_ms: i64) {
+        let e = self.entry(tp, producer_id, || Entry { epoch, batches: VecDeque::new(), last_used_ms: now_ms, last_timestamp: -1, complete: false, opened_by_marker: false, coordinator_epoch });
+        e.coordinator_epoch = e.coordinator_epoch.max(coordinator_epoch);
         if epoch > e.epoch {
             e.epoch = epoch;
             e.batches.clear();
@@ -355,9 +379,9 @@ impl Producers {
             return false;
         }
         if h.is_control() {
-            if let Some(marker) = batch::marker_of(b, h) {
+            if let Some((marker, coordinator_epoch)) = batch::end_marker(b, h) {
                 txns.on_marker(tp, h.producer_id, marker, h.base_offset);
-                self.fence(tp, h.producer_id, h.producer_epoch, now_ms);
+                self.fence(tp, h.producer_id, h.producer_epoch, coordinator_epoch, now_ms);
             }
             return true;
         }
@@ -422,6 +446,7 @@ impl Producers {
                     batches: e.batches.iter().copied().collect(),
                     complete: e.complete,
                     last_timestamp: e.last_timestamp,
+                    coordinator_epoch: e.coordinator_epoch,
                 })
                 .collect(),
             covered: covered.iter().map(|(tp, end)| (crate::meta::hex(&tp.topic), tp.partition, *end)).collect(),
@@ -442,7 +467,7 @@ impl Producers {
             if e.batches.len() > WINDOW {
                 return Err("more batches than the window".into());
             }
-            p.entries.entry(tp(&e.topic, e.partition)?).or_default().insert(e.producer_id, Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp, opened_by_marker: false });
+            p.entries.entry(tp(&e.topic, e.partition)?).or_default().insert(e.producer_id, Entry { epoch: e.epoch, batches: e.batches.into(), last_used_ms: e.last_used_ms, complete: e.complete, last_timestamp: e.last_timestamp, opened_by_marker: false, coordinator_epoch: e.coordinator_epoch });
         }
         let mut covered = HashMap::new();
         for (topic, partition, end) in file.covered {
@@ -523,20 +548,20 @@ mod tests {
         assert_eq!(p.check(tp(), ids(3, 0, 5)), Check::Refuse(Refusal::StaleEpoch));
         // A marker of a newer epoch (the end of a transaction v2) fences
         // the old one and opens the new one at sequence 0.
-        p.fence(tp(), 1000, 5, 0);
+        p.fence(tp(), 1000, 5, 0, 0);
         assert_eq!(p.check(tp(), ids(4, 2, 1)), Check::Refuse(Refusal::StaleEpoch));
         assert_eq!(p.check(tp(), ids(5, 3, 1)), Check::Refuse(Refusal::OutOfOrder));
         assert_eq!(append(&mut p, ids(5, 0, 1), &mut next), Check::Append);
         assert_eq!(append(&mut p, ids(5, 1, 1), &mut next), Check::Append);
         assert_eq!(p.check(tp(), ids(5, 0, 1)), Check::Duplicate { base_offset: 7, last_offset: 7 });
         // A marker at the same epoch (transactions v1) changes nothing.
-        p.fence(tp(), 1000, 5, 0);
+        p.fence(tp(), 1000, 5, 0, 0);
         assert_eq!(append(&mut p, ids(5, 2, 1), &mut next), Check::Append);
         // A marker that finds no entry (state expired, or the log's data
         // batches retired before it) knows no sequence: the producer is
         // taken from where it is, as without the marker.
         let mut q = Producers::default();
-        q.fence(tp(), 1000, 5, 0);
+        q.fence(tp(), 1000, 5, 0, 0);
         assert_eq!(q.check(tp(), ids(5, 9, 1)), Check::Append);
     }
 
@@ -561,9 +586,16 @@ mod tests {
         }
         let mut txns = Txns::default();
         txns.on_batch(tp(), 1000, 2, 3);
+        // A marker of coordinator epoch 6 (and an older one's after it,
+        // as a follower's log may hold one: the newest stays).
+        p.fence(tp(), 1000, 2, 6, 0);
+        p.fence(tp(), 1000, 2, 4, 0);
+        assert_eq!(p.coordinator_epoch_of(&tp(), 1000), Some(6));
         let snap = p.encode_snapshot(&txns.to_snapshot(), &[(tp(), next)]);
         let (mut q, t, covered) = Producers::decode_snapshot(&snap).unwrap();
         assert_eq!(t.first_unstable(&tp()), Some(3));
+        assert_eq!(q.coordinator_epoch_of(&tp(), 1000), Some(6));
+        assert_eq!(q.coordinator_epoch_of(&tp(), 1001), None);
         assert_eq!(covered[&tp()], 12);
         assert_eq!(q.check(tp(), ids(2, 4, 4)), Check::Duplicate { base_offset: 4, last_offset: 7 });
         // The log came back shorter (a torn tail): batches past its end are
@@ -576,6 +608,19 @@ mod tests {
         assert!(Producers::decode_snapshot(b"{not json").is_err());
         assert_eq!(crate::meta::unhex(&crate::meta::hex(&[0xab; 16])), Some([0xab; 16]));
         assert_eq!(crate::meta::unhex("zz"), None);
+    }
+
+    /// A follower (or a replay) takes the coordinator epoch from the
+    /// marker it copies, so its leadership fences a deposed coordinator
+    /// as its leader's did.
+    #[test]
+    fn a_copied_marker_brings_its_coordinator_epoch() {
+        let mut p = Producers::default();
+        let mut txns = Txns::default();
+        let b = batch::control_batch(batch::Marker::Commit, 1000, 3, 9, 0);
+        let h = batch::BatchHeader::parse(&b).unwrap();
+        assert!(p.apply(&mut txns, tp(), &b, &h, 0));
+        assert_eq!((p.epoch_of(&tp(), 1000), p.coordinator_epoch_of(&tp(), 1000)), (Some(3), Some(9)));
     }
 
     #[test]

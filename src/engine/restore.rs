@@ -211,7 +211,7 @@ mod tests {
         /// Ends `PID`'s transaction on A with `marker`, as the writer does.
         fn marker(&mut self, marker: Marker) {
             let a = self.log.append(A, &batch::control_batch(marker, PID, 0, 0, 1_000), 1_000, false).unwrap();
-            self.producers.fence(A, PID, 0, 1_000);
+            self.producers.fence(A, PID, 0, 0, 1_000);
             self.txns.write().unwrap().on_marker(A, PID, marker, a.base_offset);
         }
 

@@ -97,9 +97,11 @@ pub(super) struct Replicate {
 pub(super) enum WriteCmd {
     Append(Append),
     Replicate(Replicate),
-    /// A transaction marker; acked when durable. `checked` (WriteTxnMarkers):
-    /// refused (StaleEpoch) when the producer has a newer epoch at the tp.
-    Marker { tp: Tp, producer_id: i64, epoch: i16, marker: Marker, checked: bool, reply: Reply },
+    /// A transaction marker of a coordinator of `coordinator_epoch`; acked
+    /// when durable. `checked` (WriteTxnMarkers): refused when the producer
+    /// has a newer epoch at the tp (StaleEpoch), or a marker of a newer
+    /// coordinator there (CoordinatorFenced).
+    Marker { tp: Tp, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, checked: bool, reply: Reply },
     /// The coordinator is about to decide a transaction: no more of its
     /// batches for these tps; answers each tp's log end (-1: gone), taken
     /// in order with the appends, so every batch admitted lies below it.
@@ -232,11 +234,13 @@ impl Writer {
             match cmd {
                 WriteCmd::Append(a) => self.append(a, now),
                 WriteCmd::Replicate(r) => self.replicate(r, now),
-                WriteCmd::Marker { tp, producer_id, epoch, marker, checked, reply } => {
+                WriteCmd::Marker { tp, producer_id, epoch, coordinator_epoch, marker, checked, reply } => {
                     if checked && self.producers.epoch_of(&tp, producer_id).is_some_and(|e| e > epoch) {
                         let _ = reply.send(Err(AppendFailure::Refused(Refusal::StaleEpoch)));
+                    } else if checked && self.producers.coordinator_epoch_of(&tp, producer_id).is_some_and(|c| c > coordinator_epoch) {
+                        let _ = reply.send(Err(AppendFailure::Refused(Refusal::CoordinatorFenced)));
                     } else {
-                        self.marker(tp, producer_id, epoch, marker, reply, now);
+                        self.marker(tp, producer_id, epoch, coordinator_epoch, marker, reply, now);
                     }
                 }
                 WriteCmd::CloseTxn { producer_id, tps, reply } => self.close_txn(producer_id, &tps, reply),
@@ -395,12 +399,13 @@ impl Writer {
         }
     }
 
-    fn marker(&mut self, tp: Tp, producer_id: i64, epoch: i16, marker: Marker, reply: Reply, now: i64) {
-        let b = batch::control_batch(marker, producer_id, epoch, 0, now);
+    #[allow(clippy::too_many_arguments)]
+    fn marker(&mut self, tp: Tp, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, reply: Reply, now: i64) {
+        let b = batch::control_batch(marker, producer_id, epoch, coordinator_epoch, now);
         match self.log.append(tp, &b, now, false) {
             Ok(a) => {
                 self.snapshots.appended += b.len() as u64;
-                self.producers.fence(tp, producer_id, epoch, now);
+                self.producers.fence(tp, producer_id, epoch, coordinator_epoch, now);
                 self.snapshots.dirty = true;
                 self.shared.any_txns.store(true, Ordering::Release);
                 self.shared.txns.write().expect("txns lock").on_marker(tp, producer_id, marker, a.base_offset);

@@ -41,6 +41,7 @@ pub fn code(e: &EngineError) -> i16 {
             Refusal::DuplicateSequence => E::DuplicateSequenceNumber.code(),
             Refusal::UnknownProducer => E::UnknownProducerId.code(),
             Refusal::NotInTransaction => E::InvalidTxnState.code(),
+            Refusal::CoordinatorFenced => E::TransactionCoordinatorFenced.code(),
         },
         EngineError::RecordsRefused(r) if r.timestamps => E::InvalidTimestamp.code(),
         EngineError::RecordsRefused(_) => E::InvalidRecord.code(),

@@ -568,6 +568,12 @@ pub fn seal(buf: &mut [u8]) {
 /// The marker a control batch carries; None for any other batch or a
 /// control record that does not parse (Kafka ignores unknown types too).
 pub fn marker_of(buf: &[u8], header: &BatchHeader) -> Option<Marker> {
+    end_marker(buf, header).map(|(m, _)| m)
+}
+
+/// [`marker_of`], with the coordinator epoch its value carries (-1 when
+/// the value is missing or short: a marker all the same).
+pub fn end_marker(buf: &[u8], header: &BatchHeader) -> Option<(Marker, i32)> {
     if !header.is_control() || header.compression() != Compression::None || header.records_count < 1 {
         return None;
     }
@@ -583,11 +589,23 @@ pub fn marker_of(buf: &[u8], header: &BatchHeader) -> Option<Marker> {
     if klen < 4 {
         return None;
     }
-    match i16::from_be_bytes([*rec.get(p + 2)?, *rec.get(p + 3)?]) {
-        0 => Some(Marker::Abort),
-        1 => Some(Marker::Commit),
-        _ => None,
-    }
+    let marker = match i16::from_be_bytes([*rec.get(p + 2)?, *rec.get(p + 3)?]) {
+        0 => Marker::Abort,
+        1 => Marker::Commit,
+        _ => return None,
+    };
+    // The value: version i16, coordinator epoch i32.
+    let coordinator_epoch = (|| {
+        let mut v = p + usize::try_from(klen).ok()?;
+        let (vlen, n) = varint(rec.get(v..)?)?;
+        v += n;
+        if vlen < 6 {
+            return None;
+        }
+        Some(i32::from_be_bytes(rec.get(v + 2..v + 6)?.try_into().ok()?))
+    })()
+    .unwrap_or(-1);
+    Some((marker, coordinator_epoch))
 }
 
 /// One record of a batch's (inflated) records section, for log compaction.
@@ -842,6 +860,27 @@ pub(crate) mod tests {
             assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence, h.records_count, h.last_offset_delta), (42, 7, -1, 1, 0));
             validate_records(&b, &h, 1 << 20).unwrap();
             assert_eq!(marker_of(&b, &h), Some(marker));
+            for coordinator_epoch in [0, 17, i32::MAX] {
+                let b = control_batch(marker, 42, 7, coordinator_epoch, 1_000);
+                assert_eq!(end_marker(&b, &validate(&b, 1 << 20).unwrap()), Some((marker, coordinator_epoch)));
+            }
+        }
+        // A value too short for a coordinator epoch: a marker of epoch -1.
+        // (The record's value length sits after its attributes, two deltas
+        // and the 4-byte key.)
+        let mut short = control_batch(Marker::Commit, 1, 0, 5, 0);
+        let vlen_at = HEADER_BYTES + 1 + 4 + 4;
+        assert_eq!(short[vlen_at], 6 << 1);
+        short[vlen_at] = 2 << 1;
+        let crc = crc32c::crc32c(&short[OFF_ATTRIBUTES..]);
+        short[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+        let h = BatchHeader::parse(&short).unwrap();
+        assert_eq!(end_marker(&short, &h), Some((Marker::Commit, -1)));
+        // Cut anywhere: never a panic.
+        let b = control_batch(Marker::Abort, 1, 0, 5, 0);
+        let h = BatchHeader::parse(&b).unwrap();
+        for cut in 0..b.len() {
+            let _ = end_marker(&b[..cut], &h);
         }
         let plain = make_batch(&[b"x"], 0);
         assert_eq!(marker_of(&plain, &validate(&plain, 1 << 20).unwrap()), None);

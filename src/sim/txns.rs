@@ -226,7 +226,7 @@ impl Sim {
             let b = batch::control_batch(marker, TXN_PRODUCER, epoch, 0, self.now_ms);
             match self.append_batch(*tp, b, State::Staged, Kind::TxnMarker(marker))? {
                 Some(a) => {
-                    self.producers.fence(*tp, TXN_PRODUCER, epoch, self.now_ms);
+                    self.producers.fence(*tp, TXN_PRODUCER, epoch, 0, self.now_ms);
                     self.txns.write().expect("txns lock").on_marker(*tp, TXN_PRODUCER, marker, a.base_offset);
                 }
                 None => return Ok(false),

@@ -689,15 +689,21 @@ async fn write_txn_markers_ends_a_hanging_transaction() {
     assert_eq!(latest_offsets(&mut sock, "wtm.t").await, (3, 0), "read_committed is held at the open transaction");
     let d = describe(&mut sock, "hangs").await;
     let (pid, epoch) = (d.producer_id.0, d.producer_epoch);
-    let markers = |commit: bool, epoch: i16, topics: Vec<(&str, Vec<i32>)>| {
+    let marked = |commit: bool, epoch: i16, coordinator_epoch: i32, topics: Vec<(&str, Vec<i32>)>| {
         let topics = topics.into_iter().map(|(t, ps)| WritableTxnMarkerTopic::default().with_name(TopicName(s(t))).with_partition_indexes(ps)).collect();
-        WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default().with_producer_id(ProducerId(pid)).with_producer_epoch(epoch).with_transaction_result(commit).with_coordinator_epoch(0).with_topics(topics)])
+        WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default().with_producer_id(ProducerId(pid)).with_producer_epoch(epoch).with_transaction_result(commit).with_coordinator_epoch(coordinator_epoch).with_topics(topics)])
     };
+    let markers = |commit: bool, epoch: i16, topics: Vec<(&str, Vec<i32>)>| marked(commit, epoch, 3, topics);
     let codes = |r: &WriteTxnMarkersResponse| -> Vec<(String, i32, i16)> { r.markers.iter().flat_map(|m| m.topics.iter().flat_map(|t| t.partitions.iter().map(|p| (t.name.to_string(), p.partition_index, p.error_code)))).collect() };
     let r: WriteTxnMarkersResponse = common::call(&mut sock, 27, 1, 4, &markers(false, epoch, vec![("wtm.t", vec![0, 0, 5]), ("no.such", vec![0])])).await;
     assert_eq!(r.markers[0].producer_id.0, pid);
     assert_eq!(codes(&r), vec![("wtm.t".into(), 0, 0), ("wtm.t".into(), 0, 0), ("wtm.t".into(), 5, 3), ("no.such".into(), 0, 3)]);
     assert_eq!(latest_offsets(&mut sock, "wtm.t").await, (4, 4), "one marker, past which read_committed goes");
+    // A marker from an older coordinator than the last one's (a deposed
+    // one, late) is refused, and writes nothing.
+    let r: WriteTxnMarkersResponse = common::call(&mut sock, 27, 1, 6, &marked(true, epoch, 2, vec![("wtm.t", vec![0])])).await;
+    assert_eq!(codes(&r), vec![("wtm.t".into(), 0, 52)], "TRANSACTION_COORDINATOR_FENCED");
+    assert_eq!(latest_offsets(&mut sock, "wtm.t").await, (4, 4));
     // A newer producer of the id fences the old one (its abort marker
     // moves the epoch at the partition): an old-epoch marker is refused.
     let newer = tokio::task::spawn_blocking(move || txn_producer(addr, "hangs", 60_000)).await.unwrap();

@@ -170,6 +170,10 @@ pub trait Journal: Send + Sync + 'static {
     /// The catalog may not hold what `shard`'s log does (a change appended
     /// but not applied): load the shard again before answering for it.
     fn reload(&self, shard: u32);
+
+    /// The leader epoch this node loaded `shard` in, while it may answer
+    /// for it: its transaction coordinator's epoch (None: not loaded here).
+    fn epoch(&self, shard: u32) -> Option<i32>;
 }
 
 /// The coordinator shard of a group or transactional id.

@@ -1179,6 +1179,9 @@ mod tests {
             !self.unready.load(std::sync::atomic::Ordering::SeqCst)
         }
         fn reload(&self, _shard: u32) {}
+        fn epoch(&self, shard: u32) -> Option<i32> {
+            self.ready(shard).then_some(0)
+        }
     }
 
     impl FakeLog {

@@ -373,7 +373,12 @@ impl Transactions {
     /// until [`MARKERS_WITHIN`]. A partition deleted meanwhile, or where
     /// the producer has a newer epoch already (another end fenced this
     /// one), needs no marker.
-    async fn write_markers(&self, producer_id: i64, epoch: i16, marker: Marker, tps: &[Tp]) -> Result<(), String> {
+    ///
+    /// `coordinator_epoch` is the leader epoch of the id's shard as this
+    /// node loaded it: a leader that has a newer coordinator's marker for
+    /// the producer refuses (TRANSACTION_COORDINATOR_FENCED), and this end
+    /// stops there, its successor's to finish.
+    async fn write_markers(&self, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, tps: &[Tp]) -> Result<(), String> {
         if self.inner.cluster.view().single {
             return self.inner.engine.write_markers(producer_id, epoch, marker, tps).await.map_err(|e| e.to_string());
         }
@@ -403,7 +408,7 @@ impl Transactions {
                 let peers = peers.clone();
                 sends.spawn(async move {
                     // No call outlives the end's deadline.
-                    let outcome = match tokio::time::timeout_at(deadline, send_markers(&peers, leader, producer_id, epoch, marker, &parts)).await {
+                    let outcome = match tokio::time::timeout_at(deadline, send_markers(&peers, leader, producer_id, epoch, coordinator_epoch, marker, &parts)).await {
                         Ok(o) => o,
                         Err(_) => Err(format!("broker {leader} did not answer in time")),
                     };
@@ -421,6 +426,7 @@ impl Transactions {
                                 // lagging leader may not have it yet).
                                 Some(E::UnknownTopicOrPartition) if self.inner.engine.topic(&at.0).is_none_or(|t| at.1 >= t.partitions()) => {}
                                 Some(E::InvalidProducerEpoch) => tracing::warn!(topic = %at.0, partition = at.1, producer_id, epoch, "a transaction marker found a newer producer epoch at its partition; none written there"),
+                                Some(E::TransactionCoordinatorFenced) => return Err(format!("{}-{} has a marker of a newer coordinator than this one (coordinator epoch {coordinator_epoch}): this node no longer coordinates the transaction", at.0, at.1)),
                                 _ => {
                                     why = format!("broker {leader} refused the marker for {}-{} (error {code})", at.0, at.1);
                                     pending.push(at);
@@ -605,7 +611,16 @@ impl Transactions {
         } else {
             self.tps(&rec.partitions)
         };
-        if let Err(e) = self.write_markers(rec.producer_id, rec.epoch, marker, &tps).await {
+        let coordinator_epoch = if self.inner.cluster.view().single {
+            0
+        } else {
+            match self.inner.groups.journal().and_then(|j| j.epoch(super::journal::shard_of(id))) {
+                Some(e) => e,
+                // The shard moved away: its next coordinator finishes this.
+                None => return Err(E::NotCoordinator.code()),
+            }
+        };
+        if let Err(e) = self.write_markers(rec.producer_id, rec.epoch, coordinator_epoch, marker, &tps).await {
             tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared and is retried");
             return Err(E::CoordinatorNotAvailable.code());
         }
@@ -1147,7 +1162,7 @@ mod tests {
 
 /// WriteTxnMarkers for `parts` (topic, partition) at `leader`: each
 /// partition's code, in order, or why there is no answer.
-async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leader: i32, producer_id: i64, epoch: i16, marker: Marker, parts: &[(String, i32)]) -> Result<Vec<i16>, String> {
+async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leader: i32, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, parts: &[(String, i32)]) -> Result<Vec<i16>, String> {
     use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
     use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
     use kafka_protocol::protocol::StrBytes;
@@ -1159,7 +1174,7 @@ async fn send_markers(peers: &crate::kafka::replication::peers::Forwarder, leade
         .with_producer_id(ProducerId(producer_id))
         .with_producer_epoch(epoch)
         .with_transaction_result(marker == Marker::Commit)
-        .with_coordinator_epoch(0)
+        .with_coordinator_epoch(coordinator_epoch)
         .with_topics(topics)]);
     let body = peers.call(leader, crate::kafka::replication::peers::Lane::Markers, kafka_protocol::messages::ApiKey::WriteTxnMarkers, crate::protocol::txn::WRITE_TXN_MARKERS_VERSION, &req).await.map_err(|e| e.to_string())?;
     let answer = crate::protocol::txn::decode_markers(&body).map_err(|e| format!("broker {leader}'s answer does not decode: {e}"))?;

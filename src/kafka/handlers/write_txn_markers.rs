@@ -10,6 +10,7 @@
 //! CLUSTER_ACTION on the cluster, as Kafka asks (brokers hold it; an
 //! operator aborting a transaction needs it too). Per partition, Kafka's
 //! codes: NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
+//! TRANSACTION_COORDINATOR_FENCED (above),
 //! INVALID_PRODUCER_EPOCH when the producer has a newer
 //! epoch at the partition, NOT_ENOUGH_REPLICAS (before anything is
 //! written) when the ISR is smaller than `min.insync.replicas`,
@@ -17,8 +18,13 @@
 //! REQUEST_TIMED_OUT when the in-sync replicas do not take it in time.
 //! A partition named twice in one marker gets one marker. In cluster mode
 //! the transaction coordinator sends every marker this way, to every
-//! partition's leader (itself included). The coordinator epoch is not
-//! checked (coordinators send 0).
+//! partition's leader (itself included), with the leader epoch of the
+//! coordinator shard it loaded the transaction in as its coordinator
+//! epoch: a marker from an older coordinator than one whose marker the
+//! producer has at the partition is TRANSACTION_COORDINATOR_FENCED, as
+//! Kafka's leaders answer, so a deposed coordinator's late marker cannot
+//! end a transaction its successor has moved past. (Markers on a
+//! coordinator shard are not checked so.)
 //!
 //! A partition of the coordinator topic (cluster mode) is a group
 //! coordinator shard: the marker ends the transaction's pending offsets
@@ -107,7 +113,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         }
         let targets: Vec<((String, i32), (std::sync::Arc<crate::engine::Topic>, i32))> = write.into_iter().collect();
         let tps: Vec<crate::storage::Tp> = targets.iter().map(|((_, p), (t, _))| t.tp(*p)).collect();
-        let written = broker.engine.write_markers_checked(m.producer_id.0, m.producer_epoch, marker, &tps).await;
+        let written = broker.engine.write_markers_checked(m.producer_id.0, m.producer_epoch, m.coordinator_epoch, marker, &tps).await;
         // Each written partition's outcome, once its in-sync replicas
         // have the marker.
         let mut outcome: BTreeMap<(String, i32), i16> = BTreeMap::new();

@@ -207,9 +207,13 @@ impl Journal for ShardLogs {
     }
 
     fn ready(&self, shard: u32) -> bool {
-        let Some(broker) = self.broker.upgrade() else { return false };
+        self.epoch(shard).is_some()
+    }
+
+    fn epoch(&self, shard: u32) -> Option<i32> {
+        let broker = self.broker.upgrade()?;
         let view = broker.cluster.view();
-        broker.lead(&view, COORDINATOR_TOPIC, shard as i32).is_ok_and(|epoch| self.loaded(shard) == Some(epoch))
+        broker.lead(&view, COORDINATOR_TOPIC, shard as i32).ok().filter(|epoch| self.loaded(shard) == Some(*epoch))
     }
 }
 
