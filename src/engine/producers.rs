@@ -174,6 +174,9 @@ pub struct ActiveProducer {
     pub last_timestamp: i64,
     /// Where its open transaction starts in the partition (-1: none).
     pub txn_start_offset: i64,
+    /// The newest coordinator epoch of its markers here (-1: none), which
+    /// `kafka-transactions abort` sends back on its marker.
+    pub coordinator_epoch: i32,
 }
 
 /// A loaded snapshot: producer state, transactions, and the log end per tp
@@ -225,6 +228,7 @@ impl Producers {
                         last_sequence: e.batches.back().map_or(-1, |c| c.last_seq),
                         last_timestamp: e.last_timestamp,
                         txn_start_offset: txns.open_start(tp, *pid).unwrap_or(-1),
+                        coordinator_epoch: e.coordinator_epoch,
                     })
                     .collect();
                 list.sort_by_key(|p| p.producer_id);

@@ -704,6 +704,16 @@ async fn write_txn_markers_ends_a_hanging_transaction() {
     let r: WriteTxnMarkersResponse = common::call(&mut sock, 27, 1, 6, &marked(true, epoch, 2, vec![("wtm.t", vec![0])])).await;
     assert_eq!(codes(&r), vec![("wtm.t".into(), 0, 52)], "TRANSACTION_COORDINATOR_FENCED");
     assert_eq!(latest_offsets(&mut sock, "wtm.t").await, (4, 4));
+    // DescribeProducers shows the coordinator epoch, which
+    // `kafka-transactions abort` sends back on its marker.
+    {
+        use kafka_protocol::messages::describe_producers_request::TopicRequest;
+        use kafka_protocol::messages::{DescribeProducersRequest, DescribeProducersResponse};
+        let req = DescribeProducersRequest::default().with_topics(vec![TopicRequest::default().with_name(TopicName(s("wtm.t"))).with_partition_indexes(vec![0])]);
+        let d: DescribeProducersResponse = common::call(&mut sock, 61, 0, 7, &req).await;
+        let producers = &d.topics[0].partitions[0].active_producers;
+        assert_eq!(producers.iter().map(|a| (a.producer_id.0, a.coordinator_epoch)).collect::<Vec<_>>(), vec![(pid, 3)]);
+    }
     // A newer producer of the id fences the old one (its abort marker
     // moves the epoch at the partition): an old-epoch marker is refused.
     let newer = tokio::task::spawn_blocking(move || txn_producer(addr, "hangs", 60_000)).await.unwrap();

@@ -55,6 +55,8 @@
 //!                 | offset i64 | leader_epoch i32 | commit_ms i64 | metadata: string
 //! pending key:  kind u8 (3) | group, topic: u16 len, bytes | partition i32 | producer_id i64
 //! pending value: version u8 (0) | producer_epoch i16 | then an offset value's fields
+//! fence key:    kind u8 (4) | producer_id i64
+//! fence value:  version u8 (0) | coordinator_epoch i32
 //! ```
 //!
 //! A group value's strings come from clients (instance ids, protocol
@@ -85,6 +87,9 @@ const KIND_GROUP: u8 = 1;
 const KIND_TXN: u8 = 2;
 /// The record kind of an offset a transaction commits when it commits.
 const KIND_PENDING: u8 = 3;
+/// The record kind of the newest coordinator epoch of a producer's
+/// markers on this shard.
+const KIND_FENCE: u8 = 4;
 const VALUE_VERSION: u8 = 0;
 
 /// One change: `Some` puts the committed offset, `None` removes it.
@@ -133,6 +138,9 @@ pub enum Record {
     /// An offset (`producer_id`, epoch)'s transaction commits for the
     /// group if it commits; `None` removes it (its transaction ended).
     Pending { group: String, topic: String, partition: i32, producer_id: i64, state: Option<(i16, OffsetRecord)> },
+    /// The newest coordinator epoch of `producer_id`'s markers here: an
+    /// older coordinator's marker is refused (a deposed one's, late).
+    Fence { producer_id: i64, coordinator_epoch: i32 },
 }
 
 /// What a shard's log says: every committed offset it holds now.
@@ -145,6 +153,9 @@ pub type Txns = BTreeMap<String, TxnRecord>;
 /// partition, producer id) -> (producer epoch, offset).
 pub type Pending = BTreeMap<(String, String, i32, i64), (i16, OffsetRecord)>;
 
+/// Producer id -> the newest coordinator epoch of its markers.
+pub type Fences = BTreeMap<i64, i32>;
+
 /// What a shard's log says: committed offsets, the last stored state
 /// of each classic group that has one, and its transactional ids.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -153,6 +164,7 @@ pub struct Shard {
     pub groups: BTreeMap<String, StoredGroup>,
     pub txns: Txns,
     pub pending: Pending,
+    pub fences: Fences,
 }
 
 /// Where a cluster's coordinator writes its changes before it applies
@@ -354,6 +366,13 @@ pub fn encode_record(r: &Record) -> (Vec<u8>, Option<Vec<u8>>) {
         Record::Group { group, state } => (encode_group_key(group), state.as_ref().map(encode_group_value)),
         Record::Txn { id, state } => (encode_txn_key(id), state.as_ref().map(encode_txn_value)),
         Record::Pending { group, topic, partition, producer_id, state } => (encode_pending_key(group, topic, *partition, *producer_id), state.as_ref().map(|(epoch, r)| encode_pending_value(*epoch, r))),
+        Record::Fence { producer_id, coordinator_epoch } => {
+            let mut key = vec![KIND_FENCE];
+            key.extend_from_slice(&producer_id.to_be_bytes());
+            let mut value = vec![VALUE_VERSION];
+            value.extend_from_slice(&coordinator_epoch.to_be_bytes());
+            (key, Some(value))
+        }
     }
 }
 
@@ -460,6 +479,12 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Record>,
             k.end()?;
             let state = value.map(|v| value_of(v, "pending offset", |v| Ok((v.i16()?, take_offset(v)?)))).transpose()?;
             Ok(Some(Record::Pending { group, topic, partition, producer_id, state }))
+        }
+        KIND_FENCE => {
+            let producer_id = k.i64()?;
+            k.end()?;
+            let coordinator_epoch = value_of(value.ok_or("a fence without a value")?, "fence", |v| v.i32())?;
+            Ok(Some(Record::Fence { producer_id, coordinator_epoch }))
         }
         _ => Ok(None),
     }
@@ -607,6 +632,10 @@ pub fn replay(shard: &mut Shard, batches: &[u8], max_bytes: usize) -> Result<(),
                 }
                 Some(Record::Txn { id, state: None }) => {
                     shard.txns.remove(&id);
+                }
+                Some(Record::Fence { producer_id, coordinator_epoch }) => {
+                    let e = shard.fences.entry(producer_id).or_insert(coordinator_epoch);
+                    *e = (*e).max(coordinator_epoch);
                 }
                 Some(Record::Pending { group, topic, partition, producer_id, state }) => {
                     let at = (group, topic, partition, producer_id);
@@ -917,6 +946,21 @@ mod tests {
         replay(&mut shard, &log, 1 << 20).unwrap();
         assert_eq!(shard.offsets.len(), 2);
         assert_eq!(shard.pending.into_iter().collect::<Vec<_>>(), vec![(("g".into(), "t".into(), 0, 2), (0, rec(30, None)))]);
+    }
+
+    #[test]
+    fn fences_round_trip_keep_the_newest_epoch_and_refuse_bad_bytes() {
+        let r = Record::Fence { producer_id: 4000, coordinator_epoch: 9 };
+        let (key, value) = encode_record(&r);
+        let value = value.unwrap();
+        assert_eq!(decode_record(&key, Some(&value)).unwrap(), Some(r));
+        cut_and_extended_fail(&key, &value);
+        assert!(decode_record(&key, None).is_err(), "a fence without a value");
+        let mut log = encode_batch(&[Record::Fence { producer_id: 1, coordinator_epoch: 7 }, Record::Fence { producer_id: 2, coordinator_epoch: 3 }], 1);
+        log.extend_from_slice(&encode_batch(&[Record::Fence { producer_id: 1, coordinator_epoch: 5 }], 2));
+        let mut shard = Shard::default();
+        replay(&mut shard, &log, 1 << 20).unwrap();
+        assert_eq!(shard.fences, [(1, 7), (2, 3)].into());
     }
 
     #[test]

@@ -198,6 +198,9 @@ pub struct Coordinator {
     /// Cluster mode: the offsets open transactions commit if they commit,
     /// by shard (what the shard's log holds; replaced at each load).
     pending: Arc<std::sync::Mutex<HashMap<u32, journal::Pending>>>,
+    /// Cluster mode: by shard, each producer's newest coordinator epoch of
+    /// the markers that reached it (what the shard's log holds).
+    fences: Arc<std::sync::Mutex<HashMap<u32, journal::Fences>>>,
     /// Cluster mode: each shard's group writer, which appends groups'
     /// states and tombstones to the shard's log one at a time, in the
     /// order asked (set with the journal).
@@ -230,7 +233,7 @@ impl Coordinator {
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
         let turns = (0..crate::cluster::topics::COORDINATOR_SHARDS).map(|_| tokio::sync::Mutex::new(())).collect();
-        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), pending: Arc::default(), writers }
+        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), pending: Arc::default(), fences: Arc::default(), writers }
     }
 
     /// Cluster mode, at start: until [`Coordinator::set_journal`], every
@@ -278,8 +281,9 @@ impl Coordinator {
     /// (the transaction coordinator's to take up).
     pub async fn load_shard(&self, shard: u32, read: impl std::future::Future<Output = Result<Option<journal::Shard>, String>>) -> Result<Option<(usize, journal::Txns)>, String> {
         let _turn = self.turns[shard as usize].lock().await;
-        let Some(journal::Shard { offsets: rows, groups: stored, txns, pending }) = read.await? else { return Ok(None) };
+        let Some(journal::Shard { offsets: rows, groups: stored, txns, pending, fences }) = read.await? else { return Ok(None) };
         self.pending.lock().expect("pending offsets lock").insert(shard, pending);
+        self.fences.lock().expect("fences lock").insert(shard, fences);
         let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let count = groups.iter().filter(|g| !stored.contains_key(*g)).count() + stored.len();
         self.apply(offsets::Change::Load { shard, rows }).await.map_err(|e| e.to_string())?;
@@ -317,9 +321,13 @@ impl Coordinator {
     /// partition): the transaction's pending offsets there become the
     /// committed ones (`commit`) or are dropped, by one append of the
     /// committed offsets and the pending ones' tombstones. With nothing
-    /// pending there is nothing to do (the marker came again). `Err` is
-    /// what WriteTxnMarkers answers for the partition.
-    pub async fn end_txn_offsets(&self, shard: u32, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
+    /// pending there is nothing to do (the marker came again). A marker
+    /// from an older coordinator than one whose marker reached the shard
+    /// for this producer is TRANSACTION_COORDINATOR_FENCED (a deposed
+    /// coordinator's, late: it must not end a later transaction's
+    /// offsets); a newer coordinator epoch is stored with the change.
+    /// `Err` is what WriteTxnMarkers answers for the partition.
+    pub async fn end_txn_offsets(&self, shard: u32, producer_id: i64, epoch: i16, coordinator_epoch: i32, commit: bool) -> Result<(), i16> {
         use kafka_protocol::ResponseError as E;
         let j = self.journal.get().ok_or(E::NotLeaderOrFollower.code())?;
         let rows: Vec<offsets::Row> = {
@@ -327,9 +335,14 @@ impl Coordinator {
             if !j.ready(shard) {
                 return Err(E::NotLeaderOrFollower.code());
             }
+            let known = self.fences.lock().expect("fences lock").get(&shard).and_then(|f| f.get(&producer_id).copied());
+            if known.is_some_and(|k| k > coordinator_epoch) {
+                return Err(E::TransactionCoordinatorFenced.code());
+            }
+            let newer = known.is_none_or(|k| coordinator_epoch > k);
             let ours: Vec<((String, String, i32, i64), (i16, OffsetRecord))> =
                 self.pending.lock().expect("pending offsets lock").get(&shard).map(|p| p.iter().filter(|((_, _, _, pid), _)| *pid == producer_id).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
-            if ours.is_empty() {
+            if ours.is_empty() && !newer {
                 return Ok(());
             }
             // A marker older than the offsets is a deposed end's.
@@ -341,7 +354,13 @@ impl Coordinator {
                 records.extend(ours.iter().map(|((g, t, p, _), (_, r))| journal::Record::Offset(journal::Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) })));
             }
             records.extend(ours.iter().map(|((g, t, p, pid), _)| journal::Record::Pending { group: g.clone(), topic: t.clone(), partition: *p, producer_id: *pid, state: None }));
+            if newer {
+                records.push(journal::Record::Fence { producer_id, coordinator_epoch });
+            }
             j.append(shard, records).await.map_err(marker_error)?;
+            if newer {
+                self.fences.lock().expect("fences lock").entry(shard).or_default().insert(producer_id, coordinator_epoch);
+            }
             if let Some(p) = self.pending.lock().expect("pending offsets lock").get_mut(&shard) {
                 for (k, _) in &ours {
                     p.remove(k);
@@ -395,6 +414,7 @@ impl Coordinator {
     pub async fn unload_shard(&self, shard: u32) {
         let _turn = self.turns[shard as usize].lock().await;
         self.pending.lock().expect("pending offsets lock").remove(&shard);
+        self.fences.lock().expect("fences lock").remove(&shard);
         if let Err(e) = self.apply(offsets::Change::Load { shard, rows: Default::default() }).await {
             tracing::warn!(shard, error = %e, "dropping a moved shard's committed offsets from the catalog failed; its groups' lag metrics may linger until it loads here again");
         }
@@ -1261,7 +1281,7 @@ mod tests {
         let dir2 = tempfile::tempdir().unwrap();
         let second = coordinator(dir2.path(), Arc::new(FakeLog::default()));
         let shard = journal::shard_of("g");
-        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), state)].into(), txns: Default::default(), pending: Default::default() };
+        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), state)].into(), txns: Default::default(), pending: Default::default(), fences: Default::default() };
         assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some((1, Default::default()))));
         assert_eq!(second.heartbeat("g".into(), generation, id.clone(), None).await, Some(0));
         let again = second.sync("g".into(), SyncArgs { generation, member_id: id.clone(), ..Default::default() }).await.unwrap();
@@ -1271,7 +1291,7 @@ mod tests {
         // after its session (300 ms): the restore itself set the timer.
         let dir3 = tempfile::tempdir().unwrap();
         let second = coordinator(dir3.path(), Arc::new(FakeLog::default()));
-        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), log.groups().pop().unwrap().1.unwrap())].into(), txns: Default::default(), pending: Default::default() };
+        let loaded = journal::Shard { offsets: Default::default(), groups: [("g".to_string(), log.groups().pop().unwrap().1.unwrap())].into(), txns: Default::default(), pending: Default::default(), fences: Default::default() };
         assert_eq!(second.load_shard(shard, async { Ok(Some(loaded)) }).await, Ok(Some((1, Default::default()))));
         assert_eq!(second.describe(vec!["g".into()]).await[0].state, Some("Stable"));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -1384,49 +1404,59 @@ mod tests {
         assert_eq!(log.appended.lock().unwrap().len(), 2, "both pending offsets in the log");
         // A marker older than the offsets changes nothing; another
         // producer's finds nothing to end.
-        assert_eq!(c.end_txn_offsets(shard, 7, 1, true).await, Err(E::InvalidProducerEpoch.code()));
-        assert_eq!(c.end_txn_offsets(shard, 8, 9, true).await, Ok(()));
+        assert_eq!(c.end_txn_offsets(shard, 7, 1, 2, true).await, Err(E::InvalidProducerEpoch.code()));
         assert_eq!(log.appended.lock().unwrap().len(), 2);
-        // The commit: the offsets and the pending ones' tombstones in one
-        // append, then the catalog.
-        c.end_txn_offsets(shard, 7, 3, true).await.unwrap();
+        // The commit: the offsets, the pending ones' tombstones and the
+        // coordinator's epoch (new for this producer) in one append, then
+        // the catalog.
+        c.end_txn_offsets(shard, 7, 3, 2, true).await.unwrap();
         let committed = c.committed("g").unwrap();
         assert_eq!(committed, vec![("t".to_string(), 0, offset(10)), ("t".to_string(), 1, offset(20))]);
         assert!(c.pending_txn_offsets(&groups).is_empty());
         {
             let appended = log.appended.lock().unwrap();
-            assert_eq!(appended.len(), 6);
+            assert_eq!(appended.len(), 7);
             assert!(matches!(&appended[2], journal::Record::Offset(e) if e.record == Some(offset(10))));
             assert!(matches!(&appended[5], journal::Record::Pending { producer_id: 7, state: None, partition: 1, .. }));
+            assert_eq!(appended[6], journal::Record::Fence { producer_id: 7, coordinator_epoch: 2 });
         }
-        // The marker again: nothing left to do.
-        assert_eq!(c.end_txn_offsets(shard, 7, 3, true).await, Ok(()));
-        assert_eq!(log.appended.lock().unwrap().len(), 6);
+        // The marker again: nothing left to do, nothing written.
+        assert_eq!(c.end_txn_offsets(shard, 7, 3, 2, true).await, Ok(()));
+        assert_eq!(log.appended.lock().unwrap().len(), 7);
+        // A deposed coordinator's marker (an older coordinator epoch) is
+        // refused even with offsets waiting: they are a later
+        // transaction's, its successor's to end.
+        c.stage_txn_offsets(7, 3, "g", vec![("t".into(), 0, offset(11))]).await.unwrap();
+        assert_eq!(c.end_txn_offsets(shard, 7, 3, 1, true).await, Err(E::TransactionCoordinatorFenced.code()));
+        assert_eq!(c.committed("g").unwrap(), committed);
+        c.end_txn_offsets(shard, 7, 3, 2, false).await.unwrap();
         // An abort drops what it staged; the committed offsets stay.
         c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(99))]).await.unwrap();
-        c.end_txn_offsets(shard, 9, 0, false).await.unwrap();
+        c.end_txn_offsets(shard, 9, 0, 0, false).await.unwrap();
         assert_eq!(c.committed("g").unwrap(), committed);
         assert!(c.pending_txn_offsets(&groups).is_empty());
-        assert!(matches!(log.appended.lock().unwrap().last(), Some(journal::Record::Pending { producer_id: 9, state: None, .. })));
+        assert!(log.appended.lock().unwrap().iter().any(|r| matches!(r, journal::Record::Pending { producer_id: 9, state: None, .. })));
         // A log that refuses: nothing staged, nothing ended.
         c.stage_txn_offsets(10, 0, "g", vec![("t".into(), 0, offset(50))]).await.unwrap();
         log.failing.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(c.stage_txn_offsets(11, 0, "g", vec![("t".into(), 1, offset(60))]).await, Err(E::CoordinatorNotAvailable.code()));
-        assert_eq!(c.end_txn_offsets(shard, 10, 0, true).await, Err(E::NotEnoughReplicas.code()));
+        assert_eq!(c.end_txn_offsets(shard, 10, 0, 0, true).await, Err(E::NotEnoughReplicas.code()));
         assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 0)].into(), "producer 10's offset still waits, 11's never did");
         assert_eq!(c.committed("g").unwrap(), committed);
         // A shard this node does not lead (or has not loaded).
         log.failing.store(false, std::sync::atomic::Ordering::SeqCst);
         log.unready.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(c.stage_txn_offsets(12, 0, "g", vec![("t".into(), 0, offset(1))]).await, Err(E::NotCoordinator.code()));
-        assert_eq!(c.end_txn_offsets(shard, 10, 0, true).await, Err(E::NotLeaderOrFollower.code()));
+        assert_eq!(c.end_txn_offsets(shard, 10, 0, 0, true).await, Err(E::NotLeaderOrFollower.code()));
         // Loaded again (elsewhere, say): what the log holds is what waits.
         log.unready.store(false, std::sync::atomic::Ordering::SeqCst);
         let mut shard_log = journal::Shard::default();
         shard_log.pending.insert(("g".into(), "t".into(), 3, 44), (1, offset(7)));
+        shard_log.fences.insert(44, 6);
         assert!(c.load_shard(shard, async { Ok(Some(shard_log)) }).await.unwrap().is_some());
         assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 3)].into());
-        c.end_txn_offsets(shard, 44, 1, true).await.unwrap();
+        assert_eq!(c.end_txn_offsets(shard, 44, 1, 5, true).await, Err(E::TransactionCoordinatorFenced.code()), "the log's fence holds after the load");
+        c.end_txn_offsets(shard, 44, 1, 6, true).await.unwrap();
         assert_eq!(c.committed("g").unwrap(), vec![("t".to_string(), 3, offset(7))], "the load made the catalog the log's (empty), then the marker committed");
     }
 

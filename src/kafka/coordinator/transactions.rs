@@ -111,6 +111,8 @@ struct Inner {
     /// Cluster mode: the links markers go to other nodes' partitions by
     /// (set once the broker exists; until then markers wait).
     peers: std::sync::OnceLock<Arc<crate::kafka::replication::peers::Forwarder>>,
+    /// The timeout pass's tasks at work (at most [`EXPIRE_AT_ONCE`]).
+    expiring: Arc<tokio::sync::Semaphore>,
 }
 
 /// How long an end waits for its markers before it answers
@@ -119,18 +121,25 @@ struct Inner {
 const MARKERS_WITHIN: Duration = Duration::from_secs(10);
 /// Between rounds of markers some leader did not take.
 const MARKERS_RETRY: Duration = Duration::from_millis(200);
+/// Why markers were not all written.
+enum MarkersFailed {
+    /// A partition has a newer coordinator's marker for the producer: this
+    /// node no longer coordinates the transaction.
+    Fenced(String),
+    Other(String),
+}
+
 /// How many ids one timeout pass works on at once.
 const EXPIRE_AT_ONCE: usize = 64;
 
 /// Kafka's transaction coordinator's answer for a state append that
-/// failed: the journal answers as the group coordinator maps it
-/// (`replication::coordinators`), which differs only for a record too
-/// large.
+/// failed (the journal answers as the group coordinator maps it):
+/// NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE as they are, anything
+/// else (a record too large, a storage failure) UNKNOWN_SERVER_ERROR.
 fn txn_append_error(code: i16) -> i16 {
-    if code == E::InvalidCommitOffsetSize.code() {
-        E::UnknownServerError.code()
-    } else {
-        code
+    match E::try_from_code(code) {
+        Some(E::NotCoordinator | E::CoordinatorNotAvailable) => code,
+        _ => E::UnknownServerError.code(),
     }
 }
 
@@ -278,7 +287,7 @@ impl Transactions {
             }
             records.clear();
         }
-        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new() }) };
+        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new(), expiring: Arc::new(tokio::sync::Semaphore::new(EXPIRE_AT_ONCE)) }) };
         // Each producer id's transactional id, for the pass below.
         let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
         for (id, rec) in records {
@@ -378,11 +387,11 @@ impl Transactions {
     /// node loaded it: a leader that has a newer coordinator's marker for
     /// the producer refuses (TRANSACTION_COORDINATOR_FENCED), and this end
     /// stops there, its successor's to finish.
-    async fn write_markers(&self, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, tps: &[Tp]) -> Result<(), String> {
+    async fn write_markers(&self, producer_id: i64, epoch: i16, coordinator_epoch: i32, marker: Marker, tps: &[Tp]) -> Result<(), MarkersFailed> {
         if self.inner.cluster.view().single {
-            return self.inner.engine.write_markers(producer_id, epoch, marker, tps).await.map_err(|e| e.to_string());
+            return self.inner.engine.write_markers(producer_id, epoch, marker, tps).await.map_err(|e| MarkersFailed::Other(e.to_string()));
         }
-        let peers = self.inner.peers.get().ok_or("this node is still starting")?;
+        let peers = self.inner.peers.get().ok_or_else(|| MarkersFailed::Other("this node is still starting".into()))?;
         let deadline = tokio::time::Instant::now() + MARKERS_WITHIN;
         // Each partition by name (a topic deleted meanwhile needs nothing).
         let mut pending: Vec<(String, i32)> = tps.iter().filter_map(|tp| self.inner.engine.topic_by_id(&tp.topic).map(|t| (t.name().to_owned(), tp.partition))).collect();
@@ -416,7 +425,7 @@ impl Transactions {
                 });
             }
             while let Some(done) = sends.join_next().await {
-                let Ok((leader, parts, outcome)) = done else { return Err("sending markers failed".into()) };
+                let Ok((leader, parts, outcome)) = done else { return Err(MarkersFailed::Other("sending markers failed".into())) };
                 match outcome {
                     Ok(codes) => {
                         for (at, code) in parts.into_iter().zip(codes) {
@@ -426,7 +435,7 @@ impl Transactions {
                                 // lagging leader may not have it yet).
                                 Some(E::UnknownTopicOrPartition) if self.inner.engine.topic(&at.0).is_none_or(|t| at.1 >= t.partitions()) => {}
                                 Some(E::InvalidProducerEpoch) => tracing::warn!(topic = %at.0, partition = at.1, producer_id, epoch, "a transaction marker found a newer producer epoch at its partition; none written there"),
-                                Some(E::TransactionCoordinatorFenced) => return Err(format!("{}-{} has a marker of a newer coordinator than this one (coordinator epoch {coordinator_epoch}): this node no longer coordinates the transaction", at.0, at.1)),
+                                Some(E::TransactionCoordinatorFenced) => return Err(MarkersFailed::Fenced(format!("{}-{} has a marker of a newer coordinator than this one (coordinator epoch {coordinator_epoch}): this node no longer coordinates the transaction", at.0, at.1))),
                                 _ => {
                                     why = format!("broker {leader} refused the marker for {}-{} (error {code})", at.0, at.1);
                                     pending.push(at);
@@ -444,10 +453,28 @@ impl Transactions {
                 return Ok(());
             }
             if tokio::time::Instant::now() + MARKERS_RETRY >= deadline {
-                return Err(format!("{} partitions without their marker: {why}", pending.len()));
+                return Err(MarkersFailed::Other(format!("{} partitions without their marker: {why}", pending.len())));
             }
             tokio::time::sleep(MARKERS_RETRY).await;
         }
+    }
+
+    /// Cluster mode: whether `slot` is still `id`'s here (its shard did
+    /// not load again or move away since it was taken); always in
+    /// single-node mode.
+    fn current(&self, id: &str, slot: &Slot) -> bool {
+        self.inner.cluster.view().single || self.existing(id).is_some_and(|s| Arc::ptr_eq(&s, slot))
+    }
+
+    /// The slot of an id this node knows, locked, if it is still the id's
+    /// once the lock is had (cluster mode: NOT_COORDINATOR otherwise).
+    async fn held(&self, id: &str) -> Result<(Slot, tokio::sync::OwnedMutexGuard<Option<TxnRecord>>), i16> {
+        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
+        let guard = slot.clone().lock_owned().await;
+        if !self.current(id, &slot) {
+            return Err(E::NotCoordinator.code());
+        }
+        Ok((slot, guard))
     }
 
     fn slot(&self, id: &str) -> Slot {
@@ -569,6 +596,9 @@ impl Transactions {
             Marker::Abort => TxnState::PrepareAbort,
         };
         next.update_ms = self.now();
+        if !self.current(id, slot) {
+            return Err(E::NotCoordinator.code());
+        }
         // No batch of the transaction is admitted after this point, so all
         // of it lies below these ends (which recovery relies on).
         let known: Vec<(usize, Tp)> = next.partitions.iter().enumerate().filter_map(|(i, w)| self.tp(w).map(|tp| (i, tp))).collect();
@@ -611,18 +641,28 @@ impl Transactions {
         } else {
             self.tps(&rec.partitions)
         };
+        // Cluster mode: the markers carry the shard's leader epoch, which
+        // is the one this slot was loaded in while the slot is current.
         let coordinator_epoch = if self.inner.cluster.view().single {
             0
         } else {
             match self.inner.groups.journal().and_then(|j| j.epoch(super::journal::shard_of(id))) {
-                Some(e) => e,
-                // The shard moved away: its next coordinator finishes this.
-                None => return Err(E::NotCoordinator.code()),
+                Some(e) if self.current(id, slot) => e,
+                // The shard moved away (or loaded again): its coordinator
+                // now finishes this.
+                _ => return Err(E::NotCoordinator.code()),
             }
         };
-        if let Err(e) = self.write_markers(rec.producer_id, rec.epoch, coordinator_epoch, marker, &tps).await {
-            tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared and is retried");
-            return Err(E::CoordinatorNotAvailable.code());
+        match self.write_markers(rec.producer_id, rec.epoch, coordinator_epoch, marker, &tps).await {
+            Ok(()) => {}
+            Err(MarkersFailed::Fenced(e)) => {
+                tracing::warn!(transactional_id = %id, error = %e, "a newer coordinator has this transaction; this node stops ending it");
+                return Err(E::NotCoordinator.code());
+            }
+            Err(MarkersFailed::Other(e)) => {
+                tracing::error!(transactional_id = %id, error = %e, "writing transaction markers failed; the transaction stays prepared and is retried");
+                return Err(E::CoordinatorNotAvailable.code());
+            }
         }
         if marker == Marker::Commit && !rec.offsets.is_empty() {
             for group in rec.offsets.iter().map(|o| o.group.clone()).collect::<std::collections::BTreeSet<_>>() {
@@ -635,24 +675,27 @@ impl Transactions {
                 return Err(E::CoordinatorNotAvailable.code());
             }
         }
-        rec.state = match marker {
+        let mut next = rec.clone();
+        next.state = match marker {
             Marker::Commit => TxnState::CompleteCommit,
             Marker::Abort => TxnState::CompleteAbort,
         };
-        rec.partitions.clear();
-        rec.groups.clear();
-        rec.offsets.clear();
-        rec.ends.clear();
-        rec.start_ms = -1;
-        rec.update_ms = self.now();
-        if rec.next_producer_id >= 0 {
+        next.partitions.clear();
+        next.groups.clear();
+        next.offsets.clear();
+        next.ends.clear();
+        next.start_ms = -1;
+        next.update_ms = self.now();
+        if next.next_producer_id >= 0 {
             // The markers took the last epoch: go on under the new id.
-            let new_id = std::mem::replace(&mut rec.next_producer_id, -1);
-            rotate(rec, new_id);
+            let new_id = std::mem::replace(&mut next.next_producer_id, -1);
+            rotate(&mut next, new_id);
         }
         // Not flushed: were it lost, the Prepare* record finishes again at
         // start-up (see `recovering`).
-        self.persist(id, slot, rec, false).await
+        self.persist(id, slot, &next, false).await?;
+        *rec = next;
+        Ok(())
     }
 
     /// InitProducerId with a transactional id.
@@ -705,18 +748,20 @@ impl Transactions {
             TxnState::Ongoing => self.end(id, &slot, rec, Marker::Abort, true).await?,
             _ => {}
         }
-        match next_epoch(rec.epoch) {
-            Some(e) => rec.epoch = e,
+        let mut next = rec.clone();
+        match next_epoch(next.epoch) {
+            Some(e) => next.epoch = e,
             None => {
                 let new_id = self.allocate().await?;
-                rotate(rec, new_id);
+                rotate(&mut next, new_id);
             }
         }
-        rec.last_epoch = -1;
-        rec.state = TxnState::Empty;
-        rec.timeout_ms = timeout_ms;
-        rec.update_ms = now;
-        self.persist(id, &slot, rec, true).await?;
+        next.last_epoch = -1;
+        next.state = TxnState::Empty;
+        next.timeout_ms = timeout_ms;
+        next.update_ms = now;
+        self.persist(id, &slot, &next, true).await?;
+        *rec = next;
         Ok((rec.producer_id, rec.epoch))
     }
 
@@ -727,8 +772,7 @@ impl Transactions {
     /// AddPartitionsToTxn for one transaction. Returns a code for the whole
     /// transaction, or per partition (in request order).
     pub async fn add_partitions(&self, id: &str, producer_id: i64, epoch: i16, wanted: &[(String, i32)], verify_only: bool, version: i16) -> Result<Vec<i16>, i16> {
-        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
-        let mut guard = slot.lock().await;
+        let (slot, mut guard) = self.held(id).await?;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         check_producer(rec, producer_id, epoch, version >= 2)?;
         // Sets, not list scans: a request may name many partitions, and
@@ -761,22 +805,25 @@ impl Transactions {
             // Kafka adds all or nothing: the rest were not attempted.
             return Ok(codes.into_iter().map(|c| if c == 0 { E::OperationNotAttempted.code() } else { c }).collect());
         }
-        let began = begin(rec, self.now())?;
+        // Changes go into a copy, kept once stored.
+        let mut next = rec.clone();
+        let began = begin(&mut next, self.now())?;
         let mut changed = began;
         // After `begin`: a new transaction starts with no partitions.
-        let mut have: HashSet<(String, i32)> = rec.partitions.iter().cloned().collect();
+        let mut have: HashSet<(String, i32)> = next.partitions.iter().cloned().collect();
         for w in wanted {
             if have.insert(w.clone()) {
-                rec.partitions.push(w.clone());
+                next.partitions.push(w.clone());
                 changed = true;
             }
         }
         if changed {
-            rec.update_ms = self.now();
+            next.update_ms = self.now();
             // The start of a transaction is flushed: were it lost, a retry
             // of its EndTxn would find the last transaction complete and
             // answer success for one never decided.
-            self.persist(id, &slot, rec, began).await?;
+            self.persist(id, &slot, &next, began).await?;
+            *rec = next;
         }
         self.inner.engine.add_txn_partitions(rec.producer_id, rec.epoch, &tps);
         Ok(codes)
@@ -808,14 +855,15 @@ impl Transactions {
 
     /// AddOffsetsToTxn.
     pub async fn add_offsets(&self, id: &str, producer_id: i64, epoch: i16, group: &str, version: i16) -> Result<(), i16> {
-        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
-        let mut guard = slot.lock().await;
+        let (slot, mut guard) = self.held(id).await?;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         check_producer(rec, producer_id, epoch, version >= 2)?;
-        let began = begin(rec, self.now())?;
+        // Changes go into a copy, kept once stored.
+        let mut next = rec.clone();
+        let began = begin(&mut next, self.now())?;
         let mut changed = began;
-        if !rec.groups.iter().any(|g| g == group) {
-            rec.groups.push(group.to_owned());
+        if !next.groups.iter().any(|g| g == group) {
+            next.groups.push(group.to_owned());
             changed = true;
         }
         // Cluster mode: the group's shard is one of the transaction's
@@ -823,14 +871,15 @@ impl Transactions {
         // which holds the offsets (Kafka's `__consumer_offsets` partition).
         if !self.inner.cluster.view().single {
             let shard = (crate::cluster::topics::COORDINATOR_TOPIC.to_owned(), super::journal::shard_of(group) as i32);
-            if !rec.partitions.contains(&shard) {
-                rec.partitions.push(shard);
+            if !next.partitions.contains(&shard) {
+                next.partitions.push(shard);
                 changed = true;
             }
         }
         if changed {
-            rec.update_ms = self.now();
-            self.persist(id, &slot, rec, began).await?;
+            next.update_ms = self.now();
+            self.persist(id, &slot, &next, began).await?;
+            *rec = next;
         }
         Ok(())
     }
@@ -849,8 +898,7 @@ impl Transactions {
         offsets: Vec<(String, i32, i64, i32, Option<String>)>,
         version: i16,
     ) -> Result<Vec<i16>, i16> {
-        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
-        let mut guard = slot.lock().await;
+        let (slot, mut guard) = self.held(id).await?;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         check_producer(rec, producer_id, epoch, version >= 3)?;
         // From v5 (transactions v2) the commit brings its group into the
@@ -867,12 +915,14 @@ impl Transactions {
             Some(Err(code)) => return Err(code),
             None => return Err(E::CoordinatorNotAvailable.code()),
         }
-        let began = begin(rec, self.now())?;
+        // Changes go into a copy, kept once stored.
+        let mut next = rec.clone();
+        let began = begin(&mut next, self.now())?;
         let now = self.now();
         let mut codes = Vec::with_capacity(offsets.len());
         // Where each (group, topic, partition) already sits: a later commit
         // of the same partition replaces it in place (the last one wins).
-        let mut at: HashMap<(String, String, i32), usize> = rec.offsets.iter().enumerate().map(|(i, o)| ((o.group.clone(), o.topic.clone(), o.partition), i)).collect();
+        let mut at: HashMap<(String, String, i32), usize> = next.offsets.iter().enumerate().map(|(i, o)| ((o.group.clone(), o.topic.clone(), o.partition), i)).collect();
         for (topic, partition, offset, leader_epoch, metadata) in offsets {
             let code = if self.tp(&(topic.clone(), partition)).is_none() {
                 E::UnknownTopicOrPartition.code()
@@ -881,22 +931,23 @@ impl Transactions {
             } else {
                 let record = OffsetRecord { offset, leader_epoch, metadata, commit_ms: now };
                 match at.entry((group.to_owned(), topic.clone(), partition)) {
-                    std::collections::hash_map::Entry::Occupied(e) => rec.offsets[*e.get()].record = record,
+                    std::collections::hash_map::Entry::Occupied(e) => next.offsets[*e.get()].record = record,
                     std::collections::hash_map::Entry::Vacant(e) => {
-                        e.insert(rec.offsets.len());
-                        rec.offsets.push(TxnOffset { group: group.to_owned(), topic, partition, record });
+                        e.insert(next.offsets.len());
+                        next.offsets.push(TxnOffset { group: group.to_owned(), topic, partition, record });
                     }
                 }
                 0
             };
             codes.push(code);
         }
-        if !rec.groups.iter().any(|g| g == group) {
-            rec.groups.push(group.to_owned());
+        if !next.groups.iter().any(|g| g == group) {
+            next.groups.push(group.to_owned());
         }
-        rec.update_ms = now;
+        next.update_ms = now;
         // A transaction begun here is flushed, as in `add_partitions`.
-        self.persist(id, &slot, rec, began).await?;
+        self.persist(id, &slot, &next, began).await?;
+        *rec = next;
         Ok(codes)
     }
 
@@ -904,8 +955,7 @@ impl Transactions {
     /// with (EndTxn v5 answers them; from transactions v2 on, version 5,
     /// every end moves the epoch).
     pub async fn end_txn(&self, id: &str, producer_id: i64, epoch: i16, commit: bool, version: i16) -> Result<(i64, i16), i16> {
-        let slot = self.existing(id).ok_or(E::InvalidProducerIdMapping.code())?;
-        let mut guard = slot.lock().await;
+        let (slot, mut guard) = self.held(id).await?;
         let rec = guard.as_mut().ok_or(E::InvalidProducerIdMapping.code())?;
         if version >= 5 {
             match v2_end(rec, producer_id, epoch, commit)? {
@@ -983,34 +1033,44 @@ impl Transactions {
 
     /// Aborts transactions open past their timeout, finishes prepared
     /// ones, and forgets ids idle past `transactional.id.expiration.ms`.
-    /// Ids run side by side (up to [`EXPIRE_AT_ONCE`]), and an id busy
-    /// with a request is left for a later pass, so one end whose markers
-    /// wait holds no other back. Cluster mode: only ids of shards this
-    /// node coordinates in its current leader epoch.
+    /// Each id due is worked on in a task of its own, up to
+    /// [`EXPIRE_AT_ONCE`] at a time, and the pass does not wait for them:
+    /// an end whose markers wait holds no other id back, not even for the
+    /// next pass. An id busy with a request, or with a task of an earlier
+    /// pass, is left for a later one. Cluster mode: only ids of shards
+    /// this node coordinates in its current leader epoch. An id whose
+    /// slot is empty (a first InitProducerId that failed) leaves the map.
     pub async fn expire(&self) {
         let slots: Vec<(String, Slot)> = self.inner.ids.lock().expect("txn ids lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let single = self.inner.cluster.view().single;
-        let mut work = tokio::task::JoinSet::new();
         for (id, slot) in slots {
             if !single && !self.inner.groups.ready(&id) {
                 continue;
             }
-            while work.len() >= EXPIRE_AT_ONCE {
-                work.join_next().await;
-            }
             let Ok(guard) = slot.clone().try_lock_owned() else { continue };
             let now = self.now();
-            let due = guard.as_ref().is_some_and(|rec| match rec.state {
+            let Some(rec) = guard.as_ref() else {
+                let mut ids = self.inner.ids.lock().expect("txn ids lock");
+                if ids.get(&id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                    ids.remove(&id);
+                }
+                continue;
+            };
+            let due = match rec.state {
                 TxnState::PrepareCommit | TxnState::PrepareAbort => true,
                 TxnState::Ongoing => now - rec.start_ms > rec.timeout_ms as i64,
                 TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => now - rec.update_ms > self.inner.cfg.id_expiration_ms,
-            });
-            if due {
-                let t = self.clone();
-                work.spawn(async move { t.expire_one(id, slot, guard).await });
+            };
+            if !due {
+                continue;
             }
+            let Ok(permit) = self.inner.expiring.clone().try_acquire_owned() else { return };
+            let t = self.clone();
+            tokio::spawn(async move {
+                t.expire_one(id, slot, guard).await;
+                drop(permit);
+            });
         }
-        while work.join_next().await.is_some() {}
     }
 
     async fn expire_one(&self, id: String, slot: Slot, mut guard: tokio::sync::OwnedMutexGuard<Option<TxnRecord>>) {

@@ -36,7 +36,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
                                         .with_producer_epoch(a.epoch.into())
                                         .with_last_sequence(a.last_sequence)
                                         .with_last_timestamp(a.last_timestamp)
-                                        .with_coordinator_epoch(-1)
+                                        .with_coordinator_epoch(a.coordinator_epoch)
                                         .with_current_txn_start_offset(a.txn_start_offset)
                                 })
                                 .collect(),

@@ -23,8 +23,9 @@
 //! epoch: a marker from an older coordinator than one whose marker the
 //! producer has at the partition is TRANSACTION_COORDINATOR_FENCED, as
 //! Kafka's leaders answer, so a deposed coordinator's late marker cannot
-//! end a transaction its successor has moved past. (Markers on a
-//! coordinator shard are not checked so.)
+//! end a transaction its successor has moved past. A coordinator shard
+//! keeps each producer's newest coordinator epoch in its log for the same
+//! check.
 //!
 //! A partition of the coordinator topic (cluster mode) is a group
 //! coordinator shard: the marker ends the transaction's pending offsets
@@ -32,7 +33,8 @@
 //! shard's log first), as Kafka's markers on `__consumer_offsets` do.
 //! NOT_LEADER_OR_FOLLOWER while this node does not lead the shard or has
 //! not loaded it, INVALID_PRODUCER_EPOCH for a marker older than the
-//! offsets, NOT_ENOUGH_REPLICAS when the shard's log does not take it.
+//! offsets, TRANSACTION_COORDINATOR_FENCED for an older coordinator's,
+//! NOT_ENOUGH_REPLICAS when the shard's log does not take it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -118,7 +120,7 @@ pub async fn handle(broker: &Broker, req: Request, _version: i16) -> Option<Resp
         // have the marker.
         let mut outcome: BTreeMap<(String, i32), i16> = BTreeMap::new();
         for s in shards {
-            let code = broker.coordinator.end_txn_offsets(s as u32, m.producer_id.0, m.producer_epoch, m.transaction_result).await.err().unwrap_or(0);
+            let code = broker.coordinator.end_txn_offsets(s as u32, m.producer_id.0, m.producer_epoch, m.coordinator_epoch, m.transaction_result).await.err().unwrap_or(0);
             outcome.insert((crate::cluster::topics::COORDINATOR_TOPIC.to_owned(), s), code);
         }
         for (((name, p), (topic, epoch)), w) in targets.into_iter().zip(written) {
