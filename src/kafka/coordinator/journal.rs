@@ -151,7 +151,10 @@ pub type Txns = BTreeMap<String, TxnRecord>;
 
 /// Offsets open transactions commit if they commit: (group, topic,
 /// partition, producer id) -> (producer epoch, offset).
-pub type Pending = BTreeMap<(String, String, i32, i64), (i16, OffsetRecord)>;
+pub type Pending = BTreeMap<PendingKey, (i16, OffsetRecord)>;
+
+/// (group, topic, partition, producer id) of a pending offset.
+pub type PendingKey = (String, String, i32, i64);
 
 /// Producer id -> the newest coordinator epoch of its markers.
 pub type Fences = BTreeMap<i64, i32>;
@@ -201,8 +204,14 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// The record key of (group, topic, partition).
 pub fn encode_key(group: &str, topic: &str, partition: i32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + 2 + group.len() + 2 + topic.len() + 4);
-    out.push(KIND_OFFSET);
+    partition_key(KIND_OFFSET, group, topic, partition, 0)
+}
+
+/// A key of `kind` naming (group, topic, partition), with room for
+/// `more` bytes after.
+fn partition_key(kind: u8, group: &str, topic: &str, partition: i32, more: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 2 + group.len() + 2 + topic.len() + 4 + more);
+    out.push(kind);
     put_str(&mut out, group);
     put_str(&mut out, topic);
     out.extend_from_slice(&partition.to_be_bytes());
@@ -233,11 +242,7 @@ fn put_offset(out: &mut Vec<u8>, r: &OffsetRecord) {
 
 /// The record key of a pending offset of `producer_id`'s transaction.
 pub fn encode_pending_key(group: &str, topic: &str, partition: i32, producer_id: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + 2 + group.len() + 2 + topic.len() + 4 + 8);
-    out.push(KIND_PENDING);
-    put_str(&mut out, group);
-    put_str(&mut out, topic);
-    out.extend_from_slice(&partition.to_be_bytes());
+    let mut out = partition_key(KIND_PENDING, group, topic, partition, 8);
     out.extend_from_slice(&producer_id.to_be_bytes());
     out
 }
@@ -305,15 +310,11 @@ pub fn encode_txn_key(id: &str) -> Vec<u8> {
     out
 }
 
+/// A transaction state's code is its place here.
+const TXN_STATES: [TxnState; 6] = [TxnState::Empty, TxnState::Ongoing, TxnState::PrepareCommit, TxnState::PrepareAbort, TxnState::CompleteCommit, TxnState::CompleteAbort];
+
 fn txn_state_code(s: TxnState) -> u8 {
-    match s {
-        TxnState::Empty => 0,
-        TxnState::Ongoing => 1,
-        TxnState::PrepareCommit => 2,
-        TxnState::PrepareAbort => 3,
-        TxnState::CompleteCommit => 4,
-        TxnState::CompleteAbort => 5,
-    }
+    TXN_STATES.iter().position(|t| *t == s).expect("every state is listed") as u8
 }
 
 fn put_count(out: &mut Vec<u8>, n: usize) {
@@ -472,9 +473,7 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Record>,
             Ok(Some(Record::Txn { id, state }))
         }
         KIND_PENDING => {
-            let group = k.short_string()?;
-            let topic = k.short_string()?;
-            let partition = k.i32()?;
+            let (group, topic, partition) = take_partition(&mut k)?;
             let producer_id = k.i64()?;
             k.end()?;
             let state = value.map(|v| value_of(v, "pending offset", |v| Ok((v.i16()?, take_offset(v)?)))).transpose()?;
@@ -490,10 +489,14 @@ pub fn decode_record(key: &[u8], value: Option<&[u8]>) -> Result<Option<Record>,
     }
 }
 
+/// The (group, topic, partition) an offset's or a pending offset's key
+/// names.
+fn take_partition(k: &mut Take<'_>) -> Result<(String, String, i32), String> {
+    Ok((k.short_string()?, k.short_string()?, k.i32()?))
+}
+
 fn decode_offset(mut k: Take<'_>, value: Option<&[u8]>) -> Result<Entry, String> {
-    let group = k.short_string()?;
-    let topic = k.short_string()?;
-    let partition = k.i32()?;
+    let (group, topic, partition) = take_partition(&mut k)?;
     k.end()?;
     let record = value.map(|v| value_of(v, "offset", take_offset)).transpose()?;
     Ok(Entry { group, topic, partition, record })
@@ -562,15 +565,8 @@ fn take_txn(v: &mut Take<'_>) -> Result<TxnRecord, String> {
     let producer_id = v.i64()?;
     let epoch = v.i16()?;
     let last_epoch = v.i16()?;
-    let state = match v.u8()? {
-        0 => TxnState::Empty,
-        1 => TxnState::Ongoing,
-        2 => TxnState::PrepareCommit,
-        3 => TxnState::PrepareAbort,
-        4 => TxnState::CompleteCommit,
-        5 => TxnState::CompleteAbort,
-        s => return Err(format!("transaction state {s}")),
-    };
+    let code = v.u8()?;
+    let state = *TXN_STATES.get(code as usize).ok_or_else(|| format!("transaction state {code}"))?;
     let timeout_ms = v.i32()?;
     let start_ms = v.i64()?;
     let update_ms = v.i64()?;
@@ -712,6 +708,12 @@ mod tests {
         assert_eq!(decode_record(&other, Some(b"whatever")).unwrap(), None);
     }
 
+    /// `r` encodes and decodes back to itself.
+    fn round_trips(r: Record) {
+        let (key, value) = encode_record(&r);
+        assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+    }
+
     /// Every cut of a key or value, and a byte past either's end, fails.
     fn cut_and_extended_fail(key: &[u8], value: &[u8]) {
         for n in 0..key.len() {
@@ -787,12 +789,9 @@ mod tests {
     #[test]
     fn group_records_round_trip() {
         for g in [stored(7, &[("m1", None), ("m2", Some("static-é"))]), stored(3, &[]), StoredGroup { protocol_type: None, ..stored(0, &[]) }] {
-            let r = Record::Group { group: "gé".into(), state: Some(g) };
-            let (key, value) = encode_record(&r);
-            assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+            round_trips(Record::Group { group: "gé".into(), state: Some(g) });
         }
-        let (key, _) = encode_record(&Record::Group { group: "g".into(), state: None });
-        assert_eq!(decode_record(&key, None).unwrap(), Some(Record::Group { group: "g".into(), state: None }));
+        round_trips(Record::Group { group: "g".into(), state: None });
     }
 
     #[test]
@@ -867,13 +866,10 @@ mod tests {
         for t in states.into_iter().map(txn).chain([fresh, TxnRecord { next_producer_id: 5000, epoch: i16::MAX, ..txn(TxnState::PrepareAbort) }]) {
             // Transactional ids are as long as a client makes them.
             for id in ["tx-é".to_string(), "x".repeat(70_000)] {
-                let r = Record::Txn { id, state: Some(t.clone()) };
-                let (key, value) = encode_record(&r);
-                assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+                round_trips(Record::Txn { id, state: Some(t.clone()) });
             }
         }
-        let (key, _) = encode_record(&Record::Txn { id: "t".into(), state: None });
-        assert_eq!(decode_record(&key, None).unwrap(), Some(Record::Txn { id: "t".into(), state: None }));
+        round_trips(Record::Txn { id: "t".into(), state: None });
     }
 
     #[test]
@@ -935,8 +931,7 @@ mod tests {
     #[test]
     fn pending_offsets_round_trip_wait_beside_committed_ones_and_end_with_their_tombstones() {
         for r in [pending("gé", "app.events", 4, 4000, Some((7, rec(12, Some("m"))))), pending("g", "t", 0, -1, Some((0, rec(0, None)))), pending("g", "t", 0, 9, None)] {
-            let (key, value) = encode_record(&r);
-            assert_eq!(decode_record(&key, value.as_deref()).unwrap(), Some(r));
+            round_trips(r);
         }
         // A transaction stages two offsets, another one; the first commits
         // (its offsets and tombstones in one batch), the other stays open.
@@ -951,9 +946,9 @@ mod tests {
     #[test]
     fn fences_round_trip_keep_the_newest_epoch_and_refuse_bad_bytes() {
         let r = Record::Fence { producer_id: 4000, coordinator_epoch: 9 };
+        round_trips(r.clone());
         let (key, value) = encode_record(&r);
         let value = value.unwrap();
-        assert_eq!(decode_record(&key, Some(&value)).unwrap(), Some(r));
         cut_and_extended_fail(&key, &value);
         assert!(decode_record(&key, None).is_err(), "a fence without a value");
         let mut log = encode_batch(&[Record::Fence { producer_id: 1, coordinator_epoch: 7 }, Record::Fence { producer_id: 2, coordinator_epoch: 3 }], 1);

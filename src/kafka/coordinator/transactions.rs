@@ -561,8 +561,7 @@ impl Transactions {
     /// Cluster mode: `shard` moved to another node; its transactional ids
     /// are forgotten here (their requests are answered NOT_COORDINATOR).
     pub async fn unload_shard(&self, shard: u32) {
-        let _turn = self.inner.groups.turn(shard).await;
-        self.inner.ids.lock().expect("txn ids lock").retain(|id, _| super::journal::shard_of(id) != shard);
+        self.load_shard(shard, Default::default()).await;
     }
 
     /// Topic names to tps; partitions of topics deleted since are skipped.

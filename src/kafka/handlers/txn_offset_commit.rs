@@ -102,7 +102,8 @@ async fn staged(broker: &Broker, id: &str, group: &str, producer_id: i64, epoch:
     }
     let now = broker.engine.now_ms();
     let mut codes = Vec::with_capacity(n);
-    let mut rows: Vec<(String, i32, crate::meta::OffsetRecord)> = Vec::with_capacity(n);
+    // One row per partition: the last offset a request names for it wins.
+    let mut rows: std::collections::HashMap<(String, i32), crate::meta::OffsetRecord> = std::collections::HashMap::with_capacity(n);
     for (topic, partition, offset, leader_epoch, metadata) in offsets {
         let known = broker.engine.topic(&topic).is_some_and(|t| partition >= 0 && partition < t.partitions());
         codes.push(if !known {
@@ -110,15 +111,14 @@ async fn staged(broker: &Broker, id: &str, group: &str, producer_id: i64, epoch:
         } else if metadata.as_ref().is_some_and(|m| m.len() > super::offset_commit::MAX_METADATA_BYTES) {
             E::OffsetMetadataTooLarge.code()
         } else {
-            // The last offset a request names for a partition wins.
-            rows.retain(|(t, p, _)| !(*t == topic && *p == partition));
-            rows.push((topic, partition, crate::meta::OffsetRecord { offset, leader_epoch, metadata, commit_ms: now }));
+            rows.insert((topic, partition), crate::meta::OffsetRecord { offset, leader_epoch, metadata, commit_ms: now });
             0
         });
     }
     if rows.is_empty() {
         return codes;
     }
+    let rows = rows.into_iter().map(|((t, p), r)| (t, p, r)).collect();
     match broker.coordinator.stage_txn_offsets(producer_id, epoch, group, rows).await {
         Ok(()) => codes,
         Err(code) => codes.into_iter().map(|c| if c == 0 { code } else { c }).collect(),

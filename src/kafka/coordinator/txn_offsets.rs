@@ -1,0 +1,134 @@
+//! Transactional offsets at the group's coordinator (cluster mode;
+//! docs/cluster.md, "Transaction state", step 5): a transaction's offsets
+//! wait in the group's shard as pending ones until its marker reaches the
+//! shard, which commits or drops them; the shard also keeps each
+//! producer's newest coordinator epoch, so a deposed coordinator's late
+//! marker is refused. Kafka's pending transactional offsets on
+//! `__consumer_offsets`. The journal records are `journal::Record::Pending`
+//! and `journal::Record::Fence`; the maps they fill are `Coordinator`'s
+//! `pending` and `fences`, loaded with each shard.
+
+use std::collections::HashMap;
+
+use super::{journal, offsets, CommitIds, Coordinator};
+use crate::meta::OffsetRecord;
+
+impl Coordinator {
+    /// Cluster mode (TxnOffsetCommit at the group's coordinator): offsets
+    /// (`producer_id`, `epoch`)'s transaction commits for `group` if it
+    /// commits. They are appended to the group's shard as pending offsets
+    /// and wait, in memory and in the log, for the transaction's marker
+    /// ([`Coordinator::end_txn_offsets`]); a later offset of the same
+    /// partition in the same transaction replaces it. Rows: (topic,
+    /// partition, offset).
+    pub async fn stage_txn_offsets(&self, producer_id: i64, epoch: i16, group: &str, rows: Vec<(String, i32, OffsetRecord)>) -> Result<(), i16> {
+        use kafka_protocol::ResponseError as E;
+        let j = self.journal.get().ok_or(E::CoordinatorNotAvailable.code())?;
+        let shard = journal::shard_of(group);
+        let _turn = self.turns[shard as usize].lock().await;
+        if !j.ready(shard) {
+            return Err(E::NotCoordinator.code());
+        }
+        let records = rows.iter().map(|(t, p, r)| journal::Record::Pending { group: group.to_owned(), topic: t.clone(), partition: *p, producer_id, state: Some((epoch, r.clone())) }).collect();
+        j.append(shard, records).await?;
+        let mut pending = self.pending.lock().expect("pending offsets lock");
+        let shard = pending.entry(shard).or_default();
+        for (t, p, r) in rows {
+            shard.insert((group.to_owned(), t, p, producer_id), (epoch, r));
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: the marker of (`producer_id`, `epoch`)'s transaction
+    /// reached `shard` (WriteTxnMarkers for the coordinator topic's
+    /// partition): the transaction's pending offsets there become the
+    /// committed ones (`commit`) or are dropped, by one append of the
+    /// committed offsets and the pending ones' tombstones. With nothing
+    /// pending there is nothing to do (the marker came again). A marker
+    /// from an older coordinator than one whose marker reached the shard
+    /// for this producer is TRANSACTION_COORDINATOR_FENCED (a deposed
+    /// coordinator's, late: it must not end a later transaction's
+    /// offsets); a newer coordinator epoch is stored with the change.
+    /// `Err` is what WriteTxnMarkers answers for the partition.
+    pub async fn end_txn_offsets(&self, shard: u32, producer_id: i64, epoch: i16, coordinator_epoch: i32, commit: bool) -> Result<(), i16> {
+        use kafka_protocol::ResponseError as E;
+        let j = self.journal.get().ok_or(E::NotLeaderOrFollower.code())?;
+        let rows: Vec<offsets::Row> = {
+            let _turn = self.turns[shard as usize].lock().await;
+            if !j.ready(shard) {
+                return Err(E::NotLeaderOrFollower.code());
+            }
+            let known = self.fences.lock().expect("fences lock").get(&shard).and_then(|f| f.get(&producer_id).copied());
+            if known.is_some_and(|k| k > coordinator_epoch) {
+                return Err(E::TransactionCoordinatorFenced.code());
+            }
+            let newer = known.is_none_or(|k| coordinator_epoch > k);
+            let ours: Vec<(journal::PendingKey, (i16, OffsetRecord))> =
+                self.pending.lock().expect("pending offsets lock").get(&shard).map(|p| p.iter().filter(|((_, _, _, pid), _)| *pid == producer_id).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+            if ours.is_empty() && !newer {
+                return Ok(());
+            }
+            // A marker older than the offsets is a deposed end's.
+            if ours.iter().any(|(_, (e, _))| *e > epoch) {
+                return Err(E::InvalidProducerEpoch.code());
+            }
+            let mut records: Vec<journal::Record> = Vec::with_capacity(ours.len() * 2);
+            if commit {
+                records.extend(ours.iter().map(|((g, t, p, _), (_, r))| journal::Record::Offset(journal::Entry { group: g.clone(), topic: t.clone(), partition: *p, record: Some(r.clone()) })));
+            }
+            records.extend(ours.iter().map(|((g, t, p, pid), _)| journal::Record::Pending { group: g.clone(), topic: t.clone(), partition: *p, producer_id: *pid, state: None }));
+            if newer {
+                records.push(journal::Record::Fence { producer_id, coordinator_epoch });
+            }
+            j.append(shard, records).await.map_err(marker_error)?;
+            if newer {
+                self.fences.lock().expect("fences lock").entry(shard).or_default().insert(producer_id, coordinator_epoch);
+            }
+            if let Some(p) = self.pending.lock().expect("pending offsets lock").get_mut(&shard) {
+                for (k, _) in &ours {
+                    p.remove(k);
+                }
+            }
+            let rows: Vec<offsets::Row> = ours.into_iter().map(|((g, t, p, _), (_, r))| (g, t, p, r)).collect();
+            if commit {
+                self.apply_journaled(j.as_ref(), shard, offsets::Change::Commit(rows.clone())).await.map_err(|e| marker_error(e.code))?;
+            }
+            rows
+        };
+        if commit {
+            // The groups are known to the coordinator (listed, counted).
+            for group in rows.into_iter().map(|(g, ..)| g).collect::<std::collections::BTreeSet<_>>() {
+                let _ = self.txn_commit_check(group, CommitIds { generation: -1, member_id: String::new(), instance_id: None }).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: which partitions of `groups` have offsets waiting in
+    /// an open transaction here (OffsetFetch with require_stable answers
+    /// UNSTABLE_OFFSET_COMMIT for them).
+    pub fn pending_txn_offsets(&self, groups: &std::collections::HashSet<String>) -> HashMap<String, std::collections::HashSet<(String, i32)>> {
+        let mut out: HashMap<String, std::collections::HashSet<(String, i32)>> = HashMap::new();
+        let pending = self.pending.lock().expect("pending offsets lock");
+        for ((g, t, p, _), _) in pending.values().flat_map(|p| p.iter()) {
+            if groups.contains(g) {
+                out.entry(g.clone()).or_default().insert((t.clone(), *p));
+            }
+        }
+        out
+    }
+}
+
+/// What WriteTxnMarkers answers for a coordinator shard whose log refused
+/// a marker's change (`code` as the journal maps it for commits): the
+/// codes a partition's leader gives, so the transaction's coordinator
+/// tries again where the shard is led now.
+fn marker_error(code: i16) -> i16 {
+    use kafka_protocol::ResponseError as E;
+    match E::try_from_code(code) {
+        Some(E::NotCoordinator) => E::NotLeaderOrFollower.code(),
+        Some(E::CoordinatorNotAvailable) => E::NotEnoughReplicas.code(),
+        Some(E::InvalidCommitOffsetSize) => E::UnknownServerError.code(),
+        _ => code,
+    }
+}
