@@ -84,7 +84,9 @@ pub enum Refusal {
     OutOfOrder,
     /// The sequence overlaps batches written, but is not a retry of one.
     DuplicateSequence,
-    /// A producer id this broker never handed out.
+    /// A producer id this broker never handed out, or a producer this
+    /// partition knows nothing of whose batch does not start at
+    /// sequence 0.
     UnknownProducer,
     /// A transactional batch for a partition its transaction did not add.
     NotInTransaction,
@@ -252,9 +254,17 @@ impl Producers {
             return Check::Refuse(Refusal::InvalidRecord);
         }
         let Some(e) = self.entries.get(&tp).and_then(|m| m.get(&ids.producer_id)) else {
-            // Nothing known of this producer here (a new producer, or
-            // state lost with a restart): take it from where it is.
-            return Check::Append;
+            // Nothing known of this producer here. Its first batch starts
+            // at sequence 0. A later one means the batches before it are
+            // not here: refused or lost before they were appended (a
+            // pipelined request that met a leader change, a node that
+            // was not yet leader), or gone with state that expired. Taking
+            // it would tell the client its earlier batches were written
+            // too (librdkafka acknowledges them implicitly), so it is
+            // refused with UNKNOWN_PRODUCER_ID, as Kafka did before
+            // KIP-360: a client resets its producer id or epoch and sends
+            // them again from sequence 0.
+            return if ids.base_sequence == 0 { Check::Append } else { Check::Refuse(Refusal::UnknownProducer) };
         };
         if ids.epoch < e.epoch {
             return Check::Refuse(Refusal::StaleEpoch);
@@ -526,12 +536,34 @@ mod tests {
         assert_eq!(append(&mut p, ids(0, 70, 1), &mut next), Check::Append);
     }
 
+    /// The nemesis's lost records: a leader that refused a producer's
+    /// first batches before appending them (it was not leader yet) then
+    /// took the next pipelined one, and librdkafka counted the refused
+    /// ones as written. A producer unknown here starts at sequence 0.
+    #[test]
+    fn a_producer_unknown_here_starts_at_sequence_0() {
+        let mut p = Producers::default();
+        let mut next = 0;
+        assert_eq!(p.check(tp(), ids(0, 2, 1)), Check::Refuse(Refusal::UnknownProducer));
+        assert_eq!(p.check(tp(), ids(3, 7, 4)), Check::Refuse(Refusal::UnknownProducer));
+        assert_eq!(append(&mut p, ids(0, 0, 2), &mut next), Check::Append);
+        assert_eq!(append(&mut p, ids(0, 2, 1), &mut next), Check::Append);
+        // Per partition: another one has not seen this producer.
+        assert_eq!(p.check(Tp { topic: [8; 16], partition: 0 }, ids(0, 3, 1)), Check::Refuse(Refusal::UnknownProducer));
+        // State that expired: the client's next batch is refused, and it
+        // starts over (a new id or epoch) at sequence 0.
+        assert_eq!(p.expire(1_000_000, 1), 1);
+        assert_eq!(p.check(tp(), ids(0, 3, 1)), Check::Refuse(Refusal::UnknownProducer));
+        assert_eq!(append(&mut p, ids(1, 0, 1), &mut next), Check::Append);
+    }
+
     #[test]
     fn state_picked_up_mid_stream_never_claims_old_sequences_were_written() {
         let mut p = Producers::default();
-        let mut next = 0;
-        // First seen at sequence 60 (say, after a restart lost its state).
-        assert_eq!(append(&mut p, ids(0, 60, 10), &mut next), Check::Append);
+        let mut next = 10;
+        // First seen at sequence 60: a replay of a log whose earlier
+        // batches retention took (a client's batch never starts there).
+        p.record(tp(), ids(0, 60, 10), 0, 9, 0);
         assert_eq!(append(&mut p, ids(0, 70, 10), &mut next), Check::Append);
         // Sequence 50 may never have been written: out of order, so the
         // client does not take it for delivered.
@@ -572,8 +604,9 @@ mod tests {
     #[test]
     fn sequences_wrap_and_non_idempotent_batches_pass() {
         let mut p = Producers::default();
-        let mut next = 0;
-        assert_eq!(append(&mut p, ids(0, i32::MAX - 1, 2), &mut next), Check::Append);
+        let mut next = 2;
+        // (Known from a replay: a client's first batch starts at 0.)
+        p.record(tp(), ids(0, i32::MAX - 1, 2), 0, 1, 0);
         assert_eq!(append(&mut p, ids(0, 0, 3), &mut next), Check::Append);
         assert_eq!(p.check(tp(), ids(0, i32::MAX - 1, 2)), Check::Duplicate { base_offset: 0, last_offset: 1 });
         let plain = BatchIds { producer_id: -1, epoch: -1, base_sequence: -1, count: 1, max_timestamp: 0 };

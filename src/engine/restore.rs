@@ -71,8 +71,9 @@ pub(crate) fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) 
             // marker that closed a transaction the snapshot holds open,
             // which would then hold the stable offset back for good. The
             // tp is rebuilt from what the log holds; a producer whose
-            // batches are all gone is taken from wherever it goes on, as
-            // Kafka does (both found by the simulator).
+            // batches are all gone is unknown here, and its next batch is
+            // refused with UNKNOWN_PRODUCER_ID unless it starts at
+            // sequence 0 (both found by the simulator).
             Some(c) if c.get(&tp).is_some_and(|&end| end < log_start) => {
                 state.forget_tp(&tp);
                 txns.forget_tp(&tp);
@@ -190,11 +191,16 @@ mod tests {
 
         /// [`Broker::send`], in a transaction when `transactional`.
         fn send_as(&mut self, seq: i32, transactional: bool) -> producers::Check {
+            self.send_in(0, seq, transactional)
+        }
+
+        /// [`Broker::send_as`] in producer epoch `epoch`.
+        fn send_in(&mut self, epoch: i16, seq: i32, transactional: bool) -> producers::Check {
             let mut b = make_batch(&[format!("record {seq}").as_bytes()], 1_000);
             if transactional {
-                batch::set_transactional(&mut b, PID, 0, seq);
+                batch::set_transactional(&mut b, PID, epoch, seq);
             } else {
-                batch::set_producer(&mut b, PID, 0, seq);
+                batch::set_producer(&mut b, PID, epoch, seq);
             }
             let ids = producers::BatchIds::of(&batch::BatchHeader::parse(&b).unwrap());
             let check = writer::admit(&self.producers, &self.txns, A, ids, transactional);
@@ -264,7 +270,10 @@ mod tests {
 
     /// Retention took batches after what the snapshot covered: the
     /// snapshot's older state of the producer must not refuse its next
-    /// batch as out of order.
+    /// batch as out of order (a client takes that for lost records and
+    /// stops). With its batches all gone, the producer is unknown here:
+    /// its next batch is refused with UNKNOWN_PRODUCER_ID, and the client
+    /// starts over at sequence 0 (a new epoch), which is taken.
     #[test]
     fn retention_past_the_snapshot_does_not_refuse_the_next_batch() {
         let mut b = Broker::new();
@@ -277,7 +286,8 @@ mod tests {
         b.retention();
         assert_eq!(b.log_start, 2, "retention took both of the producer's batches");
         let mut b = b.crash_and_restart().unwrap();
-        assert_eq!(b.send(2), producers::Check::Append);
+        assert_eq!(b.send(2), producers::Check::Refuse(producers::Refusal::UnknownProducer));
+        assert_eq!(b.send_in(1, 0, false), producers::Check::Append);
     }
 
     /// Retention took a transaction's marker after what the snapshot
@@ -320,7 +330,9 @@ mod tests {
         b.retention();
         assert_eq!(b.log_start, 2);
         let mut b = b.crash_and_restart().unwrap();
-        assert_eq!(b.send(2), producers::Check::Append);
+        // Not out of order: unknown, and taken again from sequence 0.
+        assert_eq!(b.send(2), producers::Check::Refuse(producers::Refusal::UnknownProducer));
+        assert_eq!(b.send_in(1, 0, false), producers::Check::Append);
     }
 
     /// Producer state that cannot be read back from the log is not

@@ -58,7 +58,10 @@
 //! after flushes and at clean stops as the engine does. Checked: a batch
 //! the log holds is never appended again; its retry is answered with the
 //! offsets it was first written at; the next batch in sequence is
-//! appended, never refused.
+//! appended, never refused. A producer the engine knows nothing of (a
+//! crash took its state with every batch it had) is refused unless its
+//! batch starts at sequence 0; its client then starts a new epoch and
+//! sends what it has in flight again from 0, as librdkafka does.
 //!
 //! # The catalog's failures
 //!
@@ -176,6 +179,9 @@ pub struct Outcome {
     /// ack, or a retry answered with the offsets first written).
     pub idempotent_appends: u64,
     pub producer_answers: u64,
+    /// Epochs idempotent clients began after the engine answered
+    /// UNKNOWN_PRODUCER_ID (a crash took its state with every batch).
+    pub producer_epochs: u64,
     /// Catalog writes that failed (lost, or durable and reported failed).
     pub catalog_faults: u64,
     /// Transactional batches appended; transactions ended with every
@@ -219,6 +225,7 @@ impl Outcome {
         self.poisoned += o.poisoned;
         self.idempotent_appends += o.idempotent_appends;
         self.producer_answers += o.producer_answers;
+        self.producer_epochs += o.producer_epochs;
         self.catalog_faults += o.catalog_faults;
         self.txn_batches += o.txn_batches;
         self.txn_commits += o.txn_commits;
@@ -282,8 +289,8 @@ struct MBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Plain,
-    /// An idempotent producer's: (producer id, base sequence).
-    Idempotent(i64, i32),
+    /// An idempotent producer's: (producer id, epoch, base sequence).
+    Idempotent(i64, i16, i32),
     /// The transactional producer's data: its epoch, base sequence and
     /// record count.
     TxnData(i16, i32, i32),
@@ -883,15 +890,15 @@ impl Sim {
                     if matches!(b.state, State::Flushed(n) if n < upto) {
                         b.state = State::Acked;
                         self.out.acked += 1;
-                        if let Kind::Idempotent(pid, seq) = b.kind {
-                            answered.push((pid, Tp { topic: *id, partition: p as i32 }, seq));
+                        if let Kind::Idempotent(pid, epoch, seq) = b.kind {
+                            answered.push((pid, Tp { topic: *id, partition: p as i32 }, epoch, seq));
                         }
                     }
                 }
             }
         }
-        for (pid, tp, seq) in answered {
-            self.answered(pid, tp, seq);
+        for (pid, tp, epoch, seq) in answered {
+            self.answered(pid, tp, epoch, seq);
         }
         self.complete_txn();
     }

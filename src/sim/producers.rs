@@ -6,6 +6,10 @@ use super::*;
 /// An idempotent producer's batches to one tp, as its client sees them.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Client {
+    /// Its epoch: bumped, with its sequences started over, when the
+    /// engine answers UNKNOWN_PRODUCER_ID (as librdkafka resets its
+    /// producer id).
+    epoch: i16,
     next_seq: i32,
     /// Sent and not yet acknowledged, oldest first (at most
     /// `MAX_IN_FLIGHT`, as Kafka's clients keep them): each is sent again
@@ -18,7 +22,10 @@ pub(super) struct Client {
 
 #[derive(Debug, Clone)]
 struct Sent {
+    epoch: i16,
     seq: i32,
+    /// Its record count.
+    count: i32,
     /// As the client sent it (base offset 0).
     bytes: Vec<u8>,
 }
@@ -46,8 +53,8 @@ impl Sim {
             let values: Vec<Vec<u8>> = (0..n).map(|_| (0..self.rng.below(200)).map(|_| self.rng.next_u64() as u8).collect()).collect();
             let records: Vec<batch::NewRecord<'_>> = values.iter().map(|v| batch::NewRecord { value: Some(v), ..Default::default() }).collect();
             let mut bytes = batch::build(&records, self.now_ms);
-            batch::set_producer(&mut bytes, pid, 0, client.next_seq);
-            let sent = Sent { seq: client.next_seq, bytes };
+            batch::set_producer(&mut bytes, pid, client.epoch, client.next_seq);
+            let sent = Sent { epoch: client.epoch, seq: client.next_seq, count: n as i32, bytes };
             let c = self.clients.get_mut(&(pid, tp)).expect("client");
             c.next_seq += n as i32;
             c.in_flight.push(sent.clone());
@@ -74,25 +81,25 @@ impl Sim {
         // The log's copy of this batch, if it holds one (retention may have
         // taken it since: then the engine cannot know it, and any answer
         // is one Kafka could give).
-        let held = self.mtp(&tp).batches.iter().find(|b| b.kind == Kind::Idempotent(pid, sent.seq)).map(|b| (b.base, b.last, b.state));
+        let held = self.mtp(&tp).batches.iter().find(|b| b.kind == Kind::Idempotent(pid, sent.epoch, sent.seq)).map(|b| (b.base, b.last, b.state));
         let decision = crate::engine::admit(&self.producers, &self.txns, tp, ids, false);
         if self.trace {
             eprintln!("  producer {pid} sequence {} ({} records) to {}/{}: {decision:?}, the log holds it at {held:?}", sent.seq, ids.count, tp.topic[15], tp.partition);
         }
         match (decision, held) {
             (_, Some((_, last, _))) if last < log_start => {
-                self.answered(pid, tp, sent.seq);
+                self.answered(pid, tp, sent.epoch, sent.seq);
                 Ok(true)
             }
             (Decision::Duplicate { base_offset, last_offset }, Some((base, last, state))) => {
                 ensure((base_offset, last_offset) == (base, last), || format!("{tp:?}: producer {pid} sequence {} retried: answered with offsets {base_offset}..{last_offset}, the log holds it at {base}..{last}", sent.seq))?;
                 if state == State::Acked {
-                    self.answered(pid, tp, sent.seq);
+                    self.answered(pid, tp, sent.epoch, sent.seq);
                 }
                 Ok(true)
             }
             (Decision::Append, Some((base, ..))) => Err(format!("{tp:?}: producer {pid} sequence {} retried and appended again; the log holds it at offset {base}", sent.seq)),
-            (Decision::Append, None) => match self.append_batch(tp, sent.bytes, State::Staged, Kind::Idempotent(pid, sent.seq))? {
+            (Decision::Append, None) => match self.append_batch(tp, sent.bytes, State::Staged, Kind::Idempotent(pid, sent.epoch, sent.seq))? {
                 Some(a) => {
                     self.producers.record(tp, ids, a.base_offset, a.last_offset, self.now_ms);
                     self.out.idempotent_appends += 1;
@@ -111,36 +118,47 @@ impl Sim {
             // A batch sent after one the log lost (a restart dropped it
             // unflushed) is out of order; the client sends the lost one
             // again first, as Kafka's clients do on that error.
-            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.lost_before(pid, tp, sent.seq) => Ok(false),
-            // A lost batch whose successor the log took anyway: the engine
-            // had no state of this producer here (a crash took it with the
-            // batch), and took the successor from where it was, as Kafka
-            // does. The client is told this one is out of order and gives
-            // it up; it was never acknowledged.
-            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.held_after(pid, tp, sent.seq) => {
-                self.answered(pid, tp, sent.seq);
-                Ok(true)
+            (Decision::Refuse(crate::engine::producers::Refusal::OutOfOrder), None) if self.lost_before(pid, tp, sent.epoch, sent.seq) => Ok(false),
+            // The engine knows nothing of this producer here (a crash took
+            // its state with every batch it had) and this batch does not
+            // start at sequence 0: none of what the client has in flight
+            // is in the log, so it starts a new epoch and sends it all
+            // again from sequence 0, as librdkafka does.
+            (Decision::Refuse(crate::engine::producers::Refusal::UnknownProducer), None) if sent.seq != 0 => {
+                self.new_epoch(pid, tp);
+                Ok(false)
             }
             (Decision::Refuse(why), _) => Err(format!("{tp:?}: producer {pid} sequence {} refused: {why:?} (held: {held:?})", sent.seq)),
         }
     }
 
     /// Whether a batch in flight before `seq` is not in the log.
-    fn lost_before(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
-        let earlier: Vec<i32> = self.clients.get(&(pid, tp)).map(|c| c.in_flight.iter().map(|s| s.seq).filter(|&s| s < seq).collect()).unwrap_or_default();
+    fn lost_before(&mut self, pid: i64, tp: Tp, epoch: i16, seq: i32) -> bool {
+        let earlier: Vec<i32> = self.clients.get(&(pid, tp)).map(|c| c.in_flight.iter().filter(|s| s.epoch == epoch && s.seq < seq).map(|s| s.seq).collect()).unwrap_or_default();
         let m = self.mtp(&tp);
-        earlier.iter().any(|&s| !m.batches.iter().any(|b| b.kind == Kind::Idempotent(pid, s)))
+        earlier.iter().any(|&s| !m.batches.iter().any(|b| b.kind == Kind::Idempotent(pid, epoch, s)))
     }
 
-    /// Whether the log holds a later batch of this producer than `seq`.
-    fn held_after(&mut self, pid: i64, tp: Tp, seq: i32) -> bool {
-        self.mtp(&tp).batches.iter().any(|b| matches!(b.kind, Kind::Idempotent(p, s) if p == pid && s > seq))
+    /// The client's next epoch: what it has in flight is numbered again
+    /// from sequence 0, in order, and sent before anything new.
+    fn new_epoch(&mut self, pid: i64, tp: Tp) {
+        let c = self.clients.get_mut(&(pid, tp)).expect("client");
+        c.epoch += 1;
+        c.next_seq = 0;
+        for s in &mut c.in_flight {
+            s.epoch = c.epoch;
+            s.seq = c.next_seq;
+            batch::set_producer(&mut s.bytes, pid, s.epoch, s.seq);
+            c.next_seq += s.count;
+        }
+        c.resend = true;
+        self.out.producer_epochs += 1;
     }
 
     /// The client has its answer for `seq`: no longer in flight.
-    pub(super) fn answered(&mut self, pid: i64, tp: Tp, seq: i32) {
+    pub(super) fn answered(&mut self, pid: i64, tp: Tp, epoch: i16, seq: i32) {
         if let Some(c) = self.clients.get_mut(&(pid, tp)) {
-            c.in_flight.retain(|s| s.seq != seq);
+            c.in_flight.retain(|s| (s.epoch, s.seq) != (epoch, seq));
         }
         self.out.producer_answers += 1;
     }

@@ -131,7 +131,13 @@ impl Sim {
         if self.trace {
             eprintln!("  transactional batch, sequence {} to {}/{}: {decision:?}", ids.base_sequence, tp.topic[15], tp.partition);
         }
-        if decision == crate::engine::producers::Check::Refuse(crate::engine::producers::Refusal::OutOfOrder) && self.txn_batch_lost(tp, epoch, ids.base_sequence) {
+        use crate::engine::producers::{Check as Decision, Refusal};
+        let lost = decision == Decision::Refuse(Refusal::OutOfOrder) && self.txn_batch_lost(tp, epoch, ids.base_sequence);
+        // Or the engine knows nothing of the producer here (a crash took
+        // its state, or retention past the snapshot its batches) and the
+        // batch does not start at sequence 0.
+        let unknown = decision == Decision::Refuse(Refusal::UnknownProducer) && ids.base_sequence != 0;
+        if lost || unknown {
             // A crash took a batch it sent earlier in this epoch: its
             // sequence no longer follows. Told so, the client aborts and
             // bumps its epoch (KIP-360), as Kafka's does.

@@ -2,7 +2,9 @@
 //! and every record lands exactly once; on the wire, a retried batch is
 //! answered with its first offsets and not written again, a gap is
 //! OUT_OF_ORDER_SEQUENCE_NUMBER, an old epoch INVALID_PRODUCER_EPOCH, a
-//! batch older than the window DUPLICATE_SEQUENCE_NUMBER; an epoch bump
+//! batch older than the window DUPLICATE_SEQUENCE_NUMBER, a producer the
+//! partition does not know starting past sequence 0
+//! UNKNOWN_PRODUCER_ID; an epoch bump
 //! fences the old epoch; a retry is still
 //! recognised after a clean restart (snapshot) and after kill -9 (state
 //! rebuilt from the log).
@@ -109,6 +111,11 @@ async fn sequences_and_epochs_on_the_wire() {
     // A producer id this broker never handed out is refused, so made-up
     // ids cannot grow its state.
     assert_eq!(send(&mut sock, next_id(), common::producer_batch(1 << 40, 0, 0, &[b"forged"])).await.0, 59, "UNKNOWN_PRODUCER_ID");
+    // A producer this partition knows nothing of, whose batch does not
+    // start at sequence 0: the batches before it are not here (refused,
+    // or lost before they were appended), and taking this one would tell
+    // the client they were written. Refused, nothing written.
+    assert_eq!(send(&mut sock, next_id(), common::producer_batch(fresh.producer_id.0, 0, 4, &[b"after a gap"])).await.0, 59, "UNKNOWN_PRODUCER_ID");
     // A non-idempotent batch is unaffected.
     assert_eq!(send(&mut sock, next_id(), common::record_batch(&[b"plain"])).await, (0, 9));
 
@@ -313,5 +320,59 @@ async fn idempotent_producer_through_cut_connections_writes_everything_once_in_o
     let refused = broker.engine.producer_stats().refused.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!("{cuts} connection cuts, {dups} retried batches deduplicated, {refused} refused");
     assert!(dups > 0, "the cuts made librdkafka retry batches the broker had already written");
+    broker.shutdown().await;
+}
+
+/// Keeps librdkafka's log lines.
+struct Lines(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl rdkafka::ClientContext for Lines {
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, fac: &str, line: &str) {
+        self.0.lock().unwrap().push(format!("{fac} {line}"));
+    }
+}
+
+/// A partition that no longer knows a running idempotent producer (its
+/// topic deleted and created again): the producer's next batch does not
+/// start at sequence 0 and is refused with UNKNOWN_PRODUCER_ID, and
+/// librdkafka starts over (a new epoch, sequence 0) without turning
+/// fatal. Every record after it is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn librdkafka_starts_over_where_a_partition_forgot_it() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::producer::Producer;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::start(common::args(dir.path())).await;
+    let addr = broker.kafka_addr;
+    common::create_topic(addr, "idem.again", 1).await;
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut cfg = common::producer_config(addr, "all");
+    cfg.set("enable.idempotence", "true").set("debug", "eos").set("topic.metadata.refresh.interval.ms", "200");
+    cfg.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+    let producer: FutureProducer<Lines> = cfg.create_with_context(Lines(lines.clone())).unwrap();
+    let send = |i: usize| producer.send_result(FutureRecord::to("idem.again").partition(0).key("k").payload(&format!("v{i}"))).map_err(|(e, _)| e).unwrap();
+    for i in 0..5 {
+        send(i).await.unwrap().expect("delivered before the topic goes");
+    }
+
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = common::client(addr).create().unwrap();
+    for r in admin.delete_topics(&["idem.again"], &AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+    common::create_topic(addr, "idem.again", 1).await;
+    let refused_before = broker.engine.producer_stats().refused.load(std::sync::atomic::Ordering::Relaxed);
+    let mut offsets = Vec::new();
+    for i in 5..10 {
+        offsets.push(send(i).await.unwrap().expect("delivered to the new topic").offset);
+    }
+    assert!(producer.client().fatal_error().is_none(), "the producer went on: {:?}", producer.client().fatal_error());
+    let refused = broker.engine.producer_stats().refused.load(std::sync::atomic::Ordering::Relaxed) - refused_before;
+    let said: Vec<String> = lines.lock().unwrap().iter().filter(|l| l.contains("unknown producer id")).cloned().collect();
+    assert!(refused > 0 && !said.is_empty(), "the new partition refused the producer's next batch ({refused} refused) and librdkafka said why: {said:?}");
+    assert_eq!(offsets, (0..5).collect::<Vec<i64>>(), "each record once, in order, in the new topic");
+    drop(producer);
+    let read = tokio::task::spawn_blocking(move || common::read_exactly(addr, "idem.again", &[0], 5)).await.unwrap();
+    let values: Vec<Vec<u8>> = read.iter().map(|m| m.payload().unwrap().to_vec()).collect();
+    assert_eq!(values, (5..10).map(|i| format!("v{i}").into_bytes()).collect::<Vec<_>>());
     broker.shutdown().await;
 }
