@@ -83,6 +83,7 @@ pub async fn join(cfg: ClusterConfig, me: NodeRecord, producer_id_floor: i64, re
         reserve,
         blocks: tokio::sync::Mutex::new(IdBlocks::default()),
         claiming: std::sync::atomic::AtomicBool::new(false),
+        last_read: tokio::sync::Mutex::new(None),
     });
     let first_block = producer_ids.claim().await.context("taking a block of producer ids")?;
     producer_ids.blocks.lock().await.add(first_block);
@@ -156,6 +157,8 @@ pub struct ProducerIds {
     blocks: tokio::sync::Mutex<IdBlocks>,
     /// A background claim is running (or backing off after a failure).
     claiming: std::sync::atomic::AtomicBool,
+    /// The last [`ProducerIds::end_now`] read: when, and what it said.
+    last_read: tokio::sync::Mutex<Option<(Instant, i64)>>,
 }
 
 impl ProducerIds {
@@ -185,6 +188,30 @@ impl ProducerIds {
             });
         }
         Ok(id)
+    }
+
+    /// The counter as etcd holds it now (a linearizable read): every id
+    /// below it was handed out in some node's block. For a Produce naming
+    /// an id above what this node's watch has shown (a block another node
+    /// took just now), before it is refused as unknown. Reads are shared:
+    /// one at a time, and a caller that waited behind one takes its
+    /// answer, so ids made up by a client cost etcd at most a read per
+    /// 100 ms.
+    pub async fn end_now(&self) -> anyhow::Result<i64> {
+        let mut last = self.last_read.lock().await;
+        if let Some((at, end)) = *last {
+            if at.elapsed() < Duration::from_millis(100) {
+                return Ok(end);
+            }
+        }
+        let mut client = self.client.clone();
+        let resp = tokio::time::timeout(Duration::from_secs(2), client.get(self.key.clone(), None)).await.context("etcd did not answer within 2 s")??;
+        let end = match resp.kvs().first() {
+            Some(kv) => std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<i64>().ok()).filter(|n| *n >= 1).context("the producer id counter is not a positive number")?,
+            None => 1,
+        };
+        *last = Some((Instant::now(), end));
+        Ok(end)
     }
 
     /// Moves the counter one block on and reserves the block in the

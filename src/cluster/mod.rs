@@ -393,6 +393,17 @@ impl Membership {
         None
     }
 
+    /// Cluster mode: every producer id below the returned one was handed
+    /// out, as etcd says now (not as this node's watch has shown so far).
+    /// `None` in single-node mode, or when etcd does not answer.
+    pub async fn producer_ids_end_now(&self) -> Option<i64> {
+        #[cfg(feature = "cluster")]
+        if let Some(p) = &self.producer_ids {
+            return p.end_now().await.inspect_err(|e| tracing::warn!(error = %format!("{e:#}"), "reading the producer id counter failed")).ok();
+        }
+        None
+    }
+
     pub fn node_id(&self) -> i32 {
         self.node_id
     }

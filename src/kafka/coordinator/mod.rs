@@ -513,10 +513,16 @@ impl Coordinator {
                 if let Some(only) = &only {
                     rows.retain(|(t, p, _)| only.iter().any(|(ot, op)| ot == t && op == p));
                 }
-                if rows.is_empty() {
+                // Offsets an open transaction staged for these partitions
+                // go too (Kafka's tombstone drops them): a later commit
+                // marker must not bring back what was deleted.
+                let pending = self.pending_keys(shard, &group, only.as_deref());
+                if rows.is_empty() && pending.is_empty() {
                     return self.apply(offsets::Change::Remove { group, only }).await;
                 }
-                j.append(shard, tombstones(&group, &rows)).await.map_err(StoreError::journal)?;
+                let records = tombstones(&group, &rows).into_iter().chain(Self::pending_tombstones(&pending)).collect();
+                j.append(shard, records).await.map_err(StoreError::journal)?;
+                self.forget_pending(shard, &pending);
                 self.apply_journaled(j, shard, offsets::Change::Remove { group, only }).await
             }
             offsets::Change::Expire { idle, cutoff_ms } => {
@@ -526,7 +532,9 @@ impl Coordinator {
                     // Only the shard's loaded leader expires its groups
                     // (checked in the turn: an unload drops the rows).
                     let _turn = self.turns[shard as usize].lock().await;
-                    if !j.ready(shard) {
+                    // A group an open transaction staged offsets for stays
+                    // until the transaction ends (as in Kafka).
+                    if !j.ready(shard) || !self.pending_keys(shard, &g.id, None).is_empty() {
                         continue;
                     }
                     let rows = self.engine.catalog().group_offsets(&g.id).map_err(catalog_err)?;
@@ -1341,6 +1349,41 @@ mod tests {
         assert_eq!(c.end_txn_offsets(shard, 44, 1, 5, true).await, Err(E::TransactionCoordinatorFenced.code()), "the log's fence holds after the load");
         c.end_txn_offsets(shard, 44, 1, 6, true).await.unwrap();
         assert_eq!(c.committed("g").unwrap(), vec![("t".to_string(), 3, offset(7))], "the load made the catalog the log's (empty), then the marker committed");
+    }
+
+    /// Deleting a group's offsets drops what open transactions staged for
+    /// them (their tombstones with the committed ones'), so a later
+    /// commit marker brings nothing back; expiry leaves a group with
+    /// staged offsets alone.
+    #[tokio::test]
+    async fn deleting_offsets_drops_what_a_transaction_staged_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let shard = journal::shard_of("g");
+        let groups: std::collections::HashSet<String> = ["g".to_string()].into();
+        let known = || c.txn_commit_check("g".into(), CommitIds { generation: -1, member_id: String::new(), instance_id: None });
+        c.store_offsets(vec![("g".into(), "t".into(), 0, offset(5))]).await.unwrap();
+        assert_eq!(known().await, Some(Ok(())));
+        c.stage_txn_offsets(7, 0, "g", vec![("t".into(), 0, offset(10)), ("t".into(), 1, offset(20))]).await.unwrap();
+        // Expiry, however old the group: it waits for the transaction.
+        assert_eq!(c.expire_offsets(-1_000_000_000).await.unwrap(), 0);
+        assert_eq!(c.committed("g").unwrap().len(), 1);
+        // OffsetDelete of partition 1: only its staged offset goes.
+        c.delete_offsets("g".into(), vec![("t".into(), 1)]).await.unwrap();
+        assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 0)].into());
+        assert!(matches!(log.appended.lock().unwrap().last(), Some(journal::Record::Pending { partition: 1, state: None, .. })));
+        // The whole group's offsets: committed and staged.
+        c.change(offsets::Change::Remove { group: "g".into(), only: None }).await.unwrap();
+        assert!(c.pending_txn_offsets(&groups).is_empty());
+        assert!(c.committed("g").unwrap().is_empty());
+        // The commit marker finds nothing to commit.
+        c.end_txn_offsets(shard, 7, 0, 0, true).await.unwrap();
+        assert!(c.committed("g").unwrap().is_empty(), "deleted offsets stay deleted");
+        // With nothing staged, the same expiry takes the group's offsets.
+        c.store_offsets(vec![("g".into(), "t".into(), 0, offset(5))]).await.unwrap();
+        assert_eq!(known().await, Some(Ok(())));
+        assert_eq!(c.expire_offsets(-1_000_000_000).await.unwrap(), 1);
     }
 
 }

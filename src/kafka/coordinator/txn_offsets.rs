@@ -104,6 +104,38 @@ impl Coordinator {
         Ok(())
     }
 
+    /// The keys of `group`'s pending offsets in `shard` (of `only`'s
+    /// partitions, if given), sorted.
+    pub(super) fn pending_keys(&self, shard: u32, group: &str, only: Option<&[(String, i32)]>) -> Vec<journal::PendingKey> {
+        let pending = self.pending.lock().expect("pending offsets lock");
+        let mut keys: Vec<journal::PendingKey> = pending
+            .get(&shard)
+            .into_iter()
+            .flat_map(|p| p.keys())
+            .filter(|(g, t, p, _)| g == group && only.is_none_or(|o| o.iter().any(|(ot, op)| ot == t && op == p)))
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// The pending offsets' tombstones for `keys` (appended with the
+    /// committed offsets' tombstones when a group or its offsets are
+    /// deleted, as Kafka's tombstone drops a key's pending transactional
+    /// offsets too).
+    pub(super) fn pending_tombstones(keys: &[journal::PendingKey]) -> impl Iterator<Item = journal::Record> + '_ {
+        keys.iter().map(|(g, t, p, pid)| journal::Record::Pending { group: g.clone(), topic: t.clone(), partition: *p, producer_id: *pid, state: None })
+    }
+
+    /// Forgets pending offsets whose tombstones the shard's log took.
+    pub(super) fn forget_pending(&self, shard: u32, keys: &[journal::PendingKey]) {
+        if let Some(p) = self.pending.lock().expect("pending offsets lock").get_mut(&shard) {
+            for k in keys {
+                p.remove(k);
+            }
+        }
+    }
+
     /// Cluster mode: which partitions of `groups` have offsets waiting in
     /// an open transaction here (OffsetFetch with require_stable answers
     /// UNSTABLE_OFFSET_COMMIT for them).
