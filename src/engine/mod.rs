@@ -932,6 +932,26 @@ impl Engine {
         }
     }
 
+    /// A verification guard for `producer_id`'s batches to `tp`, taken
+    /// before the transaction's coordinator (another node) is asked
+    /// (`txns::Txns::begin_verification`).
+    pub fn begin_txn_verification(&self, producer_id: i64, tp: Tp) -> u64 {
+        self.txns.write().expect("txns lock").begin_verification(producer_id, tp)
+    }
+
+    /// The coordinator let `tp` into (`producer_id`, `epoch`)'s
+    /// transaction: added unless a marker for the producer reached `tp`
+    /// since `guard` was taken (false then).
+    pub fn add_verified_txn_partition(&self, producer_id: i64, epoch: i16, tp: Tp, guard: u64) -> bool {
+        self.any_txns.store(true, std::sync::atomic::Ordering::Release);
+        self.txns.write().expect("txns lock").add_verified(producer_id, epoch, tp, guard)
+    }
+
+    /// Gives a verification guard back unused.
+    pub fn release_txn_verification(&self, producer_id: i64, tp: Tp, guard: u64) {
+        self.txns.write().expect("txns lock").release_verification(producer_id, tp, guard);
+    }
+
     /// Whether the transaction of `producer_id` at `epoch` has added `tp`
     /// (and not ended since).
     pub fn txn_admits(&self, producer_id: i64, epoch: i16, tp: &Tp) -> bool {

@@ -52,6 +52,13 @@ pub struct Txns {
     tps: HashMap<Tp, TpTxns>,
     /// Partitions added to a producer's transaction, with its epoch.
     open: HashMap<(i64, Tp), i16>,
+    /// Verification guards (KIP-890): taken before a leader asks the
+    /// transaction's coordinator (another node) whether a partition is in
+    /// the transaction; a marker for the producer there removes them, so
+    /// an answer that crossed the transaction's end adds nothing. Not
+    /// kept in snapshots.
+    verifying: HashMap<(i64, Tp), std::collections::HashSet<u64>>,
+    next_guard: u64,
 }
 
 impl Txns {
@@ -65,15 +72,48 @@ impl Txns {
         self.open.insert((producer_id, tp), epoch);
     }
 
+    /// A verification guard for `producer_id`'s batches to `tp`.
+    pub fn begin_verification(&mut self, producer_id: i64, tp: Tp) -> u64 {
+        self.next_guard += 1;
+        self.verifying.entry((producer_id, tp)).or_default().insert(self.next_guard);
+        self.next_guard
+    }
+
+    /// The coordinator said `tp` is in (`producer_id`, `epoch`)'s
+    /// transaction: added if `guard` still stands (no marker for the
+    /// producer reached `tp` since it was taken); the guard is used up
+    /// either way. False: the transaction ended while the answer
+    /// travelled.
+    pub fn add_verified(&mut self, producer_id: i64, epoch: i16, tp: Tp, guard: u64) -> bool {
+        let stood = self.release_verification(producer_id, tp, guard);
+        if stood {
+            self.add_partition(producer_id, epoch, tp);
+        }
+        stood
+    }
+
+    /// Gives `guard` back unused (the verification failed); whether it
+    /// still stood.
+    pub fn release_verification(&mut self, producer_id: i64, tp: Tp, guard: u64) -> bool {
+        let Some(set) = self.verifying.get_mut(&(producer_id, tp)) else { return false };
+        let stood = set.remove(&guard);
+        if set.is_empty() {
+            self.verifying.remove(&(producer_id, tp));
+        }
+        stood
+    }
+
     /// The transaction is being decided: no more of its batches for `tp`.
     pub fn close_partition(&mut self, producer_id: i64, tp: &Tp) {
         self.open.remove(&(producer_id, *tp));
+        self.verifying.remove(&(producer_id, *tp));
     }
 
     /// Forgets everything of `tp` (before it is replayed from scratch).
     pub fn forget_tp(&mut self, tp: &Tp) {
         self.tps.remove(tp);
         self.open.retain(|(_, t), _| t != tp);
+        self.verifying.retain(|(_, t), _| t != tp);
     }
 
     /// Whether a transactional batch of this producer and epoch may go to
@@ -93,6 +133,7 @@ impl Txns {
     /// A marker for `producer_id` was appended at `offset`.
     pub fn on_marker(&mut self, tp: Tp, producer_id: i64, marker: Marker, offset: i64) {
         self.open.remove(&(producer_id, tp));
+        self.verifying.remove(&(producer_id, tp));
         let Some(t) = self.tps.get_mut(&tp) else { return };
         let Some(i) = t.ongoing.iter().position(|o| o.producer_id == producer_id) else { return };
         let open = t.ongoing.swap_remove(i);
@@ -164,6 +205,7 @@ impl Txns {
     pub fn remove_topic(&mut self, topic: &[u8; 16]) {
         self.tps.retain(|tp, _| &tp.topic != topic);
         self.open.retain(|(_, tp), _| &tp.topic != topic);
+        self.verifying.retain(|(_, tp), _| &tp.topic != topic);
     }
 
     pub fn to_snapshot(&self) -> Vec<(Tp, TpTxns)> {
@@ -171,7 +213,7 @@ impl Txns {
     }
 
     pub fn from_snapshot(rows: Vec<(Tp, TpTxns)>) -> Txns {
-        Txns { tps: rows.into_iter().collect(), open: HashMap::new() }
+        Txns { tps: rows.into_iter().collect(), ..Default::default() }
     }
 }
 
@@ -181,6 +223,27 @@ mod tests {
 
     fn tp(p: i32) -> Tp {
         Tp { topic: [3; 16], partition: p }
+    }
+
+    /// KIP-890's guard at a partition's leader: a verification answered
+    /// after the transaction's marker reached the partition adds nothing,
+    /// so a late batch cannot open a transaction nobody will end.
+    #[test]
+    fn a_verification_that_crossed_the_marker_adds_nothing() {
+        let mut t = Txns::default();
+        let late = t.begin_verification(1, tp(0));
+        let other = t.begin_verification(1, tp(1));
+        t.on_marker(tp(0), 1, Marker::Abort, 5);
+        assert!(!t.add_verified(1, 0, tp(0), late));
+        assert!(!t.admits(1, 0, &tp(0)));
+        // The guard on another partition stands, once.
+        assert!(t.add_verified(1, 0, tp(1), other));
+        assert!(t.admits(1, 0, &tp(1)));
+        assert!(!t.add_verified(1, 0, tp(1), other));
+        // A failed verification gives its guard back.
+        let failed = t.begin_verification(2, tp(0));
+        assert!(t.release_verification(2, tp(0), failed));
+        assert!(t.verifying.is_empty(), "no guard left behind");
     }
 
     #[test]

@@ -202,6 +202,9 @@ pub struct Coordinator {
     /// Cluster mode: by shard, each producer's newest coordinator epoch of
     /// the markers that reached it (what the shard's log holds).
     fences: Arc<std::sync::Mutex<HashMap<u32, journal::Fences>>>,
+    /// Cluster mode: TxnOffsetCommit's verification guards
+    /// (`txn_offsets::Guards`).
+    guards: Arc<std::sync::Mutex<txn_offsets::Guards>>,
     /// Cluster mode: each shard's group writer, which appends groups'
     /// states and tombstones to the shard's log one at a time, in the
     /// order asked (set with the journal).
@@ -234,7 +237,7 @@ impl Coordinator {
             std::thread::Builder::new().name("canopy-offsets".into()).spawn(move || offsets::keeper(crx, engine)).expect("spawn the committed-offset keeper thread");
         }
         let turns = (0..crate::cluster::topics::COORDINATOR_SHARDS).map(|_| tokio::sync::Mutex::new(())).collect();
-        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), pending: Arc::default(), fences: Arc::default(), writers }
+        Coordinator { tx, offsets: ctx, engine, journal: Arc::default(), awaiting: Arc::default(), turns: Arc::new(turns), pending: Arc::default(), fences: Arc::default(), guards: Arc::default(), writers }
     }
 
     /// Cluster mode, at start: until [`Coordinator::set_journal`], every
@@ -285,6 +288,7 @@ impl Coordinator {
         let Some(journal::Shard { offsets: rows, groups: stored, txns, pending, fences }) = read.await? else { return Ok(None) };
         self.pending.lock().expect("pending offsets lock").insert(shard, pending);
         self.fences.lock().expect("fences lock").insert(shard, fences);
+        self.drop_guards(shard, None);
         let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let count = groups.iter().filter(|g| !stored.contains_key(*g)).count() + stored.len();
         self.apply(offsets::Change::Load { shard, rows }).await.map_err(|e| e.to_string())?;
@@ -312,6 +316,7 @@ impl Coordinator {
         let _turn = self.turns[shard as usize].lock().await;
         self.pending.lock().expect("pending offsets lock").remove(&shard);
         self.fences.lock().expect("fences lock").remove(&shard);
+        self.drop_guards(shard, None);
         if let Err(e) = self.apply(offsets::Change::Load { shard, rows: Default::default() }).await {
             tracing::warn!(shard, error = %e, "dropping a moved shard's committed offsets from the catalog failed; its groups' lag metrics may linger until it loads here again");
         }
@@ -1289,7 +1294,7 @@ mod tests {
         let c = coordinator(dir.path(), log.clone());
         let shard = journal::shard_of("g");
         let groups: std::collections::HashSet<String> = ["g".to_string()].into();
-        c.stage_txn_offsets(7, 2, "g", vec![("t".into(), 0, offset(10)), ("t".into(), 1, offset(20))]).await.unwrap();
+        c.stage_txn_offsets(7, 2, "g", vec![("t".into(), 0, offset(10)), ("t".into(), 1, offset(20))], c.guard_txn_offsets("g", 7)).await.unwrap();
         assert!(c.committed("g").unwrap().is_empty(), "nothing committed before the marker");
         assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 0), ("t".to_string(), 1)].into());
         assert_eq!(log.appended.lock().unwrap().len(), 2, "both pending offsets in the log");
@@ -1317,27 +1322,27 @@ mod tests {
         // A deposed coordinator's marker (an older coordinator epoch) is
         // refused even with offsets waiting: they are a later
         // transaction's, its successor's to end.
-        c.stage_txn_offsets(7, 3, "g", vec![("t".into(), 0, offset(11))]).await.unwrap();
+        c.stage_txn_offsets(7, 3, "g", vec![("t".into(), 0, offset(11))], c.guard_txn_offsets("g", 7)).await.unwrap();
         assert_eq!(c.end_txn_offsets(shard, 7, 3, 1, true).await, Err(E::TransactionCoordinatorFenced.code()));
         assert_eq!(c.committed("g").unwrap(), committed);
         c.end_txn_offsets(shard, 7, 3, 2, false).await.unwrap();
         // An abort drops what it staged; the committed offsets stay.
-        c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(99))]).await.unwrap();
+        c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(99))], c.guard_txn_offsets("g", 9)).await.unwrap();
         c.end_txn_offsets(shard, 9, 0, 0, false).await.unwrap();
         assert_eq!(c.committed("g").unwrap(), committed);
         assert!(c.pending_txn_offsets(&groups).is_empty());
         assert!(log.appended.lock().unwrap().iter().any(|r| matches!(r, journal::Record::Pending { producer_id: 9, state: None, .. })));
         // A log that refuses: nothing staged, nothing ended.
-        c.stage_txn_offsets(10, 0, "g", vec![("t".into(), 0, offset(50))]).await.unwrap();
+        c.stage_txn_offsets(10, 0, "g", vec![("t".into(), 0, offset(50))], c.guard_txn_offsets("g", 10)).await.unwrap();
         log.failing.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(c.stage_txn_offsets(11, 0, "g", vec![("t".into(), 1, offset(60))]).await, Err(E::CoordinatorNotAvailable.code()));
+        assert_eq!(c.stage_txn_offsets(11, 0, "g", vec![("t".into(), 1, offset(60))], c.guard_txn_offsets("g", 11)).await, Err(E::CoordinatorNotAvailable.code()));
         assert_eq!(c.end_txn_offsets(shard, 10, 0, 0, true).await, Err(E::NotEnoughReplicas.code()));
         assert_eq!(c.pending_txn_offsets(&groups)["g"], [("t".to_string(), 0)].into(), "producer 10's offset still waits, 11's never did");
         assert_eq!(c.committed("g").unwrap(), committed);
         // A shard this node does not lead (or has not loaded).
         log.failing.store(false, std::sync::atomic::Ordering::SeqCst);
         log.unready.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(c.stage_txn_offsets(12, 0, "g", vec![("t".into(), 0, offset(1))]).await, Err(E::NotCoordinator.code()));
+        assert_eq!(c.stage_txn_offsets(12, 0, "g", vec![("t".into(), 0, offset(1))], c.guard_txn_offsets("g", 12)).await, Err(E::NotCoordinator.code()));
         assert_eq!(c.end_txn_offsets(shard, 10, 0, 0, true).await, Err(E::NotLeaderOrFollower.code()));
         // Loaded again (elsewhere, say): what the log holds is what waits.
         log.unready.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -1349,6 +1354,35 @@ mod tests {
         assert_eq!(c.end_txn_offsets(shard, 44, 1, 5, true).await, Err(E::TransactionCoordinatorFenced.code()), "the log's fence holds after the load");
         c.end_txn_offsets(shard, 44, 1, 6, true).await.unwrap();
         assert_eq!(c.committed("g").unwrap(), vec![("t".to_string(), 3, offset(7))], "the load made the catalog the log's (empty), then the marker committed");
+    }
+
+    /// KIP-890's guard for the shard: offsets verified before their
+    /// transaction's marker reached the shard are refused, not left
+    /// waiting for a later transaction's commit.
+    #[tokio::test]
+    async fn offsets_verified_before_their_transactions_marker_are_refused() {
+        use kafka_protocol::ResponseError as E;
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(FakeLog::default());
+        let c = coordinator(dir.path(), log.clone());
+        let shard = journal::shard_of("g");
+        let groups: std::collections::HashSet<String> = ["g".to_string()].into();
+        // Verified, then the (abort) marker, then the offsets.
+        let late = c.guard_txn_offsets("g", 7);
+        let other = c.guard_txn_offsets("g", 8);
+        c.end_txn_offsets(shard, 7, 0, 0, false).await.unwrap();
+        assert_eq!(c.stage_txn_offsets(7, 0, "g", vec![("t".into(), 0, offset(10))], late).await, Err(E::InvalidTxnState.code()));
+        assert!(c.pending_txn_offsets(&groups).is_empty(), "nothing staged");
+        // Another producer's guard stands; a guard is used once.
+        c.stage_txn_offsets(8, 0, "g", vec![("t".into(), 0, offset(11))], other).await.unwrap();
+        assert_eq!(c.stage_txn_offsets(8, 0, "g", vec![("t".into(), 1, offset(12))], other).await, Err(E::InvalidTxnState.code()));
+        // The next transaction's commit commits only its own offsets.
+        c.end_txn_offsets(shard, 8, 0, 0, true).await.unwrap();
+        assert_eq!(c.committed("g").unwrap(), vec![("t".to_string(), 0, offset(11))]);
+        // A load of the shard drops the guards taken before it.
+        let before = c.guard_txn_offsets("g", 9);
+        assert!(c.load_shard(shard, async { Ok(Some(journal::Shard::default())) }).await.unwrap().is_some());
+        assert_eq!(c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(13))], before).await, Err(E::InvalidTxnState.code()));
     }
 
     /// Deleting a group's offsets drops what open transactions staged for
@@ -1365,7 +1399,7 @@ mod tests {
         let known = || c.txn_commit_check("g".into(), CommitIds { generation: -1, member_id: String::new(), instance_id: None });
         c.store_offsets(vec![("g".into(), "t".into(), 0, offset(5))]).await.unwrap();
         assert_eq!(known().await, Some(Ok(())));
-        c.stage_txn_offsets(7, 0, "g", vec![("t".into(), 0, offset(10)), ("t".into(), 1, offset(20))]).await.unwrap();
+        c.stage_txn_offsets(7, 0, "g", vec![("t".into(), 0, offset(10)), ("t".into(), 1, offset(20))], c.guard_txn_offsets("g", 7)).await.unwrap();
         // Expiry, however old the group: it waits for the transaction.
         assert_eq!(c.expire_offsets(-1_000_000_000).await.unwrap(), 0);
         assert_eq!(c.committed("g").unwrap().len(), 1);

@@ -8,24 +8,79 @@
 //! and `journal::Record::Fence`; the maps they fill are `Coordinator`'s
 //! `pending` and `fences`, loaded with each shard.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{journal, offsets, CommitIds, Coordinator};
 use crate::meta::OffsetRecord;
 
+/// Verification guards (KIP-890's, for the group's shard): a
+/// TxnOffsetCommit takes one before it asks the transaction's coordinator
+/// whether the shard is in the transaction, and its offsets are staged
+/// only if no marker for the producer reached the shard since. Without
+/// it, offsets of a transaction that ended while the answer travelled
+/// would wait for the producer's next marker, and a later transaction's
+/// commit would commit them.
+#[derive(Default)]
+pub(super) struct Guards {
+    next: u64,
+    by: HashMap<(u32, i64), HashSet<u64>>,
+}
+
 impl Coordinator {
+    /// A verification guard for `producer_id`'s offsets to `group`, taken
+    /// before the transaction's coordinator is asked (see [`Guards`]).
+    pub fn guard_txn_offsets(&self, group: &str, producer_id: i64) -> u64 {
+        let mut g = self.guards.lock().expect("guards lock");
+        g.next += 1;
+        let token = g.next;
+        g.by.entry((journal::shard_of(group), producer_id)).or_default().insert(token);
+        token
+    }
+
+    /// Gives a guard back unused (the verification failed).
+    pub fn release_txn_offsets_guard(&self, group: &str, producer_id: i64, token: u64) {
+        self.take_guard(journal::shard_of(group), producer_id, token);
+    }
+
+    /// Takes `token` if it still stands; false if a marker (or a load of
+    /// the shard) removed it.
+    fn take_guard(&self, shard: u32, producer_id: i64, token: u64) -> bool {
+        let mut g = self.guards.lock().expect("guards lock");
+        let Some(set) = g.by.get_mut(&(shard, producer_id)) else { return false };
+        let taken = set.remove(&token);
+        if set.is_empty() {
+            g.by.remove(&(shard, producer_id));
+        }
+        taken
+    }
+
+    /// Drops the guards of `shard` (a marker for `producer_id` reached it;
+    /// `None`: the shard loaded or unloaded).
+    pub(super) fn drop_guards(&self, shard: u32, producer_id: Option<i64>) {
+        self.guards.lock().expect("guards lock").by.retain(|(s, p), _| *s != shard || producer_id.is_some_and(|id| id != *p));
+    }
+
     /// Cluster mode (TxnOffsetCommit at the group's coordinator): offsets
     /// (`producer_id`, `epoch`)'s transaction commits for `group` if it
     /// commits. They are appended to the group's shard as pending offsets
     /// and wait, in memory and in the log, for the transaction's marker
     /// ([`Coordinator::end_txn_offsets`]); a later offset of the same
     /// partition in the same transaction replaces it. Rows: (topic,
-    /// partition, offset).
-    pub async fn stage_txn_offsets(&self, producer_id: i64, epoch: i16, group: &str, rows: Vec<(String, i32, OffsetRecord)>) -> Result<(), i16> {
+    /// partition, offset). `guard` is the one taken before verification:
+    /// gone (the transaction's marker reached the shard since, or the
+    /// shard loaded again), the offsets are INVALID_TXN_STATE, as a late
+    /// batch is at a partition's leader.
+    pub async fn stage_txn_offsets(&self, producer_id: i64, epoch: i16, group: &str, rows: Vec<(String, i32, OffsetRecord)>, guard: u64) -> Result<(), i16> {
         use kafka_protocol::ResponseError as E;
-        let j = self.journal.get().ok_or(E::CoordinatorNotAvailable.code())?;
         let shard = journal::shard_of(group);
+        let Some(j) = self.journal.get() else {
+            self.take_guard(shard, producer_id, guard);
+            return Err(E::CoordinatorNotAvailable.code());
+        };
         let _turn = self.turns[shard as usize].lock().await;
+        if !self.take_guard(shard, producer_id, guard) {
+            return Err(E::InvalidTxnState.code());
+        }
         if !j.ready(shard) {
             return Err(E::NotCoordinator.code());
         }
@@ -62,6 +117,8 @@ impl Coordinator {
             if known.is_some_and(|k| k > coordinator_epoch) {
                 return Err(E::TransactionCoordinatorFenced.code());
             }
+            // The transaction ended: offsets verified before it are late.
+            self.drop_guards(shard, Some(producer_id));
             let newer = known.is_none_or(|k| coordinator_epoch > k);
             let ours: Vec<(journal::PendingKey, (i16, OffsetRecord))> =
                 self.pending.lock().expect("pending offsets lock").get(&shard).map(|p| p.iter().filter(|((_, _, _, pid), _)| *pid == producer_id).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();

@@ -423,14 +423,25 @@ async fn join_transaction(broker: &Broker, view: &crate::cluster::ClusterView, i
         // Cluster mode: the transaction's coordinator is another node.
         for ((pid, epoch), parts) in wanted {
             let names: Vec<(String, i32)> = parts.iter().map(|(_, w)| w.clone()).collect();
+            // Guards first (KIP-890): a marker for the producer that
+            // reaches a partition while the answer travels removes its
+            // guard, and the partition is not added.
+            let guards: Vec<Option<(crate::storage::Tp, u64)>> = names.iter().map(|(name, p)| broker.engine.topic(name).map(|t| (t.tp(*p), broker.engine.begin_txn_verification(pid, t.tp(*p))))).collect();
             let codes = ask_coordinator(broker, view, id, pid, epoch, version < 12, &names).await;
-            for ((at, (name, p)), code) in parts.into_iter().zip(codes) {
-                if code == 0 {
-                    if let Some(t) = broker.engine.topic(&name) {
-                        broker.engine.add_txn_partitions(pid, epoch, &[t.tp(p)]);
+            for (((at, _), code), guard) in parts.into_iter().zip(codes).zip(guards) {
+                match guard {
+                    _ if code != 0 => {
+                        if let Some((tp, guard)) = guard {
+                            broker.engine.release_txn_verification(pid, tp, guard);
+                        }
+                        refused.insert(at, produce_code(code));
                     }
-                } else {
-                    refused.insert(at, produce_code(code));
+                    // The transaction ended meanwhile: this batch is late.
+                    Some((tp, guard)) if !broker.engine.add_verified_txn_partition(pid, epoch, tp, guard) => {
+                        refused.insert(at, ResponseError::InvalidTxnState.code());
+                    }
+                    // Added, or the topic is gone (the append refuses it).
+                    _ => {}
                 }
             }
         }

@@ -88,6 +88,9 @@ async fn staged(broker: &Broker, id: &str, group: &str, producer_id: i64, epoch:
     // AddOffsetsToTxn; v5 adds it here).
     let shard = vec![(crate::cluster::topics::COORDINATOR_TOPIC.to_owned(), coordinator::journal::shard_of(group) as i32)];
     let verify_only = version < 5;
+    // Taken before the question: a marker reaching the shard while the
+    // answer travels removes it, and the offsets are not staged.
+    let guard = broker.coordinator.guard_txn_offsets(group, producer_id);
     let code = if broker.coordinates(id) {
         match broker.transactions.add_partitions(id, producer_id, epoch, &shard, verify_only, 5).await {
             Ok(codes) => codes.first().copied().unwrap_or_default(),
@@ -98,6 +101,7 @@ async fn staged(broker: &Broker, id: &str, group: &str, producer_id: i64, epoch:
         super::produce::ask_coordinator(broker, &view, id, producer_id, epoch, verify_only, &shard).await.first().copied().unwrap_or_default()
     };
     if code != 0 {
+        broker.coordinator.release_txn_offsets_guard(group, producer_id, guard);
         return vec![verification_code(code, version); n];
     }
     let now = broker.engine.now_ms();
@@ -116,10 +120,11 @@ async fn staged(broker: &Broker, id: &str, group: &str, producer_id: i64, epoch:
         });
     }
     if rows.is_empty() {
+        broker.coordinator.release_txn_offsets_guard(group, producer_id, guard);
         return codes;
     }
     let rows = rows.into_iter().map(|((t, p), r)| (t, p, r)).collect();
-    match broker.coordinator.stage_txn_offsets(producer_id, epoch, group, rows).await {
+    match broker.coordinator.stage_txn_offsets(producer_id, epoch, group, rows, guard).await {
         Ok(()) => codes,
         Err(code) => codes.into_iter().map(|c| if c == 0 { code } else { c }).collect(),
     }
