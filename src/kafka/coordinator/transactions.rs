@@ -113,6 +113,8 @@ struct Inner {
     peers: std::sync::OnceLock<Arc<crate::kafka::replication::peers::Forwarder>>,
     /// The timeout pass's tasks at work (at most [`EXPIRE_AT_ONCE`]).
     expiring: Arc<tokio::sync::Semaphore>,
+    /// Ids the timeout pass found busy, with how many passes in a row.
+    busy: Mutex<HashMap<String, u32>>,
 }
 
 /// How long an end waits for its markers before it answers
@@ -131,6 +133,10 @@ enum MarkersFailed {
 
 /// How many ids one timeout pass works on at once.
 const EXPIRE_AT_ONCE: usize = 64;
+/// Passes in a row that may find an id busy before the timeout pass waits
+/// for its lock (tokio's mutex is fair: requests that come after the wait
+/// queue behind it).
+const BUSY_PASSES: u32 = 5;
 
 /// Kafka's transaction coordinator's answer for a state append that
 /// failed (the journal answers as the group coordinator maps it):
@@ -287,7 +293,7 @@ impl Transactions {
             }
             records.clear();
         }
-        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new(), expiring: Arc::new(tokio::sync::Semaphore::new(EXPIRE_AT_ONCE)) }) };
+        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new(), expiring: Arc::new(tokio::sync::Semaphore::new(EXPIRE_AT_ONCE)), busy: Mutex::new(HashMap::new()) }) };
         // Each producer id's transactional id, for the pass below.
         let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
         for (id, rec) in records {
@@ -1036,18 +1042,55 @@ impl Transactions {
     /// [`EXPIRE_AT_ONCE`] at a time, and the pass does not wait for them:
     /// an end whose markers wait holds no other id back, not even for the
     /// next pass. An id busy with a request, or with a task of an earlier
-    /// pass, is left for a later one. Cluster mode: only ids of shards
+    /// pass, is left for a later one; one found busy [`BUSY_PASSES`]
+    /// passes in a row gets a task that waits for its lock, so a client
+    /// that keeps its id busy cannot keep its transaction from timing
+    /// out. Cluster mode: only ids of shards
     /// this node coordinates in its current leader epoch. An id whose
     /// slot is empty (a first InitProducerId that failed) leaves the map.
     pub async fn expire(&self) {
         let slots: Vec<(String, Slot)> = self.inner.ids.lock().expect("txn ids lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let single = self.inner.cluster.view().single;
+        {
+            // Ids gone since they were found busy are not counted on.
+            let live: std::collections::HashSet<&str> = slots.iter().map(|(id, _)| id.as_str()).collect();
+            self.inner.busy.lock().expect("busy ids lock").retain(|id, _| live.contains(id.as_str()));
+        }
         for (id, slot) in slots {
             if !single && !self.inner.groups.ready(&id) {
                 continue;
             }
-            let Ok(guard) = slot.clone().try_lock_owned() else { continue };
-            let now = self.now();
+            let guard = match slot.clone().try_lock_owned() {
+                Ok(guard) => {
+                    self.inner.busy.lock().expect("busy ids lock").remove(&id);
+                    guard
+                }
+                Err(_) => {
+                    let waited = {
+                        let mut busy = self.inner.busy.lock().expect("busy ids lock");
+                        let passes = busy.entry(id.clone()).or_default();
+                        *passes += 1;
+                        let wait = *passes >= BUSY_PASSES;
+                        if wait {
+                            busy.remove(&id);
+                        }
+                        wait
+                    };
+                    if waited {
+                        let Ok(permit) = self.inner.expiring.clone().try_acquire_owned() else { return };
+                        let t = self.clone();
+                        tokio::spawn(async move {
+                            let guard = slot.clone().lock_owned().await;
+                            let ready = t.inner.cluster.view().single || t.inner.groups.ready(&id);
+                            if ready && guard.as_ref().is_some_and(|rec| t.due(rec)) {
+                                t.expire_one(id, slot, guard).await;
+                            }
+                            drop(permit);
+                        });
+                    }
+                    continue;
+                }
+            };
             let Some(rec) = guard.as_ref() else {
                 let mut ids = self.inner.ids.lock().expect("txn ids lock");
                 if ids.get(&id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
@@ -1055,12 +1098,7 @@ impl Transactions {
                 }
                 continue;
             };
-            let due = match rec.state {
-                TxnState::PrepareCommit | TxnState::PrepareAbort => true,
-                TxnState::Ongoing => now - rec.start_ms > rec.timeout_ms as i64,
-                TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => now - rec.update_ms > self.inner.cfg.id_expiration_ms,
-            };
-            if !due {
+            if !self.due(rec) {
                 continue;
             }
             let Ok(permit) = self.inner.expiring.clone().try_acquire_owned() else { return };
@@ -1069,6 +1107,17 @@ impl Transactions {
                 t.expire_one(id, slot, guard).await;
                 drop(permit);
             });
+        }
+    }
+
+    /// Whether the timeout pass has work on `rec`: an end to finish, a
+    /// transaction past its timeout, or an id idle past its expiration.
+    fn due(&self, rec: &TxnRecord) -> bool {
+        let now = self.now();
+        match rec.state {
+            TxnState::PrepareCommit | TxnState::PrepareAbort => true,
+            TxnState::Ongoing => now - rec.start_ms > rec.timeout_ms as i64,
+            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => now - rec.update_ms > self.inner.cfg.id_expiration_ms,
         }
     }
 
@@ -1136,6 +1185,42 @@ mod tests {
             previous_producer_id: -1,
             next_producer_id: -1,
         }
+    }
+
+    /// A client that keeps its id busy cannot keep its transaction open
+    /// past its timeout: once the pass has found the id busy
+    /// [`BUSY_PASSES`] times in a row, it waits for the id's lock and
+    /// aborts the transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_id_is_aborted_once_its_timeout_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::engine::system_clock();
+        let engine = Engine::open(crate::engine::EngineConfig::new(dir.path()), clock.clone()).unwrap();
+        engine.create_topic("t", 1, Default::default(), false).unwrap();
+        let (stop_tx, stop) = watch::channel(false);
+        let groups = Coordinator::start(engine.clone(), super::super::GroupConfig::default(), super::super::ConsumerConfig::default(), clock.clone(), stop.clone());
+        let me = crate::cluster::NodeRecord { id: 1, rack: None, incarnation: 0, endpoints: vec![] };
+        let cluster = Arc::new(crate::cluster::Membership::single("c".into(), me));
+        // No timeout loop of its own during the test: the passes below.
+        let cfg = TxnConfig { check_every: Duration::from_secs(3600), ..TxnConfig::default() };
+        let t = Transactions::start(engine, cluster, groups, cfg, clock, stop).await.unwrap();
+        let (pid, epoch) = t.init("busy", 1, -1, -1, 4).await.unwrap();
+        assert_eq!(t.add_partitions("busy", pid, epoch, &[("t".into(), 0)], false, 3).await.unwrap(), vec![0]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let state = || async { t.describe(&["busy".to_string()]).await[0].as_ref().map(|r| r.state) };
+        assert_eq!(state().await, Some(TxnState::Ongoing));
+        // A request holds the id's lock at every pass.
+        let held = t.existing("busy").unwrap().lock_owned().await;
+        for _ in 0..BUSY_PASSES {
+            t.expire().await;
+        }
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state().await != Some(TxnState::CompleteAbort) {
+            assert!(std::time::Instant::now() < deadline, "the busy id's timed-out transaction was not aborted: {:?}", state().await);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(stop_tx);
     }
 
     /// Kafka's table for EndTxn under transactions v2: the producer (7)
