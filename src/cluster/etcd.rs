@@ -158,7 +158,7 @@ pub struct ProducerIds {
     /// A background claim is running (or backing off after a failure).
     claiming: std::sync::atomic::AtomicBool,
     /// The last [`ProducerIds::end_now`] read: when, and what it said.
-    last_read: tokio::sync::Mutex<Option<(Instant, i64)>>,
+    last_read: tokio::sync::Mutex<Option<(Instant, Result<i64, String>)>>,
 }
 
 impl ProducerIds {
@@ -197,21 +197,27 @@ impl ProducerIds {
     /// one at a time, and a caller that waited behind one takes its
     /// answer, so ids made up by a client cost etcd at most a read per
     /// 100 ms.
-    pub async fn end_now(&self) -> anyhow::Result<i64> {
+    pub async fn end_now(&self) -> Result<i64, String> {
         let mut last = self.last_read.lock().await;
-        if let Some((at, end)) = *last {
+        if let Some((at, answer)) = &*last {
+            // A failure is kept as long: callers queued behind a slow
+            // etcd do not each wait for it again.
             if at.elapsed() < Duration::from_millis(100) {
-                return Ok(end);
+                return answer.clone();
             }
         }
+        let answer = self.read_end().await.map_err(|e| format!("{e:#}"));
+        *last = Some((Instant::now(), answer.clone()));
+        answer
+    }
+
+    async fn read_end(&self) -> anyhow::Result<i64> {
         let mut client = self.client.clone();
         let resp = tokio::time::timeout(Duration::from_secs(2), client.get(self.key.clone(), None)).await.context("etcd did not answer within 2 s")??;
-        let end = match resp.kvs().first() {
-            Some(kv) => std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<i64>().ok()).filter(|n| *n >= 1).context("the producer id counter is not a positive number")?,
-            None => 1,
-        };
-        *last = Some((Instant::now(), end));
-        Ok(end)
+        match resp.kvs().first() {
+            Some(kv) => std::str::from_utf8(kv.value()).ok().and_then(|s| s.parse::<i64>().ok()).filter(|n| *n >= 1).context("the producer id counter is not a positive number"),
+            None => Ok(1),
+        }
     }
 
     /// Moves the counter one block on and reserves the block in the

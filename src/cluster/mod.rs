@@ -399,7 +399,7 @@ impl Membership {
     pub async fn producer_ids_end_now(&self) -> Option<i64> {
         #[cfg(feature = "cluster")]
         if let Some(p) = &self.producer_ids {
-            return p.end_now().await.inspect_err(|e| tracing::warn!(error = %format!("{e:#}"), "reading the producer id counter failed")).ok();
+            return p.end_now().await.inspect_err(|e| tracing::warn!(error = %e, "reading the producer id counter failed")).ok();
         }
         None
     }

@@ -936,7 +936,8 @@ impl Engine {
     /// before the transaction's coordinator (another node) is asked
     /// (`txns::Txns::begin_verification`).
     pub fn begin_txn_verification(&self, producer_id: i64, tp: Tp) -> u64 {
-        self.txns.write().expect("txns lock").begin_verification(producer_id, tp)
+        let now = self.now_ms();
+        self.txns.write().expect("txns lock").begin_verification(producer_id, tp, now)
     }
 
     /// The coordinator let `tp` into (`producer_id`, `epoch`)'s

@@ -356,10 +356,12 @@ impl Producers {
 
     /// Forgets producers idle for `max_idle_ms` (Kafka's
     /// `producer.id.expiration.ms`); returns how many entries went.
-    pub fn expire(&mut self, now_ms: i64, max_idle_ms: i64) -> usize {
+    /// A producer with a transaction open in the tp (`open`) stays, as in
+    /// Kafka: its next batch would otherwise be refused as unknown.
+    pub fn expire(&mut self, now_ms: i64, max_idle_ms: i64, open: impl Fn(&Tp, i64) -> bool) -> usize {
         let before = self.len();
-        self.entries.retain(|_, m| {
-            m.retain(|_, e| now_ms - e.last_used_ms < max_idle_ms);
+        self.entries.retain(|tp, m| {
+            m.retain(|pid, e| now_ms - e.last_used_ms < max_idle_ms || open(tp, *pid));
             !m.is_empty()
         });
         before - self.len()
@@ -552,7 +554,7 @@ mod tests {
         assert_eq!(p.check(Tp { topic: [8; 16], partition: 0 }, ids(0, 3, 1)), Check::Refuse(Refusal::UnknownProducer));
         // State that expired: the client's next batch is refused, and it
         // starts over (a new id or epoch) at sequence 0.
-        assert_eq!(p.expire(1_000_000, 1), 1);
+        assert_eq!(p.expire(1_000_000, 1, |_, _| false), 1);
         assert_eq!(p.check(tp(), ids(0, 3, 1)), Check::Refuse(Refusal::UnknownProducer));
         assert_eq!(append(&mut p, ids(1, 0, 1), &mut next), Check::Append);
     }
@@ -665,9 +667,11 @@ mod tests {
         let mut p = Producers::default();
         p.record(tp(), ids(0, 0, 1), 0, 0, 1_000);
         p.record(Tp { topic: [8; 16], partition: 1 }, ids(0, 0, 1), 0, 0, 5_000);
-        assert_eq!(p.expire(6_000, 2_000), 1);
+        assert_eq!(p.expire(6_000, 2_000, |_, _| false), 1);
         assert_eq!(p.len(), 1);
-        assert_eq!(p.expire(8_000, 2_000), 1);
+        // One with a transaction open there stays, however idle.
+        assert_eq!(p.expire(8_000, 2_000, |tp, pid| tp.partition == 1 && pid == 1000), 0);
+        assert_eq!(p.expire(8_000, 2_000, |_, _| false), 1);
         assert!(p.is_empty());
     }
 }

@@ -275,7 +275,7 @@ mod tests {
     /// its next batch is refused with UNKNOWN_PRODUCER_ID, and the client
     /// starts over at sequence 0 (a new epoch), which is taken.
     #[test]
-    fn retention_past_the_snapshot_does_not_refuse_the_next_batch() {
+    fn retention_past_the_snapshot_makes_the_producer_start_over() {
         let mut b = Broker::new();
         assert_eq!(b.send(0), producers::Check::Append);
         b.flush(true);

@@ -47,6 +47,10 @@ pub struct TpTxns {
     pub aborted: VecDeque<AbortedTxn>,
 }
 
+/// A verification guard older than this is dropped when the next is
+/// taken (a verification answers well within it: the call timeout is 35 s).
+pub const GUARD_TTL_MS: i64 = 60_000;
+
 #[derive(Debug, Default, Clone)]
 pub struct Txns {
     tps: HashMap<Tp, TpTxns>,
@@ -56,8 +60,8 @@ pub struct Txns {
     /// transaction's coordinator (another node) whether a partition is in
     /// the transaction; a marker for the producer there removes them, so
     /// an answer that crossed the transaction's end adds nothing. Not
-    /// kept in snapshots.
-    verifying: HashMap<(i64, Tp), std::collections::HashSet<u64>>,
+    /// kept in snapshots. Each with when it was taken (ms).
+    verifying: HashMap<(i64, Tp), HashMap<u64, i64>>,
     next_guard: u64,
 }
 
@@ -72,10 +76,16 @@ impl Txns {
         self.open.insert((producer_id, tp), epoch);
     }
 
-    /// A verification guard for `producer_id`'s batches to `tp`.
-    pub fn begin_verification(&mut self, producer_id: i64, tp: Tp) -> u64 {
+    /// A verification guard for `producer_id`'s batches to `tp`. Guards
+    /// older than [`GUARD_TTL_MS`] go first: their requests ended without
+    /// using them (cancelled with their connection).
+    pub fn begin_verification(&mut self, producer_id: i64, tp: Tp, now_ms: i64) -> u64 {
+        self.verifying.retain(|_, guards| {
+            guards.retain(|_, born| now_ms - *born < GUARD_TTL_MS);
+            !guards.is_empty()
+        });
         self.next_guard += 1;
-        self.verifying.entry((producer_id, tp)).or_default().insert(self.next_guard);
+        self.verifying.entry((producer_id, tp)).or_default().insert(self.next_guard, now_ms);
         self.next_guard
     }
 
@@ -96,7 +106,7 @@ impl Txns {
     /// still stood.
     pub fn release_verification(&mut self, producer_id: i64, tp: Tp, guard: u64) -> bool {
         let Some(set) = self.verifying.get_mut(&(producer_id, tp)) else { return false };
-        let stood = set.remove(&guard);
+        let stood = set.remove(&guard).is_some();
         if set.is_empty() {
             self.verifying.remove(&(producer_id, tp));
         }
@@ -231,8 +241,8 @@ mod tests {
     #[test]
     fn a_verification_that_crossed_the_marker_adds_nothing() {
         let mut t = Txns::default();
-        let late = t.begin_verification(1, tp(0));
-        let other = t.begin_verification(1, tp(1));
+        let late = t.begin_verification(1, tp(0), 0);
+        let other = t.begin_verification(1, tp(1), 0);
         t.on_marker(tp(0), 1, Marker::Abort, 5);
         assert!(!t.add_verified(1, 0, tp(0), late));
         assert!(!t.admits(1, 0, &tp(0)));
@@ -241,9 +251,14 @@ mod tests {
         assert!(t.admits(1, 0, &tp(1)));
         assert!(!t.add_verified(1, 0, tp(1), other));
         // A failed verification gives its guard back.
-        let failed = t.begin_verification(2, tp(0));
+        let failed = t.begin_verification(2, tp(0), 0);
         assert!(t.release_verification(2, tp(0), failed));
         assert!(t.verifying.is_empty(), "no guard left behind");
+        // A guard its request never used (cancelled) goes once it is old.
+        let _abandoned = t.begin_verification(3, tp(0), 0);
+        let fresh = t.begin_verification(4, tp(0), GUARD_TTL_MS);
+        assert_eq!(t.verifying.len(), 1);
+        assert!(t.add_verified(4, 0, tp(0), fresh));
     }
 
     #[test]

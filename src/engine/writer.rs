@@ -435,7 +435,8 @@ impl Writer {
 
     fn expire(&mut self, now: i64) {
         if now - self.expired_at >= 60_000 {
-            self.snapshots.dirty |= self.producers.expire(now, self.setup.producer_expiry_ms) > 0;
+            let txns = self.shared.txns.read().expect("txns lock");
+            self.snapshots.dirty |= self.producers.expire(now, self.setup.producer_expiry_ms, |tp, pid| txns.open_start(tp, pid).is_some()) > 0;
             self.expired_at = now;
         }
     }

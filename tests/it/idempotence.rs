@@ -115,7 +115,11 @@ async fn sequences_and_epochs_on_the_wire() {
     // start at sequence 0: the batches before it are not here (refused,
     // or lost before they were appended), and taking this one would tell
     // the client they were written. Refused, nothing written.
-    assert_eq!(send(&mut sock, next_id(), common::producer_batch(fresh.producer_id.0, 0, 4, &[b"after a gap"])).await.0, 59, "UNKNOWN_PRODUCER_ID");
+    let r: ProduceResponse = common::call(&mut sock, 0, 8, next_id(), &produce("idem.wire", common::producer_batch(fresh.producer_id.0, 0, 4, &[b"after a gap"]))).await;
+    assert_eq!(outcome(&r).0, 59, "UNKNOWN_PRODUCER_ID");
+    // With the log start, without which Java's producer retries the same
+    // batch until it times out (KIP-360).
+    assert_eq!(r.responses[0].partition_responses[0].log_start_offset, 0);
     // A non-idempotent batch is unaffected.
     assert_eq!(send(&mut sock, next_id(), common::record_batch(&[b"plain"])).await, (0, 9));
 

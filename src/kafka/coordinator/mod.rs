@@ -288,7 +288,7 @@ impl Coordinator {
         let Some(journal::Shard { offsets: rows, groups: stored, txns, pending, fences }) = read.await? else { return Ok(None) };
         self.pending.lock().expect("pending offsets lock").insert(shard, pending);
         self.fences.lock().expect("fences lock").insert(shard, fences);
-        self.drop_guards(shard, None);
+        self.void_guards(shard);
         let groups: Vec<String> = rows.keys().map(|(g, _, _)| g.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let count = groups.iter().filter(|g| !stored.contains_key(*g)).count() + stored.len();
         self.apply(offsets::Change::Load { shard, rows }).await.map_err(|e| e.to_string())?;
@@ -316,7 +316,7 @@ impl Coordinator {
         let _turn = self.turns[shard as usize].lock().await;
         self.pending.lock().expect("pending offsets lock").remove(&shard);
         self.fences.lock().expect("fences lock").remove(&shard);
-        self.drop_guards(shard, None);
+        self.void_guards(shard);
         if let Err(e) = self.apply(offsets::Change::Load { shard, rows: Default::default() }).await {
             tracing::warn!(shard, error = %e, "dropping a moved shard's committed offsets from the catalog failed; its groups' lag metrics may linger until it loads here again");
         }
@@ -1382,7 +1382,15 @@ mod tests {
         // A load of the shard drops the guards taken before it.
         let before = c.guard_txn_offsets("g", 9);
         assert!(c.load_shard(shard, async { Ok(Some(journal::Shard::default())) }).await.unwrap().is_some());
-        assert_eq!(c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(13))], before).await, Err(E::InvalidTxnState.code()));
+        // (NOT_COORDINATOR: the client finds the coordinator and asks
+        // again; INVALID_TXN_STATE would end its producer.)
+        assert_eq!(c.stage_txn_offsets(9, 0, "g", vec![("t".into(), 0, offset(13))], before).await, Err(E::NotCoordinator.code()));
+        // A deposed end's marker (older than the offsets) leaves guards
+        // standing.
+        let standing = c.guard_txn_offsets("g", 9);
+        c.stage_txn_offsets(9, 2, "g", vec![("t".into(), 0, offset(14))], c.guard_txn_offsets("g", 9)).await.unwrap();
+        assert_eq!(c.end_txn_offsets(shard, 9, 1, 0, true).await, Err(E::InvalidProducerEpoch.code()));
+        c.stage_txn_offsets(9, 2, "g", vec![("t".into(), 1, offset(15))], standing).await.unwrap();
     }
 
     /// Deleting a group's offsets drops what open transactions staged for

@@ -8,7 +8,8 @@
 //! and `journal::Record::Fence`; the maps they fill are `Coordinator`'s
 //! `pending` and `fences`, loaded with each shard.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::time::Instant;
 
 use super::{journal, offsets, CommitIds, Coordinator};
 use crate::meta::OffsetRecord;
@@ -23,41 +24,69 @@ use crate::meta::OffsetRecord;
 #[derive(Default)]
 pub(super) struct Guards {
     next: u64,
-    by: HashMap<(u32, i64), HashSet<u64>>,
+    /// Standing guards: (shard, producer) → token → when it was taken.
+    by: HashMap<(u32, i64), HashMap<u64, Instant>>,
+    /// Per shard, the last token taken before its last load or unload: a
+    /// missing guard at or below it went with the load (the client asks
+    /// again: NOT_COORDINATOR), one above it with a marker.
+    loaded_at: HashMap<u32, u64>,
 }
+
+/// A guard older than this is dropped when the next is taken: its request
+/// ended without staging (cancelled with its connection). Verification
+/// answers well within it (the call timeout is 35 s).
+const GUARD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Coordinator {
     /// A verification guard for `producer_id`'s offsets to `group`, taken
     /// before the transaction's coordinator is asked (see [`Guards`]).
     pub fn guard_txn_offsets(&self, group: &str, producer_id: i64) -> u64 {
         let mut g = self.guards.lock().expect("guards lock");
+        g.by.retain(|_, tokens| {
+            tokens.retain(|_, born| born.elapsed() < GUARD_TTL);
+            !tokens.is_empty()
+        });
         g.next += 1;
         let token = g.next;
-        g.by.entry((journal::shard_of(group), producer_id)).or_default().insert(token);
+        g.by.entry((journal::shard_of(group), producer_id)).or_default().insert(token, Instant::now());
         token
     }
 
     /// Gives a guard back unused (the verification failed).
     pub fn release_txn_offsets_guard(&self, group: &str, producer_id: i64, token: u64) {
-        self.take_guard(journal::shard_of(group), producer_id, token);
+        let _ = self.take_guard(journal::shard_of(group), producer_id, token);
     }
 
-    /// Takes `token` if it still stands; false if a marker (or a load of
-    /// the shard) removed it.
-    fn take_guard(&self, shard: u32, producer_id: i64, token: u64) -> bool {
+    /// Takes `token` if it still stands. Gone: INVALID_TXN_STATE if a
+    /// marker for the producer reached the shard since it was taken (the
+    /// transaction ended), NOT_COORDINATOR if the shard loaded or
+    /// unloaded since (the client finds the coordinator and asks again).
+    fn take_guard(&self, shard: u32, producer_id: i64, token: u64) -> Result<(), i16> {
+        use kafka_protocol::ResponseError as E;
         let mut g = self.guards.lock().expect("guards lock");
-        let Some(set) = g.by.get_mut(&(shard, producer_id)) else { return false };
-        let taken = set.remove(&token);
-        if set.is_empty() {
+        let taken = g.by.get_mut(&(shard, producer_id)).is_some_and(|tokens| tokens.remove(&token).is_some());
+        if g.by.get(&(shard, producer_id)).is_some_and(HashMap::is_empty) {
             g.by.remove(&(shard, producer_id));
         }
-        taken
+        match taken {
+            true => Ok(()),
+            false if g.loaded_at.get(&shard).is_some_and(|at| token <= *at) => Err(E::NotCoordinator.code()),
+            false => Err(E::InvalidTxnState.code()),
+        }
     }
 
-    /// Drops the guards of `shard` (a marker for `producer_id` reached it;
-    /// `None`: the shard loaded or unloaded).
-    pub(super) fn drop_guards(&self, shard: u32, producer_id: Option<i64>) {
-        self.guards.lock().expect("guards lock").by.retain(|(s, p), _| *s != shard || producer_id.is_some_and(|id| id != *p));
+    /// A marker for `producer_id` reached `shard`: its guards there go.
+    pub(super) fn drop_guards(&self, shard: u32, producer_id: i64) {
+        self.guards.lock().expect("guards lock").by.retain(|(s, p), _| *s != shard || *p != producer_id);
+    }
+
+    /// `shard` loaded or unloaded: every guard of it goes, as taken
+    /// before the load.
+    pub(super) fn void_guards(&self, shard: u32) {
+        let mut g = self.guards.lock().expect("guards lock");
+        g.by.retain(|(s, _), _| *s != shard);
+        let at = g.next;
+        g.loaded_at.insert(shard, at);
     }
 
     /// Cluster mode (TxnOffsetCommit at the group's coordinator): offsets
@@ -74,13 +103,11 @@ impl Coordinator {
         use kafka_protocol::ResponseError as E;
         let shard = journal::shard_of(group);
         let Some(j) = self.journal.get() else {
-            self.take_guard(shard, producer_id, guard);
+            let _ = self.take_guard(shard, producer_id, guard);
             return Err(E::CoordinatorNotAvailable.code());
         };
         let _turn = self.turns[shard as usize].lock().await;
-        if !self.take_guard(shard, producer_id, guard) {
-            return Err(E::InvalidTxnState.code());
-        }
+        self.take_guard(shard, producer_id, guard)?;
         if !j.ready(shard) {
             return Err(E::NotCoordinator.code());
         }
@@ -117,17 +144,17 @@ impl Coordinator {
             if known.is_some_and(|k| k > coordinator_epoch) {
                 return Err(E::TransactionCoordinatorFenced.code());
             }
-            // The transaction ended: offsets verified before it are late.
-            self.drop_guards(shard, Some(producer_id));
             let newer = known.is_none_or(|k| coordinator_epoch > k);
             let ours: Vec<(journal::PendingKey, (i16, OffsetRecord))> =
                 self.pending.lock().expect("pending offsets lock").get(&shard).map(|p| p.iter().filter(|((_, _, _, pid), _)| *pid == producer_id).map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
-            if ours.is_empty() && !newer {
-                return Ok(());
-            }
             // A marker older than the offsets is a deposed end's.
             if ours.iter().any(|(_, (e, _))| *e > epoch) {
                 return Err(E::InvalidProducerEpoch.code());
+            }
+            // The transaction ended: offsets verified before it are late.
+            self.drop_guards(shard, producer_id);
+            if ours.is_empty() && !newer {
+                return Ok(());
             }
             let mut records: Vec<journal::Record> = Vec::with_capacity(ours.len() * 2);
             if commit {

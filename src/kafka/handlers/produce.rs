@@ -268,19 +268,27 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
     }
     // One view for the request: what joins a transaction and what is
     // appended agree on who leads.
-    let view = broker.cluster.view();
     // Cluster mode: a producer id from a block another node took moments
     // ago may not be in this node's view yet. Before validation refuses it
     // as unknown (UNKNOWN_PRODUCER_ID, which costs the client a reset),
-    // etcd is asked where the handed-out ids end now.
-    if !view.single {
-        let highest = resolved.iter().flat_map(|(.., parts)| parts).filter_map(|p| p.records.as_deref()).filter_map(|r| BatchHeader::parse(r).ok()).map(|h| h.producer_id).max();
+    // etcd is asked where the handed-out ids end now (before the view is
+    // taken, so the wait does not leave it stale).
+    if !broker.cluster.view().single {
+        let highest = resolved
+            .iter()
+            .flat_map(|(.., parts)| parts)
+            .filter_map(|p| p.records.as_deref())
+            .flat_map(crate::protocol::batch::split)
+            .filter_map(|b| b.ok().and_then(|b| BatchHeader::parse(b).ok()))
+            .map(|h| h.producer_id)
+            .max();
         if highest.is_some_and(|id| id >= broker.engine.catalog().producer_ids_below()) {
             if let Some(end) = broker.cluster.producer_ids_end_now().await {
                 broker.engine.catalog().raise_producer_ids_below(end);
             }
         }
     }
+    let view = broker.cluster.view();
     let not_joined = match (&transactional_id, ack) {
         (Some(id), Some(_)) => join_transaction(broker, &view, id, &resolved, version).await,
         _ => HashMap::new(),
@@ -356,6 +364,14 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
                     }
                     Err(e) => r = Failed::of(&e).answer(r, version),
                 },
+            }
+            // Java's producer retries UNKNOWN_PRODUCER_ID until the answer
+            // names the partition's log start (KIP-360), and only then
+            // starts its sequences over; Kafka's answer carries it.
+            if r.error_code == ResponseError::UnknownProducerId.code() && version >= 5 {
+                if let Some((start, ..)) = broker.engine.topic(&name.0).and_then(|t| broker.engine.offsets(&t.tp(index))) {
+                    r = r.with_log_start_offset(start);
+                }
             }
             partition_responses.push(r);
         }
