@@ -51,6 +51,71 @@ pub struct TpTxns {
 /// taken (a verification answers well within it: the call timeout is 35 s).
 pub const GUARD_TTL_MS: i64 = 60_000;
 
+/// Verification guards (KIP-890) by key: a token taken before a
+/// transaction's coordinator is asked, redeemed when the answer comes, and
+/// dropped by the transaction's marker, so an answer that crossed the
+/// transaction's end is told apart. Tokens are never reused; one its
+/// request never redeemed (cancelled with its connection) goes once it is
+/// [`GUARD_TTL_MS`] old.
+#[derive(Debug, Clone)]
+pub struct Guards<K> {
+    last: u64,
+    by: HashMap<K, HashMap<u64, i64>>,
+}
+
+impl<K> Default for Guards<K> {
+    fn default() -> Self {
+        Guards { last: 0, by: HashMap::new() }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Guards<K> {
+    /// A new token for `key`, taken at `now_ms`.
+    pub fn take(&mut self, key: K, now_ms: i64) -> u64 {
+        self.by.retain(|_, tokens| {
+            tokens.retain(|_, born| now_ms - *born < GUARD_TTL_MS);
+            !tokens.is_empty()
+        });
+        self.last += 1;
+        self.by.entry(key).or_default().insert(self.last, now_ms);
+        self.last
+    }
+
+    /// Uses `token` up: whether it still stood.
+    pub fn redeem(&mut self, key: &K, token: u64) -> bool {
+        let Some(tokens) = self.by.get_mut(key) else { return false };
+        let stood = tokens.remove(&token).is_some();
+        if tokens.is_empty() {
+            self.by.remove(key);
+        }
+        stood
+    }
+
+    /// Drops `key`'s tokens (its transaction's marker came).
+    pub fn drop_key(&mut self, key: &K) {
+        self.by.remove(key);
+    }
+
+    /// Drops the tokens of every key `gone` says.
+    pub fn drop_where(&mut self, gone: impl Fn(&K) -> bool) {
+        self.by.retain(|k, _| !gone(k));
+    }
+
+    /// The last token taken (0: none yet).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// How many keys hold a token.
+    pub fn len(&self) -> usize {
+        self.by.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by.is_empty()
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 pub struct Txns {
     tps: HashMap<Tp, TpTxns>,
@@ -60,9 +125,8 @@ pub struct Txns {
     /// transaction's coordinator (another node) whether a partition is in
     /// the transaction; a marker for the producer there removes them, so
     /// an answer that crossed the transaction's end adds nothing. Not
-    /// kept in snapshots. Each with when it was taken (ms).
-    verifying: HashMap<(i64, Tp), HashMap<u64, i64>>,
-    next_guard: u64,
+    /// kept in snapshots.
+    verifying: Guards<(i64, Tp)>,
 }
 
 impl Txns {
@@ -76,17 +140,9 @@ impl Txns {
         self.open.insert((producer_id, tp), epoch);
     }
 
-    /// A verification guard for `producer_id`'s batches to `tp`. Guards
-    /// older than [`GUARD_TTL_MS`] go first: their requests ended without
-    /// using them (cancelled with their connection).
+    /// A verification guard for `producer_id`'s batches to `tp`.
     pub fn begin_verification(&mut self, producer_id: i64, tp: Tp, now_ms: i64) -> u64 {
-        self.verifying.retain(|_, guards| {
-            guards.retain(|_, born| now_ms - *born < GUARD_TTL_MS);
-            !guards.is_empty()
-        });
-        self.next_guard += 1;
-        self.verifying.entry((producer_id, tp)).or_default().insert(self.next_guard, now_ms);
-        self.next_guard
+        self.verifying.take((producer_id, tp), now_ms)
     }
 
     /// The coordinator said `tp` is in (`producer_id`, `epoch`)'s
@@ -95,7 +151,7 @@ impl Txns {
     /// either way. False: the transaction ended while the answer
     /// travelled.
     pub fn add_verified(&mut self, producer_id: i64, epoch: i16, tp: Tp, guard: u64) -> bool {
-        let stood = self.release_verification(producer_id, tp, guard);
+        let stood = self.verifying.redeem(&(producer_id, tp), guard);
         if stood {
             self.add_partition(producer_id, epoch, tp);
         }
@@ -105,25 +161,20 @@ impl Txns {
     /// Gives `guard` back unused (the verification failed); whether it
     /// still stood.
     pub fn release_verification(&mut self, producer_id: i64, tp: Tp, guard: u64) -> bool {
-        let Some(set) = self.verifying.get_mut(&(producer_id, tp)) else { return false };
-        let stood = set.remove(&guard).is_some();
-        if set.is_empty() {
-            self.verifying.remove(&(producer_id, tp));
-        }
-        stood
+        self.verifying.redeem(&(producer_id, tp), guard)
     }
 
     /// The transaction is being decided: no more of its batches for `tp`.
     pub fn close_partition(&mut self, producer_id: i64, tp: &Tp) {
         self.open.remove(&(producer_id, *tp));
-        self.verifying.remove(&(producer_id, *tp));
+        self.verifying.drop_key(&(producer_id, *tp));
     }
 
     /// Forgets everything of `tp` (before it is replayed from scratch).
     pub fn forget_tp(&mut self, tp: &Tp) {
         self.tps.remove(tp);
         self.open.retain(|(_, t), _| t != tp);
-        self.verifying.retain(|(_, t), _| t != tp);
+        self.verifying.drop_where(|(_, t)| t == tp);
     }
 
     /// Whether a transactional batch of this producer and epoch may go to
@@ -143,7 +194,7 @@ impl Txns {
     /// A marker for `producer_id` was appended at `offset`.
     pub fn on_marker(&mut self, tp: Tp, producer_id: i64, marker: Marker, offset: i64) {
         self.open.remove(&(producer_id, tp));
-        self.verifying.remove(&(producer_id, tp));
+        self.verifying.drop_key(&(producer_id, tp));
         let Some(t) = self.tps.get_mut(&tp) else { return };
         let Some(i) = t.ongoing.iter().position(|o| o.producer_id == producer_id) else { return };
         let open = t.ongoing.swap_remove(i);
@@ -215,7 +266,7 @@ impl Txns {
     pub fn remove_topic(&mut self, topic: &[u8; 16]) {
         self.tps.retain(|tp, _| &tp.topic != topic);
         self.open.retain(|(_, tp), _| &tp.topic != topic);
-        self.verifying.retain(|(_, tp), _| &tp.topic != topic);
+        self.verifying.drop_where(|(_, tp)| &tp.topic == topic);
     }
 
     pub fn to_snapshot(&self) -> Vec<(Tp, TpTxns)> {

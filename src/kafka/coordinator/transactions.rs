@@ -71,6 +71,8 @@ use kafka_protocol::ResponseError as E;
 use tokio::sync::watch;
 
 use super::Coordinator;
+
+mod expiry;
 use crate::engine::{Clock, Engine};
 use crate::meta::{OffsetRecord, TxnOffset, TxnRecord, TxnState};
 use crate::protocol::batch::Marker;
@@ -111,7 +113,7 @@ struct Inner {
     /// Cluster mode: the links markers go to other nodes' partitions by
     /// (set once the broker exists; until then markers wait).
     peers: std::sync::OnceLock<Arc<crate::kafka::replication::peers::Forwarder>>,
-    /// The timeout pass's tasks at work (at most [`EXPIRE_AT_ONCE`]).
+    /// The timeout pass's tasks at work (at most `expiry::EXPIRE_AT_ONCE`).
     expiring: Arc<tokio::sync::Semaphore>,
     /// Ids the timeout pass found busy, with how many passes in a row.
     busy: Mutex<HashMap<String, u32>>,
@@ -131,12 +133,6 @@ enum MarkersFailed {
     Other(String),
 }
 
-/// How many ids one timeout pass works on at once.
-const EXPIRE_AT_ONCE: usize = 64;
-/// Passes in a row that may find an id busy before the timeout pass waits
-/// for its lock (tokio's mutex is fair: requests that come after the wait
-/// queue behind it).
-const BUSY_PASSES: u32 = 5;
 
 /// Kafka's transaction coordinator's answer for a state append that
 /// failed (the journal answers as the group coordinator maps it):
@@ -293,7 +289,7 @@ impl Transactions {
             }
             records.clear();
         }
-        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new(), expiring: Arc::new(tokio::sync::Semaphore::new(EXPIRE_AT_ONCE)), busy: Mutex::new(HashMap::new()) }) };
+        let t = Transactions { inner: Arc::new(Inner { engine, cluster, groups, cfg, clock, ids: Mutex::new(HashMap::new()), peers: std::sync::OnceLock::new(), expiring: Arc::new(tokio::sync::Semaphore::new(expiry::EXPIRE_AT_ONCE)), busy: Mutex::new(HashMap::new()) }) };
         // Each producer id's transactional id, for the pass below.
         let mut owners: HashMap<i64, (String, Slot)> = HashMap::new();
         for (id, rec) in records {
@@ -359,13 +355,14 @@ impl Transactions {
                 }
                 rec.state = TxnState::CompleteAbort;
                 rec.update_ms = t.now();
-                if let Err(code) = t.persist(id, slot, rec, true).await {
+                // (A failure fails the start: memory may run ahead here.)
+                if let Err(code) = t.store(id, slot, Some(rec), true).await {
                     anyhow::bail!("fencing the producer of transaction {id:?} failed (error {code})");
                 }
             }
             t.inner.engine.write_markers(pid, marker_epoch, Marker::Abort, &tps).await?;
         }
-        tokio::spawn(timeout_loop(t.clone(), stop));
+        tokio::spawn(expiry::timeout_loop(t.clone(), stop));
         Ok(t)
     }
 
@@ -497,8 +494,12 @@ impl Transactions {
     /// replicas have it (docs/cluster.md, "Transaction state"). Nothing
     /// reaches memory before this returns, so what a client was answered
     /// is what the shard's next coordinator loads.
-    async fn persist(&self, id: &str, slot: &Slot, rec: &TxnRecord, flush: bool) -> Result<(), i16> {
-        self.store(id, slot, Some(rec), flush).await
+    /// Memory (`rec`) takes `next` only once it is stored, so a refused
+    /// append leaves memory as the log has it.
+    async fn persist(&self, id: &str, slot: &Slot, rec: &mut TxnRecord, next: TxnRecord, flush: bool) -> Result<(), i16> {
+        self.store(id, slot, Some(&next), flush).await?;
+        *rec = next;
+        Ok(())
     }
 
     /// [`Transactions::persist`], or (`None`) the removal of `id`. In
@@ -514,7 +515,7 @@ impl Transactions {
             // In the shard's turn: no load replaces the slot between the
             // check and the append.
             let _turn = groups.turn(shard).await;
-            if !self.existing(id).is_some_and(|s| Arc::ptr_eq(&s, slot)) {
+            if !self.current(id, slot) {
                 return Err(E::NotCoordinator.code());
             }
             return journal.append(shard, vec![super::journal::Record::Txn { id: id.to_owned(), state: rec.cloned() }]).await.map_err(txn_append_error);
@@ -612,8 +613,7 @@ impl Transactions {
         for ((i, _), end) in known.iter().zip(ends) {
             next.ends[*i] = end;
         }
-        self.persist(id, slot, &next, true).await?;
-        *rec = next;
+        self.persist(id, slot, rec, next, true).await?;
         self.finish(id, slot, rec, marker, false).await
     }
 
@@ -698,9 +698,7 @@ impl Transactions {
         }
         // Not flushed: were it lost, the Prepare* record finishes again at
         // start-up (see `recovering`).
-        self.persist(id, slot, &next, false).await?;
-        *rec = next;
-        Ok(())
+        self.persist(id, slot, rec, next, false).await
     }
 
     /// InitProducerId with a transactional id.
@@ -735,7 +733,7 @@ impl Transactions {
                 previous_producer_id: -1,
                 next_producer_id: -1,
             };
-            self.persist(id, &slot, &rec, true).await?;
+            self.store(id, &slot, Some(&rec), true).await?;
             *guard = Some(rec);
             return Ok((pid, 0));
         };
@@ -765,8 +763,7 @@ impl Transactions {
         next.state = TxnState::Empty;
         next.timeout_ms = timeout_ms;
         next.update_ms = now;
-        self.persist(id, &slot, &next, true).await?;
-        *rec = next;
+        self.persist(id, &slot, rec, next, true).await?;
         Ok((rec.producer_id, rec.epoch))
     }
 
@@ -827,8 +824,7 @@ impl Transactions {
             // The start of a transaction is flushed: were it lost, a retry
             // of its EndTxn would find the last transaction complete and
             // answer success for one never decided.
-            self.persist(id, &slot, &next, began).await?;
-            *rec = next;
+            self.persist(id, &slot, rec, next, began).await?;
         }
         self.inner.engine.add_txn_partitions(rec.producer_id, rec.epoch, &tps);
         Ok(codes)
@@ -883,8 +879,7 @@ impl Transactions {
         }
         if changed {
             next.update_ms = self.now();
-            self.persist(id, &slot, &next, began).await?;
-            *rec = next;
+            self.persist(id, &slot, rec, next, began).await?;
         }
         Ok(())
     }
@@ -951,8 +946,7 @@ impl Transactions {
         }
         next.update_ms = now;
         // A transaction begun here is flushed, as in `add_partitions`.
-        self.persist(id, &slot, &next, began).await?;
-        *rec = next;
+        self.persist(id, &slot, rec, next, began).await?;
         Ok(codes)
     }
 
@@ -1035,135 +1029,8 @@ impl Transactions {
     pub fn now_ms(&self) -> i64 {
         self.now()
     }
-
-    /// Aborts transactions open past their timeout, finishes prepared
-    /// ones, and forgets ids idle past `transactional.id.expiration.ms`.
-    /// Each id due is worked on in a task of its own, up to
-    /// [`EXPIRE_AT_ONCE`] at a time, and the pass does not wait for them:
-    /// an end whose markers wait holds no other id back, not even for the
-    /// next pass. An id busy with a request, or with a task of an earlier
-    /// pass, is left for a later one; one found busy [`BUSY_PASSES`]
-    /// passes in a row gets a task that waits for its lock, so a client
-    /// that keeps its id busy cannot keep its transaction from timing
-    /// out. Cluster mode: only ids of shards
-    /// this node coordinates in its current leader epoch. An id whose
-    /// slot is empty (a first InitProducerId that failed) leaves the map.
-    pub async fn expire(&self) {
-        let slots: Vec<(String, Slot)> = self.inner.ids.lock().expect("txn ids lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let single = self.inner.cluster.view().single;
-        {
-            // Ids gone since they were found busy are not counted on.
-            let live: std::collections::HashSet<&str> = slots.iter().map(|(id, _)| id.as_str()).collect();
-            self.inner.busy.lock().expect("busy ids lock").retain(|id, _| live.contains(id.as_str()));
-        }
-        for (id, slot) in slots {
-            if !single && !self.inner.groups.ready(&id) {
-                continue;
-            }
-            let guard = match slot.clone().try_lock_owned() {
-                Ok(guard) => {
-                    self.inner.busy.lock().expect("busy ids lock").remove(&id);
-                    guard
-                }
-                Err(_) => {
-                    let waited = {
-                        let mut busy = self.inner.busy.lock().expect("busy ids lock");
-                        let passes = busy.entry(id.clone()).or_default();
-                        *passes += 1;
-                        let wait = *passes >= BUSY_PASSES;
-                        if wait {
-                            busy.remove(&id);
-                        }
-                        wait
-                    };
-                    if waited {
-                        let Ok(permit) = self.inner.expiring.clone().try_acquire_owned() else { return };
-                        let t = self.clone();
-                        tokio::spawn(async move {
-                            let guard = slot.clone().lock_owned().await;
-                            let ready = t.inner.cluster.view().single || t.inner.groups.ready(&id);
-                            if ready && guard.as_ref().is_some_and(|rec| t.due(rec)) {
-                                t.expire_one(id, slot, guard).await;
-                            }
-                            drop(permit);
-                        });
-                    }
-                    continue;
-                }
-            };
-            let Some(rec) = guard.as_ref() else {
-                let mut ids = self.inner.ids.lock().expect("txn ids lock");
-                if ids.get(&id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-                    ids.remove(&id);
-                }
-                continue;
-            };
-            if !self.due(rec) {
-                continue;
-            }
-            let Ok(permit) = self.inner.expiring.clone().try_acquire_owned() else { return };
-            let t = self.clone();
-            tokio::spawn(async move {
-                t.expire_one(id, slot, guard).await;
-                drop(permit);
-            });
-        }
-    }
-
-    /// Whether the timeout pass has work on `rec`: an end to finish, a
-    /// transaction past its timeout, or an id idle past its expiration.
-    fn due(&self, rec: &TxnRecord) -> bool {
-        let now = self.now();
-        match rec.state {
-            TxnState::PrepareCommit | TxnState::PrepareAbort => true,
-            TxnState::Ongoing => now - rec.start_ms > rec.timeout_ms as i64,
-            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => now - rec.update_ms > self.inner.cfg.id_expiration_ms,
-        }
-    }
-
-    async fn expire_one(&self, id: String, slot: Slot, mut guard: tokio::sync::OwnedMutexGuard<Option<TxnRecord>>) {
-        let Some(rec) = guard.as_mut() else { return };
-        match rec.state {
-            TxnState::PrepareCommit | TxnState::PrepareAbort => {
-                // An end whose markers or offsets failed, or one a moved
-                // coordinator left: finish it.
-                let marker = if rec.state == TxnState::PrepareCommit { Marker::Commit } else { Marker::Abort };
-                if let Err(code) = self.finish(&id, &slot, rec, marker, false).await {
-                    tracing::warn!(transactional_id = %id, code, "finishing a prepared transaction failed; will retry");
-                }
-            }
-            TxnState::Ongoing => {
-                tracing::info!(transactional_id = %id, producer_id = rec.producer_id, timeout_ms = rec.timeout_ms, "aborting a timed-out transaction");
-                if let Err(code) = self.end(&id, &slot, rec, Marker::Abort, true).await {
-                    tracing::warn!(transactional_id = %id, code, "aborting a timed-out transaction failed; will retry");
-                }
-            }
-            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => {
-                if self.store(&id, &slot, None, false).await.is_ok() {
-                    tracing::info!(transactional_id = %id, "transactional id expired");
-                    *guard = None;
-                    drop(guard);
-                    let mut ids = self.inner.ids.lock().expect("txn ids lock");
-                    if ids.get(&id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-                        ids.remove(&id);
-                    }
-                }
-            }
-        }
-    }
 }
 
-async fn timeout_loop(t: Transactions, mut stop: watch::Receiver<bool>) {
-    let every = t.inner.cfg.check_every;
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => t.expire().await,
-            _ = stop.changed() => return,
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -1185,42 +1052,6 @@ mod tests {
             previous_producer_id: -1,
             next_producer_id: -1,
         }
-    }
-
-    /// A client that keeps its id busy cannot keep its transaction open
-    /// past its timeout: once the pass has found the id busy
-    /// [`BUSY_PASSES`] times in a row, it waits for the id's lock and
-    /// aborts the transaction.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_busy_id_is_aborted_once_its_timeout_passes() {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = crate::engine::system_clock();
-        let engine = Engine::open(crate::engine::EngineConfig::new(dir.path()), clock.clone()).unwrap();
-        engine.create_topic("t", 1, Default::default(), false).unwrap();
-        let (stop_tx, stop) = watch::channel(false);
-        let groups = Coordinator::start(engine.clone(), super::super::GroupConfig::default(), super::super::ConsumerConfig::default(), clock.clone(), stop.clone());
-        let me = crate::cluster::NodeRecord { id: 1, rack: None, incarnation: 0, endpoints: vec![] };
-        let cluster = Arc::new(crate::cluster::Membership::single("c".into(), me));
-        // No timeout loop of its own during the test: the passes below.
-        let cfg = TxnConfig { check_every: Duration::from_secs(3600), ..TxnConfig::default() };
-        let t = Transactions::start(engine, cluster, groups, cfg, clock, stop).await.unwrap();
-        let (pid, epoch) = t.init("busy", 1, -1, -1, 4).await.unwrap();
-        assert_eq!(t.add_partitions("busy", pid, epoch, &[("t".into(), 0)], false, 3).await.unwrap(), vec![0]);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let state = || async { t.describe(&["busy".to_string()]).await[0].as_ref().map(|r| r.state) };
-        assert_eq!(state().await, Some(TxnState::Ongoing));
-        // A request holds the id's lock at every pass.
-        let held = t.existing("busy").unwrap().lock_owned().await;
-        for _ in 0..BUSY_PASSES {
-            t.expire().await;
-        }
-        drop(held);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while state().await != Some(TxnState::CompleteAbort) {
-            assert!(std::time::Instant::now() < deadline, "the busy id's timed-out transaction was not aborted: {:?}", state().await);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        drop(stop_tx);
     }
 
     /// Kafka's table for EndTxn under transactions v2: the producer (7)

@@ -9,7 +9,6 @@
 //! `pending` and `fences`, loaded with each shard.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use super::{journal, offsets, CommitIds, Coordinator};
 use crate::meta::OffsetRecord;
@@ -23,33 +22,19 @@ use crate::meta::OffsetRecord;
 /// commit would commit them.
 #[derive(Default)]
 pub(super) struct Guards {
-    next: u64,
-    /// Standing guards: (shard, producer) → token → when it was taken.
-    by: HashMap<(u32, i64), HashMap<u64, Instant>>,
+    tokens: crate::engine::txns::Guards<(u32, i64)>,
     /// Per shard, the last token taken before its last load or unload: a
     /// missing guard at or below it went with the load (the client asks
     /// again: NOT_COORDINATOR), one above it with a marker.
     loaded_at: HashMap<u32, u64>,
 }
 
-/// A guard older than this is dropped when the next is taken: its request
-/// ended without staging (cancelled with its connection). Verification
-/// answers well within it (the call timeout is 35 s).
-const GUARD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Coordinator {
     /// A verification guard for `producer_id`'s offsets to `group`, taken
     /// before the transaction's coordinator is asked (see [`Guards`]).
     pub fn guard_txn_offsets(&self, group: &str, producer_id: i64) -> u64 {
-        let mut g = self.guards.lock().expect("guards lock");
-        g.by.retain(|_, tokens| {
-            tokens.retain(|_, born| born.elapsed() < GUARD_TTL);
-            !tokens.is_empty()
-        });
-        g.next += 1;
-        let token = g.next;
-        g.by.entry((journal::shard_of(group), producer_id)).or_default().insert(token, Instant::now());
-        token
+        let now = self.engine.now_ms();
+        self.guards.lock().expect("guards lock").tokens.take((journal::shard_of(group), producer_id), now)
     }
 
     /// Gives a guard back unused (the verification failed).
@@ -64,28 +49,26 @@ impl Coordinator {
     fn take_guard(&self, shard: u32, producer_id: i64, token: u64) -> Result<(), i16> {
         use kafka_protocol::ResponseError as E;
         let mut g = self.guards.lock().expect("guards lock");
-        let taken = g.by.get_mut(&(shard, producer_id)).is_some_and(|tokens| tokens.remove(&token).is_some());
-        if g.by.get(&(shard, producer_id)).is_some_and(HashMap::is_empty) {
-            g.by.remove(&(shard, producer_id));
-        }
-        match taken {
-            true => Ok(()),
-            false if g.loaded_at.get(&shard).is_some_and(|at| token <= *at) => Err(E::NotCoordinator.code()),
-            false => Err(E::InvalidTxnState.code()),
+        if g.tokens.redeem(&(shard, producer_id), token) {
+            Ok(())
+        } else if g.loaded_at.get(&shard).is_some_and(|at| token <= *at) {
+            Err(E::NotCoordinator.code())
+        } else {
+            Err(E::InvalidTxnState.code())
         }
     }
 
     /// A marker for `producer_id` reached `shard`: its guards there go.
     pub(super) fn drop_guards(&self, shard: u32, producer_id: i64) {
-        self.guards.lock().expect("guards lock").by.retain(|(s, p), _| *s != shard || *p != producer_id);
+        self.guards.lock().expect("guards lock").tokens.drop_key(&(shard, producer_id));
     }
 
     /// `shard` loaded or unloaded: every guard of it goes, as taken
     /// before the load.
     pub(super) fn void_guards(&self, shard: u32) {
         let mut g = self.guards.lock().expect("guards lock");
-        g.by.retain(|(s, _), _| *s != shard);
-        let at = g.next;
+        g.tokens.drop_where(|(s, _)| *s == shard);
+        let at = g.tokens.last();
         g.loaded_at.insert(shard, at);
     }
 

@@ -266,8 +266,6 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
         let parts: Vec<_> = topic.partition_data.into_iter().zip(keep).filter(|(_, k)| *k).map(|(p, _)| p).collect();
         resolved.push((topic.name, name, found, parts));
     }
-    // One view for the request: what joins a transaction and what is
-    // appended agree on who leads.
     // Cluster mode: a producer id from a block another node took moments
     // ago may not be in this node's view yet. Before validation refuses it
     // as unknown (UNKNOWN_PRODUCER_ID, which costs the client a reset),
@@ -288,6 +286,8 @@ pub async fn handle(broker: &Broker, req: Request, version: i16) -> Option<Reply
             }
         }
     }
+    // One view for the request: what joins a transaction and what is
+    // appended agree on who leads.
     let view = broker.cluster.view();
     let not_joined = match (&transactional_id, ack) {
         (Some(id), Some(_)) => join_transaction(broker, &view, id, &resolved, version).await,
