@@ -48,6 +48,14 @@ impl Engine {
         }
     }
 
+    /// Writes the high watermarks of the tps replication touches, if any
+    /// moved (`storage::log::hws`): a restart exposes no more than they
+    /// say until replication raises them. Blocking (an fsync); the
+    /// replication task runs it every few seconds and at a clean stop.
+    pub fn checkpoint_hws(&self) -> Result<bool, EngineError> {
+        Ok(self.storage.checkpoint_hws()?)
+    }
+
     /// Registers a follower's fetch for `tps`: woken when a flush writes
     /// any of them (before it is durable). Unregistered when dropped.
     pub fn subscribe_replica(&self, tps: Vec<Tp>, notify: &std::sync::Arc<tokio::sync::Notify>) -> super::Registration {

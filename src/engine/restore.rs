@@ -80,7 +80,7 @@ pub(crate) fn restore_producers(storage: &Storage, now_ms: i64, expiry_ms: i64) 
                 log_start
             }
             Some(c) => c.get(&tp).copied().unwrap_or(0),
-            None => match storage.offset_for_timestamp(&tp, now_ms.saturating_sub(expiry_ms)) {
+            None => match storage.offset_for_timestamp_in_log(&tp, now_ms.saturating_sub(expiry_ms)) {
                 Ok(Some((offset, _))) => offset,
                 Ok(None) => continue,
                 Err(_) => 0,

@@ -27,7 +27,10 @@
 //!
 //! - Offsets are dense: each append gets the offset after the last one.
 //! - `log start <= high watermark <= log end`; the high watermark never
-//!   moves back, across restarts too.
+//!   moves back, across restarts too, but for a replica's (a tp with leader
+//!   epochs), which restarts at the hw checkpoint (see `replica.rs`).
+//! - Subtree stores hold nothing of a tp at or past the highest hw it had
+//!   since its last cut.
 //! - Reading a partition from its log start to its high watermark returns
 //!   exactly the model's batches, byte for byte.
 //! - After a crash, every acknowledged batch is there, at its offset; what
@@ -138,11 +141,12 @@ pub enum Plant {
 }
 
 impl Plant {
-    pub const ALL: [(&'static str, Plant); 4] = [
+    pub const ALL: [(&'static str, Plant); 5] = [
         ("skip-fsync", Plant::Storage(Planted::SkipFsync)),
         ("ack-before-flush", Plant::AckBeforeFlush),
         ("keep-torn-tail", Plant::Storage(Planted::KeepTornTail)),
         ("retention-off-by-one", Plant::Storage(Planted::RetentionPastHighWatermark)),
+        ("compact-past-hw", Plant::Storage(Planted::CompactPastHighWatermark)),
     ];
     pub fn parse(name: &str) -> Option<Plant> {
         Plant::ALL.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
@@ -306,8 +310,12 @@ struct MTp {
     batches: Vec<MBatch>,
     /// The log start the catalog holds.
     log_start: i64,
-    /// The highest high watermark seen.
+    /// The highest high watermark seen (since the last open, for a tp
+    /// that keeps epochs: its restart goes back to its checkpoint).
     hw_seen: i64,
+    /// The highest high watermark the tp had since its last cut: subtree
+    /// stores hold nothing at or past it.
+    hw_max: i64,
     /// The leader epochs storage must hold, before the cut to the log
     /// start (which the check applies).
     epochs: EpochCache,
@@ -392,6 +400,9 @@ struct Sim {
     /// sequence number of the tp's last cut before it). Whether it holds
     /// is for recovery to say.
     pending_cut: Option<(Tp, i64, u64)>,
+    /// What the high-watermark checkpoint may hold (`replica.rs`): one
+    /// content, or several after writes that failed.
+    hw_files: Vec<replica::HwFile>,
     out: Outcome,
     step: usize,
     trace: bool,
@@ -482,6 +493,7 @@ impl Sim {
             transactor: Transactor::default(),
             opens: 0,
             pending_cut: None,
+            hw_files: vec![replica::HwFile::new()],
             out: Outcome::default(),
             step: 0,
             trace: false,
@@ -580,11 +592,10 @@ impl Sim {
     /// of the rest; the model drops the rest; every file is accounted for.
     fn after_recovery(&mut self) -> Check {
         for tp in self.tps() {
-            let (log_start, hw, leo) = self.storage().offsets(&tp).ok_or_else(|| format!("{tp:?} missing after recovery"))?;
+            let (log_start, _, leo) = self.storage().offsets(&tp).ok_or_else(|| format!("{tp:?} missing after recovery"))?;
             let m = self.mtp(&tp);
             let acked_end = m.batches.iter().rev().find(|b| b.state == State::Acked).map_or(m.log_start, |b| b.last + 1);
             ensure(leo >= acked_end, || format!("{tp:?}: log end {leo} after recovery is below the acknowledged end {acked_end}"))?;
-            ensure(hw == leo, || format!("{tp:?}: high watermark {hw} != log end {leo} after recovery"))?;
             ensure(log_start >= m.log_start, || format!("{tp:?}: log start {log_start} went back below {}", m.log_start))?;
             // Survivors: whole batches, a prefix of what was appended.
             let cut = m.batches.iter().position(|b| b.base >= leo).unwrap_or(m.batches.len());
@@ -600,6 +611,7 @@ impl Sim {
             }
             m.log_start = m.log_start.max(log_start);
         }
+        self.recovered_hws()?;
         self.check_files()
     }
 
@@ -678,7 +690,7 @@ impl Sim {
         for p in 0..partitions {
             self.storage().add_partition(PartitionSpec { tp: Tp { topic: id, partition: p as i32 }, branch: branch.to_owned(), log_start: 0 });
         }
-        let parts = vec![MTp { batches: Vec::new(), log_start: 0, hw_seen: 0, epochs: EpochCache::default() }; partitions];
+        let parts = vec![MTp { batches: Vec::new(), log_start: 0, hw_seen: 0, hw_max: 0, epochs: EpochCache::default() }; partitions];
         self.topics.insert(id, MTopic { name, branch: branch.to_owned(), retention_ms, parts });
         Ok(())
     }
@@ -872,6 +884,12 @@ impl Sim {
                     self.storage().publish_hw(f);
                 }
                 self.synced();
+                // Replication's part: a cap on a replicated tp's hw, and
+                // the engine's checkpoint of them now and then.
+                self.cap_hw()?;
+                if self.rng.below(3) == 0 {
+                    self.checkpoint_hws()?;
+                }
                 Ok(())
             }
             Err(e) => self.poisoned(e),
@@ -1113,6 +1131,9 @@ impl Sim {
         if let Some(w) = record {
             self.catalog.windows.push(w);
         }
+        // The hws compaction may have seen (the writer published meanwhile),
+        // before anything can crash.
+        self.note_hws();
         if self.trace {
             eprintln!("  compaction: {:?}", r.as_ref().map(|c| c.as_ref().map(|c| (c.window.window, c.segments))));
         }
@@ -1180,10 +1201,14 @@ impl Sim {
             let m = self.mtp(&tp);
             ensure(hw >= m.hw_seen, || format!("{tp:?}: high watermark went back from {} to {hw}", m.hw_seen))?;
             m.hw_seen = hw;
+            m.hw_max = m.hw_max.max(hw);
+            let hw_max = m.hw_max;
             let model_end = m.next_offset();
+            let stored = self.storage().stored_to(&tp);
+            ensure(stored.is_none_or(|l| l < hw_max), || format!("{tp:?}: subtree stores hold offset {stored:?}, at or past every high watermark the tp had since its last cut ({hw_max})"))?;
             ensure(hw <= model_end, || format!("{tp:?}: high watermark {hw} past everything appended ({model_end})"))?;
             ensure(leo <= model_end, || format!("{tp:?}: log end {leo} past everything appended ({model_end})"))?;
-            let mut expected = m.epochs.clone();
+            let mut expected = self.mtp(&tp).epochs.clone();
             expected.truncate_from_start(log_start);
             let held = self.storage().epochs(&tp).unwrap_or_default();
             ensure(held == expected.entries(), || format!("{tp:?}: leader epochs {held:?}, the model has {:?} from log start {log_start}", expected.entries()))?;

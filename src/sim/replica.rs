@@ -74,10 +74,20 @@ impl Sim {
             eprintln!("  {tp:?}: truncate to {end} (batch {base}..={last}; log start {log_start}, staged {staged}, into stores {into_stores})");
         }
         self.pending_cut = Some((tp, base, before));
+        let lowered = self.lowered_hws(tp, base);
         let now = self.now_ms;
         let r = self.writer().truncate(tp, end, now);
+        if let (Err(_), Some(f)) = (&r, &lowered) {
+            // The checkpoint's lowering may have been written.
+            if !self.hw_files.contains(f) {
+                self.hw_files.push(f.clone());
+            }
+        }
         match r {
             Ok(at) => {
+                if let Some(f) = lowered {
+                    self.hw_files = vec![f];
+                }
                 ensure(end >= log_start && !staged && !into_stores, || format!("{tp:?}: a truncation to {end} was taken (log start {log_start}, staged {staged}, into stores {into_stores})"))?;
                 ensure(at == base, || format!("{tp:?}: a truncation to {end}, inside the batch {base}..={last}, cut at {at}"))?;
                 self.pending_cut = None;
@@ -126,9 +136,110 @@ impl Sim {
         let m = self.mtp(&tp);
         m.batches.retain(|b| b.base < at);
         m.hw_seen = m.hw_seen.min(at);
+        m.hw_max = m.hw_max.min(at);
         // Storage's epochs were cut to the log start as it rose: so the
         // model's, before the cut to the end.
         m.epochs.truncate_from_start(log_start);
         m.epochs.truncate_from_end(at);
+    }
+}
+
+/// A model of the high-watermark checkpoint: each listed tp's hw.
+pub(super) type HwFile = BTreeMap<Tp, i64>;
+
+impl Sim {
+    /// Every tp that keeps leader epochs, with its hw now: what a
+    /// checkpoint written now holds.
+    fn replicated_hws(&mut self) -> HwFile {
+        let mut out = HwFile::new();
+        for tp in self.tps() {
+            if self.storage().epochs(&tp).is_some_and(|e| !e.is_empty()) {
+                out.insert(tp, self.storage().offsets(&tp).map_or(0, |o| o.1));
+            }
+        }
+        out
+    }
+
+    /// As replication caps a replicated tp's hw (a leader: what its in-sync
+    /// replicas have; a follower: its leader's hw): anywhere from its log
+    /// start to past its end, or no cap. The hw never goes down for it,
+    /// nor rises past the cap.
+    pub(super) fn cap_hw(&mut self) -> Check {
+        let Some(tp) = self.pick_tp() else { return Ok(()) };
+        if self.storage().epochs(&tp).is_none_or(|e| e.is_empty()) {
+            return Ok(());
+        }
+        let (log_start, hw, leo) = self.storage().offsets(&tp).ok_or_else(|| format!("{tp:?} unknown to storage"))?;
+        let cap = if self.rng.below(4) == 0 { i64::MAX } else { log_start + self.rng.below((leo - log_start + 2) as u64) as i64 };
+        self.storage().limit_hw(&tp, cap);
+        let after = self.storage().offsets(&tp).map_or(0, |o| o.1);
+        if self.trace {
+            eprintln!("  {tp:?}: hw capped at {cap}: {hw} -> {after}");
+        }
+        ensure(after >= hw && after <= hw.max(cap), || format!("{tp:?}: a cap of {cap} moved the hw from {hw} to {after}"))
+    }
+
+    /// The engine's periodic checkpoint. A write that failed leaves the
+    /// old file or the new one.
+    pub(super) fn checkpoint_hws(&mut self) -> Check {
+        let content = self.replicated_hws();
+        match self.storage().checkpoint_hws() {
+            Ok(_) => self.hw_files = vec![content],
+            Err(e) => {
+                ensure(self.faulty(), || format!("the hw checkpoint failed on a healthy disk: {e}"))?;
+                if !self.hw_files.contains(&content) {
+                    self.hw_files.push(content);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What a cut of `tp` at `at` writes to the checkpoint before it
+    /// cuts: nothing when no file it may hold lists `tp` past `at`; else
+    /// every replicated tp's hw now, `tp`'s lowered to `at`.
+    fn lowered_hws(&mut self, tp: Tp, at: i64) -> Option<HwFile> {
+        if !self.hw_files.iter().any(|f| f.get(&tp).is_some_and(|&hw| hw > at)) {
+            return None;
+        }
+        let mut now = self.replicated_hws();
+        if let Some(hw) = now.get_mut(&tp) {
+            *hw = (*hw).min(at);
+        }
+        Some(now)
+    }
+
+    /// The hws storage may have had: compaction's gate saw at most these.
+    pub(super) fn note_hws(&mut self) {
+        for tp in self.tps() {
+            let hw = self.storage().offsets(&tp).map_or(0, |o| o.1);
+            let m = self.mtp(&tp);
+            m.hw_max = m.hw_max.max(hw);
+        }
+    }
+
+    /// After an open: a tp without epochs exposes everything it recovered;
+    /// one with epochs no more than the checkpoint held for it (its log
+    /// start without an entry), the same file for every tp.
+    pub(super) fn recovered_hws(&mut self) -> Check {
+        let mut seen = Vec::new();
+        for tp in self.tps() {
+            let (log_start, hw, leo) = self.storage().offsets(&tp).ok_or_else(|| format!("{tp:?} missing after recovery"))?;
+            let replicated = self.storage().epochs(&tp).is_some_and(|e| !e.is_empty());
+            seen.push((tp, log_start, hw, leo, replicated));
+        }
+        let expect = |f: &HwFile, &(tp, log_start, _, leo, replicated): &(Tp, i64, i64, i64, bool)| {
+            if replicated { leo.min(f.get(&tp).copied().unwrap_or(log_start).max(log_start)) } else { leo }
+        };
+        let matching: Vec<HwFile> = self.hw_files.iter().filter(|f| seen.iter().all(|t| expect(f, t) == t.2)).cloned().collect();
+        if matching.is_empty() {
+            let (tp, _, hw, leo, replicated) = *seen.iter().find(|t| expect(&self.hw_files[0], t) != t.2).expect("a mismatch");
+            return Err(format!("{tp:?}: high watermark {hw} after recovery (log end {leo}, epochs {replicated}) matches none of the checkpoints storage may hold: {:?}", self.hw_files));
+        }
+        self.hw_files = matching;
+        for (tp, _, hw, _, _) in seen {
+            self.mtp(&tp).hw_seen = hw;
+        }
+        Ok(())
     }
 }

@@ -68,6 +68,7 @@ mod clean;
 mod compact;
 pub mod cuts;
 pub mod epochs;
+pub mod hws;
 mod page_cache;
 mod recover;
 mod retention;
@@ -147,6 +148,8 @@ pub enum Planted {
     /// Retention may retire a batch that ends at the high watermark (an
     /// off-by-one: `<=` for `<`).
     RetentionPastHighWatermark,
+    /// Compaction takes sealed segments whatever the high watermark.
+    CompactPastHighWatermark,
 }
 
 impl Default for StorageConfig {
@@ -788,6 +791,8 @@ pub struct Storage {
     /// Whether `cuts` holds any: single-node mode never truncates, and
     /// its cursors skip the lock.
     any_cuts: AtomicBool,
+    /// What the high-watermark checkpoint on disk holds (`log/hws.rs`).
+    hws_on_disk: Mutex<hws::OnDisk>,
 }
 
 /// What the maintenance lock guards.
@@ -1277,10 +1282,21 @@ impl Storage {
     /// timestamp (ListOffsets by time). Exact for uncompressed batches; for
     /// compressed ones the batch's base offset and max timestamp.
     pub fn offset_for_timestamp(&self, tp: &Tp, ts: i64) -> Result<Option<(i64, i64)>, ReadError> {
+        self.offset_for_timestamp_below(tp, ts, false)
+    }
+
+    /// [`Storage::offset_for_timestamp`] over the whole log, past the high
+    /// watermark too: what a restart replays producer state from (a
+    /// replicated tp's hw may start below batches its producers wrote).
+    pub fn offset_for_timestamp_in_log(&self, tp: &Tp, ts: i64) -> Result<Option<(i64, i64)>, ReadError> {
+        self.offset_for_timestamp_below(tp, ts, true)
+    }
+
+    fn offset_for_timestamp_below(&self, tp: &Tp, ts: i64, to_end: bool) -> Result<Option<(i64, i64)>, ReadError> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
         let (log_start, hw) = {
             let st = part.st.read().expect("partition lock");
-            (st.log_start, st.hw)
+            (st.log_start, if to_end { st.leo } else { st.hw })
         };
         let mut found = None;
         let mut scanned = 0;

@@ -38,6 +38,20 @@ use crate::storage::Tp;
 /// How often roles and ISRs are looked at besides view changes (a new
 /// topic in a unit, a follower falling behind).
 const TICK: Duration = Duration::from_millis(250);
+/// How often the high watermarks are checkpointed (Kafka's
+/// `replica.high.watermark.checkpoint.interval.ms`).
+const HW_CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+
+/// Writes the hw checkpoint off the async threads; a failure leaves a
+/// lower bound on disk and is tried again next time.
+async fn checkpoint_hws(broker: &Broker) {
+    let engine = broker.engine.clone();
+    match tokio::task::spawn_blocking(move || engine.checkpoint_hws()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "writing the high-watermark checkpoint failed; trying again"),
+        Err(e) => tracing::warn!(error = %e, "the high-watermark checkpoint task panicked"),
+    }
+}
 
 /// When a cluster task looks again: at every new view and every tick.
 pub(crate) struct Rounds {
@@ -259,7 +273,12 @@ impl Replication {
         broker.cluster.set_begun(Arc::new(move |topic, partition, epoch| engine.topic(topic).is_some_and(|t| me.leads(&t.tp(partition), epoch))));
         tokio::spawn(async move {
             let mut rounds = Rounds::new(&broker, TICK);
+            let mut checkpointed = tokio::time::Instant::now();
             while rounds.next(&mut stop).await {
+                if checkpointed.elapsed() >= HW_CHECKPOINT_EVERY {
+                    checkpointed = tokio::time::Instant::now();
+                    checkpoint_hws(&broker).await;
+                }
                 let r = broker.replication.clone();
                 r.reconcile(&broker).await;
                 r.keep_isrs(&broker).await;
@@ -271,6 +290,7 @@ impl Replication {
             for (_, f) in broker.replication.state.lock().expect("replication lock").fetchers.drain() {
                 f.abort();
             }
+            checkpoint_hws(&broker).await;
         })
     }
 

@@ -1,7 +1,9 @@
 //! Compaction: sealed branch-log segments become subtree stores.
 //!
 //! One run (a *window*) takes, in every branch, the oldest sealed segments
-//! that were sealed at least `lag_ms` ago (up to `max_bytes` in all), plans
+//! that were sealed at least `lag_ms` ago and lie below every tp's high
+//! watermark (a replica's tail past it may yet be cut; single-node mode's
+//! hw is everything durable) (up to `max_bytes` in all), plans
 //! the split from the bytes each topic has in them, and copies their frames
 //! verbatim, in stream order, into one store per planned region. Then, in
 //! this order:
@@ -73,6 +75,28 @@ pub struct Compacted {
 pub(super) const COMPACT_CHUNK: usize = 1 << 20;
 
 impl Storage {
+    /// Whether every frame of `seg` lies below its tp's high watermark.
+    /// Compaction takes nothing else: a follower's divergent tail lies past
+    /// its hw, and a truncation may not reach into stores (`log/cuts.rs`).
+    /// A segment's summary of a tp was clamped below every later cut
+    /// (`clamp_summaries`), so frames a cut killed hold nothing back.
+    /// Frames of tps storage no longer has, or below their log start, are
+    /// dropped, not copied. Single-node mode's hw is everything durable,
+    /// which a sealed, synced and published segment is.
+    fn below_hws(&self, seg: &Segment) -> bool {
+        if self.cfg.planted == Some(Planted::CompactPastHighWatermark) {
+            return true;
+        }
+        let lasts: Vec<(Tp, i64)> = seg.tps.lock().expect("segment tps lock").iter().map(|(tp, share)| (*tp, share.last_offset)).collect();
+        let parts = self.parts.read().expect("parts lock");
+        lasts.iter().all(|(tp, last)| {
+            parts.get(tp).is_none_or(|p| {
+                let st = p.st.read().expect("partition lock");
+                *last < st.log_start || *last < st.hw
+            })
+        })
+    }
+
     /// Runs one compaction window (see the module docs), if any segment is
     /// due. `name_of` names live topics (frames of others are dropped) and
     /// may say which are keyed ([`TopicView`]);
@@ -124,8 +148,9 @@ impl Storage {
             let segs = branch.segs.read().expect("branch lock");
             for pair in segs.windows(2) {
                 let (seg, next) = (&pair[0], &pair[1]);
-                // Sealed when the next one was created; published whole.
-                if now_ms - next.created_ms < cfg.lag_ms || seg.end_seq.load(Ordering::Acquire) > visible || seg.file.unsynced() {
+                // Sealed when the next one was created; published whole;
+                // committed (below every tp's hw).
+                if now_ms - next.created_ms < cfg.lag_ms || seg.end_seq.load(Ordering::Acquire) > visible || seg.file.unsynced() || !self.below_hws(seg) {
                     break;
                 }
                 due.push((seg.base_seq, b, seg.clone(), next.base_seq, next.created_ms));
@@ -618,6 +643,44 @@ mod tests {
         assert_eq!(s.store_count(), 0);
         assert_eq!(std::fs::read_dir(dir.path().join("stores")).unwrap().count(), 0);
         check_reads(&s, &rows, 1 << 20).unwrap();
+    }
+
+    /// Compaction takes no frame at or past its tp's hw, so a follower's
+    /// divergent tail can always be cut; frames a cut killed do not hold
+    /// it back; once the hw moves, the rest follows.
+    #[test]
+    fn compaction_stops_at_the_high_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, mut w) = open_with(dir.path(), 0, None).unwrap();
+        let (t, sib) = (tp(0, 0), tp(0, 1));
+        let catalog = RefCell::new(Vec::new());
+        w.begin_epoch(t, 1).unwrap();
+        s.limit_hw(&t, 5);
+        // One batch per segment (4 KiB): t and its sibling in turn.
+        let appends: Vec<(usize, u8, usize, usize)> = (0..20).map(|i| (0, (i % 2) as u8, 1, 3000)).collect();
+        fill(&mut w, &appends, 1);
+        settle(&mut w);
+        assert_eq!(s.offsets(&t), Some((0, 5, 10)));
+        compact(&mut w, Strategy::Prefix3, &catalog, &mut |_| false).unwrap().expect("a window");
+        assert_eq!((s.stored_to(&t), s.stored_to(&sib)), (Some(4), Some(4)), "stopped at t's offset 5");
+        assert!(matches!(w.truncate(t, 4, 0), Err(StorageError::Misplaced(_))), "into the stores");
+        // The tail past the hw is cut, and written anew.
+        assert_eq!(w.truncate(t, 7, 0).unwrap(), 7);
+        fill(&mut w, &[(0, 0, 1, 3000), (0, 0, 1, 3000), (0, 0, 1, 3000), (0, 1, 1, 3000)], 1);
+        settle(&mut w);
+        s.limit_hw(&t, 8);
+        assert_eq!(s.offsets(&t), Some((0, 8, 10)));
+        // The dead 8 and 9 are past the hw, but their segments' summaries
+        // end below the cut (at 7).
+        compact(&mut w, Strategy::Prefix3, &catalog, &mut |_| false).unwrap().expect("a window");
+        assert_eq!(s.stored_to(&t), Some(7), "up to the new 7, past the dead frames");
+        for (offset, want) in [(6, 6), (7, 7)] {
+            let r = s.read(&t, offset, 1, true).unwrap();
+            assert_eq!(crate::protocol::batch::BatchHeader::parse(&r.records[0]).unwrap().base_offset, want);
+        }
+        s.limit_hw(&t, i64::MAX);
+        compact(&mut w, Strategy::Prefix3, &catalog, &mut |_| false).unwrap().expect("a window");
+        assert_eq!(s.stored_to(&t), Some(9), "everything sealed");
     }
 
     #[test]

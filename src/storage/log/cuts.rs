@@ -17,9 +17,10 @@
 //! Dead frames stay in their segments until retention or compaction
 //! retires those; compaction copies only live frames, so stores never hold
 //! a dead one. A truncation into what stores already hold is refused: a
-//! follower does not cut below its high watermark, and in cluster mode
-//! compaction must wait for the high watermark (not built yet: until then
-//! such a follower is refused every time). A cut is dropped at a start
+//! follower does not cut below its high watermark, and compaction takes
+//! nothing at or past it (`log/compact.rs`), nor does a restart expose more
+//! than the hw checkpoint held (`log/hws.rs`); only a cut below the hw (an
+//! unclean election) can meet stores. A cut is dropped at a start
 //! once its branch keeps no segment based below it: its dead frames are
 //! gone.
 //!

@@ -264,6 +264,7 @@ impl Storage {
             cached: Mutex::default(),
             cache_dropped_bytes: AtomicU64::new(0),
             any_cuts: AtomicBool::new(!kept_cuts.is_empty()),
+            hws_on_disk: Mutex::default(),
             cuts: RwLock::new(Arc::new(kept_cuts)),
         });
         // Cuts dropped above (their dead frames are gone, or their topic)
@@ -281,6 +282,7 @@ impl Storage {
             }
         }
         let cut = storage.load_epochs(&writers)?;
+        storage.load_hws(&writers)?;
         let mut writer = LogWriter::new(storage.clone(), next_seq, writers);
         // What the cut dropped must not come back at the next start, when
         // the log may have grown past it again: the next flush writes the

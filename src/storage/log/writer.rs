@@ -270,7 +270,9 @@ impl LogWriter {
     /// with the next checkpoint. Refused, changing nothing: below the log
     /// start or through the batch holding it, or into what subtree stores
     /// hold (`Misplaced`); while batches of the tp are staged (flush first) or
-    /// compaction or retention runs (`Busy`, retriable).
+    /// compaction or retention runs (`Busy`, retriable); when the hw
+    /// checkpoint, which must not keep a hw past the cut, cannot be
+    /// rewritten (`log/hws.rs`).
     pub fn truncate(&mut self, tp: Tp, end: i64, now_ms: i64) -> Result<i64, StorageError> {
         let log = self.log.clone();
         let LogWriter { next_seq, parts, staged: all_staged, spare, epochs_dirty, .. } = self;
@@ -315,6 +317,8 @@ impl LogWriter {
         if at < log_start {
             return Err(StorageError::Misplaced(format!("a truncation to {end} cuts the batch from {at}, which holds the log start {log_start}")));
         }
+        // The hw checkpoint must not vouch for what the cut gives away.
+        log.lower_checkpointed_hw(&tp, at)?;
         // Every frame before the cut into segments based below it, every
         // later one into segments based at or above it: the branch rolls
         // (its active segment written, synced and sealed), unless the
