@@ -165,6 +165,26 @@ impl Membership {
         }
     }
 
+    /// A node of a cluster whose view is `view`, for ever (tests of what
+    /// cluster mode does differently, without etcd).
+    #[cfg(test)]
+    pub fn fixed(me: NodeRecord, view: ClusterView) -> Membership {
+        let (id, rack) = (me.id, me.rack.clone());
+        let (tx, rx) = watch::channel(Arc::new(view));
+        drop(tx);
+        Membership {
+            node_id: id,
+            rack,
+            view: rx,
+            fence: Arc::new(Fence::forever()),
+            #[cfg(feature = "cluster")]
+            producer_ids: None,
+            #[cfg(feature = "cluster")]
+            shards: None,
+            begun: std::sync::OnceLock::new(),
+        }
+    }
+
     #[cfg(feature = "cluster")]
     pub(crate) fn new(me: &NodeRecord, view: watch::Receiver<Arc<ClusterView>>, fence: Arc<Fence>, producer_ids: Arc<etcd::ProducerIds>, shards: Arc<etcd::Shards>) -> Membership {
         Membership { node_id: me.id, rack: me.rack.clone(), view, fence, producer_ids: Some(producer_ids), shards: Some(shards), begun: std::sync::OnceLock::new() }

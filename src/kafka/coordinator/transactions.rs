@@ -284,8 +284,21 @@ impl Transactions {
         let mut records = tokio::task::spawn_blocking(move || e.catalog().txns()).await??;
         if !cluster.view().single {
             // Cluster mode: ids are loaded with their coordinator shards.
+            // Records an older build left in the catalog are ignored, and
+            // removed so the warning comes once.
             if !records.is_empty() {
-                tracing::warn!(ids = records.len(), "the catalog holds transactional ids from a build that kept them there; the shard logs hold them now and these are ignored");
+                tracing::warn!(ids = records.len(), "the catalog holds transactional ids from a build that kept them there; the shard logs hold them now: these are ignored and removed");
+                let (e, ids): (_, Vec<String>) = (engine.clone(), records.iter().map(|(id, _)| id.clone()).collect());
+                let removed = tokio::task::spawn_blocking(move || -> Result<(), crate::meta::MetaError> {
+                    for id in &ids {
+                        e.catalog().remove_txn(id)?;
+                    }
+                    e.catalog().flush()
+                })
+                .await?;
+                if let Err(err) = removed {
+                    tracing::warn!(error = %err, "removing the catalog's old transactional ids failed; they stay ignored");
+                }
             }
             records.clear();
         }
@@ -1052,6 +1065,42 @@ mod tests {
             previous_producer_id: -1,
             next_producer_id: -1,
         }
+    }
+
+    /// Cluster mode keeps transactional ids in the coordinator shards'
+    /// logs: ids an older build left in the catalog are not loaded, and
+    /// are removed at the start that finds them (the warning comes once).
+    /// Single-node mode loads them as before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_mode_drops_the_ids_an_older_build_left_in_the_catalog() {
+        use crate::cluster::{ClusterView, Membership, NodeRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::engine::system_clock();
+        let me = NodeRecord { id: 1, rack: None, incarnation: 0, endpoints: vec![] };
+        let start = |engine: Arc<Engine>, cluster: Membership| {
+            let clock = clock.clone();
+            async move {
+                let (_stop_tx, stop) = watch::channel(false);
+                let groups = Coordinator::start(engine.clone(), crate::kafka::coordinator::GroupConfig::default(), crate::kafka::coordinator::ConsumerConfig::default(), clock.clone(), stop.clone());
+                let cfg = TxnConfig { check_every: std::time::Duration::from_secs(3600), ..TxnConfig::default() };
+                Transactions::start(engine, Arc::new(cluster), groups, cfg, clock, stop).await.unwrap()
+            }
+        };
+        let engine = Engine::open(crate::engine::EngineConfig::new(dir.path()), clock.clone()).unwrap();
+        for id in ["old", "older"] {
+            engine.catalog().put_txn(id, &TxnRecord { state: TxnState::CompleteCommit, partitions: vec![], ..rec(TxnState::Empty) }).unwrap();
+        }
+        engine.catalog().flush().unwrap();
+        // Single-node mode: loaded, kept.
+        let t = start(engine.clone(), Membership::single("c".into(), me.clone())).await;
+        assert!(t.describe(&["old".to_string()]).await[0].is_some());
+        assert_eq!(engine.catalog().txns().unwrap().len(), 2);
+        drop(t);
+        // Cluster mode: neither loaded nor kept.
+        let view = ClusterView { single: false, cluster_id: "c".into(), nodes: std::collections::BTreeMap::from([(1, me.clone())]), ..ClusterView::default() };
+        let t = start(engine.clone(), Membership::fixed(me, view)).await;
+        assert!(engine.catalog().txns().unwrap().is_empty(), "removed from the catalog");
+        assert!(t.describe(&["old".to_string()]).await[0].is_none());
     }
 
     /// Kafka's table for EndTxn under transactions v2: the producer (7)
