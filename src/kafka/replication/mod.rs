@@ -491,7 +491,7 @@ impl Replication {
     /// have not caught up within `replica_lag_time_max_ms` leave, replicas
     /// that have everything below every tp's hw (and this epoch's start)
     /// join.
-    async fn keep_isrs(&self, broker: &Arc<Broker>) {
+    async fn keep_isrs(self: &Arc<Self>, broker: &Arc<Broker>) {
         let view = broker.cluster.view();
         if view.single || !broker.cluster.in_good_standing() {
             return;
@@ -530,41 +530,52 @@ impl Replication {
                 })
                 .collect()
         };
+        // Each unit's write on its own: one slow etcd write holds no other
+        // unit's change (a follower paused lags in every unit it follows at
+        // once). The next round waits for all of them.
+        let mut writes = tokio::task::JoinSet::new();
         for (unit, from, isr, joining) in changes {
-            // A member leaving starts over: it joins again only on what it
-            // fetches from now on.
-            let leaving: Vec<i32> = from.isr.iter().copied().filter(|m| !isr.contains(m)).collect();
-            if !leaving.is_empty() {
-                let mut st = self.state.lock().expect("replication lock");
-                for l in st.led.values_mut().filter(|l| l.unit == unit) {
-                    l.followers.retain(|id, _| !leaving.contains(id));
+            let (me, broker) = (self.clone(), broker.clone());
+            writes.spawn(async move { me.change_isr(&broker, unit, from, isr, joining).await });
+        }
+        while writes.join_next().await.is_some() {}
+    }
+
+    /// Writes one unit's new ISR (see [`Replication::keep_isrs`]).
+    async fn change_isr(&self, broker: &Broker, unit: String, from: UnitRecord, isr: Vec<i32>, joining: Vec<i32>) {
+        // A member leaving starts over: it joins again only on what it
+        // fetches from now on.
+        let leaving: Vec<i32> = from.isr.iter().copied().filter(|m| !isr.contains(m)).collect();
+        if !leaving.is_empty() {
+            let mut st = self.state.lock().expect("replication lock");
+            for l in st.led.values_mut().filter(|l| l.unit == unit) {
+                l.followers.retain(|id, _| !leaving.contains(id));
+            }
+        }
+        if !joining.is_empty() {
+            // Counted before etcd may elect them.
+            self.state.lock().expect("replication lock").adding.insert(unit.clone(), joining.clone());
+        }
+        let written = broker.cluster.alter_isr(&unit, &from, isr.clone()).await;
+        match &written {
+            Ok(true) => {
+                // Per partition, as Kafka counts.
+                let tps = self.state.lock().expect("replication lock").led.values().filter(|l| l.unit == unit).count() as u64;
+                if !leaving.is_empty() {
+                    self.stats.isr_shrinks.fetch_add(tps, Ordering::Relaxed);
                 }
-            }
-            if !joining.is_empty() {
-                // Counted before etcd may elect them.
-                self.state.lock().expect("replication lock").adding.insert(unit.clone(), joining.clone());
-            }
-            let written = broker.cluster.alter_isr(&unit, &from, isr.clone()).await;
-            match &written {
-                Ok(true) => {
-                    // Per partition, as Kafka counts.
-                    let tps = self.state.lock().expect("replication lock").led.values().filter(|l| l.unit == unit).count() as u64;
-                    if !leaving.is_empty() {
-                        self.stats.isr_shrinks.fetch_add(tps, Ordering::Relaxed);
-                    }
-                    if !joining.is_empty() {
-                        self.stats.isr_expands.fetch_add(tps, Ordering::Relaxed);
-                    }
-                    tracing::info!(%unit, from = ?from.isr, to = ?isr, "ISR changed");
+                if !joining.is_empty() {
+                    self.stats.isr_expands.fetch_add(tps, Ordering::Relaxed);
                 }
-                Ok(false) => tracing::debug!(%unit, "an ISR change lost a race; deciding again from the next view"),
-                Err(e) => tracing::warn!(%unit, error = %e, "changing an ISR failed"),
+                tracing::info!(%unit, from = ?from.isr, to = ?isr, "ISR changed");
             }
-            // Certainly not written: not counted. (An error may hide a
-            // write that went through: counted until the view says.)
-            if matches!(written, Ok(false)) {
-                self.state.lock().expect("replication lock").adding.remove(&unit);
-            }
+            Ok(false) => tracing::debug!(%unit, "an ISR change lost a race; deciding again from the next view"),
+            Err(e) => tracing::warn!(%unit, error = %e, "changing an ISR failed"),
+        }
+        // Certainly not written: not counted. (An error may hide a
+        // write that went through: counted until the view says.)
+        if matches!(written, Ok(false)) {
+            self.state.lock().expect("replication lock").adding.remove(&unit);
         }
     }
 }
