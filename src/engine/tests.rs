@@ -279,6 +279,67 @@ async fn a_follower_cuts_its_divergent_tail_and_leads_in_its_own_epoch() {
     follower.shutdown().await;
 }
 
+/// A cut of a follower's tail replaces the producer snapshot before it
+/// is answered: the snapshot on disk covered the cut offsets, and once
+/// new batches fill them, a restore from it would take the cut batches'
+/// producer state for theirs (a retry of a cut batch answered with
+/// another batch's offsets, another producer's batches not known).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_replaces_the_producer_snapshot_before_anything_more_is_appended() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+    let topic = engine.create_topic("r.t", 1, BTreeMap::new(), false).unwrap();
+    let f = topic.tp(0);
+    let (pid, other) = (engine.catalog().allocate_producer_id().unwrap(), engine.catalog().allocate_producer_id().unwrap());
+    engine.begin_epoch(vec![f], 1).await.unwrap();
+    for seq in 0..4 {
+        engine.append(&topic, 0, idempotent(&[b"v"], pid, seq), Ack::Durable).await.unwrap();
+    }
+    // A clean stop writes a snapshot covering all four.
+    engine.shutdown().await;
+    drop(engine);
+    let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+    let topic = engine.topic("r.t").unwrap();
+    let covered = |e: &Engine| {
+        let raw = e.storage.get_state("producers.snapshot").unwrap().expect("a snapshot");
+        producers::Producers::decode_snapshot(&raw).unwrap().2.get(&f).copied()
+    };
+    assert_eq!(covered(&engine), Some(4));
+    // The new leader never had 2 and 3.
+    assert_eq!(engine.truncate(f, 2).await.unwrap(), 2);
+    assert_eq!(covered(&engine), Some(2), "replaced before the cut was answered");
+    // Its batches there: another producer's.
+    engine.begin_epoch(vec![f], 2).await.unwrap();
+    for seq in 0..2 {
+        engine.append(&topic, 0, idempotent(&[b"w"], other, seq), Ack::Durable).await.unwrap();
+    }
+    // A crash now: the directory as it is, opened by a restart.
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    let _ = std::fs::remove_file(copy.path().join(storage::log::CLEAN_MARKER));
+    let restarted = Engine::open(EngineConfig::new(copy.path()), system_clock()).unwrap();
+    let t = restarted.topic("r.t").unwrap();
+    let retried = restarted.append(&t, 0, idempotent(&[b"v"], pid, 2), Ack::Durable).await.unwrap();
+    assert_eq!(retried.base_offset, 4, "the cut batch's retry is new here, not a duplicate at 2");
+    let retried = restarted.append(&t, 0, idempotent(&[b"w"], other, 1), Ack::Durable).await.unwrap();
+    assert_eq!(retried.base_offset, 3, "the other producer's retry is a duplicate at 3");
+    restarted.shutdown().await;
+    engine.shutdown().await;
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_counts_what_reached_the_log_and_outlives_the_topic() {
     let dir = tempfile::tempdir().unwrap();

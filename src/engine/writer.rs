@@ -386,7 +386,18 @@ impl Writer {
         if let Err(e) = self.producers.replay(&mut txns, self.log.storage(), tp, 0, now) {
             tracing::error!(?tp, error = %e, "rebuilding producer state after a truncation failed");
         }
-        self.snapshots.dirty = true;
+        drop(txns);
+        // The snapshot on disk may cover offsets the cut took, which new
+        // batches fill again: a restore from it would take the cut
+        // batches' producer state for theirs, and skip them (a retry of a
+        // cut batch answered with another batch's offsets: the
+        // simulator's "a cut left the producer snapshot behind"). It is
+        // replaced before anything more is appended; if it cannot be,
+        // nothing more is (a restart then finds the log shorter than the
+        // old snapshot covered, and rebuilds the tp from its log).
+        if let Err(e) = self.snapshots.replace_now(&self.producers, &self.shared.txns, self.log.storage(), now) {
+            return Err(self.log.storage().poison_with(format!("replacing the producer snapshot after a truncation: {e}")));
+        }
         Ok(at)
     }
 
@@ -601,6 +612,19 @@ impl Snapshots {
         } else {
             self.busy.store(false, Ordering::Release);
         }
+    }
+
+    /// Now, on the writer thread, after any snapshot the thread is
+    /// writing (an older one must not land after it): a truncation's.
+    fn replace_now(&mut self, producers: &producers::Producers, txns: &RwLock<txns::Txns>, storage: &Storage, now: i64) -> Result<(), StorageError> {
+        while self.busy.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        super::replace_producer_snapshot(producers, &txns.read().expect("txns lock"), storage)?;
+        self.at = now;
+        self.dirty = false;
+        self.appended = 0;
+        Ok(())
     }
 
     /// At shutdown, always, so a clean restart replays nothing; written here
