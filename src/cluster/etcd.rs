@@ -301,7 +301,7 @@ impl State {
     async fn read_all(&mut self) -> anyhow::Result<(ViewBuilder, i64)> {
         let resp = self.client.get(self.keys.prefix(), Some(GetOptions::new().with_prefix())).await.context("reading the cluster's keys")?;
         let revision = resp.header().map_or(0, |h| h.revision());
-        let mut b = ViewBuilder::new(self.cluster_id.clone());
+        let mut b = ViewBuilder::new(self.cluster_id.clone()).unclean_by_default(self.cfg.unclean_leader_election);
         for kv in resp.kvs() {
             if let Err(why) = b.apply(&self.keys, KeyEvent::Put { key: kv.key(), value: kv.value(), create_revision: kv.create_revision(), mod_revision: kv.mod_revision() }, revision) {
                 tracing::warn!(%why, "ignoring a cluster key that does not decode");

@@ -45,6 +45,8 @@ pub struct ClusterConfig {
     pub heartbeat_interval_ms: u64,
     /// Replicas of each coordinator shard (`offsets.topic.replication.factor`).
     pub offsets_replication_factor: i16,
+    /// Kafka's `unclean.leader.election.enable`, this node's static setting.
+    pub unclean_leader_election: bool,
     /// Kafka's `auto.leader.rebalance.enable`.
     pub auto_leader_rebalance: bool,
     /// Kafka's `leader.imbalance.check.interval.seconds`, in milliseconds.
@@ -121,6 +123,11 @@ pub struct ClusterView {
     pub quotas: Arc<BTreeMap<String, crate::auth::quota::QuotaRecord>>,
     /// The cluster-wide dynamic broker configs (BROKER "", cluster mode).
     pub broker_configs: Arc<BTreeMap<String, String>>,
+    /// This node's own `unclean_leader_election_enable` (its static
+    /// setting, under the cluster-wide dynamic one): what the elections
+    /// this node decides fall back to, as Kafka's controller falls back to
+    /// its own config. Not from etcd.
+    pub unclean_by_default: bool,
 }
 
 /// This node's place in the cluster, shared by the handlers: the latest
@@ -726,6 +733,12 @@ impl ViewBuilder {
 
     pub fn view(&self) -> &ClusterView {
         &self.view
+    }
+
+    /// See [`ClusterView::unclean_by_default`].
+    pub fn unclean_by_default(mut self, allowed: bool) -> ViewBuilder {
+        self.view.unclean_by_default = allowed;
+        self
     }
 
     /// Applies one event of `revision`. `Err` names a value that did not

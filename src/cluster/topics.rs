@@ -281,13 +281,13 @@ pub const UNCLEAN: &str = "unclean.leader.election.enable";
 
 /// Whether unit `unit` may elect outside its ISR: `UNCLEAN` is true for
 /// every topic in it (its own config, else the cluster-wide broker
-/// config, else Kafka's default, false). Records of every topic of the
+/// config, else this node's static setting, by default Kafka's false). Records of every topic of the
 /// unit may be lost by it, so one topic that forbids it forbids it for
 /// the unit. A unit no topic is in (a coordinator shard's) never may.
 pub fn unclean_allowed(view: &ClusterView, unit: &str) -> bool {
     let Some((branch, p)) = unit.rsplit_once('~').and_then(|(b, p)| Some((b, p.parse::<i32>().ok()?))) else { return false };
     let on = |v: Option<&String>| v.map(|v| v.eq_ignore_ascii_case("true"));
-    let broker = on(view.broker_configs.get(UNCLEAN)).unwrap_or(false);
+    let broker = on(view.broker_configs.get(UNCLEAN)).unwrap_or(view.unclean_by_default);
     // A branch's topics sort together, from the branch's own name on.
     let of_branch = view.topics.range::<str, _>((std::ops::Bound::Included(branch), std::ops::Bound::Unbounded)).take_while(|(name, _)| name.starts_with(branch));
     let mut any = false;
@@ -738,6 +738,13 @@ mod tests {
         Arc::make_mut(&mut v.broker_configs).insert(UNCLEAN.into(), "true".into());
         assert_eq!(elect(&v).map(|u| u.leader), Some(3));
         Arc::make_mut(&mut v.topics).insert("u.b.one".into(), topic(&[(UNCLEAN, "false")]));
+        assert_eq!(elect(&v).map(|u| u.leader), Some(-1));
+        // The deciding node's static setting, under the cluster-wide one.
+        Arc::make_mut(&mut v.topics).insert("u.b.one".into(), topic(&[]));
+        Arc::make_mut(&mut v.broker_configs).clear();
+        v.unclean_by_default = true;
+        assert_eq!(elect(&v).map(|u| u.leader), Some(3));
+        Arc::make_mut(&mut v.broker_configs).insert(UNCLEAN.into(), "false".into());
         assert_eq!(elect(&v).map(|u| u.leader), Some(-1));
         // A topic of another branch, or with fewer partitions, is not in the unit.
         assert!(!unclean_allowed(&v, "u.c~1") && !unclean_allowed(&v, "__canopy.coordinators~1"));

@@ -313,6 +313,8 @@ settings! {
     offsets_topic_replication_factor: i16 = "3", "CANOPY_OFFSETS_TOPIC_REPLICATION_FACTOR", "offsets-topic-replication-factor";
     "Cluster mode: the listener brokers reach each other on (inter.broker.listener.name): followers fetch from their leaders there, and replica fetches are taken only there; PLAINTEXT, or SSL with client certificates required (each broker presents ssl_cert_file and checks the other's against ssl_ca_file); empty: the first listener"
     inter_broker_listener_name: String = "", "CANOPY_INTER_BROKER_LISTENER_NAME", "inter-broker-listener-name";
+    "Cluster mode: a partition whose in-sync replicas are all gone may elect another live replica, losing what only they had (unclean.leader.election.enable; topic configs and the cluster-wide dynamic setting take precedence; the controller's own setting decides)"
+    unclean_leader_election_enable: bool = "false", "CANOPY_UNCLEAN_LEADER_ELECTION_ENABLE", "unclean-leader-election-enable";
     "Cluster mode: the controller moves leadership back to preferred replicas when a broker leads too few of its own (auto.leader.rebalance.enable)"
     auto_leader_rebalance_enable: bool = "true", "CANOPY_AUTO_LEADER_REBALANCE_ENABLE", "auto-leader-rebalance-enable";
     "Cluster mode: how often the controller looks for leader imbalance, in milliseconds (leader.imbalance.check.interval.seconds)"
@@ -732,6 +734,7 @@ impl Config {
             ("message_timestamp_after_max_ms", "log.message.timestamp.after.max.ms", self.message_timestamp_after_max_ms.to_string()),
             ("segment_bytes", "log.segment.bytes", self.segment_bytes.to_string()),
             ("segment_ms", "log.roll.ms", self.segment_ms.to_string()),
+            ("unclean_leader_election_enable", "unclean.leader.election.enable", self.unclean_leader_election_enable.to_string()),
         ];
         all.into_iter().filter(|(setting, _, _)| self.explicit.contains(setting)).map(|(_, key, value)| (key.to_owned(), value)).collect()
     }
@@ -745,6 +748,7 @@ impl Config {
             session_timeout_ms: self.broker_session_timeout_ms,
             heartbeat_interval_ms: self.broker_heartbeat_interval_ms,
             offsets_replication_factor: self.offsets_topic_replication_factor,
+            unclean_leader_election: self.unclean_leader_election_enable,
             auto_leader_rebalance: self.auto_leader_rebalance_enable,
             leader_imbalance_check_interval_ms: self.leader_imbalance_check_interval_ms,
             leader_imbalance_per_broker_percentage: self.leader_imbalance_per_broker_percentage,
