@@ -1185,6 +1185,13 @@ impl Engine {
         for t in threads {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
+        // The last hws of replicated tps (`storage::log::hws`): a clean
+        // restart exposes what this node could.
+        let storage = self.storage.clone();
+        let hws = tokio::task::spawn_blocking(move || storage.checkpoint_hws()).await;
+        if let Ok(Err(e)) = &hws {
+            tracing::warn!(error = %e, "writing the high-watermark checkpoint at shutdown failed");
+        }
         let clean = self.storage.sync().is_ok() && self.catalog.flush().is_ok() && self.storage.mark_clean().is_ok();
         tracing::info!(clean, "engine stopped");
     }

@@ -327,6 +327,38 @@ async fn a_cut_replaces_the_producer_snapshot_before_anything_more_is_appended()
     engine.shutdown().await;
 }
 
+/// A replicated tp's hw survives a clean stop as the engine's last hw
+/// checkpoint says, not as its whole log; one written while running
+/// (`Engine::checkpoint_hws`, every 5 s in cluster mode) bounds what a
+/// crash's restart exposes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_hw_outlives_a_restart_as_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+    let topic = engine.create_topic("r.t", 1, BTreeMap::new(), false).unwrap();
+    let f = topic.tp(0);
+    engine.begin_epoch(vec![f], 1).await.unwrap();
+    engine.limit_hw(&f, 2);
+    for _ in 0..4 {
+        engine.append(&topic, 0, Bytes::from(make_batch(&[b"v"], 0)), Ack::Durable).await.unwrap();
+    }
+    assert_eq!(engine.offsets(&f), Some((0, 2, 4)));
+    assert!(engine.checkpoint_hws().unwrap());
+    engine.limit_hw(&f, 3);
+    // A crash now: the running checkpoint's 2.
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    let crashed = Engine::open(EngineConfig::new(copy.path()), system_clock()).unwrap();
+    assert_eq!(crashed.offsets(&f), Some((0, 2, 4)));
+    crashed.shutdown().await;
+    // A clean stop: the last hw, 3.
+    engine.shutdown().await;
+    drop(engine);
+    let engine = Engine::open(EngineConfig::new(dir.path()), system_clock()).unwrap();
+    assert_eq!(engine.offsets(&f), Some((0, 3, 4)));
+    engine.shutdown().await;
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {

@@ -148,13 +148,14 @@ impl Sim {
 pub(super) type HwFile = BTreeMap<Tp, i64>;
 
 impl Sim {
-    /// Every tp that keeps leader epochs, with its hw now: what a
-    /// checkpoint written now holds.
+    /// Every tp that keeps leader epochs, with its hw now if past its log
+    /// start: what a checkpoint written now holds.
     fn replicated_hws(&mut self) -> HwFile {
         let mut out = HwFile::new();
         for tp in self.tps() {
-            if self.storage().epochs(&tp).is_some_and(|e| !e.is_empty()) {
-                out.insert(tp, self.storage().offsets(&tp).map_or(0, |o| o.1));
+            let (log_start, hw, _) = self.storage().offsets(&tp).unwrap_or_default();
+            if hw > log_start && self.storage().epochs(&tp).is_some_and(|e| !e.is_empty()) {
+                out.insert(tp, hw);
             }
         }
         out
@@ -236,7 +237,29 @@ impl Sim {
             let (tp, _, hw, leo, replicated) = *seen.iter().find(|t| expect(&self.hw_files[0], t) != t.2).expect("a mismatch");
             return Err(format!("{tp:?}: high watermark {hw} after recovery (log end {leo}, epochs {replicated}) matches none of the checkpoints storage may hold: {:?}", self.hw_files));
         }
-        self.hw_files = matching;
+        // An entry past its tp's log end is lowered in the file at the
+        // open (if that write failed, the open did: either may be there).
+        let mut files = Vec::new();
+        for f in matching {
+            let mut kept = HwFile::new();
+            let mut lowered = false;
+            for &(tp, log_start, _, leo, replicated) in &seen {
+                if let Some(&hw) = f.get(&tp).filter(|_| replicated) {
+                    let at = hw.min(leo).max(log_start);
+                    lowered |= hw > at;
+                    if at > log_start {
+                        kept.insert(tp, at);
+                    }
+                }
+            }
+            if lowered && !files.contains(&kept) {
+                files.push(kept);
+            }
+            if !files.contains(&f) {
+                files.push(f);
+            }
+        }
+        self.hw_files = files;
         for (tp, _, hw, _, _) in seen {
             self.mtp(&tp).hw_seen = hw;
         }

@@ -24,7 +24,7 @@ fn a_few_hundred_seeds_keep_every_invariant() {
     // Followers' copies were placed, and misplaced ones refused.
     assert!(total.placed_appends > 500 && total.misplaced_refusals > 100, "{total:?}");
     // Leader epochs were begun, and stale ones refused.
-    assert!(total.epochs_begun > 200 && total.stale_epoch_refusals > 20, "{total:?}");
+    assert!(total.epochs_begun > 200 && total.stale_epoch_refusals > 10, "{total:?}");
     // Tails were cut, and cuts refused as they must be.
     assert!(total.truncations > 50 && total.refused_truncations > 50, "{total:?}");
     // The writer worked inside retention and compaction calls.

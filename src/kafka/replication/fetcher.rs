@@ -216,15 +216,17 @@ async fn apply(broker: &Broker, leader: i32, tps: &[Followed], (_, got): (Vec<As
                 if start < end {
                     match broker.engine.truncate(tp, start).await {
                         Ok(_) => tracing::info!(topic = f.topic.name(), partition = f.partition, from = start, to = end, "this replica's records, all below its leader's log start, cut"),
-                        // Busy (compaction, retention): the next round.
-                        Err(crate::engine::EngineError::Storage(crate::storage::StorageError::Busy(_))) => {
-                            fine = false;
-                            continue;
-                        }
                         // Not cuttable (into subtree stores, or through the
                         // batch holding the log start): started over beside
                         // them; the log start then hides them.
-                        Err(e) => tracing::warn!(topic = f.topic.name(), partition = f.partition, error = %e, "cutting this replica's records below its leader's log start failed; starting over beside them"),
+                        Err(e @ crate::engine::EngineError::Storage(crate::storage::StorageError::Misplaced(_))) => tracing::warn!(topic = f.topic.name(), partition = f.partition, error = %e, "cutting this replica's records below its leader's log start failed; starting over beside them"),
+                        // Anything else (busy with compaction or retention,
+                        // the hw checkpoint not written): the next round.
+                        Err(e) => {
+                            tracing::debug!(topic = f.topic.name(), partition = f.partition, error = %e, "cutting this replica's records below its leader's log start: trying again");
+                            fine = false;
+                            continue;
+                        }
                     }
                 }
                 if broker.replication.start_over(tp, p.log_start_offset) {

@@ -42,14 +42,27 @@ const TICK: Duration = Duration::from_millis(250);
 /// `replica.high.watermark.checkpoint.interval.ms`).
 const HW_CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
-/// Writes the hw checkpoint off the async threads; a failure leaves a
-/// lower bound on disk and is tried again next time.
-async fn checkpoint_hws(broker: &Broker) {
-    let engine = broker.engine.clone();
-    match tokio::task::spawn_blocking(move || engine.checkpoint_hws()).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "writing the high-watermark checkpoint failed; trying again"),
-        Err(e) => tracing::warn!(error = %e, "the high-watermark checkpoint task panicked"),
+/// Writes the hw checkpoint every [`HW_CHECKPOINT_EVERY`], off the async
+/// threads, until the broker stops (the engine writes the last one at
+/// its shutdown); a failure leaves a lower bound on disk and is tried
+/// again next time.
+async fn checkpoint_hws(engine: Arc<crate::engine::Engine>, mut stop: watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(HW_CHECKPOINT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let e = engine.clone();
+        match tokio::task::spawn_blocking(move || e.checkpoint_hws()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "writing the high-watermark checkpoint failed; trying again"),
+            Err(e) => tracing::warn!(error = %e, "the high-watermark checkpoint task panicked"),
+        }
     }
 }
 
@@ -272,13 +285,10 @@ impl Replication {
         let (engine, me) = (broker.engine.clone(), broker.replication.clone());
         broker.cluster.set_begun(Arc::new(move |topic, partition, epoch| engine.topic(topic).is_some_and(|t| me.leads(&t.tp(partition), epoch))));
         tokio::spawn(async move {
+            // Its own task: a slow fsync holds up no role change.
+            let checkpoints = tokio::spawn(checkpoint_hws(broker.engine.clone(), stop.clone()));
             let mut rounds = Rounds::new(&broker, TICK);
-            let mut checkpointed = tokio::time::Instant::now();
             while rounds.next(&mut stop).await {
-                if checkpointed.elapsed() >= HW_CHECKPOINT_EVERY {
-                    checkpointed = tokio::time::Instant::now();
-                    checkpoint_hws(&broker).await;
-                }
                 let r = broker.replication.clone();
                 r.reconcile(&broker).await;
                 r.keep_isrs(&broker).await;
@@ -290,7 +300,7 @@ impl Replication {
             for (_, f) in broker.replication.state.lock().expect("replication lock").fetchers.drain() {
                 f.abort();
             }
-            checkpoint_hws(&broker).await;
+            let _ = checkpoints.await;
         })
     }
 

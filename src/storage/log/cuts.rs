@@ -20,7 +20,9 @@
 //! follower does not cut below its high watermark, and compaction takes
 //! nothing at or past it (`log/compact.rs`), nor does a restart expose more
 //! than the hw checkpoint held (`log/hws.rs`); only a cut below the hw (an
-//! unclean election) can meet stores. A cut is dropped at a start
+//! unclean election; a follower starting over at its leader's log start
+//! cuts below its hw too, and is let start over beside what it cannot cut)
+//! can meet stores. A cut is dropped at a start
 //! once its branch keeps no segment based below it: its dead frames are
 //! gone.
 //!

@@ -317,8 +317,9 @@ impl LogWriter {
         if at < log_start {
             return Err(StorageError::Misplaced(format!("a truncation to {end} cuts the batch from {at}, which holds the log start {log_start}")));
         }
-        // The hw checkpoint must not vouch for what the cut gives away.
-        log.lower_checkpointed_hw(&tp, at)?;
+        // The hw checkpoint must not vouch for what the cut gives away;
+        // none is written until the tp's hw is cut too (the guard).
+        let _hws = log.lower_checkpointed_hw(&tp, at)?;
         // Every frame before the cut into segments based below it, every
         // later one into segments based at or above it: the branch rolls
         // (its active segment written, synced and sealed), unless the
