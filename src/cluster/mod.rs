@@ -154,30 +154,17 @@ pub type Begun = Arc<dyn Fn(&str, i32, i32) -> bool + Send + Sync>;
 impl Membership {
     /// Single-node mode: `me`, alone and the controller, for ever.
     pub fn single(cluster_id: String, me: NodeRecord) -> Membership {
-        let (id, rack) = (me.id, me.rack.clone());
-        let view = ClusterView { single: true, cluster_id, nodes: BTreeMap::from([(id, me)]), controller: Some(Controller { id, epoch: 1 }), ..ClusterView::default() };
-        let (tx, rx) = watch::channel(Arc::new(view));
-        // Nothing publishes again; the receiver keeps the last value.
-        drop(tx);
-        Membership {
-            node_id: id,
-            rack,
-            view: rx,
-            fence: Arc::new(Fence::forever()),
-            #[cfg(feature = "cluster")]
-            producer_ids: None,
-            #[cfg(feature = "cluster")]
-            shards: None,
-            begun: std::sync::OnceLock::new(),
-        }
+        let id = me.id;
+        let view = ClusterView { single: true, cluster_id, nodes: BTreeMap::from([(id, me.clone())]), controller: Some(Controller { id, epoch: 1 }), ..ClusterView::default() };
+        Membership::fixed(me, view)
     }
 
-    /// A node of a cluster whose view is `view`, for ever (tests of what
-    /// cluster mode does differently, without etcd).
-    #[cfg(test)]
+    /// `me` in a cluster whose view is `view`, for ever: single-node mode,
+    /// and tests of what cluster mode does differently, without etcd.
     pub fn fixed(me: NodeRecord, view: ClusterView) -> Membership {
         let (id, rack) = (me.id, me.rack.clone());
         let (tx, rx) = watch::channel(Arc::new(view));
+        // Nothing publishes again; the receiver keeps the last value.
         drop(tx);
         Membership {
             node_id: id,
