@@ -79,9 +79,7 @@ impl Sim {
         let r = self.writer().truncate(tp, end, now);
         if let (Err(_), Some(f)) = (&r, &lowered) {
             // The checkpoint's lowering may have been written.
-            if !self.hw_files.contains(f) {
-                self.hw_files.push(f.clone());
-            }
+            self.hw_file_may_hold(f.clone());
         }
         match r {
             Ok(at) => {
@@ -188,12 +186,17 @@ impl Sim {
             Ok(_) => self.hw_files = vec![content],
             Err(e) => {
                 ensure(self.faulty(), || format!("the hw checkpoint failed on a healthy disk: {e}"))?;
-                if !self.hw_files.contains(&content) {
-                    self.hw_files.push(content);
-                }
+                self.hw_file_may_hold(content);
             }
         }
         Ok(())
+    }
+
+    /// After a write that failed, the checkpoint may hold `f` too.
+    fn hw_file_may_hold(&mut self, f: HwFile) {
+        if !self.hw_files.contains(&f) {
+            self.hw_files.push(f);
+        }
     }
 
     /// What a cut of `tp` at `at` writes to the checkpoint before it

@@ -1292,18 +1292,19 @@ impl Storage {
         self.offset_for_timestamp_below(tp, ts, true)
     }
 
+    /// The lookup below the hw, or below the log end with `to_end`.
     fn offset_for_timestamp_below(&self, tp: &Tp, ts: i64, to_end: bool) -> Result<Option<(i64, i64)>, ReadError> {
         let part = self.parts.read().expect("parts lock").get(tp).cloned().ok_or(ReadError::UnknownPartition)?;
-        let (log_start, hw) = {
+        let (log_start, bound) = {
             let st = part.st.read().expect("partition lock");
             (st.log_start, if to_end { st.leo } else { st.hw })
         };
         let mut found = None;
         let mut scanned = 0;
-        self.walk(&part, |st| st.start_at_time(tp, ts), hw, &std::cell::Cell::new(MIN_READ_CHUNK), &mut scanned, |fh, buf, range| {
+        self.walk(&part, |st| st.start_at_time(tp, ts), bound, &std::cell::Cell::new(MIN_READ_CHUNK), &mut scanned, |fh, buf, range| {
             let batch = &buf[range];
             if fh.last_offset() < log_start || fh.max_timestamp < ts {
-                return if fh.last_offset() + 1 >= hw { Walk::Stop } else { Walk::Skip };
+                return if fh.last_offset() + 1 >= bound { Walk::Stop } else { Walk::Skip };
             }
             // A LogAppendTime batch gives every record its max timestamp.
             let log_append = batch::BatchHeader::parse(batch).is_ok_and(|h| h.is_log_append_time());
